@@ -1,0 +1,5 @@
+"""``python -m mlaunch``."""
+
+from mlaunch.cli import main
+
+main()

@@ -1,0 +1,58 @@
+"""The one definition of the environment the launcher hands to workers, and of the run-directory
+layout that workers, the launcher and ``mlaunch trace`` share.
+
+Workers rebuild their settings from exactly these variables (plus the standard ``OTEL_*`` ones).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+#: Primary and fallback prefixes of the telemetry keys (SPEC section 2.2).
+PRIMARY_PREFIX = "MEGATRON_OTEL_"
+FALLBACK_PREFIX = "NEMO_LENS_"
+
+#: The run directory the launcher created; workers write traces, spools and progress there.
+RUN_DIR = "MLAUNCH_RUN_DIR"
+#: The run id, as the launcher chose it (also exported as MEGATRON_OTEL_RUN_ID).
+RUN_ID = PRIMARY_PREFIX + "RUN_ID"
+#: Test-only fault injection understood by the trainer (never set by the launcher itself).
+FAIL_AT_ITERATION = "MLAUNCH_TEST_FAIL_AT_ITERATION"
+
+# Run-directory layout (relative to the run directory).
+TELEMETRY_DIR = "telemetry"
+LOGS_DIR = "logs"
+CHECKPOINTS_DIR = "checkpoints"
+PROGRESS_FILE = "progress.jsonl"
+RESOLVED_ENV_FILE = "resolved.env"
+RESOLVED_JSON_FILE = "resolved.json"
+COMMAND_FILE = "command.txt"
+ERROR_FILE_TEMPLATE = "error-rank{rank}.json"
+
+
+def traces_file(run_dir: str | Path, rank: int) -> Path:
+    """The file exporter's trace output of one rank (OTLP-JSON lines)."""
+    return Path(run_dir) / TELEMETRY_DIR / f"traces-rank{rank}.jsonl"
+
+
+def metrics_file(run_dir: str | Path, rank: int) -> Path:
+    """The file exporter's metric output of one rank (OTLP-JSON lines)."""
+    return Path(run_dir) / TELEMETRY_DIR / f"metrics-rank{rank}.jsonl"
+
+
+def spool_file(run_dir: str | Path, rank: int, signal: str = "traces") -> Path:
+    """Where spans/metrics that could not be delivered are kept (same format as the file exporter)."""
+    return Path(run_dir) / TELEMETRY_DIR / f"spool-{signal}-rank{rank}.jsonl"
+
+
+def default_run_dir(run_id: str, cwd: str | Path | None = None) -> Path:
+    """``./runs/<run_id>/`` under the current (or given) directory."""
+    return Path(cwd or os.getcwd()) / "runs" / run_id
+
+
+def worker_run_dir(environ: Mapping[str, str], run_id: str) -> Path:
+    """The run directory a worker uses: ``MLAUNCH_RUN_DIR`` or ``./runs/<run_id>/``."""
+    given = environ.get(RUN_DIR, "").strip()
+    return Path(given) if given else default_run_dir(run_id)

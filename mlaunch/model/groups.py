@@ -1,0 +1,145 @@
+"""The span groups and presets: the one definition every other module derives from.
+
+Names and preset contents match Megatron-LM's ``MegatronSpanGroup`` (nemo-lens) exactly, plus
+mlaunch's ``goodput`` preset. Adding a group is one edit to ``GROUPS`` (and the presets that
+should include it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class SpanGroup(StrEnum):
+    """A span group. Members are ``str``, so they compare and hash like their names."""
+
+    JOB = "job"
+    CHECKPOINT = "checkpoint"
+    EVALUATE = "evaluate"
+    MODEL_INIT = "model_init"
+    LOAD_CHECKPOINT = "load_checkpoint"
+    STEP = "step"
+    FORWARD_BACKWARD = "forward_backward"
+    OPTIMIZER = "optimizer"
+    MICROBATCH = "microbatch"
+    LAYER = "layer"
+    COMMUNICATION = "communication"
+    ACTIVATION_OFFLOAD = "activation_offload"
+    DATA_LOADING = "data_loading"
+    FIRST_ITERATION = "first_iteration"
+    TRACE_REGION = "trace_region"
+    INFERENCE = "inference"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """What a group covers and how often its spans occur."""
+
+    group: SpanGroup
+    description: str
+    frequency: str
+
+
+GROUPS: dict[SpanGroup, GroupInfo] = {
+    info.group: info
+    for info in (
+        GroupInfo(SpanGroup.JOB, "the whole run: megatron.pretrain, megatron.train", "once per job"),
+        GroupInfo(SpanGroup.CHECKPOINT, "saving checkpoints", "every save"),
+        GroupInfo(SpanGroup.EVALUATE, "evaluation passes and their steps", "every eval interval"),
+        GroupInfo(SpanGroup.MODEL_INIT, "building the model and optimizer", "once"),
+        GroupInfo(SpanGroup.LOAD_CHECKPOINT, "loading a checkpoint (resume)", "once"),
+        GroupInfo(SpanGroup.STEP, "one training iteration", "every iteration"),
+        GroupInfo(
+            SpanGroup.FORWARD_BACKWARD,
+            "the forward/backward pass of one iteration",
+            "every iteration",
+        ),
+        GroupInfo(SpanGroup.OPTIMIZER, "the optimizer step", "every iteration"),
+        GroupInfo(
+            SpanGroup.MICROBATCH, "forward and backward of each microbatch", "N per iteration"
+        ),
+        GroupInfo(
+            SpanGroup.LAYER,
+            "each transformer layer's forward, with attention/MLP breakdown",
+            "N x L per iteration",
+        ),
+        GroupInfo(
+            SpanGroup.COMMUNICATION,
+            "pipeline P2P send/recv, gradient all-reduce, linked cross-stage spans",
+            "several per iteration",
+        ),
+        GroupInfo(
+            SpanGroup.ACTIVATION_OFFLOAD, "GPU<->CPU activation offload and reload", "per microbatch"
+        ),
+        GroupInfo(SpanGroup.DATA_LOADING, "data pipeline setup and batch fetching", "per iteration"),
+        GroupInfo(
+            SpanGroup.FIRST_ITERATION,
+            "the first iteration this process executes (after a resume too): warm-up cost",
+            "once",
+        ),
+        GroupInfo(
+            SpanGroup.TRACE_REGION,
+            "fine sub-phase markers inside checkpoint save/load and data setup",
+            "many, only on request",
+        ),
+        GroupInfo(SpanGroup.INFERENCE, "text-generation requests (GenAI semantic conventions)", "per request"),
+    )
+}
+
+ALL_GROUPS: frozenset[SpanGroup] = frozenset(SpanGroup)
+
+_DEFAULT = frozenset(
+    {
+        SpanGroup.JOB,
+        SpanGroup.CHECKPOINT,
+        SpanGroup.EVALUATE,
+        SpanGroup.FIRST_ITERATION,
+        SpanGroup.INFERENCE,
+    }
+)
+_PER_STEP = _DEFAULT | {
+    SpanGroup.MODEL_INIT,
+    SpanGroup.LOAD_CHECKPOINT,
+    SpanGroup.STEP,
+    SpanGroup.FORWARD_BACKWARD,
+    SpanGroup.OPTIMIZER,
+    SpanGroup.COMMUNICATION,
+    SpanGroup.DATA_LOADING,
+}
+
+#: Groups whose spans count as productive-or-restart time for goodput accounting.
+GOODPUT_GROUPS: frozenset[SpanGroup] = frozenset(
+    {
+        SpanGroup.JOB,
+        SpanGroup.CHECKPOINT,
+        SpanGroup.MODEL_INIT,
+        SpanGroup.LOAD_CHECKPOINT,
+        SpanGroup.STEP,
+        SpanGroup.DATA_LOADING,
+        SpanGroup.FIRST_ITERATION,
+    }
+)
+
+#: Preset name -> its exact group set (SPEC section 1).
+PRESETS: dict[str, frozenset[SpanGroup]] = {
+    "default": _DEFAULT,
+    "per_step": _PER_STEP,
+    "all": ALL_GROUPS,
+    "profiling": ALL_GROUPS,
+    "goodput": GOODPUT_GROUPS,
+}
+
+#: Presets that Megatron-LM / nemo-lens know; ``goodput`` is mlaunch's own.
+REFERENCE_PRESETS: frozenset[str] = frozenset({"default", "per_step", "all", "profiling"})
+
+#: Groups whose spans are frequent enough to go through the cheap recording path.
+FINE_GRAINED_GROUPS: frozenset[SpanGroup] = frozenset(
+    {
+        SpanGroup.MICROBATCH,
+        SpanGroup.LAYER,
+        SpanGroup.COMMUNICATION,
+        SpanGroup.ACTIVATION_OFFLOAD,
+        SpanGroup.TRACE_REGION,
+    }
+)
