@@ -44,7 +44,9 @@ class GroupInfo:
 GROUPS: dict[SpanGroup, GroupInfo] = {
     info.group: info
     for info in (
-        GroupInfo(SpanGroup.JOB, "the whole run: megatron.pretrain, megatron.train", "once per job"),
+        GroupInfo(
+            SpanGroup.JOB, "the whole run: megatron.pretrain, megatron.train", "once per job"
+        ),
         GroupInfo(SpanGroup.CHECKPOINT, "saving checkpoints", "every save"),
         GroupInfo(SpanGroup.EVALUATE, "evaluation passes and their steps", "every eval interval"),
         GroupInfo(SpanGroup.MODEL_INIT, "building the model and optimizer", "once"),
@@ -70,9 +72,13 @@ GROUPS: dict[SpanGroup, GroupInfo] = {
             "several per iteration",
         ),
         GroupInfo(
-            SpanGroup.ACTIVATION_OFFLOAD, "GPU<->CPU activation offload and reload", "per microbatch"
+            SpanGroup.ACTIVATION_OFFLOAD,
+            "GPU<->CPU activation offload and reload",
+            "per microbatch",
         ),
-        GroupInfo(SpanGroup.DATA_LOADING, "data pipeline setup and batch fetching", "per iteration"),
+        GroupInfo(
+            SpanGroup.DATA_LOADING, "data pipeline setup and batch fetching", "per iteration"
+        ),
         GroupInfo(
             SpanGroup.FIRST_ITERATION,
             "the first iteration this process executes (after a resume too): warm-up cost",
@@ -83,7 +89,11 @@ GROUPS: dict[SpanGroup, GroupInfo] = {
             "fine sub-phase markers inside checkpoint save/load and data setup",
             "many, only on request",
         ),
-        GroupInfo(SpanGroup.INFERENCE, "text-generation requests (GenAI semantic conventions)", "per request"),
+        GroupInfo(
+            SpanGroup.INFERENCE,
+            "text-generation requests (GenAI semantic conventions)",
+            "per request",
+        ),
     )
 }
 

@@ -173,7 +173,9 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef(Metric.LEARNING_RATE, "gauge", "1", "Learning rate of the last iteration"),
     MetricDef(Metric.TOKENS_PER_SEC, "gauge", "{token}/s", "Training throughput in tokens"),
     MetricDef(Metric.THROUGHPUT_TFLOPS, "gauge", "TFLOP/s", "Model FLOPs per second, per rank"),
-    MetricDef(Metric.SKIPPED_ITERS, "counter", "{iteration}", "Iterations skipped (non-finite grads)"),
+    MetricDef(
+        Metric.SKIPPED_ITERS, "counter", "{iteration}", "Iterations skipped (non-finite grads)"
+    ),
     MetricDef(Metric.MEMORY_ALLOCATED_GB, "gauge", "GiBy", "Accelerator memory allocated"),
 )
 

@@ -1,0 +1,973 @@
+"""Every configuration source -> one validated :class:`Settings` object.
+
+Precedence, highest first (SPEC section 2.1):
+
+1. flags (``mlaunch train`` options, or the trainer's own ``--otel-*`` flags),
+2. the environment: ``MEGATRON_OTEL_<KEY>``, else ``NEMO_LENS_<KEY>`` (a non-empty, stripped
+   value wins), and the standard ``OTEL_*`` variables,
+3. a TOML config file with ``[launch]``, ``[telemetry]`` (+ ``[telemetry.otel]``), ``[model]``,
+   ``[training]`` and ``[parallelism]`` sections,
+4. defaults.
+
+Each source is a pydantic-settings source; :func:`load_settings` merges them and records, for
+every field, where its value came from (:class:`Source`). Problems are collected, not raised one
+by one: :class:`SettingsError` carries one ``(field, message)`` per problem, where ``field`` names
+what the user typed (a flag, a variable, a file key).
+
+This module imports only pydantic; it never imports torch or the OpenTelemetry SDK.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import difflib
+import os
+import re
+import secrets
+import tomllib
+import urllib.parse
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal, NamedTuple
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from mlaunch.envcontract import FALLBACK_PREFIX, PRIMARY_PREFIX
+from mlaunch.model.groups import SpanGroup
+from mlaunch.model.spec import SpanSpecError, resolve
+from mlaunch.model.strategies import StrategyError, load_strategy
+
+# --------------------------------------------------------------------------------------------
+# Errors and provenance
+
+
+class SettingsError(ValueError):
+    """Invalid configuration: one ``(field, message)`` per problem."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(f"{field}: {message}" for field, message in problems))
+
+
+class Source(NamedTuple):
+    """Where a setting's value came from."""
+
+    kind: Literal["flag", "env", "file", "default", "derived"]
+    name: str  # the flag, the variable, "FILE [section] key", or "" for defaults
+
+    def __str__(self) -> str:
+        return self.name if self.name else self.kind
+
+
+# --------------------------------------------------------------------------------------------
+# Value parsers shared by every source
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def parse_bool(value: Any) -> Any:
+    """``1/true/yes/on`` and ``0/false/no/off`` in any case; anything else is an error (pydantic
+    alone would also take ``t``, ``y``, ``f``, ``n``)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v in _TRUE:
+            return True
+        if v in _FALSE:
+            return False
+    raise ValueError(f"expected a boolean (1/true/yes/on or 0/false/no/off), got {value!r}")
+
+
+Bool = Annotated[bool, BeforeValidator(parse_bool)]
+
+
+def parse_key_values(value: Any, what: str) -> dict[str, str]:
+    """``k1=v1,k2=v2`` (URL-encoded values) as used by OTEL_RESOURCE_ATTRIBUTES / _HEADERS."""
+    if isinstance(value, Mapping):
+        return {str(k): str(v) for k, v in value.items()}
+    out: dict[str, str] = {}
+    for item in str(value).split(","):
+        if not item.strip():
+            continue
+        key, sep, val = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"malformed {what} entry {item.strip()!r}: expected key=value")
+        out[urllib.parse.unquote(key.strip())] = urllib.parse.unquote(val.strip())
+    return out
+
+
+def _check_url(value: str | None) -> str | None:
+    if value is None:
+        return None
+    url = value.strip()
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"{value!r} is not an http(s) URL with a host, e.g. http://localhost:4317")
+    try:
+        parsed.port  # noqa: B018 - raises on a bad port
+    except ValueError as exc:
+        raise ValueError(f"{value!r} has an invalid port ({exc})") from exc
+    return url
+
+
+# --------------------------------------------------------------------------------------------
+# The sections
+
+TRACE_SAMPLERS: tuple[str, ...] = (
+    "always_on",
+    "always_off",
+    "traceidratio",
+    "parentbased_always_on",
+    "parentbased_always_off",
+    "parentbased_traceidratio",
+)
+RATIO_SAMPLERS: frozenset[str] = frozenset({"traceidratio", "parentbased_traceidratio"})
+OTLP_PROTOCOLS: tuple[str, ...] = ("grpc", "http/protobuf")
+EXPORTERS: tuple[str, ...] = ("otlp", "console", "file", "none")
+DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
+DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class OtelSettings(_Section):
+    """The standard OpenTelemetry variables, validated (the SDK would only warn)."""
+
+    traces_sampler: str | None = None
+    """``OTEL_TRACES_SAMPLER``: one of TRACE_SAMPLERS (the SDK's default is parentbased_always_on)."""
+    traces_sampler_arg: float | None = None
+    """``OTEL_TRACES_SAMPLER_ARG``: the ratio in [0,1] for the ratio samplers."""
+    base_endpoint: str | None = None
+    """``OTEL_EXPORTER_OTLP_ENDPOINT``: base URL for every signal."""
+    traces_endpoint: str | None = None
+    """``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``: full traces URL (wins over the base)."""
+    metrics_endpoint_override: str | None = None
+    """``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT``: full metrics URL (wins over the base)."""
+    base_protocol: Literal["grpc", "http/protobuf"] = "grpc"
+    """``OTEL_EXPORTER_OTLP_PROTOCOL``: grpc (default) or http/protobuf."""
+    traces_protocol: Literal["grpc", "http/protobuf"] | None = None
+    """``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``: wins over the base protocol for traces."""
+    metrics_protocol_override: Literal["grpc", "http/protobuf"] | None = None
+    """``OTEL_EXPORTER_OTLP_METRICS_PROTOCOL``: wins over the base protocol for metrics."""
+    headers: dict[str, str] = Field(default_factory=dict, repr=False)
+    """``OTEL_EXPORTER_OTLP_HEADERS``: a secret (authentication tokens); redacted in output."""
+    timeout_s: float | None = Field(default=None, gt=0)
+    """``OTEL_EXPORTER_OTLP_TIMEOUT``: export timeout in SECONDS (the Python SDK reads seconds)."""
+    certificate: str | None = None
+    """``OTEL_EXPORTER_OTLP_CERTIFICATE``: CA bundle for TLS."""
+    insecure: Bool | None = None
+    """``OTEL_EXPORTER_OTLP_INSECURE``: plaintext gRPC even for non-localhost endpoints."""
+    resource_attributes: dict[str, str] = Field(default_factory=dict)
+    """``OTEL_RESOURCE_ATTRIBUTES``: extra resource attributes."""
+    metric_export_interval_ms: int | None = Field(default=None, gt=0)
+    """``OTEL_METRIC_EXPORT_INTERVAL``: metric export period in milliseconds."""
+    sdk_disabled: Bool = False
+    """``OTEL_SDK_DISABLED``: turns every SDK signal into a no-op."""
+
+    @field_validator("traces_sampler", mode="before")
+    @classmethod
+    def _sampler(cls, v: Any) -> Any:
+        if v is None:
+            return None
+        name = str(v).strip().lower()
+        if name not in TRACE_SAMPLERS:
+            close = difflib.get_close_matches(name, TRACE_SAMPLERS, n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"unknown sampler {v!r}{hint}; use one of {', '.join(TRACE_SAMPLERS)}")
+        return name
+
+    @field_validator("traces_sampler_arg", mode="before")
+    @classmethod
+    def _sampler_arg(cls, v: Any) -> Any:
+        if v is None:
+            return None
+        try:
+            ratio = float(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"expected a ratio in [0, 1], got {v!r}") from None
+        if not 0.0 <= ratio <= 1.0:
+            raise ValueError(f"expected a ratio in [0, 1], got {v!r}")
+        return ratio
+
+    @field_validator("base_protocol", "traces_protocol", "metrics_protocol_override", mode="before")
+    @classmethod
+    def _protocol(cls, v: Any) -> Any:
+        if v is None:
+            return None
+        name = str(v).strip().lower()
+        if name not in OTLP_PROTOCOLS:
+            hint = " (mlaunch supports grpc and http/protobuf)" if name == "http/json" else ""
+            raise ValueError(f"unknown OTLP protocol {v!r}{hint}; use grpc or http/protobuf")
+        return name
+
+    @field_validator("base_endpoint", "traces_endpoint", "metrics_endpoint_override")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        return _check_url(v)
+
+    @field_validator("headers", mode="before")
+    @classmethod
+    def _headers(cls, v: Any) -> Any:
+        return parse_key_values(v, "header") if v is not None else {}
+
+    @field_validator("resource_attributes", mode="before")
+    @classmethod
+    def _resource(cls, v: Any) -> Any:
+        return parse_key_values(v, "resource attribute") if v is not None else {}
+
+    @property
+    def protocol(self) -> Literal["grpc", "http/protobuf"]:
+        """The effective traces protocol (per-signal variable wins)."""
+        return self.traces_protocol or self.base_protocol
+
+    @property
+    def metrics_protocol(self) -> Literal["grpc", "http/protobuf"]:
+        """The effective metrics protocol."""
+        return self.metrics_protocol_override or self.base_protocol
+
+    def _signal_endpoint(self, override: str | None, protocol: str, path: str) -> str:
+        if override:
+            return override
+        if protocol == "grpc":
+            return self.base_endpoint or DEFAULT_GRPC_ENDPOINT
+        base = (self.base_endpoint or DEFAULT_HTTP_ENDPOINT).rstrip("/")
+        return f"{base}/{path}"
+
+    @property
+    def endpoint(self) -> str:
+        """The effective traces endpoint (full URL; ``/v1/traces`` appended for HTTP)."""
+        return self._signal_endpoint(self.traces_endpoint, self.protocol, "v1/traces")
+
+    @property
+    def metrics_endpoint(self) -> str:
+        """The effective metrics endpoint (full URL; ``/v1/metrics`` appended for HTTP)."""
+        return self._signal_endpoint(
+            self.metrics_endpoint_override, self.metrics_protocol, "v1/metrics"
+        )
+
+    @property
+    def endpoint_configured(self) -> bool:
+        """Whether the user named an OTLP endpoint at all."""
+        return bool(self.base_endpoint or self.traces_endpoint)
+
+
+class TelemetrySettings(_Section):
+    """The ``MEGATRON_OTEL_*`` / ``NEMO_LENS_*`` keys (SPEC section 2.2) plus OTel standards."""
+
+    enabled: Bool = False
+    """Master switch (``ENABLED``)."""
+    span_groups: str = "default"
+    """Span-group spec (``SPAN_GROUPS``): presets and groups, comma separated, ``-x`` excludes."""
+    export_strategy: str = "single_rank"
+    """Which ranks export (``EXPORT_STRATEGY``, alias ``RANK_STRATEGY``)."""
+    export_rank: int = Field(default=-1, ge=-1)
+    """The exporting rank for ``single_rank``; -1 = the last rank."""
+    export_sample_rate: float = Field(default=1.0, ge=0.0, le=1.0)
+    """Fraction of ranks kept by ``sampled`` and by the rank-aware sampler, in [0, 1]."""
+    sampler_enabled: Bool = False
+    """Install the rank-aware sampler (``SAMPLER_ENABLED``, alias ``SAMPLING_STRATEGY=rank_aware``)."""
+    traces_enabled: Bool = True
+    """Export traces."""
+    metrics_enabled: Bool = True
+    """Export metrics."""
+    logs_enabled: Bool = False
+    """Bridge Python logging to OTel logs."""
+    exporter: Literal["otlp", "console", "file", "none"] | None = None
+    """Where telemetry goes; unset = ``otlp`` when an OTLP endpoint is configured, else ``file``."""
+    run_id: str | None = None
+    """Shared by every rank of a run; unset = SLURM_JOB_ID, else a fresh 12-hex-digit id."""
+    user_id: str = ""
+    """``nemo.user.id`` resource attribute."""
+    service_name: str = "megatron-lm"
+    """``service.name`` (``--otel-service-name``, ``OTEL_SERVICE_NAME``)."""
+    shutdown_timeout_s: float = Field(default=5.0, gt=0, le=600)
+    """Hard deadline for flushing telemetry at shutdown (mlaunch key ``SHUTDOWN_TIMEOUT``)."""
+    trace_segment_iters: int = Field(default=100, ge=1)
+    """``megatron.train`` is re-rooted into a new trace every this many iterations."""
+    otel: OtelSettings = Field(default_factory=OtelSettings)
+    """The standard ``OTEL_*`` variables."""
+
+    _groups: frozenset[SpanGroup] = PrivateAttr(default=frozenset())
+
+    @field_validator("span_groups")
+    @classmethod
+    def _spec(cls, v: str) -> str:
+        try:
+            resolve(v)
+        except SpanSpecError as exc:
+            raise ValueError(str(exc)) from None
+        return v
+
+    @field_validator("export_strategy")
+    @classmethod
+    def _strategy(cls, v: str) -> str:
+        try:
+            load_strategy(v)
+        except StrategyError as exc:
+            raise ValueError(str(exc)) from None
+        return v.strip().lower() if ":" not in v else v.strip()
+
+    @field_validator("run_id")
+    @classmethod
+    def _run_id(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        v = v.strip()
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", v):
+            raise ValueError(
+                f"{v!r} is not a valid run id: use 1-128 letters, digits, '.', '_' or '-'"
+                " (it names the run directory)"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _derive(self) -> TelemetrySettings:
+        self._groups = resolve(self.span_groups)
+        if self.exporter is None:
+            self.exporter = "otlp" if self.otel.endpoint_configured else "file"
+        if self.otel.traces_sampler_arg is not None and self.otel.traces_sampler is None:
+            # The SDK ignores an argument without a ratio sampler; say so instead of guessing.
+            pass
+        return self
+
+    @property
+    def groups(self) -> frozenset[SpanGroup]:
+        """The resolved span groups."""
+        return self._groups
+
+
+class LaunchSettings(_Section):
+    """How ``mlaunch train`` starts torchrun."""
+
+    nproc_per_node: int = Field(default=2, ge=1, le=1024)
+    """Worker processes per node (``--nproc-per-node``)."""
+    nnodes: int = Field(default=1, ge=1)
+    """Number of nodes."""
+    node_rank: int = Field(default=0, ge=0)
+    """This node's rank in [0, nnodes)."""
+    rdzv_backend: str = "c10d"
+    """torchrun rendezvous backend."""
+    rdzv_endpoint: str | None = None
+    """``host:port`` of the rendezvous (required for nnodes > 1; a free local port otherwise)."""
+    rdzv_id: str | None = None
+    """Rendezvous id shared by all nodes (default: the run id)."""
+    max_restarts: int = Field(default=0, ge=0)
+    """How many times torchrun restarts a failed worker group."""
+    run_dir: str | None = None
+    """The run directory (default ``runs/<run_id>/`` under the current directory)."""
+    script: str | None = None
+    """Launch this Python script instead of mlaunch's trainer (e.g. Megatron-LM's pretrain_gpt.py)."""
+    module: str | None = None
+    """Launch this Python module instead of mlaunch's trainer."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where workers run; ``auto`` = CUDA when available."""
+
+    @field_validator("rdzv_endpoint")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        host, sep, port = v.strip().rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{v!r} is not host:port (e.g. 127.0.0.1:29500)")
+        return v.strip()
+
+    @model_validator(mode="after")
+    def _check(self) -> LaunchSettings:
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"node_rank {self.node_rank} must be < nnodes {self.nnodes}")
+        if self.script and self.module:
+            raise ValueError("give either script or module, not both")
+        if self.script and not Path(self.script).is_file():
+            raise ValueError(f"script {self.script!r} does not exist")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        """Total worker processes."""
+        return self.nnodes * self.nproc_per_node
+
+
+class ModelSettings(_Section):
+    """The GPT model (Megatron-LM argument names)."""
+
+    num_layers: int = Field(default=2, ge=1)
+    """Transformer layers."""
+    hidden_size: int = Field(default=64, ge=1)
+    """Hidden size."""
+    num_attention_heads: int = Field(default=4, ge=1)
+    """Attention heads (must divide hidden_size)."""
+    seq_length: int = Field(default=64, ge=2)
+    """Sequence length in tokens."""
+    untie_embeddings: Bool = False
+    """Use a separate LM-head matrix instead of the token embedding."""
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSettings:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} must be divisible by num_attention_heads"
+                f" {self.num_attention_heads}"
+            )
+        return self
+
+
+class TrainingSettings(_Section):
+    """The training run (Megatron-LM argument names)."""
+
+    micro_batch_size: int = Field(default=2, ge=1)
+    """Sequences per microbatch."""
+    global_batch_size: int = Field(default=8, ge=1)
+    """Sequences per iteration over all data-parallel ranks."""
+    train_iters: int = Field(default=40, ge=1)
+    """Iterations to train."""
+    lr: float = Field(default=3e-3, gt=0)
+    """Peak learning rate."""
+    min_lr: float = Field(default=3e-4, ge=0)
+    """Final learning rate of the cosine schedule."""
+    lr_warmup_iters: int = Field(default=5, ge=0)
+    """Linear warm-up iterations."""
+    weight_decay: float = Field(default=0.01, ge=0)
+    """AdamW weight decay."""
+    clip_grad: float = Field(default=1.0, ge=0)
+    """Gradient-norm clipping (0 = off)."""
+    eval_interval: int = Field(default=20, ge=0)
+    """Evaluate every this many iterations (0 = never)."""
+    eval_iters: int = Field(default=2, ge=0)
+    """Batches per evaluation."""
+    log_interval: int = Field(default=1, ge=1)
+    """Metrics/progress every this many iterations."""
+    save: str | None = None
+    """Checkpoint directory (unset = ``<run_dir>/checkpoints`` when save_interval > 0)."""
+    load: str | None = None
+    """Checkpoint directory to resume from (default: save, when it holds a checkpoint)."""
+    save_interval: int = Field(default=0, ge=0)
+    """Save every this many iterations (0 = only at the end when save is set)."""
+    keep_last: int = Field(default=2, ge=1)
+    """Checkpoints to keep."""
+    seed: int = Field(default=1234, ge=0)
+    """Random seed."""
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """Training precision (Megatron's --bf16 / --fp16)."""
+    data_path: str | None = None
+    """Text file or folder (byte-level tokens); unset = the built-in corpus."""
+    offload_activations: Bool = False
+    """Move saved activations to CPU between forward and backward."""
+    sample_tokens: int = Field(default=0, ge=0)
+    """Tokens to generate during evaluation (a text_completion span); 0 = off."""
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainingSettings:
+        if self.min_lr > self.lr:
+            raise ValueError(f"min_lr {self.min_lr} must be <= lr {self.lr}")
+        if self.data_path and not Path(self.data_path).exists():
+            raise ValueError(f"data_path {self.data_path!r} does not exist")
+        return self
+
+
+class ParallelSettings(_Section):
+    """Model parallel sizes; data parallel is derived from the world size."""
+
+    tensor_model_parallel_size: int = Field(default=1, ge=1)
+    """Tensor parallel size (mlaunch's trainer supports 1; other scripts may use more)."""
+    pipeline_model_parallel_size: int = Field(default=1, ge=1)
+    """Pipeline stages."""
+    data_parallel_size: int | None = Field(default=None, ge=1)
+    """Data-parallel size; unset = world size / (tensor x pipeline)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Sources (pydantic-settings)
+
+#: Telemetry key (the suffix after the prefix) -> TelemetrySettings field.
+TELEMETRY_KEYS: dict[str, str] = {
+    "ENABLED": "enabled",
+    "SPAN_GROUPS": "span_groups",
+    "EXPORT_STRATEGY": "export_strategy",
+    "EXPORT_RANK": "export_rank",
+    "EXPORT_SAMPLE_RATE": "export_sample_rate",
+    "SAMPLER_ENABLED": "sampler_enabled",
+    "TRACES_ENABLED": "traces_enabled",
+    "METRICS_ENABLED": "metrics_enabled",
+    "LOGS_ENABLED": "logs_enabled",
+    "EXPORTER": "exporter",
+    "RUN_ID": "run_id",
+    "USER_ID": "user_id",
+    # mlaunch additions
+    "SHUTDOWN_TIMEOUT": "shutdown_timeout_s",
+    "TRACE_SEGMENT_ITERS": "trace_segment_iters",
+}
+
+#: Names Megatron-LM's docs use that nemo-lens ignores; mlaunch honours them as aliases.
+ALIAS_KEYS: dict[str, str] = {
+    "RANK_STRATEGY": "EXPORT_STRATEGY",
+    "SAMPLING_STRATEGY": "SAMPLER_ENABLED",
+}
+
+#: Standard OpenTelemetry variable -> (section path, field).
+OTEL_ENV: dict[str, tuple[str, str]] = {
+    "OTEL_SERVICE_NAME": ("telemetry", "service_name"),
+    "OTEL_TRACES_SAMPLER": ("telemetry.otel", "traces_sampler"),
+    "OTEL_TRACES_SAMPLER_ARG": ("telemetry.otel", "traces_sampler_arg"),
+    "OTEL_EXPORTER_OTLP_ENDPOINT": ("telemetry.otel", "base_endpoint"),
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": ("telemetry.otel", "traces_endpoint"),
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": ("telemetry.otel", "metrics_endpoint_override"),
+    "OTEL_EXPORTER_OTLP_PROTOCOL": ("telemetry.otel", "base_protocol"),
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": ("telemetry.otel", "traces_protocol"),
+    "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": ("telemetry.otel", "metrics_protocol_override"),
+    "OTEL_EXPORTER_OTLP_HEADERS": ("telemetry.otel", "headers"),
+    "OTEL_EXPORTER_OTLP_TIMEOUT": ("telemetry.otel", "timeout_s"),
+    "OTEL_EXPORTER_OTLP_CERTIFICATE": ("telemetry.otel", "certificate"),
+    "OTEL_EXPORTER_OTLP_INSECURE": ("telemetry.otel", "insecure"),
+    "OTEL_RESOURCE_ATTRIBUTES": ("telemetry.otel", "resource_attributes"),
+    "OTEL_METRIC_EXPORT_INTERVAL": ("telemetry.otel", "metric_export_interval_ms"),
+    "OTEL_SDK_DISABLED": ("telemetry.otel", "sdk_disabled"),
+}
+
+#: Variables whose values are secrets: never printed, logged or written unredacted.
+SECRET_ENV: frozenset[str] = frozenset(
+    {
+        "OTEL_EXPORTER_OTLP_HEADERS",
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+        "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+        "OTEL_EXPORTER_OTLP_LOGS_HEADERS",
+    }
+)
+
+SECTIONS: dict[str, type[_Section]] = {
+    "launch": LaunchSettings,
+    "telemetry": TelemetrySettings,
+    "model": ModelSettings,
+    "training": TrainingSettings,
+    "parallelism": ParallelSettings,
+}
+
+
+def flag_name(path: str) -> str:
+    """The command-line flag of a dotted settings path (Megatron-LM's names where they exist)."""
+    section, _, field = path.partition(".")
+    if section == "telemetry":
+        if field.startswith("otel."):
+            return "--otlp-" + field.removeprefix("otel.").replace("_", "-")
+        return "--otel-" + field.replace("_", "-")
+    if path == "training.precision":
+        return "--precision"
+    return "--" + field.replace("_", "-")
+
+
+def env_names(field: str) -> tuple[str, ...]:
+    """The telemetry variables that can set ``field``, highest precedence first."""
+    keys = [k for k, f in TELEMETRY_KEYS.items() if f == field]
+    keys += [a for a, target in ALIAS_KEYS.items() if target in keys]
+    return tuple(p + k for p in (PRIMARY_PREFIX, FALLBACK_PREFIX) for k in keys)
+
+
+class _Layer(PydanticBaseSettingsSource):
+    """A source holding a nested dict and, per dotted path, where each value came from."""
+
+    def __init__(self, settings_cls: type[BaseSettings]) -> None:
+        super().__init__(settings_cls)
+        self.values: dict[str, Any] = {}  # dotted path -> raw value
+        self.origin: dict[str, Source] = {}
+
+    def set(self, path: str, value: Any, origin: Source) -> None:
+        self.values[path] = value
+        self.origin[path] = origin
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ returns the whole tree
+
+    def __call__(self) -> dict[str, Any]:
+        tree: dict[str, Any] = {}
+        for path, value in self.values.items():
+            *parents, leaf = path.split(".")
+            node = tree
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = value
+        return tree
+
+
+class FlagSource(_Layer):
+    """Command-line flags: ``{dotted path: value}``; ``None`` means not given."""
+
+    def __init__(self, settings_cls: type[BaseSettings], flags: Mapping[str, Any]) -> None:
+        super().__init__(settings_cls)
+        for path, value in flags.items():
+            if value is not None:
+                self.set(path, value, Source("flag", flag_name(path)))
+
+
+class EnvSource(_Layer):
+    """``MEGATRON_OTEL_*`` with ``NEMO_LENS_*`` fallback, plus the standard ``OTEL_*`` variables.
+
+    Collects problems (typos, conflicting aliases) in ``problems`` instead of raising, so every
+    problem of a configuration is reported at once.
+    """
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        super().__init__(settings_cls)
+        self.problems: list[tuple[str, str]] = []
+        valid = list(TELEMETRY_KEYS) + list(ALIAS_KEYS)
+        for name in sorted(environ):
+            for prefix in (PRIMARY_PREFIX, FALLBACK_PREFIX):
+                if name.startswith(prefix) and name[len(prefix) :] not in valid:
+                    close = difflib.get_close_matches(name[len(prefix) :], valid, n=1, cutoff=0.6)
+                    hint = f"did you mean {prefix}{close[0]}? " if close else ""
+                    self.problems.append(
+                        (name, f"unknown variable; {hint}valid keys: {', '.join(valid)}")
+                    )
+        for key, field in TELEMETRY_KEYS.items():
+            found = self._lookup(environ, key)
+            if found is not None:
+                var, value = found
+                if var.endswith("SAMPLING_STRATEGY"):
+                    value = self._sampling_strategy(var, value)
+                    if value is None:
+                        continue
+                self.set(f"telemetry.{field}", value, Source("env", var))
+        for var, (section, field) in OTEL_ENV.items():
+            value = environ.get(var, "").strip()
+            if value:
+                self.set(f"{section}.{field}", value, Source("env", var))
+
+    def _lookup(self, environ: Mapping[str, str], key: str) -> tuple[str, str] | None:
+        aliases = [a for a, target in ALIAS_KEYS.items() if target == key]
+        for prefix in (PRIMARY_PREFIX, FALLBACK_PREFIX):
+            given = [
+                (prefix + k, environ[prefix + k].strip())
+                for k in [key, *aliases]
+                if environ.get(prefix + k, "").strip()
+            ]
+            if not given:
+                continue
+            if len(given) > 1 and len({self._norm(k, v) for k, v in given}) > 1:
+                shown = " and ".join(f"{k}={v!r}" for k, v in given)
+                self.problems.append((given[0][0], f"conflicts with its alias: {shown}; set one"))
+            return given[0]
+        return None
+
+    @staticmethod
+    def _norm(var: str, value: str) -> str:
+        if var.endswith("SAMPLING_STRATEGY"):
+            return "true" if value.lower() == "rank_aware" else "false"
+        if var.endswith("SAMPLER_ENABLED"):
+            return "true" if value.lower() in _TRUE else "false"
+        return value.lower()
+
+    def _sampling_strategy(self, var: str, value: str) -> str | None:
+        v = value.lower()
+        if v == "rank_aware":
+            return "true"
+        if v in ("none", "off", "default"):
+            return "false"
+        self.problems.append((var, f"unknown sampling strategy {value!r}; use rank_aware or none"))
+        return None
+
+
+class FileSource(_Layer):
+    """A TOML config file; unknown sections and keys are problems with a did-you-mean."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path) -> None:
+        super().__init__(settings_cls)
+        self.problems: list[tuple[str, str]] = []
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            self.problems.append((str(path), "config file not found"))
+            return
+        except (OSError, UnicodeDecodeError) as exc:
+            self.problems.append((str(path), f"cannot read config file ({exc})"))
+            return
+        except tomllib.TOMLDecodeError as exc:
+            self.problems.append((str(path), f"not valid TOML: {exc}"))
+            return
+        self._walk(path, data, "", None)
+
+    def _walk(
+        self, path: Path, data: Mapping[str, Any], prefix: str, model: type[BaseModel] | None
+    ) -> None:
+        for key, value in data.items():
+            if model is None:  # top level: keys are sections
+                where, known, what = f"{path} [{key}]", list(SECTIONS), "section"
+            else:
+                where, known, what = (
+                    f"{path} [{prefix.rstrip('.')}] {key}",
+                    list(model.model_fields),
+                    "key",
+                )
+            if key not in known:
+                close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                self.problems.append((where, f"unknown {what}{hint}; valid: {', '.join(known)}"))
+                continue
+            sub = SECTIONS[key] if model is None else _submodel(model.model_fields[key])
+            if sub is None:
+                self.set(f"{prefix}{key}", value, Source("file", where))
+            elif isinstance(value, dict):
+                self._walk(path, value, f"{prefix}{key}.", sub)
+            else:
+                self.problems.append((where, f"expected a table ([{prefix}{key}])"))
+
+
+def _submodel(field_or_model: Any) -> type[BaseModel] | None:
+    if isinstance(field_or_model, type) and issubclass(field_or_model, BaseModel):
+        return field_or_model
+    ann = getattr(field_or_model, "annotation", None)
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ann
+    return None
+
+
+_ACTIVE_SOURCES: contextvars.ContextVar[tuple[PydanticBaseSettingsSource, ...]] = (
+    contextvars.ContextVar("mlaunch_settings_sources", default=())
+)
+
+
+# --------------------------------------------------------------------------------------------
+# The whole configuration
+
+
+class Settings(BaseSettings):
+    """The validated configuration of one run."""
+
+    model_config = SettingsConfigDict(extra="forbid", validate_default=True)
+
+    launch: LaunchSettings = Field(default_factory=LaunchSettings)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    training: TrainingSettings = Field(default_factory=TrainingSettings)
+    parallelism: ParallelSettings = Field(default_factory=ParallelSettings)
+
+    _sources: dict[str, Source] = PrivateAttr(default_factory=dict)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Sources are built per call by load_settings (they need the flags, environment and
+        # file of that call); highest precedence first.
+        return _ACTIVE_SOURCES.get()
+
+    @property
+    def world_size(self) -> int:
+        """Total worker processes."""
+        return self.launch.world_size
+
+    @property
+    def data_parallel_size(self) -> int:
+        """The data-parallel size (given or derived)."""
+        if self.parallelism.data_parallel_size is not None:
+            return self.parallelism.data_parallel_size
+        mp = (
+            self.parallelism.tensor_model_parallel_size
+            * self.parallelism.pipeline_model_parallel_size
+        )
+        return max(1, self.world_size // mp)
+
+    @property
+    def num_microbatches(self) -> int:
+        """Microbatches per iteration on each data-parallel rank."""
+        return max(
+            1,
+            self.training.global_batch_size
+            // (self.training.micro_batch_size * self.data_parallel_size),
+        )
+
+    @property
+    def uses_builtin_trainer(self) -> bool:
+        """Whether the workers run mlaunch's own trainer."""
+        return not (self.launch.script or self.launch.module)
+
+    def source(self, path: str) -> Source:
+        """Where the value at dotted ``path`` came from."""
+        return self._sources.get(path, Source("default", ""))
+
+    def sources(self) -> dict[str, Source]:
+        """Every dotted path that was set by a flag, variable or file, with its source."""
+        return dict(self._sources)
+
+    def cross_field_problems(self) -> list[tuple[str, str]]:
+        """Checks that span sections: world layout, batch arithmetic, export rank."""
+        p = self.parallelism
+        problems: list[tuple[str, str]] = []
+        world = self.world_size
+        mp = p.tensor_model_parallel_size * p.pipeline_model_parallel_size
+
+        def label(path: str) -> str:
+            src = self.source(path)
+            return src.name if src.kind != "default" else path
+
+        if world % mp:
+            problems.append(
+                (
+                    label("parallelism.pipeline_model_parallel_size"),
+                    f"world size {world} (nnodes {self.launch.nnodes} x nproc_per_node"
+                    f" {self.launch.nproc_per_node}) is not divisible by tensor x pipeline"
+                    f" = {p.tensor_model_parallel_size} x {p.pipeline_model_parallel_size}",
+                )
+            )
+        elif p.data_parallel_size is not None and p.data_parallel_size * mp != world:
+            problems.append(
+                (
+                    label("parallelism.data_parallel_size"),
+                    f"world size {world} != tensor {p.tensor_model_parallel_size} x pipeline"
+                    f" {p.pipeline_model_parallel_size} x data {p.data_parallel_size}",
+                )
+            )
+        dp = self.data_parallel_size
+        t = self.training
+        if t.global_batch_size % (t.micro_batch_size * dp):
+            problems.append(
+                (
+                    label("training.global_batch_size"),
+                    f"global batch {t.global_batch_size} is not divisible by micro batch"
+                    f" {t.micro_batch_size} x data-parallel size {dp}",
+                )
+            )
+        if self.model.num_layers % p.pipeline_model_parallel_size:
+            problems.append(
+                (
+                    label("model.num_layers"),
+                    f"{self.model.num_layers} layers cannot be split evenly across"
+                    f" {p.pipeline_model_parallel_size} pipeline stages",
+                )
+            )
+        if self.telemetry.export_rank >= world:
+            problems.append(
+                (
+                    label("telemetry.export_rank"),
+                    f"export rank {self.telemetry.export_rank} is outside the world size {world}"
+                    f" (ranks 0..{world - 1}; -1 = last rank)",
+                )
+            )
+        if self.uses_builtin_trainer and p.tensor_model_parallel_size != 1:
+            problems.append(
+                (
+                    label("parallelism.tensor_model_parallel_size"),
+                    "mlaunch's trainer supports tensor parallel size 1 only;"
+                    " use --script for a trainer with tensor parallelism",
+                )
+            )
+        return problems
+
+
+def _error_label(loc: tuple[Any, ...], layers: list[_Layer]) -> str:
+    """Name what the user typed for a pydantic error location."""
+    parts = [str(x) for x in loc if not isinstance(x, int)]
+    for n in range(len(parts), 0, -1):
+        path = ".".join(parts[:n])
+        for layer in layers:
+            if path in layer.origin:
+                return str(layer.origin[path])
+    return ".".join(parts) or "settings"
+
+
+def _clean_message(err: Mapping[str, Any]) -> str:
+    msg = str(err.get("msg", "invalid value"))
+    msg = msg.removeprefix("Value error, ")
+    if err.get("type") in (
+        "float_parsing",
+        "int_parsing",
+        "literal_error",
+        "less_than_equal",
+        "greater_than_equal",
+        "greater_than",
+        "less_than",
+        "int_from_float",
+    ):
+        msg = f"{msg}, got {err.get('input')!r}"
+    return msg
+
+
+def load_settings(
+    *,
+    flags: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    config: str | Path | None = None,
+    check_cross_fields: bool = True,
+) -> Settings:
+    """Merge flags > environment > config file > defaults into validated :class:`Settings`.
+
+    ``flags`` maps dotted paths (``"telemetry.span_groups"``) to values (None = not given).
+    Raises :class:`SettingsError` listing every problem found.
+    """
+    environ = os.environ if environ is None else environ
+    problems: list[tuple[str, str]] = []
+    flag_src = FlagSource(Settings, flags or {})
+    env_src = EnvSource(Settings, environ)
+    problems += env_src.problems
+    layers: list[_Layer] = [flag_src, env_src]
+    if config is not None:
+        file_src = FileSource(Settings, Path(config))
+        problems += file_src.problems
+        layers.append(file_src)
+    if problems:
+        raise SettingsError(problems)
+    token = _ACTIVE_SOURCES.set(tuple(layers))
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        raise SettingsError(
+            [(_error_label(e["loc"], layers), _clean_message(e)) for e in exc.errors()]
+        ) from None
+    finally:
+        _ACTIVE_SOURCES.reset(token)
+    merged: dict[str, Source] = {}
+    for layer in reversed(layers):  # lowest precedence first, so higher ones overwrite
+        merged.update(layer.origin)
+    settings._sources = merged
+    if check_cross_fields:
+        cross = settings.cross_field_problems()
+        if cross:
+            raise SettingsError(cross)
+    return settings
+
+
+def load_telemetry_settings(
+    environ: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None
+) -> TelemetrySettings:
+    """Telemetry settings as a worker sees them: its environment, with its own ``--otel-*``
+    flags (``overrides``, keyed by TelemetrySettings field) on top. No config file."""
+    flags = {f"telemetry.{k}": v for k, v in (overrides or {}).items()}
+    return load_settings(flags=flags, environ=environ, check_cross_fields=False).telemetry
+
+
+def new_run_id() -> str:
+    """A fresh 12-hex-digit run id."""
+    return secrets.token_hex(6)
+
+
+def choose_run_id(settings: TelemetrySettings, environ: Mapping[str, str] | None = None) -> str:
+    """The run id, chosen once: the RUN_ID setting, else SLURM_JOB_ID, else a fresh id."""
+    environ = os.environ if environ is None else environ
+    if settings.run_id:
+        return settings.run_id
+    slurm = environ.get("SLURM_JOB_ID", "").strip()
+    return slurm if slurm else new_run_id()
+
+
+def redact(name: str, value: str) -> str:
+    """The value to show for variable ``name``: secrets are replaced by a marker."""
+    return "<redacted>" if name in SECRET_ENV and value else value
