@@ -1,0 +1,162 @@
+"""``mlaunch groups list|resolve``: what each span group covers and what a spec turns on."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from mlaunch.cli.render import (
+    estimate_line,
+    groups_table,
+    presets_table,
+    print_problems,
+    span_placement,
+    span_tree,
+)
+from mlaunch.model.groups import SpanGroup
+from mlaunch.model.spans import CATALOGUE, estimate_spans_per_iteration
+from mlaunch.model.spec import SpanSpecError, format_groups, resolve
+
+app = typer.Typer(help="Span groups: list them, resolve a spec.", no_args_is_help=True)
+
+# The embedded default run's shape (configs/tiny.toml): 2 layers, 2 microbatches, 1 stage.
+_DEFAULT_LAYERS = 2
+_DEFAULT_MICROBATCHES = 2
+
+
+@app.command("list")
+def list_groups(
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Every span group with its description and frequency, and the presets."""
+    from mlaunch.model.groups import GROUPS, PRESETS
+
+    if as_json:
+        payload = {
+            "groups": [
+                {"name": g.value, "description": i.description, "frequency": i.frequency}
+                for g, i in GROUPS.items()
+            ],
+            "presets": {
+                name: format_groups(members).split(",") for name, members in PRESETS.items()
+            },
+        }
+        typer.echo(json.dumps(payload, indent=2))
+        return
+    console = Console()
+    console.print(groups_table())
+    console.print(presets_table())
+    console.print("[dim]Combine with commas; prefix '-' to exclude, e.g. 'all,-layer'.[/]")
+
+
+def _from_environment() -> tuple[str, dict[str, dict[str, str]]]:
+    """The spec the environment configures and, for every telemetry value set, its source."""
+    from mlaunch.settings import SettingsError, load_settings, redact
+
+    try:
+        settings = load_settings(environ=os.environ, check_cross_fields=False)
+    except SettingsError as exc:
+        print_problems(Console(stderr=True), exc.problems)
+        raise typer.Exit(2) from None
+    sources = {
+        path: {"value": redact(src.name, str(_value_at(settings, path))), "source": str(src)}
+        for path, src in settings.sources().items()
+        if path.startswith("telemetry.")
+    }
+    sources.setdefault(
+        "telemetry.span_groups", {"value": settings.telemetry.span_groups, "source": "default"}
+    )
+    return settings.telemetry.span_groups, sources
+
+
+def _value_at(obj: Any, path: str) -> Any:
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    if isinstance(obj, dict):
+        return ",".join(f"{k}=..." for k in obj)
+    return obj
+
+
+@app.command("resolve")
+def resolve_groups(
+    spec: str | None = typer.Argument(
+        None, help="Spec such as 'per_step' or 'all,-layer'. Omit to resolve the environment."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    microbatches: int = typer.Option(
+        _DEFAULT_MICROBATCHES, "--microbatches", min=1, help="Microbatches per iteration (N)."
+    ),
+    layers: int = typer.Option(_DEFAULT_LAYERS, "--layers", min=1, help="Transformer layers (L)."),
+    pp: int = typer.Option(1, "--pp", min=1, help="Pipeline-parallel stages (P)."),
+) -> None:
+    """The resolved groups, the span tree with each span on or off, and spans per iteration.
+
+    Without SPEC, the spec comes from MEGATRON_OTEL_SPAN_GROUPS / NEMO_LENS_SPAN_GROUPS (the
+    whole telemetry environment is validated) and each value's source is shown.
+    """
+    sources: dict[str, dict[str, str]] = {}
+    if spec is None:
+        spec, sources = _from_environment()
+    try:
+        enabled = resolve(spec)
+    except SpanSpecError as exc:
+        print_problems(Console(stderr=True), [("SPEC", str(exc))])
+        raise typer.Exit(2) from None
+    if layers % pp:
+        print_problems(
+            Console(stderr=True),
+            [("--layers", f"{layers} layers cannot be split evenly across {pp} stages")],
+        )
+        raise typer.Exit(2)
+
+    per_stage = estimate_spans_per_iteration(
+        enabled, microbatches=microbatches, layers=layers, pp=pp
+    )
+    if as_json:
+        placement = span_placement(enabled)
+        payload = {
+            "spec": spec,
+            "groups": [g.value for g in SpanGroup if g in enabled],
+            "disabled": [g.value for g in SpanGroup if g not in enabled],
+            "spans": [
+                {
+                    "name": d.name,
+                    "group": d.group.value,
+                    "enabled": d.group in enabled,
+                    "parent": d.parent,
+                    "attaches_to": placement[d.name],
+                }
+                for d in CATALOGUE
+            ],
+            "estimate": {
+                "microbatches": microbatches,
+                "layers": layers,
+                "pp": pp,
+                "spans_per_iteration_per_stage": per_stage,
+                "max_spans_per_iteration_per_rank": max(per_stage),
+            },
+            "sources": sources,
+        }
+        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+        return
+
+    console = Console()
+    origin = sources.get("telemetry.span_groups", {}).get("source")
+    console.print(
+        f"[bold]spec[/] {spec!r}"
+        + (f"  [dim](from {origin})[/]" if origin else "")
+        + f"\n[bold]groups[/] {format_groups(enabled) or '(none)'}"
+    )
+    if sources:
+        for path, info in sorted(sources.items()):
+            console.print(
+                f"  [dim]{path} = {info['value']!r}  <- {info['source']}[/]", highlight=False
+            )
+    console.print(groups_table(enabled, compact=True))
+    console.print(span_tree(enabled))
+    console.print(estimate_line(enabled, microbatches=microbatches, layers=layers, pp=pp))

@@ -1,0 +1,114 @@
+"""Rich renderings shared by several commands: the span tree, group tables, error lists.
+
+Imports only rich and the pure model, so every command can use it cheaply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from rich.console import Console
+from rich.table import Table
+from rich.tree import Tree
+
+from mlaunch.model.groups import GROUPS, PRESETS, SpanGroup
+from mlaunch.model.spans import CATALOGUE, effective_parent, estimate_spans_per_iteration
+
+
+def span_placement(enabled: frozenset[SpanGroup]) -> dict[str, str | None]:
+    """Where each catalogue span is drawn: an enabled span under the nearest enabled ancestor
+    (where it will attach at run time), a disabled one under its catalogue parent."""
+    return {
+        d.name: effective_parent(d.name, enabled) if d.group in enabled else d.parent
+        for d in CATALOGUE
+    }
+
+
+def span_tree(enabled: frozenset[SpanGroup], title: str = "span tree") -> Tree:
+    """The SPEC section 4 tree with each span marked on (green) or off (dim)."""
+    placement = span_placement(enabled)
+    tree = Tree(f"[bold]{title}[/]")
+    nodes: dict[str | None, Tree] = {None: tree}
+    for d in CATALOGUE:  # catalogue order puts every parent before its children
+        on = d.group in enabled
+        mark = "[green]on [/]" if on else "[dim]off[/]"
+        label = f"{mark} {d.name}  [cyan]{d.group.value}[/]"
+        if d.note:
+            label += f"  [dim]({d.note})[/]"
+        if on and d.parent is not None and placement[d.name] != d.parent:
+            label += f"  [yellow](attaches here: {d.parent} is off)[/]"
+        if not on:
+            label = f"[dim]{label}[/]"
+        nodes[d.name] = nodes[placement[d.name]].add(label)
+    return tree
+
+
+def groups_table(enabled: Iterable[SpanGroup] | None = None, *, compact: bool = False) -> Table:
+    """Every group with its description and frequency (and on/off when ``enabled`` is given);
+    ``compact`` leaves out the descriptions and presets to fit a narrow terminal."""
+    on = frozenset(enabled) if enabled is not None else None
+    table = Table(title="span groups", show_lines=False)
+    if on is not None:
+        table.add_column("")
+    table.add_column("group", style="cyan")
+    if not compact:
+        table.add_column("covers")
+    table.add_column("frequency")
+    if not compact:
+        table.add_column("presets", style="dim")
+    for group, info in GROUPS.items():
+        presets = ", ".join(name for name, members in PRESETS.items() if group in members)
+        row = (
+            [group.value, info.frequency]
+            if compact
+            else [group.value, info.description, info.frequency, presets]
+        )
+        if on is not None:
+            row.insert(0, "[green]on[/]" if group in on else "[dim]off[/]")
+        table.add_row(*row)
+    return table
+
+
+def presets_table() -> Table:
+    """Every preset and its groups."""
+    table = Table(title="presets")
+    table.add_column("preset", style="cyan")
+    table.add_column("groups")
+    for name, members in PRESETS.items():
+        label = (
+            "all 16 groups"
+            if len(members) == len(GROUPS)
+            else ", ".join(g.value for g in SpanGroup if g in members)
+        )
+        table.add_row(name, label)
+    return table
+
+
+def estimate_line(
+    enabled: frozenset[SpanGroup], *, microbatches: int, layers: int, pp: int, dp: int = 1
+) -> str:
+    """One line with the estimated spans per iteration per rank (per stage when pp > 1)."""
+    per_stage = estimate_spans_per_iteration(
+        enabled, microbatches=microbatches, layers=layers, pp=pp, dp=dp
+    )
+    shape = f"{microbatches} microbatches, {layers} layers, {pp} pipeline stage(s)"
+    if pp == 1:
+        return f"~{per_stage[0]} spans per iteration per exporting rank ({shape})"
+    stages = ", ".join(f"stage {i}: {n}" for i, n in enumerate(per_stage))
+    return f"~{max(per_stage)} spans per iteration per exporting rank at most ({stages}; {shape})"
+
+
+def print_problems(console: Console, problems: Iterable[tuple[str, str]]) -> None:
+    """One ``field: message`` line per problem, on the given (stderr) console."""
+    for field, message in problems:
+        console.print(f"[bold red]error[/] [bold]{field}[/]: {message}", highlight=False)
+
+
+__all__ = [
+    "estimate_line",
+    "groups_table",
+    "presets_table",
+    "print_problems",
+    "span_placement",
+    "span_tree",
+]
