@@ -1,25 +1,132 @@
 """mlaunch's telemetry runtime: the public API instrumented code uses.
 
-SKELETON: signatures are final; bodies are no-ops until the telemetry runtime lands (issue 3).
-Instrumented code (the trainer, user scripts) imports only this module; it never imports torch,
-and imports the OpenTelemetry SDK lazily, only on exporting ranks.
+Instrumented code (the trainer, user scripts) imports only this module. It never imports torch,
+and imports the OpenTelemetry SDK only on an exporting rank with telemetry enabled (in
+``mlaunch.telemetry._runtime``); with only ``opentelemetry-api`` installed everything is a no-op.
+
+Hot path
+    ``span(group, name)`` checks ``group`` against a module-level frozenset and, when the group is
+    off, returns one preallocated null context manager: no generator, no span, no context object.
+    A non-exporting rank, or disabled telemetry, has an empty enabled set.
+
+Two span paths, one stack
+    Groups in ``FINE_GRAINED_GROUPS`` (microbatch, layer, communication, activation_offload,
+    trace_region) go through a record: the training thread stores name, ids, parent, times,
+    attributes and links, and the export thread turns records into SDK spans. Other groups are
+    SDK spans. Both push onto one per-thread stack, so parents are right in both directions.
+    Fine spans are not attached to the OTel context (that would cost what the record saves):
+    OTel-instrumented code inside a fine span sees the nearest coarse span as current.
+
+Trace identity (SPEC section 4)
+    Every rank derives the same trace ids from the run id, the restart count (``dl.restart_count``
+    or ``TORCHELASTIC_RESTART_COUNT``) and the iteration, with no communication:
+
+    - ``segment = iteration // trace_segment_iters`` (K, default 100);
+    - before the first ``set_iteration`` call, and for the segment of that first iteration, root
+      spans get ``T(run_id, restart, "init")`` — so ``megatron.pretrain``, setup, and the first
+      (possibly partial, after a resume) segment of training share one trace;
+    - any later segment ``s`` gets ``T(run_id, restart, s)``; ``T`` is the first 128 bits of a
+      SHA-256, so ids are stable, distinct per restart, and identical on every rank;
+    - ``set_iteration(it)`` (call it before each train step, outside the step span) switches the
+      current root trace id when ``it`` enters a new segment. If ``megatron.train`` is the
+      innermost open span of the calling thread, it is re-rooted: the open ``megatron.train``
+      span ends and a new root ``megatron.train`` span starts in the new trace, with the same
+      attributes plus ``mlaunch.trace.segment=s`` and a Link to the previous segment's span.
+      The ``with span(JOB, TRAIN)`` block then ends the latest segment. (The object that block
+      yielded is the first segment's span; set attributes through ``span`` of later calls.)
+    - child spans always share their parent's trace id; a span with no open parent on its
+      thread is a root in the current trace.
+
+Shutdown
+    ``shutdown()`` is idempotent, ends still-open spans with ``mlaunch.span.truncated=true``,
+    and returns within ``shutdown_timeout_s`` even when the endpoint hangs; undelivered spans and
+    metrics go to the spool files of the run directory. An atexit hook calls it; no signal
+    handlers are installed (the trainer calls ``shutdown`` from its own SIGTERM handling).
+    A second ``setup`` while telemetry is active raises ``RuntimeError``; after ``shutdown``
+    a new ``setup`` is allowed.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+import os
 from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
+
+from mlaunch.model.groups import FINE_GRAINED_GROUPS, GOODPUT_GROUPS, SpanGroup
+from mlaunch.model.spans import Attr, region_name
+from mlaunch.model.strategies import should_export
+from mlaunch.telemetry import _spans
+from mlaunch.telemetry._spans import CoarseSpan, FineSpan
+
+log = logging.getLogger("mlaunch.telemetry")
+
+__all__ = [
+    "Telemetry",
+    "setup",
+    "shutdown",
+    "is_enabled",
+    "span",
+    "linked_span",
+    "trace_region",
+    "trace_fn",
+    "set_iteration",
+    "inject",
+    "extract",
+    "current_context_ints",
+    "context_from_ints",
+    "record_step",
+]
+
+# The hot-path state. Plain ``str`` members (not the StrEnum) so membership tests hash and compare
+# at C speed whether callers pass ``SpanGroup.X`` or ``"x"``.
+_ENABLED: frozenset[str] = frozenset()
+_FINE: frozenset[str] = frozenset()
+_GOODPUT: frozenset[str] = frozenset(g.value for g in GOODPUT_GROUPS)
+_IS_GOODPUT = Attr.IS_GOODPUT.value
+_TRACE_REGION = SpanGroup.TRACE_REGION.value
+_RUNTIME: Any = None  # mlaunch.telemetry._runtime.Runtime on an exporting rank
+_HANDLE: Telemetry | None = None
 
 
 class Telemetry:
     """Handle returned by :func:`setup`."""
 
-    enabled_groups: frozenset[str] = frozenset()
-    exporting: bool = False
+    def __init__(
+        self,
+        enabled_groups: frozenset[str] = frozenset(),
+        exporting: bool = False,
+        runtime: Any = None,
+    ) -> None:
+        #: The groups whose spans this process creates (empty on non-exporting ranks).
+        self.enabled_groups = enabled_groups
+        #: Whether this rank exports telemetry.
+        self.exporting = exporting
+        self._runtime = runtime
+
+    @property
+    def run_dir(self) -> Path | None:
+        """The run directory telemetry writes to (None when not exporting)."""
+        return self._runtime.run_dir if self._runtime is not None else None
+
+    @property
+    def tracer_provider(self) -> Any:
+        """The SDK TracerProvider (None when not exporting), for OTel-instrumented libraries."""
+        return self._runtime.tracer_provider if self._runtime is not None else None
+
+    @property
+    def meter_provider(self) -> Any:
+        """The SDK MeterProvider (None when not exporting or metrics are off)."""
+        return self._runtime.meter_provider if self._runtime is not None else None
 
     def shutdown(self, timeout_s: float | None = None) -> None:
         """Flush and stop exporters within a hard deadline; idempotent."""
+        if _HANDLE is self:
+            shutdown(timeout_s)
+        elif self._runtime is not None:
+            self._runtime.shutdown(timeout_s)
 
 
 def setup(
@@ -31,16 +138,99 @@ def setup(
     resource: Mapping[str, Any] | None = None,
     run_dir: str | Path | None = None,
 ) -> Telemetry:
-    """Configure telemetry for this process (settings None = read them from the environment)."""
-    return Telemetry()
+    """Configure telemetry for this process.
+
+    ``settings`` None reads them from the environment, as a torchrun worker does
+    (``mlaunch.settings.load_telemetry_settings``). ``resource`` holds extra resource attributes
+    (parallel sizes/ranks, batch size, model dims, precision, ``host.gpu.count``,
+    ``dl.restart_count``). ``run_dir`` overrides ``MLAUNCH_RUN_DIR`` / ``./runs/<run_id>``.
+
+    The export strategy decides whether this rank exports; a non-exporting rank gets an empty
+    enabled set. Raises ``RuntimeError`` if telemetry is already set up in this process, and
+    ``mlaunch.settings.SettingsError`` for invalid settings; exporter problems are only logged.
+    """
+    global _ENABLED, _FINE, _RUNTIME, _HANDLE
+    if _HANDLE is not None:
+        raise RuntimeError(
+            "mlaunch telemetry is already set up in this process; call shutdown() first"
+        )
+    if settings is None:
+        from mlaunch.settings import load_telemetry_settings
+
+        settings = load_telemetry_settings()
+    handle = Telemetry()
+    exporting = (
+        bool(settings.enabled)
+        and not settings.otel.sdk_disabled
+        and should_export(
+            settings.export_strategy,
+            rank=rank,
+            world_size=world_size,
+            local_rank=local_rank,
+            export_rank=settings.export_rank,
+            sample_rate=settings.export_sample_rate,
+        )
+    )
+    if exporting and not (
+        settings.traces_enabled or settings.metrics_enabled or settings.logs_enabled
+    ):
+        exporting = False
+    if exporting:
+        try:
+            from mlaunch.telemetry._runtime import Runtime
+        except ImportError as exc:  # only opentelemetry-api installed: stay a no-op
+            log.warning(
+                "mlaunch telemetry: OpenTelemetry SDK unavailable (%s); telemetry is off", exc
+            )
+            exporting = False
+    if exporting:
+        runtime = Runtime(
+            settings,
+            rank=rank,
+            world_size=world_size,
+            local_rank=local_rank,
+            resource=resource,
+            run_dir=run_dir,
+            environ=os.environ,
+        )
+        groups = (
+            frozenset(str(getattr(g, "value", g)) for g in settings.groups)
+            if settings.traces_enabled
+            else frozenset()
+        )
+        handle = Telemetry(groups, True, runtime)
+        _RUNTIME = runtime
+        _FINE = groups & frozenset(g.value for g in FINE_GRAINED_GROUPS)
+        _ENABLED = groups
+    _HANDLE = handle
+    return handle
+
+
+def shutdown(timeout_s: float | None = None) -> None:
+    """Shut down the process's telemetry (idempotent): ends open spans as truncated, exports or
+    spools everything within the hard deadline (``shutdown_timeout_s`` by default)."""
+    global _ENABLED, _FINE, _RUNTIME, _HANDLE
+    runtime = _RUNTIME
+    _ENABLED = _FINE = frozenset()  # new spans are no-ops from here on
+    _RUNTIME = None
+    _HANDLE = None
+    if runtime is not None:
+        try:
+            runtime.shutdown(timeout_s)
+        except Exception as exc:  # never raise into training
+            log.warning("mlaunch telemetry: shutdown failed (%s)", exc)
 
 
 def is_enabled(group: str) -> bool:
     """Whether spans of ``group`` are created in this process."""
-    return False
+    return group in _ENABLED
 
 
 class _Null:
+    """The one context manager every disabled ``span`` site gets."""
+
+    __slots__ = ()
+
     def __enter__(self) -> None:
         return None
 
@@ -52,51 +242,153 @@ _NULL = _Null()
 
 
 def span(group: str, name: str, **attributes: Any) -> Any:
-    """``with span(group, name, **attrs) as s:`` — ``s`` is the span, or None when the group is off."""
-    return _NULL
+    """``with span(group, name, **attrs) as s:`` — ``s`` is the span, or None when the group is off.
+
+    Spans of the ``goodput`` preset's groups carry ``is_goodput_span=true``. A span left by an
+    exception gets status ERROR and an ``exception`` event; the exception propagates.
+    """
+    if group not in _ENABLED:
+        return _NULL
+    if group in _GOODPUT:
+        attributes[_IS_GOODPUT] = True
+    if group in _FINE:
+        return FineSpan(name, attributes)
+    return CoarseSpan(name, attributes)
 
 
 def linked_span(group: str, name: str, carrier_or_context: Any, **attributes: Any) -> Any:
-    """Like :func:`span`, with an OTel Link to the span context in ``carrier_or_context``."""
-    return _NULL
+    """Like :func:`span`, with an OTel Link to the span context in ``carrier_or_context``.
+
+    ``carrier_or_context`` is a W3C carrier dict (``traceparent``), a ``SpanContext`` (from
+    :func:`extract` or :func:`context_from_ints`), or None (no link).
+    """
+    if group not in _ENABLED:
+        return _NULL
+    links = None
+    try:
+        ctx = carrier_or_context
+        if isinstance(ctx, Mapping):
+            ctx = extract(ctx)
+        if ctx is not None and getattr(ctx, "is_valid", False):
+            from opentelemetry.trace import Link
+
+            links = [Link(ctx)]
+    except Exception as exc:  # a bad carrier must not break training
+        log.debug("mlaunch telemetry: ignoring bad link context (%s)", exc)
+    if group in _GOODPUT:
+        attributes[_IS_GOODPUT] = True
+    if group in _FINE:
+        return FineSpan(name, attributes, links)
+    return CoarseSpan(name, attributes, links)
 
 
 def trace_region(name: str, **attributes: Any) -> Any:
     """A ``megatron.region.<name>`` marker span in the ``trace_region`` group."""
-    return _NULL
+    if _TRACE_REGION not in _ENABLED:
+        return _NULL
+    return span(_TRACE_REGION, region_name(name), **attributes)
 
 
 def trace_fn(group: str, name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator: run the function inside ``span(group, name)``."""
+    """Decorator: run the function inside ``span(group, name)`` (checked at call time)."""
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        return fn
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if group not in _ENABLED:
+                return fn(*args, **kwargs)
+            with span(group, name):
+                return fn(*args, **kwargs)
+
+        return wrapper
 
     return deco
 
 
 def set_iteration(iteration: int) -> None:
-    """Tell telemetry which training iteration starts next (trace identity and re-rooting)."""
+    """Tell telemetry which training iteration starts next (trace identity and re-rooting; see the
+    module docstring). Call it before each train step, outside the step's span."""
+    runtime = _RUNTIME
+    if runtime is None:
+        return
+    try:
+        runtime.set_iteration(int(iteration))
+    except Exception as exc:
+        log.warning("mlaunch telemetry: set_iteration failed (%s)", exc)
+
+
+def _current_entry() -> Any:
+    stack = _spans.current_stack()
+    return stack[-1] if stack else None
 
 
 def inject(carrier: MutableMapping[str, str]) -> None:
-    """Write the current span context into ``carrier`` (W3C traceparent)."""
+    """Write the current span context into ``carrier`` (W3C ``traceparent``); no-op without one."""
+    entry = _current_entry()
+    if entry is None:
+        return
+    carrier["traceparent"] = (
+        f"00-{entry.trace_id:032x}-{entry.span_id:016x}-{'01' if entry.sampled else '00'}"
+    )
 
 
 def extract(carrier: Mapping[str, str]) -> Any:
-    """Read a span context from ``carrier``; None when absent."""
-    return None
+    """Read a span context (an OTel ``SpanContext``, remote) from ``carrier``; None when absent
+    or malformed."""
+    value = carrier.get("traceparent") if carrier else None
+    if not value:
+        return None
+    parts = value.strip().split("-")
+    if len(parts) < 4 or len(parts[0]) != 2 or len(parts[1]) != 32 or len(parts[2]) != 16:
+        return None
+    try:
+        version = int(parts[0], 16)
+        trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3][:2], 16)
+    except ValueError:
+        return None
+    if version == 0xFF or not trace_id or not span_id:
+        return None
+    try:
+        from opentelemetry.trace import SpanContext, TraceFlags
+    except ImportError:
+        return None
+    return SpanContext(trace_id, span_id, True, TraceFlags(flags & 0x01))
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= (1 << 63) else value
 
 
 def current_context_ints() -> tuple[int, int, int, int]:
     """The current span context as four signed int64 values (trace id high/low, span id, flags),
     for carrying through a tensor; all zero when no span is recording."""
-    return (0, 0, 0, 0)
+    entry = _current_entry()
+    if entry is None:
+        return (0, 0, 0, 0)
+    tid = entry.trace_id
+    return (
+        _signed(tid >> 64),
+        _signed(tid & _MASK64),
+        _signed(entry.span_id),
+        1 if entry.sampled else 0,
+    )
 
 
 def context_from_ints(values: tuple[int, int, int, int] | list[int]) -> Any:
     """Inverse of :func:`current_context_ints`; None for an all-zero (absent) context."""
-    return None
+    hi, lo, sid, flags = (int(v) for v in values)
+    trace_id = ((hi & _MASK64) << 64) | (lo & _MASK64)
+    span_id = sid & _MASK64
+    if not trace_id or not span_id:
+        return None
+    try:
+        from opentelemetry.trace import SpanContext, TraceFlags
+    except ImportError:
+        return None
+    return SpanContext(trace_id, span_id, True, TraceFlags(flags & 0x01))
 
 
 def record_step(
@@ -111,8 +403,22 @@ def record_step(
     skipped: bool = False,
     memory_gb: float | None = None,
 ) -> None:
-    """Record the SPEC section 5 metrics for one training iteration (exporting ranks only)."""
-
-
-def shutdown(timeout_s: float | None = None) -> None:
-    """Shut down the process's telemetry (idempotent)."""
+    """Record the SPEC section 5 metrics for one training iteration (exporting ranks only):
+    one step-duration histogram sample, the gauges given, and the skipped-iterations counter."""
+    runtime = _RUNTIME
+    if runtime is None:
+        return
+    try:
+        runtime.record_step(
+            iteration,
+            step_ms,
+            loss,
+            grad_norm,
+            learning_rate,
+            tokens_per_sec,
+            tflops,
+            skipped,
+            memory_gb,
+        )
+    except Exception as exc:
+        runtime.log_once("record_step", "mlaunch telemetry: record_step failed (%s)", exc)

@@ -1,0 +1,783 @@
+"""The exporting rank's runtime: resource, samplers, providers, instruments, the export thread,
+the sinks (OTLP gRPC / HTTP, console, file, none), the spool and the bounded shutdown.
+
+This is the only module that imports the OpenTelemetry SDK and exporters; ``mlaunch.telemetry``
+imports it only on an exporting rank with telemetry enabled.
+
+Why mlaunch owns the export thread instead of using the SDK's BatchSpanProcessor: the SDK's
+``force_flush(timeout_millis=...)`` ignores its timeout and can block ~28 s on an unreachable
+endpoint. Here the one export thread does all conversion and I/O; shutdown waits for it only until
+a hard deadline, then writes everything undelivered (queued or in flight) to the spool file and
+returns. A daemon thread stuck in a network call cannot keep the process alive.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace as trace_api
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+import mlaunch
+from mlaunch import envcontract
+from mlaunch.model.spans import (
+    K8S_RESOURCE_ATTRS,
+    METRICS,
+    SLURM_RESOURCE_ATTRS,
+    Attr,
+    Metric,
+    ResourceAttr,
+    SpanName,
+)
+from mlaunch.telemetry import _spans, otlp_json
+from mlaunch.telemetry.samplers import build_sampler
+
+log = logging.getLogger("mlaunch.telemetry")
+
+SCOPE_NAME = "mlaunch"
+#: How often the export thread wakes to drain ended spans (the training thread never signals it,
+#: so ending a span costs no lock or syscall).
+DRAIN_INTERVAL_S = 0.25
+#: Spans per export request.
+BATCH_SIZE = 512
+#: After a failed export, batches go straight to the spool for this long instead of each waiting
+#: for the exporter's timeout against a dead endpoint.
+FAILURE_BACKOFF_S = 30.0
+DEFAULT_METRIC_INTERVAL_MS = 60_000
+_RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
+
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
+
+
+# ------------------------------------------------------------------------------------------------
+# Trace identity
+
+
+def segment_trace_id(run_id: str, restart: int, segment: int | str) -> int:
+    """The deterministic 128-bit trace id of one trace segment of a run (never 0)."""
+    digest = hashlib.sha256(f"mlaunch/{run_id}/{restart}/{segment}".encode()).hexdigest()
+    return int(digest[:32], 16) or 1
+
+
+def fallback_run_id(environ: Mapping[str, str]) -> str:
+    """A run id every rank agrees on when the launcher did not set one (plain torchrun)."""
+    for key in ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"):
+        value = environ.get(key, "").strip()
+        if value and value.lower() != "none":
+            return value
+    addr, port = environ.get("MASTER_ADDR", ""), environ.get("MASTER_PORT", "")
+    if addr and port:
+        return hashlib.sha256(f"{addr}:{port}".encode()).hexdigest()[:12]
+    return os.urandom(6).hex()
+
+
+# ------------------------------------------------------------------------------------------------
+# Resource
+
+
+def build_resource_attributes(
+    settings: Any,
+    *,
+    run_id: str,
+    rank: int,
+    world_size: int,
+    local_rank: int,
+    extra: Mapping[str, Any] | None,
+    environ: Mapping[str, str],
+) -> dict[str, Any]:
+    """SPEC section 3: ``OTEL_RESOURCE_ATTRIBUTES`` first, then mlaunch's attributes over them."""
+    from opentelemetry.sdk.version import __version__ as sdk_version
+
+    attrs: dict[str, Any] = {
+        "telemetry.sdk.language": "python",
+        "telemetry.sdk.name": "opentelemetry",
+        "telemetry.sdk.version": sdk_version,
+    }
+    attrs.update(getattr(settings.otel, "resource_attributes", None) or {})
+    for env_key, attr in (*SLURM_RESOURCE_ATTRS.items(), *K8S_RESOURCE_ATTRS.items()):
+        value = environ.get(env_key, "").strip()
+        if value:
+            attrs[attr] = value
+    attrs.update(
+        {
+            ResourceAttr.SERVICE_NAME: settings.service_name,
+            ResourceAttr.SERVICE_VERSION: mlaunch.__version__,
+            ResourceAttr.SERVICE_INSTANCE_ID: f"{run_id}-rank{rank}",
+            ResourceAttr.RUN_ID: run_id,
+            ResourceAttr.RANK: rank,
+            ResourceAttr.WORLD_SIZE: world_size,
+            ResourceAttr.LOCAL_RANK: local_rank,
+            ResourceAttr.HOST_NAME: socket.gethostname(),
+            ResourceAttr.PROCESS_PID: os.getpid(),
+        }
+    )
+    if settings.user_id:
+        attrs[ResourceAttr.USER_ID] = settings.user_id
+    for key, value in (extra or {}).items():
+        if value is not None:
+            attrs[str(key)] = value
+    return {str(k): v for k, v in attrs.items()}
+
+
+# ------------------------------------------------------------------------------------------------
+# SDK plumbing
+
+
+class _SegmentIdGenerator(IdGenerator):
+    """Root spans get the current segment's trace id; span ids are random as in the SDK."""
+
+    def generate_span_id(self) -> int:
+        from random import getrandbits
+
+        return getrandbits(64) or 1
+
+    def generate_trace_id(self) -> int:
+        return _spans.STATE.trace_id
+
+
+class _QueueProcessor(SpanProcessor):
+    """Hands ended (sampled) SDK spans to the export thread's queue."""
+
+    def __init__(self, queue: Any) -> None:
+        self.queue = queue
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self.queue.append(span)
+
+
+class _LogOnce:
+    """Logs each distinct failure cause once."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+        self.lock = threading.Lock()
+
+    def __call__(self, cause: str, message: str, *args: Any) -> None:
+        with self.lock:
+            if cause in self.seen:
+                return
+            self.seen.add(cause)
+        log.warning(message, *args)
+
+
+# ------------------------------------------------------------------------------------------------
+# Sinks
+
+
+class ExportFailed(Exception):
+    """An exporter reported failure (the cause string is the message)."""
+
+
+class _LineFile:
+    """Appends OTLP/JSON lines to a file opened on first use; flushed per write."""
+
+    def __init__(self, path: Path | None, stream: IO[str] | None = None) -> None:
+        self.path = path
+        self.stream = stream
+        self.lock = threading.Lock()
+
+    def write(self, line: str) -> None:
+        with self.lock:
+            if self.stream is None:
+                assert self.path is not None
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.stream = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - long-lived
+            self.stream.write(line + "\n")
+            self.stream.flush()
+
+    def close(self) -> None:
+        with self.lock:
+            if self.stream is not None and self.path is not None:
+                self.stream.close()
+                self.stream = None
+
+
+class Sink:
+    """Where exported spans and metrics go. ``export_*`` raise :class:`ExportFailed` on failure."""
+
+    def export_spans(self, spans: list[ReadableSpan]) -> None:
+        """Deliver spans."""
+
+    def export_metrics(self, data: Any) -> None:
+        """Deliver one metrics collection."""
+
+    def close(self) -> None:
+        """Release resources (may block; called on a daemon thread at shutdown)."""
+
+
+class LinesSink(Sink):
+    """``file`` and ``console``: OTLP/JSON lines."""
+
+    def __init__(self, traces: _LineFile, metrics: _LineFile) -> None:
+        self.traces = traces
+        self.metrics = metrics
+
+    def export_spans(self, spans: list[ReadableSpan]) -> None:
+        self.traces.write(otlp_json.encode_spans_line(spans))
+
+    def export_metrics(self, data: Any) -> None:
+        self.metrics.write(otlp_json.encode_metrics_line(data))
+
+    def close(self) -> None:
+        self.traces.close()
+        self.metrics.close()
+
+
+def _exporter_class(protocol: str, signal: str) -> Any:
+    """The SDK's OTLP exporter class for a protocol and signal (``trace`` or ``metric``)."""
+    if protocol == "grpc":
+        if signal == "trace":
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+            return OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+        return OTLPMetricExporter
+    if signal == "trace":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+    return OTLPMetricExporter
+
+
+def _protocol_kwargs(otel: Any, protocol: str, common: dict[str, Any]) -> dict[str, Any]:
+    """Exporter keyword arguments: TLS options differ between the gRPC and HTTP exporters."""
+    kwargs = dict(common)
+    if protocol == "grpc":
+        if otel.insecure is not None:
+            kwargs["insecure"] = otel.insecure
+        if otel.certificate:
+            import grpc
+
+            with open(otel.certificate, "rb") as f:
+                kwargs["credentials"] = grpc.ssl_channel_credentials(root_certificates=f.read())
+    elif otel.certificate:
+        kwargs["certificate_file"] = otel.certificate
+    return kwargs
+
+
+class OtlpSink(Sink):
+    """OTLP over gRPC or HTTP/protobuf, through the SDK's exporters (called from our thread)."""
+
+    def __init__(self, settings: Any, traces: bool, metrics: bool) -> None:
+        otel = settings.otel
+        self.span_exporter = None
+        self.metric_exporter = None
+        kwargs: dict[str, Any] = {"headers": dict(otel.headers or {})}
+        if otel.timeout_s is not None:
+            kwargs["timeout"] = otel.timeout_s
+        if traces:
+            span_cls = _exporter_class(otel.protocol, "trace")
+            self.span_exporter = span_cls(
+                endpoint=otel.endpoint, **_protocol_kwargs(otel, otel.protocol, kwargs)
+            )
+        if metrics:
+            protocol = getattr(otel, "metrics_protocol", otel.protocol)
+            metric_cls = _exporter_class(protocol, "metric")
+            self.metric_exporter = metric_cls(
+                endpoint=otel.metrics_endpoint or otel.endpoint,
+                **_protocol_kwargs(otel, protocol, kwargs),
+            )
+        self.where = f"{otel.protocol} {otel.endpoint}"
+
+    def export_spans(self, spans: list[ReadableSpan]) -> None:
+        if self.span_exporter is None:
+            return
+        result = self.span_exporter.export(spans)
+        if getattr(result, "name", "") != "SUCCESS":
+            raise ExportFailed(f"OTLP trace export to {self.where} failed")
+
+    def export_metrics(self, data: Any) -> None:
+        if self.metric_exporter is None:
+            return
+        result = self.metric_exporter.export(data)
+        if getattr(result, "name", "") != "SUCCESS":
+            raise ExportFailed(f"OTLP metric export to {self.where} failed")
+
+    def close(self) -> None:
+        for exporter in (self.span_exporter, self.metric_exporter):
+            if exporter is not None:
+                with contextlib.suppress(Exception):
+                    exporter.shutdown()
+
+
+# ------------------------------------------------------------------------------------------------
+# Converting fine-span records into SDK ReadableSpans (on the export thread)
+
+
+def fine_to_readable(
+    rec: _spans.FineSpan, resource: Resource, scope: InstrumentationScope
+) -> ReadableSpan:
+    """The ReadableSpan the SDK would have produced for the same calls."""
+    flags = _SAMPLED if rec.sampled else _NOT_SAMPLED
+    parent = SpanContext(rec.trace_id, rec.parent_id, False, flags) if rec.parent_id else None
+    events = [Event(name, attrs, ts) for name, attrs, ts in rec.events] if rec.events else ()
+    status = (
+        Status(StatusCode(rec.status[0]), rec.status[1] or None)
+        if rec.status
+        else Status(StatusCode.UNSET)
+    )
+    return ReadableSpan(
+        name=rec.name,
+        context=SpanContext(rec.trace_id, rec.span_id, False, flags),
+        parent=parent,
+        resource=resource,
+        attributes=rec.attributes,
+        events=events,
+        links=rec.links or (),
+        kind=SpanKind.INTERNAL,
+        status=status,
+        start_time=rec.start,
+        end_time=rec.end,
+        instrumentation_scope=scope,
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# The runtime
+
+
+class Runtime:
+    """Everything an exporting rank holds; built by ``mlaunch.telemetry.setup``."""
+
+    def __init__(
+        self,
+        settings: Any,
+        *,
+        rank: int,
+        world_size: int,
+        local_rank: int,
+        resource: Mapping[str, Any] | None,
+        run_dir: str | Path | None,
+        environ: Mapping[str, str],
+    ) -> None:
+        self.settings = settings
+        self.rank = rank
+        self.run_id = settings.run_id or fallback_run_id(environ)
+        self.run_dir = (
+            Path(run_dir) if run_dir else envcontract.worker_run_dir(environ, self.run_id)
+        )
+        extra = dict(resource or {})
+        restart = extra.get(ResourceAttr.RESTART_COUNT, environ.get(_RESTART_ENV, "0"))
+        try:
+            self.restart = int(restart)
+        except (TypeError, ValueError):
+            self.restart = 0
+        extra.setdefault(ResourceAttr.RESTART_COUNT, self.restart)
+        self.log_once = _LogOnce()
+        self.segment_iters = max(1, int(settings.trace_segment_iters or 100))
+        self.first_segment: int | None = None
+        self.segment: int | None = None
+        self.traces_on = bool(settings.traces_enabled)
+        self.metrics_on = bool(settings.metrics_enabled)
+
+        self.resource = Resource(
+            build_resource_attributes(
+                settings,
+                run_id=self.run_id,
+                rank=rank,
+                world_size=world_size,
+                local_rank=local_rank,
+                extra=extra,
+                environ=environ,
+            )
+        )
+        self.scope = InstrumentationScope(SCOPE_NAME, mlaunch.__version__)
+
+        # Queues the export thread drains: ended fine records and ended SDK spans share one.
+        self.queue: deque[Any] = deque()
+        _spans.STATE.queue = self.queue
+        self.sampler = build_sampler(
+            rank=rank,
+            traces_sampler=settings.otel.traces_sampler,
+            traces_sampler_arg=settings.otel.traces_sampler_arg,
+            rank_aware=settings.sampler_enabled,
+            sample_rate=settings.export_sample_rate,
+        )
+        self.tracer_provider = TracerProvider(
+            sampler=self.sampler,
+            resource=self.resource,
+            shutdown_on_exit=False,
+            id_generator=_SegmentIdGenerator(),
+        )
+        self.tracer_provider.add_span_processor(_QueueProcessor(self.queue))
+        self.tracer = self.tracer_provider.get_tracer(SCOPE_NAME, mlaunch.__version__)
+
+        self.reader: InMemoryMetricReader | None = None
+        self.meter_provider: MeterProvider | None = None
+        self.instruments: dict[str, Any] = {}
+        if self.metrics_on:
+            self.reader = InMemoryMetricReader()
+            self.meter_provider = MeterProvider(
+                metric_readers=[self.reader], resource=self.resource, shutdown_on_exit=False
+            )
+            meter = self.meter_provider.get_meter(SCOPE_NAME, mlaunch.__version__)
+            makers = {
+                "histogram": meter.create_histogram,
+                "gauge": meter.create_gauge,
+                "counter": meter.create_counter,
+            }
+            for m in METRICS:
+                self.instruments[m.name] = makers[m.kind](
+                    m.name, unit=m.unit, description=m.description
+                )
+        interval = settings.otel.metric_export_interval_ms or DEFAULT_METRIC_INTERVAL_MS
+        self.metric_interval_s = max(0.05, interval / 1000)
+
+        self.sink = self._build_sink(settings)
+        self.spool_traces = _LineFile(envcontract.spool_file(self.run_dir, rank, "traces"))
+        self.spool_metrics = _LineFile(envcontract.spool_file(self.run_dir, rank, "metrics"))
+        self.spooled_spans = 0
+        self.spooled_metric_batches = 0
+        self._lock = threading.Lock()
+        self._inflight_spans: list[ReadableSpan] | None = None
+        self._inflight_metrics: Any = None
+        self._abandoned = False
+        self._backoff_until = 0.0
+        self._stop = threading.Event()
+        self._closed = False
+        self._logs_handler: logging.Handler | None = None
+
+        # Install the span machinery (module-level state read by the span classes).
+        state = _spans.STATE
+        state.trace_id = segment_trace_id(self.run_id, self.restart, "init")
+        state.root_sampled = self._root_sampled
+        state.start_sdk_span = self._start_sdk_span
+        state.attach = self._attach
+        state.detach = otel_context.detach
+
+        self.thread = threading.Thread(
+            target=self._run, name="mlaunch-telemetry-export", daemon=True
+        )
+        self.thread.start()
+        if settings.logs_enabled:
+            self._install_log_bridge(settings)
+        atexit.register(self.shutdown)
+
+    # --- construction helpers ------------------------------------------------------------------
+
+    def _build_sink(self, settings: Any) -> Sink:
+        exporter = settings.exporter
+        if exporter == "otlp":
+            return OtlpSink(settings, self.traces_on, self.metrics_on)
+        if exporter == "file":
+            return LinesSink(
+                _LineFile(envcontract.traces_file(self.run_dir, self.rank)),
+                _LineFile(envcontract.metrics_file(self.run_dir, self.rank)),
+            )
+        if exporter == "console":
+            out = _LineFile(None, sys.stdout)
+            return LinesSink(out, out)
+        return Sink()  # "none": decisions and conversion happen, nothing is written
+
+    def _install_log_bridge(self, settings: Any) -> None:
+        """Bridge Python logging to OTel logs (``LOGS_ENABLED``)."""
+        try:
+            from opentelemetry.sdk._logs import LoggerProvider, LoggingHandler
+            from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
+
+            provider = LoggerProvider(resource=self.resource, shutdown_on_exit=False)
+            if settings.exporter == "otlp":
+                if settings.otel.protocol == "grpc":
+                    from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
+                else:
+                    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+                from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+
+                provider.add_log_record_processor(BatchLogRecordProcessor(OTLPLogExporter()))
+            elif settings.exporter == "console":
+                from opentelemetry.sdk._logs.export import ConsoleLogExporter
+
+                provider.add_log_record_processor(SimpleLogRecordProcessor(ConsoleLogExporter()))
+            else:
+                return
+            self._log_provider = provider
+            self._logs_handler = LoggingHandler(level=logging.NOTSET, logger_provider=provider)
+            logging.getLogger().addHandler(self._logs_handler)
+        except Exception as exc:  # the bridge is optional; never stop training for it
+            self.log_once("logs", "mlaunch telemetry: OTel log bridge unavailable (%s)", exc)
+
+    # --- hooks used by the span classes -----------------------------------------------------------
+
+    def _root_sampled(self, trace_id: int, name: str) -> bool:
+        return self.sampler.should_sample(None, trace_id, name).decision.is_sampled()
+
+    def _start_sdk_span(
+        self, name: str, parent: Any, attributes: dict[str, Any], links: Any
+    ) -> Any:
+        if parent is None:
+            ctx = otel_context.Context()  # root: trace id from the segment id generator
+        else:
+            flags = _SAMPLED if parent.sampled else _NOT_SAMPLED
+            parent_ctx = SpanContext(parent.trace_id, parent.span_id, False, flags)
+            ctx = trace_api.set_span_in_context(trace_api.NonRecordingSpan(parent_ctx))
+        return self.tracer.start_span(
+            name,
+            context=ctx,
+            attributes=attributes,
+            links=links,
+            record_exception=False,
+            set_status_on_exception=False,
+        )
+
+    @staticmethod
+    def _attach(span: Any) -> Any:
+        return otel_context.attach(trace_api.set_span_in_context(span))
+
+    # --- iteration / trace segments -------------------------------------------------------------
+
+    def set_iteration(self, iteration: int) -> None:
+        """Switch trace segment when ``iteration`` crosses a segment boundary (see module docs)."""
+        segment = iteration // self.segment_iters
+        if self.first_segment is None:
+            self.first_segment = self.segment = segment
+            return
+        if segment == self.segment:
+            return
+        self.segment = segment
+        state = _spans.STATE
+        state.trace_id = (
+            segment_trace_id(self.run_id, self.restart, "init")
+            if segment == self.first_segment
+            else segment_trace_id(self.run_id, self.restart, segment)
+        )
+        stack = _spans.current_stack()
+        if stack and stack[-1].name == SpanName.TRAIN:
+            entry = stack[-1]
+            previous = SpanContext(
+                entry.trace_id, entry.span_id, False, _SAMPLED if entry.sampled else _NOT_SAMPLED
+            )
+            if isinstance(entry, _spans.CoarseSpan):
+                entry.reroot({Attr.TRACE_SEGMENT: segment}, [Link(previous)])
+            else:  # job group is never fine-grained today; keep the fine path correct anyway
+                entry.truncate()
+                entry.attributes.pop(Attr.TRUNCATED, None)
+                new = _spans.FineSpan(
+                    entry.name, {**entry.attributes, Attr.TRACE_SEGMENT: segment}, [Link(previous)]
+                )
+                stack.pop()
+                new.__enter__()
+
+    # --- metrics --------------------------------------------------------------------------------
+
+    def record_step(
+        self,
+        iteration: int,
+        step_ms: float,
+        loss: float | None,
+        grad_norm: float | None,
+        learning_rate: float | None,
+        tokens_per_sec: float | None,
+        tflops: float | None,
+        skipped: bool,
+        memory_gb: float | None,
+    ) -> None:
+        """One sample per instrument (SPEC section 5); None values are not recorded."""
+        inst = self.instruments
+        if not inst or self._closed:
+            return
+        inst[Metric.STEP_DURATION_MS].record(step_ms)
+        inst[Metric.SKIPPED_ITERS].add(1 if skipped else 0)
+        for metric, value in (
+            (Metric.LOSS, loss),
+            (Metric.GRAD_NORM, grad_norm),
+            (Metric.LEARNING_RATE, learning_rate),
+            (Metric.TOKENS_PER_SEC, tokens_per_sec),
+            (Metric.THROUGHPUT_TFLOPS, tflops),
+            (Metric.MEMORY_ALLOCATED_GB, memory_gb),
+        ):
+            if value is not None:
+                inst[metric].set(float(value))
+
+    # --- the export thread ----------------------------------------------------------------------
+
+    def _drain(self) -> list[ReadableSpan]:
+        out: list[ReadableSpan] = []
+        queue = self.queue
+        resource, scope = self.resource, self.scope
+        while True:
+            try:
+                item = queue.popleft()
+            except IndexError:
+                return out
+            if isinstance(item, _spans.FineSpan):
+                item = fine_to_readable(item, resource, scope)
+            out.append(item)
+
+    def _spool_spans(self, spans: list[ReadableSpan]) -> None:
+        if not spans:
+            return
+        try:
+            self.spool_traces.write(otlp_json.encode_spans_line(spans))
+            self.spooled_spans += len(spans)
+        except Exception as exc:
+            self.log_once(
+                "spool", "mlaunch telemetry: cannot write spool file (%s); spans lost", exc
+            )
+
+    def _spool_metrics(self, data: Any) -> None:
+        if data is None:
+            return
+        try:
+            self.spool_metrics.write(otlp_json.encode_metrics_line(data))
+            self.spooled_metric_batches += 1
+        except Exception as exc:
+            self.log_once(
+                "spool", "mlaunch telemetry: cannot write spool file (%s); metrics lost", exc
+            )
+
+    def _deliver(self, kind: str, payload: Any) -> None:
+        """Export one batch; on failure log once per cause and spool it."""
+        spool = self._spool_spans if kind == "spans" else self._spool_metrics
+        if time.monotonic() < self._backoff_until:
+            with self._lock:
+                if not self._abandoned:
+                    spool(payload)
+            return
+        with self._lock:
+            if self._abandoned:
+                return
+            if kind == "spans":
+                self._inflight_spans = payload
+            else:
+                self._inflight_metrics = payload
+        try:
+            if kind == "spans":
+                self.sink.export_spans(payload)
+            else:
+                self.sink.export_metrics(payload)
+            failed = None
+        except Exception as exc:
+            failed = exc
+        with self._lock:
+            self._inflight_spans = self._inflight_metrics = None
+            if self._abandoned:  # shutdown gave up on us and spooled this batch already
+                return
+            if failed is not None:
+                self.log_once(
+                    f"export:{kind}:{type(failed).__name__}:{failed}",
+                    "mlaunch telemetry: %s export failed (%s); undelivered data goes to %s",
+                    kind,
+                    failed,
+                    self.spool_traces.path if kind == "spans" else self.spool_metrics.path,
+                )
+                self._backoff_until = time.monotonic() + FAILURE_BACKOFF_S
+                spool(payload)
+
+    def _flush_spans(self) -> None:
+        spans = self._drain()
+        for i in range(0, len(spans), BATCH_SIZE):
+            self._deliver("spans", spans[i : i + BATCH_SIZE])
+
+    def _collect_metrics(self) -> Any:
+        if self.reader is None:
+            return None
+        try:
+            return self.reader.get_metrics_data()
+        except Exception as exc:
+            self.log_once("collect", "mlaunch telemetry: metric collection failed (%s)", exc)
+            return None
+
+    def _run(self) -> None:
+        next_metrics = time.monotonic() + self.metric_interval_s
+        while True:
+            stopping = self._stop.wait(DRAIN_INTERVAL_S)
+            try:
+                self._flush_spans()
+                if stopping or time.monotonic() >= next_metrics:
+                    next_metrics = time.monotonic() + self.metric_interval_s
+                    data = self._collect_metrics()
+                    if data is not None and data.resource_metrics:
+                        self._deliver("metrics", data)
+            except Exception as exc:  # never let the export thread die silently
+                self.log_once(
+                    f"thread:{type(exc).__name__}", "mlaunch telemetry: export error (%s)", exc
+                )
+            if stopping:
+                return
+
+    # --- shutdown -------------------------------------------------------------------------------
+
+    def shutdown(self, timeout_s: float | None = None) -> None:
+        """End open spans (truncated), flush, and stop within ``timeout_s`` (hard deadline)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        timeout = self.settings.shutdown_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + max(0.0, float(timeout))
+        try:
+            atexit.unregister(self.shutdown)
+            for entry in _spans.all_open_spans():
+                with contextlib.suppress(Exception):
+                    entry.truncate()
+            _spans.clear_stacks()
+            self._stop.set()
+            self.thread.join(max(0.0, deadline - time.monotonic()))
+            if self.thread.is_alive():
+                # The exporter is stuck (hanging or unreachable endpoint): spool what is left.
+                with self._lock:
+                    self._abandoned = True
+                    inflight_spans, self._inflight_spans = self._inflight_spans, None
+                    inflight_metrics, self._inflight_metrics = self._inflight_metrics, None
+                self._spool_spans(inflight_spans or [])
+                self._spool_spans(self._drain())
+                self._spool_metrics(inflight_metrics)
+                data = self._collect_metrics()
+                if data is not None and data.resource_metrics:
+                    self._spool_metrics(data)
+                self.log_once(
+                    "deadline",
+                    "mlaunch telemetry: export did not finish within %.1fs; gave up on the exporter",
+                    timeout,
+                )
+            if self.spooled_spans or self.spooled_metric_batches:
+                log.warning(
+                    "mlaunch telemetry: %d spans and %d metric batches could not be delivered; "
+                    "kept in %s and %s",
+                    self.spooled_spans,
+                    self.spooled_metric_batches,
+                    self.spool_traces.path,
+                    self.spool_metrics.path,
+                )
+            if self._logs_handler is not None:
+                logging.getLogger().removeHandler(self._logs_handler)
+        except Exception as exc:
+            self.log_once("shutdown", "mlaunch telemetry: shutdown error (%s)", exc)
+        finally:
+            self.spool_traces.close()
+            self.spool_metrics.close()
+            # Closing exporters (gRPC channels) can block; never past the deadline.
+            closer = threading.Thread(target=self._close_quietly, daemon=True)
+            closer.start()
+            closer.join(max(0.0, deadline - time.monotonic()))
+
+    def _close_quietly(self) -> None:
+        try:
+            self.sink.close()
+            if getattr(self, "_log_provider", None) is not None:
+                self._log_provider.shutdown()
+        except Exception:
+            pass

@@ -1,0 +1,245 @@
+"""OTLP/JSON lines: the format of the file exporter, the console exporter and the spool files.
+
+Each line is one ``ExportTraceServiceRequest`` (traces files) or ``ExportMetricsServiceRequest``
+(metrics files) in the OTLP/JSON mapping, the same as the OpenTelemetry collector's file exporter:
+
+- lowerCamelCase field names (``resourceSpans``, ``scopeSpans``, ``traceId``, ``parentSpanId``,
+  ``startTimeUnixNano`` ...);
+- trace and span ids as lowercase hex strings (protobuf's JSON mapping would give base64; OTLP/JSON
+  overrides that);
+- 64-bit integers as decimal strings, enums as integers (``kind``, ``status.code``);
+- attribute values as ``{"stringValue"|"intValue"|"doubleValue"|"boolValue"|"arrayValue"|...: v}``;
+- fields with default values (0, "", empty lists) are omitted, as protobuf's JSON printer does.
+
+Encoding needs ``opentelemetry-proto`` (protobuf); the flat readers (:func:`iter_spans`,
+:func:`iter_metrics`, :func:`read_spans`) use only the standard library, so ``mlaunch trace`` can
+read run directories without the SDK.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+# Which keys hold ids (bytes in protobuf) at each level of a request.
+_SPAN_ID_KEYS = ("traceId", "spanId", "parentSpanId")
+_LINK_ID_KEYS = ("traceId", "spanId")
+
+
+def _b64_to_hex(value: str) -> str:
+    return base64.b64decode(value).hex()
+
+
+def _hex_to_b64(value: str) -> str:
+    return base64.b64encode(bytes.fromhex(value)).decode("ascii")
+
+
+def _fix_ids(request: dict[str, Any], convert: Any) -> dict[str, Any]:
+    """Rewrite every trace/span id in a trace request dict in place with ``convert``."""
+    for rs in request.get("resourceSpans", ()):
+        for ss in rs.get("scopeSpans", ()):
+            for sp in ss.get("spans", ()):
+                for key in _SPAN_ID_KEYS:
+                    if sp.get(key):
+                        sp[key] = convert(sp[key])
+                for link in sp.get("links", ()):
+                    for key in _LINK_ID_KEYS:
+                        if link.get(key):
+                            link[key] = convert(link[key])
+    return request
+
+
+def _fix_metric_ids(request: dict[str, Any], convert: Any) -> dict[str, Any]:
+    """Exemplars carry trace/span ids too."""
+    for rm in request.get("resourceMetrics", ()):
+        for sm in rm.get("scopeMetrics", ()):
+            for metric in sm.get("metrics", ()):
+                for body in metric.values():
+                    if not isinstance(body, dict):
+                        continue
+                    for dp in body.get("dataPoints", ()):
+                        for ex in dp.get("exemplars", ()):
+                            for key in _LINK_ID_KEYS:
+                                if ex.get(key):
+                                    ex[key] = convert(ex[key])
+    return request
+
+
+def trace_request_to_dict(request: Any) -> dict[str, Any]:
+    """An ``ExportTraceServiceRequest`` protobuf as an OTLP/JSON dict (hex ids)."""
+    from google.protobuf.json_format import MessageToDict
+
+    return _fix_ids(MessageToDict(request, use_integers_for_enums=True), _b64_to_hex)
+
+
+def metrics_request_to_dict(request: Any) -> dict[str, Any]:
+    """An ``ExportMetricsServiceRequest`` protobuf as an OTLP/JSON dict."""
+    from google.protobuf.json_format import MessageToDict
+
+    return _fix_metric_ids(MessageToDict(request, use_integers_for_enums=True), _b64_to_hex)
+
+
+def encode_spans_line(spans: Iterable[Any]) -> str:
+    """SDK ``ReadableSpan`` objects as one OTLP/JSON line (no trailing newline)."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    return json.dumps(trace_request_to_dict(encode_spans(list(spans))), separators=(",", ":"))
+
+
+def encode_metrics_line(metrics_data: Any) -> str:
+    """An SDK ``MetricsData`` as one OTLP/JSON line (no trailing newline)."""
+    from opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder import (
+        encode_metrics,
+    )
+
+    return json.dumps(metrics_request_to_dict(encode_metrics(metrics_data)), separators=(",", ":"))
+
+
+def decode_traces_line(line: str) -> Any:
+    """One traces line back into an ``ExportTraceServiceRequest`` protobuf."""
+    from google.protobuf.json_format import ParseDict
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    data = _fix_ids(json.loads(line), _hex_to_b64)
+    return ParseDict(data, ExportTraceServiceRequest())
+
+
+def decode_metrics_line(line: str) -> Any:
+    """One metrics line back into an ``ExportMetricsServiceRequest`` protobuf."""
+    from google.protobuf.json_format import ParseDict
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+        ExportMetricsServiceRequest,
+    )
+
+    data = _fix_metric_ids(json.loads(line), _hex_to_b64)
+    return ParseDict(data, ExportMetricsServiceRequest())
+
+
+# ------------------------------------------------------------------------------------------------
+# Flat, standard-library readers.
+
+
+def any_value(value: dict[str, Any]) -> Any:
+    """An OTLP/JSON ``AnyValue`` as a Python value (int64 strings become ints)."""
+    if "stringValue" in value:
+        return value["stringValue"]
+    if "boolValue" in value:
+        return bool(value["boolValue"])
+    if "intValue" in value:
+        return int(value["intValue"])
+    if "doubleValue" in value:
+        return float(value["doubleValue"])
+    if "arrayValue" in value:
+        return [any_value(v) for v in value["arrayValue"].get("values", ())]
+    if "kvlistValue" in value:
+        return attributes(value["kvlistValue"].get("values", ()))
+    if "bytesValue" in value:
+        return base64.b64decode(value["bytesValue"])
+    return None  # an empty AnyValue
+
+
+def attributes(kvs: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """A list of OTLP/JSON ``KeyValue`` as a dict."""
+    return {kv["key"]: any_value(kv.get("value", {})) for kv in kvs}
+
+
+def iter_spans(request: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The spans of one OTLP/JSON trace request, flattened.
+
+    Each span is a dict: ``name``, ``trace_id``, ``span_id``, ``parent_span_id`` (hex, "" for a
+    root), ``start_ns``, ``end_ns``, ``kind`` (int), ``status_code`` (0 unset, 1 ok, 2 error),
+    ``status_message``, ``attributes``, ``events`` (``name``, ``time_ns``, ``attributes``),
+    ``links`` (``trace_id``, ``span_id``, ``attributes``), ``resource`` (attributes dict) and
+    ``scope`` (instrumentation scope name).
+    """
+    for rs in request.get("resourceSpans", ()):
+        resource = attributes(rs.get("resource", {}).get("attributes", ()))
+        for ss in rs.get("scopeSpans", ()):
+            scope = ss.get("scope", {}).get("name", "")
+            for sp in ss.get("spans", ()):
+                status = sp.get("status", {})
+                yield {
+                    "name": sp.get("name", ""),
+                    "trace_id": sp.get("traceId", ""),
+                    "span_id": sp.get("spanId", ""),
+                    "parent_span_id": sp.get("parentSpanId", ""),
+                    "start_ns": int(sp.get("startTimeUnixNano", 0)),
+                    "end_ns": int(sp.get("endTimeUnixNano", 0)),
+                    "kind": int(sp.get("kind", 0)),
+                    "status_code": int(status.get("code", 0)),
+                    "status_message": status.get("message", ""),
+                    "attributes": attributes(sp.get("attributes", ())),
+                    "events": [
+                        {
+                            "name": ev.get("name", ""),
+                            "time_ns": int(ev.get("timeUnixNano", 0)),
+                            "attributes": attributes(ev.get("attributes", ())),
+                        }
+                        for ev in sp.get("events", ())
+                    ],
+                    "links": [
+                        {
+                            "trace_id": ln.get("traceId", ""),
+                            "span_id": ln.get("spanId", ""),
+                            "attributes": attributes(ln.get("attributes", ())),
+                        }
+                        for ln in sp.get("links", ())
+                    ],
+                    "resource": resource,
+                    "scope": scope,
+                }
+
+
+_METRIC_KINDS = ("gauge", "sum", "histogram", "exponentialHistogram", "summary")
+
+
+def iter_metrics(request: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The metrics of one OTLP/JSON metrics request, flattened: ``name``, ``unit``,
+    ``description``, ``kind`` (``gauge``/``sum``/``histogram``/...), ``data_points`` (raw OTLP/JSON
+    dicts, with ``attributes`` decoded) and ``resource``."""
+    for rm in request.get("resourceMetrics", ()):
+        resource = attributes(rm.get("resource", {}).get("attributes", ()))
+        for sm in rm.get("scopeMetrics", ()):
+            for metric in sm.get("metrics", ()):
+                kind = next((k for k in _METRIC_KINDS if k in metric), "")
+                points = []
+                for dp in metric.get(kind, {}).get("dataPoints", ()):
+                    dp = dict(dp)
+                    dp["attributes"] = attributes(dp.get("attributes", ()))
+                    points.append(dp)
+                yield {
+                    "name": metric.get("name", ""),
+                    "unit": metric.get("unit", ""),
+                    "description": metric.get("description", ""),
+                    "kind": kind,
+                    "data_points": points,
+                    "resource": resource,
+                }
+
+
+def _read_lines(path: str | Path) -> Iterator[dict[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                # A process killed mid-write leaves at most one torn last line; skip it.
+                continue
+
+
+def read_spans(path: str | Path) -> list[dict[str, Any]]:
+    """Every span of a traces (or traces spool) file, flattened as by :func:`iter_spans`."""
+    return [sp for req in _read_lines(path) for sp in iter_spans(req)]
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Every metric of a metrics (or metrics spool) file, flattened as by :func:`iter_metrics`."""
+    return [m for req in _read_lines(path) for m in iter_metrics(req)]
