@@ -84,6 +84,7 @@ class Attr(StrEnum):
     GEN_AI_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
     IS_GOODPUT = "is_goodput_span"
     TRUNCATED = "mlaunch.span.truncated"
+    TRACE_SEGMENT = "mlaunch.trace.segment"  # on re-rooted megatron.train spans (trace segments)
 
 
 class ResourceAttr(StrEnum):
