@@ -1,0 +1,1 @@
+"""mlaunch's instrumented GPT trainer: ``python -m mlaunch.trainer [ARGS]`` under torchrun."""

@@ -1,0 +1,227 @@
+"""Atomic, verified, resumable checkpoints.
+
+Layout (Megatron-LM's, ``torch`` format)::
+
+    <save>/latest_checkpointed_iteration.txt      the marker, replaced atomically after a commit
+    <save>/iter_0000010/manifest.json             written last: every file's size and sha256
+    <save>/iter_0000010/mp_rank_00[_PPP]/model_optim_rng.pt   one shard per pipeline stage
+
+A save writes into ``<save>/.tmp.iter_XXXXXXX/``; data-parallel rank 0 of each stage writes its
+stage's shard (and a small sidecar with its checksum, hashed from the bytes in memory, so nothing
+is read back); rank 0 then writes the manifest, renames the directory into place and only then
+moves the marker. A crash at any point leaves either the previous checkpoint or a ``.tmp``
+directory that nothing treats as a checkpoint. Loading verifies the manifest and falls back to the
+newest older checkpoint that verifies, saying which one and why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from mlaunch import telemetry
+from mlaunch.model.groups import SpanGroup
+from mlaunch.model.spans import Attr, SpanName
+from mlaunch.trainer.parallel import Topology
+
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+MANIFEST_FILE = "manifest.json"
+MODEL_FILE = "model_optim_rng.pt"
+_SIDECAR = ".sha256.json"
+_ITER_RE = re.compile(r"^iter_(\d{7})$")
+
+Log = Callable[[str], None]
+
+
+def iter_dir_name(iteration: int) -> str:
+    """``iter_0000010`` for iteration 10."""
+    return f"iter_{iteration:07d}"
+
+
+def shard_dir_name(pp_rank: int, pp: int) -> str:
+    """Megatron's shard directory: ``mp_rank_00`` without PP, ``mp_rank_00_001`` with it."""
+    return "mp_rank_00" if pp == 1 else f"mp_rank_00_{pp_rank:03d}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _barrier(topo: Topology) -> None:
+    if topo.distributed and topo.world_size > 1:
+        dist.barrier()
+
+
+def committed_iterations(root: Path) -> list[int]:
+    """Iterations with a committed (renamed into place) directory, oldest first."""
+    if not root.is_dir():
+        return []
+    found = (_ITER_RE.match(p.name) for p in root.iterdir() if p.is_dir())
+    return sorted(int(m.group(1)) for m in found if m)
+
+
+def save_checkpoint(
+    root: str | Path, iteration: int, topo: Topology, build_state: Callable[[], dict[str, Any]],
+    *, keep_last: int, log: Log,
+) -> None:
+    """Save this stage's shard of iteration ``iteration`` (collective over all ranks)."""
+    root = Path(root)
+    final = root / iter_dir_name(iteration)
+    tmp = root / f".tmp.{iter_dir_name(iteration)}"
+    writer = topo.dp_rank == 0
+    with telemetry.span(SpanGroup.CHECKPOINT, SpanName.SAVE_CHECKPOINT, **{Attr.ITERATION.value: iteration}):
+        with telemetry.span(SpanGroup.CHECKPOINT, SpanName.SAVE_CHECKPOINT_STATE_DICT):
+            state = build_state() if writer else None
+        with telemetry.span(SpanGroup.CHECKPOINT, SpanName.SAVE_CHECKPOINT_IO_WRITE):
+            if topo.rank == 0:
+                with telemetry.trace_region("checkpoint.prepare"):
+                    root.mkdir(parents=True, exist_ok=True)
+                    shutil.rmtree(tmp, ignore_errors=True)  # left over by a crashed save
+                    tmp.mkdir()
+            _barrier(topo)
+            if writer:
+                shard = tmp / shard_dir_name(topo.pp_rank, topo.pp)
+                shard.mkdir()
+                with telemetry.trace_region("checkpoint.serialize"):
+                    buf = io.BytesIO()
+                    torch.save(state, buf)
+                    data = buf.getvalue()
+                with telemetry.trace_region("checkpoint.write"):
+                    rel = f"{shard.name}/{MODEL_FILE}"
+                    with open(shard / MODEL_FILE, "wb") as f:
+                        f.write(data)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    entry = {"path": rel, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+                    (shard / _SIDECAR).write_text(json.dumps(entry))
+            _barrier(topo)
+            if topo.rank == 0:
+                with telemetry.trace_region("checkpoint.commit"):
+                    _commit(root, tmp, final, iteration, topo.pp)
+                    _prune(root, keep_last)
+            _barrier(topo)
+    log(f"saved checkpoint {final}")
+
+
+def _commit(root: Path, tmp: Path, final: Path, iteration: int, pp: int) -> None:
+    files = []
+    for stage in range(pp):
+        sidecar = tmp / shard_dir_name(stage, pp) / _SIDECAR
+        files.append(json.loads(sidecar.read_text()))
+        sidecar.unlink()
+    manifest = {"iteration": iteration, "format": "torch", "pipeline_stages": pp, "files": files}
+    # The manifest is written last: a directory without one never verifies.
+    _write_atomic(tmp / MANIFEST_FILE, json.dumps(manifest, indent=1).encode())
+    _fsync_dir(tmp)
+    if final.exists():  # re-saving an iteration after a resume
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    _write_atomic(root / TRACKER_FILE, f"{iteration}\n".encode())
+    _fsync_dir(root)
+
+
+def _prune(root: Path, keep_last: int) -> None:
+    if keep_last <= 0:
+        return
+    for it in committed_iterations(root)[:-keep_last]:
+        shutil.rmtree(root / iter_dir_name(it), ignore_errors=True)
+
+
+def verify(directory: Path) -> str | None:
+    """Why ``directory`` is not a valid checkpoint, or None when its manifest checks out."""
+    manifest_path = directory / MANIFEST_FILE
+    if not manifest_path.is_file():
+        return "no manifest (the save did not finish)"
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        files = manifest["files"]
+    except (ValueError, KeyError) as exc:
+        return f"unreadable manifest ({exc})"
+    for entry in files:
+        path = directory / entry["path"]
+        if not path.is_file():
+            return f"{entry['path']} is missing"
+        size = path.stat().st_size
+        if size != entry["size"]:
+            return f"{entry['path']} has {size} bytes, the manifest says {entry['size']}"
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        if digest.hexdigest() != entry["sha256"]:
+            return f"{entry['path']} fails its sha256 check"
+    return None
+
+
+def find_valid_checkpoint(root: Path, log: Log) -> int | None:
+    """The iteration to resume from: the marker's, else the newest older one that verifies."""
+    marker: int | None = None
+    try:
+        marker = int((root / TRACKER_FILE).read_text().strip())
+    except (OSError, ValueError) as exc:
+        if root.is_dir() and committed_iterations(root):
+            log(f"checkpoint marker {root / TRACKER_FILE} unusable ({exc}); scanning directories")
+    candidates = [it for it in reversed(committed_iterations(root)) if marker is None or it <= marker]
+    if marker is not None and marker not in candidates:
+        log(f"checkpoint {root / iter_dir_name(marker)} named by the marker does not exist")
+    for it in candidates:
+        problem = verify(root / iter_dir_name(it))
+        if problem is None:
+            return it
+        log(f"checkpoint {root / iter_dir_name(it)} is invalid: {problem}; trying the previous one")
+    return None
+
+
+def load_checkpoint(root: str | Path, topo: Topology, log: Log) -> tuple[int, dict[str, Any] | None]:
+    """Rank 0 picks a verified checkpoint and tells everyone; each rank reads its stage's shard.
+
+    Returns (iteration, state) or (0, None) when there is nothing to resume from. Runs inside the
+    caller's ``megatron.load_checkpoint`` span.
+    """
+    root = Path(root)
+    chosen = -1
+    if topo.rank == 0:
+        with telemetry.trace_region("checkpoint.verify"):
+            found = find_valid_checkpoint(root, log)
+        chosen = -1 if found is None else found
+    if topo.distributed and topo.world_size > 1:
+        t = torch.tensor([chosen], dtype=torch.int64, device=topo.device)
+        dist.broadcast(t, src=0)
+        chosen = int(t.item())
+    if chosen < 0:
+        log(f"no valid checkpoint in {root}; starting from scratch")
+        return 0, None
+    path = root / iter_dir_name(chosen) / shard_dir_name(topo.pp_rank, topo.pp) / MODEL_FILE
+    with (
+        telemetry.span(SpanGroup.LOAD_CHECKPOINT, SpanName.LOAD_CHECKPOINT_IO_READ),
+        telemetry.trace_region("checkpoint.read"),
+    ):
+        # weights_only=False: the file passed the manifest's sha256 check and holds RNG
+        # states and the scheduler dict next to the tensors.
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    log(f"resuming from checkpoint {root / iter_dir_name(chosen)}")
+    return chosen, state

@@ -1,0 +1,573 @@
+"""The training recipe, top to bottom: arguments, process group, run id, telemetry, model,
+data, resume, the loop (train step, progress, evaluation, checkpoints), shutdown.
+
+Telemetry is reached only through :mod:`mlaunch.telemetry`'s public API; with a group off, each
+``with telemetry.span(...)`` costs a set lookup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import random
+import secrets
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from mlaunch import envcontract, telemetry
+from mlaunch.model.groups import SpanGroup as G
+from mlaunch.model.spans import Attr, ResourceAttr, SpanName, text_completion_name
+from mlaunch.trainer import checkpoint
+from mlaunch.trainer.args import PROG, parse_and_validate
+from mlaunch.trainer.data import TokenData, decode, load_corpus
+from mlaunch.trainer.model import GPTConfig, GPTStage, count_parameters
+from mlaunch.trainer.parallel import P2P, GradBuffer, Topology, init_distributed
+from mlaunch.trainer.pipeline import StepContext, forward_backward_1f1b, forward_only
+
+MODEL_TYPE = "gpt"
+PROMPT_TOKENS = 16  # text-completion prompt length (held-out bytes)
+_NULL = contextlib.nullcontext()
+
+
+def log(topo: Topology | None, message: str, *, all_ranks: bool = False) -> None:
+    """One line on stdout, from rank 0 only unless ``all_ranks``."""
+    if topo is None or all_ranks or topo.rank == 0:
+        prefix = f"[rank {topo.rank}] " if topo is not None and all_ranks else ""
+        print(f"{prefix}{message}", flush=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Configuration that is not the model: telemetry settings, run id, signals
+
+
+def load_settings_or_exit(args: argparse.Namespace) -> Any:
+    """The worker's telemetry settings: its environment with its own ``--otel-*`` flags on top.
+    Invalid settings exit 2 before any process group exists, identically on every rank."""
+    from mlaunch.settings import SettingsError, load_telemetry_settings
+
+    overrides: dict[str, Any] = {}
+    if args.otel_enabled:
+        overrides["enabled"] = True
+    if args.otel_service_name is not None:
+        overrides["service_name"] = args.otel_service_name
+    if args.otel_span_groups is not None:
+        overrides["span_groups"] = args.otel_span_groups
+    try:
+        return load_telemetry_settings(overrides=overrides)
+    except SettingsError as exc:
+        for field, message in exc.problems:
+            print(f"{PROG}: error: {field}: {message}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def choose_run_id(settings: Any, topo: Topology) -> str:
+    """The settings' run id (the launcher sets it), else SLURM_JOB_ID, else a fresh 12-hex-digit
+    id from rank 0, broadcast as bytes (no object collectives: they need pickling and numpy)."""
+    if settings.run_id:
+        return settings.run_id
+    slurm = os.environ.get("SLURM_JOB_ID", "").strip()
+    if slurm:
+        return slurm
+    fresh = secrets.token_hex(6)
+    if topo.distributed and topo.world_size > 1:
+        buf = torch.tensor(list(fresh.encode()), dtype=torch.uint8, device=topo.device)
+        dist.broadcast(buf, src=0)
+        fresh = bytes(buf.tolist()).decode()
+    return fresh
+
+
+class StopFlag:
+    """Set by SIGTERM (and SIGUSR1 under SLURM, its pre-timeout warning): the loop finishes the
+    current iteration, checkpoints and exits 0. All ranks vote in the per-step reduction, so they
+    stop after the same iteration even when the signal reaches them at different times."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._handle)
+        if os.environ.get("SLURM_JOB_ID"):
+            signal.signal(signal.SIGUSR1, self._handle)
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        self.signal = signum
+
+    @property
+    def requested(self) -> bool:
+        return self.signal is not None
+
+
+def resource_attributes(args: argparse.Namespace, topo: Topology) -> dict[str, Any]:
+    """The trainer-specific resource attributes (SPEC section 3); telemetry adds the rest."""
+    R = ResourceAttr
+    return {
+        R.TP_SIZE: 1, R.TP_RANK: 0,
+        R.PP_SIZE: topo.pp, R.PP_RANK: topo.pp_rank,
+        R.DP_SIZE: topo.dp, R.DP_RANK: topo.dp_rank,
+        R.BATCH_SIZE: args.global_batch_size, R.SEQUENCE_LENGTH: args.seq_length,
+        R.NUM_LAYERS: args.num_layers, R.HIDDEN_SIZE: args.hidden_size,
+        R.NUM_ATTENTION_HEADS: args.num_attention_heads, R.TRAIN_ITERS: args.train_iters,
+        R.MICRO_BATCH_SIZE: args.micro_batch_size, R.CKPT_FORMAT: "torch",
+        R.PRECISION: precision(args), R.GPU_COUNT: torch.cuda.device_count(),
+        R.RESTART_COUNT: int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
+    }  # fmt: skip
+
+
+def precision(args: argparse.Namespace) -> str:
+    return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+
+
+def lr_at(args: argparse.Namespace, iteration: int) -> float:
+    """Linear warm-up to ``--lr``, then cosine decay to ``--min-lr`` at ``--train-iters``."""
+    if args.lr_warmup_iters and iteration <= args.lr_warmup_iters:
+        return args.lr * iteration / args.lr_warmup_iters
+    span = max(1, args.train_iters - args.lr_warmup_iters)
+    ratio = min(1.0, (iteration - args.lr_warmup_iters) / span)
+    return args.min_lr + 0.5 * (1 + math.cos(math.pi * ratio)) * (args.lr - args.min_lr)
+
+
+def write_error_file(run_dir: Path | None, rank: int, exc: BaseException, iteration: int | None) -> None:
+    """``error-rank{R}.json``: what the launcher shows when this rank fails."""
+    if run_dir is None:
+        return
+    record = {
+        "rank": rank,
+        "exception_type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc)),
+        "iteration": iteration,
+        "time": time.time(),
+    }
+    with contextlib.suppress(OSError):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / envcontract.ERROR_FILE_TEMPLATE.format(rank=rank)).write_text(json.dumps(record, indent=1))
+
+
+class Progress:
+    """``progress.jsonl``: one JSON line per iteration (and per evaluation), flushed at once, so
+    the launcher can follow it. Only the rank that owns the loss writes."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.file = open(path, "a", buffering=1) if path is not None else None  # noqa: SIM115
+
+    def write(self, **record: Any) -> None:
+        if self.file is not None:
+            clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+            self.file.write(json.dumps(clean) + "\n")
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# Mutable training state (what a checkpoint restores besides model and optimizer)
+
+
+@dataclass
+class TrainState:
+    iteration: int = 0  # iterations completed
+    consumed_samples: int = 0  # the data position
+    skipped_iters: int = 0
+    loss_scale: float = 1.0
+    good_steps: int = 0  # fp16: finite steps since the loss scale last changed
+
+
+@dataclass
+class StepResult:
+    loss: float
+    grad_norm: float
+    skipped: bool
+    stop: bool
+
+
+# ----------------------------------------------------------------------------------------------
+# The trainer
+
+
+class Trainer:
+    """Holds the model, optimizer, data and state of one process; :meth:`run` is the recipe."""
+
+    def __init__(self, args: argparse.Namespace, topo: Topology, run_dir: Path, stop: StopFlag) -> None:
+        self.args, self.topo, self.run_dir, self.stop = args, topo, run_dir, stop
+        self.num_micro = args.global_batch_size // (args.micro_batch_size * topo.dp)
+        self.cfg = GPTConfig(
+            num_layers=args.num_layers, hidden_size=args.hidden_size,
+            num_heads=args.num_attention_heads, seq_length=args.seq_length,
+            tie_embeddings=not args.untie_embeddings,
+        )
+        self.state = TrainState(loss_scale=2.0**16 if args.fp16 else 1.0)
+        self.last_saved = -1
+        self.model_name = f"mlaunch-gpt-{args.num_layers}l-{args.hidden_size}h"
+
+    # -- setup ------------------------------------------------------------------------------
+    def build_model(self) -> None:
+        args, topo = self.args, self.topo
+        self.model = GPTStage(self.cfg, topo.pp_rank, topo.pp).to(topo.device)
+        self.model.init_weights(args.seed)
+        params = list(self.model.parameters())
+        decay = [p for p in params if p.dim() >= 2]
+        no_decay = [p for p in params if p.dim() < 2]  # biases and norms, as in Megatron
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
+        )
+        self.grads = GradBuffer(params)
+        tied = self.model.tied_copy
+        # The tied head copy on the last stage duplicates stage 0's embedding: count it once.
+        self.norm_grads = [p.grad for p in params if p is not tied]
+        dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else None
+        device_type = topo.device.type
+        self.autocast = (lambda: torch.autocast(device_type, dtype=dtype)) if dtype else (lambda: _NULL)
+        shape = (args.micro_batch_size, args.seq_length, args.hidden_size)
+        self.ctx = StepContext(
+            self.model, P2P(topo, shape), self.autocast, self.state.loss_scale,
+            args.offload_activations, frozenset(id(p) for p in params),
+        )
+        self.gen_p2p = P2P(topo, (1, args.seq_length, args.hidden_size))
+
+    def setup_data(self) -> None:
+        with telemetry.trace_region("data.read_corpus"):
+            corpus = load_corpus(self.args.data_path)
+        with telemetry.trace_region("data.split"):
+            self.data = TokenData(
+                corpus, seq_length=self.args.seq_length, eval_fraction=self.args.eval_fraction,
+                seed=self.args.seed,
+            )
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        def cpu(x: Any) -> Any:
+            if isinstance(x, torch.Tensor):
+                return x.detach().to("cpu", copy=True)
+            if isinstance(x, dict):
+                return {k: cpu(v) for k, v in x.items()}
+            if isinstance(x, list):
+                return [cpu(v) for v in x]
+            return x
+
+        s = self.state
+        return {
+            "iteration": s.iteration,
+            "model": cpu(self.model.state_dict()),
+            "optimizer": cpu(self.optimizer.state_dict()),
+            "scheduler": {"iteration": s.iteration, "lr": lr_at(self.args, max(1, s.iteration))},
+            "loss_scaler": {"scale": s.loss_scale, "good_steps": s.good_steps},
+            "data": {"consumed_samples": s.consumed_samples, "seed": self.args.seed},
+            "skipped_iters": s.skipped_iters,
+            "rng": {
+                "python": random.getstate(),
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            },
+            "arch": self.arch(),
+        }
+
+    def arch(self) -> dict[str, Any]:
+        a = self.args
+        return {
+            "num_layers": a.num_layers, "hidden_size": a.hidden_size, "seq_length": a.seq_length,
+            "num_attention_heads": a.num_attention_heads, "pipeline_stages": self.topo.pp,
+            "tied": not a.untie_embeddings,
+        }
+
+    def restore(self, ckpt: dict[str, Any]) -> None:
+        if ckpt["arch"] != self.arch():
+            raise ValueError(
+                f"checkpoint in {self.args.load} was saved for {ckpt['arch']}, but this run is "
+                f"{self.arch()}; resume with the same model shape and pipeline size"
+            )
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        s = self.state
+        s.iteration = ckpt["iteration"]
+        s.consumed_samples = ckpt["data"]["consumed_samples"]
+        s.skipped_iters = ckpt["skipped_iters"]
+        s.loss_scale = ckpt["loss_scaler"]["scale"]
+        s.good_steps = ckpt["loss_scaler"]["good_steps"]
+        random.setstate(ckpt["rng"]["python"])
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        if ckpt["rng"]["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
+        self.last_saved = s.iteration
+
+    def save(self) -> None:
+        checkpoint.save_checkpoint(
+            self.args.save, self.state.iteration, self.topo, self.state_dict,
+            keep_last=self.args.keep_last, log=lambda m: log(self.topo, m),
+        )
+        self.last_saved = self.state.iteration
+
+    # -- one iteration ----------------------------------------------------------------------
+    def train_step(self, iteration: int) -> StepResult:
+        args, topo, s = self.args, self.topo, self.state
+        with telemetry.span(G.STEP, SpanName.TRAIN_STEP, **{Attr.ITERATION.value: iteration}) as step_span:
+            _maybe_fail(iteration, topo.rank)
+            with telemetry.span(G.DATA_LOADING, SpanName.GET_BATCH):
+                batch = self.data.batch(
+                    s.consumed_samples // args.global_batch_size, global_batch=args.global_batch_size,
+                    first_row=topo.dp_rank * args.micro_batch_size * self.num_micro,
+                    micro=args.micro_batch_size, num_micro=self.num_micro,
+                )
+                batch.tokens = [t.to(topo.device, non_blocking=True) for t in batch.tokens]
+                batch.targets = [t.to(topo.device, non_blocking=True) for t in batch.targets]
+
+            self.grads.zero()
+            self.ctx.loss_scale = s.loss_scale
+            with telemetry.span(G.FORWARD_BACKWARD, SpanName.FORWARD_BACKWARD,
+                                **{Attr.NUM_MICROBATCHES.value: self.num_micro}):
+                loss = forward_backward_1f1b(self.ctx, batch, self.num_micro, topo.pp_rank, topo.pp)
+
+            if topo.dp > 1:
+                # One flat bucket, all-reduced asynchronously once the last backward is done.
+                with telemetry.span(G.COMMUNICATION, SpanName.GRAD_SYNC_START):
+                    self.grads.start_all_reduce(topo.dp_group)
+                with telemetry.span(G.COMMUNICATION, SpanName.GRAD_SYNC_FINISH):
+                    self.grads.finish_all_reduce(topo.dp)
+            if topo.embed_group is not None:
+                # Tied embeddings across stages: both copies get the sum of both gradients.
+                tied = self.model.tok_emb.weight if topo.is_first_stage else self.model.tied_copy
+                dist.all_reduce(tied.grad, group=topo.embed_group)
+
+            with telemetry.span(G.OPTIMIZER, SpanName.OPTIMIZER_STEP) as opt_span:
+                grad_norm, loss_value, stop = self._reduce_stats(loss)
+                skipped = not math.isfinite(grad_norm)
+                if skipped:
+                    s.skipped_iters += 1
+                else:
+                    if args.clip_grad > 0 and grad_norm > args.clip_grad:
+                        self.grads.flat.mul_(args.clip_grad / (grad_norm + 1e-6))
+                    lr = lr_at(args, iteration)
+                    for group in self.optimizer.param_groups:
+                        group["lr"] = lr
+                    self.optimizer.step()
+                self._update_loss_scale(skipped)
+                if opt_span is not None:
+                    opt_span.set_attribute(Attr.GRAD_NORM, grad_norm)
+                    opt_span.set_attribute(Attr.UPDATE_SUCCESSFUL, not skipped)
+            if step_span is not None:
+                step_span.set_attribute(Attr.LOSS, loss_value)
+                step_span.set_attribute(Attr.GRAD_NORM, grad_norm)
+                step_span.set_attribute(Attr.SKIPPED, skipped)
+        s.consumed_samples += args.global_batch_size
+        return StepResult(loss_value, grad_norm, skipped, stop)
+
+    def _reduce_stats(self, loss: torch.Tensor | None) -> tuple[float, float, bool]:
+        """Global gradient norm, data-parallel mean loss and the stop vote, in one small
+        all-reduce over all ranks (the norm needs every stage anyway)."""
+        topo, s = self.topo, self.state
+        if s.loss_scale != 1.0:
+            self.grads.flat.div_(s.loss_scale)
+        norms = torch._foreach_norm(self.norm_grads)
+        sq = torch.stack(norms).double().square().sum()
+        loss_t = loss.double() if loss is not None else torch.zeros((), dtype=torch.float64, device=sq.device)
+        stats = torch.stack([sq, loss_t, torch.tensor(float(self.stop.requested), dtype=torch.float64, device=sq.device)])
+        if topo.distributed and topo.world_size > 1:
+            dist.all_reduce(stats)
+        # .tolist() is a CPU-GPU sync point: the skip / clip decision needs the norm on the host.
+        total_sq, loss_sum, votes = stats.tolist()
+        # Data-parallel replicas hold identical (averaged) gradients: each stage is counted dp times.
+        return math.sqrt(total_sq / topo.dp), loss_sum / topo.dp, votes > 0
+
+    def _update_loss_scale(self, skipped: bool) -> None:
+        """fp16 dynamic loss scaling: halve on overflow, double after 1000 clean steps."""
+        s = self.state
+        if not self.args.fp16:
+            return
+        if skipped:
+            s.loss_scale = max(1.0, s.loss_scale / 2)
+            s.good_steps = 0
+        else:
+            s.good_steps += 1
+            if s.good_steps % 1000 == 0:
+                s.loss_scale *= 2
+
+    # -- evaluation and generation ----------------------------------------------------------
+    def evaluate(self, iteration: int, progress: Progress) -> None:
+        args, topo = self.args, self.topo
+        with telemetry.span(G.EVALUATE, SpanName.EVALUATE, **{Attr.EVAL_ITERS.value: args.eval_iters}):
+            self.model.eval()
+            total = torch.zeros((), dtype=torch.float64, device=topo.device)
+            for k in range(args.eval_iters):
+                with telemetry.span(G.EVALUATE, SpanName.EVALUATE_STEP, **{Attr.EVAL_ITERATION.value: k + 1}):
+                    batch = self.data.batch(
+                        k, global_batch=args.global_batch_size, eval_split=True,
+                        first_row=topo.dp_rank * args.micro_batch_size * self.num_micro,
+                        micro=args.micro_batch_size, num_micro=self.num_micro,
+                    )
+                    batch.tokens = [t.to(topo.device) for t in batch.tokens]
+                    batch.targets = [t.to(topo.device) for t in batch.targets]
+                    loss = forward_only(self.ctx, batch, self.num_micro)
+                    if loss is not None:
+                        total += loss.double()
+            if topo.distributed and topo.world_size > 1:
+                dist.all_reduce(total)
+            eval_loss = total.item() / (topo.dp * max(1, args.eval_iters))
+            sample = self.generate() if args.sample_tokens > 0 else None
+            self.model.train()
+        if topo.owns_loss:
+            record: dict[str, Any] = {"iteration": iteration, "eval_loss": eval_loss}
+            if sample is not None:
+                record["sample"] = sample
+            progress.write(**record)
+            log(topo, f"iteration {iteration} | eval loss {eval_loss:.4f}"
+                + (f" | sample {sample!r}" if sample is not None else ""), all_ranks=True)
+
+    @torch.no_grad()
+    def generate(self) -> str | None:
+        """Greedy completion of a held-out prompt, through the pipeline, inside a GenAI
+        ``text_completion <model>`` span. Returns the text on the last stage."""
+        args, topo, model, p2p = self.args, self.topo, self.model, self.gen_p2p
+        prompt_len = min(PROMPT_TOKENS, args.seq_length - 1)
+        tokens = self.data.prompt(prompt_len).tolist()
+        attrs = {
+            Attr.GEN_AI_OPERATION.value: "text_completion",
+            Attr.GEN_AI_REQUEST_MODEL.value: self.model_name,
+            Attr.GEN_AI_INPUT_TOKENS.value: prompt_len,
+            Attr.GEN_AI_OUTPUT_TOKENS.value: args.sample_tokens,
+        }
+        with telemetry.span(G.INFERENCE, text_completion_name(self.model_name), **attrs):
+            for _ in range(args.sample_tokens):
+                window = tokens[-args.seq_length:]
+                # Right-padded to the fixed shape the P2P buffers expect; causal attention keeps
+                # the padding from influencing the positions that matter.
+                x = torch.zeros((1, args.seq_length), dtype=torch.int64, device=topo.device)
+                x[0, : len(window)] = torch.tensor(window, device=topo.device)
+                h = p2p.recv_forward_untraced()
+                with self.autocast():
+                    out = model(x if model.is_first else h, None, traced=False)
+                nxt = None
+                if model.is_last:
+                    nxt = out[0, len(window) - 1].argmax().reshape(1)
+                else:
+                    p2p.send_forward_untraced(out)
+                if topo.pp > 1 and (topo.is_first_stage or topo.is_last_stage):
+                    nxt = p2p.exchange_token(nxt)
+                tokens.append(int(nxt.item()) if nxt is not None else 0)
+        return decode(tokens[prompt_len:]) if topo.is_last_stage else None
+
+    # -- the recipe -------------------------------------------------------------------------
+    def run(self) -> None:
+        args, topo = self.args, self.topo
+        pretrain_attrs = {
+            Attr.MODEL_TYPE.value: MODEL_TYPE, Attr.TRAIN_ITERS.value: args.train_iters,
+            Attr.GLOBAL_BATCH_SIZE.value: args.global_batch_size,
+        }
+        with telemetry.span(G.JOB, SpanName.PRETRAIN, **pretrain_attrs):
+            with telemetry.span(G.MODEL_INIT, SpanName.MODEL_INIT):
+                self.build_model()
+            with telemetry.span(G.DATA_LOADING, SpanName.DATA_SETUP):
+                self.setup_data()
+            if args.load:
+                with telemetry.span(G.LOAD_CHECKPOINT, SpanName.LOAD_CHECKPOINT) as load_span:
+                    iteration, ckpt = checkpoint.load_checkpoint(args.load, topo, lambda m: log(topo, m))
+                    if ckpt is not None:
+                        self.restore(ckpt)
+                    if load_span is not None:
+                        load_span.set_attribute(Attr.ITERATION, iteration)
+            with telemetry.span(G.JOB, SpanName.TRAIN, **{Attr.TRAIN_ITERS.value: args.train_iters}):
+                self.train_loop()
+
+    def train_loop(self) -> None:
+        args, topo, s = self.args, self.topo, self.state
+        progress = Progress(self.run_dir / envcontract.PROGRESS_FILE if topo.owns_loss else None)
+        tokens_per_iter = args.global_batch_size * args.seq_length
+        # 6N per token for forward+backward of the weights, plus attention scores.
+        flops_per_iter = tokens_per_iter * (
+            6 * count_parameters(self.cfg) + 12 * args.num_layers * args.hidden_size * args.seq_length
+        )
+        first = True
+        try:
+            while s.iteration < args.train_iters:
+                iteration = s.iteration + 1
+                telemetry.set_iteration(iteration)
+                wrap = (telemetry.span(G.FIRST_ITERATION, SpanName.FIRST_ITERATION,
+                                       **{Attr.ITERATION.value: iteration}) if first else _NULL)
+                t0 = time.perf_counter()
+                with wrap:
+                    result = self.train_step(iteration)
+                step_s = time.perf_counter() - t0
+                first = False
+                s.iteration = iteration
+
+                lr = lr_at(args, iteration)
+                tokens_per_sec = tokens_per_iter / step_s
+                memory_gb = torch.cuda.memory_allocated(topo.device) / 2**30 if topo.device.type == "cuda" else None
+                telemetry.record_step(
+                    iteration, step_ms=step_s * 1e3, loss=result.loss, grad_norm=result.grad_norm,
+                    learning_rate=lr, tokens_per_sec=tokens_per_sec,
+                    tflops=flops_per_iter / step_s / topo.world_size / 1e12,
+                    skipped=result.skipped, memory_gb=memory_gb,
+                )
+                progress.write(
+                    iteration=iteration, train_iters=args.train_iters, loss=result.loss, lr=lr,
+                    grad_norm=result.grad_norm, tokens_per_sec=tokens_per_sec,
+                    step_ms=step_s * 1e3, skipped=result.skipped,
+                )
+                if topo.owns_loss and (iteration % args.log_interval == 0 or iteration == 1):
+                    log(topo, f"iteration {iteration}/{args.train_iters} | loss {result.loss:.4f} | "
+                        f"lr {lr:.3e} | grad norm {result.grad_norm:.3f} | {tokens_per_sec:.0f} tokens/s | "
+                        f"{step_s * 1e3:.1f} ms | skipped {s.skipped_iters}", all_ranks=True)
+
+                if args.eval_iters > 0 and iteration % args.eval_interval == 0:
+                    self.evaluate(iteration, progress)
+                if args.save and (result.stop or (args.save_interval and iteration % args.save_interval == 0)):
+                    self.save()
+                if result.stop:
+                    log(topo, f"stop requested by signal: stopped after iteration {iteration}")
+                    break
+            if args.save and self.last_saved != s.iteration:
+                self.save()
+        finally:
+            progress.close()
+
+
+def _maybe_fail(iteration: int, rank: int) -> None:
+    """The test hook: MLAUNCH_TEST_FAIL_AT_ITERATION=k (and optionally MLAUNCH_TEST_FAIL_RANK=r)."""
+    at = os.environ.get(envcontract.FAIL_AT_ITERATION)
+    if not at or int(at) != iteration:
+        return
+    only = os.environ.get(envcontract.FAIL_RANK)
+    if only is None or only == "" or int(only) == rank:
+        raise RuntimeError(f"injected failure at iteration {iteration} on rank {rank} ({envcontract.FAIL_AT_ITERATION})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: validate, join the job, set up telemetry, train, shut down."""
+    args = parse_and_validate(argv)
+    settings = load_settings_or_exit(args)
+    topo = init_distributed(args.pipeline_model_parallel_size)
+    run_id = choose_run_id(settings, topo)
+    if settings.run_id != run_id:
+        settings = settings.model_copy(update={"run_id": run_id})
+    run_dir = envcontract.worker_run_dir(os.environ, run_id)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    stop = StopFlag()
+    stop.install()
+    telemetry.setup(
+        settings, rank=topo.rank, world_size=topo.world_size, local_rank=topo.local_rank,
+        resource=resource_attributes(args, topo), run_dir=run_dir,
+    )
+    trainer = Trainer(args, topo, run_dir, stop)
+    try:
+        trainer.run()
+    except BaseException as exc:
+        write_error_file(run_dir, topo.rank, exc, trainer.state.iteration + 1)
+        telemetry.shutdown()
+        raise
+    telemetry.shutdown()
+    if topo.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
