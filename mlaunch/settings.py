@@ -901,6 +901,55 @@ def _clean_message(err: Mapping[str, Any]) -> str:
     return msg
 
 
+def _validate(layers: list[_Layer]) -> Settings:
+    """Validate the merged layers (highest precedence first) and record each value's source.
+
+    Raises :class:`SettingsError` with one entry per pydantic error.
+    """
+    token = _ACTIVE_SOURCES.set(tuple(layers))
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        raise SettingsError(
+            [(_error_label(e["loc"], layers), _clean_message(e)) for e in exc.errors()]
+        ) from None
+    finally:
+        _ACTIVE_SOURCES.reset(token)
+    merged: dict[str, Source] = {}
+    for layer in reversed(layers):  # lowest precedence first, so higher ones overwrite
+        merged.update(layer.origin)
+    settings._sources = merged
+    return settings
+
+
+def collect_problems(
+    *,
+    flags: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    config: str | Path | None = None,
+) -> tuple[Settings | None, list[tuple[str, str]]]:
+    """Every problem of a configuration at once, for ``mlaunch doctor``.
+
+    The same sources and model as :func:`load_settings`, but where that stops at the first
+    group of problems (source problems, then validation, then cross-field checks), this runs
+    every stage and returns all of them, with the settings when validation itself succeeded
+    (None otherwise). No problems means :func:`load_settings` would succeed.
+    """
+    environ = os.environ if environ is None else environ
+    env_src = EnvSource(Settings, environ)
+    layers: list[_Layer] = [FlagSource(Settings, flags or {}), env_src]
+    problems: list[tuple[str, str]] = list(env_src.problems)
+    if config is not None:
+        file_src = FileSource(Settings, Path(config))
+        problems += file_src.problems
+        layers.append(file_src)
+    try:
+        settings = _validate(layers)
+    except SettingsError as exc:
+        return None, problems + exc.problems
+    return settings, problems + settings.cross_field_problems()
+
+
 def load_settings(
     *,
     flags: Mapping[str, Any] | None = None,
@@ -925,19 +974,7 @@ def load_settings(
         layers.append(file_src)
     if problems:
         raise SettingsError(problems)
-    token = _ACTIVE_SOURCES.set(tuple(layers))
-    try:
-        settings = Settings()
-    except ValidationError as exc:
-        raise SettingsError(
-            [(_error_label(e["loc"], layers), _clean_message(e)) for e in exc.errors()]
-        ) from None
-    finally:
-        _ACTIVE_SOURCES.reset(token)
-    merged: dict[str, Source] = {}
-    for layer in reversed(layers):  # lowest precedence first, so higher ones overwrite
-        merged.update(layer.origin)
-    settings._sources = merged
+    settings = _validate(layers)
     if check_cross_fields:
         cross = settings.cross_field_problems()
         if cross:
