@@ -1,5 +1,272 @@
-"""PLACEHOLDER: ``mlaunch trace`` commands (issue 7)."""
+"""``mlaunch trace summary|export|goodput PATH``: thin commands over :mod:`mlaunch.trace`.
+
+PATH is a run directory (its ``telemetry/traces-rank*.jsonl`` and ``spool-traces-rank*.jsonl``,
+deduplicated) or any OTLP/JSON lines file, e.g. what an OpenTelemetry collector's file exporter
+writes. Bad input exits 2 with the file, the line and the fix; never a traceback. Nothing here
+imports torch or the OpenTelemetry SDK.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, NoReturn
 
 import typer
 
-app = typer.Typer(help="Read exported traces without a backend.", no_args_is_help=True)
+app = typer.Typer(
+    help="Read exported traces without a backend: summary, Chrome/Perfetto export, goodput.",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+)
+
+_PATH_HELP = "A run directory (runs/<run_id>) or an OTLP-JSON traces file."
+_SKIP_HELP = "Skip malformed lines (e.g. a crashed writer's last line) instead of failing."
+
+
+class ExportFormat(StrEnum):
+    """Output formats of ``mlaunch trace export``."""
+
+    chrome = "chrome"
+
+
+def _fail(message: str) -> NoReturn:
+    from rich.console import Console
+
+    Console(stderr=True).print(f"error: {message}", markup=False, highlight=False)
+    raise typer.Exit(2)
+
+
+def _warn_skipped(stats: Any) -> None:
+    from rich.console import Console
+
+    if stats.skipped_lines:
+        err = Console(stderr=True)
+        for path, line, why in stats.skipped_lines[:5]:
+            err.print(f"warning: skipped {path}:{line}: {why}", markup=False, highlight=False)
+        if len(stats.skipped_lines) > 5:
+            err.print(f"warning: ... {len(stats.skipped_lines) - 5} more skipped lines",
+                      markup=False, highlight=False)  # fmt: skip
+
+
+def _ms(v: float) -> str:
+    """Milliseconds as three significant digits in µs / ms / s, so wide tables fit a terminal."""
+    if v == 0:
+        return "0"
+    for scale, unit in ((1e-3, "µs"), (1.0, "ms"), (1e3, "s")):
+        x = v / scale
+        if x < 999.5 or unit == "s":
+            return (
+                f"{x:.2f}{unit}"
+                if x < 9.995
+                else f"{x:.1f}{unit}"
+                if x < 99.95
+                else f"{x:,.0f}{unit}"
+            )
+    raise AssertionError("unreachable")
+
+
+@app.command("summary")
+def summary_cmd(
+    path: Path = typer.Argument(..., help=_PATH_HELP, show_default=False),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON for machines."),
+    straggler_threshold: float = typer.Option(
+        0.05,
+        "--straggler-threshold",
+        min=0.0,
+        help="Flag a rank whose median step exceeds the median of all ranks' medians by more "
+        "than this fraction.",
+    ),  # fmt: skip
+    skip_invalid: bool = typer.Option(False, "--skip-invalid", help=_SKIP_HELP),
+) -> None:
+    """Per span name: count, total, mean, p50/p95/max and share of step time; stragglers.
+
+    Also per-rank skew of megatron.train_step, error and truncated span counts, and the run's
+    identity (run id, world layout, model) from the resource attributes.
+
+    [b]share[/b] = the name's total time / total megatron.train_step time (for spans outside
+    steps, e.g. checkpoint saves, their cost relative to training). Percentiles interpolate
+    linearly between closest ranks. [b]skew[/b]: each rank's median step over the median of all
+    ranks' medians.
+    """
+    from mlaunch.trace.reader import TraceInputError, TraceReader
+    from mlaunch.trace.summary import summarize
+
+    try:
+        reader = TraceReader.open(path, skip_invalid=skip_invalid)
+        result = summarize(reader, straggler_threshold=straggler_threshold)
+    except TraceInputError as e:
+        _fail(e.render())
+    _warn_skipped(reader.stats)
+    if as_json:
+        typer.echo(json.dumps(result.to_json(), indent=2))
+        return
+    _render_summary(result)
+
+
+def _render_summary(result: Any) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    run = ", ".join(f"{k}={v}" for k, v in result.run.items())
+    con.print(f"[b]run[/b] {run}", highlight=False)
+    hosts = ", ".join(result.hosts) or "-"
+    con.print(f"[b]ranks[/b] {_ranges(result.rank_ids)}  [b]hosts[/b] {hosts}", highlight=False)
+
+    # Error/truncated columns only when some span has them: most runs have none.
+    flags = bool(result.errors or result.truncated)
+    cols = ["count", "total", "mean", "p50", "p95", "max", "share"]
+    cols += ["err", "trunc"] if flags else []
+    t = Table(
+        title="spans by total time", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False
+    )
+    t.add_column("name", overflow="fold")  # the one column that may wrap on narrow terminals
+    for col in cols:
+        t.add_column(col, justify="right", no_wrap=True)
+    for s in result.spans:
+        row = [s.name, f"{s.count:,}", _ms(s.total_ms), _ms(s.mean_ms), _ms(s.p50_ms)]
+        row += [_ms(s.p95_ms), _ms(s.max_ms), "-" if s.share is None else f"{100 * s.share:.1f}%"]
+        row += [str(s.errors or ""), str(s.truncated or "")] if flags else []
+        t.add_row(*row)
+    con.print(t)
+
+    if result.skew is not None:
+        k = result.skew
+        t = Table(title="megatron.train_step per rank", title_justify="left", box=box.SIMPLE_HEAD)
+        for col in ("rank", "host", "steps", "median", "p95", "vs median", ""):
+            t.add_column(col, justify="left" if col in ("host", "") else "right")
+        for r in result.ranks:
+            mark = "[red]straggler[/red]" if r.straggler else ""
+            t.add_row(
+                str(r.rank), r.host or "-", str(r.steps), _ms(r.median_ms), _ms(r.p95_ms),
+                f"{r.ratio:.3f}x", mark,
+            )  # fmt: skip
+        con.print(t)
+        if k.stragglers:
+            verdict = f"[red]stragglers: {', '.join(map(str, k.stragglers))}[/red]"
+        else:
+            verdict = f"no straggler above {100 * k.threshold:.0f}%"
+        con.print(
+            f"slowest rank {k.slowest_rank}: median step {_ms(k.slowest_median_ms)}, "
+            f"{k.slowest_ratio:.3f}x the median of rank medians ({_ms(k.reference_median_ms)}); "
+            f"{verdict}",
+            highlight=False,
+        )
+    style = "red" if flags else "green"
+    con.print(f"[{style}]error spans: {result.errors}  truncated spans: {result.truncated}[/]")
+    rd = result.read
+    if rd:
+        dup = rd["duplicate_spans_dropped"]
+        note = f", {dup:,} duplicates dropped" if dup else ""
+        con.print(f"[dim]read {rd['spans']:,} spans from {rd['files']} file(s){note}[/dim]")
+
+
+def _ranges(ids: list[int]) -> str:
+    """[0,1,2,5] -> '0-2,5'."""
+    out: list[str] = []
+    i = 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
+        i = j + 1
+    return ",".join(out) or "-"
+
+
+@app.command("export")
+def export_cmd(
+    path: Path = typer.Argument(..., help=_PATH_HELP, show_default=False),
+    fmt: ExportFormat = typer.Option(ExportFormat.chrome, "--format", "-f", help="Output format."),
+    output: Path = typer.Option(
+        ..., "--output", "-o", help="The file to write.", show_default=False
+    ),
+    skip_invalid: bool = typer.Option(False, "--skip-invalid", help=_SKIP_HELP),
+) -> None:
+    """Write Chrome trace-event JSON that Perfetto (ui.perfetto.dev) and chrome://tracing open.
+
+    One process per rank (named by rank and host), one thread per OS thread (the thread.id
+    attribute, else one per rank); spans that overlap without nesting go to extra lanes. Span
+    attributes are args, span events are instant events, links are flow arrows. Times are
+    microseconds from the earliest span.
+    """
+    from mlaunch.trace.chrome import export_chrome
+    from mlaunch.trace.reader import TraceInputError, TraceReader
+
+    if output.exists() and output.is_dir():
+        _fail(f"{output}: is a directory\n  fix: pass a file name, e.g. -o trace.json")
+    try:
+        reader = TraceReader.open(path, skip_invalid=skip_invalid)
+        stats = export_chrome(reader, output)
+    except TraceInputError as e:
+        _fail(e.render())
+    except OSError as e:
+        _fail(f"{output}: cannot write: {e.strerror}\n  fix: choose a writable output path")
+    _warn_skipped(reader.stats)
+    unresolved = (
+        f", {stats.unresolved_links} links to unexported spans" if stats.unresolved_links else ""
+    )
+    typer.echo(
+        f"wrote {output} ({fmt.value}): {stats.spans:,} spans, {stats.processes} ranks, "
+        f"{stats.threads} threads in {stats.lanes} lanes, {stats.flows} flows{unresolved}"
+    )
+
+
+@app.command("goodput")
+def goodput_cmd(
+    path: Path = typer.Argument(..., help=_PATH_HELP, show_default=False),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON for machines."),
+    skip_invalid: bool = typer.Option(False, "--skip-invalid", help=_SKIP_HELP),
+) -> None:
+    """Productive training time over wall time, per rank and overall, and where the rest went.
+
+    [b]wall[/b]: the megatron.pretrain extent of the rank (earliest start to latest end; without
+    it, the extent of all its spans). [b]productive[/b]: time in megatron.train_step minus the
+    first iteration's excess over the rank's median step. [b]restart[/b]: model_init,
+    load_checkpoint, data.setup and first_iteration time outside steps, plus that excess.
+    [b]checkpoint[/b]: save_checkpoint. [b]evaluation[/b]: evaluate. [b]unaccounted[/b]: the rest.
+    Nested spans are never counted twice (precedence step > restart > checkpoint > evaluation),
+    so the parts add up to wall. Overall = sums over ranks.
+    """
+    from mlaunch.trace.goodput import goodput
+    from mlaunch.trace.reader import TraceInputError, TraceReader
+
+    try:
+        reader = TraceReader.open(path, skip_invalid=skip_invalid)
+        report = goodput(reader)
+    except TraceInputError as e:
+        _fail(e.render())
+    _warn_skipped(reader.stats)
+    if as_json:
+        typer.echo(json.dumps(report.to_json(), indent=2))
+        return
+    _render_goodput(report)
+
+
+def _render_goodput(report: Any) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    t = Table(title="goodput", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    cols = ("rank", "host", "goodput", "wall", "productive", "restart", "ckpt", "eval", "unacct")
+    for col in cols:
+        t.add_column(col, justify="left" if col == "host" else "right", no_wrap=True)
+
+    def row(label: str, host: str, b: Any, style: str | None = None) -> None:
+        cells = [b.wall_ms, b.productive_ms, b.restart_ms, b.checkpoint_ms, b.evaluation_ms]
+        cells.append(b.unaccounted_ms)
+        t.add_row(label, host, f"{100 * b.goodput:.1f}%", *map(_ms, cells), style=style)
+
+    for r in report.ranks:
+        row(str(r.rank), r.host or "-", r.breakdown)
+    row("all", "", report.overall, style="bold")
+    con.print(t)
+    split = ", ".join(f"{k} {_ms(v)}" for k, v in report.overall.restart_split_ms.items())
+    con.print(f"restart cost (all ranks): {split}", highlight=False)
+    con.print("[dim]ckpt = checkpoint saves, eval = evaluation, unacct = unaccounted; "
+              "see `mlaunch trace goodput --help` for the definitions[/dim]")  # fmt: skip

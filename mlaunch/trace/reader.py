@@ -1,0 +1,265 @@
+"""Streaming reader of OTLP/JSON trace lines (the file exporter's, the spool's, and an
+OpenTelemetry collector file exporter's format).
+
+Each line is one ``ExportTraceServiceRequest``; a line may hold many spans. The reader decodes a
+line at a time and hands out ``(resource, spans)`` batches; consumers aggregate and drop the span
+dicts, so memory stays flat with the size of the trace. Metric lines (``resourceMetrics``) are
+skipped. Standalone on purpose: it does not import the telemetry runtime (or the OTel SDK).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlaunch import envcontract
+from mlaunch.model.spans import Attr, ResourceAttr
+
+#: A run directory's trace files: the file exporter's output and the spool of undelivered spans.
+_TRACES_RE = re.compile(r"^traces-rank(\d+)\.jsonl$")
+_SPOOL_RE = re.compile(r"^spool-traces-rank(\d+)\.jsonl$")
+_ANY_RANK_RE = re.compile(r"rank(\d+)")
+#: A raw-bytes pre-check: lines without this marker hold no truncated span, so consumers can
+#: skip scanning attributes (the common case) without decoding anything twice.
+TRUNCATED_MARKER = Attr.TRUNCATED.value.encode()
+
+
+class TraceInputError(Exception):
+    """Input that is not a readable trace: names the file, the line (when known) and the fix."""
+
+    def __init__(self, message: str, *, path: Path | None = None, line: int | None = None,
+                 fix: str = "") -> None:  # fmt: skip
+        self.message = message
+        self.path = path
+        self.line = line
+        self.fix = fix
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        """``FILE:LINE: message`` followed by the fix, for printing to the user."""
+        where = ""
+        if self.path is not None:
+            where = f"{self.path}:{self.line}: " if self.line is not None else f"{self.path}: "
+        text = f"{where}{self.message}"
+        return f"{text}\n  fix: {self.fix}" if self.fix else text
+
+
+def any_value(v: dict[str, Any]) -> Any:
+    """Decode an OTLP/JSON ``AnyValue`` into a plain Python value."""
+    if "stringValue" in v:
+        return v["stringValue"]
+    if "intValue" in v:
+        return int(v["intValue"])
+    if "doubleValue" in v:
+        return float(v["doubleValue"])
+    if "boolValue" in v:
+        return bool(v["boolValue"])
+    if "arrayValue" in v:
+        return [any_value(x) for x in v["arrayValue"].get("values", [])]
+    if "kvlistValue" in v:
+        return attributes(v["kvlistValue"].get("values", []))
+    if "bytesValue" in v:
+        return v["bytesValue"]  # base64, kept as text: good enough to display
+    return None
+
+
+def attributes(kvs: Sequence[dict[str, Any]] | None) -> dict[str, Any]:
+    """Decode an OTLP/JSON ``KeyValue`` list into a dict."""
+    return {kv["key"]: any_value(kv.get("value") or {}) for kv in kvs or ()}
+
+
+def is_error(span: dict[str, Any]) -> bool:
+    """Whether the span's status is ERROR (code 2, or the enum name some encoders write)."""
+    st = span.get("status")
+    return bool(st) and st.get("code") in (2, "STATUS_CODE_ERROR", "2")
+
+
+def is_truncated(span: dict[str, Any]) -> bool:
+    """Whether the span carries ``mlaunch.span.truncated=true`` (open at shutdown)."""
+    for kv in span.get("attributes") or ():
+        if kv.get("key") == Attr.TRUNCATED:
+            return bool(any_value(kv.get("value") or {}))
+    return False
+
+
+@dataclass(slots=True)
+class Resource:
+    """The resource one batch of spans came from, with the rank resolved."""
+
+    attrs: dict[str, Any]
+    rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class TraceFile:
+    """One input file and the rank its name implies (``None`` for an arbitrary file)."""
+
+    path: Path
+    rank: int | None
+    spool: bool = False
+
+
+@dataclass
+class ReadStats:
+    """What the reader saw, for the report footer and for warnings."""
+
+    files: int = 0
+    lines: int = 0
+    spans: int = 0
+    skipped_lines: list[tuple[Path, int, str]] = field(default_factory=list)
+    duplicate_spans: int = 0
+    metric_lines: int = 0
+
+
+def discover(path: Path) -> list[TraceFile]:
+    """The trace files behind ``path``: a run directory (its ``telemetry/traces-rank*.jsonl`` and
+    ``telemetry/spool-traces-rank*.jsonl``), a telemetry directory itself, or one file."""
+    if not path.exists():
+        raise TraceInputError(
+            "no such file or directory", path=path,
+            fix="pass a run directory (runs/<run_id>) or an OTLP-JSON traces file",
+        )  # fmt: skip
+    if path.is_file():
+        m = _ANY_RANK_RE.search(path.name)
+        return [TraceFile(path, int(m.group(1)) if m else None, path.name.startswith("spool-"))]
+    if not path.is_dir():
+        raise TraceInputError("not a regular file or directory", path=path,
+                              fix="pass a run directory or an OTLP-JSON traces file")  # fmt: skip
+    found: list[TraceFile] = []
+    for d in (path / envcontract.TELEMETRY_DIR, path):
+        if not d.is_dir():
+            continue
+        for p in sorted(d.iterdir()):
+            if m := _TRACES_RE.match(p.name):
+                found.append(TraceFile(p, int(m.group(1))))
+            elif m := _SPOOL_RE.match(p.name):
+                found.append(TraceFile(p, int(m.group(1)), spool=True))
+        if found:
+            break
+    if not found:
+        raise TraceInputError(
+            f"no trace files found (expected {envcontract.TELEMETRY_DIR}/traces-rank<R>.jsonl)",
+            path=path,
+            fix="run with MEGATRON_OTEL_ENABLED=1 and the file exporter (the default without an "
+            "OTLP endpoint), or pass the OTLP-JSON file a collector wrote",
+        )
+    # Spool before traces for the same rank: the reader keeps the (small) spool's span keys and
+    # drops their duplicates from the traces file, so no set of every span id is ever needed.
+    found.sort(key=lambda f: (f.rank if f.rank is not None else -1, not f.spool, f.path.name))
+    return found
+
+
+class TraceReader:
+    """Iterate ``(resource, spans, maybe_truncated)`` batches over a set of trace files.
+
+    ``maybe_truncated`` is False when the raw line cannot contain a truncated span, letting
+    consumers skip the attribute scan. The current file and line are kept so that a consumer
+    failing on a malformed span can raise :meth:`error_here`.
+    """
+
+    def __init__(self, files: Sequence[TraceFile], *, skip_invalid: bool = False) -> None:
+        self.files = list(files)
+        self.skip_invalid = skip_invalid
+        self.stats = ReadStats()
+        self.path: Path | None = None
+        self.line_no = 0
+
+    @classmethod
+    def open(cls, path: str | Path, *, skip_invalid: bool = False) -> TraceReader:
+        """A reader over everything :func:`discover` finds at ``path``."""
+        return cls(discover(Path(path)), skip_invalid=skip_invalid)
+
+    def error_here(self, message: str, fix: str = "") -> TraceInputError:
+        """An error pointing at the line being read."""
+        return TraceInputError(
+            message, path=self.path, line=self.line_no or None,
+            fix=fix or "repair or delete that line, or pass --skip-invalid to ignore bad lines",
+        )  # fmt: skip
+
+    def _bad_line(self, why: str) -> None:
+        if not self.skip_invalid:
+            raise self.error_here(why)
+        assert self.path is not None
+        self.stats.skipped_lines.append((self.path, self.line_no, why))
+
+    def __iter__(self) -> Iterator[tuple[Resource, list[dict[str, Any]], bool]]:
+        spool_keys: set[tuple[str, str]] = set()
+        spool_rank: int | None = None
+        for tf in self.files:
+            if tf.rank != spool_rank:
+                spool_keys, spool_rank = set(), None
+            self.stats.files += 1
+            dedup = bool(spool_keys) and not tf.spool
+            for res, spans, flagged in self._read_file(tf):
+                if tf.spool and tf.rank is not None:
+                    spool_rank = tf.rank
+                    spool_keys.update((s.get("traceId"), s.get("spanId")) for s in spans)
+                elif dedup:
+                    kept = [
+                        s for s in spans if (s.get("traceId"), s.get("spanId")) not in spool_keys
+                    ]
+                    self.stats.duplicate_spans += len(spans) - len(kept)
+                    spans = kept
+                self.stats.spans += len(spans)
+                yield res, spans, flagged
+        self.path, self.line_no = None, 0
+
+    def _read_file(self, tf: TraceFile) -> Iterator[tuple[Resource, list[dict[str, Any]], bool]]:
+        self.path, self.line_no = tf.path, 0
+        loads = json.loads
+        try:
+            # Bytes: json decodes UTF-8 itself, faster than text mode. Opened outside `with` so
+            # that only open() errors become "cannot read".
+            f = open(tf.path, "rb")  # noqa: SIM115
+        except OSError as e:
+            raise TraceInputError(f"cannot read: {e.strerror}", path=tf.path,
+                                  fix="check the path and its permissions") from None  # fmt: skip
+        with f:
+            for raw in f:
+                self.line_no += 1
+                self.stats.lines += 1
+                if not raw.strip():
+                    continue
+                try:
+                    req = loads(raw)
+                except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+                    if not raw.endswith(b"\n"):
+                        self._bad_line(f"truncated last line, the writer stopped mid-line ({e})")
+                    else:
+                        self._bad_line(f"not valid JSON ({e})")
+                    continue
+                if not isinstance(req, dict):
+                    self._bad_line("not an OTLP/JSON ExportTraceServiceRequest (not an object)")
+                    continue
+                rss = req.get("resourceSpans")
+                if rss is None:
+                    if "resourceMetrics" in req or "resourceLogs" in req:
+                        self.stats.metric_lines += 1
+                        continue
+                    self._bad_line(
+                        "not an OTLP/JSON ExportTraceServiceRequest (no 'resourceSpans' key)"
+                    )
+                    continue
+                flagged = TRUNCATED_MARKER in raw
+                try:
+                    for rs in rss:
+                        res = self._resource(rs.get("resource"), tf)
+                        for ss in (
+                            rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or ()
+                        ):
+                            spans = ss.get("spans")
+                            if spans:
+                                yield res, spans, flagged
+                except (AttributeError, TypeError, KeyError, ValueError) as e:
+                    self._bad_line(f"malformed OTLP/JSON structure ({type(e).__name__}: {e})")
+
+    def _resource(self, resource: dict[str, Any] | None, tf: TraceFile) -> Resource:
+        attrs = attributes((resource or {}).get("attributes"))
+        rank = attrs.get(ResourceAttr.RANK)
+        if rank is None:
+            rank = tf.rank if tf.rank is not None else 0
+        return Resource(attrs, int(rank))

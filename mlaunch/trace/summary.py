@@ -1,0 +1,239 @@
+"""``mlaunch trace summary``: per-span-name duration statistics, per-rank step skew (stragglers),
+error/truncated counts and the run's resource attributes, computed in one streaming pass.
+
+Definitions (also in the command help and docs/trace.md):
+
+* durations are ``end - start`` of each span, in milliseconds;
+* p50/p95 interpolate linearly between the closest ranks (numpy's default);
+* *share* = a name's total time / the total time of all ``megatron.train_step`` spans. For spans
+  nested in steps it is their share of step time; for spans outside steps (checkpoint saves,
+  evaluation) it reads as their cost relative to training time;
+* skew: the median ``megatron.train_step`` duration of each rank; the run's reference is the
+  median of those medians; a rank is a *straggler* when its median exceeds the reference by more
+  than the threshold (default 5%).
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from mlaunch.model.spans import ResourceAttr, SpanName
+from mlaunch.trace.reader import ReadStats, Resource, TraceInputError, TraceReader, is_truncated
+from mlaunch.trace.stats import median, percentile
+
+_NS_PER_MS = 1e6
+STEP = SpanName.TRAIN_STEP.value
+
+#: Resource attributes shown as the run's identity, in display order.
+RUN_ATTRS: tuple[str, ...] = tuple(
+    str(a)
+    for a in (
+        ResourceAttr.RUN_ID, ResourceAttr.SERVICE_NAME, ResourceAttr.SERVICE_VERSION,
+        ResourceAttr.USER_ID, ResourceAttr.WORLD_SIZE, ResourceAttr.TP_SIZE,
+        ResourceAttr.PP_SIZE, ResourceAttr.DP_SIZE, ResourceAttr.BATCH_SIZE,
+        ResourceAttr.SEQUENCE_LENGTH, ResourceAttr.NUM_LAYERS, ResourceAttr.HIDDEN_SIZE,
+        ResourceAttr.NUM_ATTENTION_HEADS, ResourceAttr.TRAIN_ITERS,
+        ResourceAttr.MICRO_BATCH_SIZE, ResourceAttr.PRECISION, ResourceAttr.CKPT_FORMAT,
+        "slurm.job.id", "k8s.pod.name",
+    )
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class NameStats:
+    """Duration statistics of one span name across all ranks (milliseconds)."""
+
+    name: str
+    count: int
+    total_ms: float
+    mean_ms: float
+    p50_ms: float
+    p95_ms: float
+    max_ms: float
+    share: float | None  # of total train_step time; None when the trace has no steps
+    errors: int
+    truncated: int
+
+
+@dataclass(frozen=True, slots=True)
+class RankSkew:
+    """``megatron.train_step`` statistics of one rank."""
+
+    rank: int
+    host: str | None
+    steps: int
+    median_ms: float
+    p95_ms: float
+    ratio: float  # median / the median of all ranks' medians
+    straggler: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Skew:
+    """The run-level straggler verdict."""
+
+    reference_median_ms: float  # median of the per-rank medians
+    slowest_rank: int
+    slowest_median_ms: float
+    slowest_ratio: float  # slowest median / reference
+    threshold: float
+    stragglers: list[int]
+
+
+@dataclass
+class Summary:
+    """Everything ``mlaunch trace summary`` prints."""
+
+    spans: list[NameStats]
+    ranks: list[RankSkew]
+    skew: Skew | None
+    errors: int
+    truncated: int
+    run: dict[str, Any]
+    hosts: list[str]
+    rank_ids: list[int]
+    read: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (the ``--json`` output)."""
+        return {
+            "run": self.run,
+            "hosts": self.hosts,
+            "ranks_seen": self.rank_ids,
+            "spans": [asdict(s) for s in self.spans],
+            "step_skew": {
+                "ranks": [asdict(r) for r in self.ranks],
+                **({} if self.skew is None else asdict(self.skew)),
+            },
+            "errors": self.errors,
+            "truncated": self.truncated,
+            "read": self.read,
+        }
+
+
+class SummaryAggregator:
+    """Streaming per-name aggregates: durations in compact ``array('q')`` (8 bytes a span), never
+    the span dicts themselves."""
+
+    def __init__(self) -> None:
+        self.durations: dict[str, array[int]] = {}
+        self.errors: dict[str, int] = {}
+        self.truncated: dict[str, int] = {}
+        self.step_by_rank: dict[int, array[int]] = {}
+        self.resources: dict[int, dict[str, Any]] = {}
+
+    def add(self, res: Resource, spans: list[dict[str, Any]], maybe_truncated: bool) -> None:
+        """Fold one batch in. The loop is the hot path: plain dict lookups, no per-span objects."""
+        rank = res.rank
+        if rank not in self.resources:
+            self.resources[rank] = res.attrs
+        durations = self.durations
+        steps = self.step_by_rank.get(rank)
+        for s in spans:
+            name = s["name"]
+            d = int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"])
+            a = durations.get(name)
+            if a is None:
+                a = durations[name] = array("q")
+            a.append(d)
+            if name == STEP:
+                if steps is None:
+                    steps = self.step_by_rank[rank] = array("q")
+                steps.append(d)
+            st = s.get("status")
+            if st and st.get("code") in (2, "STATUS_CODE_ERROR", "2"):
+                self.errors[name] = self.errors.get(name, 0) + 1
+            if maybe_truncated and is_truncated(s):
+                self.truncated[name] = self.truncated.get(name, 0) + 1
+
+    def finish(
+        self, read: ReadStats | None = None, *, straggler_threshold: float = 0.05
+    ) -> Summary:
+        """The summary of everything added so far."""
+        step_total = sum(self.durations.get(STEP, ()))
+        stats: list[NameStats] = []
+        for name, arr in self.durations.items():
+            vals = sorted(arr)
+            tot = sum(vals)
+            stats.append(
+                NameStats(
+                    name=name, count=len(vals), total_ms=tot / _NS_PER_MS,
+                    mean_ms=tot / len(vals) / _NS_PER_MS,
+                    p50_ms=percentile(vals, 50) / _NS_PER_MS,
+                    p95_ms=percentile(vals, 95) / _NS_PER_MS,
+                    max_ms=vals[-1] / _NS_PER_MS,
+                    share=(tot / step_total) if step_total else None,
+                    errors=self.errors.get(name, 0), truncated=self.truncated.get(name, 0),
+                )
+            )  # fmt: skip
+        stats.sort(key=lambda s: (-s.total_ms, s.name))
+
+        ranks, skew = self._skew(straggler_threshold)
+        hosts = sorted(
+            {str(h) for r in self.resources.values() if (h := r.get(ResourceAttr.HOST_NAME))}
+        )
+        first = self.resources[min(self.resources)] if self.resources else {}
+        run = {k: first[k] for k in RUN_ATTRS if k in first}
+        read_info: dict[str, Any] = {}
+        if read is not None:
+            read_info = {
+                "files": read.files, "lines": read.lines, "spans": read.spans,
+                "duplicate_spans_dropped": read.duplicate_spans,
+                "skipped_lines": [f"{p}:{n}: {why}" for p, n, why in read.skipped_lines],
+            }  # fmt: skip
+        return Summary(
+            spans=stats, ranks=ranks, skew=skew,
+            errors=sum(self.errors.values()), truncated=sum(self.truncated.values()),
+            run=run, hosts=hosts, rank_ids=sorted(self.resources), read=read_info,
+        )  # fmt: skip
+
+    def _skew(self, threshold: float) -> tuple[list[RankSkew], Skew | None]:
+        medians = {r: median(a) for r, a in self.step_by_rank.items() if len(a)}
+        if not medians:
+            return [], None
+        ref = median(list(medians.values()))
+        ranks: list[RankSkew] = []
+        for r in sorted(medians):
+            vals = sorted(self.step_by_rank[r])
+            ratio = medians[r] / ref if ref else 1.0
+            host = self.resources.get(r, {}).get(ResourceAttr.HOST_NAME)
+            ranks.append(
+                RankSkew(
+                    rank=r, host=None if host is None else str(host), steps=len(vals),
+                    median_ms=medians[r] / _NS_PER_MS, p95_ms=percentile(vals, 95) / _NS_PER_MS,
+                    ratio=ratio, straggler=ratio > 1.0 + threshold,
+                )
+            )  # fmt: skip
+        slowest = max(ranks, key=lambda x: (x.median_ms, -x.rank))
+        return ranks, Skew(
+            reference_median_ms=ref / _NS_PER_MS, slowest_rank=slowest.rank,
+            slowest_median_ms=slowest.median_ms, slowest_ratio=slowest.ratio,
+            threshold=threshold, stragglers=[x.rank for x in ranks if x.straggler],
+        )  # fmt: skip
+
+
+def summarize(reader: TraceReader, *, straggler_threshold: float = 0.05) -> Summary:
+    """Read every batch of ``reader`` once and summarize it. Raises ``TraceInputError`` for a
+    malformed span (naming its file and line) or a trace without spans."""
+    agg = SummaryAggregator()
+    for res, spans, flagged in reader:
+        try:
+            agg.add(res, spans, flagged)
+        except (KeyError, ValueError, TypeError, AttributeError) as e:
+            raise reader.error_here(f"malformed span ({type(e).__name__}: {e})") from None
+    if not agg.durations:
+        raise no_spans_error(reader)
+    return agg.finish(reader.stats, straggler_threshold=straggler_threshold)
+
+
+def no_spans_error(reader: TraceReader) -> TraceInputError:
+    """The error for input that parsed but held no spans (empty files, a metrics file)."""
+    names = ", ".join(str(f.path) for f in reader.files[:3])
+    extra = " (it holds metrics only)" if reader.stats.metric_lines else ""
+    return TraceInputError(
+        f"no spans in {names}{extra}",
+        fix="point at the traces file (traces-rank<R>.jsonl) or the run directory; check that "
+        "the run exported spans (MEGATRON_OTEL_ENABLED=1, an exporting rank, span groups on)",
+    )

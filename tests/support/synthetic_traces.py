@@ -1,0 +1,367 @@
+"""Synthetic OTLP/JSON trace files with known answers, for the ``mlaunch trace`` tests and the
+``benchmarks/trace_read.py`` benchmark.
+
+Two levels:
+
+* :class:`TraceBuilder` — place spans by hand (times in milliseconds from a fixed origin), so a
+  test can compute the expected summary/goodput numbers on paper.
+* :func:`write_realistic_run` — a bulk generator of the SPEC section 4 tree (steps with
+  forward/backward, microbatches, layers, P2P with links, checkpoints, evaluation) for volume.
+
+Output is exactly the OTLP/JSON line format the file exporter, the spool and an OpenTelemetry
+collector's file exporter write: one ``ExportTraceServiceRequest`` per line, lowerCamelCase keys,
+ids as lowercase hex, 64-bit integers as decimal strings.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlaunch.model.spans import Attr, ResourceAttr, SpanName
+
+#: The origin of synthetic time (2023-11-14T22:13:20Z), in Unix nanoseconds.
+T0_NS = 1_700_000_000_000_000_000
+_MS = 1_000_000
+
+
+def ms(t: float) -> int:
+    """Milliseconds after :data:`T0_NS` as absolute Unix nanoseconds."""
+    return T0_NS + round(t * _MS)
+
+
+def encode_value(value: Any) -> dict[str, Any]:
+    """A Python value as an OTLP/JSON ``AnyValue`` (ints as decimal strings, as protobuf JSON does)."""
+    if isinstance(value, bool):
+        return {"boolValue": value}
+    if isinstance(value, int):
+        return {"intValue": str(value)}
+    if isinstance(value, float):
+        return {"doubleValue": value}
+    if isinstance(value, bytes):
+        import base64
+
+        return {"bytesValue": base64.b64encode(value).decode()}
+    if isinstance(value, Mapping):
+        return {"kvlistValue": {"values": encode_attributes(value)}}
+    if isinstance(value, list | tuple):
+        return {"arrayValue": {"values": [encode_value(v) for v in value]}}
+    return {"stringValue": str(value)}
+
+
+def encode_attributes(attrs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A mapping as an OTLP/JSON ``KeyValue`` list."""
+    return [{"key": k, "value": encode_value(v)} for k, v in attrs.items()]
+
+
+def resource_attributes(
+    rank: int,
+    *,
+    world_size: int = 2,
+    run_id: str = "synthrun0001",
+    host: str | None = None,
+    pp: int = 1,
+    tp: int = 1,
+    num_layers: int = 4,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The SPEC section 3 resource of one rank (a representative subset)."""
+    dp = max(1, world_size // (pp * tp))
+    attrs: dict[str, Any] = {
+        ResourceAttr.SERVICE_NAME: "megatron-lm",
+        ResourceAttr.SERVICE_VERSION: "0.1.0",
+        ResourceAttr.SERVICE_INSTANCE_ID: f"{run_id}-rank{rank}",
+        ResourceAttr.RUN_ID: run_id,
+        ResourceAttr.RANK: rank,
+        ResourceAttr.WORLD_SIZE: world_size,
+        ResourceAttr.LOCAL_RANK: rank % 8,
+        ResourceAttr.TP_SIZE: tp,
+        ResourceAttr.PP_SIZE: pp,
+        ResourceAttr.DP_SIZE: dp,
+        ResourceAttr.PP_RANK: (rank // tp) % pp,
+        ResourceAttr.NUM_LAYERS: num_layers,
+        ResourceAttr.HIDDEN_SIZE: 256,
+        ResourceAttr.NUM_ATTENTION_HEADS: 8,
+        ResourceAttr.PRECISION: "bf16",
+        ResourceAttr.HOST_NAME: host or f"node{rank // 8}",
+        ResourceAttr.PROCESS_PID: 1000 + rank,
+    }
+    if extra:
+        attrs.update(extra)
+    return {str(k): v for k, v in attrs.items()}
+
+
+def request_line(resource: Mapping[str, Any], spans: Sequence[Mapping[str, Any]]) -> str:
+    """One OTLP/JSON ``ExportTraceServiceRequest`` line holding ``spans`` under one resource."""
+    req = {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": encode_attributes(resource)},
+                "scopeSpans": [{"scope": {"name": "mlaunch"}, "spans": list(spans)}],
+            }
+        ]
+    }
+    return json.dumps(req, separators=(",", ":"))
+
+
+@dataclass
+class SpanRef:
+    """What a test needs to refer back to a span it placed (to parent or link others)."""
+
+    trace_id: str
+    span_id: str
+    rank: int
+
+
+@dataclass
+class TraceBuilder:
+    """Hand-placed spans for tests: ``b.span(0, SpanName.TRAIN_STEP, 100, 200)`` etc."""
+
+    world_size: int = 2
+    run_id: str = "synthrun0001"
+    trace_id: str = "0af7651916cd43dd8448eb211c80319c"
+    spans: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    resources: dict[int, dict[str, Any]] = field(default_factory=dict)
+    _next_id: int = 1
+
+    def resource(self, rank: int) -> dict[str, Any]:
+        """The resource of ``rank`` (created on first use with :func:`resource_attributes`)."""
+        if rank not in self.resources:
+            self.resources[rank] = resource_attributes(
+                rank, world_size=self.world_size, run_id=self.run_id
+            )
+        return self.resources[rank]
+
+    def span(
+        self,
+        rank: int,
+        name: str,
+        start_ms: float,
+        end_ms: float,
+        *,
+        parent: SpanRef | None = None,
+        attrs: Mapping[str, Any] | None = None,
+        error: str | None = None,
+        truncated: bool = False,
+        events: Iterable[tuple[float, str, Mapping[str, Any]]] = (),
+        links: Iterable[SpanRef] = (),
+        thread: int | None = None,
+    ) -> SpanRef:
+        """Add one span on ``rank`` lasting [start_ms, end_ms] and return its reference."""
+        self.resource(rank)
+        span_id = f"{self._next_id:016x}"
+        self._next_id += 1
+        a = dict(attrs or {})
+        if truncated:
+            a[Attr.TRUNCATED] = True
+        if thread is not None:
+            a["thread.id"] = thread
+        span: dict[str, Any] = {
+            "traceId": self.trace_id,
+            "spanId": span_id,
+            "parentSpanId": parent.span_id if parent else "",
+            "name": str(name),
+            "kind": 1,
+            "startTimeUnixNano": str(ms(start_ms)),
+            "endTimeUnixNano": str(ms(end_ms)),
+            "attributes": encode_attributes({str(k): v for k, v in a.items()}),
+            "status": {"code": 2, "message": error} if error else {},
+        }
+        evs = [
+            {"timeUnixNano": str(ms(t)), "name": n, "attributes": encode_attributes(ea)}
+            for t, n, ea in events
+        ]
+        if evs:
+            span["events"] = evs
+        lks = [{"traceId": r.trace_id, "spanId": r.span_id, "attributes": []} for r in links]
+        if lks:
+            span["links"] = lks
+        self.spans.setdefault(rank, []).append(span)
+        return SpanRef(self.trace_id, span_id, rank)
+
+    def lines(self, rank: int, batch: int = 3) -> list[str]:
+        """The OTLP/JSON lines of one rank, ``batch`` spans per line, children before parents
+        (the order a batch span processor exports them: a span is exported when it ends)."""
+        ordered = sorted(self.spans.get(rank, []), key=lambda s: int(s["endTimeUnixNano"]))
+        res = self.resource(rank)
+        return [request_line(res, ordered[i : i + batch]) for i in range(0, len(ordered), batch)]
+
+    def write_run_dir(self, run_dir: Path, *, batch: int = 3) -> Path:
+        """Write ``telemetry/traces-rank{R}.jsonl`` for every rank with spans; return run_dir."""
+        tel = Path(run_dir) / "telemetry"
+        tel.mkdir(parents=True, exist_ok=True)
+        for rank in sorted(self.spans):
+            (tel / f"traces-rank{rank}.jsonl").write_text(
+                "".join(line + "\n" for line in self.lines(rank, batch))
+            )
+        return Path(run_dir)
+
+
+# --------------------------------------------------------------------------------------------
+# Bulk generation (benchmarks, volume tests)
+
+
+def _ids(rng: random.Random) -> str:
+    return f"{rng.getrandbits(64):016x}"
+
+
+def _realistic_rank_spans(
+    rank: int,
+    *,
+    steps: int,
+    microbatches: int,
+    layers: int,
+    pp: int,
+    rng: random.Random,
+    ckpt_every: int,
+    eval_every: int,
+) -> Iterable[dict[str, Any]]:
+    """Spans of one rank in end-time order (children first), following SPEC section 4."""
+    stage = rank % pp
+    t = ms(0)
+    trace_id = f"{rng.getrandbits(128):032x}"
+    root_id, train_id = _ids(rng), _ids(rng)
+
+    def mk(
+        name: str, start: int, end: int, parent: str, attrs: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        return {
+            "traceId": trace_id,
+            "spanId": _ids(rng),
+            "parentSpanId": parent,
+            "name": str(name),
+            "kind": 1,
+            "startTimeUnixNano": str(start),
+            "endTimeUnixNano": str(end),
+            "attributes": encode_attributes(
+                {str(k): v for k, v in attrs.items()} | {"is_goodput_span": True}
+            ),
+            "status": {},
+        }
+
+    pretrain_start = t
+    for name, dur in ((SpanName.MODEL_INIT, 900), (SpanName.DATA_SETUP, 200)):
+        yield mk(name, t, t + dur * _MS, root_id, {})
+        t += dur * _MS
+    train_start = t
+    for it in range(1, steps + 1):
+        step_id = _ids(rng)
+        step_start = t
+        t += rng.randint(1, 3) * _MS // 10
+        fb_id = _ids(rng)
+        fb_start = t
+        for mb in range(microbatches):
+            fwd_id = _ids(rng)
+            fwd_start = t
+            if stage > 0:
+                yield mk(SpanName.P2P_RECV_FORWARD, t, t + 50_000, fb_id, {})
+                t += 50_000
+            for layer in range(layers):
+                lid = _ids(rng)
+                ls = t
+                yield mk(SpanName.LAYER_SELF_ATTENTION, t, t + 120_000, lid, {})
+                t += 120_000
+                yield mk(SpanName.LAYER_MLP, t, t + 80_000, lid, {})
+                t += 80_000
+                s = mk(SpanName.LAYER_FORWARD, ls, t, fwd_id, {Attr.LAYER_NUMBER: layer + 1})
+                s["spanId"] = lid
+                yield s
+            if stage < pp - 1:
+                yield mk(SpanName.P2P_SEND_FORWARD, t, t + 40_000, fb_id, {})
+                t += 40_000
+            s = mk(SpanName.MICROBATCH_FORWARD, fwd_start, t, fb_id, {Attr.MICROBATCH_ID: mb})
+            s["spanId"] = fwd_id
+            yield s
+            bs = t
+            t += layers * 400_000 + rng.randint(0, 50_000)
+            yield mk(SpanName.MICROBATCH_BACKWARD, bs, t, fb_id, {Attr.MICROBATCH_ID: mb})
+        s = mk(
+            SpanName.FORWARD_BACKWARD, fb_start, t, step_id, {Attr.NUM_MICROBATCHES: microbatches}
+        )
+        s["spanId"] = fb_id
+        yield s
+        yield mk(SpanName.GRAD_SYNC_START, t, t + 100_000, step_id, {})
+        t += 100_000
+        yield mk(SpanName.GRAD_SYNC_FINISH, t, t + 300_000, step_id, {})
+        t += 300_000
+        yield mk(
+            SpanName.OPTIMIZER_STEP, t, t + 500_000, step_id,
+            {Attr.GRAD_NORM: 1.0, Attr.UPDATE_SUCCESSFUL: True},
+        )  # fmt: skip
+        t += 500_000
+        s = mk(
+            SpanName.TRAIN_STEP, step_start, t, train_id,
+            {Attr.ITERATION: it, Attr.LOSS: 3.0 - it * 1e-4, Attr.GRAD_NORM: 1.0, Attr.SKIPPED: False},
+        )  # fmt: skip
+        s["spanId"] = step_id
+        yield s
+        if ckpt_every and it % ckpt_every == 0:
+            cid, cs = _ids(rng), t
+            yield mk(SpanName.SAVE_CHECKPOINT_STATE_DICT, t, t + 5 * _MS, cid, {})
+            t += 5 * _MS
+            yield mk(SpanName.SAVE_CHECKPOINT_IO_WRITE, t, t + 20 * _MS, cid, {})
+            t += 20 * _MS
+            s = mk(SpanName.SAVE_CHECKPOINT, cs, t, train_id, {Attr.ITERATION: it})
+            s["spanId"] = cid
+            yield s
+        if eval_every and it % eval_every == 0:
+            eid, es = _ids(rng), t
+            for e in range(2):
+                yield mk(SpanName.EVALUATE_STEP, t, t + 3 * _MS, eid, {Attr.EVAL_ITERATION: e})
+                t += 3 * _MS
+            s = mk(SpanName.EVALUATE, es, t, train_id, {Attr.EVAL_ITERS: 2})
+            s["spanId"] = eid
+            yield s
+    s = mk(SpanName.TRAIN, train_start, t, root_id, {Attr.TRAIN_ITERS: steps})
+    s["spanId"] = train_id
+    yield s
+    s = mk(SpanName.PRETRAIN, pretrain_start, t + _MS, "", {Attr.TRAIN_ITERS: steps})
+    s["spanId"] = root_id
+    yield s
+
+
+def spans_per_step(microbatches: int, layers: int) -> int:
+    """Spans a realistic step emits on a middle pipeline stage (for sizing a benchmark)."""
+    per_mb = 1 + 1 + 3 * layers + 2  # fwd, bwd, layers x 3, recv+send
+    return per_mb * microbatches + 1 + 3 + 1  # fwd_bwd, grad_sync x2, optimizer, step
+
+
+def write_realistic_run(
+    run_dir: Path,
+    *,
+    ranks: int = 4,
+    steps: int = 100,
+    microbatches: int = 4,
+    layers: int = 4,
+    pp: int = 2,
+    batch: int = 512,
+    seed: int = 0,
+    ckpt_every: int = 50,
+    eval_every: int = 25,
+) -> int:
+    """Write a run directory of ``ranks`` trace files; return the number of spans written."""
+    rng = random.Random(seed)
+    tel = Path(run_dir) / "telemetry"
+    tel.mkdir(parents=True, exist_ok=True)
+    total = 0
+    for rank in range(ranks):
+        res = resource_attributes(rank, world_size=ranks, pp=pp, num_layers=layers * pp)
+        buf: list[dict[str, Any]] = []
+        with open(tel / f"traces-rank{rank}.jsonl", "w") as f:
+            for span in _realistic_rank_spans(
+                rank, steps=steps, microbatches=microbatches, layers=layers, pp=pp, rng=rng,
+                ckpt_every=ckpt_every, eval_every=eval_every,
+            ):  # fmt: skip
+                buf.append(span)
+                if len(buf) >= batch:
+                    f.write(request_line(res, buf) + "\n")
+                    total += len(buf)
+                    buf = []
+            if buf:
+                f.write(request_line(res, buf) + "\n")
+                total += len(buf)
+    return total
