@@ -1,0 +1,301 @@
+# ruff: noqa: SIM117 - nested with-blocks mirror the span tree under test
+"""The span API against the file exporter: names, parents (across coarse and fine spans), trace
+identity, attributes, resource, errors, truncation, propagation."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+from telemetry_helpers import by_name, parent_names, read_trace_file
+
+import mlaunch
+from mlaunch import envcontract, telemetry
+from mlaunch.model.groups import SpanGroup as G
+from mlaunch.model.spans import Attr, ResourceAttr, region_name
+from mlaunch.model.spans import SpanName as S
+
+
+def test_disabled_telemetry_creates_nothing(make_settings, tmp_path):
+    handle = telemetry.setup(make_settings(ENABLED="0"), rank=0, world_size=1, run_dir=tmp_path)
+    assert not handle.exporting and handle.enabled_groups == frozenset()
+    assert not telemetry.is_enabled(G.JOB)
+    cm = telemetry.span(G.JOB, S.PRETRAIN)
+    assert cm is telemetry.span(G.LAYER, S.LAYER_FORWARD)  # one preallocated null object
+    with cm as s:
+        assert s is None
+    with telemetry.trace_region("x") as s:
+        assert s is None
+    assert telemetry.current_context_ints() == (0, 0, 0, 0)
+    telemetry.record_step(1, step_ms=1.0)
+    telemetry.shutdown()
+    assert not (tmp_path / envcontract.TELEMETRY_DIR).exists()
+
+
+def test_non_exporting_rank_has_empty_enabled_set(make_settings, tmp_path):
+    settings = make_settings(EXPORT_STRATEGY="single_rank")  # last rank exports
+    handle = telemetry.setup(settings, rank=0, world_size=4, run_dir=tmp_path)
+    assert not handle.exporting and handle.enabled_groups == frozenset()
+    assert not telemetry.is_enabled(G.JOB)
+    with telemetry.span(G.JOB, S.PRETRAIN) as s:
+        assert s is None
+
+
+def test_second_setup_is_refused_until_shutdown(make_settings, tmp_path):
+    telemetry.setup(make_settings(), rank=0, world_size=1, run_dir=tmp_path)
+    with pytest.raises(RuntimeError, match="already set up"):
+        telemetry.setup(make_settings(), rank=0, world_size=1, run_dir=tmp_path)
+    telemetry.shutdown()
+    telemetry.setup(make_settings(), rank=0, world_size=1, run_dir=tmp_path)
+
+
+def test_span_groups_decide_which_spans_exist(make_settings, tmp_path):
+    handle = telemetry.setup(
+        make_settings(SPAN_GROUPS="per_step"), rank=0, world_size=1, run_dir=tmp_path
+    )
+    assert G.STEP in handle.enabled_groups and G.LAYER not in handle.enabled_groups
+    assert telemetry.is_enabled(G.STEP) and telemetry.is_enabled("step")
+    assert not telemetry.is_enabled(G.MICROBATCH)
+    with telemetry.span(G.STEP, S.TRAIN_STEP):
+        # a disabled parent group: the child attaches to the nearest enabled ancestor
+        with telemetry.span(G.MICROBATCH, S.MICROBATCH_FORWARD) as mb:
+            assert mb is None
+            with telemetry.span(G.COMMUNICATION, S.P2P_SEND_FORWARD):
+                pass
+    telemetry.shutdown()
+    spans = read_trace_file(tmp_path)
+    assert sorted(s["name"] for s in spans) == [S.P2P_SEND_FORWARD, S.TRAIN_STEP]
+    assert parent_names(spans)[S.P2P_SEND_FORWARD] == S.TRAIN_STEP
+
+
+def test_parents_cross_between_coarse_and_fine_spans(make_settings, tmp_path):
+    telemetry.setup(make_settings(), rank=0, world_size=1, run_dir=tmp_path)
+    with telemetry.span(G.JOB, S.PRETRAIN, **{Attr.MODEL_TYPE: "gpt"}):  # coarse
+        with telemetry.span(G.FORWARD_BACKWARD, S.FORWARD_BACKWARD):  # coarse
+            with telemetry.span(
+                G.MICROBATCH, S.MICROBATCH_FORWARD, **{Attr.MICROBATCH_ID: 3}
+            ) as mb:
+                mb.set_attribute("extra", 1.5)
+                with telemetry.span(G.LAYER, S.LAYER_FORWARD, **{Attr.LAYER_NUMBER: 1}):  # fine
+                    with telemetry.trace_region("inner"):  # fine
+                        with telemetry.span(G.CHECKPOINT, S.SAVE_CHECKPOINT_IO_WRITE):  # coarse
+                            with telemetry.span(G.LAYER, S.LAYER_MLP):  # fine
+                                pass
+    telemetry.shutdown()
+    spans = read_trace_file(tmp_path)
+    assert parent_names(spans) == {
+        S.PRETRAIN: None,
+        S.FORWARD_BACKWARD: S.PRETRAIN,
+        S.MICROBATCH_FORWARD: S.FORWARD_BACKWARD,
+        S.LAYER_FORWARD: S.MICROBATCH_FORWARD,
+        region_name("inner"): S.LAYER_FORWARD,
+        S.SAVE_CHECKPOINT_IO_WRITE: region_name("inner"),
+        S.LAYER_MLP: S.SAVE_CHECKPOINT_IO_WRITE,
+    }
+    assert len({s["trace_id"] for s in spans}) == 1
+    named = by_name(spans)
+    assert named[S.MICROBATCH_FORWARD]["attributes"] == {Attr.MICROBATCH_ID: 3, "extra": 1.5}
+    assert named[S.PRETRAIN]["attributes"] == {Attr.MODEL_TYPE: "gpt", Attr.IS_GOODPUT: True}
+    assert named[S.SAVE_CHECKPOINT_IO_WRITE]["attributes"] == {Attr.IS_GOODPUT: True}
+    assert Attr.IS_GOODPUT not in named[S.FORWARD_BACKWARD]["attributes"]  # not a goodput group
+    # children inside parents in time
+    for s in spans:
+        assert s["start_ns"] <= s["end_ns"]
+    fb, mlp = named[S.FORWARD_BACKWARD], named[S.LAYER_MLP]
+    assert fb["start_ns"] <= mlp["start_ns"] <= mlp["end_ns"] <= fb["end_ns"]
+
+
+def test_resource_attributes(make_settings, tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_JOB_PARTITION", "gpu")
+    settings = make_settings(
+        USER_ID="alice", OTEL_RESOURCE_ATTRIBUTES="team=llm,deployment.environment=test"
+    )
+    resource = {
+        ResourceAttr.TP_SIZE: 1,
+        ResourceAttr.PP_SIZE: 2,
+        ResourceAttr.PRECISION: "bf16",
+        ResourceAttr.GPU_COUNT: 0,
+    }
+    telemetry.setup(
+        settings, rank=1, world_size=2, local_rank=1, resource=resource, run_dir=tmp_path
+    )
+    with telemetry.span(G.JOB, S.PRETRAIN):
+        pass
+    telemetry.shutdown()
+    (span,) = read_trace_file(tmp_path, rank=1)
+    res = span["resource"]
+    assert res[ResourceAttr.SERVICE_NAME] == "megatron-lm"
+    assert res[ResourceAttr.SERVICE_VERSION] == mlaunch.__version__
+    assert res[ResourceAttr.SERVICE_INSTANCE_ID] == "testrun-rank1"
+    assert res[ResourceAttr.RUN_ID] == "testrun"
+    assert res[ResourceAttr.USER_ID] == "alice"
+    assert (res[ResourceAttr.RANK], res[ResourceAttr.WORLD_SIZE], res[ResourceAttr.LOCAL_RANK]) == (
+        1,
+        2,
+        1,
+    )
+    assert res[ResourceAttr.HOST_NAME] == socket.gethostname()
+    assert res[ResourceAttr.PROCESS_PID] == os.getpid()
+    assert res[ResourceAttr.PP_SIZE] == 2 and res[ResourceAttr.PRECISION] == "bf16"
+    assert res[ResourceAttr.RESTART_COUNT] == 0
+    assert res["slurm.job.id"] == "4242" and res["slurm.partition"] == "gpu"
+    assert res["team"] == "llm" and res["deployment.environment"] == "test"
+
+
+def test_exception_sets_error_status_and_event(make_settings, tmp_path):
+    telemetry.setup(make_settings(), rank=0, world_size=1, run_dir=tmp_path)
+    for group, name in ((G.CHECKPOINT, S.SAVE_CHECKPOINT), (G.LAYER, S.LAYER_FORWARD)):
+        with pytest.raises(ValueError, match="boom"), telemetry.span(group, name):
+            raise ValueError("boom")
+    telemetry.shutdown()
+    for span in read_trace_file(tmp_path):
+        assert span["status_code"] == 2 and span["status_message"] == "ValueError: boom"
+        (event,) = span["events"]
+        assert event["name"] == "exception"
+        assert event["attributes"]["exception.type"] == "ValueError"
+        assert event["attributes"]["exception.message"] == "boom"
+        assert "Traceback" in event["attributes"]["exception.stacktrace"]
+
+
+def test_shutdown_truncates_open_spans_and_is_idempotent(make_settings, tmp_path):
+    telemetry.setup(make_settings(), rank=0, world_size=1, run_dir=tmp_path)
+    outer = telemetry.span(G.JOB, S.TRAIN)
+    outer.__enter__()
+    inner = telemetry.span(G.LAYER, S.LAYER_FORWARD)
+    inner.__enter__()
+    telemetry.shutdown()
+    telemetry.shutdown()
+    # the with-blocks unwinding later (e.g. after SIGTERM) must not export the spans twice
+    inner.__exit__(None, None, None)
+    outer.__exit__(None, None, None)
+    spans = read_trace_file(tmp_path)
+    assert sorted(s["name"] for s in spans) == [S.LAYER_FORWARD, S.TRAIN]
+    assert all(s["attributes"][Attr.TRUNCATED] is True for s in spans)
+    assert not telemetry.is_enabled(G.JOB)
+
+
+def test_trace_fn_wraps_calls(make_settings, tmp_path):
+    @telemetry.trace_fn(G.DATA_LOADING, S.GET_BATCH)
+    def get_batch(x: int) -> int:
+        return x + 1
+
+    assert get_batch(1) == 2  # before setup: plain call
+    telemetry.setup(make_settings(), rank=0, world_size=1, run_dir=tmp_path)
+    assert get_batch(2) == 3
+    telemetry.shutdown()
+    assert [s["name"] for s in read_trace_file(tmp_path)] == [S.GET_BATCH]
+
+
+def test_inject_extract_and_context_ints_round_trip(make_settings, tmp_path):
+    telemetry.setup(make_settings(), rank=0, world_size=1, run_dir=tmp_path)
+    carrier: dict[str, str] = {}
+    telemetry.inject(carrier)
+    assert carrier == {}  # no current span
+    assert telemetry.extract({}) is None and telemetry.context_from_ints((0, 0, 0, 0)) is None
+    for group, name in ((G.JOB, S.TRAIN), (G.COMMUNICATION, S.P2P_SEND_FORWARD)):
+        with telemetry.span(group, name) as s:
+            ctx = s.get_span_context()
+            telemetry.inject(carrier)
+            assert carrier["traceparent"] == f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-01"
+            got = telemetry.extract(carrier)
+            assert (got.trace_id, got.span_id, got.is_remote) == (ctx.trace_id, ctx.span_id, True)
+            ints = telemetry.current_context_ints()
+            assert all(-(2**63) <= v < 2**63 for v in ints)
+            back = telemetry.context_from_ints(list(ints))
+            assert (back.trace_id, back.span_id, back.trace_flags.sampled) == (
+                ctx.trace_id,
+                ctx.span_id,
+                True,
+            )
+    assert telemetry.extract({"traceparent": "garbage"}) is None
+
+
+def test_linked_span_links_to_the_sender(make_settings, tmp_path):
+    telemetry.setup(make_settings(), rank=0, world_size=1, run_dir=tmp_path)
+    with telemetry.span(G.FORWARD_BACKWARD, S.FORWARD_BACKWARD):
+        with telemetry.span(G.COMMUNICATION, S.P2P_SEND_FORWARD):
+            ints = telemetry.current_context_ints()
+        attrs = {Attr.PP_RANK: 1, Attr.DL_MICROBATCH_ID: 0}
+        with telemetry.linked_span(
+            G.COMMUNICATION, S.PP_RECV_FORWARD_LINKED, telemetry.context_from_ints(ints), **attrs
+        ):
+            pass
+        with telemetry.span(G.COMMUNICATION, S.P2P_SEND_FORWARD):
+            carrier: dict[str, str] = {}
+            telemetry.inject(carrier)
+        with telemetry.linked_span(G.OPTIMIZER, S.OPTIMIZER_STEP, carrier):  # a coarse linked span
+            pass
+    telemetry.shutdown()
+    spans = read_trace_file(tmp_path)
+    sends = [s for s in spans if s["name"] == S.P2P_SEND_FORWARD]
+    named = by_name(spans)
+    linked = named[S.PP_RECV_FORWARD_LINKED]
+    assert linked["attributes"] == {Attr.PP_RANK: 1, Attr.DL_MICROBATCH_ID: 0}
+    assert [(ln["trace_id"], ln["span_id"]) for ln in linked["links"]] == [
+        (sends[0]["trace_id"], sends[0]["span_id"])
+    ]
+    assert parent_names(spans)[S.PP_RECV_FORWARD_LINKED] == S.FORWARD_BACKWARD
+    assert [ln["span_id"] for ln in named[S.OPTIMIZER_STEP]["links"]] == [sends[1]["span_id"]]
+
+
+def _run_rank(make_settings, tmp_path, rank: int, iters: int, start: int = 0, restart: int = 0):
+    settings = make_settings(TRACE_SEGMENT_ITERS="3", SPAN_GROUPS="job,step,layer")
+    telemetry.setup(
+        settings,
+        rank=rank,
+        world_size=2,
+        run_dir=tmp_path,
+        resource={ResourceAttr.RESTART_COUNT: restart},
+    )
+    with telemetry.span(G.JOB, S.PRETRAIN):
+        with telemetry.span(G.JOB, S.TRAIN, **{Attr.TRAIN_ITERS: iters}):
+            for it in range(start, start + iters):
+                telemetry.set_iteration(it)
+                with telemetry.span(G.STEP, S.TRAIN_STEP, **{Attr.ITERATION: it}):
+                    with telemetry.span(G.LAYER, S.LAYER_FORWARD):
+                        pass
+    telemetry.shutdown()
+    return read_trace_file(tmp_path, rank)
+
+
+def test_iterations_share_trace_ids_across_ranks_and_segments_are_linked(make_settings, tmp_path):
+    rank0 = _run_rank(make_settings, tmp_path, 0, 7)
+    rank1 = _run_rank(make_settings, tmp_path, 1, 7)
+
+    def step_traces(spans):
+        return {
+            s["attributes"][Attr.ITERATION]: s["trace_id"]
+            for s in spans
+            if s["name"] == S.TRAIN_STEP
+        }
+
+    assert step_traces(rank0) == step_traces(rank1)  # no communication needed
+    traces = step_traces(rank0)
+    # iterations 0-2 (segment of the first iteration) share the setup trace; 3-5; 6
+    assert traces[0] == traces[2] != traces[3] == traces[5] != traces[6]
+    pretrain = by_name(rank0)[S.PRETRAIN]
+    assert pretrain["trace_id"] == traces[0]
+    trains = [s for s in rank0 if s["name"] == S.TRAIN]
+    assert len(trains) == 3
+    assert [t.get("attributes", {}).get(Attr.TRACE_SEGMENT) for t in trains] == [None, 1, 2]
+    assert all(t["attributes"][Attr.TRAIN_ITERS] == 7 for t in trains)
+    assert trains[0]["parent_span_id"] == pretrain["span_id"]
+    for prev, cur in zip(trains, trains[1:], strict=False):
+        assert cur["parent_span_id"] == ""  # a new root...
+        assert [(ln["trace_id"], ln["span_id"]) for ln in cur["links"]] == [
+            (prev["trace_id"], prev["span_id"])
+        ]
+        assert prev["end_ns"] <= cur["start_ns"]
+    # every step hangs under the train segment of its trace; layers under their step
+    train_by_trace = {t["trace_id"]: t["span_id"] for t in trains}
+    for s in rank0:
+        if s["name"] == S.TRAIN_STEP:
+            assert s["parent_span_id"] == train_by_trace[s["trace_id"]]
+
+
+def test_restart_gets_distinct_trace_ids(make_settings, tmp_path):
+    first = _run_rank(make_settings, tmp_path / "a", 0, 2, restart=0)
+    second = _run_rank(make_settings, tmp_path / "b", 0, 2, restart=1)
+    assert {s["trace_id"] for s in first}.isdisjoint({s["trace_id"] for s in second})
