@@ -23,3 +23,8 @@ def parent_names(spans: list[dict[str, Any]]) -> dict[str, str | None]:
     """name -> parent's name (None for roots), for spans with unique names."""
     ids = {s["span_id"]: s["name"] for s in spans}
     return {s["name"]: ids.get(s["parent_span_id"]) for s in spans}
+
+
+def read_metric_file(run_dir: Path, rank: int = 0) -> list[dict[str, Any]]:
+    """Flat metrics the file exporter wrote for ``rank``."""
+    return otlp_json.read_metrics(envcontract.metrics_file(run_dir, rank))
