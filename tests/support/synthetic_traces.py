@@ -365,3 +365,47 @@ def write_realistic_run(
                 f.write(request_line(res, buf) + "\n")
                 total += len(buf)
     return total
+
+
+# --------------------------------------------------------------------------------------------
+# The hand-computed example the trace tests share
+
+
+def hand_example() -> tuple[TraceBuilder, dict[str, SpanRef]]:
+    """A two-rank run small enough to check on paper (times in ms; answers in the tests).
+
+    rank 0 (full SPEC tree): pretrain 0-1000; model_init 0-100; data.setup 100-150;
+    load_checkpoint 150-250 (io_read 160-240); train 250-1000; first_iteration 250-400 wrapping
+    train_step #1 260-390; train_step #2 400-500, #3 500-600; save_checkpoint 600-700
+    (state_dict 600-620, io_write 620-690, ERROR); train_step #4 700-800; evaluate 800-900
+    (evaluate.step 800-850, 850-900, with an event at 820).
+
+    rank 1 (steps only, no pretrain, no first_iteration): train_step 0-120, 120-240, 240-370,
+    370-570 (the last one truncated).
+    """
+    b = TraceBuilder(world_size=2)
+    r: dict[str, SpanRef] = {}
+    S = SpanName
+    r["pretrain"] = pre = b.span(0, S.PRETRAIN, 0, 1000, attrs={Attr.TRAIN_ITERS: 4})
+    b.span(0, S.MODEL_INIT, 0, 100, parent=pre)
+    b.span(0, S.DATA_SETUP, 100, 150, parent=pre)
+    load = b.span(0, S.LOAD_CHECKPOINT, 150, 250, parent=pre, attrs={Attr.ITERATION: 0})
+    b.span(0, S.LOAD_CHECKPOINT_IO_READ, 160, 240, parent=load)
+    train = b.span(0, S.TRAIN, 250, 1000, parent=pre)
+    first = b.span(0, S.FIRST_ITERATION, 250, 400, parent=train, attrs={Attr.ITERATION: 1})
+    b.span(0, S.TRAIN_STEP, 260, 390, parent=first, attrs={Attr.ITERATION: 1, Attr.LOSS: 4.0})
+    r["step2"] = b.span(0, S.TRAIN_STEP, 400, 500, parent=train, attrs={Attr.ITERATION: 2})
+    b.span(0, S.TRAIN_STEP, 500, 600, parent=train, attrs={Attr.ITERATION: 3})
+    save = b.span(0, S.SAVE_CHECKPOINT, 600, 700, parent=train, attrs={Attr.ITERATION: 3})
+    b.span(0, S.SAVE_CHECKPOINT_STATE_DICT, 600, 620, parent=save)
+    b.span(0, S.SAVE_CHECKPOINT_IO_WRITE, 620, 690, parent=save, error="disk full")
+    b.span(0, S.TRAIN_STEP, 700, 800, parent=train, attrs={Attr.ITERATION: 4})
+    ev = b.span(0, S.EVALUATE, 800, 900, parent=train, attrs={Attr.EVAL_ITERS: 2})
+    r["eval_step"] = b.span(
+        0, S.EVALUATE_STEP, 800, 850, parent=ev, attrs={Attr.EVAL_ITERATION: 0},
+        events=[(820, "exception", {"exception.type": "ValueError"})],
+    )  # fmt: skip
+    b.span(0, S.EVALUATE_STEP, 850, 900, parent=ev, attrs={Attr.EVAL_ITERATION: 1})
+    for i, (s, e) in enumerate(((0, 120), (120, 240), (240, 370), (370, 570)), start=1):
+        b.span(1, S.TRAIN_STEP, s, e, attrs={Attr.ITERATION: i}, truncated=i == 4)
+    return b, r

@@ -1,0 +1,149 @@
+"""``mlaunch trace`` through the real CLI app: output shape, ``--json``, and clear exit-2 errors
+(file and line named, a fix given, no traceback) for every kind of bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from support.synthetic_traces import TraceBuilder, hand_example
+from typer.testing import CliRunner
+
+from mlaunch.model.spans import SpanName
+
+runner = CliRunner()
+
+
+def _invoke(*args: str | Path):
+    from mlaunch.cli import app
+
+    return runner.invoke(app, ["trace", *map(str, args)], env={"COLUMNS": "200"})
+
+
+def _user_error(result, *needles: str) -> str:
+    text = result.output
+    assert result.exit_code == 2, text
+    assert "Traceback" not in text
+    assert isinstance(result.exception, SystemExit)
+    for n in needles:
+        assert n in text, f"{n!r} not in {text!r}"
+    return text
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    return hand_example()[0].write_run_dir(tmp_path / "run")
+
+
+def test_summary_prints_tables_and_stragglers(run_dir: Path) -> None:
+    r = _invoke("summary", run_dir)
+    assert r.exit_code == 0, r.output
+    for text in (SpanName.TRAIN_STEP, SpanName.SAVE_CHECKPOINT_IO_WRITE, "stragglers: 1",
+                 "nemo.run.id=synthrun0001", "error spans: 1", "truncated spans: 1"):  # fmt: skip
+        assert text in r.output
+
+
+def test_summary_json_is_machine_readable(run_dir: Path) -> None:
+    r = _invoke("summary", run_dir, "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    step = next(s for s in d["spans"] if s["name"] == SpanName.TRAIN_STEP)
+    assert step["p95_ms"] == pytest.approx(175.5)
+    assert d["step_skew"]["stragglers"] == [1]
+
+
+def test_goodput_json_and_table(run_dir: Path) -> None:
+    r = _invoke("goodput", run_dir, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["ranks"][0]["goodput"] == pytest.approx(0.4)
+    r = _invoke("goodput", run_dir)
+    assert r.exit_code == 0 and "40.0%" in r.output
+
+
+def test_goodput_help_documents_the_definitions() -> None:
+    r = _invoke("goodput", "--help")
+    assert r.exit_code == 0
+    for word in ("wall", "productive", "restart", "unaccounted", "megatron.pretrain"):
+        assert word in r.output
+
+
+def test_export_writes_chrome_json(run_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "trace.json"
+    r = _invoke("export", run_dir, "--format", "chrome", "-o", out)
+    assert r.exit_code == 0, r.output
+    assert "21 spans, 2 ranks" in r.output
+    assert json.loads(out.read_text())["traceEvents"]
+
+
+def test_missing_path(tmp_path: Path) -> None:
+    _user_error(_invoke("summary", tmp_path / "nope"), "nope", "no such file", "fix:")
+
+
+def test_empty_directory(tmp_path: Path) -> None:
+    _user_error(_invoke("goodput", tmp_path), str(tmp_path), "no trace files", "fix:")
+
+
+def test_unrelated_json_file_names_file_and_line(tmp_path: Path) -> None:
+    f = tmp_path / "package.json"
+    f.write_text('{"name": "left-pad", "version": "1.3.0"}\n')
+    _user_error(_invoke("summary", f), f"{f}:1:", "not an OTLP/JSON ExportTraceServiceRequest")
+
+
+def test_binary_file(tmp_path: Path) -> None:
+    f = tmp_path / "model.pt"
+    f.write_bytes(b"\x80\x02\xff\xfe\x00garbage\n")
+    _user_error(_invoke("summary", f), f"{f}:1:", "not valid JSON")
+
+
+def test_wrong_json_in_the_middle_names_its_line(run_dir: Path) -> None:
+    f = run_dir / "telemetry" / "traces-rank1.jsonl"
+    lines = f.read_text().splitlines()
+    f.write_text("\n".join([lines[0], "{not json", *lines[1:]]) + "\n")
+    _user_error(_invoke("export", run_dir, "-o", run_dir / "t.json"), f"{f}:2:", "not valid JSON",
+                "--skip-invalid")  # fmt: skip
+    assert not (run_dir / "t.json").exists()
+
+
+def test_truncated_last_line_and_skip_invalid(run_dir: Path) -> None:
+    f = run_dir / "telemetry" / "traces-rank0.jsonl"
+    text = f.read_text()
+    f.write_text(text + text.splitlines()[0][:57])  # a writer killed mid-line
+    n = len(text.splitlines()) + 1
+    _user_error(_invoke("summary", run_dir), f"{f}:{n}:", "truncated last line")
+    r = _invoke("summary", run_dir, "--skip-invalid", "--json")
+    assert r.exit_code == 0
+    assert f"skipped {f}:{n}" in r.output
+
+
+def test_malformed_span_names_its_line(tmp_path: Path) -> None:
+    b = TraceBuilder()
+    b.span(0, SpanName.TRAIN_STEP, 0, 1)
+    line = json.loads(b.lines(0)[0])
+    del line["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["endTimeUnixNano"]
+    f = tmp_path / "t.jsonl"
+    f.write_text(b.lines(0)[0] + "\n" + json.dumps(line) + "\n")
+    for cmd in ("summary", "goodput"):
+        _user_error(_invoke(cmd, f), f"{f}:2:", "malformed span", "endTimeUnixNano")
+
+
+def test_metrics_file_is_not_a_trace(tmp_path: Path) -> None:
+    f = tmp_path / "metrics-rank0.jsonl"
+    f.write_text(json.dumps({"resourceMetrics": []}) + "\n")
+    _user_error(_invoke("summary", f), "no spans", "metrics only", "traces-rank")
+
+
+def test_empty_trace_file(tmp_path: Path) -> None:
+    tel = tmp_path / "telemetry"
+    tel.mkdir()
+    (tel / "traces-rank0.jsonl").write_text("")
+    _user_error(_invoke("summary", tmp_path), "no spans", "MEGATRON_OTEL_ENABLED")
+
+
+def test_export_to_a_directory(run_dir: Path) -> None:
+    _user_error(_invoke("export", run_dir, "-o", run_dir), "is a directory")
+
+
+def test_export_format_is_validated(run_dir: Path) -> None:
+    r = _invoke("export", run_dir, "--format", "svg", "-o", run_dir / "x")
+    assert r.exit_code == 2 and "Traceback" not in r.output
