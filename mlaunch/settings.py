@@ -143,7 +143,8 @@ DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
+    # Attribute docstrings become field descriptions: `mlaunch train --help` shows them.
+    model_config = ConfigDict(extra="forbid", validate_default=True, use_attribute_docstrings=True)
 
 
 class OtelSettings(_Section):
@@ -377,6 +378,9 @@ class LaunchSettings(_Section):
     """Launch this Python module instead of mlaunch's trainer."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where workers run; ``auto`` = CUDA when available."""
+    megatron_args: Bool = True
+    """For ``script``/``module``: pass the model/training/parallelism settings and Megatron-LM's
+    ``--otel-*`` flags as Megatron-LM arguments (false: only the environment and ``-- ARGS``)."""
 
     @field_validator("rdzv_endpoint")
     @classmethod
@@ -559,8 +563,20 @@ SECTIONS: dict[str, type[_Section]] = {
 }
 
 
+#: Flags spelled differently from their field: the OTLP base settings read as the variables do
+#: (``--otlp-endpoint`` for OTEL_EXPORTER_OTLP_ENDPOINT, not ``--otlp-base-endpoint``).
+_FLAG_OVERRIDES: dict[str, str] = {
+    "telemetry.otel.base_endpoint": "--otlp-endpoint",
+    "telemetry.otel.base_protocol": "--otlp-protocol",
+    "telemetry.otel.metrics_endpoint_override": "--otlp-metrics-endpoint",
+    "telemetry.otel.metrics_protocol_override": "--otlp-metrics-protocol",
+}
+
+
 def flag_name(path: str) -> str:
     """The command-line flag of a dotted settings path (Megatron-LM's names where they exist)."""
+    if path in _FLAG_OVERRIDES:
+        return _FLAG_OVERRIDES[path]
     section, _, field = path.partition(".")
     if section == "telemetry":
         if field.startswith("otel."):

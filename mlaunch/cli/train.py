@@ -1,12 +1,198 @@
-"""PLACEHOLDER: `mlaunch train`."""
+"""``mlaunch train``: parse, call the launcher, render. The logic lives in
+:mod:`mlaunch.launcher.plan` (what to do) and :mod:`mlaunch.launcher.run` (doing it).
+
+Every setting gets a flag, generated from the settings model so a new field is one edit in
+``settings.py``; flags are taken as text and converted by the settings layer, so a bad value is
+reported like every other problem (``--num-layers: ...``, exit 2) rather than by Click.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
 
 import typer
 
+from mlaunch.settings import SECTIONS, flag_name
+
+_PANELS = {
+    "launch": "Launch (torchrun)",
+    "telemetry": "Telemetry (MEGATRON_OTEL_*)",
+    "telemetry.otel": "OpenTelemetry (OTEL_*)",
+    "model": "Model",
+    "training": "Training",
+    "parallelism": "Parallelism",
+}
+
+
+def _fields(prefix: str, model: Any) -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for name, info in model.model_fields.items():
+        ann = info.annotation
+        if isinstance(ann, type) and hasattr(ann, "model_fields"):
+            out += _fields(f"{prefix}.{name}", ann)
+        else:
+            out.append((f"{prefix}.{name}", info))
+    return out
+
+
+def setting_paths() -> list[tuple[str, Any]]:
+    """Every settings path with its pydantic field, in section order."""
+    out: list[tuple[str, Any]] = []
+    for section, model in SECTIONS.items():
+        out += _fields(section, model)
+    return out
+
+
+def _leaf_types(ann: Any) -> list[Any]:
+    if typing.get_origin(ann) is typing.Annotated:
+        return _leaf_types(typing.get_args(ann)[0])
+    if typing.get_origin(ann) in (typing.Union, types.UnionType):
+        return [t for a in typing.get_args(ann) for t in _leaf_types(a) if t is not type(None)]
+    return [ann]
+
+
+def _metavar(ann: Any) -> tuple[bool, str]:
+    """(is a boolean flag, metavar) for a field annotation."""
+    leaves = _leaf_types(ann)
+    if bool in leaves:
+        return True, ""
+    leaf = leaves[0] if leaves else str
+    if typing.get_origin(leaf) is Literal:
+        return False, "[" + "|".join(map(str, typing.get_args(leaf))) + "]"
+    if typing.get_origin(leaf) is dict or leaf is dict:
+        return False, "K=V,..."
+    return False, {int: "INT", float: "FLOAT"}.get(leaf, "TEXT")
+
+
+def _param_name(path: str) -> str:
+    return "s__" + path.replace(".", "__")
+
+
+def _setting_parameters() -> list[inspect.Parameter]:
+    params = []
+    for path, info in setting_paths():
+        is_bool, metavar = _metavar(info.annotation)
+        flag = flag_name(path)
+        panel = _PANELS["telemetry.otel" if path.startswith("telemetry.otel.") else path.split(".")[0]]
+        help_text = (info.description or "").replace("\n", " ")
+        if is_bool:
+            option = typer.Option(
+                None, f"{flag}/--no-{flag.removeprefix('--')}", help=help_text,
+                rich_help_panel=panel, show_default=False,
+            )  # fmt: skip
+            ann: Any = bool | None
+        else:
+            option = typer.Option(
+                None, flag, help=help_text, metavar=metavar, rich_help_panel=panel,
+                show_default=False,
+            )  # fmt: skip
+            ann = str | None
+        params.append(
+            inspect.Parameter(
+                _param_name(path), inspect.Parameter.KEYWORD_ONLY, default=option, annotation=ann
+            )
+        )
+    return params
+
+
+def _command_parameters() -> list[inspect.Parameter]:
+    kw = inspect.Parameter.KEYWORD_ONLY
+    own = [
+        ("config", str | None, typer.Option(
+            None, "--config", metavar="FILE|NAME",
+            help="TOML config file, or the name of a shipped one (tiny, pp2, dp2pp2, profiling,"
+            " megatron, gpu8). Default: tiny.",
+        )),
+        ("dry_run", bool, typer.Option(
+            False, "--dry-run", help="Print the command and environment; start and create nothing.",
+        )),
+        ("print_env", bool, typer.Option(
+            False, "--print-env", help="Print the worker environment as `export K=V` lines and exit.",
+        )),
+        ("show_secrets", bool, typer.Option(
+            False, "--show-secrets",
+            help="Write/print secrets (OTEL_EXPORTER_OTLP_HEADERS) instead of redacting them.",
+        )),
+        ("args", list[str] | None, typer.Argument(
+            None, metavar="[-- ARGS]", help="Passed unchanged to the entry point.", show_default=False,
+        )),
+    ]  # fmt: skip
+    return [inspect.Parameter(name, kw, default=d, annotation=a) for name, a, d in own]
+
+
+def run_train(
+    *,
+    flags: dict[str, Any],
+    config: str | None,
+    passthrough: list[str],
+    dry_run: bool,
+    print_env: bool,
+    show_secrets: bool,
+) -> int:
+    """The command's work: plan, then print or launch. Returns the exit code."""
+    from rich.console import Console
+
+    from mlaunch.launcher import render
+    from mlaunch.launcher.plan import build_plan
+    from mlaunch.launcher.run import execute
+    from mlaunch.settings import SettingsError
+
+    try:
+        plan = build_plan(
+            flags=flags, config=config, passthrough=passthrough, environ=dict(os.environ),
+            cwd=Path.cwd(),
+        )  # fmt: skip
+    except SettingsError as exc:
+        for fld, message in exc.problems:
+            typer.echo(f"{fld}: {message}", err=True)  # one plain line each: never wrapped
+        return 2
+    if print_env:
+        typer.echo("\n".join(plan.env_lines(show_secrets)))
+        return 0
+    console = Console()
+    console.print(render.summary(plan))
+    if dry_run:
+        typer.echo(render.dry_run_text(plan, show_secrets))
+        return 0
+    display = (
+        render.BarDisplay(console, plan.settings.training.train_iters)
+        if console.is_terminal
+        else render.PlainDisplay(console)
+    )
+    try:
+        result = execute(plan, display, show_secrets=show_secrets)
+    except OSError as exc:
+        typer.echo(f"{flag_name('launch.run_dir')}: cannot create the run directory ({exc})", err=True)
+        return 2
+    finally:
+        display.close()
+    console.print(render.result_report(plan, result))
+    return result.exit_code
+
 
 def register(app: typer.Typer) -> None:
-    """Add the `train` command to the root app."""
+    """Add the ``train`` command to the root app."""
+    settings_params = _setting_parameters()
+    paths = {_param_name(path): path for path, _ in setting_paths()}
 
-    @app.command("train")
-    def _cmd() -> None:
-        """Not implemented yet."""
-        raise typer.Exit(1)
+    def train(**kwargs: Any) -> None:
+        """Validate, plan and launch a training run on torchrun (default: --config tiny, CPU,
+        telemetry on, traces written to the run directory)."""
+        flags = {paths[k]: v for k, v in kwargs.items() if k in paths}
+        code = run_train(
+            flags=flags,
+            config=kwargs["config"],
+            passthrough=list(kwargs.get("args") or []),
+            dry_run=kwargs["dry_run"],
+            print_env=kwargs["print_env"],
+            show_secrets=kwargs["show_secrets"],
+        )
+        raise typer.Exit(code)
+
+    train.__signature__ = inspect.Signature(_command_parameters() + settings_params)  # type: ignore[attr-defined]
+    app.command("train", context_settings={"help_option_names": ["-h", "--help"]})(train)

@@ -1,0 +1,1 @@
+"""Ready-made ``mlaunch train`` configs (``--config NAME``), shipped as package data."""

@@ -1,0 +1,591 @@
+"""The launch plan: validated settings -> everything ``mlaunch train`` will do, decided up front.
+
+:func:`build_plan` is pure apart from reading the config file (and the trainer's argument parser):
+it creates nothing, starts nothing and never imports torch. The run id is chosen here, once; the
+torchrun command line, the worker environment, the exporting ranks and the summary all derive from
+the one :class:`LaunchPlan`, so ``--dry-run`` shows exactly what a real launch would run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+import tomllib
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlaunch import envcontract as ec
+from mlaunch.model.spans import estimate_spans_per_iteration
+from mlaunch.model.strategies import exporting_ranks
+from mlaunch.settings import (
+    OTEL_ENV,
+    SECRET_ENV,
+    TELEMETRY_KEYS,
+    Settings,
+    SettingsError,
+    Source,
+    flag_name,
+    load_settings,
+    redact,
+)
+
+#: Where the shipped example configs live (package data; top-level ``configs`` links here).
+CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
+#: The config ``mlaunch train`` runs without ``--config``.
+DEFAULT_CONFIG = "tiny"
+#: The trainer's module (``python -m mlaunch.trainer``).
+TRAINER_MODULE = "mlaunch.trainer"
+#: Rendezvous port used under SLURM when MASTER_PORT is not set (torchrun's own default).
+SLURM_DEFAULT_PORT = 29500
+#: torchrun's log file for its own output (the agent's, not the workers').
+TORCHRUN_LOG = "torchrun.log"
+REDACTED = "<redacted>"
+
+#: Settings path -> the trainer's argument (Megatron-LM names). A bool path is a store_true flag.
+#: Paths missing here have no argument: see :data:`NOT_TRAINER_ARGS`.
+TRAINER_ARGS: dict[str, str] = {
+    "model.num_layers": "--num-layers",
+    "model.hidden_size": "--hidden-size",
+    "model.num_attention_heads": "--num-attention-heads",
+    "model.seq_length": "--seq-length",
+    "model.untie_embeddings": "--untie-embeddings",
+    "training.micro_batch_size": "--micro-batch-size",
+    "training.global_batch_size": "--global-batch-size",
+    "training.train_iters": "--train-iters",
+    "training.lr": "--lr",
+    "training.min_lr": "--min-lr",
+    "training.lr_warmup_iters": "--lr-warmup-iters",
+    "training.weight_decay": "--weight-decay",
+    "training.clip_grad": "--clip-grad",
+    "training.eval_interval": "--eval-interval",
+    "training.eval_iters": "--eval-iters",
+    "training.log_interval": "--log-interval",
+    "training.save": "--save",
+    "training.load": "--load",
+    "training.save_interval": "--save-interval",
+    "training.keep_last": "--keep-last",
+    "training.seed": "--seed",
+    "training.precision": "--bf16/--fp16",
+    "training.data_path": "--data-path",
+    "training.offload_activations": "--offload-activations",
+    "training.sample_tokens": "--sample-tokens",
+    "parallelism.tensor_model_parallel_size": "--tensor-model-parallel-size",
+    "parallelism.pipeline_model_parallel_size": "--pipeline-model-parallel-size",
+}
+#: Settings of the model/training/parallelism sections that are deliberately not passed.
+NOT_TRAINER_ARGS: dict[str, str] = {
+    "parallelism.data_parallel_size": "derived by the trainer from the world size; checked here",
+}
+#: mlaunch-only trainer arguments that Megatron-LM's pretrain_gpt.py would reject.
+MEGATRON_UNKNOWN: frozenset[str] = frozenset(
+    {"training.keep_last", "training.offload_activations", "training.sample_tokens"}
+)
+#: Where Megatron-LM spells an argument differently from mlaunch's trainer.
+MEGATRON_RENAMES: dict[str, str] = {
+    "model.untie_embeddings": "--untie-embeddings-and-output-weights",
+}
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything one ``mlaunch train`` invocation will do."""
+
+    settings: Settings
+    config: Path
+    """The config file the settings were read from."""
+    run_id: str
+    """Chosen once (RUN_ID setting, SLURM_JOB_ID, else fresh); shared by every rank."""
+    run_dir: Path
+    log_dir: Path
+    """torchrun's ``--log-dir`` (per node, so nodes sharing a run directory never collide)."""
+    argv: list[str]
+    """The full torchrun command line."""
+    worker_env: dict[str, str]
+    """What mlaunch sets for the workers (real secrets included: child process only)."""
+    removed_env: tuple[str, ...]
+    """Inherited variables dropped so workers see one truth (NEMO_LENS_*, stale aliases)."""
+    child_env: dict[str, str] = field(repr=False)
+    """The complete environment of the torchrun process."""
+    exporting_ranks: list[int]
+    spans_per_iteration: list[int]
+    """Estimated spans per iteration and exporting rank, per pipeline stage."""
+    slurm: bool = False
+
+    # ---- derived views -------------------------------------------------------------------
+
+    @property
+    def world_size(self) -> int:
+        """Total worker processes."""
+        return self.settings.world_size
+
+    @property
+    def traces_dir(self) -> Path:
+        """Where the file exporter writes (one file per exporting rank)."""
+        return self.run_dir / ec.TELEMETRY_DIR
+
+    @property
+    def progress_file(self) -> Path:
+        """The trainer's progress records."""
+        return self.run_dir / ec.PROGRESS_FILE
+
+    def shown_env(self, show_secrets: bool = False) -> dict[str, str]:
+        """:attr:`worker_env` as it may be displayed or written: secrets redacted unless asked."""
+        if show_secrets:
+            return dict(self.worker_env)
+        return {k: redact(k, v) for k, v in self.worker_env.items()}
+
+    def env_lines(self, show_secrets: bool = False) -> list[str]:
+        """``export K=V`` lines a shell can source; every value ``shlex.quote``d, so spaces,
+        quotes, ``$``, backticks and newlines survive. A redacted secret is a comment, so sourcing
+        the file never sets a header to the marker."""
+        lines = []
+        for name, value in self.shown_env(show_secrets).items():
+            if name in SECRET_ENV and not show_secrets and value:
+                lines.append(
+                    f"# export {name}={REDACTED}  (a secret; rerun with --show-secrets to include it)"
+                )
+            else:
+                lines.append(f"export {name}={shlex.quote(value)}")
+        return lines
+
+    def resolved_env_text(self, show_secrets: bool = False) -> str:
+        """The content of ``resolved.env``."""
+        head = [
+            f"# mlaunch: the worker environment of run {self.run_id}.",
+            "# Source it (`. resolved.env`) to run a worker by hand with the same configuration.",
+        ]
+        return "\n".join(head + self.env_lines(show_secrets)) + "\n"
+
+    def command_text(self) -> str:
+        """The torchrun command, shell-quoted (never holds a secret: those travel in the env)."""
+        return shlex.join(self.argv) + "\n"
+
+    def resolved_json(self, show_secrets: bool = False) -> dict[str, Any]:
+        """Every setting with its value and source, plus the run's decisions (secrets redacted)."""
+        return {
+            "run_id": self.run_id,
+            "run_dir": str(self.run_dir),
+            "config": str(self.config),
+            "world_size": self.world_size,
+            "exporting_ranks": self.exporting_ranks,
+            "spans_per_iteration": self.spans_per_iteration,
+            "command": self.argv,
+            "environment": self.shown_env(show_secrets),
+            "settings": settings_table(self.settings, show_secrets=show_secrets),
+        }
+
+    def resolved_json_text(self, show_secrets: bool = False) -> str:
+        """The content of ``resolved.json``."""
+        return json.dumps(self.resolved_json(show_secrets), indent=2, default=str) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# Settings views
+
+
+def _walk(prefix: str, value: Any) -> list[tuple[str, Any]]:
+    """Flatten the settings dump to dotted leaves; mappings that are values (headers, resource
+    attributes) stay whole."""
+    if isinstance(value, dict) and (prefix in ("", "telemetry.otel") or "." not in prefix):
+        out: list[tuple[str, Any]] = []
+        for key, sub in value.items():
+            out += _walk(f"{prefix}.{key}" if prefix else key, sub)
+        return out
+    return [(prefix, value)]
+
+
+def settings_table(settings: Settings, *, show_secrets: bool = False) -> dict[str, dict[str, Any]]:
+    """``{dotted path: {"value", "source"}}`` for every setting (secret header values redacted)."""
+    table: dict[str, dict[str, Any]] = {}
+    for path, value in _walk("", settings.model_dump()):
+        if path == "telemetry.otel.headers" and not show_secrets:
+            value = {k: REDACTED for k in value}
+        table[path] = {"value": value, "source": str(settings.source(path))}
+    return table
+
+
+# --------------------------------------------------------------------------------------------
+# Config files
+
+
+def shipped_configs() -> list[str]:
+    """The names of the shipped configs (``--config NAME``)."""
+    return sorted(p.stem for p in CONFIGS_DIR.glob("*.toml"))
+
+
+def resolve_config(value: str | None, cwd: Path) -> Path:
+    """The config file for ``--config VALUE``: a path, else a shipped config's name.
+
+    A bare name (no directory part) that is not a file in ``cwd`` names a shipped config, with or
+    without ``.toml``. Raises :class:`SettingsError` naming ``--config``.
+    """
+    name = DEFAULT_CONFIG if value is None else value
+    given = Path(name).expanduser()
+    path = given if given.is_absolute() else cwd / given
+    if path.is_file():
+        return path
+    if len(given.parts) == 1:
+        shipped = CONFIGS_DIR / (name if name.endswith(".toml") else f"{name}.toml")
+        if shipped.is_file():
+            return shipped
+    raise SettingsError(
+        [
+            (
+                "--config",
+                f"no config file {name!r} and no shipped config of that name;"
+                f" shipped: {', '.join(shipped_configs())}",
+            )
+        ]
+    )
+
+
+def _config_launch_keys(path: Path) -> set[str]:
+    """The ``[launch]`` keys a config file sets (unreadable files: none; load_settings reports)."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return set()
+    launch = data.get("launch")
+    return set(launch) if isinstance(launch, dict) else set()
+
+
+# --------------------------------------------------------------------------------------------
+# SLURM
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Expand a SLURM host list such as ``node[01-04,07],gpu7`` (no ``scontrol`` needed).
+
+    Ranges keep their zero padding; several bracket groups in one name expand as a product.
+    """
+    items: list[str] = []
+    depth, start = 0, 0
+    for i, ch in enumerate(nodelist):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append(nodelist[start:i])
+            start = i + 1
+    items.append(nodelist[start:])
+    hosts: list[str] = []
+    for item in (s.strip() for s in items):
+        if item:
+            hosts += _expand_one(item)
+    return hosts
+
+
+def _expand_one(name: str) -> list[str]:
+    match = re.search(r"\[([^\]]*)\]", name)
+    if not match:
+        return [name]
+    head, tail = name[: match.start()], name[match.end() :]
+    values: list[str] = []
+    for part in match.group(1).split(","):
+        part = part.strip()
+        lo, sep, hi = part.partition("-")
+        if sep and lo.isdigit() and hi.isdigit():
+            width = len(lo)
+            values += [str(n).zfill(width) for n in range(int(lo), int(hi) + 1)]
+        elif part:
+            values.append(part)
+    return [head + v + rest for v in values for rest in _expand_one(tail)]
+
+
+def slurm_launch_values(environ: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
+    """Launch settings SLURM determines: ``{path: (value, variable)}`` (empty outside SLURM)."""
+    job = environ.get("SLURM_JOB_ID", "").strip()
+    if not job:
+        return {}
+    out: dict[str, tuple[Any, str]] = {"launch.rdzv_id": (job, "SLURM_JOB_ID")}
+    for var in ("SLURM_NNODES", "SLURM_JOB_NUM_NODES"):
+        if environ.get(var, "").strip():
+            out["launch.nnodes"] = (environ[var].strip(), var)
+            break
+    if environ.get("SLURM_NODEID", "").strip():
+        out["launch.node_rank"] = (environ["SLURM_NODEID"].strip(), "SLURM_NODEID")
+    for var in ("SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        hosts = expand_nodelist(environ.get(var, ""))
+        if hosts:
+            port = environ.get("MASTER_PORT", "").strip() or str(SLURM_DEFAULT_PORT)
+            out["launch.rdzv_endpoint"] = (f"{hosts[0]}:{port}", var)
+            break
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Worker environment
+
+
+def _env_value(value: Any) -> str:
+    """A setting as the variable text a worker parses back to the same value."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        q = urllib.parse.quote
+        return ",".join(f"{q(str(k), safe='')}={q(str(v), safe='')}" for k, v in value.items())
+    return str(value)
+
+
+def _worker_env(
+    settings: Settings, run_id: str, run_dir: Path, environ: Mapping[str, str]
+) -> dict[str, str]:
+    t = settings.telemetry
+    env: dict[str, str] = {}
+    for key, fld in TELEMETRY_KEYS.items():
+        value = run_id if fld == "run_id" else getattr(t, fld)
+        env[ec.PRIMARY_PREFIX + key] = _env_value(value)
+    env[ec.RUN_DIR] = str(run_dir)
+    env["OTEL_SERVICE_NAME"] = t.service_name
+    for var, (section, fld) in OTEL_ENV.items():
+        if var == "OTEL_SERVICE_NAME":
+            continue
+        path = f"{section}.{fld}"
+        source = settings.source(path)
+        if source.kind == "env":
+            env[var] = environ[var]  # as given: the worker parses the same text
+        elif source.kind in ("flag", "file"):
+            obj: Any = t.otel if section == "telemetry.otel" else t
+            env[var] = _env_value(getattr(obj, fld))
+    for var in sorted(environ):
+        # Other standard variables (per-signal headers, SDK knobs) travel as given.
+        if var.startswith("OTEL_") and var not in env and environ[var].strip():
+            env[var] = environ[var]
+    if settings.launch.device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the only way to keep a CUDA-capable worker on CPU
+    return env
+
+
+# --------------------------------------------------------------------------------------------
+# Worker command line
+
+
+def _arg_value(path: str, value: Any) -> list[str]:
+    flag = TRAINER_ARGS[path]
+    if path == "training.precision":
+        return [] if value == "fp32" else [f"--{value}"]
+    if isinstance(value, bool):
+        return [flag] if value else []
+    if value is None:
+        return []
+    return [flag, str(value)]
+
+
+def trainer_args(settings: Settings, run_dir: Path, *, megatron: bool = False) -> list[str]:
+    """The model/training/parallelism settings as trainer arguments (Megatron-LM names).
+
+    ``megatron`` leaves out mlaunch-only arguments and uses Megatron-LM's spellings, for
+    ``--script pretrain_gpt.py``.
+    """
+    t = settings.training
+    values: dict[str, Any] = {}
+    for path in TRAINER_ARGS:
+        section, _, fld = path.partition(".")
+        values[path] = getattr(getattr(settings, section), fld)
+    # The settings' conventions, spelled the way the trainer's parser wants them:
+    # save_interval 0 = "only at the end" (omit); with an interval and no directory, save under
+    # the run directory; eval_interval 0 = "never" (the trainer wants >= 1: no eval batches).
+    if t.save_interval == 0:
+        values["training.save_interval"] = None
+    elif t.save is None:
+        values["training.save"] = str(run_dir / ec.CHECKPOINTS_DIR)
+    if t.load is None and values["training.save"] is not None:
+        # Resume from the save directory when it already holds something (SPEC: --load default).
+        save = Path(values["training.save"])
+        if save.is_dir() and any(save.iterdir()):
+            values["training.load"] = str(save)
+    if t.eval_interval == 0:
+        values["training.eval_interval"] = None
+        values["training.eval_iters"] = 0
+    args: list[str] = []
+    for path, value in values.items():
+        if megatron and path in MEGATRON_UNKNOWN:
+            continue
+        part = _arg_value(path, value)
+        if megatron and part and path in MEGATRON_RENAMES:
+            part[0] = MEGATRON_RENAMES[path]
+        args += part
+    return args
+
+
+def otel_flags(settings: Settings) -> list[str]:
+    """Megatron-LM's own ``--otel-*`` flags (for ``--script``/``--module`` targets)."""
+    t = settings.telemetry
+    flags = ["--otel-enabled"] if t.enabled else []
+    return flags + ["--otel-service-name", t.service_name, "--otel-span-groups", t.span_groups]
+
+
+def _check_trainer_args(args: Sequence[str], world_size: int) -> list[tuple[str, str]]:
+    """Run the trainer's own parser and checks here, so a bad pass-through argument fails before
+    any process starts (the parser is standard library only)."""
+    try:
+        from mlaunch.trainer.args import build_parser, validate
+    except ImportError:  # the trainer is optional for --script runs; checked again in workers
+        return []
+    parser = build_parser()
+
+    class _Bad(Exception):
+        pass
+
+    def _error(message: str) -> None:
+        raise _Bad(message)
+
+    parser.error = _error  # type: ignore[method-assign]  # argparse would print usage and exit
+    try:
+        ns = parser.parse_args(list(args))
+    except _Bad as exc:
+        return [("-- ARGS", f"the trainer rejects its arguments: {exc}")]
+    return [(arg, msg) for arg, msg in validate(ns, world_size)]
+
+
+def torchrun_argv(
+    settings: Settings, run_id: str, log_dir: Path, entry: list[str]
+) -> list[str]:
+    """``python -m torch.distributed.run`` with the launch settings under torchrun's names."""
+    launch = settings.launch
+    argv = [sys.executable, "-m", "torch.distributed.run"]
+    if launch.nnodes == 1 and launch.rdzv_endpoint is None:
+        # torchrun binds the c10d store to a free port itself: two runs on one machine never
+        # collide, and there is no pick-then-bind race as with a port chosen here.
+        argv += ["--standalone", "--nnodes", "1", "--nproc-per-node", str(launch.nproc_per_node)]
+    else:
+        argv += [
+            "--nnodes", str(launch.nnodes),
+            "--nproc-per-node", str(launch.nproc_per_node),
+            "--node-rank", str(launch.node_rank),
+            "--rdzv-backend", launch.rdzv_backend,
+            "--rdzv-endpoint", str(launch.rdzv_endpoint),
+            "--rdzv-id", launch.rdzv_id or run_id,
+        ]  # fmt: skip
+    argv += ["--max-restarts", str(launch.max_restarts)]
+    # Per-rank stdout/stderr files (and torchelastic error files) under the run directory.
+    argv += ["--log-dir", str(log_dir), "--redirects", "3"]
+    return argv + entry
+
+
+# --------------------------------------------------------------------------------------------
+# The plan
+
+
+def build_plan(
+    *,
+    flags: Mapping[str, Any],
+    config: str | None = None,
+    passthrough: Sequence[str] = (),
+    environ: Mapping[str, str],
+    cwd: Path,
+) -> LaunchPlan:
+    """Validate every input and decide the whole launch. Raises :class:`SettingsError` listing
+    every problem (the caller prints them and exits 2; nothing has been created)."""
+    config_path = resolve_config(config, cwd)
+    flags = dict(flags)
+    slurm = slurm_launch_values(environ)
+    given_in_file = {f"launch.{k}" for k in _config_launch_keys(config_path)}
+    from_slurm: dict[str, str] = {}
+    for path, (value, var) in slurm.items():
+        if flags.get(path) is None and path not in given_in_file:
+            flags[path] = value
+            from_slurm[path] = var
+    settings = load_settings(flags=flags, environ=environ, config=config_path)
+    for path, var in from_slurm.items():
+        # Provenance: these came from SLURM's variables, not from a flag.
+        settings._sources[path] = Source("env", var)
+
+    launch, t = settings.launch, settings.telemetry
+    problems: list[tuple[str, str]] = []
+    run_id = _choose_run_id(settings, environ, problems)
+    if launch.nnodes > 1 and launch.rdzv_endpoint is None:
+        problems.append(
+            (flag_name("launch.rdzv_endpoint"), "required when --nnodes > 1 (host:port of node 0)")
+        )
+    run_dir = Path(launch.run_dir).expanduser() if launch.run_dir else ec.default_run_dir(run_id, cwd)
+    if not run_dir.is_absolute():
+        run_dir = cwd / run_dir
+    if run_dir.exists() and not run_dir.is_dir():
+        problems.append((flag_name("launch.run_dir"), f"{str(run_dir)!r} exists and is not a directory"))
+    log_dir = run_dir / ec.LOGS_DIR / f"node{launch.node_rank}"
+
+    if settings.uses_builtin_trainer:
+        targs = trainer_args(settings, run_dir)
+        problems += _check_trainer_args([*targs, *passthrough], settings.world_size)
+        entry = ["-m", TRAINER_MODULE, *targs, *passthrough]
+    else:
+        target = ["-m", launch.module] if launch.module else [str(Path(launch.script).resolve())]
+        extra = trainer_args(settings, run_dir, megatron=True) + otel_flags(settings) if launch.megatron_args else []
+        entry = [*target, *extra, *passthrough]
+    if problems:
+        raise SettingsError(problems)
+
+    worker_env = _worker_env(settings, run_id, run_dir, environ)
+    removed = tuple(
+        sorted(
+            k
+            for k in environ
+            if (k.startswith(ec.FALLBACK_PREFIX) or k.startswith(ec.PRIMARY_PREFIX))
+            and k not in worker_env
+        )
+    )
+    child_env = {k: v for k, v in environ.items() if k not in removed}
+    child_env.update(worker_env)
+
+    p = settings.parallelism
+    ranks: list[int] = []
+    spans: list[int] = []
+    if t.enabled and not t.otel.sdk_disabled:
+        ranks = exporting_ranks(
+            t.export_strategy,
+            settings.world_size,
+            nproc_per_node=launch.nproc_per_node,
+            export_rank=t.export_rank,
+            sample_rate=t.export_sample_rate,
+        )
+        spans = estimate_spans_per_iteration(
+            t.groups,
+            microbatches=settings.num_microbatches,
+            layers=settings.model.num_layers,
+            pp=p.pipeline_model_parallel_size,
+            dp=settings.data_parallel_size,
+            offload=settings.training.offload_activations,
+        )
+    return LaunchPlan(
+        settings=settings,
+        config=config_path,
+        run_id=run_id,
+        run_dir=run_dir,
+        log_dir=log_dir,
+        argv=torchrun_argv(settings, run_id, log_dir, entry),
+        worker_env=worker_env,
+        removed_env=removed,
+        child_env=child_env,
+        exporting_ranks=ranks,
+        spans_per_iteration=spans,
+        slurm=bool(slurm),
+    )
+
+
+def _choose_run_id(
+    settings: Settings, environ: Mapping[str, str], problems: list[tuple[str, str]]
+) -> str:
+    """SPEC section 3's order, made safe for multi-node: every node must reach the same id, so
+    without RUN_ID or SLURM a multi-node run takes the rendezvous id (which all nodes share)."""
+    from mlaunch.settings import choose_run_id
+
+    t, launch = settings.telemetry, settings.launch
+    if t.run_id or environ.get("SLURM_JOB_ID", "").strip() or launch.nnodes == 1:
+        return choose_run_id(t, environ)
+    if launch.rdzv_id and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", launch.rdzv_id):
+        return launch.rdzv_id
+    problems.append(
+        (
+            flag_name("launch.rdzv_id"),
+            "a multi-node run needs one run id on every node: give --rdzv-id (letters, digits,"
+            " '.', '_', '-') or --otel-run-id",
+        )
+    )
+    return "invalid"

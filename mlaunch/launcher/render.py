@@ -1,0 +1,276 @@
+"""Rich views of a launch: the pre-launch summary, the live progress and the end-of-run report.
+
+The span tree comes from :mod:`mlaunch.cli.render`, the same one ``mlaunch groups resolve``
+draws, so both always agree.
+"""
+
+from __future__ import annotations
+
+import shlex
+import signal
+import statistics
+from typing import Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from mlaunch import envcontract as ec
+from mlaunch.cli.render import span_tree
+from mlaunch.launcher.plan import LaunchPlan
+from mlaunch.launcher.run import RunResult
+from mlaunch.model.spec import format_groups
+
+# --------------------------------------------------------------------------------------------
+# Before launch
+
+
+def _ranks_text(ranks: list[int], world: int) -> str:
+    if not ranks:
+        return "none"
+    if ranks == list(range(world)):
+        return f"all {world} ({', '.join(map(str, ranks))})" if world <= 16 else f"all {world}"
+    return ", ".join(map(str, ranks)) + f"  ({len(ranks)} of {world})"
+
+
+def _sampler_text(plan: LaunchPlan) -> str:
+    t = plan.settings.telemetry
+    name = t.otel.traces_sampler or "parentbased_always_on"
+    trace = name + (f" (ratio {t.otel.traces_sampler_arg})" if t.otel.traces_sampler_arg is not None else "")
+    if t.sampler_enabled:
+        return f"trace: {trace}; rank-aware: on, keeps ranks under rate {t.export_sample_rate} (composed)"
+    return f"trace: {trace}; rank-aware: off"
+
+
+def _exporter_text(plan: LaunchPlan) -> str:
+    t = plan.settings.telemetry
+    if t.exporter == "file":
+        return f"file -> {plan.traces_dir}/traces-rank{{R}}.jsonl"
+    if t.exporter == "otlp":
+        return f"otlp ({t.otel.protocol}) -> {t.otel.endpoint}"
+    if t.exporter == "console":
+        return "console -> each exporting rank's stdout log"
+    return "none (decisions made, nothing exported)"
+
+
+def summary(plan: LaunchPlan) -> Group:
+    """Configuration, world layout, exporting ranks, samplers, exporter, span tree, estimate."""
+    s = plan.settings
+    launch, t, p = s.launch, s.telemetry, s.parallelism
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("run id", plan.run_id)
+    table.add_row("run dir", str(plan.run_dir))
+    table.add_row("config", str(plan.config))
+    target = launch.script or (f"-m {launch.module}" if launch.module else "mlaunch trainer")
+    table.add_row("entry point", target)
+    table.add_row(
+        "model",
+        f"{s.model.num_layers} layers, hidden {s.model.hidden_size}, {s.model.num_attention_heads}"
+        f" heads, seq {s.model.seq_length}",
+    )
+    tr = s.training
+    table.add_row(
+        "training",
+        f"{tr.train_iters} iterations, global batch {tr.global_batch_size} (micro"
+        f" {tr.micro_batch_size} x {s.num_microbatches} microbatches x DP {s.data_parallel_size}),"
+        f" lr {tr.lr}, {tr.precision}",
+    )
+    table.add_row(
+        "world",
+        f"{launch.nnodes} node(s) x {launch.nproc_per_node} processes = {s.world_size} ranks;"
+        f" tensor {p.tensor_model_parallel_size} x pipeline {p.pipeline_model_parallel_size}"
+        f" x data {s.data_parallel_size}; device {launch.device}",
+    )
+    if launch.nnodes > 1 or launch.rdzv_endpoint:
+        where = " (from SLURM)" if plan.slurm else ""
+        table.add_row(
+            "rendezvous",
+            f"node rank {launch.node_rank}, {launch.rdzv_backend} at {launch.rdzv_endpoint},"
+            f" id {launch.rdzv_id or plan.run_id}{where}",
+        )
+    else:
+        table.add_row("rendezvous", "standalone (torchrun picks a free local port)")
+    parts: list[Any] = [table]
+    if not t.enabled:
+        table.add_row("telemetry", "off (--otel-enabled to turn it on)")
+        return Group(Panel(Group(*parts), title="mlaunch train"))
+    table.add_row("telemetry", f"on, span groups {t.span_groups!r} = {format_groups(t.groups) or '(none)'}")
+    table.add_row("export strategy", t.export_strategy + (f" (rank {t.export_rank})" if t.export_strategy == "single_rank" else ""))
+    table.add_row("exporting ranks", _ranks_text(plan.exporting_ranks, s.world_size))
+    table.add_row("samplers", _sampler_text(plan))
+    table.add_row("exporter", _exporter_text(plan))
+    table.add_row("service", f"{t.service_name}  (run id {plan.run_id})")
+    if plan.spans_per_iteration:
+        per = plan.spans_per_iteration
+        est = (
+            f"~{per[0]} per iteration per exporting rank"
+            if len(per) == 1
+            else f"~{max(per)} per iteration per exporting rank at most ("
+            + ", ".join(f"stage {i}: {n}" for i, n in enumerate(per))
+            + ")"
+        )
+        table.add_row("spans", est)
+    parts.append(span_tree(t.groups, title="active span tree"))
+    return Group(Panel(Group(*parts), title="mlaunch train"))
+
+
+def dry_run_text(plan: LaunchPlan, show_secrets: bool = False) -> str:
+    """What ``--dry-run`` prints: the command and the environment, pasteable."""
+    lines = ["# command", shlex.join(plan.argv), "", "# environment (set by mlaunch)"]
+    lines += plan.env_lines(show_secrets)
+    if plan.removed_env:
+        lines += ["", "# removed from the inherited environment (one truth for workers)"]
+        lines += [f"unset {name}" for name in plan.removed_env]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# While running
+
+
+def _fmt(record: dict[str, Any], key: str, spec: str) -> str:
+    value = record.get(key)
+    return format(value, spec) if isinstance(value, int | float) else "-"
+
+
+class PlainDisplay:
+    """One line per progress record (stdout is not a terminal: CI logs, files, pipes)."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    def record(self, record: dict[str, Any]) -> None:
+        """Print one record."""
+        if "eval_loss" in record:
+            self.console.print(
+                f"eval at iteration {record.get('iteration')}: loss {_fmt(record, 'eval_loss', '.4f')}",
+                highlight=False,
+            )
+            return
+        self.console.print(
+            f"iteration {record.get('iteration')}/{record.get('train_iters')}"
+            f" | loss {_fmt(record, 'loss', '.4f')} | lr {_fmt(record, 'lr', '.2e')}"
+            f" | grad norm {_fmt(record, 'grad_norm', '.3f')}"
+            f" | {_fmt(record, 'tokens_per_sec', ',.0f')} tokens/s"
+            f" | {_fmt(record, 'step_ms', '.1f')} ms/step"
+            + (" | skipped" if record.get("skipped") else ""),
+            highlight=False,
+        )
+
+    def interrupted(self, signum: int) -> None:
+        """Say that a signal was forwarded."""
+        self.console.print(
+            f"{signal.Signals(signum).name}: asking the workers to finish the iteration,"
+            " save and flush telemetry", highlight=False,
+        )
+
+    def close(self) -> None:
+        """Nothing to tear down."""
+
+
+class BarDisplay(PlainDisplay):
+    """A Rich progress bar: iteration/total, loss, tokens/s, elapsed and ETA."""
+
+    def __init__(self, console: Console, total: int) -> None:
+        super().__init__(console)
+        self.progress = Progress(
+            TextColumn("[bold]train[/]"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"),
+            TextColumn("{task.fields[tps]} tok/s"),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
+        )
+        self.task = self.progress.add_task("train", total=total, loss="-", tps="-")
+        self.progress.start()
+
+    def record(self, record: dict[str, Any]) -> None:
+        """Advance the bar (evaluation results are printed above it)."""
+        if "eval_loss" in record:
+            super().record(record)
+            return
+        self.progress.update(
+            self.task,
+            completed=int(record.get("iteration", 0)),
+            total=int(record.get("train_iters") or self.progress.tasks[0].total or 0),
+            loss=_fmt(record, "loss", ".4f"),
+            tps=_fmt(record, "tokens_per_sec", ",.0f"),
+        )
+
+    def close(self) -> None:
+        """Stop redrawing."""
+        self.progress.stop()
+
+
+# --------------------------------------------------------------------------------------------
+# After the run
+
+
+def result_report(plan: LaunchPlan, result: RunResult) -> Group:
+    """Failures (which rank, which node, the exception, the log's last lines), the run's
+    numbers and where its traces are."""
+    parts: list[Any] = []
+    for f in result.failures:
+        who = f"rank {f.rank}" if f.rank is not None else f"local rank {f.local_rank}"
+        where = []
+        if f.node is not None:
+            where.append(f"node {f.node}")
+        if f.local_rank is not None and f.rank is not None:
+            where.append(f"local rank {f.local_rank}")
+        head = f"[bold red]{who}[/]" + (f" ({', '.join(where)})" if where else "") + " failed"
+        body = [f"{f.exc_type}: {f.message}"]
+        if f.log_path is not None and f.log_tail:
+            body += ["", f"last lines of {f.log_path}:", *f.log_tail]
+        elif f.log_path is None:
+            body += ["", "(its log is on the node that ran it)"]
+        parts.append(Panel("\n".join(body), title=head, border_style="red", expand=True))
+    if result.exit_code != 0 and not result.failures and result.interrupted is None:
+        lines = result.torchrun_tail or ["(no output)"]
+        parts.append(
+            Panel(
+                "\n".join(lines),
+                title=f"[bold red]torchrun exited with {result.exit_code}[/]; its log:",
+                border_style="red",
+            )
+        )
+    train = result.train_records
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    status = "ok" if result.exit_code == 0 else f"exit code {result.exit_code}"
+    if result.interrupted is not None:
+        status += f" (after {signal.Signals(result.interrupted).name})"
+    table.add_row("status", status)
+    if train:
+        last = train[-1]
+        table.add_row("iterations", f"{last.get('iteration')}/{last.get('train_iters')}")
+        table.add_row("final loss", _fmt(last, "loss", ".4f"))
+        tps = [r["tokens_per_sec"] for r in train if isinstance(r.get("tokens_per_sec"), int | float)]
+        if tps:
+            table.add_row("tokens/s", f"{statistics.mean(tps):,.0f} (mean of {len(tps)} records)")
+    table.add_row("wall time", f"{result.wall_s:.1f} s")
+    table.add_row("run dir", str(plan.run_dir))
+    table.add_row("logs", str(plan.log_dir))
+    t = plan.settings.telemetry
+    if t.enabled and t.exporter == "file":
+        files = sorted((plan.run_dir / ec.TELEMETRY_DIR).glob("traces-rank*.jsonl"))
+        table.add_row("traces", f"{plan.traces_dir}  ({len(files)} file(s))")
+        table.add_row("read them", f"mlaunch trace summary {shlex.quote(str(plan.run_dir))}")
+    elif t.enabled and t.exporter == "otlp":
+        table.add_row("traces", f"sent to {t.otel.endpoint} (run id {plan.run_id})")
+    parts.append(Panel(table, title="run", border_style="green" if result.exit_code == 0 else "red"))
+    return Group(*parts)

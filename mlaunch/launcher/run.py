@@ -1,0 +1,304 @@
+"""Running a :class:`~mlaunch.launcher.plan.LaunchPlan`: the side effects of ``mlaunch train``.
+
+Creates the run directory and its files, starts torchrun in its own process group, follows the
+trainer's progress records, forwards Ctrl-C/SIGTERM, and on failure finds which rank failed and
+why. Still no torch import here: torchrun is a subprocess.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+from mlaunch import envcontract as ec
+from mlaunch.launcher.plan import TORCHRUN_LOG, LaunchPlan
+
+#: Lines of a failed rank's log shown in the failure report.
+LOG_TAIL_LINES = 15
+#: How often the follower looks at the progress file and the torchrun process.
+POLL_S = 0.2
+
+
+class Process(Protocol):
+    """What the follower needs of the torchrun process (tests substitute a fake)."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+
+# --------------------------------------------------------------------------------------------
+# The run directory
+
+
+def _write_private(path: Path, text: str, mode: int = 0o600) -> None:
+    """Write ``text`` to a file that has ``mode`` from its creation (never briefly readable by
+    others, as a chmod after writing would allow)."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # O_EXCL below: a stale file's wider mode must not be inherited
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+
+
+def create_run_dir(plan: LaunchPlan, *, show_secrets: bool = False) -> None:
+    """Create the run directory with ``resolved.env`` (0600), ``resolved.json`` and
+    ``command.txt``. Several nodes may share one run directory: each writes the same files."""
+    plan.log_dir.mkdir(parents=True, exist_ok=True)
+    (plan.run_dir / ec.TELEMETRY_DIR).mkdir(exist_ok=True)
+    _write_private(plan.run_dir / ec.RESOLVED_ENV_FILE, plan.resolved_env_text(show_secrets))
+    _write_private(plan.run_dir / ec.RESOLVED_JSON_FILE, plan.resolved_json_text(show_secrets))
+    _write_private(plan.run_dir / ec.COMMAND_FILE, plan.command_text(), 0o644)
+
+
+def torchrun_log(plan: LaunchPlan) -> Path:
+    """torchrun's own output (agent messages), kept out of the terminal."""
+    return plan.log_dir / TORCHRUN_LOG
+
+
+def spawn(argv: list[str], env: dict[str, str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """Start torchrun in a new session, so its process group can be signalled as one and a
+    terminal's Ctrl-C reaches the launcher first (which forwards it deliberately)."""
+    return subprocess.Popen(
+        argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# Progress records
+
+
+class ProgressTail:
+    """Reads complete new lines of ``progress.jsonl`` as the trainer appends them."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        # Records of an earlier run in the same directory (a resume) are not this run's.
+        self.offset = path.stat().st_size if path.exists() else 0
+        self._partial = b""
+
+    def read(self) -> list[dict[str, Any]]:
+        """New records since the last call (a half-written last line waits for the next)."""
+        try:
+            with self.path.open("rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(data)
+        data = self._partial + data
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        out = []
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict):
+                    out.append(record)
+        return out
+
+
+# --------------------------------------------------------------------------------------------
+# Failures
+
+
+@dataclass
+class RankFailure:
+    """One failed worker, as far as its error files and logs tell."""
+
+    rank: int | None
+    local_rank: int | None
+    node: int | None
+    exc_type: str
+    message: str
+    log_path: Path | None = None
+    log_tail: list[str] = field(default_factory=list)
+
+
+def _tail(path: Path, n: int = LOG_TAIL_LINES) -> list[str]:
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    return lines[-n:]
+
+
+def _local_rank_dirs(plan: LaunchPlan, since: float) -> dict[int, Path]:
+    """This node's per-local-rank log folders of the latest torchrun attempt of this launch."""
+    attempts = [
+        p
+        for p in plan.log_dir.glob("*/attempt_*")
+        if p.is_dir() and p.stat().st_mtime >= since - 1
+    ]
+    if not attempts:
+        return {}
+    latest = max(attempts, key=lambda p: (int(p.name.removeprefix("attempt_")), p.stat().st_mtime))
+    return {int(p.name): p for p in latest.iterdir() if p.is_dir() and p.name.isdigit()}
+
+
+def _rank_log(folder: Path | None) -> tuple[Path | None, list[str]]:
+    if folder is None:
+        return None, []
+    for name in ("stderr.log", "stdout.log"):
+        tail = _tail(folder / name)
+        if tail:
+            return folder / name, tail
+    return folder / "stderr.log", []
+
+
+def _torchelastic_error(path: Path) -> tuple[str, str]:
+    """(type, message) from a torchelastic ``error.json`` written by ``@record``."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "error", "unreadable error file"
+    msg = data.get("message", data)
+    if isinstance(msg, dict):
+        msg = msg.get("message", "")
+    text = str(msg).strip()
+    exc_type, sep, rest = text.partition(": ")
+    return (exc_type, rest) if sep and " " not in exc_type else ("error", text)
+
+
+def collect_failures(plan: LaunchPlan, since: float) -> list[RankFailure]:
+    """Which ranks failed and why: the trainer's ``error-rank{R}.json`` first (it knows the
+    global rank), then torchelastic's per-local-rank error files, then any rank whose log
+    ends in a traceback. Only files written since ``since`` (this launch) count."""
+    nproc = plan.settings.launch.nproc_per_node
+    local_dirs = _local_rank_dirs(plan, since)
+    failures: list[RankFailure] = []
+    seen_local: set[int] = set()
+    for path in sorted(plan.run_dir.glob("error-rank*.json")):
+        try:
+            if path.stat().st_mtime < since - 1:
+                continue
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        rank = int(data.get("rank", path.stem.removeprefix("error-rank")))
+        local = rank % nproc
+        folder = local_dirs.get(local)
+        here = folder is not None and (folder / "error.json").exists()
+        log_path, tail = _rank_log(folder if here else None)
+        if here:
+            seen_local.add(local)
+        failures.append(
+            RankFailure(
+                rank, local, rank // nproc, str(data.get("type", "error")),
+                str(data.get("message", "")), log_path, tail,
+            )
+        )  # fmt: skip
+    for local, folder in sorted(local_dirs.items()):
+        if local in seen_local or not (folder / "error.json").exists():
+            continue
+        exc_type, message = _torchelastic_error(folder / "error.json")
+        log_path, tail = _rank_log(folder)
+        rank = plan.settings.launch.node_rank * nproc + local if plan.settings.launch.nnodes == 1 else None
+        node = plan.settings.launch.node_rank if plan.settings.launch.nnodes == 1 else None
+        failures.append(RankFailure(rank, local, node, exc_type, message, log_path, tail))
+    if not failures:
+        # No error file (killed by a signal, a script without @record): any log with a traceback.
+        for local, folder in sorted(local_dirs.items()):
+            log_path, tail = _rank_log(folder)
+            if any("Traceback" in line or "Error" in line for line in tail):
+                exc_type, _, message = (tail[-1] if tail else "").partition(": ")
+                failures.append(
+                    RankFailure(None, local, None, exc_type or "error", message, log_path, tail)
+                )
+    return failures
+
+
+# --------------------------------------------------------------------------------------------
+# Running
+
+
+@dataclass
+class RunResult:
+    """How a launch ended."""
+
+    exit_code: int
+    wall_s: float
+    records: list[dict[str, Any]]
+    """Every progress record this launch saw (training and eval)."""
+    interrupted: int | None = None
+    """The signal forwarded to the job, if any."""
+    failures: list[RankFailure] = field(default_factory=list)
+    torchrun_tail: list[str] = field(default_factory=list)
+
+    @property
+    def train_records(self) -> list[dict[str, Any]]:
+        """The training records (not evaluation ones)."""
+        return [r for r in self.records if "loss" in r and "eval_loss" not in r]
+
+
+class Display(Protocol):
+    """What the follower reports progress to (a Rich bar, plain lines, or nothing)."""
+
+    def record(self, record: dict[str, Any]) -> None: ...
+
+    def interrupted(self, signum: int) -> None: ...
+
+
+@contextlib.contextmanager
+def _forwarding(proc: Process, on_signal: Callable[[int], None]) -> Iterator[list[int]]:
+    """While inside, SIGINT and SIGTERM go to torchrun's process group as SIGTERM: torchrun
+    passes it to the workers, which finish the iteration, save and flush telemetry. (SIGINT
+    would interrupt a worker mid-step; SIGTERM is the graceful path the trainer implements.)"""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def handler(signum: int, _frame: Any) -> None:
+        received.append(signum)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        on_signal(signum)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield received
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def execute(
+    plan: LaunchPlan,
+    display: Display,
+    *,
+    show_secrets: bool = False,
+    spawn_fn: Callable[..., Process] | None = None,
+) -> RunResult:
+    """Create the run directory, start torchrun, follow it to the end and collect failures."""
+    create_run_dir(plan, show_secrets=show_secrets)
+    tail = ProgressTail(plan.progress_file)
+    start = time.time()
+    records: list[dict[str, Any]] = []
+    spawn_fn = spawn_fn or spawn
+    with torchrun_log(plan).open("ab") as log:
+        proc = spawn_fn(plan.argv, plan.child_env, log)
+        with _forwarding(proc, display.interrupted) as received:
+            while True:
+                code = proc.poll()
+                for record in tail.read():
+                    records.append(record)
+                    display.record(record)
+                if code is not None:
+                    break
+                time.sleep(POLL_S)
+    result = RunResult(code, time.time() - start, records, received[0] if received else None)
+    if code != 0:
+        result.failures = collect_failures(plan, start)
+        result.torchrun_tail = _tail(torchrun_log(plan))
+    return result
