@@ -47,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=1234, help="seed for weights and data order")
     train.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
     train.add_argument("--fp16", action="store_true", help="float16 autocast with dynamic loss scaling")
+    train.add_argument(
+        "--exit-interval", type=int, default=None,
+        help="stop (checkpointing if --save) once the iteration is a multiple of this",
+    )
     train.add_argument("--log-interval", type=int, default=10, help="iterations between log lines")
     train.add_argument("--eval-interval", type=int, default=1000, help="iterations between evaluations")
     train.add_argument("--eval-iters", type=int, default=10, help="batches per evaluation (0: none)")
@@ -118,7 +122,7 @@ def validate(ns: argparse.Namespace, world_size: int) -> list[Problem]:
     problems: list[Problem] = []
     _positive(
         ns, problems, "num_layers", "hidden_size", "num_attention_heads", "micro_batch_size",
-        "global_batch_size", "train_iters", "log_interval", "eval_interval", "save_interval",
+        "global_batch_size", "train_iters", "log_interval", "exit_interval", "eval_interval", "save_interval",
         "pipeline_model_parallel_size",
     )
     if ns.seq_length < 2:

@@ -16,8 +16,10 @@ import random
 import secrets
 import signal
 import sys
+import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -415,7 +417,7 @@ class Trainer:
             if topo.distributed and topo.world_size > 1:
                 dist.all_reduce(total)
             eval_loss = total.item() / (topo.dp * max(1, args.eval_iters))
-            sample = self.generate() if args.sample_tokens > 0 else None
+            sample = _on_fresh_thread(self.generate) if args.sample_tokens > 0 else None
             self.model.train()
         if topo.owns_loss:
             record: dict[str, Any] = {"iteration": iteration, "eval_loss": eval_loss}
@@ -430,6 +432,8 @@ class Trainer:
         """Greedy completion of a held-out prompt, through the pipeline, inside a GenAI
         ``text_completion <model>`` span. Returns the text on the last stage."""
         args, topo, model, p2p = self.args, self.topo, self.model, self.gen_p2p
+        if topo.device.type == "cuda":
+            torch.cuda.set_device(topo.device)  # the current device is per thread
         prompt_len = min(PROMPT_TOKENS, args.seq_length - 1)
         tokens = self.data.prompt(prompt_len).tolist()
         attrs = {
@@ -523,15 +527,37 @@ class Trainer:
 
                 if args.eval_iters > 0 and iteration % args.eval_interval == 0:
                     self.evaluate(iteration, progress)
-                if args.save and (result.stop or (args.save_interval and iteration % args.save_interval == 0)):
+                exiting = bool(args.exit_interval) and iteration % args.exit_interval == 0
+                if args.save and (result.stop or exiting or (args.save_interval and iteration % args.save_interval == 0)):
                     self.save()
-                if result.stop:
-                    log(topo, f"stop requested by signal: stopped after iteration {iteration}")
+                if result.stop or exiting:
+                    why = "stop requested by signal" if result.stop else "--exit-interval reached"
+                    log(topo, f"{why}: stopped after iteration {iteration}")
                     break
             if args.save and self.last_saved != s.iteration:
                 self.save()
         finally:
             progress.close()
+
+
+def _on_fresh_thread(fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` on a new thread and wait for it. A text-completion request is a root span of its
+    own (GenAI convention; the catalogue gives it no parent), and telemetry keeps its span stack
+    per thread, so a fresh thread starts the request without the evaluation as its parent."""
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["value"] = fn()
+        except BaseException as exc:  # re-raised on the calling thread
+            result["error"] = exc
+
+    worker = threading.Thread(target=target, name="mlaunch-generate")
+    worker.start()
+    worker.join()
+    if "error" in result:
+        raise result["error"]
+    return result.get("value")
 
 
 def _maybe_fail(iteration: int, rank: int) -> None:

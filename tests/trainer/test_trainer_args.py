@@ -1,0 +1,84 @@
+"""The trainer's arguments: Megatron-LM names, and invalid combinations rejected before any process
+group exists (exit 2, one line per problem, no traceback)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from support.trainer_runs import clean_env
+
+from mlaunch.trainer.args import build_parser, validate
+
+MEGATRON_FLAGS = [
+    "--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--micro-batch-size",
+    "--global-batch-size", "--train-iters", "--lr", "--min-lr", "--lr-warmup-iters",
+    "--weight-decay", "--clip-grad", "--eval-interval", "--eval-iters", "--log-interval", "--save",
+    "--load", "--save-interval", "--pipeline-model-parallel-size", "--tensor-model-parallel-size",
+    "--data-path", "--seed", "--bf16", "--fp16", "--exit-interval",
+    "--otel-enabled", "--otel-service-name", "--otel-span-groups",
+]  # fmt: skip
+
+
+def problems(argv: list[str], world_size: int) -> dict[str, str]:
+    ns = build_parser().parse_args(argv)
+    return dict(validate(ns, world_size))
+
+
+def test_parser_accepts_megatron_names():
+    options = {s for a in build_parser()._actions for s in a.option_strings}
+    assert set(MEGATRON_FLAGS) <= options
+
+
+def test_valid_layout_fills_global_batch_default():
+    ns = build_parser().parse_args(["--micro-batch-size", "3", "--pipeline-model-parallel-size", "2"])
+    assert validate(ns, 4) == []
+    assert ns.global_batch_size == 3 * 2  # micro x DP
+
+
+@pytest.mark.parametrize(
+    ("argv", "world", "arg", "words"),
+    [
+        (["--global-batch-size", "10", "--micro-batch-size", "2"], 2, "--global-batch-size", "multiple of 4"),
+        (["--num-layers", "3", "--pipeline-model-parallel-size", "2"], 2, "--num-layers", "multiple of 2"),
+        (["--pipeline-model-parallel-size", "2"], 3, "--pipeline-model-parallel-size", "world size 3"),
+        (["--hidden-size", "30", "--num-attention-heads", "4"], 1, "--num-attention-heads", "divide"),
+        (["--tensor-model-parallel-size", "2"], 2, "--tensor-model-parallel-size", "only 1 is supported"),
+        (["--bf16", "--fp16"], 1, "--fp16", "pick one"),
+        (["--save-interval", "5"], 1, "--save-interval", "--save"),
+        (["--otel-span-groups", "defualt"], 1, "--otel-span-groups", "did you mean 'default'"),
+        (["--min-lr", "1", "--lr", "0.1"], 1, "--min-lr", "--lr"),
+    ],
+)
+def test_invalid_combinations_name_the_argument_and_the_fix(argv, world, arg, words):
+    found = problems(argv, world)
+    assert arg in found, found
+    assert words in found[arg]
+
+
+def test_bad_arguments_exit_2_on_every_rank_without_a_traceback(tmp_path):
+    # Exactly what a torchrun worker sees: WORLD_SIZE says 3, the layout needs a multiple of 2;
+    # no MASTER_ADDR, so reaching init_process_group would fail loudly instead.
+    env = clean_env(tmp_path, WORLD_SIZE="3", RANK="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlaunch.trainer", "--pipeline-model-parallel-size", "2",
+         "--num-layers", "3", "--tensor-model-parallel-size", "2"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 3, proc.stderr
+    assert all(line.startswith("python -m mlaunch.trainer: error: --") for line in lines)
+    assert "Traceback" not in proc.stderr
+    assert not list(tmp_path.iterdir())  # nothing started, nothing written
+
+
+def test_bad_telemetry_environment_exits_2(tmp_path):
+    env = clean_env(tmp_path, MEGATRON_OTEL_ENABLED="maybe")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlaunch.trainer"], env=env, cwd=tmp_path,
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "MEGATRON_OTEL_ENABLED" in proc.stderr and "Traceback" not in proc.stderr

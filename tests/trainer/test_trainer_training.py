@@ -1,0 +1,88 @@
+"""Training behaviour on real torchrun jobs (gloo, CPU, tiny model): the loss goes down, pipeline and
+data parallelism reproduce the single-process loss sequence, and resuming (including past a
+corrupt checkpoint) continues it exactly."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from support.trainer_runs import TINY, Run, run_trainer
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
+ITERS = 20
+ARGS = [*TINY, "--train-iters", str(ITERS)]
+
+
+def assert_close(a: list[float], b: list[float], rel: float) -> None:
+    assert len(a) == len(b), (a, b)
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        assert math.isclose(x, y, rel_tol=rel), f"iteration {i + 1}: {x} != {y}"
+
+
+def ok(run: Run) -> Run:
+    assert run.returncode == 0, run.output[-3000:]
+    return run
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("training")
+
+
+@pytest.fixture(scope="module")
+def baseline(workdir) -> Run:
+    """One process, 20 iterations, default corpus."""
+    return ok(run_trainer(workdir, ARGS, nproc=1, name="baseline"))
+
+
+def test_loss_goes_down_on_the_default_corpus(baseline):
+    losses = baseline.losses()
+    assert len(losses) == ITERS
+    records = baseline.progress()
+    assert [r["iteration"] for r in records] == list(range(1, ITERS + 1))
+    assert {"iteration", "train_iters", "loss", "lr", "grad_norm", "tokens_per_sec", "step_ms", "skipped"} <= set(records[0])
+    assert losses[0] > math.log(256) - 0.5  # starts near uniform over bytes
+    assert sum(losses[-5:]) / 5 < losses[0] - 1.0
+
+
+def test_pipeline_parallel_matches_one_stage(workdir, baseline):
+    pp = ok(run_trainer(workdir, [*ARGS, "--pipeline-model-parallel-size", "2"], nproc=2, name="pp2"))
+    assert_close(pp.losses(), baseline.losses(), rel=1e-4)
+
+
+def test_data_parallel_matches_one_process_with_the_same_global_batch(workdir, baseline):
+    dp = ok(run_trainer(workdir, ARGS, nproc=2, name="dp2"))
+    assert_close(dp.losses(), baseline.losses(), rel=1e-4)
+
+
+def test_resume_continues_the_same_loss_sequence_and_skips_a_corrupt_checkpoint(workdir, baseline):
+    ck = workdir / "ck"
+    first = ok(run_trainer(
+        workdir, [*ARGS, "--save", str(ck), "--save-interval", "10", "--exit-interval", "10"],
+        name="resume-a",
+    ))
+    assert [r["iteration"] for r in first.progress()] == list(range(1, 11))
+    assert (ck / "iter_0000010" / "manifest.json").is_file()
+
+    second = ok(run_trainer(
+        workdir, [*ARGS, "--load", str(ck), "--save", str(ck), "--save-interval", "5", "--keep-last", "2"],
+        name="resume-b",
+    ))
+    assert "resuming from checkpoint" in second.output and "iter_0000010" in second.output
+    assert [r["iteration"] for r in second.progress()] == list(range(11, 21))
+    assert_close(second.losses(), baseline.losses()[10:], rel=1e-6)
+    assert sorted(p.name for p in ck.glob("iter_*")) == ["iter_0000015", "iter_0000020"]  # --keep-last 2
+    assert (ck / "latest_checkpointed_iteration.txt").read_text().strip() == "20"
+
+    # Corrupt the newest checkpoint: loading falls back to iteration 15 and says why.
+    shard = ck / "iter_0000020" / "mp_rank_00" / "model_optim_rng.pt"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    third = ok(run_trainer(workdir, [*ARGS, "--load", str(ck)], name="resume-c"))
+    assert "iter_0000020 is invalid" in third.output and "sha256" in third.output
+    assert [r["iteration"] for r in third.progress()] == list(range(16, 21))
+    assert_close(third.losses(), baseline.losses()[15:], rel=1e-6)
