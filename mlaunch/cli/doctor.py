@@ -1,12 +1,77 @@
-"""PLACEHOLDER: `mlaunch doctor`."""
+"""``mlaunch doctor``: render the checks of :mod:`mlaunch.doctor`.
+
+Exit codes: 0 when nothing fails, 1 when a check fails, 2 for a bad invocation (a ``--config``
+path that is not a readable file). A config file that exists but does not validate is a failed
+check (exit 1), not a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
+if TYPE_CHECKING:
+    from mlaunch.doctor import CheckResult
+
+_STYLE = {"pass": ("PASS", "green"), "warn": ("WARN", "yellow"), "fail": ("FAIL", "bold red")}
+
 
 def register(app: typer.Typer) -> None:
-    """Add the `doctor` command to the root app."""
+    """Add the ``doctor`` command to the root app."""
 
     @app.command("doctor")
-    def _cmd() -> None:
-        """Not implemented yet."""
-        raise typer.Exit(1)
+    def doctor(
+        config: Path | None = typer.Option(
+            None, "--config", help="A run config (TOML) to validate with the environment."
+        ),
+        as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+        deep: bool = typer.Option(
+            False, "--deep", help="Also run real 2-process all-reduces (gloo; NCCL with GPUs)."
+        ),
+    ) -> None:
+        """Check the machine and the configuration before a run: each check passes, warns or
+        fails with a one-line fix. Exit 0 when nothing fails."""
+        raise typer.Exit(run(config, as_json=as_json, deep=deep))
+
+
+def run(config: Path | None, *, as_json: bool, deep: bool) -> int:
+    """Run the checks, print them, and return the exit code."""
+    if config is not None and not config.is_file():
+        why = "does not exist" if not config.exists() else "is not a file"
+        typer.echo(f"mlaunch doctor: --config {config} {why}", err=True)
+        return 2
+    from mlaunch import doctor
+
+    results = doctor.run_doctor(config=config, environ=os.environ, deep=deep)
+    if as_json:
+        typer.echo(json.dumps(doctor.to_json(results), indent=2))
+    else:
+        render(results)
+    return doctor.exit_code(results)
+
+
+def render(results: list[CheckResult]) -> None:
+    """One line per check (status, name, message), the fix under each warning and failure,
+    then the counts."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    from mlaunch.doctor import summarize
+
+    console = Console(highlight=False, soft_wrap=True)
+    # Long names (package distributions) overflow rather than push every message right.
+    width = min(16, max((len(r.name) for r in results), default=0))
+    for r in results:
+        label, style = _STYLE[r.status]
+        console.print(f"[{style}]{label}[/]  {escape(r.name.ljust(width))}  {escape(r.message)}")
+        if r.fix and r.status != "pass":
+            console.print(f"      {' ' * width}  [dim]fix:[/] {escape(r.fix)}")
+        elif r.fix:
+            console.print(f"      {' ' * width}  [dim]note:[/] {escape(r.fix)}")
+    counts = summarize(results)
+    line = f"{counts['pass']} passed, {counts['warn']} warning(s), {counts['fail']} failed"
+    console.print(f"\n[{'bold red' if counts['fail'] else 'green'}]{line}[/]")
