@@ -1,0 +1,70 @@
+"""How the trainer ends when it does not end normally: a rank that raises (the test hook) and a
+SIGTERM (finish the iteration, checkpoint, flush telemetry, exit 0)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from support.trainer_runs import TINY, clean_env, run_trainer, telemetry_env
+
+from mlaunch.model.spans import Attr, SpanName
+from mlaunch.telemetry.otlp_json import read_spans
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
+
+def test_a_failing_rank_exits_nonzero_with_the_exception_on_its_span_and_in_its_error_file(tmp_path):
+    env = {**telemetry_env("per_step"), "MLAUNCH_TEST_FAIL_AT_ITERATION": "2", "MLAUNCH_TEST_FAIL_RANK": "1"}
+    run = run_trainer(tmp_path, [*TINY, "--train-iters", "4"], nproc=2, env=env)
+    assert run.returncode != 0
+    assert "injected failure at iteration 2" in run.output  # torchelastic's error report (record)
+
+    error = json.loads((run.run_dir / "error-rank1.json").read_text())
+    assert error["rank"] == 1 and error["exception_type"] == "RuntimeError"
+    assert "injected failure at iteration 2" in error["message"]
+    assert "_maybe_fail" in error["traceback"]
+
+    spans = read_spans(run.run_dir / "telemetry" / "traces-rank1.jsonl")
+    step = [s for s in spans if s["name"] == SpanName.TRAIN_STEP and s["attributes"][Attr.ITERATION] == 2]
+    assert len(step) == 1
+    assert step[0]["status_code"] == 2  # ERROR
+    events = [e for e in step[0]["events"] if e["name"] == "exception"]
+    assert events and events[0]["attributes"]["exception.type"] == "RuntimeError"
+    # The exception left megatron.train and megatron.pretrain too, so they are ERROR as well.
+    assert {s["name"] for s in spans if s["status_code"] == 2} >= {SpanName.TRAIN, SpanName.PRETRAIN}
+
+
+def test_sigterm_finishes_the_iteration_checkpoints_and_exits_zero(tmp_path):
+    run_dir = tmp_path / "run"
+    env = clean_env(run_dir, **telemetry_env("per_step"))
+    ck = tmp_path / "ck"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlaunch.trainer", *TINY, "--train-iters", "100000", "--save", str(ck)],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    progress = run_dir / "progress.jsonl"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if progress.exists() and len(progress.read_text().splitlines()) >= 3:
+                break
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    assert "stop requested by signal" in output
+    last = json.loads(progress.read_text().splitlines()[-1])["iteration"]
+    assert (ck / "latest_checkpointed_iteration.txt").read_text().strip() == str(last)
+    assert (ck / f"iter_{last:07d}" / "manifest.json").is_file()
+    spans = read_spans(run_dir / "telemetry" / "traces-rank0.jsonl")
+    names = {s["name"] for s in spans}
+    assert {SpanName.PRETRAIN, SpanName.TRAIN, SpanName.SAVE_CHECKPOINT} <= names
+    assert all(s["status_code"] != 2 for s in spans)
