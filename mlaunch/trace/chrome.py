@@ -18,6 +18,7 @@ lane assignment needs each thread's spans sorted.
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -239,16 +240,24 @@ def assign_lanes(spans: list[_Span]) -> list[int]:
 def export_chrome(reader: TraceReader, out_path: Path) -> ChromeStats:
     """Read every batch of ``reader`` and write Chrome trace-event JSON to ``out_path``. Raises
     ``TraceInputError`` for a malformed span (naming its file and line) or a trace without spans."""
-    b = ChromeBuilder()
-    for res, spans, _ in reader:
-        try:
-            b.add(res, spans)
-        except (KeyError, ValueError, TypeError, AttributeError) as e:
-            raise reader.error_here(f"malformed span ({type(e).__name__}: {e})") from None
-    if b.t0 is None:
-        raise no_spans_error(reader)
-    tmp = out_path.with_name(out_path.name + ".tmp")
-    with open(tmp, "w") as f:
-        stats = b.write(f)
-    tmp.replace(out_path)  # never leave a half-written trace that looks complete
-    return stats
+    # The builder holds millions of small tuples and creates no reference cycles; the cyclic
+    # GC would rescan them over and over as they accumulate (measured ~1.5x slower with it on).
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        b = ChromeBuilder()
+        for res, spans, _ in reader:
+            try:
+                b.add(res, spans)
+            except (KeyError, ValueError, TypeError, AttributeError) as e:
+                raise reader.error_here(f"malformed span ({type(e).__name__}: {e})") from None
+        if b.t0 is None:
+            raise no_spans_error(reader)
+        tmp = out_path.with_name(out_path.name + ".tmp")
+        with open(tmp, "w") as f:
+            stats = b.write(f)
+        tmp.replace(out_path)  # never leave a half-written trace that looks complete
+        return stats
+    finally:
+        if gc_was_enabled:
+            gc.enable()

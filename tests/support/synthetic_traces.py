@@ -326,7 +326,7 @@ def _realistic_rank_spans(
 
 def spans_per_step(microbatches: int, layers: int) -> int:
     """Spans a realistic step emits on a middle pipeline stage (for sizing a benchmark)."""
-    per_mb = 1 + 1 + 3 * layers + 2  # fwd, bwd, layers x 3, recv+send
+    per_mb = 1 + 1 + 3 * layers + 1  # fwd, bwd, layers x 3, one P2P (send or recv) with pp > 1
     return per_mb * microbatches + 1 + 3 + 1  # fwd_bwd, grad_sync x2, optimizer, step
 
 
@@ -409,3 +409,46 @@ def hand_example() -> tuple[TraceBuilder, dict[str, SpanRef]]:
     for i, (s, e) in enumerate(((0, 120), (120, 240), (240, 370), (370, 570)), start=1):
         b.span(1, S.TRAIN_STEP, s, e, attrs={Attr.ITERATION: i}, truncated=i == 4)
     return b, r
+
+
+# --------------------------------------------------------------------------------------------
+# Checking Chrome trace-event output
+
+_EPS_US = 1e-6  # ts/dur are written in µs with 3 decimals
+
+
+def check_chrome_trace(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Assert the trace-event format rules that Perfetto / chrome://tracing rely on; return the
+    complete (X) events."""
+    assert isinstance(doc["traceEvents"], list)
+    xs: list[dict[str, Any]] = []
+    by_thread: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for ev in doc["traceEvents"]:
+        assert {"name", "ph", "pid", "tid"} <= set(ev), ev
+        assert isinstance(ev["pid"], int) and isinstance(ev["tid"], int)
+        if ev["ph"] == "M":
+            assert ev["name"] in {"process_name", "process_sort_index", "thread_name",
+                                  "thread_sort_index"}  # fmt: skip
+            assert "args" in ev
+            continue
+        assert isinstance(ev["ts"], int | float) and ev["ts"] >= 0
+        if ev["ph"] == "X":
+            assert isinstance(ev["dur"], int | float) and ev["dur"] >= 0
+            assert isinstance(ev["args"], dict)
+            xs.append(ev)
+            by_thread.setdefault((ev["pid"], ev["tid"]), []).append(ev)
+        elif ev["ph"] == "i":
+            assert ev["s"] in {"t", "p", "g"}
+        elif ev["ph"] in {"s", "f"}:
+            assert "id" in ev
+        else:
+            raise AssertionError(f"unexpected phase {ev['ph']}")
+    for events in by_thread.values():  # proper nesting: inside the open slice or after it
+        stack: list[float] = []
+        for ev in sorted(events, key=lambda e: (e["ts"], -e["dur"])):
+            end = ev["ts"] + ev["dur"]
+            while stack and stack[-1] <= ev["ts"] + _EPS_US:
+                stack.pop()
+            assert not stack or end <= stack[-1] + _EPS_US, f"{ev} overlaps its thread's open slice"
+            stack.append(end)
+    return xs

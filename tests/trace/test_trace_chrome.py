@@ -10,51 +10,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.synthetic_traces import TraceBuilder, hand_example, write_realistic_run
+from support.synthetic_traces import (
+    TraceBuilder,
+    check_chrome_trace,
+    hand_example,
+    write_realistic_run,
+)
 
 from mlaunch.model.spans import SpanName
 from mlaunch.trace.chrome import export_chrome
 from mlaunch.trace.reader import TraceReader
 
 S = SpanName
-_EPS = 1e-6  # µs; ts/dur are written with 3 decimals
-
-
-def check_chrome_trace(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """Assert the trace-event format rules that Perfetto / chrome://tracing rely on; return the
-    complete (X) events."""
-    assert isinstance(doc["traceEvents"], list)
-    xs: list[dict[str, Any]] = []
-    by_thread: dict[tuple[int, int], list[dict[str, Any]]] = {}
-    for ev in doc["traceEvents"]:
-        assert {"name", "ph", "pid", "tid"} <= set(ev), ev
-        assert isinstance(ev["pid"], int) and isinstance(ev["tid"], int)
-        if ev["ph"] == "M":
-            assert ev["name"] in {"process_name", "process_sort_index", "thread_name",
-                                  "thread_sort_index"}  # fmt: skip
-            assert "args" in ev
-            continue
-        assert isinstance(ev["ts"], int | float) and ev["ts"] >= 0
-        if ev["ph"] == "X":
-            assert isinstance(ev["dur"], int | float) and ev["dur"] >= 0
-            assert isinstance(ev["args"], dict)
-            xs.append(ev)
-            by_thread.setdefault((ev["pid"], ev["tid"]), []).append(ev)
-        elif ev["ph"] == "i":
-            assert ev["s"] in {"t", "p", "g"}
-        elif ev["ph"] in {"s", "f"}:
-            assert "id" in ev
-        else:
-            raise AssertionError(f"unexpected phase {ev['ph']}")
-    for events in by_thread.values():  # proper nesting: inside the open slice or after it
-        stack: list[float] = []
-        for ev in sorted(events, key=lambda e: (e["ts"], -e["dur"])):
-            end = ev["ts"] + ev["dur"]
-            while stack and stack[-1] <= ev["ts"] + _EPS:
-                stack.pop()
-            assert not stack or end <= stack[-1] + _EPS, f"{ev} overlaps its thread's open slice"
-            stack.append(end)
-    return xs
 
 
 def _export(tmp_path: Path, b: TraceBuilder) -> dict[str, Any]:

@@ -1,0 +1,103 @@
+"""How fast ``mlaunch trace`` reads OTLP/JSON traces (goal: >= 200,000 spans/s for summary).
+
+Generates a realistic run directory in a temporary folder (default 1,000,000 spans over 4 ranks,
+pipeline-parallel 2, 4 microbatches x 4 layers per step, batches of 512 spans per line, every
+span with attributes), then times, in one process:
+
+* ``decode only``: ``json.loads`` of every line and counting spans — the floor any pure-Python
+  reader pays; the other passes are reported as a ratio to it;
+* ``summary``, ``goodput``: the full streaming passes the commands run;
+* ``export``: Chrome JSON (skipped with ``--no-export``; it keeps a record per span).
+
+Run: ``python benchmarks/trace_read.py [--spans 1000000] [--no-export]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from support.synthetic_traces import spans_per_step, write_realistic_run  # noqa: E402
+
+from mlaunch.trace.chrome import export_chrome  # noqa: E402
+from mlaunch.trace.goodput import goodput  # noqa: E402
+from mlaunch.trace.reader import TraceReader  # noqa: E402
+from mlaunch.trace.summary import summarize  # noqa: E402
+
+
+def _decode_only(run: Path) -> int:
+    n = 0
+    for f in sorted((run / "telemetry").glob("traces-rank*.jsonl")):
+        with open(f, "rb") as fh:
+            for line in fh:
+                for rs in json.loads(line)["resourceSpans"]:
+                    for ss in rs["scopeSpans"]:
+                        n += len(ss["spans"])
+    return n
+
+
+def _timed(label: str, fn: Callable[[], int], base: float | None) -> float:
+    t = time.perf_counter()
+    n = fn()
+    dt = time.perf_counter() - t
+    rate = n / dt
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    ratio = f"  {base / rate:4.2f}x decode time" if base else ""
+    print(
+        f"{label:<12} {n:>10,} spans {dt:7.2f} s {rate:>12,.0f} spans/s{ratio}  peak RSS {rss:,.0f} MiB"
+    )
+    return rate
+
+
+def main() -> None:
+    """Generate, then time each pass."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--spans", type=int, default=1_000_000, help="about how many spans to generate")
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--no-export", action="store_true", help="skip the Chrome export pass")
+    args = p.parse_args()
+
+    micro, layers, pp = 4, 4, 2
+    steps = max(1, round(args.spans / args.ranks / spans_per_step(micro, layers)))
+    with tempfile.TemporaryDirectory(prefix="mlaunch-trace-bench-") as tmp:
+        run = Path(tmp) / "run"
+        t = time.perf_counter()
+        n = write_realistic_run(run, ranks=args.ranks, steps=steps, microbatches=micro,
+                                layers=layers, pp=pp, batch=512)  # fmt: skip
+        size = sum(f.stat().st_size for f in (run / "telemetry").iterdir())
+        print(f"generated {n:,} spans, {size / 2**20:,.0f} MiB in {args.ranks} files "
+              f"({time.perf_counter() - t:.1f} s); Python {sys.version.split()[0]}")  # fmt: skip
+
+        def summary_pass() -> int:
+            r = TraceReader.open(run)
+            summarize(r)
+            return r.stats.spans
+
+        def goodput_pass() -> int:
+            r = TraceReader.open(run)
+            goodput(r)
+            return r.stats.spans
+
+        def export_pass() -> int:
+            r = TraceReader.open(run)
+            return export_chrome(r, Path(tmp) / "trace.json").spans
+
+        base = _timed("decode only", lambda: _decode_only(run), None)
+        rate = _timed("summary", summary_pass, base)
+        _timed("goodput", goodput_pass, base)
+        if not args.no_export:
+            _timed("export", export_pass, base)
+        verdict = "meets" if rate >= 200_000 else "MISSES"
+        print(f"summary {verdict} the 200,000 spans/s goal ({rate:,.0f} spans/s)")
+
+
+if __name__ == "__main__":
+    main()

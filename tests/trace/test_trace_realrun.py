@@ -1,0 +1,95 @@
+"""``mlaunch trace`` on the output of a real tiny run: the trainer under torchrun (PP=2, every
+span group, checkpoint saves and evaluation), its files read back by the telemetry package's own
+decoder as the independent reference."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from support.synthetic_traces import check_chrome_trace
+from support.trainer_runs import TINY, run_trainer, telemetry_env
+from typer.testing import CliRunner
+
+from mlaunch.model.spans import ResourceAttr, SpanName
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
+ITERS = 4
+ARGS = [
+    *TINY, "--train-iters", str(ITERS), "--pipeline-model-parallel-size", "2",
+    "--eval-interval", "2", "--eval-iters", "2", "--save", "ck", "--save-interval", "2",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = run_trainer(tmp_path_factory.mktemp("real"), ARGS, nproc=2, env=telemetry_env("all"))
+    if run.returncode != 0:
+        pytest.fail(f"the trainer failed:\n{run.output[-3000:]}")
+    return run.run_dir
+
+
+@pytest.fixture(scope="module")
+def reference(run_dir: Path) -> list[dict]:
+    from mlaunch.telemetry.otlp_json import read_spans
+
+    files = sorted((run_dir / "telemetry").glob("traces-rank*.jsonl"))
+    assert len(files) == 2
+    return [s for f in files for s in read_spans(f)]
+
+
+def _cli(*args: str | Path) -> str:
+    from mlaunch.cli import app
+
+    r = CliRunner().invoke(app, ["trace", *map(str, args)], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+def test_export_holds_every_span_once_properly_nested(run_dir: Path, reference: list[dict],
+                                                      tmp_path: Path) -> None:  # fmt: skip
+    out = tmp_path / "trace.json"
+    _cli("export", run_dir, "--format", "chrome", "-o", out)
+    doc = json.loads(out.read_text())
+    xs = check_chrome_trace(doc)
+    assert sorted(e["args"]["span_id"] for e in xs) == sorted(s["span_id"] for s in reference)
+    assert {e["pid"] for e in xs} == {0, 1}
+    # Every cross-stage link resolves (both ranks exported), each as one s/f flow pair.
+    links = sum(len(s["links"]) for s in reference if s["name"] == SpanName.PP_RECV_FORWARD_LINKED)
+    assert links > 0
+    flows = Counter(e["ph"] for e in doc["traceEvents"] if e["ph"] in ("s", "f"))
+    assert flows["s"] == flows["f"] >= links
+
+
+def test_summary_matches_the_reference_decoder(run_dir: Path, reference: list[dict]) -> None:
+    d = json.loads(_cli("summary", run_dir, "--json"))
+    counts = {s["name"]: s["count"] for s in d["spans"]}
+    assert counts == dict(Counter(s["name"] for s in reference))
+    assert counts[SpanName.TRAIN_STEP] == 2 * ITERS
+    step_ms = sorted((s["end_ns"] - s["start_ns"]) / 1e6 for s in reference
+                     if s["name"] == SpanName.TRAIN_STEP)  # fmt: skip
+    step = next(s for s in d["spans"] if s["name"] == SpanName.TRAIN_STEP)
+    assert step["max_ms"] == pytest.approx(step_ms[-1])
+    assert step["total_ms"] == pytest.approx(sum(step_ms))
+    assert [r["rank"] for r in d["step_skew"]["ranks"]] == [0, 1]
+    assert d["run"][ResourceAttr.RUN_ID] == reference[0]["resource"][ResourceAttr.RUN_ID]
+    assert d["run"][ResourceAttr.PP_SIZE] == 2
+    assert d["errors"] == 0 and d["truncated"] == 0
+
+
+def test_goodput_accounts_for_all_wall_time(run_dir: Path, reference: list[dict]) -> None:
+    d = json.loads(_cli("goodput", run_dir, "--json"))
+    for r in d["ranks"]:
+        assert r["wall_source"] == SpanName.PRETRAIN
+        pre = next(s for s in reference if s["name"] == SpanName.PRETRAIN
+                   and s["resource"][ResourceAttr.RANK] == r["rank"])  # fmt: skip
+        assert r["wall_ms"] == pytest.approx((pre["end_ns"] - pre["start_ns"]) / 1e6)
+        parts = ("productive_ms", "restart_ms", "checkpoint_ms", "evaluation_ms", "unaccounted_ms")
+        assert sum(r[k] for k in parts) == pytest.approx(r["wall_ms"])
+        assert r["steps"] == ITERS
+        assert 0 < r["goodput"] < 1
+        assert r["checkpoint_ms"] > 0 and r["evaluation_ms"] > 0
+        assert r["restart_split_ms"]["model_init"] > 0
