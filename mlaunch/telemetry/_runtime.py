@@ -459,6 +459,7 @@ class Runtime:
         self._stop = threading.Event()
         self._closed = False
         self._logs_handler: logging.Handler | None = None
+        self._root_cache: tuple[int, bool] = (0, False)
 
         # Install the span machinery (module-level state read by the span classes).
         state = _spans.STATE
@@ -522,7 +523,14 @@ class Runtime:
     # --- hooks used by the span classes -----------------------------------------------------------
 
     def _root_sampled(self, trace_id: int, name: str) -> bool:
-        return self.sampler.should_sample(None, trace_id, name).decision.is_sampled()
+        # mlaunch's samplers decide on the trace id alone (rank-aware: a per-rank constant;
+        # ratio: the trace id), so one root decision per trace segment serves every fine root.
+        cached = self._root_cache
+        if cached[0] == trace_id:
+            return cached[1]
+        sampled = self.sampler.should_sample(None, trace_id, name).decision.is_sampled()
+        self._root_cache = (trace_id, sampled)
+        return sampled
 
     def _start_sdk_span(
         self, name: str, parent: Any, attributes: dict[str, Any], links: Any
