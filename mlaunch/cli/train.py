@@ -162,7 +162,7 @@ def run_train(
     display = (
         render.BarDisplay(console, plan.settings.training.train_iters)
         if console.is_terminal
-        else render.PlainDisplay(console)
+        else render.PlainDisplay(console, plan.settings.training.log_interval)
     )
     try:
         result = execute(plan, display, show_secrets=show_secrets)
@@ -171,7 +171,7 @@ def run_train(
         return 2
     finally:
         display.close()
-    console.print(render.result_report(plan, result))
+    render.print_result(console, plan, result)
     return result.exit_code
 
 

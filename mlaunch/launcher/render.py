@@ -22,6 +22,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from mlaunch import envcontract as ec
 from mlaunch.cli.render import span_tree
@@ -66,8 +67,8 @@ def summary(plan: LaunchPlan) -> Group:
     s = plan.settings
     launch, t, p = s.launch, s.telemetry, s.parallelism
     table = Table.grid(padding=(0, 2))
-    table.add_column(style="bold")
-    table.add_column()
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")  # paths fold rather than lose their middle
     table.add_row("run id", plan.run_id)
     table.add_row("run dir", str(plan.run_dir))
     table.add_row("config", str(plan.config))
@@ -146,16 +147,24 @@ def _fmt(record: dict[str, Any], key: str, spec: str) -> str:
 class PlainDisplay:
     """One line per progress record (stdout is not a terminal: CI logs, files, pipes)."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, log_interval: int = 1) -> None:
         self.console = console
+        self.log_interval = max(1, log_interval)
 
     def record(self, record: dict[str, Any]) -> None:
-        """Print one record."""
+        """Print a record at each log interval (and the first and last iterations)."""
         if "eval_loss" in record:
             self.console.print(
                 f"eval at iteration {record.get('iteration')}: loss {_fmt(record, 'eval_loss', '.4f')}",
-                highlight=False,
+                highlight=False, soft_wrap=True,
             )
+            return
+        iteration = record.get("iteration")
+        if isinstance(iteration, int) and not (
+            iteration % self.log_interval == 0
+            or iteration == 1
+            or iteration == record.get("train_iters")
+        ):
             return
         self.console.print(
             f"iteration {record.get('iteration')}/{record.get('train_iters')}"
@@ -164,14 +173,14 @@ class PlainDisplay:
             f" | {_fmt(record, 'tokens_per_sec', ',.0f')} tokens/s"
             f" | {_fmt(record, 'step_ms', '.1f')} ms/step"
             + (" | skipped" if record.get("skipped") else ""),
-            highlight=False,
+            highlight=False, soft_wrap=True,
         )
 
     def interrupted(self, signum: int) -> None:
         """Say that a signal was forwarded."""
         self.console.print(
             f"{signal.Signals(signum).name}: asking the workers to finish the iteration,"
-            " save and flush telemetry", highlight=False,
+            " save and flush telemetry", highlight=False, soft_wrap=True,
         )
 
     def close(self) -> None:
@@ -182,7 +191,7 @@ class BarDisplay(PlainDisplay):
     """A Rich progress bar: iteration/total, loss, tokens/s, elapsed and ETA."""
 
     def __init__(self, console: Console, total: int) -> None:
-        super().__init__(console)
+        super().__init__(console, 1)
         self.progress = Progress(
             TextColumn("[bold]train[/]"),
             BarColumn(),
@@ -220,10 +229,9 @@ class BarDisplay(PlainDisplay):
 # After the run
 
 
-def result_report(plan: LaunchPlan, result: RunResult) -> Group:
-    """Failures (which rank, which node, the exception, the log's last lines), the run's
-    numbers and where its traces are."""
-    parts: list[Any] = []
+def print_result(console: Console, plan: LaunchPlan, result: RunResult) -> None:
+    """Failures (which rank, which node, the exception, the log's last lines), the run's numbers
+    and where its traces are. Paths and commands are plain lines, whole, to copy and paste."""
     for f in result.failures:
         who = f"rank {f.rank}" if f.rank is not None else f"local rank {f.local_rank}"
         where = []
@@ -237,20 +245,21 @@ def result_report(plan: LaunchPlan, result: RunResult) -> Group:
             body += ["", f"last lines of {f.log_path}:", *f.log_tail]
         elif f.log_path is None:
             body += ["", "(its log is on the node that ran it)"]
-        parts.append(Panel("\n".join(body), title=head, border_style="red", expand=True))
+        # Text, not markup: log lines carry "[rank1]:" prefixes that Rich would eat as tags.
+        console.print(Panel(Text("\n".join(body)), title=head, border_style="red"))
     if result.exit_code != 0 and not result.failures and result.interrupted is None:
         lines = result.torchrun_tail or ["(no output)"]
-        parts.append(
+        console.print(
             Panel(
-                "\n".join(lines),
+                Text("\n".join(lines)),
                 title=f"[bold red]torchrun exited with {result.exit_code}[/]; its log:",
                 border_style="red",
             )
         )
     train = result.train_records
     table = Table.grid(padding=(0, 2))
-    table.add_column(style="bold")
-    table.add_column()
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
     status = "ok" if result.exit_code == 0 else f"exit code {result.exit_code}"
     if result.interrupted is not None:
         status += f" (after {signal.Signals(result.interrupted).name})"
@@ -263,14 +272,14 @@ def result_report(plan: LaunchPlan, result: RunResult) -> Group:
         if tps:
             table.add_row("tokens/s", f"{statistics.mean(tps):,.0f} (mean of {len(tps)} records)")
     table.add_row("wall time", f"{result.wall_s:.1f} s")
-    table.add_row("run dir", str(plan.run_dir))
-    table.add_row("logs", str(plan.log_dir))
+    console.print(Panel(table, title="run", border_style="green" if result.exit_code == 0 else "red"))
+    plain = [f"run dir: {plan.run_dir}", f"logs:    {plan.log_dir}"]
     t = plan.settings.telemetry
     if t.enabled and t.exporter == "file":
         files = sorted((plan.run_dir / ec.TELEMETRY_DIR).glob("traces-rank*.jsonl"))
-        table.add_row("traces", f"{plan.traces_dir}  ({len(files)} file(s))")
-        table.add_row("read them", f"mlaunch trace summary {shlex.quote(str(plan.run_dir))}")
+        plain.append(f"traces:  {plan.traces_dir} ({len(files)} file(s))")
+        plain.append(f"read them: mlaunch trace summary {shlex.quote(str(plan.run_dir))}")
     elif t.enabled and t.exporter == "otlp":
-        table.add_row("traces", f"sent to {t.otel.endpoint} (run id {plan.run_id})")
-    parts.append(Panel(table, title="run", border_style="green" if result.exit_code == 0 else "red"))
-    return Group(*parts)
+        plain.append(f"traces:  sent to {t.otel.endpoint} (run id {plan.run_id})")
+    for line in plain:
+        console.print(line, soft_wrap=True, highlight=False, markup=False)

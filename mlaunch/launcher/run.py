@@ -194,7 +194,7 @@ def collect_failures(plan: LaunchPlan, since: float) -> list[RankFailure]:
             seen_local.add(local)
         failures.append(
             RankFailure(
-                rank, local, rank // nproc, str(data.get("type", "error")),
+                rank, local, rank // nproc, str(data.get("exception_type") or data.get("type") or "error"),
                 str(data.get("message", "")), log_path, tail,
             )
         )  # fmt: skip
@@ -301,4 +301,8 @@ def execute(
     if code != 0:
         result.failures = collect_failures(plan, start)
         result.torchrun_tail = _tail(torchrun_log(plan))
+        if result.interrupted is not None and not result.failures:
+            # torchrun reports its own signal as a failure (exit 1) even when every worker
+            # stopped cleanly; the job was interrupted, which shells spell 128 + signal.
+            result.exit_code = 128 + result.interrupted
     return result

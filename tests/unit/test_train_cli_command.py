@@ -1,0 +1,386 @@
+"""``mlaunch train`` through Typer's CliRunner with the spawn function patched: the exact torchrun
+command line and worker environment per config and flag, every validation error path, dry run,
+print-env, progress following and failure reports. No process is started."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from mlaunch.cli import build_app
+from mlaunch.launcher import run as lrun
+from mlaunch.launcher.plan import CONFIGS_DIR
+
+PREFIXES = ("MEGATRON_OTEL_", "NEMO_LENS_", "OTEL_", "SLURM_", "MLAUNCH_", "TORCHELASTIC_")
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch, tmp_path):
+    """No telemetry/SLURM variables from the machine; run in an empty directory."""
+    for name in list(os.environ):
+        if name.startswith(PREFIXES):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+
+
+class FakeProc:
+    """Stands in for torchrun: optionally writes what a job would, then exits with ``code``."""
+
+    pid = 2**22 + 12345  # never signalled in these tests
+
+    def __init__(self, code: int = 0, effects=None) -> None:
+        self.code, self.effects, self.polls = code, effects, 0
+
+    def poll(self) -> int | None:
+        self.polls += 1
+        if self.effects:
+            self.effects()
+            self.effects = None
+        return self.code
+
+
+class Calls(list):
+    """(argv, env) of each spawn call, plus ``state["proc"]``: the process the next call gets."""
+
+    state: dict
+
+
+@pytest.fixture
+def spawned(monkeypatch):
+    """Patch the spawn function; the list collects (argv, env) of each call."""
+    calls = Calls()
+    state = {"proc": FakeProc()}
+
+    def fake_spawn(argv, env, log):
+        calls.append((argv, env))
+        return state["proc"]
+
+    monkeypatch.setattr(lrun, "spawn", fake_spawn)
+    calls.state = state
+    return calls
+
+
+def invoke(*args: str, env: dict[str, str] | None = None):
+    return CliRunner().invoke(build_app("train"), ["train", *args], env=env)
+
+
+def only_run_dir(tmp_path: Path) -> Path:
+    runs = list((tmp_path / "runs").iterdir())
+    assert len(runs) == 1
+    return runs[0]
+
+
+TINY_TRAINER_ARGS = [
+    "-m", "mlaunch.trainer",
+    "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
+    "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", "30",
+    "--lr", "0.003", "--min-lr", "0.0003", "--lr-warmup-iters", "5", "--weight-decay", "0.01",
+    "--clip-grad", "1.0", "--eval-interval", "15", "--eval-iters", "2", "--log-interval", "5",
+    "--keep-last", "2", "--seed", "1234", "--sample-tokens", "0",
+    "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1",
+]  # fmt: skip
+
+
+def test_no_arguments_runs_tiny_with_exact_command_and_environment(spawned, tmp_path):
+    result = invoke(env={"NEMO_LENS_SPAN_GROUPS": "all", "OTEL_TRACES_SAMPLER": "always_on"})
+    assert result.exit_code == 0, result.output
+    (argv, env), = spawned
+    run_dir = only_run_dir(tmp_path)
+    run_id = run_dir.name
+    assert len(run_id) == 12 and int(run_id, 16) >= 0
+    assert argv == [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+        "--nproc-per-node", "2", "--max-restarts", "0", "--log-dir", str(run_dir / "logs" / "node0"),
+        "--redirects", "3", *TINY_TRAINER_ARGS,
+    ]  # fmt: skip
+    mine = {k: v for k, v in env.items() if k.startswith(PREFIXES) or k == "CUDA_VISIBLE_DEVICES"}
+    assert mine == {
+        "MEGATRON_OTEL_ENABLED": "true",
+        "MEGATRON_OTEL_SPAN_GROUPS": "all",  # NEMO_LENS_* beats the file...
+        "MEGATRON_OTEL_EXPORT_STRATEGY": "all_ranks",
+        "MEGATRON_OTEL_EXPORT_RANK": "-1",
+        "MEGATRON_OTEL_EXPORT_SAMPLE_RATE": "1.0",
+        "MEGATRON_OTEL_SAMPLER_ENABLED": "false",
+        "MEGATRON_OTEL_TRACES_ENABLED": "true",
+        "MEGATRON_OTEL_METRICS_ENABLED": "true",
+        "MEGATRON_OTEL_LOGS_ENABLED": "false",
+        "MEGATRON_OTEL_EXPORTER": "file",
+        "MEGATRON_OTEL_RUN_ID": run_id,
+        "MEGATRON_OTEL_USER_ID": "",
+        "MEGATRON_OTEL_SHUTDOWN_TIMEOUT": "5.0",
+        "MEGATRON_OTEL_TRACE_SEGMENT_ITERS": "100",
+        "MLAUNCH_RUN_DIR": str(run_dir),
+        "OTEL_SERVICE_NAME": "mlaunch-tiny",
+        "OTEL_TRACES_SAMPLER": "always_on",
+        "CUDA_VISIBLE_DEVICES": "",
+    }  # ...and the NEMO_LENS_* copy is gone: workers see one truth
+    assert (run_dir / "command.txt").read_text().startswith(f"{sys.executable} -m torch.distributed.run")
+    assert stat.S_IMODE((run_dir / "resolved.env").stat().st_mode) == 0o600
+    assert "exporting ranks" in result.output and "all 2 (0, 1)" in result.output
+    assert f"mlaunch trace summary {run_dir}" in result.output
+
+
+def test_flags_win_over_environment_and_stale_aliases_are_removed(spawned):
+    result = invoke(
+        "--otel-span-groups", "all,-layer", "--otel-export-strategy", "single_rank",
+        "--otel-export-rank", "0", "--no-otel-enabled", "--otel-service-name", "svc",
+        "--train-iters", "7",
+        env={"MEGATRON_OTEL_RANK_STRATEGY": "all_ranks", "MEGATRON_OTEL_SPAN_GROUPS": "default",
+             "NEMO_LENS_EXPORT_STRATEGY": "sampled"},
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (argv, env), = spawned
+    assert env["MEGATRON_OTEL_SPAN_GROUPS"] == "all,-layer"
+    assert env["MEGATRON_OTEL_EXPORT_STRATEGY"] == "single_rank"
+    assert env["MEGATRON_OTEL_EXPORT_RANK"] == "0"
+    assert env["MEGATRON_OTEL_ENABLED"] == "false"
+    assert env["OTEL_SERVICE_NAME"] == "svc"
+    assert "MEGATRON_OTEL_RANK_STRATEGY" not in env and "NEMO_LENS_EXPORT_STRATEGY" not in env
+    assert argv[argv.index("--train-iters") + 1] == "7"
+    assert "telemetry" in result.output and "off" in result.output
+
+
+def test_otlp_flags_select_the_otlp_exporter_and_reach_workers(spawned):
+    result = invoke(
+        "--otlp-endpoint", "http://127.0.0.1:4317", "--otlp-protocol", "grpc",
+        "--otel-exporter", "otlp", "--otlp-traces-sampler", "traceidratio",
+        "--otlp-traces-sampler-arg", "0.25",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (_, env), = spawned
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://127.0.0.1:4317"
+    assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "grpc"
+    assert env["OTEL_TRACES_SAMPLER"] == "traceidratio"
+    assert env["OTEL_TRACES_SAMPLER_ARG"] == "0.25"
+    assert env["MEGATRON_OTEL_EXPORTER"] == "otlp"
+    assert "otlp (grpc) -> http://127.0.0.1:4317" in result.output
+
+
+@pytest.mark.parametrize(
+    ("config", "expect"),
+    [
+        ("pp2", ["--pipeline-model-parallel-size", "2"]),
+        ("dp2pp2", ["--nproc-per-node", "4"]),
+        ("profiling", ["--offload-activations"]),
+        (str(CONFIGS_DIR / "tiny.toml"), ["--train-iters", "30"]),
+    ],
+)
+def test_each_shipped_config_launches(spawned, config, expect):
+    result = invoke("--config", config)
+    assert result.exit_code == 0, result.output
+    (argv, _), = spawned
+    joined = " ".join(argv)
+    assert " ".join(expect) in joined
+
+
+def test_gpu8_and_megatron_configs(spawned, tmp_path):
+    result = invoke("--config", "gpu8", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "--nproc-per-node 8" in result.output and "--bf16" in result.output
+    assert "CUDA_VISIBLE_DEVICES" not in result.output  # cuda: the workers pick their GPU
+    script = tmp_path / "pretrain_gpt.py"
+    script.write_text("")
+    result = invoke("--config", "megatron", "--script", str(script), "--", "--vocab-file", "v.json")
+    assert result.exit_code == 0, result.output
+    (argv, env), = spawned
+    assert argv[argv.index(str(script)) :][-2:] == ["--vocab-file", "v.json"]
+    assert "-m" not in argv[argv.index("--redirects") + 2 :]
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://localhost:4317"
+    assert env["MEGATRON_OTEL_EXPORTER"] == "otlp"
+
+
+def test_module_target_and_passthrough(spawned):
+    result = invoke("--module", "my.train", "--no-megatron-args", "--", "--foo", "bar baz")
+    assert result.exit_code == 0, result.output
+    (argv, _), = spawned
+    assert argv[argv.index("--redirects") + 2 :] == ["-m", "my.train", "--foo", "bar baz"]
+
+
+def test_passthrough_to_the_builtin_trainer_is_checked_before_launch(spawned, tmp_path):
+    ok = invoke("--", "--eval-fraction", "0.1")
+    assert ok.exit_code == 0, ok.output
+    assert spawned[0][0][-2:] == ["--eval-fraction", "0.1"]
+    bad = CliRunner().invoke(build_app("train"), ["train", "--run-dir", "x", "--", "--bogus"])
+    assert bad.exit_code == 2
+    assert "-- ARGS: the trainer rejects its arguments: unrecognized arguments: --bogus" in bad.stderr
+    assert not (tmp_path / "x").exists() and len(spawned) == 1
+
+
+def test_multi_node_flags_and_run_id_from_rendezvous_id(spawned, tmp_path):
+    result = invoke(
+        "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "10.0.0.1:29400",
+        "--rdzv-id", "job7", "--nproc-per-node", "1", "--max-restarts", "3",
+        "--global-batch-size", "4",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (argv, env), = spawned
+    assert argv[3:19] == [
+        "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", "1", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", "10.0.0.1:29400", "--rdzv-id", "job7", "--max-restarts", "3",
+        "--log-dir", str(tmp_path / "runs" / "job7" / "logs" / "node1"),
+    ]  # fmt: skip
+    assert env["MEGATRON_OTEL_RUN_ID"] == "job7"
+
+
+def test_slurm_variables_fill_in_the_launch(spawned):
+    result = invoke(
+        "--global-batch-size", "16",
+        env={"SLURM_JOB_ID": "991", "SLURM_NNODES": "4", "SLURM_NODEID": "3",
+             "SLURM_JOB_NODELIST": "gpu[07-10]"},
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (argv, env), = spawned
+    assert argv[argv.index("--rdzv-endpoint") + 1] == "gpu07:29500"
+    assert argv[argv.index("--node-rank") + 1] == "3"
+    assert env["MEGATRON_OTEL_RUN_ID"] == "991"
+    assert "(from SLURM)" in result.output
+
+
+# ---- validation: exit 2, one line per problem naming the field, nothing created ------------
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "field"),
+    [
+        (["--num-layers", "abc"], {}, "--num-layers"),
+        (["--otel-span-groups", "default,stepp"], {}, "--otel-span-groups"),
+        ([], {"MEGATRON_OTEL_SPAN_GROUP": "all"}, "MEGATRON_OTEL_SPAN_GROUP"),
+        ([], {"OTEL_TRACES_SAMPLER": "always_onn"}, "OTEL_TRACES_SAMPLER"),
+        ([], {"OTEL_TRACES_SAMPLER_ARG": "1.5"}, "OTEL_TRACES_SAMPLER_ARG"),
+        (["--config", "nosuch"], {}, "--config"),
+        (["--nnodes", "2"], {}, "--rdzv-endpoint"),
+        (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--global-batch-size", "8"], {}, "--rdzv-id"),
+        (["--rdzv-endpoint", "nohost"], {}, "--rdzv-endpoint"),
+        (["--pipeline-model-parallel-size", "3"], {}, "--pipeline-model-parallel-size"),
+        (["--otel-export-rank", "5"], {}, "--otel-export-rank"),
+        (["--otel-export-strategy", "singel_rank"], {}, "--otel-export-strategy"),
+        (["--script", "missing.py"], {}, "launch"),
+        (["--tensor-model-parallel-size", "2", "--nproc-per-node", "4"], {}, "--tensor-model-parallel-size"),
+        (["--otlp-endpoint", "localhost:4317"], {}, "--otlp-endpoint"),
+        (["--otel-run-id", "bad id!"], {}, "--otel-run-id"),
+        (["--otel-enabled", "--otel-export-sample-rate", "2"], {}, "--otel-export-sample-rate"),
+    ],
+)
+def test_bad_input_exits_2_naming_the_field_and_creates_nothing(spawned, tmp_path, args, env, field):
+    result = invoke("--run-dir", "out", *args, env=env)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert lines and all(": " in line for line in lines)
+    assert any(line.startswith(field) for line in lines), lines
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
+    assert spawned == []
+
+
+def test_every_problem_is_reported_at_once(spawned, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[training]\ntrain_itres = 3\n[modle]\n")
+    result = invoke("--config", str(bad), env={"MEGATRON_OTEL_ENABLD": "1"})
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 3, lines
+    assert any("train_itres" in line and "train_iters" in line for line in lines)
+    assert any(line.startswith("MEGATRON_OTEL_ENABLD") for line in lines)
+
+
+# ---- dry run and print-env -----------------------------------------------------------------
+
+
+def test_dry_run_prints_command_and_redacted_environment_and_creates_nothing(spawned, tmp_path):
+    env = {"OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer TOPSECRET"}
+    result = invoke("--dry-run", env=env)
+    assert result.exit_code == 0, result.output
+    assert "-m torch.distributed.run --standalone" in result.output
+    assert "export MEGATRON_OTEL_SPAN_GROUPS=per_step" in result.output
+    assert "OTEL_EXPORTER_OTLP_HEADERS=<redacted>" in result.output
+    assert "TOPSECRET" not in result.output
+    assert not (tmp_path / "runs").exists() and spawned == []
+    shown = invoke("--dry-run", "--show-secrets", env=env)
+    assert "TOPSECRET" in shown.output
+
+
+def test_print_env_prints_pasteable_exports_only(spawned, tmp_path):
+    result = invoke("--print-env", "--otel-user-id", "a b$c")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.strip().splitlines()
+    assert all(line.startswith(("export ", "# export ")) for line in lines)
+    assert "export MEGATRON_OTEL_USER_ID='a b$c'" in lines
+    assert not (tmp_path / "runs").exists() and spawned == []
+
+
+# ---- following and reporting ---------------------------------------------------------------
+
+
+def test_progress_lines_per_log_interval_and_run_summary(spawned, tmp_path):
+    def job():
+        run_dir = only_run_dir(tmp_path)
+        with (run_dir / "progress.jsonl").open("a") as fh:
+            for i in range(1, 11):
+                rec = {"iteration": i, "train_iters": 10, "loss": 5.0 - i / 10, "lr": 1e-3,
+                       "grad_norm": 1.0, "tokens_per_sec": 1000.0 * i, "step_ms": 10.0, "skipped": False}  # fmt: skip
+                fh.write(json.dumps(rec) + "\n")
+            fh.write(json.dumps({"iteration": 10, "eval_loss": 4.5}) + "\n")
+        (run_dir / "telemetry" / "traces-rank0.jsonl").write_text("")
+
+    spawned.state["proc"] = FakeProc(0, job)
+    result = invoke("--train-iters", "10", "--log-interval", "5")
+    assert result.exit_code == 0, result.output
+    shown = [line for line in result.stdout.splitlines() if line.startswith("iteration ")]
+    assert [line.split(" | ")[0] for line in shown] == ["iteration 1/10", "iteration 5/10", "iteration 10/10"]
+    assert "eval at iteration 10: loss 4.5000" in result.stdout
+    assert "final loss  4.0000" in result.stdout and "10/10" in result.stdout
+    assert "5,500 (mean of 10 records)" in result.stdout
+    assert "(1 file(s))" in result.stdout
+
+
+def test_failed_rank_reported_with_rank_exception_and_log_tail(spawned, tmp_path):
+    def job():
+        run_dir = only_run_dir(tmp_path)
+        (run_dir / "error-rank1.json").write_text(json.dumps({
+            "rank": 1, "exception_type": "RuntimeError", "message": "boom at iteration 3",
+            "traceback": "Traceback ...", "iteration": 3,
+        }))  # fmt: skip
+        folder = run_dir / "logs" / "node0" / "abc_x1" / "attempt_0" / "1"
+        folder.mkdir(parents=True)
+        (folder / "error.json").write_text(json.dumps({"message": {"message": "RuntimeError: boom"}}))
+        (folder / "stderr.log").write_text("\n".join(f"[rank1]: line {i}" for i in range(40)))
+        (run_dir / "logs" / "node0" / "torchrun.log").write_text("error_file: <N/A>\n")
+
+    spawned.state["proc"] = FakeProc(1, job)
+    result = invoke()
+    assert result.exit_code == 1
+    out = result.stdout
+    assert "rank 1 (node 0, local rank 1) failed" in out
+    assert "RuntimeError: boom at iteration 3" in out
+    assert "[rank1]: line 39" in out and "[rank1]: line 20" not in out  # the last lines only
+    assert "<N/A>" not in out
+
+
+def test_failure_without_error_files_shows_torchrun_log(spawned, tmp_path):
+    def job():
+        (only_run_dir(tmp_path) / "logs" / "node0" / "torchrun.log").write_text("rendezvous timed out\n")
+
+    spawned.state["proc"] = FakeProc(1, job)
+    result = invoke()
+    assert result.exit_code == 1
+    assert "torchrun exited with 1" in result.stdout and "rendezvous timed out" in result.stdout
+
+
+def test_secrets_never_reach_disk_or_screen(spawned, tmp_path):
+    secret = "authorization=Bearer SUPERSECRET"
+    result = invoke("--otlp-headers", "x-api-key=FLAGSECRET", env={"OTEL_EXPORTER_OTLP_TRACES_HEADERS": secret})
+    assert result.exit_code == 0, result.output
+    (argv, env), = spawned
+    assert env["OTEL_EXPORTER_OTLP_HEADERS"] == "x-api-key=FLAGSECRET"
+    assert env["OTEL_EXPORTER_OTLP_TRACES_HEADERS"] == secret
+    for path in only_run_dir(tmp_path).rglob("*"):
+        if path.is_file():
+            text = path.read_text()
+            assert "SUPERSECRET" not in text and "FLAGSECRET" not in text, path
+    assert "SUPERSECRET" not in result.output and "FLAGSECRET" not in result.output
