@@ -803,6 +803,9 @@ def grpc_export(
     url: str, headers: Mapping[str, str], timeout_s: float, certificate: str | None = None
 ) -> _Answer:
     """An empty ExportTraceServiceRequest as a gRPC unary call (TLS for https URLs)."""
+    if "grpc" not in sys.modules:
+        # gRPC's C core logs failed handshakes to stderr; doctor reports them itself.
+        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     import grpc
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceRequest,
@@ -930,10 +933,14 @@ def identify_peer(host: str, port: int, timeout_s: float) -> PeerKind:
                 return "silent"
         except OSError:
             pass
-    if data.startswith(b"HTTP/"):
+    if len(data) >= 9 and data[:3] < b"\x00\x40\x00" and data[3] == 0x04:
+        return "http2"  # a SETTINGS frame (a small length, type 4) answers the preface
+    if data.startswith(b"HTTP/") or (
+        data and all(32 <= b < 127 or b in b"\r\n\t" for b in data[:64])
+    ):
+        # An HTTP/1 error page; some servers (Python's http.server) answer an unsupported
+        # version HTTP/0.9-style, with the body only.
         return "http1"
-    if len(data) >= 9 and data[3] == 0x04:  # an HTTP/2 SETTINGS frame
-        return "http2"
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
@@ -1036,7 +1043,7 @@ def probe_otlp(
             "set OTEL_EXPORTER_OTLP_CERTIFICATE to the collector's CA certificate (PEM)",
         )
     if answer.kind == "refused":
-        return fail(name, f"connection refused at {hostport}", f"start the collector or fix {var}")
+        return _refused(hostport, protocol, var)
     if answer.kind == "status":
         return _http_status_result(url, answer, var, headers)
     if answer.kind == "grpc":
@@ -1057,6 +1064,10 @@ def probe_otlp(
                     "check the collector's logs")  # fmt: skip
     # No usable answer: find out what the peer speaks.
     peer = identify_peer(host, port, timeout_s)
+    if peer == "refused":
+        return _refused(hostport, protocol, var)
+    if peer == "unreachable":
+        return fail(name, f"cannot connect to {hostport}", f"check the host and port in {var}")
     if peer == "silent":
         return fail(
             name,
@@ -1116,6 +1127,16 @@ def probe_otlp(
         f"{hostport} is {_describe_peer(peer)} but did not answer as an OTLP/"
         f"{_proto_label(protocol)} receiver ({answer.detail})",
         f"point {var} at the collector's OTLP receiver",
+    )
+
+
+def _refused(hostport: str, protocol: str, var: str) -> CheckResult:
+    default = 4317 if protocol == "grpc" else 4318
+    return fail(
+        "otlp probe",
+        f"connection refused at {hostport}: nothing listens there",
+        f"start the collector, or point {var} at it (OTLP {protocol} usually listens on port"
+        f" {default})",
     )
 
 
