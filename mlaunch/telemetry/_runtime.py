@@ -22,6 +22,7 @@ import socket
 import sys
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
@@ -501,21 +502,45 @@ class Runtime:
 
             provider = LoggerProvider(resource=self.resource, shutdown_on_exit=False)
             if settings.exporter == "otlp":
-                if settings.otel.protocol == "grpc":
+                otel = settings.otel
+                protocol = getattr(otel, "logs_protocol", None) or otel.protocol
+                if protocol == "grpc":
                     from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
+
+                    endpoint = getattr(otel, "base_endpoint", None) or otel.endpoint
                 else:
                     from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+
+                    base = (
+                        getattr(otel, "base_endpoint", None) or otel.endpoint.rsplit("/v1/", 1)[0]
+                    )
+                    endpoint = base.rstrip("/") + "/v1/logs"
+                kwargs: dict[str, Any] = {"headers": dict(otel.headers or {})}
+                if otel.timeout_s is not None:
+                    kwargs["timeout"] = otel.timeout_s
+                exporter = OTLPLogExporter(
+                    endpoint=endpoint, **_protocol_kwargs(otel, protocol, kwargs)
+                )
                 from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
 
-                provider.add_log_record_processor(BatchLogRecordProcessor(OTLPLogExporter()))
+                provider.add_log_record_processor(BatchLogRecordProcessor(exporter))
             elif settings.exporter == "console":
                 from opentelemetry.sdk._logs.export import ConsoleLogExporter
 
                 provider.add_log_record_processor(SimpleLogRecordProcessor(ConsoleLogExporter()))
             else:
+                # The file/none exporters have no log output; Python logging keeps its own handlers.
+                log.info(
+                    "mlaunch telemetry: LOGS_ENABLED has no effect with exporter %r",
+                    settings.exporter,
+                )
                 return
             self._log_provider = provider
-            self._logs_handler = LoggingHandler(level=logging.NOTSET, logger_provider=provider)
+            with warnings.catch_warnings():
+                # Deprecated in favour of opentelemetry-instrumentation-logging, which is not a
+                # dependency; the SDK handler still works and keeps the dependency set small.
+                warnings.simplefilter("ignore", DeprecationWarning)
+                self._logs_handler = LoggingHandler(level=logging.NOTSET, logger_provider=provider)
             logging.getLogger().addHandler(self._logs_handler)
         except Exception as exc:  # the bridge is optional; never stop training for it
             self.log_once("logs", "mlaunch telemetry: OTel log bridge unavailable (%s)", exc)
