@@ -206,6 +206,20 @@ def setup(
     return handle
 
 
+def _forget_in_child() -> None:
+    """A forked child (e.g. a DataLoader worker) inherits the state but not the export thread:
+    make telemetry a no-op there instead of queueing spans nobody exports."""
+    global _ENABLED, _FINE, _RUNTIME, _HANDLE
+    if _RUNTIME is not None:
+        _RUNTIME._closed = True  # its atexit hook must not flush the parent's data from here
+    _ENABLED = _FINE = frozenset()
+    _RUNTIME = _HANDLE = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def shutdown(timeout_s: float | None = None) -> None:
     """Shut down the process's telemetry (idempotent): ends open spans as truncated, exports or
     spools everything within the hard deadline (``shutdown_timeout_s`` by default)."""

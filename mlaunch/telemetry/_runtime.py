@@ -30,10 +30,11 @@ from typing import IO, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace as trace_api
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
@@ -64,6 +65,9 @@ BATCH_SIZE = 512
 #: for the exporter's timeout against a dead endpoint.
 FAILURE_BACKOFF_S = 30.0
 DEFAULT_METRIC_INTERVAL_MS = 60_000
+#: More ended spans than this waiting in one drain means the exporter is behind; the oldest go
+#: to the spool file instead of growing memory without bound.
+MAX_PENDING_SPANS = 200_000
 _RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -328,13 +332,28 @@ class OtlpSink(Sink):
 # Converting fine-span records into SDK ReadableSpans (on the export thread)
 
 
+_LIMITS = SpanLimits()
+
+
+def _clean(attributes: Mapping[str, Any], maxlen: int | None) -> BoundedAttributes:
+    """Attributes cleaned exactly as an SDK span cleans them (invalid values dropped with the
+    SDK's warning, sequences made tuples, limits applied), so a bad value never breaks a batch."""
+    return BoundedAttributes(
+        maxlen, attributes, immutable=True, max_value_len=_LIMITS.max_span_attribute_length
+    )
+
+
 def fine_to_readable(
     rec: _spans.FineSpan, resource: Resource, scope: InstrumentationScope
 ) -> ReadableSpan:
     """The ReadableSpan the SDK would have produced for the same calls."""
     flags = _SAMPLED if rec.sampled else _NOT_SAMPLED
     parent = SpanContext(rec.trace_id, rec.parent_id, False, flags) if rec.parent_id else None
-    events = [Event(name, attrs, ts) for name, attrs, ts in rec.events] if rec.events else ()
+    events = (
+        [Event(name, _clean(a, _LIMITS.max_event_attributes), ts) for name, a, ts in rec.events]
+        if rec.events
+        else ()
+    )
     status = (
         Status(StatusCode(rec.status[0]), rec.status[1] or None)
         if rec.status
@@ -345,7 +364,7 @@ def fine_to_readable(
         context=SpanContext(rec.trace_id, rec.span_id, False, flags),
         parent=parent,
         resource=resource,
-        attributes=rec.attributes,
+        attributes=_clean(rec.attributes, _LIMITS.max_span_attributes),
         events=events,
         links=rec.links or (),
         kind=SpanKind.INTERNAL,
@@ -656,7 +675,15 @@ class Runtime:
             except IndexError:
                 return out
             if isinstance(item, _spans.FineSpan):
-                item = fine_to_readable(item, resource, scope)
+                try:
+                    item = fine_to_readable(item, resource, scope)
+                except Exception as exc:  # one bad record must not take the batch with it
+                    self.log_once(
+                        f"convert:{type(exc).__name__}",
+                        "mlaunch telemetry: dropped a span (%s)",
+                        exc,
+                    )
+                    continue
             out.append(item)
 
     def _spool_spans(self, spans: list[ReadableSpan]) -> None:
@@ -721,6 +748,13 @@ class Runtime:
 
     def _flush_spans(self) -> None:
         spans = self._drain()
+        if len(spans) > MAX_PENDING_SPANS:
+            # The exporter cannot keep up: keep memory bounded, put the oldest in the spool.
+            excess, spans = spans[: len(spans) - MAX_PENDING_SPANS], spans[-MAX_PENDING_SPANS:]
+            self.log_once("behind", "mlaunch telemetry: exporter falling behind; spooling spans")
+            with self._lock:
+                if not self._abandoned:
+                    self._spool_spans(excess)
         for i in range(0, len(spans), BATCH_SIZE):
             self._deliver("spans", spans[i : i + BATCH_SIZE])
 
