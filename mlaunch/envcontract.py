@@ -58,3 +58,5 @@ def worker_run_dir(environ: Mapping[str, str], run_id: str) -> Path:
     return Path(given) if given else default_run_dir(run_id)
 #: With FAIL_AT_ITERATION: only this rank fails (test-only; unset = every rank).
 FAIL_RANK = "MLAUNCH_TEST_FAIL_RANK"
+#: Test-only: make the gradients of iteration k non-finite (exercises skip-and-count).
+NAN_AT_ITERATION = "MLAUNCH_TEST_NAN_AT_ITERATION"

@@ -332,6 +332,7 @@ class Trainer:
                                 **{Attr.NUM_MICROBATCHES.value: self.num_micro}):
                 loss = forward_backward_1f1b(self.ctx, batch, self.num_micro, topo.pp_rank, topo.pp)
 
+            _maybe_poison(iteration, self.grads.flat)
             if topo.dp > 1:
                 # One flat bucket, all-reduced asynchronously once the last backward is done.
                 with telemetry.span(G.COMMUNICATION, SpanName.GRAD_SYNC_START):
@@ -558,6 +559,14 @@ def _on_fresh_thread(fn: Callable[[], Any]) -> Any:
     if "error" in result:
         raise result["error"]
     return result.get("value")
+
+
+def _maybe_poison(iteration: int, flat_grads: torch.Tensor) -> None:
+    """The test hook MLAUNCH_TEST_NAN_AT_ITERATION=k: a NaN gradient at iteration k, before the
+    all-reduce, as a real overflow would arrive."""
+    at = os.environ.get(envcontract.NAN_AT_ITERATION)
+    if at and int(at) == iteration:
+        flat_grads[0] = float("nan")
 
 
 def _maybe_fail(iteration: int, rank: int) -> None:

@@ -86,3 +86,15 @@ def test_resume_continues_the_same_loss_sequence_and_skips_a_corrupt_checkpoint(
     assert "iter_0000020 is invalid" in third.output and "sha256" in third.output
     assert [r["iteration"] for r in third.progress()] == list(range(16, 21))
     assert_close(third.losses(), baseline.losses()[15:], rel=1e-6)
+
+
+def test_an_iteration_with_non_finite_gradients_is_skipped_and_counted(workdir):
+    run = ok(run_trainer(
+        workdir, [*TINY, "--train-iters", "6", "--log-interval", "6"],
+        env={"MLAUNCH_TEST_NAN_AT_ITERATION": "3"}, name="nan",
+    ))
+    records = run.progress()
+    assert [r["skipped"] for r in records] == [False, False, True, False, False, False]
+    assert records[2]["grad_norm"] is None  # NaN is written as null
+    assert all(math.isfinite(r["loss"]) for r in records)
+    assert "skipped 1" in run.output  # the counter in the log line
