@@ -32,22 +32,16 @@ class ExportFormat(StrEnum):
 
 
 def _fail(message: str) -> NoReturn:
-    from rich.console import Console
-
-    Console(stderr=True).print(f"error: {message}", markup=False, highlight=False)
+    # Plain echo, not Rich: Rich would wrap a long path across lines and break copy-paste.
+    typer.echo(f"error: {message}", err=True)
     raise typer.Exit(2)
 
 
 def _warn_skipped(stats: Any) -> None:
-    from rich.console import Console
-
-    if stats.skipped_lines:
-        err = Console(stderr=True)
-        for path, line, why in stats.skipped_lines[:5]:
-            err.print(f"warning: skipped {path}:{line}: {why}", markup=False, highlight=False)
-        if len(stats.skipped_lines) > 5:
-            err.print(f"warning: ... {len(stats.skipped_lines) - 5} more skipped lines",
-                      markup=False, highlight=False)  # fmt: skip
+    for path, line, why in stats.skipped_lines[:5]:
+        typer.echo(f"warning: skipped {path}:{line}: {why}", err=True)
+    if len(stats.skipped_lines) > 5:
+        typer.echo(f"warning: ... {len(stats.skipped_lines) - 5} more skipped lines", err=True)
 
 
 def _ms(v: float) -> str:
@@ -270,3 +264,34 @@ def _render_goodput(report: Any) -> None:
     con.print(f"restart cost (all ranks): {split}", highlight=False)
     con.print("[dim]ckpt = checkpoint saves, eval = evaluation, unacct = unaccounted; "
               "see `mlaunch trace goodput --help` for the definitions[/dim]")  # fmt: skip
+
+
+@app.command("report")
+def report_cmd(
+    path: Path = typer.Argument(..., help="A run directory (runs/<run_id>).", show_default=False),
+    output: Path = typer.Option(
+        Path("report.html"), "--output", "-o", help="The HTML file to write."
+    ),
+    skip_invalid: bool = typer.Option(False, "--skip-invalid", help=_SKIP_HELP),
+) -> None:
+    """Write a self-contained HTML report that opens offline (plotly.js embedded).
+
+    Header (run identity, layout, goodput, stragglers), per-rank timeline of the run's phases,
+    span breakdown, training curves from progress.jsonl, and the goodput split per rank.
+    """
+    from mlaunch.trace.reader import TraceInputError
+    from mlaunch.trace.report import write_report
+
+    if output.is_dir():
+        _fail(f"{output}: is a directory\n  fix: pass a file name, e.g. -o report.html")
+    try:
+        data = write_report(path, output, skip_invalid=skip_invalid)
+    except TraceInputError as e:
+        _fail(e.render())
+    except OSError as e:
+        _fail(f"{output}: cannot write: {e.strerror}\n  fix: choose a writable output path")
+    curves = f"{len(data.progress)} progress records" if data.progress else "no progress.jsonl"
+    typer.echo(
+        f"wrote {output}: {data.summary.read.get('spans', 0):,} spans, "
+        f"{len(data.summary.rank_ids)} ranks, {curves}"
+    )

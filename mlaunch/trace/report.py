@@ -278,7 +278,8 @@ def _goodput_fig(d: ReportData) -> Any:
         ))  # fmt: skip
     fig.update_layout(barmode="stack", height=140 + 36 * len(rows), xaxis_title="% of wall time",
                       yaxis={"autorange": "reversed"}, margin={"t": 30},
-                      legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"})  # fmt: skip
+                      legend={"orientation": "h", "y": 1.02, "yanchor": "bottom",
+                              "traceorder": "normal"})  # fmt: skip
     return fig
 
 
