@@ -1,0 +1,130 @@
+"""``mlaunch doctor`` end to end through the Typer app: exit codes, the text report, the pinned
+JSON shape, and a new user's broken environment named problem by problem."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support.otlp import GrpcOtlpReceiver, closed_port_endpoint
+from typer.testing import CliRunner
+
+from mlaunch.cli import app
+
+LEAKY_PREFIXES = ("MEGATRON_OTEL_", "NEMO_LENS_", "OTEL_", "SLURM_", "KUBERNETES_", "K8S_", "POD_")
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """No variable of the developer's shell reaches the assertions; ./runs lands in tmp."""
+    for name in list(os.environ):
+        if name.startswith(LEAKY_PREFIXES) or name in ("NODE_NAME", "MLAUNCH_RUN_DIR"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    yield
+
+
+def doctor(*args: str, env: dict[str, str] | None = None):
+    result = CliRunner().invoke(app, ["doctor", *args], env=env or {})
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result
+
+
+def test_healthy_setup_passes_with_exit_zero() -> None:
+    with GrpcOtlpReceiver() as rx:
+        result = doctor(
+            env={"MEGATRON_OTEL_ENABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": rx.endpoint}
+        )
+    assert result.exit_code == 0, result.output
+    assert "FAIL" not in result.stdout
+    assert "answers an empty trace export as an OTLP/gRPC receiver" in result.stdout
+    assert result.stdout.rstrip().endswith(", 0 failed")
+
+
+def test_broken_environment_names_each_problem_and_its_fix() -> None:
+    env = {
+        "MEGATRON_OTEL_ENABLED": "true",
+        "MEGATRON_OTEL_SPAN_GRUOPS": "per_step",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": closed_port_endpoint(),
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "1.5",
+    }
+    result = doctor(env=env)
+    assert result.exit_code == 1
+    out = result.stdout
+    assert "MEGATRON_OTEL_SPAN_GRUOPS is not a telemetry variable" in out
+    assert "fix: rename MEGATRON_OTEL_SPAN_GRUOPS to MEGATRON_OTEL_SPAN_GROUPS" in out
+    assert "OTEL_TRACES_SAMPLER_ARG: expected a ratio in [0, 1], got '1.5'" in out
+    assert "fix: set OTEL_TRACES_SAMPLER_ARG to a ratio in [0, 1]" in out
+    assert "connection refused" in out and "nothing listens there" in out
+    assert out.rstrip().endswith("3 failed")
+
+
+def test_json_shape_is_pinned() -> None:
+    result = doctor("--json", env={"OTEL_TRACES_SAMPLER": "nope"})
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    assert set(data) == {"checks", "summary"}
+    assert set(data["summary"]) == {"pass", "warn", "fail"}
+    for check in data["checks"]:
+        assert set(check) == {"name", "status", "message", "fix"}
+        assert check["status"] in ("pass", "warn", "fail")
+        assert all(isinstance(v, str) for v in check.values())
+    for status in ("pass", "warn", "fail"):
+        assert data["summary"][status] == sum(c["status"] == status for c in data["checks"])
+    names = [c["name"] for c in data["checks"]]
+    for expected in ("python", "torch", "torch import", "gloo", "sampler", "otlp endpoint",
+                     "hostname", "rendezvous port", "run directory", "disk space", "slurm",
+                     "kubernetes"):  # fmt: skip
+        assert expected in names
+    sampler = next(c for c in data["checks"] if c["name"] == "sampler")
+    assert sampler["status"] == "fail" and "nope" in sampler["message"]
+
+
+def test_json_exit_code_is_zero_when_nothing_fails() -> None:
+    result = doctor("--json")
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["summary"]["fail"] == 0
+
+
+def test_missing_config_file_is_a_bad_invocation(tmp_path: Path) -> None:
+    result = doctor("--config", str(tmp_path / "nope.toml"))
+    assert result.exit_code == 2
+    assert "does not exist" in result.stderr
+
+
+def test_config_file_that_fails_validation_is_a_failed_check(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[telemetry\nspan_groups = 'all'\n")
+    result = doctor("--config", str(bad), "--json")
+    assert result.exit_code == 1
+    fails = [c for c in json.loads(result.stdout)["checks"] if c["status"] == "fail"]
+    assert any("not valid TOML" in c["message"] for c in fails)
+
+
+def test_read_only_run_directory_fails(tmp_path: Path) -> None:
+    (tmp_path / "file.txt").write_text("x")
+    config = tmp_path / "run.toml"
+    config.write_text(f"[launch]\nrun_dir = '{tmp_path / 'file.txt' / 'runs'}'\n")
+    result = doctor("--config", str(config))
+    assert result.exit_code == 1
+    assert "file.txt is a file, not a directory" in result.stdout
+
+
+def test_otlp_headers_never_reach_the_output() -> None:
+    with GrpcOtlpReceiver() as rx:
+        env = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": rx.endpoint,
+            "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20sup3rs3cret",
+        }
+        text = doctor(env=env)
+        as_json = doctor("--json", env=env)
+    assert rx.headers and rx.headers[-1]["authorization"] == "Bearer sup3rs3cret"
+    for result in (text, as_json):
+        assert result.exit_code == 0, result.output
+        assert "sup3rs3cret" not in result.output
+    assert "OTEL_EXPORTER_OTLP_HEADERS=<redacted>" in text.stdout
