@@ -184,15 +184,20 @@ def setup(
             )
             exporting = False
     if exporting:
-        runtime = Runtime(
-            settings,
-            rank=rank,
-            world_size=world_size,
-            local_rank=local_rank,
-            resource=resource,
-            run_dir=run_dir,
-            environ=os.environ,
-        )
+        try:
+            runtime = Runtime(
+                settings,
+                rank=rank,
+                world_size=world_size,
+                local_rank=local_rank,
+                resource=resource,
+                run_dir=run_dir,
+                environ=os.environ,
+            )
+        except Exception as exc:  # telemetry must never stop training from starting
+            log.warning("mlaunch telemetry: setup failed (%s); telemetry is off", exc)
+            exporting = False
+    if exporting:
         groups = (
             frozenset(str(getattr(g, "value", g)) for g in settings.groups)
             if settings.traces_enabled

@@ -230,6 +230,19 @@ class Sink:
         """Release resources (may block; called on a daemon thread at shutdown)."""
 
 
+class _FailingSink(Sink):
+    """Used when the configured exporter could not be built: every batch goes to the spool."""
+
+    def __init__(self, cause: str) -> None:
+        self.cause = cause
+
+    def export_spans(self, spans: list[ReadableSpan]) -> None:
+        raise ExportFailed(self.cause)
+
+    def export_metrics(self, data: Any) -> None:
+        raise ExportFailed(self.cause)
+
+
 class LinesSink(Sink):
     """``file`` and ``console``: OTLP/JSON lines."""
 
@@ -466,7 +479,16 @@ class Runtime:
         interval = settings.otel.metric_export_interval_ms or DEFAULT_METRIC_INTERVAL_MS
         self.metric_interval_s = max(0.05, interval / 1000)
 
-        self.sink = self._build_sink(settings)
+        try:
+            self.sink = self._build_sink(settings)
+        except Exception as exc:  # e.g. an unreadable CA file: keep the data, in the spool
+            self.log_once(
+                "sink",
+                "mlaunch telemetry: cannot build the %s exporter (%s); spooling",
+                settings.exporter,
+                exc,
+            )
+            self.sink = _FailingSink(f"no exporter: {exc}")
         self.spool_traces = _LineFile(envcontract.spool_file(self.run_dir, rank, "traces"))
         self.spool_metrics = _LineFile(envcontract.spool_file(self.run_dir, rank, "metrics"))
         self.spooled_spans = 0

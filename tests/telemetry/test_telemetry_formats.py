@@ -120,3 +120,16 @@ def test_otel_sdk_disabled_turns_telemetry_off(make_settings, tmp_path):
         make_settings(OTEL_SDK_DISABLED="true"), rank=0, world_size=1, run_dir=tmp_path
     )
     assert not handle.exporting and not telemetry.is_enabled(G.JOB)
+
+
+def test_an_exporter_that_cannot_be_built_spools_instead_of_raising(make_settings, tmp_path):
+    settings = make_settings(
+        EXPORTER="otlp",
+        OTEL_EXPORTER_OTLP_ENDPOINT="https://127.0.0.1:9",
+        OTEL_EXPORTER_OTLP_CERTIFICATE=str(tmp_path / "missing-ca.pem"),
+    )
+    handle = telemetry.setup(settings, rank=0, world_size=1, run_dir=tmp_path)
+    assert handle.exporting
+    _emit_some()
+    telemetry.shutdown()
+    assert len(otlp_json.read_spans(envcontract.spool_file(tmp_path, 0, "traces"))) == 3

@@ -45,6 +45,7 @@ WORKER = textwrap.dedent(
     t0 = time.monotonic()
     if sys.argv[1] == "explicit":
         telemetry.shutdown()
+    assert "torch" not in sys.modules  # the telemetry runtime never imports torch
     print(json.dumps({"shutdown_s": time.monotonic() - t0}), flush=True)
     """
 )
@@ -139,6 +140,7 @@ NO_SDK = textwrap.dedent(
     assert c is not None and c.span_id == 2
     telemetry.shutdown()
     assert not any(m.startswith("opentelemetry.sdk") for m in sys.modules)
+    assert "torch" not in sys.modules
     print("ok")
     """
 )
