@@ -1,0 +1,86 @@
+"""``mlaunch trace report RUN_DIR [-o FILE] [--iterations A:B]``: a thin command over
+:mod:`mlaunch.trace.report`, added to the ``mlaunch trace`` sub-application by :func:`register`.
+
+Bad input (no traces, a malformed line, an ``--iterations`` that is not a range or misses the
+trace, an unwritable output) exits 2 with the file or flag named; never a traceback. Nothing
+heavy is imported until the command runs (plotly only while rendering).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NoReturn
+
+import typer
+
+_HELP_ITERATIONS = (
+    "The timeline's window of iterations, A:B inclusive (or one iteration A). Default: the "
+    "first and the last few iterations, with the set-up before and the tail after."
+)
+
+
+def _fail(message: str) -> NoReturn:
+    from rich.console import Console
+
+    Console(stderr=True).print(f"error: {message}", markup=False, highlight=False)
+    raise typer.Exit(2)
+
+
+def report_cmd(
+    path: Path = typer.Argument(
+        ..., help="A run directory (runs/<run_id>) or an OTLP-JSON traces file.",
+        show_default=False,
+    ),
+    output: Path | None = typer.Option(
+        None, "--output", "-o", show_default=False,
+        help="The HTML file to write. Default: RUN_DIR/report.html.",
+    ),
+    iterations: str | None = typer.Option(
+        None, "--iterations", metavar="A:B", help=_HELP_ITERATIONS, show_default=False
+    ),
+    skip_invalid: bool = typer.Option(
+        False, "--skip-invalid",
+        help="Skip malformed lines (e.g. a crashed writer's last line) instead of failing.",
+    ),
+) -> None:  # fmt: skip
+    """Write one self-contained HTML report of a run; it opens offline, from disk.
+
+    A header (run id, world layout, model, span groups, exporting ranks, wall time, goodput); a
+    zoomable timeline of a window of iterations with one lane per exporting rank, spans nested by
+    depth and coloured by group, attributes on hover, and arrows from each pipeline send to its
+    linked receive; the span breakdown (sortable) and per-rank step skew; training curves from
+    progress.jsonl (loss, eval loss, learning rate, grad norm, tokens/s, step time); and the
+    goodput split. plotly.js is embedded once, so the file is about 5 MB whatever the run.
+    """
+    from mlaunch.trace.reader import TraceInputError
+    from mlaunch.trace.report import default_output, parse_iterations, render_report
+
+    window = None
+    if iterations is not None:
+        try:
+            window = parse_iterations(iterations)
+        except ValueError as e:
+            _fail(f"--iterations {e}\n  fix: pass --iterations A:B, e.g. --iterations 10:20")
+    out = output if output is not None else default_output(path)
+    if out.is_dir():
+        _fail(f"{out}: is a directory\n  fix: pass a file name, e.g. -o report.html")
+    try:
+        result = render_report(path, window, skip_invalid=skip_invalid)
+        result.write(out)
+    except TraceInputError as e:
+        _fail(e.render())
+    except OSError as e:
+        _fail(f"{out}: cannot write: {e.strerror}\n  fix: choose a writable output path with -o")
+    shown = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in result.window) or "all"
+    links = f", {result.links} links" if result.links else ""
+    typer.echo(
+        f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB): timeline iterations {shown}, "
+        f"{result.timeline_spans:,} spans on {result.lanes} lane(s){links}"
+    )
+    for note in result.notes:
+        typer.echo(f"note: {note}", err=True)
+
+
+def register(trace_app: typer.Typer) -> None:
+    """Add ``report`` to the ``mlaunch trace`` sub-application."""
+    trace_app.command("report")(report_cmd)
