@@ -92,18 +92,50 @@ def choose_run_id(settings: Any, topo: Topology) -> str:
 class StopFlag:
     """Set by SIGTERM (and SIGUSR1 under SLURM, its pre-timeout warning): the loop finishes the
     current iteration, checkpoints and exits 0. All ranks vote in the per-step reduction, so they
-    stop after the same iteration even when the signal reaches them at different times."""
+    stop after the same iteration even when the signal reaches them at different times.
+
+    A Python signal handler only runs when the main thread executes Python. When a peer has died,
+    the main thread can sit in a collective that never returns (NCCL does not notice a dead peer),
+    and torchrun's SIGTERM would go unanswered until its SIGKILL 30 s later, losing the open spans.
+    A watchdog thread learns of the signal through the wakeup fd; if the handler has not run
+    within ``STUCK_AFTER_S``, it shuts telemetry down (open spans are ended, marked truncated) and
+    exits with 128 + the signal number.
+    """
+
+    STUCK_AFTER_S = 20.0  # below torchrun's 30 s grace before SIGKILL
 
     def __init__(self) -> None:
         self.signal: int | None = None
+        self._signals: tuple[int, ...] = ()
 
     def install(self) -> None:
-        signal.signal(signal.SIGTERM, self._handle)
-        if os.environ.get("SLURM_JOB_ID"):
-            signal.signal(signal.SIGUSR1, self._handle)
+        self._signals = (signal.SIGTERM, signal.SIGUSR1) if os.environ.get("SLURM_JOB_ID") else (signal.SIGTERM,)
+        for signum in self._signals:
+            signal.signal(signum, self._handle)
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        threading.Thread(target=self._watch, args=(read_fd,), name="mlaunch-signal-watchdog", daemon=True).start()
 
     def _handle(self, signum: int, _frame: object) -> None:
         self.signal = signum
+
+    def _watch(self, read_fd: int) -> None:
+        while True:
+            received = [b for b in os.read(read_fd, 64) if b in self._signals]
+            if not received:
+                continue
+            deadline = time.monotonic() + self.STUCK_AFTER_S
+            while self.signal is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if self.signal is None:
+                print(
+                    f"{PROG}: signal {received[0]} not handled within {self.STUCK_AFTER_S:.0f} s "
+                    "(the main thread is blocked, likely in a collective with a dead peer); "
+                    "flushing telemetry and exiting", file=sys.stderr, flush=True,
+                )
+                telemetry.shutdown()
+                os._exit(128 + received[0])
 
     @property
     def requested(self) -> bool:
