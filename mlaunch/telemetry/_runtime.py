@@ -64,7 +64,9 @@ BATCH_SIZE = 512
 #: After a failed export, batches go straight to the spool for this long instead of each waiting
 #: for the exporter's timeout against a dead endpoint.
 FAILURE_BACKOFF_S = 30.0
-DEFAULT_METRIC_INTERVAL_MS = 60_000
+DEFAULT_METRIC_INTERVAL_MS = 60_000  # the OTel default (OTEL_METRIC_EXPORT_INTERVAL)
+#: Local file writes are cheap; a shorter default period means a killed process loses little.
+DEFAULT_FILE_METRIC_INTERVAL_MS = 10_000
 #: More ended spans than this waiting in one drain means the exporter is behind; the oldest go
 #: to the spool file instead of growing memory without bound.
 MAX_PENDING_SPANS = 200_000
@@ -476,7 +478,12 @@ class Runtime:
                 self.instruments[m.name] = makers[m.kind](
                     m.name, unit=m.unit, description=m.description
                 )
-        interval = settings.otel.metric_export_interval_ms or DEFAULT_METRIC_INTERVAL_MS
+        default_ms = (
+            DEFAULT_FILE_METRIC_INTERVAL_MS
+            if settings.exporter == "file"
+            else DEFAULT_METRIC_INTERVAL_MS
+        )
+        interval = settings.otel.metric_export_interval_ms or default_ms
         self.metric_interval_s = max(0.05, interval / 1000)
 
         try:
