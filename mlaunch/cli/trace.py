@@ -295,3 +295,10 @@ def report_cmd(
         f"wrote {output}: {data.summary.read.get('spans', 0):,} spans, "
         f"{len(data.summary.rank_ids)} ranks, {curves}"
     )
+
+
+# `mlaunch trace report` (issue 9) lives in mlaunch/cli/trace_report.py; registered last, so it is
+# the `report` command this app runs.
+from mlaunch.cli.trace_report import register as _register_report  # noqa: E402
+
+_register_report(app)
