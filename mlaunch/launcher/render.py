@@ -27,7 +27,7 @@ from rich.text import Text
 from mlaunch import envcontract as ec
 from mlaunch.cli.render import span_tree
 from mlaunch.launcher.plan import LaunchPlan
-from mlaunch.launcher.run import RunResult
+from mlaunch.launcher.run import RunResult, torchrun_log
 from mlaunch.model.spec import format_groups
 
 # --------------------------------------------------------------------------------------------
@@ -239,23 +239,24 @@ def print_result(console: Console, plan: LaunchPlan, result: RunResult) -> None:
             where.append(f"node {f.node}")
         if f.local_rank is not None and f.rank is not None:
             where.append(f"local rank {f.local_rank}")
-        head = f"[bold red]{who}[/]" + (f" ({', '.join(where)})" if where else "") + " failed"
-        body = [f"{f.exc_type}: {f.message}"]
+        head = who + (f" ({', '.join(where)})" if where else "") + " failed"
+        # Plain, unwrapped lines (soft_wrap): paths stay whole for copying, and Text rather than
+        # markup because log lines carry "[rank1]:" prefixes that Rich would eat as tags.
+        console.print(Text(f"{head}: {f.exc_type}: {f.message}", style="bold red"), soft_wrap=True)
         if f.log_path is not None and f.log_tail:
-            body += ["", f"last lines of {f.log_path}:", *f.log_tail]
+            console.print(Text(f"last lines of {f.log_path}:"), soft_wrap=True)
+            for line in f.log_tail:
+                console.print(Text("  " + line), soft_wrap=True)
         elif f.log_path is None:
-            body += ["", "(its log is on the node that ran it)"]
-        # Text, not markup: log lines carry "[rank1]:" prefixes that Rich would eat as tags.
-        console.print(Panel(Text("\n".join(body)), title=head, border_style="red"))
+            console.print(Text("  (its log is on the node that ran it)"), soft_wrap=True)
     if result.exit_code != 0 and not result.failures and result.interrupted is None:
-        lines = result.torchrun_tail or ["(no output)"]
         console.print(
-            Panel(
-                Text("\n".join(lines)),
-                title=f"[bold red]torchrun exited with {result.exit_code}[/]; its log:",
-                border_style="red",
-            )
+            Text(f"torchrun exited with {result.exit_code}; last lines of {torchrun_log(plan)}:",
+                 style="bold red"),
+            soft_wrap=True,
         )
+        for line in result.torchrun_tail or ["(no output)"]:
+            console.print(Text("  " + line), soft_wrap=True)
     train = result.train_records
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold", no_wrap=True)

@@ -1,0 +1,186 @@
+"""Real ``mlaunch train`` runs on gloo/CPU: the embedded default end to end, pipeline parallel with
+OTLP gRPC export, two "nodes" on one machine, two runs at once, a failing rank, and SIGTERM with
+checkpoint resume. Tiny models; each run is a few seconds of training."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mlaunch.telemetry.otlp_json import read_spans
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
+PREFIXES = ("MEGATRON_OTEL_", "NEMO_LENS_", "OTEL_", "SLURM_", "MLAUNCH_", "TORCHELASTIC_")
+TIMEOUT_S = 180
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(PREFIXES)}
+    env.update(OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+def mlaunch(*args: str, cwd: Path, env: dict[str, str] | None = None, **popen) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "mlaunch", "train", *args],
+        cwd=cwd, env=env or clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, **popen,
+    )  # fmt: skip
+
+
+def finish(proc: subprocess.Popen) -> tuple[int, str]:
+    try:
+        out, _ = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        pytest.fail(f"mlaunch train did not finish:\n{out}")
+    return proc.returncode, out
+
+
+def progress(run_dir: Path) -> list[dict]:
+    path = run_dir / "progress.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def train_records(run_dir: Path) -> list[dict]:
+    return [r for r in progress(run_dir) if "loss" in r and "eval_loss" not in r]
+
+
+def the_run_dir(cwd: Path) -> Path:
+    runs = list((cwd / "runs").iterdir())
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_no_arguments_runs_tiny_end_to_end(tmp_path):
+    code, out = finish(mlaunch(cwd=tmp_path))
+    assert code == 0, out
+    run_dir = the_run_dir(tmp_path)
+    records = train_records(run_dir)
+    assert [r["iteration"] for r in records] == list(range(1, 31))
+    assert "iteration 30/30" in out and "iteration 2/30" not in out  # one line per log interval
+    assert f"mlaunch trace summary {run_dir}" in out
+    for rank in (0, 1):
+        spans = read_spans(run_dir / "telemetry" / f"traces-rank{rank}.jsonl")
+        steps = [s for s in spans if s["name"] == "megatron.train_step"]
+        assert len(steps) == 30
+        assert {s["resource"]["nemo.run.id"] for s in spans} == {run_dir.name}
+    env_text = (run_dir / "resolved.env").read_text()
+    assert f"export MEGATRON_OTEL_RUN_ID={run_dir.name}" in env_text
+
+
+def test_pipeline_parallel_run_exports_over_otlp_grpc(tmp_path):
+    from support.otlp import GrpcOtlpReceiver
+
+    with GrpcOtlpReceiver() as rx:
+        code, out = finish(
+            mlaunch(
+                "--config", "pp2", "--train-iters", "4", "--otel-exporter", "otlp",
+                "--otlp-endpoint", rx.endpoint, "--otlp-headers", "x-api-key=LAUNCHSECRET",
+                cwd=tmp_path,
+            )
+        )  # fmt: skip
+        assert code == 0, out
+        assert rx.wait_for_spans(1, timeout=10)
+        spans = rx.spans
+        headers = rx.headers
+    names = {s["name"] for s in spans}
+    assert {"megatron.train_step", "megatron.p2p.send_forward", "megatron.pp.recv_forward.linked"} <= names
+    linked = [s for s in spans if s["name"] == "megatron.pp.recv_forward.linked"]
+    assert all(s["links"] for s in linked)
+    run_dir = the_run_dir(tmp_path)
+    assert {s["resource"]["nemo.run.id"] for s in spans} == {run_dir.name}
+    assert any(h.get("x-api-key") == "LAUNCHSECRET" for h in headers)  # the real secret travelled
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            assert "LAUNCHSECRET" not in path.read_text(errors="replace"), path
+    assert "LAUNCHSECRET" not in out
+    assert [r["iteration"] for r in train_records(run_dir)] == [1, 2, 3, 4]
+
+
+def test_two_nodes_on_one_machine_complete_one_job(tmp_path):
+    port = free_port()
+    common = [
+        "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{port}",
+        "--rdzv-id", "twonodes", "--train-iters", "4", "--global-batch-size", "4",
+    ]  # fmt: skip
+    procs = [mlaunch(*common, "--node-rank", str(i), cwd=tmp_path) for i in (0, 1)]
+    results = [finish(p) for p in procs]
+    for code, out in results:
+        assert code == 0, out
+    run_dir = tmp_path / "runs" / "twonodes"
+    assert [r["iteration"] for r in train_records(run_dir)] == [1, 2, 3, 4]
+    assert (run_dir / "logs" / "node0").is_dir() and (run_dir / "logs" / "node1").is_dir()
+    spans = read_spans(run_dir / "telemetry" / "traces-rank0.jsonl") + read_spans(
+        run_dir / "telemetry" / "traces-rank1.jsonl"
+    )
+    assert {s["resource"]["dl.world_size"] for s in spans} == {2}
+
+
+def test_two_runs_at_once_do_not_collide(tmp_path):
+    args = ["--train-iters", "3", "--otel-span-groups", "default"]
+    procs = [mlaunch(*args, cwd=tmp_path) for _ in range(2)]
+    for code, out in (finish(p) for p in procs):
+        assert code == 0, out
+    runs = sorted((tmp_path / "runs").iterdir())
+    assert len(runs) == 2
+    for run_dir in runs:
+        assert [r["iteration"] for r in train_records(run_dir)] == [1, 2, 3]
+
+
+def test_failing_rank_is_reported_with_rank_and_exception(tmp_path):
+    env = clean_env(MLAUNCH_TEST_FAIL_AT_ITERATION="2")
+    code, out = finish(mlaunch("--train-iters", "5", cwd=tmp_path, env=env))
+    assert code != 0
+    assert "rank 0 (node 0, local rank 0) failed" in out or "rank 1 (node 0, local rank 1) failed" in out
+    assert "RuntimeError: injected failure at iteration 2" in out
+    assert "last lines of" in out and "stderr.log" in out
+    assert "<N/A>" not in out
+    assert "]:     raise RuntimeError(" in out  # the last lines of the rank's own log
+
+
+def test_sigterm_stops_workers_flushes_traces_and_leaves_a_resumable_checkpoint(tmp_path):
+    run_dir = tmp_path / "r"
+    args = ["--run-dir", str(run_dir), "--save-interval", "3", "--log-interval", "1"]
+    proc = mlaunch(*args, "--train-iters", "400", cwd=tmp_path)
+    deadline = time.monotonic() + TIMEOUT_S
+    while len(train_records(run_dir)) < 5 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    code, out = finish(proc)
+    assert code == 128 + signal.SIGTERM, out
+    assert "SIGTERM: asking the workers" in out
+    last = train_records(run_dir)[-1]["iteration"]
+    assert 5 <= last < 400
+    # Workers stopped at the same iteration, saved there and flushed their spans.
+    ckpt = run_dir / "checkpoints"
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == str(last)
+    for rank in (0, 1):
+        spans = read_spans(run_dir / "telemetry" / f"traces-rank{rank}.jsonl")
+        steps = [s["attributes"]["megatron.iteration"] for s in spans if s["name"] == "megatron.train_step"]
+        assert max(steps) == last
+        assert any(s["name"] == "megatron.pretrain" for s in spans)  # the root span was ended
+    # Resume: the same run directory picks the checkpoint up and carries on from there.
+    code, out = finish(mlaunch(*args, "--train-iters", str(last + 2), cwd=tmp_path))
+    assert code == 0, out
+    resumed = [r["iteration"] for r in train_records(run_dir)]
+    assert resumed[-2:] == [last + 1, last + 2]
+    assert f"--load {ckpt}" in (run_dir / "command.txt").read_text()
