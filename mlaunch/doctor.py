@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import importlib.metadata
 import ipaddress
 import json
@@ -631,6 +632,7 @@ def check_configuration(
                 + (f": {shown}" if shown else "; defaults apply"),
             ),
         )
+    results += _otel_typos(environ)
     results += _prefix_conflicts(environ)
     results += _alias_notes(environ)
     t = settings.telemetry
@@ -655,6 +657,54 @@ def check_configuration(
     results += _timeout_results(environ)
     results.append(_exporting_ranks_result(settings))
     return results, settings
+
+
+_OTLP_SIGNAL_OPTIONS = (
+    "ENDPOINT", "PROTOCOL", "HEADERS", "TIMEOUT", "CERTIFICATE", "COMPRESSION", "INSECURE",
+    "CLIENT_KEY", "CLIENT_CERTIFICATE",
+)  # fmt: skip
+#: Standard OTel variables besides the ones mlaunch validates (OTEL_ENV), for typo detection.
+KNOWN_OTEL_ENV: frozenset[str] = frozenset(
+    {*OTEL_ENV, *SECRET_ENV}
+    | {f"OTEL_EXPORTER_OTLP_{o}" for o in _OTLP_SIGNAL_OPTIONS}
+    | {
+        f"OTEL_EXPORTER_OTLP_{signal}_{o}"
+        for signal in ("TRACES", "METRICS", "LOGS")
+        for o in _OTLP_SIGNAL_OPTIONS
+    }
+    | {
+        "OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER", "OTEL_LOGS_EXPORTER",
+        "OTEL_PROPAGATORS", "OTEL_LOG_LEVEL", "OTEL_METRIC_EXPORT_TIMEOUT",
+        "OTEL_BSP_SCHEDULE_DELAY", "OTEL_BSP_EXPORT_TIMEOUT", "OTEL_BSP_MAX_QUEUE_SIZE",
+        "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+        "OTEL_ATTRIBUTE_COUNT_LIMIT", "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT",
+        "OTEL_SPAN_EVENT_COUNT_LIMIT", "OTEL_SPAN_LINK_COUNT_LIMIT",
+        "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE",
+    }
+)  # fmt: skip
+
+
+def _otel_typos(environ: Mapping[str, str]) -> list[CheckResult]:
+    """``OTEL_*`` names that are not standard but are one typo away from one mlaunch reads.
+
+    A warning, not a failure: OTel has more variables than this list, so only near-misses of
+    known names are reported (the SDK would silently ignore the typo).
+    """
+    out = []
+    for name in sorted(environ):
+        if not name.startswith("OTEL_") or name in KNOWN_OTEL_ENV:
+            continue
+        close = difflib.get_close_matches(name, sorted(KNOWN_OTEL_ENV), n=1, cutoff=0.85)
+        if close:
+            out.append(
+                warn(
+                    "unknown variable",
+                    f"{name} is not an OpenTelemetry variable (did you mean {close[0]}?);"
+                    " the SDK ignores it",
+                    f"rename {name} to {close[0]}",
+                )
+            )
+    return out
 
 
 def _prefix_conflicts(environ: Mapping[str, str]) -> list[CheckResult]:
@@ -1005,6 +1055,15 @@ def check_otlp(settings: Settings, timeout_s: float = NET_TIMEOUT_S) -> list[Che
         return [*results, fail("otlp connect", f"cannot connect to {host}:{port} ({exc})",
                                f"check {var}")]  # fmt: skip
     results.append(ok("otlp connect", f"TCP connect to {host}:{port} succeeded"))
+    if o.certificate and not Path(o.certificate).is_file():
+        return [
+            *results,
+            fail(
+                "otlp probe",
+                f"OTEL_EXPORTER_OTLP_CERTIFICATE={o.certificate} is not a file",
+                "point OTEL_EXPORTER_OTLP_CERTIFICATE at the collector's CA certificate (PEM)",
+            ),
+        ]
     results.append(probe_otlp(url, protocol, dict(o.headers), timeout_s, o.certificate, var))
     return results
 
@@ -1247,6 +1306,14 @@ def check_rendezvous(settings: Settings, timeout_s: float = NET_TIMEOUT_S) -> li
     src = settings.source("launch.rdzv_endpoint")
     var = src.name if src.kind != "default" else "--rdzv-endpoint"
     err = _bindable(host, 0)
+    if isinstance(err, socket.gaierror):
+        return [
+            fail(
+                "rendezvous port",
+                f"the rendezvous host {host!r} does not resolve ({err})",
+                f"fix the host in {var} (node 0's address)",
+            )
+        ]
     local = err is None  # we can bind its address: the host is this machine
     if local and launch.node_rank == 0:
         busy = _bindable(host, port)

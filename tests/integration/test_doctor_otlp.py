@@ -227,3 +227,10 @@ def test_rejected_credentials_never_show_the_headers() -> None:
     assert result.status == "fail"
     assert "rejected the request with the configured headers" in result.message
     assert "t0ken" not in result.message + result.fix
+
+
+def test_missing_certificate_file_is_named(grpc_rx: GrpcOtlpReceiver, tmp_path: Path) -> None:
+    env = {**grpc_env(grpc_rx.endpoint.replace("http://", "https://"))}
+    env["OTEL_EXPORTER_OTLP_CERTIFICATE"] = str(tmp_path / "missing.pem")
+    result = probe(env)
+    assert result.status == "fail" and "missing.pem is not a file" in result.message

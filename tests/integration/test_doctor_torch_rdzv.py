@@ -108,3 +108,8 @@ def test_other_nodes_check_that_the_rendezvous_is_reachable(tmp_path: Path) -> N
     port = int(closed_port_endpoint().rsplit(":", 1)[1])
     [result] = check_rendezvous(rdzv_settings(tmp_path, f"127.0.0.1:{port}", 1), timeout_s=1)
     assert result.status == "warn" and "start node 0 first" in result.fix
+
+
+def test_unresolvable_rendezvous_host_fails(tmp_path: Path) -> None:
+    [result] = check_rendezvous(rdzv_settings(tmp_path, "no-such-host.invalid:29500"))
+    assert result.status == "fail" and "does not resolve" in result.message

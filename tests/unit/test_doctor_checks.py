@@ -114,6 +114,15 @@ def test_misspelled_variable_fails_with_did_you_mean_and_a_rename() -> None:
     assert not named(results, "configuration")  # not reported as valid
 
 
+def test_near_miss_of_a_standard_otel_variable_warns() -> None:
+    env = {"OTEL_EXPORTER_OTLP_ENDPIONT": "http://127.0.0.1:4317", "OTEL_PYTHON_LOG_LEVEL": "x"}
+    results, _ = check_configuration(env)
+    result = only(results, "unknown variable")
+    assert result.status == "warn"
+    assert "did you mean OTEL_EXPORTER_OTLP_ENDPOINT?" in result.message
+    assert result.fix == "rename OTEL_EXPORTER_OTLP_ENDPIONT to OTEL_EXPORTER_OTLP_ENDPOINT"
+
+
 def test_every_problem_is_reported_at_once() -> None:
     results, _ = check_configuration(
         {
