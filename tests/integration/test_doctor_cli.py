@@ -128,3 +128,31 @@ def test_otlp_headers_never_reach_the_output() -> None:
         assert result.exit_code == 0, result.output
         assert "sup3rs3cret" not in result.output
     assert "OTEL_EXPORTER_OTLP_HEADERS=<redacted>" in text.stdout
+
+
+_PROBE = """
+import contextlib, io, json, sys
+sys.argv = ["mlaunch", "doctor", "--json"]
+from mlaunch.cli import main
+with contextlib.redirect_stdout(io.StringIO()):
+    try:
+        main()
+    except SystemExit:
+        pass
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_doctor_never_imports_torch_or_the_sdk_in_process(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LEAKY_PREFIXES)}
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE], capture_output=True, text=True, env=env, cwd=tmp_path,
+        check=True,
+    )  # fmt: skip
+    modules = json.loads(out.stdout.strip().splitlines()[-1])
+    heavy = [m for m in modules if m.split(".")[0] in ("torch", "grpc", "numpy")]
+    heavy += [m for m in modules if m.startswith("opentelemetry.sdk")]
+    assert heavy == []
