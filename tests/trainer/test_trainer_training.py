@@ -8,7 +8,10 @@ import math
 from pathlib import Path
 
 import pytest
-from support.trainer_runs import TINY, Run, run_trainer
+from support.trainer_runs import TINY, Run, run_trainer, telemetry_env
+
+from mlaunch.model.spans import Attr, Metric, SpanName
+from mlaunch.telemetry.otlp_json import read_metrics, read_spans
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -69,13 +72,26 @@ def test_resume_continues_the_same_loss_sequence_and_skips_a_corrupt_checkpoint(
 
     second = ok(run_trainer(
         workdir, [*ARGS, "--load", str(ck), "--save", str(ck), "--save-interval", "5", "--keep-last", "2"],
-        name="resume-b",
+        env=telemetry_env("per_step"), name="resume-b",
     ))
     assert "resuming from checkpoint" in second.output and "iter_0000010" in second.output
     assert [r["iteration"] for r in second.progress()] == list(range(11, 21))
     assert_close(second.losses(), baseline.losses()[10:], rel=1e-6)
     assert sorted(p.name for p in ck.glob("iter_*")) == ["iter_0000015", "iter_0000020"]  # --keep-last 2
     assert (ck / "latest_checkpointed_iteration.txt").read_text().strip() == "20"
+    # The resumed process's spans and metrics (telemetry on; the losses above are unchanged by it).
+    spans = read_spans(second.run_dir / "telemetry" / "traces-rank0.jsonl")
+    by_name = {s["name"]: s for s in spans}
+    load = by_name[SpanName.LOAD_CHECKPOINT]
+    assert load["attributes"][Attr.ITERATION] == 10
+    assert by_name[SpanName.LOAD_CHECKPOINT_IO_READ]["parent_span_id"] == load["span_id"]
+    assert by_name[SpanName.FIRST_ITERATION]["attributes"][Attr.ITERATION] == 11
+    steps = sorted(s["attributes"][Attr.ITERATION] for s in spans if s["name"] == SpanName.TRAIN_STEP)
+    assert steps == list(range(11, 21))
+    metrics = {m["name"]: m for m in read_metrics(second.run_dir / "telemetry" / "metrics-rank0.jsonl")}
+    durations = metrics[Metric.STEP_DURATION_MS]
+    assert durations["kind"] == "histogram" and int(durations["data_points"][-1]["count"]) == 10
+    assert {Metric.LOSS, Metric.GRAD_NORM, Metric.LEARNING_RATE, Metric.TOKENS_PER_SEC} <= set(metrics)
 
     # Corrupt the newest checkpoint: loading falls back to iteration 15 and says why.
     shard = ck / "iter_0000020" / "mp_rank_00" / "model_optim_rng.pt"
