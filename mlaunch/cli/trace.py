@@ -266,37 +266,6 @@ def _render_goodput(report: Any) -> None:
               "see `mlaunch trace goodput --help` for the definitions[/dim]")  # fmt: skip
 
 
-@app.command("report")
-def report_cmd(
-    path: Path = typer.Argument(..., help="A run directory (runs/<run_id>).", show_default=False),
-    output: Path = typer.Option(
-        Path("report.html"), "--output", "-o", help="The HTML file to write."
-    ),
-    skip_invalid: bool = typer.Option(False, "--skip-invalid", help=_SKIP_HELP),
-) -> None:
-    """Write a self-contained HTML report that opens offline (plotly.js embedded).
-
-    Header (run identity, layout, goodput, stragglers), per-rank timeline of the run's phases,
-    span breakdown, training curves from progress.jsonl, and the goodput split per rank.
-    """
-    from mlaunch.trace.reader import TraceInputError
-    from mlaunch.trace.report import write_report
-
-    if output.is_dir():
-        _fail(f"{output}: is a directory\n  fix: pass a file name, e.g. -o report.html")
-    try:
-        data = write_report(path, output, skip_invalid=skip_invalid)
-    except TraceInputError as e:
-        _fail(e.render())
-    except OSError as e:
-        _fail(f"{output}: cannot write: {e.strerror}\n  fix: choose a writable output path")
-    curves = f"{len(data.progress)} progress records" if data.progress else "no progress.jsonl"
-    typer.echo(
-        f"wrote {output}: {data.summary.read.get('spans', 0):,} spans, "
-        f"{len(data.summary.rank_ids)} ranks, {curves}"
-    )
-
-
 # `mlaunch trace report` (issue 9) lives in mlaunch/cli/trace_report.py; registered last, so it is
 # the `report` command this app runs.
 from mlaunch.cli.trace_report import register as _register_report  # noqa: E402

@@ -12,49 +12,67 @@ together. Span attributes become ``args``; span events become thread-scoped inst
 
 Timestamps are microseconds relative to the earliest span (``otherData.t0_unix_nano`` holds the
 origin): absolute Unix microseconds as doubles would lose the nanoseconds and break nesting.
-Unlike summary and goodput, export holds one compact record per span until it writes, because
-lane assignment needs each thread's spans sorted.
+
+Two passes over the input keep memory small: lane assignment needs each thread's spans sorted,
+so pass 1 keeps only start, end, span id and parent id per span (four int64s in ``array('q')``
+columns) and assigns lanes; pass 2 re-reads the files in the same order and writes each event as
+it goes, finding its lane by its position in its thread.
 """
 
 from __future__ import annotations
 
-import gc
 import json
-from collections.abc import Iterable
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, TextIO
+from typing import Any, Protocol, TextIO
 
 from mlaunch.model.spans import ResourceAttr, span_def
-from mlaunch.trace.reader import Resource, TraceReader, attributes, is_error
+from mlaunch.trace.reader import Resource, TraceInputError, TraceReader, attributes, is_error
 from mlaunch.trace.summary import no_spans_error
 
 #: Span attributes that name the OS thread (OpenTelemetry semantic conventions).
 THREAD_ID_ATTR = "thread.id"
 THREAD_NAME_ATTR = "thread.name"
 _dumps = json.JSONEncoder(separators=(",", ":"), default=str).encode
+_SORT_CHUNK = 1 << 16
 
 
-class _Span(NamedTuple):
-    """What export keeps of a span until it writes (args already serialized)."""
+def _sid(hex_id: str | None) -> int:
+    """A 64-bit span id as a signed int64 (fits ``array('q')``); 0 for none."""
+    if not hex_id:
+        return 0
+    v = int(hex_id, 16)
+    return v - (1 << 64) if v >= 1 << 63 else v
 
-    start: int
-    end: int
-    name: str
-    cat: str
-    args_json: str
-    key: tuple[str, str]  # (traceId, spanId)
-    parent: str
-    events: list[tuple[int, str, str]] | None  # (time, name, args json)
-    links: list[tuple[str, str]] | None
+
+def _thread_key(span: dict[str, Any]) -> tuple[Any, Any]:
+    """(thread id, thread name) from the span's attributes, without decoding all of them."""
+    tid = tname = None
+    for kv in span.get("attributes") or ():
+        k = kv.get("key")
+        if k in (THREAD_ID_ATTR, THREAD_NAME_ATTR):
+            v = attributes([kv])[k]
+            if k == THREAD_ID_ATTR:
+                tid = v
+            else:
+                tname = v
+    return tid, tname
 
 
 @dataclass
 class _Thread:
-    """Spans of one (rank, OS thread)."""
+    """Pass-1 columns of one (rank, OS thread), then its lanes."""
 
     label: str
-    spans: list[_Span] = field(default_factory=list)
+    starts: array[int] = field(default_factory=lambda: array("q"))
+    ends: array[int] = field(default_factory=lambda: array("q"))
+    ids: array[int] = field(default_factory=lambda: array("q"))
+    parents: array[int] = field(default_factory=lambda: array("q"))
+    lanes: array[int] = field(default_factory=lambda: array("H"))
+    base_tid: int = 0
+    written: int = 0  # pass 2: spans of this thread written so far
 
 
 @dataclass
@@ -75,70 +93,124 @@ def _us(ns: int) -> float:
     return round(ns / 1000.0, 3)
 
 
-class ChromeBuilder:
-    """Collects spans per (rank, thread) and writes Chrome trace-event JSON."""
+class SpanLike(Protocol):
+    """What :func:`assign_lanes` needs of a span: its interval, ``key[1]`` = its span id (hex)
+    and ``parent`` = its parent's span id (hex, "" for none)."""
+
+    start: int
+    end: int
+    key: tuple[str, str]
+    parent: str
+
+
+def assign_lanes(spans: Sequence[SpanLike]) -> list[int]:
+    """:func:`assign_lanes_columns` for a list of span records (used by ``mlaunch trace report``)."""
+    starts, ends = array("q", (s.start for s in spans)), array("q", (s.end for s in spans))
+    ids = array("q", (_sid(s.key[1]) for s in spans))
+    parents = array("q", (_sid(s.parent) for s in spans))
+    return list(assign_lanes_columns(starts, ends, ids, parents))
+
+
+def assign_lanes_columns(starts: array[int], ends: array[int], ids: array[int],
+                         parents: array[int]) -> array[int]:  # fmt: skip
+    """A lane per span such that spans of one lane nest properly (each is inside or disjoint from
+    every other). Greedy over spans sorted by (start, -end): a span goes to the lane where its
+    parent is open if it fits there, else the first lane where it fits, else a new lane. Returns
+    lanes in input order."""
+    import numpy as np  # only here: an argsort without a Python object per span
+
+    n = len(starts)
+    st = np.frombuffer(starts, dtype=np.int64) if n else np.zeros(0, np.int64)
+    en = np.frombuffer(ends, dtype=np.int64) if n else np.zeros(0, np.int64)
+    order = np.lexsort((-en, st))  # primary key start, then longest first (parents first)
+    lanes = array("H", bytes(2 * n))
+    stacks: list[list[tuple[int, int]]] = []  # per lane: (end, span id) of open spans
+    open_lane: dict[int, int] = {}  # span id -> lane, for spans pushed and not yet popped
+    for lo in range(0, n, _SORT_CHUNK):
+        for i in order[lo : lo + _SORT_CHUNK].tolist():
+            s, e = starts[i], ends[i]
+            preferred = open_lane.get(parents[i])
+            chosen = -1
+            for k in ([preferred] if preferred is not None else []) + list(range(len(stacks))):
+                stack = stacks[k]
+                while stack and stack[-1][0] <= s:
+                    open_lane.pop(stack.pop()[1], None)
+                if not stack or e <= stack[-1][0]:
+                    chosen = k
+                    break
+            if chosen < 0:
+                chosen = len(stacks)
+                stacks.append([])
+            stacks[chosen].append((e, ids[i]))
+            open_lane[ids[i]] = chosen
+            lanes[i] = chosen
+    return lanes
+
+
+class ChromeExporter:
+    """Pass 1 (:meth:`scan`) then pass 2 (:meth:`write`) over the same files."""
 
     def __init__(self) -> None:
         self.threads: dict[tuple[int, Any], _Thread] = {}
         self.hosts: dict[int, str | None] = {}
         self.run_id: Any = None
         self.t0: int | None = None
+        self.link_targets: set[int] = set()
 
-    def add(
-        self, res: Resource, spans: list[dict[str, Any]], maybe_truncated: bool = False
-    ) -> None:
-        """Fold one batch in."""
+    def scan(self, res: Resource, spans: list[dict[str, Any]]) -> None:
+        """Pass 1: keep four int64s per span, per thread; note link targets."""
         rank = res.rank
         if rank not in self.hosts:
             host = res.attrs.get(ResourceAttr.HOST_NAME)
             self.hosts[rank] = None if host is None else str(host)
             self.run_id = self.run_id or res.attrs.get(ResourceAttr.RUN_ID)
+        t0 = self.t0
         for s in spans:
             start, end = int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])
-            if self.t0 is None or start < self.t0:
-                self.t0 = start
-            name = s["name"]
-            args = attributes(s.get("attributes"))
-            tkey = args.get(THREAD_ID_ATTR)
-            tname = args.get(THREAD_NAME_ATTR)
-            args["span_id"] = s.get("spanId", "")
-            if is_error(s):
-                args["status"] = "ERROR"
-                if msg := (s.get("status") or {}).get("message"):
-                    args["status_message"] = msg
-            events = None
-            if evs := s.get("events"):
-                events = [
-                    (int(e["timeUnixNano"]), str(e.get("name", "event")),
-                     _dumps(attributes(e.get("attributes"))))
-                    for e in evs
-                ]  # fmt: skip
-            links = None
-            if lks := s.get("links"):
-                links = [(lk.get("traceId", ""), lk.get("spanId", "")) for lk in lks]
-            try:
-                cat = str(span_def(name).group)
-            except KeyError:
-                cat = "span"
+            if t0 is None or start < t0:
+                t0 = start
+            tkey, tname = _thread_key(s)
             th = self.threads.get((rank, tkey))
             if th is None:
                 label = "main" if tkey is None else f"thread {tkey}"
                 if tname:
                     label = f"{tname} ({tkey})"
                 th = self.threads[(rank, tkey)] = _Thread(label)
-            th.spans.append(
-                _Span(start, end, name, cat, _dumps(args), (s.get("traceId", ""), s.get("spanId", "")),
-                      s.get("parentSpanId") or "", events, links)
-            )  # fmt: skip
+            th.starts.append(start)
+            th.ends.append(max(start, end))  # a clock step back must not break nesting
+            th.ids.append(_sid(s.get("spanId")))
+            th.parents.append(_sid(s.get("parentSpanId")))
+            for lk in s.get("links") or ():
+                self.link_targets.add(_sid(lk.get("spanId")))
+        self.t0 = t0
 
-    def write(self, out: TextIO) -> ChromeStats:
-        """Write the trace JSON to ``out`` (streamed event by event) and return counts."""
-        st = ChromeStats(processes=len(self.hosts))
+    def layout(self) -> ChromeStats:
+        """Between the passes: lanes per thread, tids per process."""
+        st = ChromeStats(processes=len(self.hosts), threads=len(self.threads))
+        next_tid: dict[int, int] = {}
+        for (rank, _), th in sorted(self.threads.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+            th.lanes = assign_lanes_columns(th.starts, th.ends, th.ids, th.parents)
+            th.base_tid = next_tid.get(rank, 0)
+            n_lanes = 1 + max(th.lanes, default=0)
+            next_tid[rank] = th.base_tid + n_lanes
+            st.lanes += n_lanes
+        return st
+
+    def _link_sources(self) -> dict[int, tuple[int, int, int]]:
+        """Where each linked-to span was placed: span id -> (pid, tid, start)."""
+        out: dict[int, tuple[int, int, int]] = {}
+        if not self.link_targets:
+            return out
+        for (rank, _), th in self.threads.items():
+            for i, sid in enumerate(th.ids):
+                if sid in self.link_targets:
+                    out[sid] = (rank, th.base_tid + th.lanes[i], th.starts[i])
+        return out
+
+    def write(self, reader: TraceReader, out: TextIO, st: ChromeStats) -> ChromeStats:
+        """Pass 2: stream every event to ``out``."""
         t0 = self.t0 or 0
-        placed: dict[tuple[str, str], tuple[int, int, int]] = {}  # span key -> (pid, tid, start)
-        wanted = {lk for th in self.threads.values() for sp in th.spans for lk in sp.links or ()}
-        pending: list[tuple[int, int, int, tuple[str, str]]] = []  # (pid, tid, ts, target)
-
+        sources = self._link_sources()
         out.write('{"displayTimeUnit":"ms","otherData":')
         out.write(_dumps({"generator": "mlaunch trace export", "run_id": self.run_id,
                           "t0_unix_nano": str(t0)}))  # fmt: skip
@@ -157,107 +229,97 @@ class ChromeBuilder:
                          "args": {"name": pname}}))  # fmt: skip
             emit(_dumps({"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0,
                          "args": {"sort_index": rank}}))  # fmt: skip
-        next_tid: dict[int, int] = {}
-        for (rank, _tkey), th in sorted(
-            self.threads.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))
-        ):
-            lanes = assign_lanes(th.spans)
-            st.threads += 1
-            base = next_tid.get(rank, 0)
-            n_lanes = 1 + max(lanes, default=0)
-            next_tid[rank] = base + n_lanes
-            st.lanes += n_lanes
-            for k in range(n_lanes):
+        for (rank, _), th in sorted(self.threads.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+            for k in range(1 + max(th.lanes, default=0)):
                 label = th.label if k == 0 else f"{th.label} lane {k}"
-                emit(_dumps({"name": "thread_name", "ph": "M", "pid": rank, "tid": base + k,
+                tid = th.base_tid + k
+                emit(_dumps({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid,
                              "args": {"name": label}}))  # fmt: skip
-                emit(_dumps({"name": "thread_sort_index", "ph": "M", "pid": rank,
-                             "tid": base + k, "args": {"sort_index": base + k}}))  # fmt: skip
-            for sp, lane in zip(th.spans, lanes, strict=True):
-                tid = base + lane
-                ts = _us(sp.start - t0)
+                emit(_dumps({"name": "thread_sort_index", "ph": "M", "pid": rank, "tid": tid,
+                             "args": {"sort_index": tid}}))  # fmt: skip
+
+        cats: dict[str, str] = {}
+        flow_id = 0
+        for res, spans, _ in reader:
+            rank = res.rank
+            for s in spans:
+                try:
+                    th = self.threads[(rank, _thread_key(s)[0])]
+                    i = th.written
+                    lane = th.lanes[i]
+                except (KeyError, IndexError):
+                    raise reader.error_here(
+                        "the trace changed between export's two reads",
+                        fix="export again once the run has finished writing",
+                    ) from None
+                th.written += 1
+                tid = th.base_tid + lane
+                name = s["name"]
+                cat = cats.get(name)
+                if cat is None:
+                    try:
+                        cat = cats[name] = str(span_def(name).group)
+                    except KeyError:
+                        cat = cats[name] = "span"
+                args = attributes(s.get("attributes"))
+                args["span_id"] = s.get("spanId", "")
+                if is_error(s):
+                    args["status"] = "ERROR"
+                    if msg := (s.get("status") or {}).get("message"):
+                        args["status_message"] = msg
+                start = th.starts[i]
                 emit(
-                    f'{{"name":{_dumps(sp.name)},"cat":"{sp.cat}","ph":"X","pid":{rank},'
-                    f'"tid":{tid},"ts":{ts},"dur":{_us(sp.end - sp.start)},"args":{sp.args_json}}}'
+                    f'{{"name":{_dumps(name)},"cat":"{cat}","ph":"X","pid":{rank},"tid":{tid},'
+                    f'"ts":{_us(start - t0)},"dur":{_us(th.ends[i] - start)},"args":{_dumps(args)}}}'
                 )
                 st.spans += 1
-                if sp.key in wanted:
-                    placed[sp.key] = (rank, tid, sp.start)
-                for t, name, args_json in sp.events or ():
+                for ev in s.get("events") or ():
                     emit(
-                        f'{{"name":{_dumps(name)},"cat":"event","ph":"i","s":"t","pid":{rank},'
-                        f'"tid":{tid},"ts":{_us(t - t0)},"args":{args_json}}}'
+                        f'{{"name":{_dumps(str(ev.get("name", "event")))},"cat":"event","ph":"i",'
+                        f'"s":"t","pid":{rank},"tid":{tid},'
+                        f'"ts":{_us(int(ev["timeUnixNano"]) - t0)},'
+                        f'"args":{_dumps(attributes(ev.get("attributes")))}}}'
                     )
                     st.instant_events += 1
-                for target in sp.links or ():
-                    pending.append((rank, tid, sp.start, target))
-        for flow_id, (pid, tid, start, target) in enumerate(pending, start=1):
-            src = placed.get(target)
-            if src is None:
-                st.unresolved_links += 1  # the linked span's rank did not export
-                continue
-            spid, stid, sstart = src
-            emit(_dumps({"name": "link", "cat": "link", "ph": "s", "id": flow_id, "pid": spid,
-                         "tid": stid, "ts": _us(sstart - t0)}))  # fmt: skip
-            emit(_dumps({"name": "link", "cat": "link", "ph": "f", "bp": "e", "id": flow_id,
-                         "pid": pid, "tid": tid, "ts": _us(start - t0)}))  # fmt: skip
-            st.flows += 1
+                for lk in s.get("links") or ():
+                    src = sources.get(_sid(lk.get("spanId")))
+                    if src is None:
+                        st.unresolved_links += 1  # the linked span's rank did not export
+                        continue
+                    flow_id += 1
+                    spid, stid, sstart = src
+                    emit(_dumps({"name": "link", "cat": "link", "ph": "s", "id": flow_id,
+                                 "pid": spid, "tid": stid, "ts": _us(sstart - t0)}))  # fmt: skip
+                    emit(_dumps({"name": "link", "cat": "link", "ph": "f", "bp": "e",
+                                 "id": flow_id, "pid": rank, "tid": tid,
+                                 "ts": _us(start - t0)}))  # fmt: skip
+                    st.flows += 1
         out.write("\n]}\n")
         return st
 
 
-def assign_lanes(spans: list[_Span]) -> list[int]:
-    """A lane per span such that spans of one lane nest properly (each is inside or disjoint from
-    every other). Greedy over spans sorted by (start, -end): a span goes to its parent's lane if it
-    fits there, else the first lane where it fits, else a new lane. Returns lanes in input order."""
-    order = sorted(range(len(spans)), key=lambda i: (spans[i].start, -spans[i].end, i))
-    stacks: list[list[int]] = []  # per lane: ends of the open spans, innermost last
-    lane_of_span: dict[str, int] = {}
-    lanes = [0] * len(spans)
-    for i in order:
-        sp = spans[i]
-        preferred = lane_of_span.get(sp.parent)
-        candidates: Iterable[int] = range(len(stacks))
-        if preferred is not None:
-            candidates = [preferred, *range(len(stacks))]
-        chosen = -1
-        for k in candidates:
-            stack = stacks[k]
-            while stack and stack[-1] <= sp.start:
-                stack.pop()
-            if not stack or sp.end <= stack[-1]:
-                chosen = k
-                break
-        if chosen < 0:
-            chosen = len(stacks)
-            stacks.append([])
-        stacks[chosen].append(sp.end)
-        lanes[i] = chosen
-        lane_of_span[sp.key[1]] = chosen
-    return lanes
-
-
 def export_chrome(reader: TraceReader, out_path: Path) -> ChromeStats:
-    """Read every batch of ``reader`` and write Chrome trace-event JSON to ``out_path``. Raises
-    ``TraceInputError`` for a malformed span (naming its file and line) or a trace without spans."""
-    # The builder holds millions of small tuples and creates no reference cycles; the cyclic
-    # GC would rescan them over and over as they accumulate (measured ~1.5x slower with it on).
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
+    """Write Chrome trace-event JSON for everything ``reader`` reads to ``out_path`` (two passes
+    over its files). Raises ``TraceInputError`` for a malformed span (naming its file and line)
+    or a trace without spans."""
+    ex = ChromeExporter()
+    for res, spans, _ in reader:
+        try:
+            ex.scan(res, spans)
+        except (KeyError, ValueError, TypeError, AttributeError) as e:
+            raise reader.error_here(f"malformed span ({type(e).__name__}: {e})") from None
+    if ex.t0 is None:
+        raise no_spans_error(reader)
+    stats = ex.layout()
+    again = TraceReader(reader.files, skip_invalid=reader.skip_invalid)
+    tmp = out_path.with_name(out_path.name + ".tmp")
     try:
-        b = ChromeBuilder()
-        for res, spans, _ in reader:
-            try:
-                b.add(res, spans)
-            except (KeyError, ValueError, TypeError, AttributeError) as e:
-                raise reader.error_here(f"malformed span ({type(e).__name__}: {e})") from None
-        if b.t0 is None:
-            raise no_spans_error(reader)
-        tmp = out_path.with_name(out_path.name + ".tmp")
         with open(tmp, "w") as f:
-            stats = b.write(f)
+            ex.write(again, f, stats)
         tmp.replace(out_path)  # never leave a half-written trace that looks complete
-        return stats
-    finally:
-        if gc_was_enabled:
-            gc.enable()
+    except (TraceInputError, KeyError, ValueError, TypeError, AttributeError) as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, TraceInputError):
+            raise
+        raise again.error_here(f"malformed span ({type(e).__name__}: {e})") from None
+    return stats

@@ -135,3 +135,26 @@ def test_realistic_run_exports_valid_nested_trace(tmp_path: Path, pp: int) -> No
     assert len(xs) == stats.spans == n
     # The generated tree nests properly, so no extra lanes are needed.
     assert stats.lanes == stats.threads == 2
+
+
+def test_assign_lanes_on_span_records_nests_each_lane() -> None:
+    # The record form (used by `mlaunch trace report`): parent first, an async pair that
+    # overlaps without nesting, and a child that nests in the second of the pair.
+    from typing import NamedTuple
+
+    from mlaunch.trace.chrome import assign_lanes
+
+    class Rec(NamedTuple):
+        start: int
+        end: int
+        key: tuple[str, str]
+        parent: str
+
+    recs = [
+        Rec(0, 100, ("t", "01"), ""),
+        Rec(10, 50, ("t", "02"), "01"),
+        Rec(30, 70, ("t", "03"), "01"),
+        Rec(40, 60, ("t", "04"), "03"),
+        Rec(80, 90, ("t", "05"), "01"),
+    ]
+    assert assign_lanes(recs) == [0, 0, 1, 1, 0]
