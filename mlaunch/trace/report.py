@@ -16,7 +16,9 @@ Large runs: the summary, skew and goodput stream over every span (the same aggre
 ``trace`` commands); only the timeline window's spans are held in memory and written out. The
 window is ``--iterations A:B`` (inclusive) or, by default, the first and last
 :data:`EDGE_ITERATIONS` iterations (with the set-up before the first and the tail after the last),
-the omitted middle drawn as a marked gap. That keeps a 1,000-iteration ``per_step`` report to
+the omitted middle drawn as a marked gap. A window is a time range shared by all lanes, from the
+earliest start to the latest end of its iterations' steps on any rank; every span overlapping it
+is drawn once, clipped to it (so a straggler's neighbouring step shows at the edge). That keeps a 1,000-iteration ``per_step`` report to
 plotly.js (about 4.8 MB) plus a few hundred KB. Trace files are read twice: once for the
 aggregates and the step times that place the window, once for the window's spans.
 
@@ -493,8 +495,9 @@ def _build_timeline(
             if k + 1 < len(ranges) and ranges[k + 1][0] - ranges[k][1] > 1:
                 text = f"iterations {ranges[k][1] + 1}-{ranges[k + 1][0] - 1} hidden ({hidden})"
             annotations.append({
-                "x": (gx0 + gx1) / 2, "y": 1, "xref": "x", "yref": "paper", "yanchor": "bottom",
-                "showarrow": False, "font": {"size": 11, "color": "#555"}, "text": text,
+                "x": (gx0 + gx1) / 2, "y": 1, "xref": "x", "yref": "paper", "yanchor": "top",
+                "showarrow": False, "font": {"size": 11, "color": "#333"}, "text": text,
+                "bgcolor": "rgba(255,255,255,0.85)",
             })  # fmt: skip
     rows = max(base_row - 1, 1)
     x_axis: dict[str, Any] = {

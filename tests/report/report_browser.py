@@ -1,0 +1,102 @@
+"""Rendering a report in a real headless browser (Debian's chromium) with the network cut off.
+
+The page writes a JSON verdict into ``<pre id="selftest">`` once every figure is drawn (see
+``mlaunch/trace/report_assets/report.js``): page errors, and per figure the DOM elements plotly
+created. ``--dump-dom`` returns the DOM after load and the virtual-time budget, so reading that
+element back needs no DevTools client.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: Where screenshots go (gitignored): the repository root's test-artifacts/.
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+
+#: No name resolves and every request goes to a closed loopback port: nothing can be fetched.
+OFFLINE_FLAGS = ["--host-resolver-rules=MAP * ~NOTFOUND", "--proxy-server=http://127.0.0.1:9"]
+
+
+def find_or_install_chromium() -> tuple[str | None, str]:
+    """The chromium binary, installing Debian's package when missing: (path, why not)."""
+    found = shutil.which("chromium") or (
+        "/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None
+    )
+    if found:
+        return found, ""
+    if not shutil.which("apt-get") or os.geteuid() != 0:
+        return None, "chromium is missing and apt-get (as root) is not available to install it"
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "--no-install-recommends",
+                                        "chromium"]):  # fmt: skip
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return None, f"`{' '.join(cmd)}` failed: {e}"
+        if r.returncode != 0:
+            return None, f"`{' '.join(cmd)}` failed: {r.stderr.strip()[-300:]}"
+    found = shutil.which("chromium")
+    return (found, "") if found else (None, "apt-get installed chromium but it is not on PATH")
+
+
+@dataclass
+class Rendered:
+    """What the browser saw."""
+
+    verdict: dict[str, Any]
+    stderr: str
+
+    def figure(self, div: str) -> list[dict[str, Any]]:
+        """The drawn traces of one figure (name, type, points, lines, ids)."""
+        return self.verdict["figures"][div]
+
+    def trace(self, div: str, name: str) -> dict[str, Any]:
+        """One drawn trace of a figure, by name."""
+        return next(t for t in self.figure(div) if t["name"] == name)
+
+
+def _base(chromium: str, profile: Path) -> list[str]:
+    return [
+        chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--no-first-run", "--no-default-browser-check", "--hide-scrollbars",
+        f"--user-data-dir={profile}", "--virtual-time-budget=30000", *OFFLINE_FLAGS,
+    ]  # fmt: skip
+
+
+def render(chromium: str, page: Path, profile: Path, screenshot: Path | None = None) -> Rendered:
+    """Load ``page`` offline, return the self-test verdict; optionally save a screenshot."""
+    url = page.resolve().as_uri()
+    cmd = [*_base(chromium, profile), "--enable-logging=stderr", "--v=0", "--dump-dom",
+           url + "#selftest"]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    m = re.search(r'<pre id="selftest"[^>]*data-done="1"[^>]*>(.*?)</pre>', r.stdout, re.S)
+    assert m, "the page never finished its self-test:\n" + r.stderr[-2000:]
+    verdict = json.loads(html.unescape(m.group(1)))
+    if screenshot is not None:
+        screenshot.parent.mkdir(parents=True, exist_ok=True)
+        shot = [*_base(chromium, profile), "--window-size=1400,2600", f"--screenshot={screenshot}",
+                url]  # fmt: skip
+        s = subprocess.run(shot, capture_output=True, text=True, timeout=180)
+        assert s.returncode == 0 and screenshot.stat().st_size > 10_000, s.stderr[-2000:]
+    return Rendered(verdict, r.stderr)
+
+
+def console_problems(stderr: str) -> list[str]:
+    """Console messages of the page that report an error or a fetch (chromium logs the page's
+    console to stderr with ``--enable-logging``); the browser's own dbus noise is not one."""
+    bad = []
+    for line in stderr.splitlines():
+        page_error = "CONSOLE" in line and ("Uncaught" in line or "rror" in line)
+        if page_error or ("net::ERR_" in line and "file://" not in line):
+            bad.append(line)
+    return bad
