@@ -562,11 +562,7 @@ def _problem_result(field: str, message: str) -> CheckResult:
         short = f"{field} is not a telemetry variable" + (
             f" (did you mean {m.group(1)}?)" if m else ""
         )
-        fix = (
-            f"rename {field} to {m.group(1)}"
-            if m
-            else f"unset {field}; valid keys are listed by `mlaunch doctor --json`"
-        )
+        fix = f"rename {field} to {m.group(1)}" if m else f"unset {field}"
         if not m:
             short += f"; {message.partition('; ')[2]}"
         return fail("unknown variable", short, fix)
@@ -581,7 +577,12 @@ def _problem_result(field: str, message: str) -> CheckResult:
         return fail("config", f"{field}: {message}", f"fix or unset {field}")
     if field.startswith("--"):
         return fail("config", f"{field}: {message}", f"fix the value of {field}")
-    return fail("config", f"{field}: {message}", "fix this key in the config file")
+    if " [" in field:  # "FILE [section] key"
+        return fail("config", f"{field}: {message}", "fix this key in the config file")
+    section, _, key = field.partition(".")
+    return fail(
+        "config", f"{field}: {message}", f"set {key or field} in [{section}] of --config FILE"
+    )
 
 
 def _best_effort_settings(
