@@ -384,3 +384,20 @@ def test_secrets_never_reach_disk_or_screen(spawned, tmp_path):
             text = path.read_text()
             assert "SUPERSECRET" not in text and "FLAGSECRET" not in text, path
     assert "SUPERSECRET" not in result.output and "FLAGSECRET" not in result.output
+
+
+def test_terminal_gets_a_progress_bar():
+    import io
+
+    from rich.console import Console
+
+    from mlaunch.launcher.render import BarDisplay
+
+    out = io.StringIO()
+    bar = BarDisplay(Console(file=out, force_terminal=True, width=120), total=10)
+    bar.record({"iteration": 4, "train_iters": 10, "loss": 2.5, "tokens_per_sec": 1234.0})
+    bar.record({"iteration": 4, "eval_loss": 2.25})
+    task = bar.progress.tasks[0]
+    assert (task.completed, task.total, task.fields["loss"], task.fields["tps"]) == (4, 10, "2.5000", "1,234")
+    bar.close()
+    assert "eval at iteration 4: loss 2.2500" in out.getvalue()
