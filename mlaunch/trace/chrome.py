@@ -243,8 +243,9 @@ class ChromeExporter:
         for res, spans, _ in reader:
             rank = res.rank
             for s in spans:
+                args = attributes(s.get("attributes"))
                 try:
-                    th = self.threads[(rank, _thread_key(s)[0])]
+                    th = self.threads[(rank, args.get(THREAD_ID_ATTR))]
                     i = th.written
                     lane = th.lanes[i]
                 except (KeyError, IndexError):
@@ -261,7 +262,6 @@ class ChromeExporter:
                         cat = cats[name] = str(span_def(name).group)
                     except KeyError:
                         cat = cats[name] = "span"
-                args = attributes(s.get("attributes"))
                 args["span_id"] = s.get("spanId", "")
                 if is_error(s):
                     args["status"] = "ERROR"
