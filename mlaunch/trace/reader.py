@@ -167,6 +167,7 @@ class TraceReader:
         self.stats = ReadStats()
         self.path: Path | None = None
         self.line_no = 0
+        self._process_ranks: dict[Any, int] = {}
 
     @classmethod
     def open(cls, path: str | Path, *, skip_invalid: bool = False) -> TraceReader:
@@ -258,8 +259,19 @@ class TraceReader:
                     self._bad_line(f"malformed OTLP/JSON structure ({type(e).__name__}: {e})")
 
     def _resource(self, resource: dict[str, Any] | None, tf: TraceFile) -> Resource:
+        """The batch's resource with its rank: ``dl.rank``; else the file name's ``rank<R>``;
+        else one number per distinct process (``service.instance.id``, or host and pid) in
+        order of appearance, so a collector file from a foreign trainer still splits by
+        process."""
         attrs = attributes((resource or {}).get("attributes"))
         rank = attrs.get(ResourceAttr.RANK)
         if rank is None:
-            rank = tf.rank if tf.rank is not None else 0
+            if tf.rank is not None:
+                rank = tf.rank
+            else:
+                ident = attrs.get(ResourceAttr.SERVICE_INSTANCE_ID) or (
+                    attrs.get(ResourceAttr.HOST_NAME),
+                    attrs.get(ResourceAttr.PROCESS_PID),
+                )
+                rank = self._process_ranks.setdefault(ident, len(self._process_ranks))
         return Resource(attrs, int(rank))

@@ -104,3 +104,20 @@ def test_attribute_values_decode_every_otlp_kind() -> None:
     kvs.append({"key": "n", "value": {"intValue": 9}})  # a number, not a string
     assert attributes(kvs) == {"s": "x", "i": 7, "d": 0.5, "b": True, "a": [1, "y"],
                                "kv": {"k": 2}, "raw": "AAE=", "n": 9}  # fmt: skip
+
+
+def test_processes_without_rank_attributes_get_one_rank_each(tmp_path: Path) -> None:
+    # A foreign trainer's spans in a collector file: no dl.rank, no rank in the file name.
+    def span(i: int) -> dict:
+        return {"traceId": "a" * 32, "spanId": f"{i:016x}", "name": "x",
+                "startTimeUnixNano": ms(0), "endTimeUnixNano": ms(1)}  # fmt: skip
+
+    lines = [
+        request_line({"service.instance.id": "job-a"}, [span(1)]),
+        request_line({"service.instance.id": "job-b"}, [span(2)]),
+        request_line({"service.instance.id": "job-a"}, [span(3)]),
+        request_line({"host.name": "n1", "process.pid": 7}, [span(4)]),
+    ]
+    f = tmp_path / "otel-traces.json"
+    f.write_text("\n".join(lines) + "\n")
+    assert _all_spans(f) == [(0, f"{1:016x}"), (1, f"{2:016x}"), (0, f"{3:016x}"), (2, f"{4:016x}")]
