@@ -265,6 +265,8 @@ def test_slurm_variables_fill_in_the_launch(spawned):
         (["--otlp-endpoint", "localhost:4317"], {}, "--otlp-endpoint"),
         (["--otel-run-id", "bad id!"], {}, "--otel-run-id"),
         (["--otel-enabled", "--otel-export-sample-rate", "2"], {}, "--otel-export-sample-rate"),
+        (["--num-layer", "3"], {}, "--num-layer"),  # Click's own usage errors: same shape
+        (["--nnodes"], {}, "--nnodes"),
     ],
 )
 def test_bad_input_exits_2_naming_the_field_and_creates_nothing(spawned, tmp_path, args, env, field):
