@@ -41,13 +41,16 @@ class Process(Protocol):
 
 
 def _write_private(path: Path, text: str, mode: int = 0o600) -> None:
-    """Write ``text`` to a file that has ``mode`` from its creation (never briefly readable by
-    others, as a chmod after writing would allow)."""
+    """Write ``text`` to ``path`` with ``mode`` from the file's creation (never briefly readable by
+    others, as a chmod after writing would allow), atomically: nodes sharing a run directory
+    may write the same file at once, and a reader never sees half of one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with contextlib.suppress(FileNotFoundError):
-        path.unlink()  # O_EXCL below: a stale file's wider mode must not be inherited
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        tmp.unlink()  # a leftover of a crashed launch: O_EXCL must not inherit its mode
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(text)
+    os.replace(tmp, path)
 
 
 def create_run_dir(plan: LaunchPlan, *, show_secrets: bool = False) -> None:
