@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import sys
 from pathlib import Path
@@ -403,3 +404,15 @@ def test_terminal_gets_a_progress_bar():
     assert (task.completed, task.total, task.fields["loss"], task.fields["tps"]) == (4, 10, "2.5000", "1,234")
     bar.close()
     assert "eval at iteration 4: loss 2.2500" in out.getvalue()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_and_sigterm_are_forwarded_as_sigterm_to_torchruns_group(monkeypatch, signum):
+    sent: list[tuple[int, int]] = []
+    seen: list[int] = []
+    monkeypatch.setattr(lrun.os, "killpg", lambda pgid, sig: sent.append((pgid, sig)))
+    proc = FakeProc()
+    with lrun._forwarding(proc, seen.append) as received:
+        os.kill(os.getpid(), signum)
+    assert sent == [(proc.pid, signal.SIGTERM)] and received == [signum] and seen == [signum]
+    assert signal.getsignal(signum) is not None  # the previous handler is back
