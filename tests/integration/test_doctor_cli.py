@@ -85,12 +85,6 @@ def test_json_shape_is_pinned() -> None:
     assert sampler["status"] == "fail" and "nope" in sampler["message"]
 
 
-def test_json_exit_code_is_zero_when_nothing_fails() -> None:
-    result = doctor("--json")
-    assert result.exit_code == 0
-    assert json.loads(result.stdout)["summary"]["fail"] == 0
-
-
 def test_missing_config_file_is_a_bad_invocation(tmp_path: Path) -> None:
     result = doctor("--config", str(tmp_path / "nope.toml"))
     assert result.exit_code == 2
@@ -106,15 +100,6 @@ def test_config_file_that_fails_validation_is_a_failed_check(tmp_path: Path) -> 
     assert any("not valid TOML" in c["message"] for c in fails)
 
 
-def test_read_only_run_directory_fails(tmp_path: Path) -> None:
-    (tmp_path / "file.txt").write_text("x")
-    config = tmp_path / "run.toml"
-    config.write_text(f"[launch]\nrun_dir = '{tmp_path / 'file.txt' / 'runs'}'\n")
-    result = doctor("--config", str(config))
-    assert result.exit_code == 1
-    assert "file.txt is a file, not a directory" in result.stdout
-
-
 def test_otlp_headers_never_reach_the_output() -> None:
     with GrpcOtlpReceiver() as rx:
         env = {
@@ -125,8 +110,9 @@ def test_otlp_headers_never_reach_the_output() -> None:
         as_json = doctor("--json", env=env)
     assert rx.headers and rx.headers[-1]["authorization"] == "Bearer sup3rs3cret"
     for result in (text, as_json):
-        assert result.exit_code == 0, result.output
+        assert result.exit_code == 0, result.output  # nothing fails: exit 0, in both modes
         assert "sup3rs3cret" not in result.output
+    assert json.loads(as_json.stdout)["summary"]["fail"] == 0
     assert "OTEL_EXPORTER_OTLP_HEADERS=<redacted>" in text.stdout
 
 
