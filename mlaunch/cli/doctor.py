@@ -46,7 +46,11 @@ def run(config: Path | None, *, as_json: bool, deep: bool) -> int:
         return 2
     from mlaunch import doctor
 
-    results = doctor.run_doctor(config=config, environ=os.environ, deep=deep)
+    try:
+        results = doctor.run_doctor(config=config, environ=os.environ, deep=deep)
+    except Exception as exc:  # each check is guarded; this is the last line of defence
+        typer.echo(f"mlaunch doctor: internal error: {type(exc).__name__}: {exc}", err=True)
+        return 1
     if as_json:
         typer.echo(json.dumps(doctor.to_json(results), indent=2))
     else:
