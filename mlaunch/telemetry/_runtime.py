@@ -777,7 +777,7 @@ class Runtime:
 
     def _flush_spans(self) -> None:
         spans = self._drain()
-        if len(spans) > MAX_PENDING_SPANS:
+        if len(spans) > MAX_PENDING_SPANS and type(self.sink) is not Sink:  # "none" keeps nothing
             # The exporter cannot keep up: keep memory bounded, put the oldest in the spool.
             excess, spans = spans[: len(spans) - MAX_PENDING_SPANS], spans[-MAX_PENDING_SPANS:]
             self.log_once("behind", "mlaunch telemetry: exporter falling behind; spooling spans")
