@@ -442,10 +442,12 @@ class TorchProbe:
             if self.gloo:
                 for p in self.gloo.procs:
                     p.kill()
+            # Not a failure: torch may be fine on a slow file system; it just went unchecked.
             return [
-                fail(
+                warn(
                     "torch import",
-                    f"importing torch did not finish within {self.timeout_s:g} s",
+                    f"importing torch did not finish within {self.timeout_s:g} s; torch, CUDA,"
+                    " NCCL and gloo were not checked",
                     "check the file system holding site-packages (slow NFS?) and run"
                     " `python -c 'import torch'` to see what hangs",
                 )

@@ -56,7 +56,7 @@ def test_hanging_torch_import_is_cut_off_by_the_timeout(tmp_path: Path) -> None:
     fake.chmod(0o755)
     probe = TorchProbe([str(fake)], timeout_s=0.5, deep=False)
     [result] = probe.results()
-    assert result.status == "fail"
+    assert result.status == "warn"  # unchecked, not known broken
     assert "did not finish within 0.5 s" in result.message
     assert probe.proc.popen is not None and probe.proc.popen.poll() is not None  # killed
 
