@@ -397,3 +397,14 @@ def test_json_shape_summary_and_exit_code() -> None:
     assert summarize(results[:2]) == {"pass": 1, "warn": 1, "fail": 0}
     assert exit_code(results[:2]) == 0
     assert exit_code(results) == 1
+
+
+def test_a_crashing_check_becomes_a_failed_result() -> None:
+    from mlaunch.doctor import _guard
+
+    def broken() -> list[CheckResult]:
+        raise RuntimeError("boom")
+
+    [result] = _guard("broken", broken)
+    assert result.status == "fail"
+    assert result.message == "the check itself crashed: RuntimeError: boom"
