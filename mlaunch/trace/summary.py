@@ -134,6 +134,8 @@ class SummaryAggregator:
         for s in spans:
             name = s["name"]
             d = int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"])
+            if d < 0:  # a wall-clock step back between start and end: count it as instant
+                d = 0
             a = durations.get(name)
             if a is None:
                 a = durations[name] = array("q")
