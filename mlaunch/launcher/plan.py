@@ -516,7 +516,7 @@ def build_plan(
         problems += _check_trainer_args([*targs, *passthrough], settings.world_size)
         entry = ["-m", TRAINER_MODULE, *targs, *passthrough]
     else:
-        target = ["-m", launch.module] if launch.module else [str(Path(launch.script).resolve())]
+        target = ["-m", launch.module] if launch.module else [str((cwd / launch.script).resolve())]
         extra = trainer_args(settings, run_dir, megatron=True) + otel_flags(settings) if launch.megatron_args else []
         entry = [*target, *extra, *passthrough]
     if problems:
