@@ -105,7 +105,8 @@ def summary(plan: LaunchPlan) -> Group:
     if not t.enabled:
         table.add_row("telemetry", "off (--otel-enabled to turn it on)")
         return Group(Panel(Group(*parts), title="mlaunch train"))
-    table.add_row("telemetry", f"on, span groups {t.span_groups!r} = {format_groups(t.groups) or '(none)'}")
+    groups = format_groups(t.groups).replace(",", ", ") or "(none)"
+    table.add_row("telemetry", f"on, span groups {t.span_groups!r} = {groups}")
     table.add_row("export strategy", t.export_strategy + (f" (rank {t.export_rank})" if t.export_strategy == "single_rank" else ""))
     table.add_row("exporting ranks", _ranks_text(plan.exporting_ranks, s.world_size))
     table.add_row("samplers", _sampler_text(plan))
