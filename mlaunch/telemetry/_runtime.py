@@ -177,7 +177,7 @@ class _LogOnce:
 
     def __init__(self) -> None:
         self.seen: set[str] = set()
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # shutdown may run in a signal handler on a logging thread
 
     def __call__(self, cause: str, message: str, *args: Any) -> None:
         with self.lock:

@@ -30,7 +30,8 @@ _ERROR = 2  # StatusCode.ERROR
 _tls = threading.local()
 #: Every thread's span stack, so shutdown can end spans still open on any thread.
 _ALL_STACKS: list[list[Any]] = []
-_STACKS_LOCK = threading.Lock()
+# Re-entrant: shutdown may run from a signal handler that interrupted this very thread.
+_STACKS_LOCK = threading.RLock()
 
 
 def _new_stack() -> list[Any]:

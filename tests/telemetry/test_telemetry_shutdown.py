@@ -103,8 +103,9 @@ def test_shutdown_is_bounded_and_spools_with_a_hanging_endpoint(tmp_path, protoc
 
 
 @pytest.mark.slow
-def test_atexit_shutdown_is_bounded_with_a_closed_port(tmp_path):
-    elapsed, res = _run_worker(tmp_path, closed_port_endpoint(), "grpc", "atexit")
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_atexit_shutdown_is_bounded_with_a_closed_port(tmp_path, protocol):
+    elapsed, res = _run_worker(tmp_path, closed_port_endpoint(), protocol, "atexit")
     assert elapsed < DEADLINE_S + SLACK_S
     _assert_spooled(tmp_path, res["err"])
 
