@@ -32,8 +32,9 @@ Trace identity (SPEC section 4)
       innermost open span of the calling thread, it is re-rooted: the open ``megatron.train``
       span ends and a new root ``megatron.train`` span starts in the new trace, with the same
       attributes plus ``mlaunch.trace.segment=s`` and a Link to the previous segment's span.
-      The ``with span(JOB, TRAIN)`` block then ends the latest segment. (The object that block
-      yielded is the first segment's span; set attributes through ``span`` of later calls.)
+      The ``with span(JOB, TRAIN)`` block then ends the latest segment. Attributes set on the
+      first segment's span before a re-root are carried over; the object the block yielded stays
+      the first segment's (ended) span, so set attributes before the first segment boundary.
     - child spans always share their parent's trace id; a span with no open parent on its
       thread is a root in the current trace.
 

@@ -291,7 +291,11 @@ class CoarseSpan:
         old = self.span
         STATE.detach(self.token)
         old.end()
-        self.attributes = {**self.attributes, **extra_attributes}
+        # Carry over attributes set on the span after it started (old.attributes has them all).
+        self.attributes = {
+            **dict(getattr(old, "attributes", None) or self.attributes),
+            **extra_attributes,
+        }
         self.links = links
         self._start(None)
         self.token = STATE.attach(self.span)
