@@ -645,21 +645,13 @@ class Runtime:
             else segment_trace_id(self.run_id, self.restart, segment)
         )
         stack = _spans.current_stack()
-        if stack and stack[-1].name == SpanName.TRAIN:
-            entry = stack[-1]
+        entry = stack[-1] if stack else None
+        # Only an SDK (coarse) span can be re-rooted in place; the job group is never fine-grained.
+        if isinstance(entry, _spans.CoarseSpan) and entry.name == SpanName.TRAIN:
             previous = SpanContext(
                 entry.trace_id, entry.span_id, False, _SAMPLED if entry.sampled else _NOT_SAMPLED
             )
-            if isinstance(entry, _spans.CoarseSpan):
-                entry.reroot({Attr.TRACE_SEGMENT: segment}, [Link(previous)])
-            else:  # job group is never fine-grained today; keep the fine path correct anyway
-                entry.truncate()
-                entry.attributes.pop(Attr.TRUNCATED, None)
-                new = _spans.FineSpan(
-                    entry.name, {**entry.attributes, Attr.TRACE_SEGMENT: segment}, [Link(previous)]
-                )
-                stack.pop()
-                new.__enter__()
+            entry.reroot({Attr.TRACE_SEGMENT: segment}, [Link(previous)])
 
     # --- metrics --------------------------------------------------------------------------------
 
