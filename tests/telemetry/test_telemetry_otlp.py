@@ -137,3 +137,22 @@ def test_traces_disabled_creates_no_spans(make_settings, tmp_path):
     from telemetry_helpers import read_metric_file
 
     assert {m["name"] for m in read_metric_file(tmp_path)} >= {Metric.STEP_DURATION_MS}
+
+
+def test_per_signal_protocol_and_endpoint_win(make_settings, tmp_path):
+    with HttpOtlpReceiver() as http_rx, GrpcOtlpReceiver() as grpc_rx:
+        settings = make_settings(
+            EXPORTER="otlp",
+            OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+            OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
+            OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http_rx.traces_url,
+            OTEL_EXPORTER_OTLP_METRICS_ENDPOINT=grpc_rx.endpoint,
+        )
+        telemetry.setup(settings, rank=0, world_size=1, run_dir=tmp_path)
+        with telemetry.span(G.JOB, S.PRETRAIN):
+            pass
+        telemetry.record_step(1, step_ms=3.0)
+        telemetry.shutdown(10.0)
+        assert http_rx.wait_for_spans(1, timeout=10)
+        assert grpc_rx.wait_for_metrics({Metric.STEP_DURATION_MS}, timeout=10)
+        assert grpc_rx.spans == [] and http_rx.metrics == []
