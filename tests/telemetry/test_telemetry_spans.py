@@ -299,3 +299,30 @@ def test_restart_gets_distinct_trace_ids(make_settings, tmp_path):
     first = _run_rank(make_settings, tmp_path / "a", 0, 2, restart=0)
     second = _run_rank(make_settings, tmp_path / "b", 0, 2, restart=1)
     assert {s["trace_id"] for s in first}.isdisjoint({s["trace_id"] for s in second})
+
+
+def test_threads_have_their_own_stacks_and_shutdown_truncates_every_thread(make_settings, tmp_path):
+    import threading
+
+    telemetry.setup(make_settings(), rank=0, world_size=1, run_dir=tmp_path)
+    opened, release = threading.Event(), threading.Event()
+
+    def worker() -> None:
+        with telemetry.span(G.CHECKPOINT, S.SAVE_CHECKPOINT_IO_WRITE):
+            with telemetry.trace_region("async-write"):
+                opened.set()
+                release.wait(10)
+
+    with telemetry.span(G.JOB, S.TRAIN):
+        thread = threading.Thread(target=worker)
+        thread.start()
+        assert opened.wait(10)
+        telemetry.shutdown()
+    release.set()
+    thread.join(10)
+    spans = read_trace_file(tmp_path)
+    parents = parent_names(spans)
+    assert parents[S.SAVE_CHECKPOINT_IO_WRITE] is None  # not parented across threads
+    assert parents[region_name("async-write")] == S.SAVE_CHECKPOINT_IO_WRITE
+    assert all(s["attributes"].get(Attr.TRUNCATED) is True for s in spans)
+    assert len(spans) == 3
