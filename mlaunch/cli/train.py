@@ -155,22 +155,30 @@ def run_train(
         typer.echo("\n".join(plan.env_lines(show_secrets)))
         return 0
     console = Console()
-    console.print(render.summary(plan))
     if dry_run:
+        console.print(render.summary(plan))
         typer.echo(render.dry_run_text(plan, show_secrets))
         return 0
-    display = (
-        render.BarDisplay(console, plan.settings.training.train_iters)
-        if console.is_terminal
-        else render.PlainDisplay(console, plan.settings.training.log_interval)
-    )
+    displays: list[Any] = []
+
+    def started() -> Any:
+        # Called once torchrun is running: the summary prints while the workers import torch.
+        console.print(render.summary(plan))
+        displays.append(
+            render.BarDisplay(console, plan.settings.training.train_iters)
+            if console.is_terminal
+            else render.PlainDisplay(console, plan.settings.training.log_interval)
+        )
+        return displays[0]
+
     try:
-        result = execute(plan, display, show_secrets=show_secrets)
+        result = execute(plan, started, show_secrets=show_secrets)
     except OSError as exc:
         typer.echo(f"{flag_name('launch.run_dir')}: cannot create the run directory ({exc})", err=True)
         return 2
     finally:
-        display.close()
+        for display in displays:
+            display.close()
     render.print_result(console, plan, result)
     return result.exit_code
 

@@ -278,12 +278,16 @@ def _forwarding(proc: Process, on_signal: Callable[[int], None]) -> Iterator[lis
 
 def execute(
     plan: LaunchPlan,
-    display: Display,
+    started: Callable[[], Display],
     *,
     show_secrets: bool = False,
     spawn_fn: Callable[..., Process] | None = None,
 ) -> RunResult:
-    """Create the run directory, start torchrun, follow it to the end and collect failures."""
+    """Create the run directory, start torchrun, follow it to the end and collect failures.
+
+    ``started`` is called right after torchrun is spawned and returns the display to report
+    to: whatever it prints (the summary) overlaps the workers' start-up instead of delaying it.
+    """
     create_run_dir(plan, show_secrets=show_secrets)
     tail = ProgressTail(plan.progress_file)
     start = time.time()
@@ -291,7 +295,15 @@ def execute(
     spawn_fn = spawn_fn or spawn
     with torchrun_log(plan).open("ab") as log:
         proc = spawn_fn(plan.argv, plan.child_env, log)
-        with _forwarding(proc, display.interrupted) as received:
+        shown: list[Display] = []  # a signal may arrive before the display exists
+
+        def notify(signum: int) -> None:
+            for d in shown:
+                d.interrupted(signum)
+
+        with _forwarding(proc, notify) as received:
+            display = started()
+            shown.append(display)
             while True:
                 code = proc.poll()
                 for record in tail.read():
