@@ -686,10 +686,17 @@ class ReportResult:
         return out
 
 
-def default_output(run_dir: Path) -> Path:
-    """``RUN_DIR/report.html`` (next to the file when given a traces file)."""
-    run_dir = Path(run_dir)
-    return (run_dir if run_dir.is_dir() else run_dir.parent) / REPORT_FILE
+def run_directory(path: Path) -> Path:
+    """The run directory behind ``path``: itself, or the one holding a traces file or the
+    ``telemetry/`` directory given instead (where progress.jsonl and resolved.json live)."""
+    path = Path(path)
+    d = path if path.is_dir() else path.parent
+    return d.parent if d.name == envcontract.TELEMETRY_DIR else d
+
+
+def default_output(path: Path) -> Path:
+    """``RUN_DIR/report.html`` for a run directory, or a file or telemetry directory in it."""
+    return run_directory(path) / REPORT_FILE
 
 
 def render_report(
@@ -725,7 +732,7 @@ def render_report(
         focus = min(s.start for st in scan.steps.values() for s in st if s.iteration == a)
     timeline = _build_timeline(window, segs, t0, scan.summary.resources, ranges, focus)
 
-    base_dir = run_dir if run_dir.is_dir() else run_dir.parent
+    base_dir = run_directory(run_dir)
     progress, bad_progress = read_progress(base_dir)
     first_res = scan.summary.resources[min(scan.summary.resources)]
     curves, curve_source = _curves(progress, scan, first_res)

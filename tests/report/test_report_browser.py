@@ -59,6 +59,7 @@ def check_timeline(seen: Rendered, spans: list[dict[str, Any]], ranges: list[tup
     """The timeline drew one lane per rank and each window span once; returns the window."""
     assert seen.verdict["errors"] == [], seen.verdict["errors"]
     assert console_problems(seen.stderr) == []
+    assert seen.fetches == [] and seen.verdict["resources"] == []  # offline: nothing requested
     assert seen.verdict["lanes"] == [f"rank {r} · PP {p}" for r, p in zip(ranks, stages, strict=True)]
     window = expected_window(spans, ranges)
     bars = [t for t in seen.figure("timeline") if t["type"] == "bar"]

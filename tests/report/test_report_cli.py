@@ -160,3 +160,12 @@ def test_unreadable_progress_lines_are_skipped_and_noted(hand_run: Path) -> None
     r = invoke(hand_run)
     assert r.exit_code == 0, r.output
     assert "2 unreadable line(s) of progress.jsonl skipped" in r.output
+
+
+def test_a_traces_file_reports_its_whole_run_directory(hand_run: Path) -> None:
+    trace_file = hand_run / "telemetry" / "traces-rank0.jsonl"
+    r = invoke(trace_file)
+    assert r.exit_code == 0, r.output
+    page = hand_run / "report.html"  # next to progress.jsonl, not inside telemetry/
+    assert f"wrote {page}" in r.output and "on 1 lane(s)" in r.output
+    assert figures(page)["chart-loss"]["data"][0]["y"] == [4.0, 3.5]  # progress.jsonl was found

@@ -77,7 +77,9 @@
 
   function selftest() {
     var withIds = window.location.hash === "#selftest";
-    var verdict = { errors: errors, meta: meta, figures: {}, lanes: [], tables: {} };
+    var verdict = { errors: errors, meta: meta, figures: {}, lanes: [], tables: {},
+      // every resource the page requested (a self-contained report requests none)
+      resources: performance.getEntriesByType("resource").map(function (e) { return e.name; }) };
     Object.keys(figures).forEach(function (id) {
       var gd = document.getElementById(id);
       verdict.figures[id] = gd ? drawn(gd, withIds && id === "timeline") : null;
