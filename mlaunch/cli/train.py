@@ -152,7 +152,9 @@ def run_train(
             typer.echo(f"{fld}: {message}", err=True)  # one plain line each: never wrapped
         return 2
     if print_env:
-        typer.echo("\n".join(plan.env_lines(show_secrets)))
+        # unset lines too: a stale alias left in the user's shell would conflict in the workers.
+        unset = [f"unset {name}" for name in plan.removed_env]
+        typer.echo("\n".join(plan.env_lines(show_secrets) + unset))
         return 0
     console = Console()
     if dry_run:

@@ -309,11 +309,12 @@ def test_dry_run_prints_command_and_redacted_environment_and_creates_nothing(spa
 
 
 def test_print_env_prints_pasteable_exports_only(spawned, tmp_path):
-    result = invoke("--print-env", "--otel-user-id", "a b$c")
+    result = invoke("--print-env", "--otel-user-id", "a b$c", env={"NEMO_LENS_RANK_STRATEGY": "all_ranks"})
     assert result.exit_code == 0, result.output
     lines = result.stdout.strip().splitlines()
-    assert all(line.startswith(("export ", "# export ")) for line in lines)
+    assert all(line.startswith(("export ", "# export ", "unset ")) for line in lines)
     assert "export MEGATRON_OTEL_USER_ID='a b$c'" in lines
+    assert lines[-1] == "unset NEMO_LENS_RANK_STRATEGY"
     assert not (tmp_path / "runs").exists() and spawned == []
 
 
