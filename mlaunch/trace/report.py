@@ -640,7 +640,9 @@ def _goodput_figure(gp: GoodputReport) -> dict[str, Any]:
     data = []
     for label, attr, colour in GOODPUT_PARTS:
         ms = [getattr(b, attr) for _, b in rows]
-        pct = [100 * v / b.wall_ms if b.wall_ms else 0.0 for v, (_, b) in zip(ms, rows, strict=True)]
+        pct = [
+            100 * v / b.wall_ms if b.wall_ms else 0.0 for v, (_, b) in zip(ms, rows, strict=True)
+        ]
         data.append({
             "type": "bar", "orientation": "h", "name": label, "y": [r[0] for r in rows], "x": pct,
             "marker": {"color": colour}, "customdata": [fmt_ms(v) for v in ms],

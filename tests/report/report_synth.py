@@ -99,7 +99,13 @@ def _set_end(b: TraceBuilder, rank: int, ref: SpanRef, end_ms: float) -> None:
 
 
 def _step(
-    b: TraceBuilder, rank: int, it: int, t: float, dur: float, train: SpanRef, loss: float,
+    b: TraceBuilder,
+    rank: int,
+    it: int,
+    t: float,
+    dur: float,
+    train: SpanRef,
+    loss: float,
     sends: dict[tuple[int, int, int], SpanRef],
 ) -> None:
     """One train_step of ``rank`` lasting ``dur`` ms from ``t``, with its per_step children."""

@@ -60,7 +60,9 @@ def check_timeline(seen: Rendered, spans: list[dict[str, Any]], ranges: list[tup
     assert seen.verdict["errors"] == [], seen.verdict["errors"]
     assert console_problems(seen.stderr) == []
     assert seen.fetches == [] and seen.verdict["resources"] == []  # offline: nothing requested
-    assert seen.verdict["lanes"] == [f"rank {r} · PP {p}" for r, p in zip(ranks, stages, strict=True)]
+    assert seen.verdict["lanes"] == [
+        f"rank {r} · PP {p}" for r, p in zip(ranks, stages, strict=True)
+    ]
     window = expected_window(spans, ranges)
     bars = [t for t in seen.figure("timeline") if t["type"] == "bar"]
     drawn = Counter(i for t in bars for i in t["ids"])
@@ -115,9 +117,8 @@ def test_thousand_iteration_per_step_report(synth_run: Path, chromium: str, tmp_
     spans = raw_spans(synth_run)
     window = check_timeline(seen, spans, [(1, 3), (998, 1000)], ranks=[0, 1, 2, 3],
                             stages=[0, 1, 0, 1])  # fmt: skip
-    assert {s["iteration"] for s in window if s["name"] == SpanName.TRAIN_STEP} == {
-        1, 2, 3, 998, 999, 1000
-    }
+    shown = {s["iteration"] for s in window if s["name"] == SpanName.TRAIN_STEP}
+    assert shown == {1, 2, 3, 998, 999, 1000}
     check_curves(seen, progress_of(synth_run))
     assert seen.verdict["tables"]["span-table"] == len({s["name"] for s in spans})
     straggler = seen.figure("chart-skew")[0]

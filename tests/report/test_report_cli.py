@@ -169,3 +169,35 @@ def test_a_traces_file_reports_its_whole_run_directory(hand_run: Path) -> None:
     page = hand_run / "report.html"  # next to progress.jsonl, not inside telemetry/
     assert f"wrote {page}" in r.output and "on 1 lane(s)" in r.output
     assert figures(page)["chart-loss"]["data"][0]["y"] == [4.0, 3.5]  # progress.jsonl was found
+
+
+def test_a_window_too_large_to_draw_is_refused(hand_run: Path, monkeypatch) -> None:
+    import mlaunch.trace.report as report
+
+    monkeypatch.setattr(report, "MAX_TIMELINE_SPANS", 5)
+    r = invoke(hand_run)
+    assert r.exit_code == 2 and "more than 5 spans" in r.output and "--iterations" in r.output
+    assert not (hand_run / "report.html").exists()
+
+
+def test_an_unwritable_output_exits_2(hand_run: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    r = invoke(hand_run, "-o", blocker / "report.html")  # a file where a directory should be
+    assert r.exit_code == 2 and "cannot write" in r.output and "Traceback" not in r.output
+
+
+def test_without_step_spans_the_timeline_shows_the_whole_trace(tmp_path: Path) -> None:
+    from support.synthetic_traces import TraceBuilder
+
+    from mlaunch.model.spans import SpanName
+
+    b = TraceBuilder(world_size=1)  # the `default` preset: no step group
+    pre = b.span(0, SpanName.PRETRAIN, 0, 100)
+    b.span(0, SpanName.SAVE_CHECKPOINT, 40, 60, parent=pre)
+    page = write_report(b.write_run_dir(tmp_path / "run"))
+    text = page.read_text()
+    assert "the timeline shows the whole trace" in text
+    assert "No training curves" in text and "No megatron.train_step spans" in text
+    bars = [t for t in figures(page)["timeline"]["data"] if t["type"] == "bar"]
+    assert sorted(len(t["x"]) for t in bars) == [1, 1]  # job and checkpoint, one span each
