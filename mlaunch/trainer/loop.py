@@ -532,10 +532,13 @@ class Trainer:
                 telemetry.set_iteration(iteration)
                 wrap = (telemetry.span(G.FIRST_ITERATION, SpanName.FIRST_ITERATION,
                                        **{Attr.ITERATION.value: iteration}) if first else _NULL)
-                t0 = time.perf_counter()
+                t0, cpu0 = time.perf_counter(), time.process_time()
                 with wrap:
                     result = self.train_step(iteration)
                 step_s = time.perf_counter() - t0
+                # CPU time of the whole process (telemetry's export thread included): on a shared
+                # machine it measures this step's work far more steadily than wall time.
+                cpu_ms = (time.process_time() - cpu0) * 1e3
                 first = False
                 s.iteration = iteration
 
@@ -551,7 +554,7 @@ class Trainer:
                 progress.write(
                     iteration=iteration, train_iters=args.train_iters, loss=result.loss, lr=lr,
                     grad_norm=result.grad_norm, tokens_per_sec=tokens_per_sec,
-                    step_ms=step_s * 1e3, skipped=result.skipped,
+                    step_ms=step_s * 1e3, cpu_ms=cpu_ms, skipped=result.skipped,
                 )
                 if topo.owns_loss and (iteration % args.log_interval == 0 or iteration == 1):
                     log(topo, f"iteration {iteration}/{args.train_iters} | loss {result.loss:.4f} | "
