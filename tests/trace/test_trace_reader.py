@@ -121,3 +121,14 @@ def test_processes_without_rank_attributes_get_one_rank_each(tmp_path: Path) -> 
     f = tmp_path / "otel-traces.json"
     f.write_text("\n".join(lines) + "\n")
     assert _all_spans(f) == [(0, f"{1:016x}"), (1, f"{2:016x}"), (0, f"{3:016x}"), (2, f"{4:016x}")]
+
+
+def test_non_finite_floats_written_by_python_json_are_read(tmp_path: Path) -> None:
+    # json.dumps writes a NaN loss as a bare NaN literal (not strict JSON): still readable.
+    span = {"traceId": "a" * 32, "spanId": "b" * 16, "name": SpanName.TRAIN_STEP,
+            "startTimeUnixNano": ms(0), "endTimeUnixNano": ms(1),
+            "attributes": [{"key": "megatron.loss", "value": {"doubleValue": float("nan")}}]}  # fmt: skip
+    f = tmp_path / "t.jsonl"
+    f.write_text(request_line({"dl.rank": 0}, [span]) + "\n")
+    assert "NaN" in f.read_text()
+    assert _all_spans(f) == [(0, "b" * 16)]
