@@ -118,6 +118,11 @@ def _command_parameters() -> list[inspect.Parameter]:
             False, "--show-secrets",
             help="Write/print secrets (OTEL_EXPORTER_OTLP_HEADERS) instead of redacting them.",
         )),
+        ("report", bool, typer.Option(
+            False, "--report",
+            help="After the run, write report.html (timeline, span breakdown, curves, goodput)"
+            " into the run directory.",
+        )),
         ("args", list[str] | None, typer.Argument(
             None, metavar="[-- ARGS]", help="Passed unchanged to the entry point.", show_default=False,
         )),
@@ -133,6 +138,7 @@ def run_train(
     dry_run: bool,
     print_env: bool,
     show_secrets: bool,
+    report: bool = False,
 ) -> int:
     """The command's work: plan, then print or launch. Returns the exit code."""
     from rich.console import Console
@@ -181,8 +187,23 @@ def run_train(
     finally:
         for display in displays:
             display.close()
-    render.print_result(console, plan, result)
+    render.print_result(console, plan, result, _write_report(plan) if report else None)
     return result.exit_code
+
+
+def _write_report(plan: Any) -> Path | None:
+    """The HTML report of a finished run, or None (with a note) when it cannot be made."""
+    if not (plan.settings.telemetry.enabled and plan.settings.telemetry.exporter == "file"):
+        typer.echo("report: skipped (only runs traced with the file exporter have local traces)")
+        return None
+    from mlaunch.trace.reader import TraceInputError
+    from mlaunch.trace.report import write_report
+
+    try:
+        return write_report(plan.run_dir)
+    except (TraceInputError, OSError) as exc:
+        typer.echo(f"report: not written ({exc})", err=True)
+        return None
 
 
 def _click_exceptions() -> Any:
@@ -239,6 +260,7 @@ def register(app: typer.Typer) -> None:
             dry_run=kwargs["dry_run"],
             print_env=kwargs["print_env"],
             show_secrets=kwargs["show_secrets"],
+            report=kwargs["report"],
         )
         raise typer.Exit(code)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import shlex
 import signal
 import statistics
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console, Group
@@ -230,7 +231,9 @@ class BarDisplay(PlainDisplay):
 # After the run
 
 
-def print_result(console: Console, plan: LaunchPlan, result: RunResult) -> None:
+def print_result(
+    console: Console, plan: LaunchPlan, result: RunResult, report: Path | None = None
+) -> None:
     """Failures (which rank, which node, the exception, the log's last lines), the run's numbers
     and where its traces are. Paths and commands are plain lines, whole, to copy and paste."""
     for f in result.failures:
@@ -281,6 +284,10 @@ def print_result(console: Console, plan: LaunchPlan, result: RunResult) -> None:
         files = sorted((plan.run_dir / ec.TELEMETRY_DIR).glob("traces-rank*.jsonl"))
         plain.append(f"traces:  {plan.traces_dir} ({len(files)} file(s))")
         plain.append(f"read them: mlaunch trace summary {shlex.quote(str(plan.run_dir))}")
+        if report is not None:
+            plain.append(f"report:  {report}  (open it in a browser)")
+        else:
+            plain.append(f"report:  mlaunch trace report {shlex.quote(str(plan.run_dir))}")
     elif t.enabled and t.exporter == "otlp":
         plain.append(f"traces:  sent to {t.otel.endpoint} (run id {plan.run_id})")
     for line in plain:

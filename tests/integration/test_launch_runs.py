@@ -137,13 +137,21 @@ def test_two_nodes_on_one_machine_complete_one_job(tmp_path):
 
 def test_two_runs_at_once_do_not_collide(tmp_path):
     args = ["--train-iters", "3", "--otel-span-groups", "default"]
-    procs = [mlaunch(*args, cwd=tmp_path) for _ in range(2)]
+    # One of the two also writes the HTML report at the end (--report).
+    procs = [mlaunch(*args, *extra, cwd=tmp_path) for extra in ([], ["--report"])]
+    outputs = []
     for code, out in (finish(p) for p in procs):
         assert code == 0, out
+        outputs.append(out)
     runs = sorted((tmp_path / "runs").iterdir())
     assert len(runs) == 2
     for run_dir in runs:
         assert [r["iteration"] for r in train_records(run_dir)] == [1, 2, 3]
+    reports = [run_dir / "report.html" for run_dir in runs if (run_dir / "report.html").exists()]
+    assert len(reports) == 1
+    assert f"report:  {reports[0]}" in outputs[1]
+    assert "report:  mlaunch trace report" in outputs[0]
+    assert "plotly" in reports[0].read_text()[:2_000_000].lower()
 
 
 def test_failing_rank_is_reported_with_rank_and_exception(tmp_path):
