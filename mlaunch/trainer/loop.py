@@ -371,7 +371,7 @@ class Trainer:
                     self.grads.start_all_reduce(topo.dp_group)
                 with telemetry.span(G.COMMUNICATION, SpanName.GRAD_SYNC_FINISH):
                     self.grads.finish_all_reduce(topo.dp)
-            if topo.embed_group is not None:
+            if self.cfg.tie_embeddings and topo.embed_group is not None:
                 # Tied embeddings across stages: both copies get the sum of both gradients.
                 tied = self.model.tok_emb.weight if topo.is_first_stage else self.model.tied_copy
                 dist.all_reduce(tied.grad, group=topo.embed_group)

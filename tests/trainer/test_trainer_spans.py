@@ -40,6 +40,7 @@ ARGS = [
     *TINY, "--train-iters", str(ITERS), "--pipeline-model-parallel-size", str(PP),
     "--eval-interval", "3", "--eval-iters", str(EVAL_ITERS), "--sample-tokens", str(SAMPLE),
     "--save", "ck", "--save-interval", "2", "--offload-activations",
+    "--untie-embeddings",  # the tied layout across stages is covered by test_trainer_training.py
 ]  # fmt: skip
 
 # trace_region markers the trainer places (data setup on every rank; checkpoint phases by role).
