@@ -99,7 +99,8 @@ def save_checkpoint(
             if topo.rank == 0:
                 with telemetry.trace_region("checkpoint.prepare"):
                     root.mkdir(parents=True, exist_ok=True)
-                    shutil.rmtree(tmp, ignore_errors=True)  # left over by a crashed save
+                    for stale in root.glob(".tmp.iter_*"):  # left over by crashed saves
+                        shutil.rmtree(stale, ignore_errors=True)
                     tmp.mkdir()
             _barrier(topo)
             if writer:

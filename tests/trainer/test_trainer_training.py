@@ -70,6 +70,7 @@ def test_resume_continues_the_same_loss_sequence_and_skips_a_corrupt_checkpoint(
     assert [r["iteration"] for r in first.progress()] == list(range(1, 11))
     assert (ck / "iter_0000010" / "manifest.json").is_file()
 
+    (ck / ".tmp.iter_0000099").mkdir()  # what a save killed mid-write leaves behind
     second = ok(run_trainer(
         workdir, [*ARGS, "--load", str(ck), "--save", str(ck), "--save-interval", "5", "--keep-last", "2"],
         env=telemetry_env("per_step"), name="resume-b",
@@ -78,6 +79,7 @@ def test_resume_continues_the_same_loss_sequence_and_skips_a_corrupt_checkpoint(
     assert [r["iteration"] for r in second.progress()] == list(range(11, 21))
     assert_close(second.losses(), baseline.losses()[10:], rel=1e-6)
     assert sorted(p.name for p in ck.glob("iter_*")) == ["iter_0000015", "iter_0000020"]  # --keep-last 2
+    assert not list(ck.glob(".tmp.*"))  # never mistaken for a checkpoint, and cleaned up
     assert (ck / "latest_checkpointed_iteration.txt").read_text().strip() == "20"
     # The resumed process's spans and metrics (telemetry on; the losses above are unchanged by it).
     spans = read_spans(second.run_dir / "telemetry" / "traces-rank0.jsonl")
