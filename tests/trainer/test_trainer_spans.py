@@ -55,7 +55,18 @@ def _emitted_on(stages: Stages, stage: int) -> bool:
     }[stages]  # fmt: skip
 
 
-def expected_counts(groups: frozenset[SpanGroup], rank: int) -> Counter:
+#: One spec re-roots megatron.train every SEGMENT iterations (SPEC section 4: bounded traces).
+SEGMENTED_SPEC, SEGMENT = "per_step", 2
+
+
+def train_segments(spec: str) -> int:
+    """How many megatron.train spans a rank emits: one per trace segment the run touches."""
+    if spec != SEGMENTED_SPEC:
+        return 1
+    return len({it // SEGMENT for it in range(1, ITERS + 1)})
+
+
+def expected_counts(groups: frozenset[SpanGroup], rank: int, segments: int = 1) -> Counter:
     """Span name -> count for one rank of this job, derived from the catalogue."""
     stage, dp_rank = divmod(rank, DP)
     per_repeat = {
@@ -70,7 +81,7 @@ def expected_counts(groups: frozenset[SpanGroup], rank: int) -> Counter:
         if d.name in (SpanName.LOAD_CHECKPOINT, SpanName.LOAD_CHECKPOINT_IO_READ):
             continue  # no --load in this job
         name = text_completion_name(MODEL_NAME) if d.repeat is Repeat.REQUEST else d.name
-        out[name] += per_repeat[d.repeat]
+        out[name] += segments if d.name == SpanName.TRAIN else per_repeat[d.repeat]
     if SpanGroup.TRACE_REGION in groups:
         regions = list(DATA_REGIONS)
         if rank == 0:
@@ -99,7 +110,10 @@ SPECS = ["default", "per_step", "all", "default,microbatch"]
 @pytest.fixture(scope="module", params=SPECS)
 def traced(request, workdir) -> tuple[str, Run, dict[int, list[dict]]]:
     spec = request.param
-    run = run_trainer(workdir, ARGS, nproc=WORLD, env=telemetry_env(spec), name=spec.replace(",", "+"))
+    env = telemetry_env(spec)
+    if spec == SEGMENTED_SPEC:
+        env["MEGATRON_OTEL_TRACE_SEGMENT_ITERS"] = str(SEGMENT)
+    run = run_trainer(workdir, ARGS, nproc=WORLD, env=env, name=spec.replace(",", "+"))
     assert run.returncode == 0, run.output[-3000:]
     spans = {r: read_spans(run.run_dir / "telemetry" / f"traces-rank{r}.jsonl") for r in range(WORLD)}
     return spec, run, spans
@@ -110,7 +124,7 @@ def test_span_names_per_rank_are_exactly_the_catalogue_for_the_spec(traced):
     groups = resolve(spec)
     for rank, rank_spans in spans.items():
         got = Counter(s["name"] for s in rank_spans)
-        assert got == expected_counts(groups, rank), f"rank {rank}, spec {spec!r}"
+        assert got == expected_counts(groups, rank, train_segments(spec)), f"rank {rank}, spec {spec!r}"
 
 
 def test_every_span_has_its_contract_parent(traced):
@@ -126,6 +140,10 @@ def test_every_span_has_its_contract_parent(traced):
             if d.name == SpanName.REGION:
                 want = (SpanName.DATA_SETUP if SpanGroup.DATA_LOADING in groups else SpanName.PRETRAIN) \
                     if s["name"].startswith(region_name("data")) else SpanName.SAVE_CHECKPOINT_IO_WRITE
+            elif d.name == SpanName.TRAIN and Attr.TRACE_SEGMENT in s["attributes"]:
+                # A re-rooted segment starts a new trace, linked to the previous segment.
+                want = None
+                assert [ln["span_id"] for ln in s["links"]] and s["links"][0]["span_id"] in by_id
             else:
                 want = effective_parent(d.name, groups)
                 # megatron.first_iteration wraps the first iteration: what would hang under
