@@ -569,6 +569,11 @@ class Trainer:
                 if result.stop or exiting:
                     why = "stop requested by signal" if result.stop else "--exit-interval reached"
                     log(topo, f"{why}: stopped after iteration {iteration}")
+                    if result.stop:
+                        # The job was cut short: shutting telemetry down while megatron.train and
+                        # megatron.pretrain are still open ends them with mlaunch.span.truncated
+                        # (SPEC section 4), so a reader can tell a preempted run from a finished one.
+                        telemetry.shutdown()
                     break
             if args.save and self.last_saved != s.iteration:
                 self.save()

@@ -68,3 +68,8 @@ def test_sigterm_finishes_the_iteration_checkpoints_and_exits_zero(tmp_path):
     names = {s["name"] for s in spans}
     assert {SpanName.PRETRAIN, SpanName.TRAIN, SpanName.SAVE_CHECKPOINT} <= names
     assert all(s["status_code"] != 2 for s in spans)
+    # The job spans were still open when the signal stopped the run: they end truncated, and
+    # the spans that finished (the steps, the save) do not.
+    truncated = {s["name"] for s in spans if s["attributes"].get(Attr.TRUNCATED) is True}
+    assert {SpanName.PRETRAIN, SpanName.TRAIN} <= truncated
+    assert SpanName.TRAIN_STEP not in truncated and SpanName.SAVE_CHECKPOINT not in truncated
