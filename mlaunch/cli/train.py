@@ -79,7 +79,8 @@ def _setting_parameters() -> list[inspect.Parameter]:
         is_bool, metavar = _metavar(info.annotation)
         flag = flag_name(path)
         panel = _PANELS["telemetry.otel" if path.startswith("telemetry.otel.") else path.split(".")[0]]
-        help_text = (info.description or "").replace("\n", " ")
+        # Field docstrings use reST ``literals``; --help shows plain text.
+        help_text = (info.description or "").replace("\n", " ").replace("``", "")
         if is_bool:
             option = typer.Option(
                 None, f"{flag}/--no-{flag.removeprefix('--')}", help=help_text,
