@@ -144,7 +144,10 @@ DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
 
 class _Section(BaseModel):
     # Attribute docstrings become field descriptions: `mlaunch train --help` shows them.
-    model_config = ConfigDict(extra="forbid", validate_default=True, use_attribute_docstrings=True)
+    # allow_inf_nan=False: "inf" parses as a float and passes every lower bound (``--lr inf``).
+    model_config = ConfigDict(
+        extra="forbid", validate_default=True, use_attribute_docstrings=True, allow_inf_nan=False
+    )
 
 
 class OtelSettings(_Section):
@@ -912,6 +915,7 @@ def _clean_message(err: Mapping[str, Any]) -> str:
         "greater_than",
         "less_than",
         "int_from_float",
+        "finite_number",
     ):
         msg = f"{msg}, got {err.get('input')!r}"
     return msg
