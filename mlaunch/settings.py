@@ -37,6 +37,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -122,6 +123,14 @@ def _check_url(value: str | None) -> str | None:
     except ValueError as exc:
         raise ValueError(f"{value!r} has an invalid port ({exc})") from exc
     return url
+
+
+def _not_blank(value: str | None) -> str | None:
+    """Reject an empty or blank text value: for a path or a name, ``""`` is never meant (``--script
+    ""`` used to launch mlaunch's own trainer, ``--save ""`` reached the workers)."""
+    if value is not None and not value.strip():
+        raise ValueError("must not be empty (omit it to use the default)")
+    return value
 
 
 # --------------------------------------------------------------------------------------------
@@ -327,6 +336,12 @@ class TelemetrySettings(_Section):
             raise ValueError(str(exc)) from None
         return v.strip().lower() if ":" not in v else v.strip()
 
+    @field_validator("service_name")
+    @classmethod
+    def _service_name(cls, v: str) -> str:
+        _not_blank(v)  # an empty service.name makes every span of the run unattributable
+        return v
+
     @field_validator("run_id")
     @classmethod
     def _run_id(cls, v: str | None) -> str | None:
@@ -395,15 +410,36 @@ class LaunchSettings(_Section):
             raise ValueError(f"{v!r} is not host:port (e.g. 127.0.0.1:29500)")
         return v.strip()
 
-    @model_validator(mode="after")
-    def _check(self) -> LaunchSettings:
-        if self.node_rank >= self.nnodes:
-            raise ValueError(f"node_rank {self.node_rank} must be < nnodes {self.nnodes}")
-        if self.script and self.module:
-            raise ValueError("give either script or module, not both")
-        if self.script and not Path(self.script).is_file():
-            raise ValueError(f"script {self.script!r} does not exist")
-        return self
+    # Checks between fields are field validators on the later field (not a model validator), so
+    # the error is labelled with the flag, variable or file key the user typed, not "launch".
+    @field_validator("rdzv_backend", "rdzv_id", "run_dir", "module")
+    @classmethod
+    def _blank(cls, v: str | None) -> str | None:
+        return _not_blank(v)
+
+    @field_validator("node_rank")
+    @classmethod
+    def _node_rank(cls, v: int, info: ValidationInfo) -> int:
+        nnodes = info.data.get("nnodes")
+        if nnodes is not None and v >= nnodes:
+            raise ValueError(
+                f"node rank {v} must be below the number of nodes {nnodes} (0..{nnodes - 1})"
+            )
+        return v
+
+    @field_validator("script")
+    @classmethod
+    def _script(cls, v: str | None) -> str | None:
+        if _not_blank(v) is not None and not Path(v).is_file():
+            raise ValueError(f"script {v!r} does not exist or is not a file")
+        return v
+
+    @field_validator("module")
+    @classmethod
+    def _one_entry(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is not None and info.data.get("script"):
+            raise ValueError("give either --script or --module, not both")
+        return v
 
     @property
     def world_size(self) -> int:
@@ -424,15 +460,6 @@ class ModelSettings(_Section):
     """Sequence length in tokens."""
     untie_embeddings: Bool = False
     """Use a separate LM-head matrix instead of the token embedding."""
-
-    @model_validator(mode="after")
-    def _check(self) -> ModelSettings:
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"hidden_size {self.hidden_size} must be divisible by num_attention_heads"
-                f" {self.num_attention_heads}"
-            )
-        return self
 
 
 class TrainingSettings(_Section):
@@ -479,13 +506,17 @@ class TrainingSettings(_Section):
     sample_tokens: int = Field(default=0, ge=0)
     """Tokens to generate during evaluation (a text_completion span); 0 = off."""
 
-    @model_validator(mode="after")
-    def _check(self) -> TrainingSettings:
-        if self.min_lr > self.lr:
-            raise ValueError(f"min_lr {self.min_lr} must be <= lr {self.lr}")
-        if self.data_path and not Path(self.data_path).exists():
-            raise ValueError(f"data_path {self.data_path!r} does not exist")
-        return self
+    @field_validator("save", "load")
+    @classmethod
+    def _blank(cls, v: str | None) -> str | None:
+        return _not_blank(v)
+
+    @field_validator("data_path")
+    @classmethod
+    def _data_path(cls, v: str | None) -> str | None:
+        if _not_blank(v) is not None and not Path(v).exists():
+            raise ValueError(f"data_path {v!r} does not exist; give a text file or folder")
+        return v
 
 
 class ParallelSettings(_Section):
@@ -834,9 +865,30 @@ class Settings(BaseSettings):
         world = self.world_size
         mp = p.tensor_model_parallel_size * p.pipeline_model_parallel_size
 
-        def label(path: str) -> str:
+        def label(path: str, *others: str) -> str:
+            # Of the settings in conflict, name the one set by the highest-precedence source
+            # (``--hidden-size 65`` against the file's heads is the flag's fault, not the file's).
+            rank = {"flag": 0, "env": 1, "derived": 2, "file": 3, "default": 4}
+            path = min((path, *others), key=lambda q: rank[self.source(q).kind])
             src = self.source(path)
             return src.name if src.kind != "default" else path
+
+        m = self.model
+        if m.hidden_size % m.num_attention_heads:
+            problems.append(
+                (
+                    label("model.num_attention_heads", "model.hidden_size"),
+                    f"{m.num_attention_heads} attention heads do not divide hidden size"
+                    f" {m.hidden_size}",
+                )
+            )
+        if self.training.min_lr > self.training.lr:
+            problems.append(
+                (
+                    label("training.min_lr", "training.lr"),
+                    f"min_lr {self.training.min_lr} must be <= lr {self.training.lr}",
+                )
+            )
 
         if world % mp:
             problems.append(

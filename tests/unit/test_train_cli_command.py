@@ -261,7 +261,7 @@ def test_slurm_variables_fill_in_the_launch(spawned):
         (["--pipeline-model-parallel-size", "3"], {}, "--pipeline-model-parallel-size"),
         (["--otel-export-rank", "5"], {}, "--otel-export-rank"),
         (["--otel-export-strategy", "singel_rank"], {}, "--otel-export-strategy"),
-        (["--script", "missing.py"], {}, "launch"),
+        (["--script", "missing.py"], {}, "--script"),
         (["--tensor-model-parallel-size", "2", "--nproc-per-node", "4"], {}, "--tensor-model-parallel-size"),
         (["--otlp-endpoint", "localhost:4317"], {}, "--otlp-endpoint"),
         (["--otel-run-id", "bad id!"], {}, "--otel-run-id"),
