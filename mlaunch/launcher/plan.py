@@ -9,6 +9,7 @@ the one :class:`LaunchPlan`, so ``--dry-run`` shows exactly what a real launch w
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import sys
@@ -233,6 +234,8 @@ def resolve_config(value: str | None, cwd: Path) -> Path:
         shipped = CONFIGS_DIR / (name if name.endswith(".toml") else f"{name}.toml")
         if shipped.is_file():
             return shipped
+    if path.is_dir():
+        raise SettingsError([("--config", f"{str(path)!r} is a directory, not a TOML config file")])
     raise SettingsError(
         [
             (
@@ -252,6 +255,24 @@ def _config_launch_keys(path: Path) -> set[str]:
         return set()
     launch = data.get("launch")
     return set(launch) if isinstance(launch, dict) else set()
+
+
+def unwritable_reason(path: Path) -> str | None:
+    """Why a directory could not be created (or written) at ``path``, or None when it can.
+
+    Checks the nearest existing ancestor, so a run directory under a regular file or in a
+    read-only place fails here, before anything is created, not in ``mkdir`` or in a worker.
+    """
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            return f"{str(path)!r}: no existing parent directory"
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{str(path)!r} cannot be created: {str(probe)!r} is a file, not a directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{str(path)!r} cannot be created: {str(probe)!r} is not writable"
+    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -377,6 +398,11 @@ def _arg_value(path: str, value: Any) -> list[str]:
     return [flag, str(value)]
 
 
+def restart_save_interval(train_iters: int) -> int:
+    """The save interval ``mlaunch train`` uses with ``--max-restarts`` > 0 and none given."""
+    return max(1, train_iters // 10)
+
+
 def trainer_args(settings: Settings, run_dir: Path, *, megatron: bool = False) -> list[str]:
     """The model/training/parallelism settings as trainer arguments (Megatron-LM names).
 
@@ -391,7 +417,13 @@ def trainer_args(settings: Settings, run_dir: Path, *, megatron: bool = False) -
     # The settings' conventions, spelled the way the trainer's parser wants them:
     # save_interval 0 = "only at the end" (omit); with an interval and no directory, save under
     # the run directory; eval_interval 0 = "never" (the trainer wants >= 1: no eval batches).
-    if t.save_interval == 0:
+    interval = t.save_interval
+    if settings.launch.max_restarts > 0 and interval == 0:
+        # An elastic restart resumes from the newest checkpoint: without periodic saves it would
+        # start over. Every tenth of the run loses at most 10% of the work to one failure.
+        interval = restart_save_interval(t.train_iters)
+        values["training.save_interval"] = interval
+    if interval == 0:
         values["training.save_interval"] = None
     elif t.save is None:
         values["training.save"] = str(run_dir / ec.CHECKPOINTS_DIR)
@@ -509,6 +541,12 @@ def build_plan(
         run_dir = cwd / run_dir
     if run_dir.exists() and not run_dir.is_dir():
         problems.append((flag_name("launch.run_dir"), f"{str(run_dir)!r} exists and is not a directory"))
+    elif (why := unwritable_reason(run_dir)) is not None:
+        problems.append((flag_name("launch.run_dir"), why))
+    if settings.training.save is not None:
+        save = Path(settings.training.save).expanduser()
+        if (why := unwritable_reason(save if save.is_absolute() else cwd / save)) is not None:
+            problems.append((flag_name("training.save"), why))
     log_dir = run_dir / ec.LOGS_DIR / f"node{launch.node_rank}"
 
     if settings.uses_builtin_trainer:
@@ -519,6 +557,35 @@ def build_plan(
         target = ["-m", launch.module] if launch.module else [str((cwd / launch.script).resolve())]
         extra = trainer_args(settings, run_dir, megatron=True) + otel_flags(settings) if launch.megatron_args else []
         entry = [*target, *extra, *passthrough]
+
+    p = settings.parallelism
+    ranks: list[int] = []
+    spans: list[int] = []
+    if t.enabled and not t.otel.sdk_disabled:
+        try:
+            ranks = exporting_ranks(
+                t.export_strategy,
+                settings.world_size,
+                nproc_per_node=launch.nproc_per_node,
+                export_rank=t.export_rank,
+                sample_rate=t.export_sample_rate,
+            )
+        except Exception as exc:  # a custom strategy is user code: its failure is bad input
+            problems.append(
+                (
+                    flag_name("telemetry.export_strategy"),
+                    f"custom export strategy {t.export_strategy!r} fails when called:"
+                    f" {type(exc).__name__}: {exc}",
+                )
+            )
+        spans = estimate_spans_per_iteration(
+            t.groups,
+            microbatches=settings.num_microbatches,
+            layers=settings.model.num_layers,
+            pp=p.pipeline_model_parallel_size,
+            dp=settings.data_parallel_size,
+            offload=settings.training.offload_activations,
+        )
     if problems:
         raise SettingsError(problems)
 
@@ -534,25 +601,6 @@ def build_plan(
     child_env = {k: v for k, v in environ.items() if k not in removed}
     child_env.update(worker_env)
 
-    p = settings.parallelism
-    ranks: list[int] = []
-    spans: list[int] = []
-    if t.enabled and not t.otel.sdk_disabled:
-        ranks = exporting_ranks(
-            t.export_strategy,
-            settings.world_size,
-            nproc_per_node=launch.nproc_per_node,
-            export_rank=t.export_rank,
-            sample_rate=t.export_sample_rate,
-        )
-        spans = estimate_spans_per_iteration(
-            t.groups,
-            microbatches=settings.num_microbatches,
-            layers=settings.model.num_layers,
-            pp=p.pipeline_model_parallel_size,
-            dp=settings.data_parallel_size,
-            offload=settings.training.offload_activations,
-        )
     return LaunchPlan(
         settings=settings,
         config=config_path,
