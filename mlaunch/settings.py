@@ -371,12 +371,17 @@ class TelemetrySettings(_Section):
         return self._groups
 
 
+#: The largest world mlaunch plans for: the plan visits every rank (exporting ranks), so an
+#: absurd ``--nnodes 99999999999`` would hang the launcher instead of failing.
+MAX_WORLD_SIZE = 2**20
+
+
 class LaunchSettings(_Section):
     """How ``mlaunch train`` starts torchrun."""
 
     nproc_per_node: int = Field(default=2, ge=1, le=1024)
     """Worker processes per node (``--nproc-per-node``)."""
-    nnodes: int = Field(default=1, ge=1)
+    nnodes: int = Field(default=1, ge=1, le=MAX_WORLD_SIZE)
     """Number of nodes."""
     node_rank: int = Field(default=0, ge=0)
     """This node's rank in [0, nnodes)."""
@@ -495,8 +500,10 @@ class TrainingSettings(_Section):
     """Save every this many iterations (0 = only at the end when save is set)."""
     keep_last: int = Field(default=2, ge=1)
     """Checkpoints to keep."""
-    seed: int = Field(default=1234, ge=0)
-    """Random seed."""
+    # At most 2**32-1 (numpy's limit, Megatron's convention): the trainer seeds torch generators
+    # with seed x 1_000_003 + index, which overflows torch's 64-bit seed for huge values.
+    seed: int = Field(default=1234, ge=0, le=2**32 - 1)
+    """Random seed, in [0, 2**32-1]."""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     """Training precision (Megatron's --bf16 / --fp16)."""
     data_path: str | None = None
@@ -890,6 +897,14 @@ class Settings(BaseSettings):
                 )
             )
 
+        if world > MAX_WORLD_SIZE:
+            problems.append(
+                (
+                    label("launch.nnodes", "launch.nproc_per_node"),
+                    f"world size {world} (nnodes {self.launch.nnodes} x nproc_per_node"
+                    f" {self.launch.nproc_per_node}) is above mlaunch's limit {MAX_WORLD_SIZE}",
+                )
+            )
         if world % mp:
             problems.append(
                 (
