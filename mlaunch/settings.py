@@ -45,7 +45,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from mlaunch.envcontract import FALLBACK_PREFIX, PRIMARY_PREFIX
 from mlaunch.model.groups import SpanGroup
-from mlaunch.model.spec import SpanSpecError, resolve
+from mlaunch.model.spec import SpanSpecError, quoted, resolve
 from mlaunch.model.strategies import StrategyError, load_strategy
 
 # --------------------------------------------------------------------------------------------
@@ -350,7 +350,7 @@ class TelemetrySettings(_Section):
         v = v.strip()
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", v):
             raise ValueError(
-                f"{v!r} is not a valid run id: use 1-128 letters, digits, '.', '_' or '-'"
+                f"{quoted(v)} is not a valid run id: use 1-128 letters, digits, '.', '_' or '-'"
                 " (it names the run directory)"
             )
         return v
@@ -984,7 +984,8 @@ def _clean_message(err: Mapping[str, Any]) -> str:
         "int_from_float",
         "finite_number",
     ):
-        msg = f"{msg}, got {err.get('input')!r}"
+        got = err.get("input")
+        msg = f"{msg}, got {quoted(got) if isinstance(got, str) else repr(got)}"
     return msg
 
 

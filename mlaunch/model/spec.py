@@ -11,6 +11,18 @@ _GROUP_NAMES: frozenset[str] = frozenset(g.value for g in SpanGroup)
 VALID_WORDS: tuple[str, ...] = tuple(PRESETS) + tuple(g.value for g in SpanGroup)
 
 
+#: Longest bad part quoted in full in an error message; longer ones are cut (``.part`` keeps all).
+_SHOWN_PART = 60
+
+
+def quoted(text: str, limit: int = _SHOWN_PART) -> str:
+    """``repr(text)``, cut to ``limit`` characters plus the full length when longer, so a
+    10,000-character value does not become a 10,000-character error line."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[: limit - 3]!r}... ({len(text)} characters)"
+
+
 class SpanSpecError(ValueError):
     """A span-group spec has a part that is neither a group nor a preset."""
 
@@ -19,7 +31,7 @@ class SpanSpecError(ValueError):
         self.suggestion = suggestion
         hint = f" (did you mean {suggestion!r}?)" if suggestion else ""
         super().__init__(
-            f"unknown span group or preset {part!r}{hint}; valid words: {', '.join(VALID_WORDS)}"
+            f"unknown span group or preset {quoted(part)}{hint}; valid words: {', '.join(VALID_WORDS)}"
             " (prefix a word with '-' to exclude it)"
         )
 
