@@ -9,6 +9,7 @@ verdict and exits 2 with the same lines.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -131,8 +132,11 @@ def validate(ns: argparse.Namespace, world_size: int) -> list[Problem]:
         if getattr(ns, name) < 0:
             problems.append((_flag(name), f"must be 0 or more, got {getattr(ns, name)}"))
     for name in ("lr", "min_lr", "weight_decay", "clip_grad"):
-        if getattr(ns, name) < 0:
-            problems.append((_flag(name), f"must be 0 or more, got {getattr(ns, name)}"))
+        # isfinite first: nan passes every comparison, inf passes every lower bound.
+        if not math.isfinite(getattr(ns, name)) or getattr(ns, name) < 0:
+            problems.append((_flag(name), f"must be a finite number, 0 or more, got {getattr(ns, name)}"))
+    if not 0 <= ns.seed <= 2**32 - 1:  # torch's generator seed overflows far above this
+        problems.append(("--seed", f"must be in [0, 2**32-1], got {ns.seed}"))
     if ns.min_lr > ns.lr:
         problems.append(("--min-lr", f"{ns.min_lr} is above --lr {ns.lr}; use a value <= --lr"))
     if not 0.0 < ns.eval_fraction < 1.0:
