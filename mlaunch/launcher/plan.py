@@ -540,13 +540,13 @@ def build_plan(
     if not run_dir.is_absolute():
         run_dir = cwd / run_dir
     if run_dir.exists() and not run_dir.is_dir():
-        problems.append((flag_name("launch.run_dir"), f"{str(run_dir)!r} exists and is not a directory"))
+        problems.append((_label(settings, "launch.run_dir"), f"{str(run_dir)!r} exists and is not a directory"))
     elif (why := unwritable_reason(run_dir)) is not None:
-        problems.append((flag_name("launch.run_dir"), why))
+        problems.append((_label(settings, "launch.run_dir"), why))
     if settings.training.save is not None:
         save = Path(settings.training.save).expanduser()
         if (why := unwritable_reason(save if save.is_absolute() else cwd / save)) is not None:
-            problems.append((flag_name("training.save"), why))
+            problems.append((_label(settings, "training.save"), why))
     log_dir = run_dir / ec.LOGS_DIR / f"node{launch.node_rank}"
 
     if settings.uses_builtin_trainer:
@@ -573,7 +573,7 @@ def build_plan(
         except Exception as exc:  # a custom strategy is user code: its failure is bad input
             problems.append(
                 (
-                    flag_name("telemetry.export_strategy"),
+                    _label(settings, "telemetry.export_strategy"),
                     f"custom export strategy {t.export_strategy!r} fails when called:"
                     f" {type(exc).__name__}: {exc}",
                 )
@@ -615,6 +615,13 @@ def build_plan(
         spans_per_iteration=spans,
         slurm=bool(slurm),
     )
+
+
+def _label(settings: Settings, path: str) -> str:
+    """What the user typed for ``path``: the flag, variable or config-file key that set it (the
+    flag's name when it is a default), so a bad ``run_dir`` in a config file names the file."""
+    source = settings.source(path)
+    return source.name if source.kind in ("flag", "env", "file") else flag_name(path)
 
 
 def _choose_run_id(
