@@ -48,6 +48,7 @@ FILES: dict[str, str | bytes | None] = {
     "config_dir.toml": None,  # a directory
     "afile": "a regular file\n",
     "x.py": "print('hi')\n",
+    "run_dir_under_file.toml": "[launch]\nrun_dir = 'afile/run'\n",
     "not_traces.jsonl": "not json\n",
 }
 
@@ -62,9 +63,15 @@ class Bad:
     env: dict[str, str] = field(default_factory=dict)
 
 
-def train(*args: str, names: tuple[str, ...] | str, env: dict[str, str] | None = None) -> Bad:
-    """A ``mlaunch train`` case (``--run-dir out`` added unless the case names its own)."""
-    run_dir = () if "--run-dir" in args else ("--run-dir", RUN_DIR)
+def train(
+    *args: str,
+    names: tuple[str, ...] | str,
+    env: dict[str, str] | None = None,
+    add_run_dir: bool = True,
+) -> Bad:
+    """A ``mlaunch train`` case (``--run-dir out`` added unless the case names its own or the
+    run directory under test comes from a config file)."""
+    run_dir = () if "--run-dir" in args or not add_run_dir else ("--run-dir", RUN_DIR)
     names = (names,) if isinstance(names, str) else names
     return Bad(("train", *run_dir, *args), names, env or {})
 
@@ -184,6 +191,8 @@ TRAIN: dict[str, Bad] = {
     "passthrough=bad-int": train("--", "--num-layers", "x", names=("-- ARGS", "--num-layers")),
     "passthrough=bf16-and-fp16": train("--", "--bf16", "--fp16", names="--fp16"),
     "passthrough=eval-fraction=2": train("--", "--eval-fraction", "2", names="--eval-fraction"),
+    "passthrough=lr-nan": train("--", "--lr", "nan", names=("--lr", "finite")),
+    "passthrough=seed-huge": train("--", "--seed", str(2**70), names="--seed"),
     "bool-flag-given-a-value": train("--otel-enabled", "maybe", names=("-- ARGS", "maybe")),
     # ---- environment variables ---------------------------------------------------------------
     "env:ENABLED=maybe": train(
@@ -254,6 +263,13 @@ TRAIN: dict[str, Bad] = {
     "env:OTEL_METRIC_EXPORT_INTERVAL=-5": train(
         names="OTEL_METRIC_EXPORT_INTERVAL", env={"OTEL_METRIC_EXPORT_INTERVAL": "-5"}
     ),
+    "env:EXPORT_STRATEGY-raises-when-called": train(
+        names=("MEGATRON_OTEL_EXPORT_STRATEGY", "fails when called"),
+        env={
+            "MEGATRON_OTEL_ENABLED": "1",
+            "MEGATRON_OTEL_EXPORT_STRATEGY": "mlaunch.model.spec:resolve",
+        },
+    ),
     "env:SHUTDOWN_TIMEOUT=inf": train(
         names="MEGATRON_OTEL_SHUTDOWN_TIMEOUT", env={"MEGATRON_OTEL_SHUTDOWN_TIMEOUT": "inf"}
     ),
@@ -271,6 +287,12 @@ TRAIN: dict[str, Bad] = {
     "config:bad-spec": train("--config", "bad_spec.toml", names=("[telemetry] span_groups",)),
     "config:bad-header": train("--config", "bad_header.toml", names=("[telemetry.otel] headers",)),
     "config:array-value": train("--config", "array_value.toml", names=("[model] num_layers",)),
+    "config:run-dir-under-a-regular-file": train(
+        "--config",
+        "run_dir_under_file.toml",
+        names=("[launch] run_dir", "is a file"),
+        add_run_dir=False,
+    ),
     "config:not-toml": train("--config", "not_toml.toml", names=("not_toml.toml", "TOML")),
     "config:binary": train("--config", "binary.toml", names=("binary.toml", "cannot read")),
 }
