@@ -133,6 +133,15 @@ def _not_blank(value: str | None) -> str | None:
     return value
 
 
+def _is(check: Any, path: str) -> bool:
+    """``check(Path(path))``, with an unusable path (a 5,000-character name: ENAMETOOLONG, which
+    pathlib re-raises) counting as "no" instead of escaping as an OSError traceback."""
+    try:
+        return bool(check(Path(path)))
+    except OSError:
+        return False
+
+
 # --------------------------------------------------------------------------------------------
 # The sections
 
@@ -435,8 +444,8 @@ class LaunchSettings(_Section):
     @field_validator("script")
     @classmethod
     def _script(cls, v: str | None) -> str | None:
-        if _not_blank(v) is not None and not Path(v).is_file():
-            raise ValueError(f"script {v!r} does not exist or is not a file")
+        if _not_blank(v) is not None and not _is(Path.is_file, v):
+            raise ValueError(f"script {quoted(v)} does not exist or is not a file")
         return v
 
     @field_validator("module")
@@ -521,8 +530,8 @@ class TrainingSettings(_Section):
     @field_validator("data_path")
     @classmethod
     def _data_path(cls, v: str | None) -> str | None:
-        if _not_blank(v) is not None and not Path(v).exists():
-            raise ValueError(f"data_path {v!r} does not exist; give a text file or folder")
+        if _not_blank(v) is not None and not _is(Path.exists, v):
+            raise ValueError(f"data_path {quoted(v)} does not exist; give a text file or folder")
         return v
 
 

@@ -40,10 +40,22 @@ def register(app: typer.Typer) -> None:
 
 def run(config: Path | None, *, as_json: bool, deep: bool) -> int:
     """Run the checks, print them, and return the exit code."""
-    if config is not None and not config.is_file():
-        why = "does not exist" if not config.exists() else "is not a file"
-        typer.echo(f"mlaunch doctor: --config {config} {why}", err=True)
-        return 2
+    if config is not None:
+        try:
+            why = (
+                None
+                if config.is_file()
+                else "is not a file"
+                if config.exists()
+                else "does not exist"
+            )
+        except OSError as exc:  # e.g. a name too long for the file system
+            why = f"cannot be used ({exc.strerror or exc})"
+        if why is not None:
+            from mlaunch.model.spec import quoted
+
+            typer.echo(f"mlaunch doctor: --config {quoted(str(config))} {why}", err=True)
+            return 2
     from mlaunch import doctor
 
     try:

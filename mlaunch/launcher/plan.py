@@ -22,6 +22,7 @@ from typing import Any
 
 from mlaunch import envcontract as ec
 from mlaunch.model.spans import estimate_spans_per_iteration
+from mlaunch.model.spec import quoted
 from mlaunch.model.strategies import exporting_ranks
 from mlaunch.settings import (
     OTEL_ENV,
@@ -226,25 +227,34 @@ def resolve_config(value: str | None, cwd: Path) -> Path:
     without ``.toml``. Raises :class:`SettingsError` naming ``--config``.
     """
     name = DEFAULT_CONFIG if value is None else value
-    given = Path(name).expanduser()
-    path = given if given.is_absolute() else cwd / given
-    if path.is_file():
-        return path
-    if len(given.parts) == 1:
-        shipped = CONFIGS_DIR / (name if name.endswith(".toml") else f"{name}.toml")
-        if shipped.is_file():
-            return shipped
-    if path.is_dir():
+    try:
+        given = Path(name).expanduser()
+        path = given if given.is_absolute() else cwd / given
+        if path.is_file():
+            return path
+        if len(given.parts) == 1:
+            shipped = CONFIGS_DIR / (name if name.endswith(".toml") else f"{name}.toml")
+            if shipped.is_file():
+                return shipped
+        is_dir = path.is_dir()
+    except (OSError, RuntimeError) as exc:  # name too long, bad ~user, ...: not a usable path
+        raise SettingsError([("--config", f"{quoted(name)}: {_why(exc)}")]) from None
+    if is_dir:
         raise SettingsError([("--config", f"{str(path)!r} is a directory, not a TOML config file")])
     raise SettingsError(
         [
             (
                 "--config",
-                f"no config file {name!r} and no shipped config of that name;"
+                f"no config file {quoted(name)} and no shipped config of that name;"
                 f" shipped: {', '.join(shipped_configs())}",
             )
         ]
     )
+
+
+def _why(exc: BaseException) -> str:
+    """An OS error as its reason alone (``File name too long``), without the repeated path."""
+    return getattr(exc, "strerror", None) or str(exc)
 
 
 def _config_launch_keys(path: Path) -> set[str]:
@@ -263,15 +273,20 @@ def unwritable_reason(path: Path) -> str | None:
     Checks the nearest existing ancestor, so a run directory under a regular file or in a
     read-only place fails here, before anything is created, not in ``mkdir`` or in a worker.
     """
-    probe = path
-    while not probe.exists():
-        if probe.parent == probe:
-            return f"{str(path)!r}: no existing parent directory"
-        probe = probe.parent
-    if not probe.is_dir():
-        return f"{str(path)!r} cannot be created: {str(probe)!r} is a file, not a directory"
-    if not os.access(probe, os.W_OK | os.X_OK):
-        return f"{str(path)!r} cannot be created: {str(probe)!r} is not writable"
+    try:
+        if path.exists() and not path.is_dir():
+            return f"{quoted(str(path))} exists and is not a directory"
+        probe = path
+        while not probe.exists():
+            if probe.parent == probe:
+                return f"{quoted(str(path))}: no existing parent directory"
+            probe = probe.parent
+        if not probe.is_dir():
+            return f"{quoted(str(path))} cannot be created: {str(probe)!r} is a file, not a directory"
+        if not os.access(probe, os.W_OK | os.X_OK):
+            return f"{quoted(str(path))} cannot be created: {str(probe)!r} is not writable"
+    except OSError as exc:  # e.g. a 5,000-character name: ENAMETOOLONG from stat itself
+        return f"{quoted(str(path))} cannot be used: {_why(exc)}"
     return None
 
 
@@ -430,7 +445,11 @@ def trainer_args(settings: Settings, run_dir: Path, *, megatron: bool = False) -
     if t.load is None and values["training.save"] is not None:
         # Resume from the save directory when it already holds something (SPEC: --load default).
         save = Path(values["training.save"])
-        if save.is_dir() and any(save.iterdir()):
+        try:
+            resumable = save.is_dir() and any(save.iterdir())
+        except OSError:  # unusable path: build_plan reports it under --save
+            resumable = False
+        if resumable:
             values["training.load"] = str(save)
     if t.eval_interval == 0:
         values["training.eval_interval"] = None
@@ -539,9 +558,7 @@ def build_plan(
     run_dir = Path(launch.run_dir).expanduser() if launch.run_dir else ec.default_run_dir(run_id, cwd)
     if not run_dir.is_absolute():
         run_dir = cwd / run_dir
-    if run_dir.exists() and not run_dir.is_dir():
-        problems.append((_label(settings, "launch.run_dir"), f"{str(run_dir)!r} exists and is not a directory"))
-    elif (why := unwritable_reason(run_dir)) is not None:
+    if (why := unwritable_reason(run_dir)) is not None:
         problems.append((_label(settings, "launch.run_dir"), why))
     if settings.training.save is not None:
         save = Path(settings.training.save).expanduser()
