@@ -37,6 +37,23 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
+def _open(path: Path, skip_invalid: bool) -> Any:
+    """The trace reader for ``path``; an unusable path (a name too long for the file system, a
+    permission error) exits 2 naming it, like every other bad input, instead of a traceback."""
+    from mlaunch.model.spec import quoted
+    from mlaunch.trace.reader import TraceInputError, TraceReader
+
+    try:
+        return TraceReader.open(path, skip_invalid=skip_invalid)
+    except TraceInputError as e:
+        _fail(e.render())
+    except OSError as e:
+        _fail(
+            f"{quoted(str(path))}: {e.strerror or e}\n"
+            "  fix: pass a run directory (runs/<run_id>) or an OTLP-JSON traces file"
+        )
+
+
 def _warn_skipped(stats: Any) -> None:
     for path, line, why in stats.skipped_lines[:5]:
         typer.echo(f"warning: skipped {path}:{line}: {why}", err=True)
@@ -84,11 +101,11 @@ def summary_cmd(
     linearly between closest ranks. [b]skew[/b]: each rank's median step over the median of all
     ranks' medians.
     """
-    from mlaunch.trace.reader import TraceInputError, TraceReader
+    from mlaunch.trace.reader import TraceInputError
     from mlaunch.trace.summary import summarize
 
+    reader = _open(path, skip_invalid)
     try:
-        reader = TraceReader.open(path, skip_invalid=skip_invalid)
         result = summarize(reader, straggler_threshold=straggler_threshold)
     except TraceInputError as e:
         _fail(e.render())
@@ -188,12 +205,16 @@ def export_cmd(
     microseconds from the earliest span.
     """
     from mlaunch.trace.chrome import export_chrome
-    from mlaunch.trace.reader import TraceInputError, TraceReader
+    from mlaunch.trace.reader import TraceInputError
 
-    if output.exists() and output.is_dir():
-        _fail(f"{output}: is a directory\n  fix: pass a file name, e.g. -o trace.json")
     try:
-        reader = TraceReader.open(path, skip_invalid=skip_invalid)
+        output_is_dir = output.is_dir()
+    except OSError as e:  # e.g. a name too long: the write would fail the same way
+        _fail(f"{output}: cannot write: {e.strerror}\n  fix: choose a writable output path")
+    if output_is_dir:
+        _fail(f"{output}: is a directory\n  fix: pass a file name, e.g. -o trace.json")
+    reader = _open(path, skip_invalid)
+    try:
         stats = export_chrome(reader, output)
     except TraceInputError as e:
         _fail(e.render())
@@ -226,10 +247,10 @@ def goodput_cmd(
     so the parts add up to wall. Overall = sums over ranks.
     """
     from mlaunch.trace.goodput import goodput
-    from mlaunch.trace.reader import TraceInputError, TraceReader
+    from mlaunch.trace.reader import TraceInputError
 
+    reader = _open(path, skip_invalid)
     try:
-        reader = TraceReader.open(path, skip_invalid=skip_invalid)
         report = goodput(reader)
     except TraceInputError as e:
         _fail(e.render())
