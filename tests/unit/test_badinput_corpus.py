@@ -77,6 +77,8 @@ def train(
 
 
 LONG_SPEC = "x" * 10_000
+#: A file name longer than any file system allows (stat itself fails with ENAMETOOLONG).
+LONG_NAME = "n" * 5_000
 
 TRAIN: dict[str, Bad] = {
     # ---- flags: wrong types, out of range ---------------------------------------------------
@@ -152,6 +154,13 @@ TRAIN: dict[str, Bad] = {
     # ---- flags: launch and paths -------------------------------------------------------------
     "config=missing.toml": train("--config", "missing.toml", names=("--config", "missing.toml")),
     "config=empty": train("--config", "", names="--config"),
+    "config=5000-char-name": train("--config", LONG_NAME, names=("--config", "5000 characters")),
+    "run-dir=5000-char-name": train("--run-dir", LONG_NAME, names=("--run-dir", "too long")),
+    "save=5000-char-name": train(
+        "--save", LONG_NAME, "--save-interval", "5", names=("--save", "too long")
+    ),
+    "data-path=5000-char-name": train("--data-path", LONG_NAME, names=("--data-path", "5000")),
+    "script=5000-char-name": train("--script", LONG_NAME, names=("--script", "5000")),
     "config=directory": train("--config", "config_dir.toml", names=("--config", "directory")),
     "run-dir=under-a-regular-file": train(
         "--run-dir", "afile/run", names=("--run-dir", "is a file")
@@ -316,6 +325,10 @@ OTHER: dict[str, Bad] = {
     "trace-goodput=missing-path": Bad(("trace", "goodput", "nope"), ("nope", "no such file")),
     "trace-summary=empty-directory": Bad(("trace", "summary", "config_dir.toml"), ("config_dir",)),
     "trace-summary=not-json": Bad(("trace", "summary", "not_traces.jsonl"), ("not_traces.jsonl",)),
+    "trace-summary=5000-char-path": Bad(("trace", "summary", LONG_NAME), ("5000 characters",)),
+    "trace-export=5000-char-output": Bad(
+        ("trace", "export", "not_traces.jsonl", "-o", LONG_NAME), ("cannot write",)
+    ),
     "trace-export=missing-path": Bad(
         ("trace", "export", "nope", "-o", "t.json"), ("nope", "no such file")
     ),
@@ -323,6 +336,7 @@ OTHER: dict[str, Bad] = {
         ("trace", "export", "nope", "-o", "t.json", "--format", "svg"), ("--format", "svg")
     ),
     "doctor-config=missing": Bad(("doctor", "--config", "missing.toml"), ("missing.toml",)),
+    "doctor-config=5000-char-name": Bad(("doctor", "--config", LONG_NAME), ("--config", "5000")),
     "doctor-config=directory": Bad(("doctor", "--config", "config_dir.toml"), ("config_dir.toml",)),
 }
 
