@@ -25,6 +25,7 @@ import os
 import re
 import secrets
 import tomllib
+import typing
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
@@ -784,12 +785,30 @@ class FileSource(_Layer):
                 self.problems.append((where, f"unknown {what}{hint}; valid: {', '.join(known)}"))
                 continue
             sub = SECTIONS[key] if model is None else _submodel(model.model_fields[key])
+            if (
+                sub is None
+                and isinstance(value, bool)
+                and model is not None
+                and not _mentions_bool(model.model_fields[key].annotation)
+            ):
+                # pydantic would take true as 1 (``train_iters = true`` ran one iteration).
+                self.problems.append(
+                    (where, f"expected a number or text, got a boolean ({str(value).lower()})")
+                )
+                continue
             if sub is None:
                 self.set(f"{prefix}{key}", value, Source("file", where))
             elif isinstance(value, dict):
                 self._walk(path, value, f"{prefix}{key}.", sub)
             else:
                 self.problems.append((where, f"expected a table ([{prefix}{key}])"))
+
+
+def _mentions_bool(annotation: Any) -> bool:
+    """Whether a field's annotation accepts a boolean (``bool``, ``Bool``, ``Bool | None``)."""
+    if annotation is bool:
+        return True
+    return any(_mentions_bool(arg) for arg in typing.get_args(annotation))
 
 
 def _submodel(field_or_model: Any) -> type[BaseModel] | None:
