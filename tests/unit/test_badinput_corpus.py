@@ -37,6 +37,8 @@ FILES: dict[str, str | bytes | None] = {
     "unknown_key.toml": "[training]\ntrain_iterz = 3\n",
     "unknown_section.toml": "[modle]\nnum_layers = 2\n",
     "wrong_type.toml": "[training]\ntrain_iters = 'abc'\n",
+    "bool_for_int.toml": "[training]\ntrain_iters = true\n",
+    "bool_for_float.toml": "[training]\nlr = false\n",
     "wrong_bool.toml": "[telemetry]\nenabled = 'maybe'\n",
     "spec_int.toml": "[telemetry]\nspan_groups = 5\n",
     "section_scalar.toml": "launch = 3\n",
@@ -288,6 +290,12 @@ TRAIN: dict[str, Bad] = {
     ),
     "config:unknown-section": train("--config", "unknown_section.toml", names=("modle", "model")),
     "config:wrong-type": train("--config", "wrong_type.toml", names=("[training] train_iters",)),
+    "config:boolean-for-an-int": train(
+        "--config", "bool_for_int.toml", names=("[training] train_iters", "boolean")
+    ),
+    "config:boolean-for-a-float": train(
+        "--config", "bool_for_float.toml", names=("[training] lr", "boolean")
+    ),
     "config:wrong-bool": train("--config", "wrong_bool.toml", names=("[telemetry] enabled",)),
     "config:spec-is-an-int": train("--config", "spec_int.toml", names=("[telemetry] span_groups",)),
     "config:section-is-a-scalar": train(
