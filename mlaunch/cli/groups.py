@@ -10,11 +10,11 @@ from typing import Any
 import typer
 from rich.console import Console
 
+from mlaunch.cli.errors import PlainErrorsCommand, fail
 from mlaunch.cli.render import (
     estimate_line,
     groups_table,
     presets_table,
-    print_problems,
     span_placement,
     span_tree,
 )
@@ -29,7 +29,7 @@ _DEFAULT_LAYERS = 2
 _DEFAULT_MICROBATCHES = 2
 
 
-@app.command("list")
+@app.command("list", cls=PlainErrorsCommand)
 def list_groups(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
@@ -61,8 +61,7 @@ def _from_environment() -> tuple[str, dict[str, dict[str, str]]]:
     try:
         settings = load_settings(environ=os.environ, check_cross_fields=False)
     except SettingsError as exc:
-        print_problems(Console(stderr=True), exc.problems)
-        raise typer.Exit(2) from None
+        raise fail(exc.problems) from None
     sources = {
         path: {"value": redact(src.name, str(_value_at(settings, path))), "source": str(src)}
         for path, src in settings.sources().items()
@@ -82,7 +81,7 @@ def _value_at(obj: Any, path: str) -> Any:
     return obj
 
 
-@app.command("resolve")
+@app.command("resolve", cls=PlainErrorsCommand)
 def resolve_groups(
     spec: str | None = typer.Argument(
         None, help="Spec such as 'per_step' or 'all,-layer'. Omit to resolve the environment."
@@ -105,14 +104,9 @@ def resolve_groups(
     try:
         enabled = resolve(spec)
     except SpanSpecError as exc:
-        print_problems(Console(stderr=True), [("SPEC", str(exc))])
-        raise typer.Exit(2) from None
+        raise fail([("SPEC", str(exc))]) from None
     if layers % pp:
-        print_problems(
-            Console(stderr=True),
-            [("--layers", f"{layers} layers cannot be split evenly across {pp} stages")],
-        )
-        raise typer.Exit(2)
+        raise fail([("--layers", f"{layers} layers cannot be split evenly across {pp} stages")])
 
     per_stage = estimate_spans_per_iteration(
         enabled, microbatches=microbatches, layers=layers, pp=pp

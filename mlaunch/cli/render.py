@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
@@ -98,17 +97,10 @@ def estimate_line(
     return f"~{max(per_stage)} spans per iteration per exporting rank at most ({stages}; {shape})"
 
 
-def print_problems(console: Console, problems: Iterable[tuple[str, str]]) -> None:
-    """One ``field: message`` line per problem, on the given (stderr) console."""
-    for field, message in problems:
-        console.print(f"[bold red]error[/] [bold]{field}[/]: {message}", highlight=False)
-
-
 __all__ = [
     "estimate_line",
     "groups_table",
     "presets_table",
-    "print_problems",
     "span_placement",
     "span_tree",
 ]

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import typer
 
+from mlaunch.cli.errors import PlainErrorsCommand, print_problems
 from mlaunch.settings import SECTIONS, flag_name
 
 _PANELS = {
@@ -155,8 +156,7 @@ def run_train(
             cwd=Path.cwd(),
         )  # fmt: skip
     except SettingsError as exc:
-        for fld, message in exc.problems:
-            typer.echo(f"{fld}: {message}", err=True)  # one plain line each: never wrapped
+        print_problems(exc.problems)
         return 2
     if print_env:
         # unset lines too: a stale alias left in the user's shell would conflict in the workers.
@@ -207,44 +207,6 @@ def _write_report(plan: Any) -> Path | None:
         return None
 
 
-def _click_exceptions() -> Any:
-    """Click's exception module as Typer uses it (Typer 0.2x vendors its own copy of Click)."""
-    import sys
-
-    return sys.modules[typer.BadParameter.__module__]
-
-
-def _usage_problem(exc: Any) -> tuple[str, str]:
-    """A Click usage error as one ``field: message`` problem, like every other bad input."""
-    click = _click_exceptions()
-    if isinstance(exc, click.NoSuchOption):
-        close = ", ".join(exc.possibilities or [])
-        return exc.option_name, "no such option" + (f" (did you mean {close}?)" if close else "")
-    if isinstance(exc, click.BadOptionUsage):
-        return exc.option_name, exc.message
-    if isinstance(exc, click.BadParameter) and exc.param is not None:
-        return "/".join(getattr(exc.param, "opts", []) or [str(exc.param.name)]), exc.message
-    return "mlaunch train", exc.format_message()
-
-
-def _command_class() -> type:
-    from typer.core import TyperCommand
-
-    class TrainCommand(TyperCommand):
-        """Reports Click's usage errors (unknown option, missing value) as one ``field:
-        message`` line and exit 2, the same shape as every other validation error."""
-
-        def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-            try:
-                return super().parse_args(ctx, args)
-            except _click_exceptions().UsageError as exc:
-                field, message = _usage_problem(exc)
-                typer.echo(f"{field}: {message}", err=True)
-                raise typer.Exit(2) from None
-
-    return TrainCommand
-
-
 def register(app: typer.Typer) -> None:
     """Add the ``train`` command to the root app."""
     settings_params = _setting_parameters()
@@ -267,5 +229,5 @@ def register(app: typer.Typer) -> None:
 
     train.__signature__ = inspect.Signature(_command_parameters() + settings_params)  # type: ignore[attr-defined]
     app.command(
-        "train", cls=_command_class(), context_settings={"help_option_names": ["-h", "--help"]}
+        "train", cls=PlainErrorsCommand, context_settings={"help_option_names": ["-h", "--help"]}
     )(train)
