@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from mlaunch.cli.errors import PlainErrorsCommand
+
 if TYPE_CHECKING:
     from mlaunch.doctor import CheckResult
 
@@ -23,7 +25,7 @@ _STYLE = {"pass": ("PASS", "green"), "warn": ("WARN", "yellow"), "fail": ("FAIL"
 def register(app: typer.Typer) -> None:
     """Add the ``doctor`` command to the root app."""
 
-    @app.command("doctor")
+    @app.command("doctor", cls=PlainErrorsCommand)
     def doctor(
         config: Path | None = typer.Option(
             None, "--config", help="A run config (TOML) to validate with the environment."
