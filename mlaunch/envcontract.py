@@ -60,3 +60,16 @@ def worker_run_dir(environ: Mapping[str, str], run_id: str) -> Path:
 FAIL_RANK = "MLAUNCH_TEST_FAIL_RANK"
 #: Test-only: make the gradients of iteration k non-finite (exercises skip-and-count).
 NAN_AT_ITERATION = "MLAUNCH_TEST_NAN_AT_ITERATION"
+#: Test-only: the checkpoint writer of iteration k pauses after writing its shard data, before the
+#: manifest and the rename (a kill -9 there leaves an unfinished save).
+PAUSE_IN_SAVE = "MLAUNCH_TEST_PAUSE_IN_SAVE"
+#: Test-only: telemetry also writes every span it hands to the exporter to
+#: ``telemetry/tee-traces-rank{R}.jsonl``, so a test knows every span the run produced.
+TEE_SPANS = "MLAUNCH_TEST_TEE_SPANS"
+#: The signals that stop training gracefully (``--preempt-signals`` wins), e.g. ``SIGTERM,SIGUSR1``.
+PREEMPT_SIGNALS = "MLAUNCH_PREEMPT_SIGNALS"
+
+
+def tee_file(run_dir: str | Path, rank: int) -> Path:
+    """Where the test-only span tee of one rank goes (see :data:`TEE_SPANS`)."""
+    return Path(run_dir) / TELEMETRY_DIR / f"tee-traces-rank{rank}.jsonl"

@@ -63,6 +63,27 @@ def _exporter_text(plan: LaunchPlan) -> str:
     return "none (decisions made, nothing exported)"
 
 
+def _checkpoint_text(plan: LaunchPlan) -> str:
+    """Where checkpoints go and how often, read back from the trainer arguments (so the summary
+    says exactly what the workers get, including the defaults ``--max-restarts`` adds)."""
+    argv = plan.argv
+
+    def value(flag: str) -> str | None:
+        return argv[argv.index(flag) + 1] if flag in argv[:-1] else None
+
+    save = value("--save")
+    if save is None:
+        return ""
+    interval = value("--save-interval")
+    text = f"{save}, every {interval} iterations" if interval else f"{save}, at the end"
+    if value("--load"):
+        text += f"; resuming from {value('--load')}"
+    restarts = plan.settings.launch.max_restarts
+    if restarts:
+        text += f"; up to {restarts} restart(s), each resuming from the newest valid checkpoint"
+    return text
+
+
 def summary(plan: LaunchPlan) -> Group:
     """Configuration, world layout, exporting ranks, samplers, exporter, span tree, estimate."""
     s = plan.settings
@@ -87,6 +108,9 @@ def summary(plan: LaunchPlan) -> Group:
         f" {tr.micro_batch_size} x {s.num_microbatches} microbatches x DP {s.data_parallel_size}),"
         f" lr {tr.lr}, {tr.precision}",
     )
+    ckpt = _checkpoint_text(plan)
+    if ckpt:
+        table.add_row("checkpoints", ckpt)
     table.add_row(
         "world",
         f"{launch.nnodes} node(s) x {launch.nproc_per_node} processes = {s.world_size} ranks;"

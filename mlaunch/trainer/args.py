@@ -79,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     ckpt.add_argument("--load", default=None, help="directory to resume from (latest valid checkpoint)")
     ckpt.add_argument("--save-interval", type=int, default=None, help="iterations between saves")
     ckpt.add_argument("--keep-last", type=int, default=0, help="keep only the last K checkpoints (0: all; mlaunch)")
+    ckpt.add_argument(
+        "--preempt-signals", default=None,
+        help="comma-separated signals that stop training gracefully (finish the iteration, save, "
+        "flush telemetry, exit 0); default: $MLAUNCH_PREEMPT_SIGNALS, else SIGTERM "
+        "(plus SIGUSR1 under SLURM) (mlaunch)",
+    )
 
     par = p.add_argument_group("parallelism")
     par.add_argument("--pipeline-model-parallel-size", type=int, default=1, help="pipeline stages")
@@ -151,6 +157,10 @@ def validate(ns: argparse.Namespace, world_size: int) -> list[Problem]:
         problems.append(("--fp16", "--bf16 and --fp16 exclude each other; pick one"))
     if ns.save_interval is not None and ns.save is None:
         problems.append(("--save-interval", "needs --save DIR to say where checkpoints go"))
+    try:
+        ns.preempt_signals = preempt_signals(ns.preempt_signals)
+    except ValueError as exc:
+        problems.append(("--preempt-signals", str(exc)))
     if ns.data_path is not None and not os.path.exists(ns.data_path):
         problems.append(("--data-path", f"{ns.data_path!r} does not exist; give a text file or folder"))
     if ns.otel_span_groups is not None:
@@ -193,6 +203,43 @@ def validate(ns: argparse.Namespace, world_size: int) -> list[Problem]:
                 f"({ns.micro_batch_size} x {dp} = {unit}); use a multiple of {unit}",
             ))
     return problems
+
+
+#: Signals a process cannot catch: naming one as a preemption signal is a mistake.
+_UNCATCHABLE = frozenset({"SIGKILL", "SIGSTOP"})
+
+
+def preempt_signals(
+    spec: str | tuple[str, ...] | None, environ: dict[str, str] | os._Environ[str] | None = None
+) -> tuple[str, ...]:
+    """The graceful-stop signal names: ``spec`` (the flag), else ``$MLAUNCH_PREEMPT_SIGNALS``,
+    else SIGTERM, plus SIGUSR1 under SLURM (its warning before the time limit, with
+    ``--signal=USR1@<s>``). Names may omit ``SIG`` and any case; raises ValueError naming a bad one."""
+    import signal
+
+    from mlaunch.envcontract import PREEMPT_SIGNALS
+
+    if isinstance(spec, tuple):  # already parsed (validate may run twice on one namespace)
+        return spec
+    env = os.environ if environ is None else environ
+    text = spec if spec is not None else env.get(PREEMPT_SIGNALS, "").strip()
+    if not text:
+        return ("SIGTERM", "SIGUSR1") if env.get("SLURM_JOB_ID") else ("SIGTERM",)
+    names: list[str] = []
+    for part in text.split(","):
+        word = part.strip().upper()
+        if not word:
+            continue
+        name = word if word.startswith("SIG") else "SIG" + word
+        if name in _UNCATCHABLE:
+            raise ValueError(f"{part.strip()!r} cannot be caught by a process; use e.g. SIGTERM,SIGUSR1")
+        if not isinstance(getattr(signal, name, None), signal.Signals) or name.startswith("SIG_"):
+            raise ValueError(f"{part.strip()!r} is not a signal name; use e.g. SIGTERM,SIGUSR1")
+        if name not in names:
+            names.append(name)
+    if not names:
+        raise ValueError(f"{text!r} names no signal; use e.g. SIGTERM,SIGUSR1")
+    return tuple(names)
 
 
 def parse_and_validate(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mlaunch import telemetry
+from mlaunch import envcontract, telemetry
 from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spans import Attr, SpanName
 from mlaunch.trainer.parallel import Topology
@@ -118,6 +119,7 @@ def save_checkpoint(
                         os.fsync(f.fileno())
                     entry = {"path": rel, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
                     (shard / _SIDECAR).write_text(json.dumps(entry))
+                _maybe_pause_in_save(iteration, topo.rank, root)
             _barrier(topo)
             if topo.rank == 0:
                 with telemetry.trace_region("checkpoint.commit"):
@@ -127,12 +129,25 @@ def save_checkpoint(
     log(f"saved checkpoint {final}")
 
 
+def _maybe_pause_in_save(iteration: int, rank: int, root: Path) -> None:
+    """The test hook MLAUNCH_TEST_PAUSE_IN_SAVE=k: after writing iteration k's shard data and before
+    the manifest and the rename, announce the pause (``<save>/.paused-in-save-rank{R}``) and wait,
+    so a test can kill -9 the process in the middle of a save."""
+    at = os.environ.get(envcontract.PAUSE_IN_SAVE)
+    if not at or int(at) != iteration:
+        return
+    (root / f".paused-in-save-rank{rank}").write_text(f"{os.getpid()}\n")
+    time.sleep(3600)  # the test kills us long before this ends
+
+
 def _commit(root: Path, tmp: Path, final: Path, iteration: int, pp: int) -> None:
     files = []
     for stage in range(pp):
         sidecar = tmp / shard_dir_name(stage, pp) / _SIDECAR
         files.append(json.loads(sidecar.read_text()))
         sidecar.unlink()
+    # One manifest covers every stage's shard: an iteration is valid only when all stages saved it,
+    # so pipeline stages can never resume from different iterations.
     manifest = {"iteration": iteration, "format": "torch", "pipeline_stages": pp, "files": files}
     # The manifest is written last: a directory without one never verifies.
     _write_atomic(tmp / MANIFEST_FILE, json.dumps(manifest, indent=1).encode())
@@ -160,8 +175,17 @@ def verify(directory: Path) -> str | None:
     try:
         manifest = json.loads(manifest_path.read_text())
         files = manifest["files"]
-    except (ValueError, KeyError) as exc:
+        stages = int(manifest.get("pipeline_stages", 1))
+        paths = {entry["path"] for entry in files}
+    except (ValueError, KeyError, TypeError) as exc:
         return f"unreadable manifest ({exc})"
+    # Every pipeline stage's shard must be listed (and verify below), not just the ones present.
+    missing = [
+        shard_dir_name(stage, stages) for stage in range(stages)
+        if f"{shard_dir_name(stage, stages)}/{MODEL_FILE}" not in paths
+    ]
+    if missing:
+        return f"the manifest lists no shard for {', '.join(missing)} of {stages} pipeline stages"
     for entry in files:
         path = directory / entry["path"]
         if not path.is_file():
@@ -189,12 +213,23 @@ def find_valid_checkpoint(root: Path, log: Log) -> int | None:
     candidates = [it for it in reversed(committed_iterations(root)) if marker is None or it <= marker]
     if marker is not None and marker not in candidates:
         log(f"checkpoint {root / iter_dir_name(marker)} named by the marker does not exist")
+    found = None
     for it in candidates:
         problem = verify(root / iter_dir_name(it))
         if problem is None:
-            return it
+            found = it
+            break
         log(f"checkpoint {root / iter_dir_name(it)} is invalid: {problem}; trying the previous one")
-    return None
+    for unfinished in sorted(root.glob(".tmp.iter_*")) if root.is_dir() else ():
+        log(f"ignoring unfinished checkpoint save {unfinished} (no manifest: the save did not finish)")
+    return found
+
+
+def has_checkpoint(root: str | Path) -> bool:
+    """Whether ``root`` holds anything a resume could start from (a marker or a committed
+    directory); verification happens at load time."""
+    root = Path(root)
+    return (root / TRACKER_FILE).is_file() or bool(committed_iterations(root))
 
 
 def load_checkpoint(root: str | Path, topo: Topology, log: Log) -> tuple[int, dict[str, Any] | None]:
@@ -224,5 +259,20 @@ def load_checkpoint(root: str | Path, topo: Topology, log: Log) -> tuple[int, di
         # weights_only=False: the file passed the manifest's sha256 check and holds RNG
         # states and the scheduler dict next to the tensors.
         state = torch.load(path, map_location="cpu", weights_only=False)
-    log(f"resuming from checkpoint {root / iter_dir_name(chosen)}")
+    newest = _newest_attempted(root) if topo.rank == 0 else None
+    if newest is not None and newest > chosen:
+        log(f"resuming from checkpoint {root / iter_dir_name(chosen)}, the previous valid one "
+            f"(the save of iteration {newest} is unfinished or damaged)")
+    else:
+        log(f"resuming from checkpoint {root / iter_dir_name(chosen)}")
     return chosen, state
+
+
+def _newest_attempted(root: Path) -> int | None:
+    """The newest iteration a save was started for: committed or left unfinished (``.tmp``)."""
+    found = committed_iterations(root)
+    for tmp in root.glob(".tmp.iter_*"):
+        m = _ITER_RE.match(tmp.name.removeprefix(".tmp."))
+        if m:
+            found.append(int(m.group(1)))
+    return max(found) if found else None

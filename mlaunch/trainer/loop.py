@@ -90,8 +90,8 @@ def choose_run_id(settings: Any, topo: Topology) -> str:
 
 
 class StopFlag:
-    """Set by SIGTERM (and SIGUSR1 under SLURM, its pre-timeout warning): the loop finishes the
-    current iteration, checkpoints and exits 0. All ranks vote in the per-step reduction, so they
+    """Set by a preemption signal (``--preempt-signals``; default SIGTERM, and SIGUSR1 under SLURM,
+    its pre-timeout warning): the loop finishes the current iteration, checkpoints and exits 0. All ranks vote in the per-step reduction, so they
     stop after the same iteration even when the signal reaches them at different times.
 
     A Python signal handler only runs when the main thread executes Python. When a peer has died,
@@ -104,12 +104,13 @@ class StopFlag:
 
     STUCK_AFTER_S = 20.0  # below torchrun's 30 s grace before SIGKILL
 
-    def __init__(self) -> None:
+    def __init__(self, names: tuple[str, ...] = ("SIGTERM",)) -> None:
         self.signal: int | None = None
+        self._names = names
         self._signals: tuple[int, ...] = ()
 
     def install(self) -> None:
-        self._signals = (signal.SIGTERM, signal.SIGUSR1) if os.environ.get("SLURM_JOB_ID") else (signal.SIGTERM,)
+        self._signals = tuple(int(getattr(signal, name)) for name in self._names)
         for signum in self._signals:
             signal.signal(signum, self._handle)
         read_fd, write_fd = os.pipe()
@@ -317,10 +318,10 @@ class Trainer:
             "tied": not a.untie_embeddings,
         }
 
-    def restore(self, ckpt: dict[str, Any]) -> None:
+    def restore(self, ckpt: dict[str, Any], where: str) -> None:
         if ckpt["arch"] != self.arch():
             raise ValueError(
-                f"checkpoint in {self.args.load} was saved for {ckpt['arch']}, but this run is "
+                f"checkpoint in {where} was saved for {ckpt['arch']}, but this run is "
                 f"{self.arch()}; resume with the same model shape and pipeline size"
             )
         self.model.load_state_dict(ckpt["model"])
@@ -507,15 +508,32 @@ class Trainer:
                 self.build_model()
             with telemetry.span(G.DATA_LOADING, SpanName.DATA_SETUP):
                 self.setup_data()
-            if args.load:
+            load = args.load or self.resume_from_save()
+            if load:
                 with telemetry.span(G.LOAD_CHECKPOINT, SpanName.LOAD_CHECKPOINT) as load_span:
-                    iteration, ckpt = checkpoint.load_checkpoint(args.load, topo, lambda m: log(topo, m))
+                    iteration, ckpt = checkpoint.load_checkpoint(load, topo, lambda m: log(topo, m))
                     if ckpt is not None:
-                        self.restore(ckpt)
+                        self.restore(ckpt, load)
                     if load_span is not None:
                         load_span.set_attribute(Attr.ITERATION, iteration)
             with telemetry.span(G.JOB, SpanName.TRAIN, **{Attr.TRAIN_ITERS.value: args.train_iters}):
                 self.train_loop()
+
+    def resume_from_save(self) -> str | None:
+        """``--load`` defaults to ``--save`` when a checkpoint is there (Megatron's convention), in
+        the trainer itself: a torchrun restart re-runs the same argv and must resume, not start
+        over. Rank 0 decides and tells everyone, so all ranks take the same (collective) path."""
+        args, topo = self.args, self.topo
+        if not args.save:
+            return None
+        found = checkpoint.has_checkpoint(args.save) if topo.rank == 0 else False
+        if topo.distributed and topo.world_size > 1:
+            t = torch.tensor([int(found)], dtype=torch.int64, device=topo.device)
+            dist.broadcast(t, src=0)
+            found = bool(t.item())
+        if found:
+            log(topo, f"--load not given: resuming from --save {args.save}, which holds a checkpoint")
+        return args.save if found else None
 
     def train_loop(self) -> None:
         args, topo, s = self.args, self.topo, self.state
@@ -555,6 +573,7 @@ class Trainer:
                     iteration=iteration, train_iters=args.train_iters, loss=result.loss, lr=lr,
                     grad_norm=result.grad_norm, tokens_per_sec=tokens_per_sec,
                     step_ms=step_s * 1e3, cpu_ms=cpu_ms, skipped=result.skipped,
+                    time=time.time(),  # wall clock: a reader can see stalls between steps
                 )
                 if topo.owns_loss and (iteration % args.log_interval == 0 or iteration == 1):
                     log(topo, f"iteration {iteration}/{args.train_iters} | loss {result.loss:.4f} | "
@@ -629,7 +648,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = settings.model_copy(update={"run_id": run_id})
     run_dir = envcontract.worker_run_dir(os.environ, run_id)
     run_dir.mkdir(parents=True, exist_ok=True)
-    stop = StopFlag()
+    stop = StopFlag(args.preempt_signals)
     stop.install()
     telemetry.setup(
         settings, rank=topo.rank, world_size=topo.world_size, local_rank=topo.local_rank,

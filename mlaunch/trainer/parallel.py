@@ -73,7 +73,16 @@ def init_distributed(pp: int) -> Topology:
     distributed = "MASTER_ADDR" in os.environ
     if distributed and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+        # torchrun keeps one TCP store for all restarts of a job (shared with its rendezvous), so
+        # the keys a killed attempt wrote (gloo's peer addresses among them) are still there when
+        # the group restarts, and a restarted rank can read a dead peer's address and fail with
+        # "connection refused". A per-attempt key prefix gives every attempt a clean store.
+        store, rank, world_size = next(dist.rendezvous("env://"))
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or "0"
+        dist.init_process_group(
+            backend, store=dist.PrefixStore(f"mlaunch/attempt_{attempt}", store), rank=rank,
+            world_size=world_size, device_id=device if device.type == "cuda" else None,
+        )  # fmt: skip
     dp = world_size // pp
     topo = Topology(rank, world_size, local_rank, pp, dp, rank // dp, rank % dp, device, distributed)
     if distributed:

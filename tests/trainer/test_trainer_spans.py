@@ -39,7 +39,7 @@ MODEL_NAME = "mlaunch-gpt-2l-32h"
 ARGS = [
     *TINY, "--train-iters", str(ITERS), "--pipeline-model-parallel-size", str(PP),
     "--eval-interval", "3", "--eval-iters", str(EVAL_ITERS), "--sample-tokens", str(SAMPLE),
-    "--save", "ck", "--save-interval", "2", "--offload-activations",
+    "--save-interval", "2", "--offload-activations",
     "--untie-embeddings",  # the tied layout across stages is covered by test_trainer_training.py
 ]  # fmt: skip
 
@@ -99,7 +99,7 @@ def workdir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def off_run(workdir) -> Run:
-    run = run_trainer(workdir, ARGS, nproc=WORLD, name="off")
+    run = run_trainer(workdir, [*ARGS, "--save", "ck-off"], nproc=WORLD, name="off")
     assert run.returncode == 0, run.output[-3000:]
     return run
 
@@ -113,7 +113,10 @@ def traced(request, workdir) -> tuple[str, Run, dict[int, list[dict]]]:
     env = telemetry_env(spec)
     if spec == SEGMENTED_SPEC:
         env["MEGATRON_OTEL_TRACE_SEGMENT_ITERS"] = str(SEGMENT)
-    run = run_trainer(workdir, ARGS, nproc=WORLD, env=env, name=spec.replace(",", "+"))
+    # One save directory per run: a directory that holds a checkpoint is resumed from (--load
+    # defaults to --save), and every run here starts from scratch.
+    name = spec.replace(",", "+")
+    run = run_trainer(workdir, [*ARGS, "--save", f"ck-{name}"], nproc=WORLD, env=env, name=name)
     assert run.returncode == 0, run.output[-3000:]
     spans = {r: read_spans(run.run_dir / "telemetry" / f"traces-rank{r}.jsonl") for r in range(WORLD)}
     return spec, run, spans

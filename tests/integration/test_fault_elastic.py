@@ -1,0 +1,165 @@
+"""Elastic restart under a real ``kill -9``: ``mlaunch train --max-restarts 1`` on torchrun/gloo,
+a worker killed from outside in the middle of the run, torchrun restarting the group, and the
+trainer resuming by itself from the newest valid checkpoint under ``<run_dir>/checkpoints``.
+
+The losses after the resume must be those of an uninterrupted run with the same seed and config
+(the reference), and the restarted processes' spans must say so on their resource
+(``dl.restart_count`` = 1) and in ``megatron.first_iteration``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mlaunch.model.spans import Attr, ResourceAttr, SpanName
+from mlaunch.telemetry.otlp_json import read_spans
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
+PREFIXES = ("MEGATRON_OTEL_", "NEMO_LENS_", "OTEL_", "SLURM_", "MLAUNCH_", "TORCHELASTIC_")
+TIMEOUT_S = 180
+ITERS = 60  # --max-restarts without --save-interval: mlaunch saves every ITERS // 10 = 6
+INTERVAL = ITERS // 10
+KILL_AFTER = 8  # past the first checkpoint, well before the end
+#: No eval, so the per-iteration cost stays small; everything else is the tiny default config.
+ARGS = ["--train-iters", str(ITERS), "--log-interval", "1", "--eval-interval", "0"]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(PREFIXES)}
+    env.update(OMP_NUM_THREADS="1", COLUMNS="250", **extra)  # wide: summary rows on one line
+    return env
+
+
+def mlaunch_train(cwd: Path, run_dir: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "mlaunch", "train", "--run-dir", str(run_dir), *ARGS, *args],
+        cwd=cwd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def finish(proc: subprocess.Popen) -> tuple[int, str]:
+    try:
+        out, _ = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        pytest.fail(f"mlaunch train did not finish:\n{out}")
+    return proc.returncode, out
+
+
+def train_records(run_dir: Path) -> list[dict]:
+    path = run_dir / "progress.jsonl"
+    if not path.exists():
+        return []
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in lines if "loss" in r and "eval_loss" not in r]
+
+
+def worker_pid(run_dir: Path, rank: int) -> int | None:
+    """The trainer process of global ``rank`` in ``run_dir``'s job, found through /proc (its
+    environment names the run directory and the rank torchrun gave it)."""
+    want = {f"MLAUNCH_RUN_DIR={run_dir}".encode(), f"RANK={rank}".encode()}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            if b"mlaunch.trainer" not in cmdline or b"torch.distributed.run" in cmdline:
+                continue
+            env = set((entry / "environ").read_bytes().split(b"\0"))
+        except OSError:  # gone, or not ours
+            continue
+        if want <= env:
+            return int(entry.name)
+    return None
+
+
+def worker_logs(run_dir: Path) -> str:
+    """Every worker's stderr tail and torchrun's own log, for a failure message."""
+    parts = []
+    for path in sorted((run_dir / "logs").rglob("*.log")):
+        tail = path.read_text(errors="replace").splitlines()[-12:]
+        parts.append(f"\n== {path.relative_to(run_dir)}\n" + "\n".join(tail))
+    return "".join(parts)
+
+
+def assert_close(got: list[float], want: list[float], rel: float) -> None:
+    assert len(got) == len(want), (len(got), len(want))
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert abs(g - w) <= rel * max(abs(w), 1e-12), (i, g, w)
+
+
+def test_kill_9_a_worker_restarts_the_group_and_resumes_the_same_loss_sequence(tmp_path):
+    # The reference first: the same job, never interrupted.
+    ref_dir = tmp_path / "reference"
+    code, out = finish(mlaunch_train(tmp_path, ref_dir, "--max-restarts", "1"))
+    assert code == 0, out
+    reference = [r["loss"] for r in train_records(ref_dir)]
+    assert len(reference) == ITERS
+
+    run_dir = tmp_path / "killed"
+    proc = mlaunch_train(tmp_path, run_dir, "--max-restarts", "1")
+    victim = None
+    deadline = time.monotonic() + TIMEOUT_S
+    while proc.poll() is None and time.monotonic() < deadline:
+        records = train_records(run_dir)
+        if victim is None and records:
+            victim = worker_pid(run_dir, 1)
+        if victim is not None and records and records[-1]["iteration"] >= KILL_AFTER:
+            os.kill(victim, signal.SIGKILL)  # the fault: rank 1 dies without a chance to react
+            break
+        time.sleep(0.02)
+    assert victim is not None, "never saw the worker of rank 1"
+    killed_after = train_records(run_dir)[-1]["iteration"]
+    code, out = finish(proc)
+    assert code == 0, out + worker_logs(run_dir)
+
+    # The summary said where checkpoints go, with the interval mlaunch chose for restarts.
+    ckpt = run_dir / "checkpoints"
+    assert "checkpoints" in out and f"every {INTERVAL} iterations" in out
+    assert "restart(s), each resuming from the newest valid checkpoint" in out
+
+    # Two attempts in progress.jsonl: 1..k, then resumed at the last checkpoint c < k, to the end.
+    iterations = [r["iteration"] for r in train_records(run_dir)]
+    split = next(i for i in range(1, len(iterations)) if iterations[i] <= iterations[i - 1])
+    first, second = train_records(run_dir)[:split], train_records(run_dir)[split:]
+    resumed_at = second[0]["iteration"] - 1
+    assert [r["iteration"] for r in second] == list(range(resumed_at + 1, ITERS + 1))
+    assert resumed_at % INTERVAL == 0 and INTERVAL <= resumed_at <= first[-1]["iteration"]
+    assert first[-1]["iteration"] < ITERS, "the kill landed after the run had finished"
+    assert killed_after <= first[-1]["iteration"]
+    # Both attempts follow the uninterrupted run exactly.
+    assert_close([r["loss"] for r in first], reference[: len(first)], rel=1e-6)
+    assert_close([r["loss"] for r in second], reference[resumed_at:], rel=1e-6)
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == str(ITERS)
+
+    # The restarted trainer found the checkpoint by itself (the argv had no --load).
+    assert "--load" not in (run_dir / "command.txt").read_text()
+    rank0_logs = "".join(
+        p.read_text(errors="replace") for p in (run_dir / "logs").rglob("attempt_1/0/stdout.log")
+    )
+    assert f"--load not given: resuming from --save {ckpt}" in rank0_logs
+    assert f"resuming from checkpoint {ckpt / f'iter_{resumed_at:07d}'}" in rank0_logs
+
+    # Telemetry: the restart count is on the resource, and the resumed iteration is the first one.
+    for rank in (0, 1):
+        spans = read_spans(run_dir / "telemetry" / f"traces-rank{rank}.jsonl")
+        after = [s for s in spans if s["resource"][ResourceAttr.RESTART_COUNT] == 1]
+        before = [s for s in spans if s["resource"][ResourceAttr.RESTART_COUNT] == 0]
+        assert before and after and len(before) + len(after) == len(spans)
+        steps = sorted(s["attributes"][Attr.ITERATION] for s in after if s["name"] == SpanName.TRAIN_STEP)
+        assert steps == list(range(resumed_at + 1, ITERS + 1))
+        by_name = {s["name"]: s for s in after}
+        assert by_name[SpanName.FIRST_ITERATION]["attributes"][Attr.ITERATION] == resumed_at + 1
+        assert by_name[SpanName.LOAD_CHECKPOINT]["attributes"][Attr.ITERATION] == resumed_at
+        # A restart starts new traces: no trace id is shared with the killed attempt.
+        assert not {s["trace_id"] for s in after} & {s["trace_id"] for s in before}
