@@ -1,4 +1,5 @@
-"""``mlaunch trace summary|export|goodput PATH``: thin commands over :mod:`mlaunch.trace`.
+"""``mlaunch trace summary|export|goodput PATH`` and ``replay RUN_DIR``: thin commands over
+:mod:`mlaunch.trace`.
 
 PATH is a run directory (its ``telemetry/traces-rank*.jsonl`` and ``spool-traces-rank*.jsonl``,
 deduplicated) or any OTLP/JSON lines file, e.g. what an OpenTelemetry collector's file exporter
@@ -285,6 +286,64 @@ def _render_goodput(report: Any) -> None:
     con.print(f"restart cost (all ranks): {split}", highlight=False)
     con.print("[dim]ckpt = checkpoint saves, eval = evaluation, unacct = unaccounted; "
               "see `mlaunch trace goodput --help` for the definitions[/dim]")  # fmt: skip
+
+
+class ReplayProtocol(StrEnum):
+    """OTLP transports ``mlaunch trace replay`` speaks."""
+
+    grpc = "grpc"
+    http_protobuf = "http/protobuf"
+
+
+@app.command("replay")
+def replay_cmd(
+    run_dir: Path = typer.Argument(
+        ..., help="A run directory (runs/<run_id>).", show_default=False
+    ),
+    endpoint: str = typer.Option(
+        ..., "--endpoint", help="The collector, e.g. http://localhost:4317.", show_default=False
+    ),
+    protocol: ReplayProtocol = typer.Option(
+        ReplayProtocol.grpc, "--protocol", help="OTLP transport."
+    ),
+    headers: str = typer.Option(
+        "", "--headers", help="Request headers as KEY=VALUE,KEY2=VALUE2 (e.g. an API key)."
+    ),
+    timeout_s: float = typer.Option(10.0, "--timeout", min=0.1, help="Seconds per request."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON for machines."),
+) -> None:
+    """Send the spans and metrics a run could not deliver (its spool files) to a collector.
+
+    Each spool line goes out as one OTLP export request. What was delivered is recorded in
+    telemetry/replayed.json, line by line, so a second replay sends nothing twice and an
+    interrupted one resumes. Exit 0 when everything was sent, 1 when some requests failed (they are
+    kept for the next replay), 2 on a bad run directory, endpoint or header.
+    """
+    from mlaunch.trace.replay import ReplayInputError, parse_headers, replay
+
+    try:
+        result = replay(
+            run_dir, endpoint, protocol=protocol.value, headers=parse_headers(headers),
+            timeout_s=timeout_s,
+        )  # fmt: skip
+    except ReplayInputError as e:
+        _fail(str(e))
+    if as_json:
+        typer.echo(json.dumps(result.to_json(), indent=2))
+    elif not result.files:
+        typer.echo(f"nothing to replay: {run_dir} has no spool files (every export was delivered)")
+    else:
+        typer.echo(
+            f"replayed {run_dir} to {result.endpoint} ({result.protocol}): sent {result.spans_sent:,}"
+            f" spans and {result.metric_batches_sent:,} metric batches in {result.requests_sent:,}"
+            f" requests; failed {result.spans_failed:,} spans and {result.metric_batches_failed:,}"
+            f" metric batches; {result.spans_already_sent:,} spans were sent by earlier replays"
+        )
+        if result.malformed_lines:
+            typer.echo(f"warning: skipped {result.malformed_lines} malformed spool lines", err=True)
+    if result.failed:
+        typer.echo(f"error: {result.error}; run the same command again to retry", err=True)
+        raise typer.Exit(1)
 
 
 # `mlaunch trace report` (issue 9) lives in mlaunch/cli/trace_report.py; registered last, so it is

@@ -61,9 +61,12 @@ SCOPE_NAME = "mlaunch"
 DRAIN_INTERVAL_S = 0.25
 #: Spans per export request.
 BATCH_SIZE = 512
-#: After a failed export, batches go straight to the spool for this long instead of each waiting
-#: for the exporter's timeout against a dead endpoint.
+#: After a failed export, batches go straight to the spool for a while instead of each waiting
+#: for the exporter's timeout against a dead endpoint. The pause starts short and doubles with
+#: each consecutive failure up to the maximum, so a collector that comes back (a restart, a
+#: rolling update) is used again within seconds, while a dead one costs one try per 30 s.
 FAILURE_BACKOFF_S = 30.0
+FIRST_FAILURE_BACKOFF_S = 1.0
 DEFAULT_METRIC_INTERVAL_MS = 60_000  # the OTel default (OTEL_METRIC_EXPORT_INTERVAL)
 #: Local file writes are cheap; a shorter default period means a killed process loses little.
 DEFAULT_FILE_METRIC_INTERVAL_MS = 10_000
@@ -505,6 +508,14 @@ class Runtime:
         self._inflight_metrics: Any = None
         self._abandoned = False
         self._backoff_until = 0.0
+        self._backoff_s = FIRST_FAILURE_BACKOFF_S
+        # Test-only (MLAUNCH_TEST_TEE_SPANS): a copy of every span handed to the exporter, so a
+        # fault test can check that each one was delivered or spooled.
+        self.tee = (
+            _LineFile(envcontract.tee_file(self.run_dir, rank))
+            if environ.get(envcontract.TEE_SPANS)
+            else None
+        )
         self._stop = threading.Event()
         self._closed = False
         self._logs_handler: logging.Handler | None = None
@@ -694,6 +705,9 @@ class Runtime:
             try:
                 item = queue.popleft()
             except IndexError:
+                if self.tee is not None and out:
+                    with contextlib.suppress(Exception):
+                        self.tee.write(otlp_json.encode_spans_line(out))
                 return out
             if isinstance(item, _spans.FineSpan):
                 try:
@@ -750,6 +764,7 @@ class Runtime:
             else:
                 self.sink.export_metrics(payload)
             failed = None
+            self._backoff_s = FIRST_FAILURE_BACKOFF_S
         except Exception as exc:
             failed = exc
         with self._lock:
@@ -764,7 +779,8 @@ class Runtime:
                     failed,
                     self.spool_traces.path if kind == "spans" else self.spool_metrics.path,
                 )
-                self._backoff_until = time.monotonic() + FAILURE_BACKOFF_S
+                self._backoff_until = time.monotonic() + self._backoff_s
+                self._backoff_s = min(FAILURE_BACKOFF_S, 2 * self._backoff_s)
                 spool(payload)
 
     def _flush_spans(self) -> None:
@@ -857,6 +873,8 @@ class Runtime:
         finally:
             self.spool_traces.close()
             self.spool_metrics.close()
+            if self.tee is not None:
+                self.tee.close()
             # Closing exporters (gRPC channels) can block; never past the deadline.
             closer = threading.Thread(target=self._close_quietly, daemon=True)
             closer.start()

@@ -137,11 +137,13 @@ class _Receiver:
 
 
 class GrpcOtlpReceiver(_Receiver):
-    """OTLP/gRPC TraceService + MetricsService + LogsService on 127.0.0.1:<ephemeral>."""
+    """OTLP/gRPC TraceService + MetricsService + LogsService on 127.0.0.1:<ephemeral>, or on
+    ``port`` (a collector restarting where it was)."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         super().__init__()
         self._server: Any = None
+        self._bind_port = port
 
     @property
     def endpoint(self) -> str:
@@ -182,7 +184,7 @@ class GrpcOtlpReceiver(_Receiver):
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), server)
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), server)
         logs_service_pb2_grpc.add_LogsServiceServicer_to_server(Logs(), server)
-        self.port = server.add_insecure_port("127.0.0.1:0")
+        self.port = server.add_insecure_port(f"127.0.0.1:{self._bind_port}")
         server.start()
         self._server = server
         return self

@@ -1,0 +1,308 @@
+"""``mlaunch trace replay``: send a run's spool (the spans and metrics its exporter could not
+deliver) to an OTLP collector later.
+
+Each spool line is one OTLP/JSON export request (:mod:`mlaunch.telemetry.otlp_json`); it goes out
+as the same request in OTLP protobuf, over gRPC or HTTP/protobuf, with no SDK in between. What was
+sent is recorded in ``telemetry/replayed.json`` (per spool file, the byte offset up to which every
+line was delivered), written after each delivered line, so a replay that is interrupted or meets a
+dead collector resumes where it stopped and a second replay sends nothing twice. The spool files
+themselves stay where they are: ``mlaunch trace summary RUN_DIR`` keeps reading them.
+
+A lock file keeps two replays of one run directory from sending the same lines at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from mlaunch import envcontract
+from mlaunch.telemetry import otlp_json
+
+#: The record of what earlier replays delivered (in the run's telemetry folder).
+LEDGER_FILE = "replayed.json"
+_LOCK_FILE = ".replay.lock"
+_SPOOL_RE = re.compile(r"^spool-(traces|metrics)-rank(\d+)\.jsonl$")
+PROTOCOLS = ("grpc", "http/protobuf")
+_DEFAULT_PORTS = {"grpc": 4317, "http/protobuf": 4318}
+
+
+class ReplayInputError(Exception):
+    """Bad input (run directory, endpoint, headers): the CLI exits 2 with this message."""
+
+
+@dataclass
+class ReplayResult:
+    """What one replay did."""
+
+    endpoint: str
+    protocol: str
+    spans_sent: int = 0
+    metric_batches_sent: int = 0
+    requests_sent: int = 0
+    spans_failed: int = 0
+    """Spans not delivered this time (kept for the next replay)."""
+    metric_batches_failed: int = 0
+    spans_already_sent: int = 0
+    """Spans earlier replays delivered (skipped now)."""
+    malformed_lines: int = 0
+    """Complete lines that do not decode (skipped for good, reported)."""
+    error: str | None = None
+    """Why sending stopped, when it did."""
+    files: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        """Whether anything could not be delivered."""
+        return bool(self.spans_failed or self.metric_batches_failed)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+
+def check_endpoint(endpoint: str, protocol: str) -> tuple[str, str, int, bool]:
+    """(normalized base URL, host, port, tls) for an OTLP endpoint; ReplayInputError when it is not
+    a usable ``http(s)://host[:port]`` URL."""
+    if protocol not in PROTOCOLS:
+        raise ReplayInputError(f"unknown protocol {protocol!r}; use one of {', '.join(PROTOCOLS)}")
+    parts = urlsplit(endpoint.strip())
+    fix = f"give a URL such as http://localhost:{_DEFAULT_PORTS[protocol]}"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ReplayInputError(f"endpoint {endpoint!r} is not an http(s)://host[:port] URL; {fix}")
+    try:
+        port = parts.port or _DEFAULT_PORTS[protocol]
+    except ValueError:
+        raise ReplayInputError(f"endpoint {endpoint!r} has an invalid port; {fix}") from None
+    base = f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
+    return base, parts.hostname, port, parts.scheme == "https"
+
+
+def parse_headers(text: str | None) -> dict[str, str]:
+    """``k1=v1,k2=v2`` (the OTEL_EXPORTER_OTLP_HEADERS format) as a dict."""
+    out: dict[str, str] = {}
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise ReplayInputError(
+                f"header {part.strip()!r} is not KEY=VALUE; e.g. --headers x-api-key=SECRET"
+            )
+        out[key.strip().lower()] = value.strip()
+    return out
+
+
+def spool_files(run_dir: Path) -> list[Path]:
+    """The run's spool files, traces before metrics, by rank; ReplayInputError when ``run_dir`` is
+    not a run directory."""
+    if not run_dir.exists():
+        raise ReplayInputError(
+            f"{run_dir}: no such directory; give a run directory (runs/<run_id>)"
+        )
+    if not run_dir.is_dir():
+        raise ReplayInputError(f"{run_dir}: not a directory; give a run directory (runs/<run_id>)")
+    telemetry_dir = run_dir / envcontract.TELEMETRY_DIR
+    if not telemetry_dir.is_dir():
+        raise ReplayInputError(
+            f"{run_dir}: not an mlaunch run directory (no {envcontract.TELEMETRY_DIR}/ folder); "
+            "give the directory `mlaunch train` printed as 'run dir'"
+        )
+    found = [
+        (m, p) for p in telemetry_dir.iterdir() if (m := _SPOOL_RE.match(p.name)) and p.is_file()
+    ]
+    found.sort(key=lambda mp: (mp[0].group(1) != "traces", int(mp[0].group(2))))
+    return [p for _, p in found]
+
+
+# --------------------------------------------------------------------------------------------
+# Senders: one OTLP export request in, raise on failure.
+
+Sender = Callable[[str, Any], None]
+
+
+def _grpc_sender(
+    host: str, port: int, tls: bool, headers: Mapping[str, str], timeout_s: float
+) -> tuple[Sender, Callable[[], None]]:
+    import grpc
+    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+    target = f"{host}:{port}"
+    channel = (
+        grpc.secure_channel(target, grpc.ssl_channel_credentials())
+        if tls
+        else grpc.insecure_channel(target)
+    )
+    stubs = {
+        "traces": trace_service_pb2_grpc.TraceServiceStub(channel),
+        "metrics": metrics_service_pb2_grpc.MetricsServiceStub(channel),
+    }
+    metadata = tuple(headers.items()) or None
+
+    def send(signal: str, request: Any) -> None:
+        try:
+            stubs[signal].Export(request, timeout=timeout_s, metadata=metadata)
+        except grpc.RpcError as exc:
+            raise OSError(f"gRPC {exc.code().name}: {exc.details()}") from None
+
+    return send, channel.close
+
+
+def _http_sender(
+    base: str, headers: Mapping[str, str], timeout_s: float
+) -> tuple[Sender, Callable[[], None]]:
+    def send(signal: str, request: Any) -> None:
+        req = urllib.request.Request(
+            f"{base}/v1/{signal}", data=request.SerializeToString(), method="POST",
+            headers={"Content-Type": "application/x-protobuf", **headers},
+        )  # fmt: skip
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+                resp.read()
+        except urllib.error.HTTPError as exc:
+            raise OSError(f"HTTP {exc.code} {exc.reason}") from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+            raise OSError(str(getattr(exc, "reason", exc))) from None
+
+    return send, lambda: None
+
+
+# --------------------------------------------------------------------------------------------
+# The ledger
+
+
+def _read_ledger(path: Path) -> dict[str, dict[str, int]]:
+    try:
+        data = json.loads(path.read_text())
+        files = data["files"]
+        return {
+            str(k): {"offset": int(v["offset"]), "spans": int(v.get("spans", 0))}
+            for k, v in files.items()
+        }
+    except FileNotFoundError:
+        return {}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ReplayInputError(
+            f"{path}: unreadable replay record ({exc}); it says what was already sent, so fix or "
+            "remove it knowing that removing it sends everything again"
+        ) from None
+
+
+def _write_ledger(path: Path, ledger: Mapping[str, Mapping[str, int]]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"files": ledger}, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _exclusive(telemetry_dir: Path) -> Iterator[None]:
+    with open(telemetry_dir / _LOCK_FILE, "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ReplayInputError(
+                f"{telemetry_dir.parent}: another `mlaunch trace replay` of this run is in progress; "
+                "wait for it to finish"
+            ) from None
+        yield
+
+
+def _complete_lines(path: Path, offset: int) -> Iterator[tuple[int, bytes]]:
+    """(end offset, line) for each complete line from ``offset`` (a last line a writer is still
+    appending, without its newline, waits for a later replay)."""
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        pos = offset
+        for raw in fh:
+            if not raw.endswith(b"\n"):
+                return
+            pos += len(raw)
+            yield pos, raw
+
+
+def _count(signal: str, request: Any) -> int:
+    if signal == "traces":
+        return sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+    return 1
+
+
+def replay(
+    run_dir: str | Path,
+    endpoint: str,
+    *,
+    protocol: str = "grpc",
+    headers: Mapping[str, str] | None = None,
+    timeout_s: float = 10.0,
+    sender: tuple[Sender, Callable[[], None]] | None = None,
+) -> ReplayResult:
+    """Send every spool line not yet delivered to ``endpoint``; record each delivery at once.
+
+    Stops at the first failed request (the collector is down or refusing: later requests would
+    fail the same way, each after a timeout) and counts everything unsent as failed.
+    """
+    run_dir = Path(run_dir)
+    base, host, port, tls = check_endpoint(endpoint, protocol)
+    files = spool_files(run_dir)
+    result = ReplayResult(endpoint=base, protocol=protocol, files=[str(p) for p in files])
+    telemetry_dir = run_dir / envcontract.TELEMETRY_DIR
+    ledger_path = telemetry_dir / LEDGER_FILE
+    with _exclusive(telemetry_dir):
+        ledger = _read_ledger(ledger_path)
+        if sender is None:
+            sender = (
+                _grpc_sender(host, port, tls, headers or {}, timeout_s) if protocol == "grpc"
+                else _http_sender(base, headers or {}, timeout_s)
+            )  # fmt: skip
+        send, close = sender
+        try:
+            for path in files:
+                signal = _SPOOL_RE.match(path.name).group(1)  # type: ignore[union-attr]
+                entry = ledger.setdefault(path.name, {"offset": 0, "spans": 0})
+                if path.stat().st_size < entry["offset"]:  # replaced by a new, shorter file
+                    entry.update(offset=0, spans=0)
+                if signal == "traces":
+                    result.spans_already_sent += entry["spans"]
+                for end, raw in _complete_lines(path, entry["offset"]):
+                    try:
+                        request = (otlp_json.decode_traces_line if signal == "traces"
+                                   else otlp_json.decode_metrics_line)(raw.decode("utf-8"))  # fmt: skip
+                    except Exception:
+                        result.malformed_lines += 1
+                        entry["offset"] = end
+                        _write_ledger(ledger_path, ledger)
+                        continue
+                    n = _count(signal, request)
+                    if result.error is None:
+                        try:
+                            send(signal, request)
+                        except Exception as exc:
+                            result.error = f"{path.name}: {exc}"
+                    if result.error is not None:
+                        if signal == "traces":
+                            result.spans_failed += n
+                        else:
+                            result.metric_batches_failed += n
+                        continue
+                    result.requests_sent += 1
+                    if signal == "traces":
+                        result.spans_sent += n
+                        entry["spans"] += n
+                    else:
+                        result.metric_batches_sent += n
+                    entry["offset"] = end
+                    _write_ledger(ledger_path, ledger)
+        finally:
+            with contextlib.suppress(Exception):
+                close()
+    return result
