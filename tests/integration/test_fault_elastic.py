@@ -163,3 +163,23 @@ def test_kill_9_a_worker_restarts_the_group_and_resumes_the_same_loss_sequence(t
         assert by_name[SpanName.LOAD_CHECKPOINT]["attributes"][Attr.ITERATION] == resumed_at
         # A restart starts new traces: no trace id is shared with the killed attempt.
         assert not {s["trace_id"] for s in after} & {s["trace_id"] for s in before}
+
+
+def test_preemption_signals_are_checked_before_anything_starts(tmp_path):
+    from mlaunch.trainer.args import build_parser, validate
+
+    def check(*argv: str) -> dict[str, str]:
+        return dict(validate(build_parser().parse_args(list(argv)), 1))
+
+    ns = build_parser().parse_args(["--preempt-signals", "term, usr1"])
+    assert validate(ns, 1) == [] and ns.preempt_signals == ("SIGTERM", "SIGUSR1")
+    assert "cannot be caught" in check("--preempt-signals", "SIGKILL")["--preempt-signals"]
+    assert "not a signal name" in check("--preempt-signals", "SIGTREM")["--preempt-signals"]
+    # Through mlaunch train: exit 2 naming the flag, no traceback, nothing started.
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlaunch", "train", "--dry-run", "--run-dir", str(tmp_path / "r"),
+         "--", "--preempt-signals", "SIGKILL"],
+        cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "--preempt-signals" in proc.stdout + proc.stderr and "Traceback" not in proc.stderr
