@@ -16,6 +16,8 @@ from typing import Any, NoReturn
 
 import typer
 
+from mlaunch.cli.errors import PlainErrorsCommand
+
 app = typer.Typer(
     help="Read exported traces without a backend: summary, Chrome/Perfetto export, goodput.",
     no_args_is_help=True,
@@ -79,7 +81,7 @@ def _ms(v: float) -> str:
     raise AssertionError("unreachable")
 
 
-@app.command("summary")
+@app.command("summary", cls=PlainErrorsCommand)
 def summary_cmd(
     path: Path = typer.Argument(..., help=_PATH_HELP, show_default=False),
     as_json: bool = typer.Option(False, "--json", help="Print JSON for machines."),
@@ -189,7 +191,7 @@ def _ranges(ids: list[int]) -> str:
     return ",".join(out) or "-"
 
 
-@app.command("export")
+@app.command("export", cls=PlainErrorsCommand)
 def export_cmd(
     path: Path = typer.Argument(..., help=_PATH_HELP, show_default=False),
     fmt: ExportFormat = typer.Option(ExportFormat.chrome, "--format", "-f", help="Output format."),
@@ -231,7 +233,7 @@ def export_cmd(
     )
 
 
-@app.command("goodput")
+@app.command("goodput", cls=PlainErrorsCommand)
 def goodput_cmd(
     path: Path = typer.Argument(..., help=_PATH_HELP, show_default=False),
     as_json: bool = typer.Option(False, "--json", help="Print JSON for machines."),
@@ -295,7 +297,7 @@ class ReplayProtocol(StrEnum):
     http_protobuf = "http/protobuf"
 
 
-@app.command("replay")
+@app.command("replay", cls=PlainErrorsCommand)
 def replay_cmd(
     run_dir: Path = typer.Argument(
         ..., help="A run directory (runs/<run_id>).", show_default=False

@@ -13,6 +13,8 @@ from typing import NoReturn
 
 import typer
 
+from mlaunch.cli.errors import PlainErrorsCommand
+
 _HELP_ITERATIONS = (
     "The timeline's window of iterations, A:B inclusive (or one iteration A). Default: the "
     "first and the last few iterations, with the set-up before and the tail after."
@@ -83,4 +85,4 @@ def report_cmd(
 
 def register(trace_app: typer.Typer) -> None:
     """Add ``report`` to the ``mlaunch trace`` sub-application."""
-    trace_app.command("report")(report_cmd)
+    trace_app.command("report", cls=PlainErrorsCommand)(report_cmd)
