@@ -98,7 +98,9 @@ def main() -> None:
     m, t = statistics.median(mlaunch_s), statistics.median(torchrun_s)
     print(f"median mlaunch train: {m:.2f} s   median bare torchrun: {t:.2f} s")
     print(f"ratio mlaunch/torchrun: {m / t:.3f}  (goal <= 1.10)")
-    print(f"median mlaunch train --dry-run (the launcher's own work): {statistics.median(dry):.2f} s")
+    print(
+        f"median mlaunch train --dry-run (the launcher's own work): {statistics.median(dry):.2f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -44,7 +44,11 @@ def trainer_args(iters: int) -> list[str]:
 
 
 def base_env(run_dir: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MEGATRON_OTEL_", "NEMO_LENS_", "OTEL_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("MEGATRON_OTEL_", "NEMO_LENS_", "OTEL_"))
+    }
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", MLAUNCH_RUN_DIR=str(run_dir))
     return env
 
@@ -58,12 +62,17 @@ def run_trainer(spec: str, iters: int, workdir: Path, tag: str) -> list[Sample]:
     env = base_env(run_dir)
     if spec != "off":
         env.update(
-            MEGATRON_OTEL_ENABLED="1", MEGATRON_OTEL_SPAN_GROUPS=spec,
-            MEGATRON_OTEL_EXPORTER="file", MEGATRON_OTEL_EXPORT_STRATEGY="all_ranks",
+            MEGATRON_OTEL_ENABLED="1",
+            MEGATRON_OTEL_SPAN_GROUPS=spec,
+            MEGATRON_OTEL_EXPORTER="file",
+            MEGATRON_OTEL_EXPORT_STRATEGY="all_ranks",
         )
     subprocess.run(
         [sys.executable, "-m", "mlaunch.trainer", *trainer_args(iters)],
-        env=env, cwd=workdir, check=True, stdout=subprocess.DEVNULL,
+        env=env,
+        cwd=workdir,
+        check=True,
+        stdout=subprocess.DEVNULL,
     )
     lines = (run_dir / "progress.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
@@ -73,7 +82,11 @@ def run_trainer(spec: str, iters: int, workdir: Path, tag: str) -> list[Sample]:
 def run_plain(iters: int, workdir: Path) -> list[Sample]:
     out = subprocess.run(
         [sys.executable, __file__, "--plain-worker", "--iters", str(iters)],
-        env=base_env(workdir / "plain"), cwd=workdir, check=True, capture_output=True, text=True,
+        env=base_env(workdir / "plain"),
+        cwd=workdir,
+        check=True,
+        capture_output=True,
+        text=True,
     )
     return [tuple(x) for x in json.loads(out.stdout.strip().splitlines()[-1])][WARMUP:]
 
@@ -147,8 +160,12 @@ def cost_worker(kind: str, n: int) -> None:
     from mlaunch.model.spans import Attr, SpanName
     from mlaunch.settings import load_telemetry_settings
 
-    env = {"MEGATRON_OTEL_ENABLED": "1", "MEGATRON_OTEL_SPAN_GROUPS": "all",
-           "MEGATRON_OTEL_EXPORTER": "file", "MEGATRON_OTEL_RUN_ID": "bench"}
+    env = {
+        "MEGATRON_OTEL_ENABLED": "1",
+        "MEGATRON_OTEL_SPAN_GROUPS": "all",
+        "MEGATRON_OTEL_EXPORTER": "file",
+        "MEGATRON_OTEL_RUN_ID": "bench",
+    }
     telemetry.setup(load_telemetry_settings(environ=env), rank=0, world_size=1, run_dir=os.getcwd())
     attrs = {Attr.ITERATION.value: 1}
     c0 = time.process_time()
@@ -164,8 +181,16 @@ def cost_worker(kind: str, n: int) -> None:
         elif kind == "step":
             for i in range(n):
                 telemetry.set_iteration(i + 1)
-                telemetry.record_step(i + 1, step_ms=1.0, loss=1.0, grad_norm=1.0, learning_rate=1.0,
-                                      tokens_per_sec=1.0, tflops=1.0, skipped=False)
+                telemetry.record_step(
+                    i + 1,
+                    step_ms=1.0,
+                    loss=1.0,
+                    grad_norm=1.0,
+                    learning_rate=1.0,
+                    tokens_per_sec=1.0,
+                    tflops=1.0,
+                    skipped=False,
+                )
     telemetry.shutdown()
     print(json.dumps((time.process_time() - c0) * 1e3))
 
@@ -183,7 +208,10 @@ def spans_per_step(spec: str) -> tuple[int, int]:
     for d in CATALOGUE:
         if d.group not in groups or d.repeat not in per or d.stages is not Stages.ALL:
             continue  # one stage: no P2P spans
-        if d.name in (SpanName.GRAD_SYNC_START, SpanName.GRAD_SYNC_FINISH) or d.group == "activation_offload":
+        if (
+            d.name in (SpanName.GRAD_SYNC_START, SpanName.GRAD_SYNC_FINISH)
+            or d.group == "activation_offload"
+        ):
             continue  # one process, no offload
         if d.group in FINE_GRAINED_GROUPS:
             fine += per[d.repeat]
@@ -194,14 +222,23 @@ def spans_per_step(spec: str) -> tuple[int, int]:
 
 def measure_costs(workdir: Path) -> dict[str, float]:
     """Milliseconds of CPU per coarse span, fine span and per-step call pair."""
+
     def run(kind: str, n: int) -> float:
         d = workdir / f"cost-{kind}-{n}"
         d.mkdir()
-        out = subprocess.run([sys.executable, __file__, "--cost-worker", kind, "--iters", str(n)],
-                             env=base_env(d), cwd=d, check=True, capture_output=True, text=True)
+        out = subprocess.run(
+            [sys.executable, __file__, "--cost-worker", kind, "--iters", str(n)],
+            env=base_env(d),
+            cwd=d,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         return float(out.stdout.strip().splitlines()[-1])
 
-    return {kind: (run(kind, COST_N) - run(kind, 0)) / COST_N for kind in ("coarse", "fine", "step")}
+    return {
+        kind: (run(kind, COST_N) - run(kind, 0)) / COST_N for kind in ("coarse", "fine", "step")
+    }
 
 
 def main() -> None:
@@ -233,34 +270,54 @@ def main() -> None:
         load = f"{os.getloadavg()[0]:.1f}"
     except OSError:
         load = "?"
-    print(f"config: {LAYERS} layers, hidden {HIDDEN}, seq {SEQ}, global batch {GLOBAL} "
-          f"({GLOBAL // MICRO} microbatches of {MICRO}), 1 process, OMP_NUM_THREADS=1, "
-          f"{a.rounds} rounds x {a.iters} iterations (first {WARMUP} dropped), exporter=file, "
-          f"{os.cpu_count()} CPUs, load average {load}")
-    print("CPU ms = process CPU time per step (all threads, export included): steady on a shared "
-          "machine; wall ms is what a dedicated machine would show.")
-    print(f"{'spec':<10} {'wall ms':>9} {'wall ratio':>11} {'CPU ms':>9} {'CPU ratio':>10} {'goal':>9}")
+    print(
+        f"config: {LAYERS} layers, hidden {HIDDEN}, seq {SEQ}, global batch {GLOBAL} "
+        f"({GLOBAL // MICRO} microbatches of {MICRO}), 1 process, OMP_NUM_THREADS=1, "
+        f"{a.rounds} rounds x {a.iters} iterations (first {WARMUP} dropped), exporter=file, "
+        f"{os.cpu_count()} CPUs, load average {load}"
+    )
+    print(
+        "CPU ms = process CPU time per step (all threads, export included): steady on a shared "
+        "machine; wall ms is what a dedicated machine would show."
+    )
+    print(
+        f"{'spec':<10} {'wall ms':>9} {'wall ratio':>11} {'CPU ms':>9} {'CPU ratio':>10} {'goal':>9}"
+    )
     for spec in SPECS:
         goal = f"<= {GOALS[spec]}" if spec in GOALS else ""
-        verdict = "" if spec not in GOALS else ("ok" if cpu[spec] / cpu["off"] <= GOALS[spec] else "MISSED")
-        print(f"{spec:<10} {wall[spec]:>9.2f} {wall[spec] / wall['off']:>11.4f} {cpu[spec]:>9.2f} "
-              f"{cpu[spec] / cpu['off']:>10.4f} {goal:>9} {verdict}")
-    print(f"cost per span (CPU, export and flush included): coarse {costs['coarse'] * 1e3:.1f} us, "
-          f"fine {costs['fine'] * 1e3:.1f} us; set_iteration + record_step {costs['step'] * 1e3:.1f} us")
-    print("estimated ratio = 1 + (spans per step x cost per span + per-step calls) / CPU ms of off "
-          "(resolves what process-to-process noise hides):")
+        verdict = (
+            ""
+            if spec not in GOALS
+            else ("ok" if cpu[spec] / cpu["off"] <= GOALS[spec] else "MISSED")
+        )
+        print(
+            f"{spec:<10} {wall[spec]:>9.2f} {wall[spec] / wall['off']:>11.4f} {cpu[spec]:>9.2f} "
+            f"{cpu[spec] / cpu['off']:>10.4f} {goal:>9} {verdict}"
+        )
+    print(
+        f"cost per span (CPU, export and flush included): coarse {costs['coarse'] * 1e3:.1f} us, "
+        f"fine {costs['fine'] * 1e3:.1f} us; set_iteration + record_step {costs['step'] * 1e3:.1f} us"
+    )
+    print(
+        "estimated ratio = 1 + (spans per step x cost per span + per-step calls) / CPU ms of off "
+        "(resolves what process-to-process noise hides):"
+    )
     for spec in SPECS[1:]:
         coarse, fine = spans_per_step(spec)
         extra = coarse * costs["coarse"] + fine * costs["fine"] + costs["step"]
         est = 1 + extra / cpu["off"]
-        print(f"  {spec:<9} {coarse:>3} coarse + {fine:>3} fine spans/step -> {est:.4f} "
-              f"(goal <= {GOALS[spec]}) {'ok' if est <= GOALS[spec] else 'MISSED'}")
+        print(
+            f"  {spec:<9} {coarse:>3} coarse + {fine:>3} fine spans/step -> {est:.4f} "
+            f"(goal <= {GOALS[spec]}) {'ok' if est <= GOALS[spec] else 'MISSED'}"
+        )
     tokens = GLOBAL * SEQ
     for label, t in (("wall", wall), ("CPU", cpu)):
         ratio = t["plain"] / t["off"]
-        print(f"tokens/s ({label}): trainer off {tokens / t['off'] * 1e3:.0f}, plain PyTorch "
-              f"{tokens / t['plain'] * 1e3:.0f}, trainer/plain {ratio:.4f} (goal >= 0.95) "
-              f"{'ok' if ratio >= 0.95 else 'MISSED'}")
+        print(
+            f"tokens/s ({label}): trainer off {tokens / t['off'] * 1e3:.0f}, plain PyTorch "
+            f"{tokens / t['plain'] * 1e3:.0f}, trainer/plain {ratio:.4f} (goal >= 0.95) "
+            f"{'ok' if ratio >= 0.95 else 'MISSED'}"
+        )
     print(f"wall time {time.monotonic() - started:.0f} s")
 
 

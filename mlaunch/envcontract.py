@@ -56,6 +56,8 @@ def worker_run_dir(environ: Mapping[str, str], run_id: str) -> Path:
     """The run directory a worker uses: ``MLAUNCH_RUN_DIR`` or ``./runs/<run_id>/``."""
     given = environ.get(RUN_DIR, "").strip()
     return Path(given) if given else default_run_dir(run_id)
+
+
 #: With FAIL_AT_ITERATION: only this rank fails (test-only; unset = every rank).
 FAIL_RANK = "MLAUNCH_TEST_FAIL_RANK"
 #: Test-only: make the gradients of iteration k non-finite (exercises skip-and-count).

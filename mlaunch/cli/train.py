@@ -79,7 +79,9 @@ def _setting_parameters() -> list[inspect.Parameter]:
     for path, info in setting_paths():
         is_bool, metavar = _metavar(info.annotation)
         flag = flag_name(path)
-        panel = _PANELS["telemetry.otel" if path.startswith("telemetry.otel.") else path.split(".")[0]]
+        panel = _PANELS[
+            "telemetry.otel" if path.startswith("telemetry.otel.") else path.split(".")[0]
+        ]
         # Field docstrings use reST ``literals``; --help shows plain text.
         help_text = (info.description or "").replace("\n", " ").replace("``", "")
         if is_bool:
@@ -183,7 +185,9 @@ def run_train(
     try:
         result = execute(plan, started, show_secrets=show_secrets)
     except OSError as exc:
-        typer.echo(f"{flag_name('launch.run_dir')}: cannot create the run directory ({exc})", err=True)
+        typer.echo(
+            f"{flag_name('launch.run_dir')}: cannot create the run directory ({exc})", err=True
+        )
         return 2
     finally:
         for display in displays:

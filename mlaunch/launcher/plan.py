@@ -282,7 +282,9 @@ def unwritable_reason(path: Path) -> str | None:
                 return f"{quoted(str(path))}: no existing parent directory"
             probe = probe.parent
         if not probe.is_dir():
-            return f"{quoted(str(path))} cannot be created: {str(probe)!r} is a file, not a directory"
+            return (
+                f"{quoted(str(path))} cannot be created: {str(probe)!r} is a file, not a directory"
+            )
         if not os.access(probe, os.W_OK | os.X_OK):
             return f"{quoted(str(path))} cannot be created: {str(probe)!r} is not writable"
     except OSError as exc:  # e.g. a 5,000-character name: ENAMETOOLONG from stat itself
@@ -495,9 +497,7 @@ def _check_trainer_args(args: Sequence[str], world_size: int) -> list[tuple[str,
     return [(arg, msg) for arg, msg in validate(ns, world_size)]
 
 
-def torchrun_argv(
-    settings: Settings, run_id: str, log_dir: Path, entry: list[str]
-) -> list[str]:
+def torchrun_argv(settings: Settings, run_id: str, log_dir: Path, entry: list[str]) -> list[str]:
     """``python -m torch.distributed.run`` with the launch settings under torchrun's names."""
     launch = settings.launch
     argv = [sys.executable, "-m", "torch.distributed.run"]
@@ -555,7 +555,9 @@ def build_plan(
         problems.append(
             (flag_name("launch.rdzv_endpoint"), "required when --nnodes > 1 (host:port of node 0)")
         )
-    run_dir = Path(launch.run_dir).expanduser() if launch.run_dir else ec.default_run_dir(run_id, cwd)
+    run_dir = (
+        Path(launch.run_dir).expanduser() if launch.run_dir else ec.default_run_dir(run_id, cwd)
+    )
     if not run_dir.is_absolute():
         run_dir = cwd / run_dir
     if (why := unwritable_reason(run_dir)) is not None:
@@ -572,7 +574,11 @@ def build_plan(
         entry = ["-m", TRAINER_MODULE, *targs, *passthrough]
     else:
         target = ["-m", launch.module] if launch.module else [str((cwd / launch.script).resolve())]
-        extra = trainer_args(settings, run_dir, megatron=True) + otel_flags(settings) if launch.megatron_args else []
+        extra = (
+            trainer_args(settings, run_dir, megatron=True) + otel_flags(settings)
+            if launch.megatron_args
+            else []
+        )
         entry = [*target, *extra, *passthrough]
 
     p = settings.parallelism

@@ -46,7 +46,9 @@ def _ranks_text(ranks: list[int], world: int) -> str:
 def _sampler_text(plan: LaunchPlan) -> str:
     t = plan.settings.telemetry
     name = t.otel.traces_sampler or "parentbased_always_on"
-    trace = name + (f" (ratio {t.otel.traces_sampler_arg})" if t.otel.traces_sampler_arg is not None else "")
+    trace = name + (
+        f" (ratio {t.otel.traces_sampler_arg})" if t.otel.traces_sampler_arg is not None else ""
+    )
     if t.sampler_enabled:
         return f"trace: {trace}; rank-aware: on, keeps ranks under rate {t.export_sample_rate} (composed)"
     return f"trace: {trace}; rank-aware: off"
@@ -132,7 +134,11 @@ def summary(plan: LaunchPlan) -> Group:
         return Group(Panel(Group(*parts), title="mlaunch train"))
     groups = format_groups(t.groups).replace(",", ", ") or "(none)"
     table.add_row("telemetry", f"on, span groups {t.span_groups!r} = {groups}")
-    table.add_row("export strategy", t.export_strategy + (f" (rank {t.export_rank})" if t.export_strategy == "single_rank" else ""))
+    table.add_row(
+        "export strategy",
+        t.export_strategy
+        + (f" (rank {t.export_rank})" if t.export_strategy == "single_rank" else ""),
+    )
     table.add_row("exporting ranks", _ranks_text(plan.exporting_ranks, s.world_size))
     table.add_row("samplers", _sampler_text(plan))
     table.add_row("exporter", _exporter_text(plan))
@@ -182,7 +188,8 @@ class PlainDisplay:
         if "eval_loss" in record:
             self.console.print(
                 f"eval at iteration {record.get('iteration')}: loss {_fmt(record, 'eval_loss', '.4f')}",
-                highlight=False, soft_wrap=True,
+                highlight=False,
+                soft_wrap=True,
             )
             return
         iteration = record.get("iteration")
@@ -199,14 +206,17 @@ class PlainDisplay:
             f" | {_fmt(record, 'tokens_per_sec', ',.0f')} tokens/s"
             f" | {_fmt(record, 'step_ms', '.1f')} ms/step"
             + (" | skipped" if record.get("skipped") else ""),
-            highlight=False, soft_wrap=True,
+            highlight=False,
+            soft_wrap=True,
         )
 
     def interrupted(self, signum: int) -> None:
         """Say that a signal was forwarded."""
         self.console.print(
             f"{signal.Signals(signum).name}: asking the workers to finish the iteration,"
-            " save and flush telemetry", highlight=False, soft_wrap=True,
+            " save and flush telemetry",
+            highlight=False,
+            soft_wrap=True,
         )
 
     def close(self) -> None:
@@ -279,8 +289,10 @@ def print_result(
             console.print(Text("  (its log is on the node that ran it)"), soft_wrap=True)
     if result.exit_code != 0 and not result.failures and result.interrupted is None:
         console.print(
-            Text(f"torchrun exited with {result.exit_code}; last lines of {torchrun_log(plan)}:",
-                 style="bold red"),
+            Text(
+                f"torchrun exited with {result.exit_code}; last lines of {torchrun_log(plan)}:",
+                style="bold red",
+            ),
             soft_wrap=True,
         )
         for line in result.torchrun_tail or ["(no output)"]:
@@ -297,11 +309,15 @@ def print_result(
         last = train[-1]
         table.add_row("iterations", f"{last.get('iteration')}/{last.get('train_iters')}")
         table.add_row("final loss", _fmt(last, "loss", ".4f"))
-        tps = [r["tokens_per_sec"] for r in train if isinstance(r.get("tokens_per_sec"), int | float)]
+        tps = [
+            r["tokens_per_sec"] for r in train if isinstance(r.get("tokens_per_sec"), int | float)
+        ]
         if tps:
             table.add_row("tokens/s", f"{statistics.mean(tps):,.0f} (mean of {len(tps)} records)")
     table.add_row("wall time", f"{result.wall_s:.1f} s")
-    console.print(Panel(table, title="run", border_style="green" if result.exit_code == 0 else "red"))
+    console.print(
+        Panel(table, title="run", border_style="green" if result.exit_code == 0 else "red")
+    )
     plain = [f"run dir: {plan.run_dir}", f"logs:    {plan.log_dir}"]
     t = plan.settings.telemetry
     if t.enabled and t.exporter == "file":

@@ -139,9 +139,7 @@ def _tail(path: Path, n: int = LOG_TAIL_LINES) -> list[str]:
 def _local_rank_dirs(plan: LaunchPlan, since: float) -> dict[int, Path]:
     """This node's per-local-rank log folders of the latest torchrun attempt of this launch."""
     attempts = [
-        p
-        for p in plan.log_dir.glob("*/attempt_*")
-        if p.is_dir() and p.stat().st_mtime >= since - 1
+        p for p in plan.log_dir.glob("*/attempt_*") if p.is_dir() and p.stat().st_mtime >= since - 1
     ]
     if not attempts:
         return {}
@@ -206,7 +204,11 @@ def collect_failures(plan: LaunchPlan, since: float) -> list[RankFailure]:
             continue
         exc_type, message = _torchelastic_error(folder / "error.json")
         log_path, tail = _rank_log(folder)
-        rank = plan.settings.launch.node_rank * nproc + local if plan.settings.launch.nnodes == 1 else None
+        rank = (
+            plan.settings.launch.node_rank * nproc + local
+            if plan.settings.launch.nnodes == 1
+            else None
+        )
         node = plan.settings.launch.node_rank if plan.settings.launch.nnodes == 1 else None
         failures.append(RankFailure(rank, local, node, exc_type, message, log_path, tail))
     if not failures:

@@ -29,58 +29,87 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--num-attention-heads", type=int, default=4, help="attention heads")
     model.add_argument("--seq-length", type=int, default=64, help="tokens per sample")
     model.add_argument(
-        "--untie-embeddings", action="store_true",
+        "--untie-embeddings",
+        action="store_true",
         help="use a separate LM-head matrix instead of the input embedding (mlaunch)",
     )
 
     train = p.add_argument_group("training")
     train.add_argument("--micro-batch-size", type=int, default=2, help="samples per microbatch")
     train.add_argument(
-        "--global-batch-size", type=int, default=None,
+        "--global-batch-size",
+        type=int,
+        default=None,
         help="samples per iteration = micro batch x microbatches x DP (default: micro x DP)",
     )
     train.add_argument("--train-iters", type=int, default=40, help="iterations to train in total")
     train.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
-    train.add_argument("--min-lr", type=float, default=3e-4, help="final learning rate of the cosine decay")
+    train.add_argument(
+        "--min-lr", type=float, default=3e-4, help="final learning rate of the cosine decay"
+    )
     train.add_argument("--lr-warmup-iters", type=int, default=5, help="linear warm-up iterations")
     train.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
-    train.add_argument("--clip-grad", type=float, default=1.0, help="global gradient-norm clip (0: off)")
+    train.add_argument(
+        "--clip-grad", type=float, default=1.0, help="global gradient-norm clip (0: off)"
+    )
     train.add_argument("--seed", type=int, default=1234, help="seed for weights and data order")
     train.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
-    train.add_argument("--fp16", action="store_true", help="float16 autocast with dynamic loss scaling")
     train.add_argument(
-        "--exit-interval", type=int, default=None,
+        "--fp16", action="store_true", help="float16 autocast with dynamic loss scaling"
+    )
+    train.add_argument(
+        "--exit-interval",
+        type=int,
+        default=None,
         help="stop (checkpointing if --save) once the iteration is a multiple of this",
     )
     train.add_argument("--log-interval", type=int, default=10, help="iterations between log lines")
-    train.add_argument("--eval-interval", type=int, default=1000, help="iterations between evaluations")
-    train.add_argument("--eval-iters", type=int, default=10, help="batches per evaluation (0: none)")
     train.add_argument(
-        "--offload-activations", action="store_true",
+        "--eval-interval", type=int, default=1000, help="iterations between evaluations"
+    )
+    train.add_argument(
+        "--eval-iters", type=int, default=10, help="batches per evaluation (0: none)"
+    )
+    train.add_argument(
+        "--offload-activations",
+        action="store_true",
         help="move saved activations to CPU after forward and back before backward (mlaunch)",
     )
     train.add_argument(
-        "--sample-tokens", type=int, default=0,
+        "--sample-tokens",
+        type=int,
+        default=0,
         help="at each evaluation, generate this many tokens as a text completion (mlaunch)",
     )
 
     data = p.add_argument_group("data")
     data.add_argument(
-        "--data-path", default=None,
+        "--data-path",
+        default=None,
         help="text file or folder of text (byte-level tokens); default: Python's stdlib sources",
     )
     data.add_argument(
-        "--eval-fraction", type=float, default=0.05,
+        "--eval-fraction",
+        type=float,
+        default=0.05,
         help="share of the corpus held out for evaluation (mlaunch)",
     )
 
     ckpt = p.add_argument_group("checkpointing")
     ckpt.add_argument("--save", default=None, help="directory to save checkpoints to")
-    ckpt.add_argument("--load", default=None, help="directory to resume from (latest valid checkpoint)")
-    ckpt.add_argument("--save-interval", type=int, default=None, help="iterations between saves")
-    ckpt.add_argument("--keep-last", type=int, default=0, help="keep only the last K checkpoints (0: all; mlaunch)")
     ckpt.add_argument(
-        "--preempt-signals", default=None,
+        "--load", default=None, help="directory to resume from (latest valid checkpoint)"
+    )
+    ckpt.add_argument("--save-interval", type=int, default=None, help="iterations between saves")
+    ckpt.add_argument(
+        "--keep-last",
+        type=int,
+        default=0,
+        help="keep only the last K checkpoints (0: all; mlaunch)",
+    )
+    ckpt.add_argument(
+        "--preempt-signals",
+        default=None,
         help="comma-separated signals that stop training gracefully (finish the iteration, save, "
         "flush telemetry, exit 0); default: $MLAUNCH_PREEMPT_SIGNALS, else SIGTERM "
         "(plus SIGUSR1 under SLURM) (mlaunch)",
@@ -89,14 +118,18 @@ def build_parser() -> argparse.ArgumentParser:
     par = p.add_argument_group("parallelism")
     par.add_argument("--pipeline-model-parallel-size", type=int, default=1, help="pipeline stages")
     par.add_argument(
-        "--tensor-model-parallel-size", type=int, default=1,
+        "--tensor-model-parallel-size",
+        type=int,
+        default=1,
         help="accepted for Megatron-LM compatibility; only 1 is supported",
     )
 
     otel = p.add_argument_group("telemetry")
     otel.add_argument("--otel-enabled", action="store_true", help="turn telemetry on")
     otel.add_argument("--otel-service-name", default=None, help="OTel service.name")
-    otel.add_argument("--otel-span-groups", default=None, help="span-group spec, e.g. default,microbatch")
+    otel.add_argument(
+        "--otel-span-groups", default=None, help="span-group spec, e.g. default,microbatch"
+    )
     return p
 
 
@@ -128,8 +161,18 @@ def validate(ns: argparse.Namespace, world_size: int) -> list[Problem]:
     """
     problems: list[Problem] = []
     _positive(
-        ns, problems, "num_layers", "hidden_size", "num_attention_heads", "micro_batch_size",
-        "global_batch_size", "train_iters", "log_interval", "exit_interval", "eval_interval", "save_interval",
+        ns,
+        problems,
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "micro_batch_size",
+        "global_batch_size",
+        "train_iters",
+        "log_interval",
+        "exit_interval",
+        "eval_interval",
+        "save_interval",
         "pipeline_model_parallel_size",
     )
     if ns.seq_length < 2:
@@ -140,19 +183,25 @@ def validate(ns: argparse.Namespace, world_size: int) -> list[Problem]:
     for name in ("lr", "min_lr", "weight_decay", "clip_grad"):
         # isfinite first: nan passes every comparison, inf passes every lower bound.
         if not math.isfinite(getattr(ns, name)) or getattr(ns, name) < 0:
-            problems.append((_flag(name), f"must be a finite number, 0 or more, got {getattr(ns, name)}"))
+            problems.append(
+                (_flag(name), f"must be a finite number, 0 or more, got {getattr(ns, name)}")
+            )
     if not 0 <= ns.seed <= 2**32 - 1:  # torch's generator seed overflows far above this
         problems.append(("--seed", f"must be in [0, 2**32-1], got {ns.seed}"))
     if ns.min_lr > ns.lr:
         problems.append(("--min-lr", f"{ns.min_lr} is above --lr {ns.lr}; use a value <= --lr"))
     if not 0.0 < ns.eval_fraction < 1.0:
-        problems.append(("--eval-fraction", f"must be between 0 and 1 (exclusive), got {ns.eval_fraction}"))
+        problems.append(
+            ("--eval-fraction", f"must be between 0 and 1 (exclusive), got {ns.eval_fraction}")
+        )
     if ns.tensor_model_parallel_size != 1:
-        problems.append((
-            "--tensor-model-parallel-size",
-            f"only 1 is supported (got {ns.tensor_model_parallel_size}): mlaunch's trainer has no "
-            "tensor parallelism; use --pipeline-model-parallel-size and data parallelism instead",
-        ))
+        problems.append(
+            (
+                "--tensor-model-parallel-size",
+                f"only 1 is supported (got {ns.tensor_model_parallel_size}): mlaunch's trainer has no "
+                "tensor parallelism; use --pipeline-model-parallel-size and data parallelism instead",
+            )
+        )
     if ns.bf16 and ns.fp16:
         problems.append(("--fp16", "--bf16 and --fp16 exclude each other; pick one"))
     if ns.save_interval is not None and ns.save is None:
@@ -162,7 +211,9 @@ def validate(ns: argparse.Namespace, world_size: int) -> list[Problem]:
     except ValueError as exc:
         problems.append(("--preempt-signals", str(exc)))
     if ns.data_path is not None and not os.path.exists(ns.data_path):
-        problems.append(("--data-path", f"{ns.data_path!r} does not exist; give a text file or folder"))
+        problems.append(
+            ("--data-path", f"{ns.data_path!r} does not exist; give a text file or folder")
+        )
     if ns.otel_span_groups is not None:
         from mlaunch.model.spec import SpanSpecError, resolve
 
@@ -174,34 +225,46 @@ def validate(ns: argparse.Namespace, world_size: int) -> list[Problem]:
     pp = ns.pipeline_model_parallel_size
     if pp >= 1:
         if world_size % pp:
-            problems.append((
-                "--pipeline-model-parallel-size",
-                f"world size {world_size} is not divisible by {pp} pipeline stages; "
-                f"start a multiple of {pp} processes or change the stage count",
-            ))
+            problems.append(
+                (
+                    "--pipeline-model-parallel-size",
+                    f"world size {world_size} is not divisible by {pp} pipeline stages; "
+                    f"start a multiple of {pp} processes or change the stage count",
+                )
+            )
         if ns.num_layers >= 1 and ns.num_layers % pp:
-            problems.append((
-                "--num-layers",
-                f"{ns.num_layers} layers cannot be split evenly over {pp} pipeline stages; "
-                f"use a multiple of {pp}",
-            ))
-    if ns.hidden_size >= 1 and ns.num_attention_heads >= 1 and ns.hidden_size % ns.num_attention_heads:
-        problems.append((
-            "--num-attention-heads",
-            f"{ns.num_attention_heads} heads do not divide --hidden-size {ns.hidden_size}; "
-            "pick a head count that divides the hidden size",
-        ))
+            problems.append(
+                (
+                    "--num-layers",
+                    f"{ns.num_layers} layers cannot be split evenly over {pp} pipeline stages; "
+                    f"use a multiple of {pp}",
+                )
+            )
+    if (
+        ns.hidden_size >= 1
+        and ns.num_attention_heads >= 1
+        and ns.hidden_size % ns.num_attention_heads
+    ):
+        problems.append(
+            (
+                "--num-attention-heads",
+                f"{ns.num_attention_heads} heads do not divide --hidden-size {ns.hidden_size}; "
+                "pick a head count that divides the hidden size",
+            )
+        )
     dp = world_size // pp if pp >= 1 and world_size % pp == 0 else None
     if dp is not None and ns.micro_batch_size >= 1:
         if ns.global_batch_size is None:
             ns.global_batch_size = ns.micro_batch_size * dp
         elif ns.global_batch_size >= 1 and ns.global_batch_size % (ns.micro_batch_size * dp):
             unit = ns.micro_batch_size * dp
-            problems.append((
-                "--global-batch-size",
-                f"{ns.global_batch_size} is not divisible by micro batch size x data-parallel size "
-                f"({ns.micro_batch_size} x {dp} = {unit}); use a multiple of {unit}",
-            ))
+            problems.append(
+                (
+                    "--global-batch-size",
+                    f"{ns.global_batch_size} is not divisible by micro batch size x data-parallel size "
+                    f"({ns.micro_batch_size} x {dp} = {unit}); use a multiple of {unit}",
+                )
+            )
     return problems
 
 
@@ -232,7 +295,9 @@ def preempt_signals(
             continue
         name = word if word.startswith("SIG") else "SIG" + word
         if name in _UNCATCHABLE:
-            raise ValueError(f"{part.strip()!r} cannot be caught by a process; use e.g. SIGTERM,SIGUSR1")
+            raise ValueError(
+                f"{part.strip()!r} cannot be caught by a process; use e.g. SIGTERM,SIGUSR1"
+            )
         if not isinstance(getattr(signal, name, None), signal.Signals) or name.startswith("SIG_"):
             raise ValueError(f"{part.strip()!r} is not a signal name; use e.g. SIGTERM,SIGUSR1")
         if name not in names:

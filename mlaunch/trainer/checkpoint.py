@@ -85,15 +85,22 @@ def committed_iterations(root: Path) -> list[int]:
 
 
 def save_checkpoint(
-    root: str | Path, iteration: int, topo: Topology, build_state: Callable[[], dict[str, Any]],
-    *, keep_last: int, log: Log,
+    root: str | Path,
+    iteration: int,
+    topo: Topology,
+    build_state: Callable[[], dict[str, Any]],
+    *,
+    keep_last: int,
+    log: Log,
 ) -> None:
     """Save this stage's shard of iteration ``iteration`` (collective over all ranks)."""
     root = Path(root)
     final = root / iter_dir_name(iteration)
     tmp = root / f".tmp.{iter_dir_name(iteration)}"
     writer = topo.dp_rank == 0
-    with telemetry.span(SpanGroup.CHECKPOINT, SpanName.SAVE_CHECKPOINT, **{Attr.ITERATION.value: iteration}):
+    with telemetry.span(
+        SpanGroup.CHECKPOINT, SpanName.SAVE_CHECKPOINT, **{Attr.ITERATION.value: iteration}
+    ):
         with telemetry.span(SpanGroup.CHECKPOINT, SpanName.SAVE_CHECKPOINT_STATE_DICT):
             state = build_state() if writer else None
         with telemetry.span(SpanGroup.CHECKPOINT, SpanName.SAVE_CHECKPOINT_IO_WRITE):
@@ -117,7 +124,11 @@ def save_checkpoint(
                         f.write(data)
                         f.flush()
                         os.fsync(f.fileno())
-                    entry = {"path": rel, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+                    entry = {
+                        "path": rel,
+                        "size": len(data),
+                        "sha256": hashlib.sha256(data).hexdigest(),
+                    }
                     (shard / _SIDECAR).write_text(json.dumps(entry))
                 _maybe_pause_in_save(iteration, topo.rank, root)
             _barrier(topo)
@@ -181,7 +192,8 @@ def verify(directory: Path) -> str | None:
         return f"unreadable manifest ({exc})"
     # Every pipeline stage's shard must be listed (and verify below), not just the ones present.
     missing = [
-        shard_dir_name(stage, stages) for stage in range(stages)
+        shard_dir_name(stage, stages)
+        for stage in range(stages)
         if f"{shard_dir_name(stage, stages)}/{MODEL_FILE}" not in paths
     ]
     if missing:
@@ -210,7 +222,9 @@ def find_valid_checkpoint(root: Path, log: Log) -> int | None:
     except (OSError, ValueError) as exc:
         if root.is_dir() and committed_iterations(root):
             log(f"checkpoint marker {root / TRACKER_FILE} unusable ({exc}); scanning directories")
-    candidates = [it for it in reversed(committed_iterations(root)) if marker is None or it <= marker]
+    candidates = [
+        it for it in reversed(committed_iterations(root)) if marker is None or it <= marker
+    ]
     if marker is not None and marker not in candidates:
         log(f"checkpoint {root / iter_dir_name(marker)} named by the marker does not exist")
     found = None
@@ -221,7 +235,9 @@ def find_valid_checkpoint(root: Path, log: Log) -> int | None:
             break
         log(f"checkpoint {root / iter_dir_name(it)} is invalid: {problem}; trying the previous one")
     for unfinished in sorted(root.glob(".tmp.iter_*")) if root.is_dir() else ():
-        log(f"ignoring unfinished checkpoint save {unfinished} (no manifest: the save did not finish)")
+        log(
+            f"ignoring unfinished checkpoint save {unfinished} (no manifest: the save did not finish)"
+        )
     return found
 
 
@@ -232,7 +248,9 @@ def has_checkpoint(root: str | Path) -> bool:
     return (root / TRACKER_FILE).is_file() or bool(committed_iterations(root))
 
 
-def load_checkpoint(root: str | Path, topo: Topology, log: Log) -> tuple[int, dict[str, Any] | None]:
+def load_checkpoint(
+    root: str | Path, topo: Topology, log: Log
+) -> tuple[int, dict[str, Any] | None]:
     """Rank 0 picks a verified checkpoint and tells everyone; each rank reads its stage's shard.
 
     Returns (iteration, state) or (0, None) when there is nothing to resume from. Runs inside the
@@ -261,8 +279,10 @@ def load_checkpoint(root: str | Path, topo: Topology, log: Log) -> tuple[int, di
         state = torch.load(path, map_location="cpu", weights_only=False)
     newest = _newest_attempted(root) if topo.rank == 0 else None
     if newest is not None and newest > chosen:
-        log(f"resuming from checkpoint {root / iter_dir_name(chosen)}, the previous valid one "
-            f"(the save of iteration {newest} is unfinished or damaged)")
+        log(
+            f"resuming from checkpoint {root / iter_dir_name(chosen)}, the previous valid one "
+            f"(the save of iteration {newest} is unfinished or damaged)"
+        )
     else:
         log(f"resuming from checkpoint {root / iter_dir_name(chosen)}")
     return chosen, state

@@ -87,12 +87,20 @@ class TokenData:
         self.seed = seed
 
     def batch(
-        self, index: int, *, global_batch: int, first_row: int, micro: int, num_micro: int,
+        self,
+        index: int,
+        *,
+        global_batch: int,
+        first_row: int,
+        micro: int,
+        num_micro: int,
         eval_split: bool = False,
     ) -> Batch:
         """Rows ``first_row .. first_row + micro*num_micro`` of global batch ``index``."""
         source = self.eval if eval_split else self.train
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + index + (_EVAL_STREAM if eval_split else 0))
+        g = torch.Generator().manual_seed(
+            self.seed * 1_000_003 + index + (_EVAL_STREAM if eval_split else 0)
+        )
         starts = torch.randint(0, len(source) - self.seq_length - 1, (global_batch,), generator=g)
         rows = starts[first_row : first_row + micro * num_micro]
         window = torch.arange(self.seq_length + 1)

@@ -116,7 +116,9 @@ class StopFlag:
         read_fd, write_fd = os.pipe()
         os.set_blocking(write_fd, False)
         signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-        threading.Thread(target=self._watch, args=(read_fd,), name="mlaunch-signal-watchdog", daemon=True).start()
+        threading.Thread(
+            target=self._watch, args=(read_fd,), name="mlaunch-signal-watchdog", daemon=True
+        ).start()
 
     def _handle(self, signum: int, _frame: object) -> None:
         self.signal = signum
@@ -133,7 +135,9 @@ class StopFlag:
                 print(
                     f"{PROG}: signal {received[0]} not handled within {self.STUCK_AFTER_S:.0f} s "
                     "(the main thread is blocked, likely in a collective with a dead peer); "
-                    "flushing telemetry and exiting", file=sys.stderr, flush=True,
+                    "flushing telemetry and exiting",
+                    file=sys.stderr,
+                    flush=True,
                 )
                 telemetry.shutdown()
                 os._exit(128 + received[0])
@@ -172,7 +176,9 @@ def lr_at(args: argparse.Namespace, iteration: int) -> float:
     return args.min_lr + 0.5 * (1 + math.cos(math.pi * ratio)) * (args.lr - args.min_lr)
 
 
-def write_error_file(run_dir: Path | None, rank: int, exc: BaseException, iteration: int | None) -> None:
+def write_error_file(
+    run_dir: Path | None, rank: int, exc: BaseException, iteration: int | None
+) -> None:
     """``error-rank{R}.json``: what the launcher shows when this rank fails."""
     if run_dir is None:
         return
@@ -186,7 +192,9 @@ def write_error_file(run_dir: Path | None, rank: int, exc: BaseException, iterat
     }
     with contextlib.suppress(OSError):
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / envcontract.ERROR_FILE_TEMPLATE.format(rank=rank)).write_text(json.dumps(record, indent=1))
+        (run_dir / envcontract.ERROR_FILE_TEMPLATE.format(rank=rank)).write_text(
+            json.dumps(record, indent=1)
+        )
 
 
 class Progress:
@@ -198,7 +206,10 @@ class Progress:
 
     def write(self, **record: Any) -> None:
         if self.file is not None:
-            clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+            clean = {
+                k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                for k, v in record.items()
+            }
             self.file.write(json.dumps(clean) + "\n")
             self.file.flush()
 
@@ -235,12 +246,16 @@ class StepResult:
 class Trainer:
     """Holds the model, optimizer, data and state of one process; :meth:`run` is the recipe."""
 
-    def __init__(self, args: argparse.Namespace, topo: Topology, run_dir: Path, stop: StopFlag) -> None:
+    def __init__(
+        self, args: argparse.Namespace, topo: Topology, run_dir: Path, stop: StopFlag
+    ) -> None:
         self.args, self.topo, self.run_dir, self.stop = args, topo, run_dir, stop
         self.num_micro = args.global_batch_size // (args.micro_batch_size * topo.dp)
         self.cfg = GPTConfig(
-            num_layers=args.num_layers, hidden_size=args.hidden_size,
-            num_heads=args.num_attention_heads, seq_length=args.seq_length,
+            num_layers=args.num_layers,
+            hidden_size=args.hidden_size,
+            num_heads=args.num_attention_heads,
+            seq_length=args.seq_length,
             tie_embeddings=not args.untie_embeddings,
         )
         self.state = TrainState(loss_scale=2.0**16 if args.fp16 else 1.0)
@@ -256,8 +271,13 @@ class Trainer:
         decay = [p for p in params if p.dim() >= 2]
         no_decay = [p for p in params if p.dim() < 2]  # biases and norms, as in Megatron
         self.optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
+            [
+                {"params": decay, "weight_decay": args.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=args.lr,
+            betas=(0.9, 0.95),
+            eps=1e-8,
         )
         self.grads = GradBuffer(params)
         tied = self.model.tied_copy
@@ -265,11 +285,17 @@ class Trainer:
         self.norm_grads = [p.grad for p in params if p is not tied]
         dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else None
         device_type = topo.device.type
-        self.autocast = (lambda: torch.autocast(device_type, dtype=dtype)) if dtype else (lambda: _NULL)
+        self.autocast = (
+            (lambda: torch.autocast(device_type, dtype=dtype)) if dtype else (lambda: _NULL)
+        )
         shape = (args.micro_batch_size, args.seq_length, args.hidden_size)
         self.ctx = StepContext(
-            self.model, P2P(topo, shape), self.autocast, self.state.loss_scale,
-            args.offload_activations, frozenset(id(p) for p in params),
+            self.model,
+            P2P(topo, shape),
+            self.autocast,
+            self.state.loss_scale,
+            args.offload_activations,
+            frozenset(id(p) for p in params),
         )
         self.gen_p2p = P2P(topo, (1, args.seq_length, args.hidden_size))
 
@@ -278,7 +304,9 @@ class Trainer:
             corpus = load_corpus(self.args.data_path)
         with telemetry.trace_region("data.split"):
             self.data = TokenData(
-                corpus, seq_length=self.args.seq_length, eval_fraction=self.args.eval_fraction,
+                corpus,
+                seq_length=self.args.seq_length,
+                eval_fraction=self.args.eval_fraction,
                 seed=self.args.seed,
             )
 
@@ -313,8 +341,11 @@ class Trainer:
     def arch(self) -> dict[str, Any]:
         a = self.args
         return {
-            "num_layers": a.num_layers, "hidden_size": a.hidden_size, "seq_length": a.seq_length,
-            "num_attention_heads": a.num_attention_heads, "pipeline_stages": self.topo.pp,
+            "num_layers": a.num_layers,
+            "hidden_size": a.hidden_size,
+            "seq_length": a.seq_length,
+            "num_attention_heads": a.num_attention_heads,
+            "pipeline_stages": self.topo.pp,
             "tied": not a.untie_embeddings,
         }
 
@@ -340,29 +371,40 @@ class Trainer:
 
     def save(self) -> None:
         checkpoint.save_checkpoint(
-            self.args.save, self.state.iteration, self.topo, self.state_dict,
-            keep_last=self.args.keep_last, log=lambda m: log(self.topo, m),
+            self.args.save,
+            self.state.iteration,
+            self.topo,
+            self.state_dict,
+            keep_last=self.args.keep_last,
+            log=lambda m: log(self.topo, m),
         )
         self.last_saved = self.state.iteration
 
     # -- one iteration ----------------------------------------------------------------------
     def train_step(self, iteration: int) -> StepResult:
         args, topo, s = self.args, self.topo, self.state
-        with telemetry.span(G.STEP, SpanName.TRAIN_STEP, **{Attr.ITERATION.value: iteration}) as step_span:
+        with telemetry.span(
+            G.STEP, SpanName.TRAIN_STEP, **{Attr.ITERATION.value: iteration}
+        ) as step_span:
             _maybe_fail(iteration, topo.rank)
             with telemetry.span(G.DATA_LOADING, SpanName.GET_BATCH):
                 batch = self.data.batch(
-                    s.consumed_samples // args.global_batch_size, global_batch=args.global_batch_size,
+                    s.consumed_samples // args.global_batch_size,
+                    global_batch=args.global_batch_size,
                     first_row=topo.dp_rank * args.micro_batch_size * self.num_micro,
-                    micro=args.micro_batch_size, num_micro=self.num_micro,
+                    micro=args.micro_batch_size,
+                    num_micro=self.num_micro,
                 )
                 batch.tokens = [t.to(topo.device, non_blocking=True) for t in batch.tokens]
                 batch.targets = [t.to(topo.device, non_blocking=True) for t in batch.targets]
 
             self.grads.zero()
             self.ctx.loss_scale = s.loss_scale
-            with telemetry.span(G.FORWARD_BACKWARD, SpanName.FORWARD_BACKWARD,
-                                **{Attr.NUM_MICROBATCHES.value: self.num_micro}):
+            with telemetry.span(
+                G.FORWARD_BACKWARD,
+                SpanName.FORWARD_BACKWARD,
+                **{Attr.NUM_MICROBATCHES.value: self.num_micro},
+            ):
                 loss = forward_backward_1f1b(self.ctx, batch, self.num_micro, topo.pp_rank, topo.pp)
 
             _maybe_poison(iteration, self.grads.flat)
@@ -408,8 +450,18 @@ class Trainer:
             self.grads.flat.div_(s.loss_scale)
         norms = torch._foreach_norm(self.norm_grads)
         sq = torch.stack(norms).double().square().sum()
-        loss_t = loss.double() if loss is not None else torch.zeros((), dtype=torch.float64, device=sq.device)
-        stats = torch.stack([sq, loss_t, torch.tensor(float(self.stop.requested), dtype=torch.float64, device=sq.device)])
+        loss_t = (
+            loss.double()
+            if loss is not None
+            else torch.zeros((), dtype=torch.float64, device=sq.device)
+        )
+        stats = torch.stack(
+            [
+                sq,
+                loss_t,
+                torch.tensor(float(self.stop.requested), dtype=torch.float64, device=sq.device),
+            ]
+        )
         if topo.distributed and topo.world_size > 1:
             dist.all_reduce(stats)
         # .tolist() is a CPU-GPU sync point: the skip / clip decision needs the norm on the host.
@@ -433,15 +485,22 @@ class Trainer:
     # -- evaluation and generation ----------------------------------------------------------
     def evaluate(self, iteration: int, progress: Progress) -> None:
         args, topo = self.args, self.topo
-        with telemetry.span(G.EVALUATE, SpanName.EVALUATE, **{Attr.EVAL_ITERS.value: args.eval_iters}):
+        with telemetry.span(
+            G.EVALUATE, SpanName.EVALUATE, **{Attr.EVAL_ITERS.value: args.eval_iters}
+        ):
             self.model.eval()
             total = torch.zeros((), dtype=torch.float64, device=topo.device)
             for k in range(args.eval_iters):
-                with telemetry.span(G.EVALUATE, SpanName.EVALUATE_STEP, **{Attr.EVAL_ITERATION.value: k + 1}):
+                with telemetry.span(
+                    G.EVALUATE, SpanName.EVALUATE_STEP, **{Attr.EVAL_ITERATION.value: k + 1}
+                ):
                     batch = self.data.batch(
-                        k, global_batch=args.global_batch_size, eval_split=True,
+                        k,
+                        global_batch=args.global_batch_size,
+                        eval_split=True,
                         first_row=topo.dp_rank * args.micro_batch_size * self.num_micro,
-                        micro=args.micro_batch_size, num_micro=self.num_micro,
+                        micro=args.micro_batch_size,
+                        num_micro=self.num_micro,
                     )
                     batch.tokens = [t.to(topo.device) for t in batch.tokens]
                     batch.targets = [t.to(topo.device) for t in batch.targets]
@@ -458,8 +517,12 @@ class Trainer:
             if sample is not None:
                 record["sample"] = sample
             progress.write(**record)
-            log(topo, f"iteration {iteration} | eval loss {eval_loss:.4f}"
-                + (f" | sample {sample!r}" if sample is not None else ""), all_ranks=True)
+            log(
+                topo,
+                f"iteration {iteration} | eval loss {eval_loss:.4f}"
+                + (f" | sample {sample!r}" if sample is not None else ""),
+                all_ranks=True,
+            )
 
     @torch.no_grad()
     def generate(self) -> str | None:
@@ -478,7 +541,7 @@ class Trainer:
         }
         with telemetry.span(G.INFERENCE, text_completion_name(self.model_name), **attrs):
             for _ in range(args.sample_tokens):
-                window = tokens[-args.seq_length:]
+                window = tokens[-args.seq_length :]
                 # Right-padded to the fixed shape the P2P buffers expect; causal attention keeps
                 # the padding from influencing the positions that matter.
                 x = torch.zeros((1, args.seq_length), dtype=torch.int64, device=topo.device)
@@ -500,7 +563,8 @@ class Trainer:
     def run(self) -> None:
         args, topo = self.args, self.topo
         pretrain_attrs = {
-            Attr.MODEL_TYPE.value: MODEL_TYPE, Attr.TRAIN_ITERS.value: args.train_iters,
+            Attr.MODEL_TYPE.value: MODEL_TYPE,
+            Attr.TRAIN_ITERS.value: args.train_iters,
             Attr.GLOBAL_BATCH_SIZE.value: args.global_batch_size,
         }
         with telemetry.span(G.JOB, SpanName.PRETRAIN, **pretrain_attrs):
@@ -516,7 +580,9 @@ class Trainer:
                         self.restore(ckpt, load)
                     if load_span is not None:
                         load_span.set_attribute(Attr.ITERATION, iteration)
-            with telemetry.span(G.JOB, SpanName.TRAIN, **{Attr.TRAIN_ITERS.value: args.train_iters}):
+            with telemetry.span(
+                G.JOB, SpanName.TRAIN, **{Attr.TRAIN_ITERS.value: args.train_iters}
+            ):
                 self.train_loop()
 
     def resume_from_save(self) -> str | None:
@@ -532,7 +598,10 @@ class Trainer:
             dist.broadcast(t, src=0)
             found = bool(t.item())
         if found:
-            log(topo, f"--load not given: resuming from --save {args.save}, which holds a checkpoint")
+            log(
+                topo,
+                f"--load not given: resuming from --save {args.save}, which holds a checkpoint",
+            )
         return args.save if found else None
 
     def train_loop(self) -> None:
@@ -541,15 +610,23 @@ class Trainer:
         tokens_per_iter = args.global_batch_size * args.seq_length
         # 6N per token for forward+backward of the weights, plus attention scores.
         flops_per_iter = tokens_per_iter * (
-            6 * count_parameters(self.cfg) + 12 * args.num_layers * args.hidden_size * args.seq_length
+            6 * count_parameters(self.cfg)
+            + 12 * args.num_layers * args.hidden_size * args.seq_length
         )
         first = True
         try:
             while s.iteration < args.train_iters:
                 iteration = s.iteration + 1
                 telemetry.set_iteration(iteration)
-                wrap = (telemetry.span(G.FIRST_ITERATION, SpanName.FIRST_ITERATION,
-                                       **{Attr.ITERATION.value: iteration}) if first else _NULL)
+                wrap = (
+                    telemetry.span(
+                        G.FIRST_ITERATION,
+                        SpanName.FIRST_ITERATION,
+                        **{Attr.ITERATION.value: iteration},
+                    )
+                    if first
+                    else _NULL
+                )
                 t0, cpu0 = time.perf_counter(), time.process_time()
                 with wrap:
                     result = self.train_step(iteration)
@@ -562,28 +639,51 @@ class Trainer:
 
                 lr = lr_at(args, iteration)
                 tokens_per_sec = tokens_per_iter / step_s
-                memory_gb = torch.cuda.memory_allocated(topo.device) / 2**30 if topo.device.type == "cuda" else None
+                memory_gb = (
+                    torch.cuda.memory_allocated(topo.device) / 2**30
+                    if topo.device.type == "cuda"
+                    else None
+                )
                 telemetry.record_step(
-                    iteration, step_ms=step_s * 1e3, loss=result.loss, grad_norm=result.grad_norm,
-                    learning_rate=lr, tokens_per_sec=tokens_per_sec,
+                    iteration,
+                    step_ms=step_s * 1e3,
+                    loss=result.loss,
+                    grad_norm=result.grad_norm,
+                    learning_rate=lr,
+                    tokens_per_sec=tokens_per_sec,
                     tflops=flops_per_iter / step_s / topo.world_size / 1e12,
-                    skipped=result.skipped, memory_gb=memory_gb,
+                    skipped=result.skipped,
+                    memory_gb=memory_gb,
                 )
                 progress.write(
-                    iteration=iteration, train_iters=args.train_iters, loss=result.loss, lr=lr,
-                    grad_norm=result.grad_norm, tokens_per_sec=tokens_per_sec,
-                    step_ms=step_s * 1e3, cpu_ms=cpu_ms, skipped=result.skipped,
+                    iteration=iteration,
+                    train_iters=args.train_iters,
+                    loss=result.loss,
+                    lr=lr,
+                    grad_norm=result.grad_norm,
+                    tokens_per_sec=tokens_per_sec,
+                    step_ms=step_s * 1e3,
+                    cpu_ms=cpu_ms,
+                    skipped=result.skipped,
                     time=time.time(),  # wall clock: a reader can see stalls between steps
                 )
                 if topo.owns_loss and (iteration % args.log_interval == 0 or iteration == 1):
-                    log(topo, f"iteration {iteration}/{args.train_iters} | loss {result.loss:.4f} | "
+                    log(
+                        topo,
+                        f"iteration {iteration}/{args.train_iters} | loss {result.loss:.4f} | "
                         f"lr {lr:.3e} | grad norm {result.grad_norm:.3f} | {tokens_per_sec:.0f} tokens/s | "
-                        f"{step_s * 1e3:.1f} ms | skipped {s.skipped_iters}", all_ranks=True)
+                        f"{step_s * 1e3:.1f} ms | skipped {s.skipped_iters}",
+                        all_ranks=True,
+                    )
 
                 if args.eval_iters > 0 and iteration % args.eval_interval == 0:
                     self.evaluate(iteration, progress)
                 exiting = bool(args.exit_interval) and iteration % args.exit_interval == 0
-                if args.save and (result.stop or exiting or (args.save_interval and iteration % args.save_interval == 0)):
+                if args.save and (
+                    result.stop
+                    or exiting
+                    or (args.save_interval and iteration % args.save_interval == 0)
+                ):
                     self.save()
                 if result.stop or exiting:
                     why = "stop requested by signal" if result.stop else "--exit-interval reached"
@@ -635,7 +735,9 @@ def _maybe_fail(iteration: int, rank: int) -> None:
         return
     only = os.environ.get(envcontract.FAIL_RANK)
     if only is None or only == "" or int(only) == rank:
-        raise RuntimeError(f"injected failure at iteration {iteration} on rank {rank} ({envcontract.FAIL_AT_ITERATION})")
+        raise RuntimeError(
+            f"injected failure at iteration {iteration} on rank {rank} ({envcontract.FAIL_AT_ITERATION})"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -651,8 +753,12 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopFlag(args.preempt_signals)
     stop.install()
     telemetry.setup(
-        settings, rank=topo.rank, world_size=topo.world_size, local_rank=topo.local_rank,
-        resource=resource_attributes(args, topo), run_dir=run_dir,
+        settings,
+        rank=topo.rank,
+        world_size=topo.world_size,
+        local_rank=topo.local_rank,
+        resource=resource_attributes(args, topo),
+        run_dir=run_dir,
     )
     trainer = Trainer(args, topo, run_dir, stop)
     try:

@@ -50,7 +50,9 @@ class SelfAttention(nn.Module):
     def forward(self, x):
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.num_heads, c // self.num_heads).transpose(1, 2) for z in (q, k, v))
+        q, k, v = (
+            z.view(b, t, self.num_heads, c // self.num_heads).transpose(1, 2) for z in (q, k, v)
+        )
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
 
@@ -100,9 +102,7 @@ class GPTStage(nn.Module):
         if self.is_first:
             self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
             self.pos_emb = nn.Embedding(cfg.seq_length, cfg.hidden_size)
-        self.layers = nn.ModuleList(
-            Block(cfg, self.layer_offset + i + 1) for i in range(per_stage)
-        )
+        self.layers = nn.ModuleList(Block(cfg, self.layer_offset + i + 1) for i in range(per_stage))
         if self.is_last:
             self.norm = nn.LayerNorm(cfg.hidden_size)
             # A tied head on a stage without the embedding keeps its own copy of the embedding

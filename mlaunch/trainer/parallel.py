@@ -84,7 +84,9 @@ def init_distributed(pp: int) -> Topology:
             world_size=world_size, device_id=device if device.type == "cuda" else None,
         )  # fmt: skip
     dp = world_size // pp
-    topo = Topology(rank, world_size, local_rank, pp, dp, rank // dp, rank % dp, device, distributed)
+    topo = Topology(
+        rank, world_size, local_rank, pp, dp, rank // dp, rank % dp, device, distributed
+    )
     if distributed:
         # new_group is collective over the whole world: every rank creates every group, in order.
         for stage in range(pp):
@@ -194,7 +196,9 @@ class P2P:
                 req.wait()
         return grad
 
-    def send_backward_recv_forward(self, grad: torch.Tensor | None, microbatch: int) -> torch.Tensor | None:
+    def send_backward_recv_forward(
+        self, grad: torch.Tensor | None, microbatch: int
+    ) -> torch.Tensor | None:
         """The mirror image of :meth:`send_forward_recv_backward`, for the stage below."""
         if self.topo.is_first_stage:
             return None
@@ -208,7 +212,6 @@ class P2P:
                 req.wait()
         self._linked(ctx, microbatch)
         return act.requires_grad_()
-
 
     # -- untraced exchanges for evaluation and generation ------------------------------------
     def recv_forward_untraced(self) -> torch.Tensor | None:

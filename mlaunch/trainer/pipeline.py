@@ -46,8 +46,14 @@ class _InFlight:
     stash: ActivationStash | None
 
 
-def _forward(ctx: StepContext, batch: Batch, i: int, num_micro: int, x: torch.Tensor | None,
-             loss_sum: list[torch.Tensor]) -> _InFlight:
+def _forward(
+    ctx: StepContext,
+    batch: Batch,
+    i: int,
+    num_micro: int,
+    x: torch.Tensor | None,
+    loss_sum: list[torch.Tensor],
+) -> _InFlight:
     model = ctx.model
     stash = ActivationStash(ctx.p2p.device, set(ctx.param_ids)) if ctx.offload else None
     with telemetry.span(MB, SpanName.MICROBATCH_FORWARD, **{Attr.MICROBATCH_ID.value: i}):
@@ -65,10 +71,14 @@ def _forward(ctx: StepContext, batch: Batch, i: int, num_micro: int, x: torch.Te
     return _InFlight(i, x, out, stash)
 
 
-def _backward(ctx: StepContext, job: _InFlight, output_grad: torch.Tensor | None) -> torch.Tensor | None:
+def _backward(
+    ctx: StepContext, job: _InFlight, output_grad: torch.Tensor | None
+) -> torch.Tensor | None:
     if job.stash is not None:
         job.stash.reload()
-    with telemetry.span(MB, SpanName.MICROBATCH_BACKWARD, **{Attr.MICROBATCH_ID.value: job.microbatch}):
+    with telemetry.span(
+        MB, SpanName.MICROBATCH_BACKWARD, **{Attr.MICROBATCH_ID.value: job.microbatch}
+    ):
         if output_grad is None:  # last stage: the output is the loss
             torch.autograd.backward(job.output * ctx.loss_scale)
         else:
@@ -77,7 +87,9 @@ def _backward(ctx: StepContext, job: _InFlight, output_grad: torch.Tensor | None
     return job.input.grad if job.input is not None else None
 
 
-def forward_backward_1f1b(ctx: StepContext, batch: Batch, num_micro: int, stage: int, pp: int) -> torch.Tensor | None:
+def forward_backward_1f1b(
+    ctx: StepContext, batch: Batch, num_micro: int, stage: int, pp: int
+) -> torch.Tensor | None:
     """Run forward and backward of ``num_micro`` microbatches; returns this stage's summed loss
     (last stage) as a device tensor, or None on other stages."""
     p2p = ctx.p2p
@@ -125,8 +137,11 @@ def forward_only(ctx: StepContext, batch: Batch, num_micro: int) -> torch.Tensor
     for i in range(num_micro):
         x = p2p.recv_forward_untraced()
         with ctx.autocast():
-            out = model(batch.tokens[i] if model.is_first else x,
-                        batch.targets[i] if model.is_last else None, traced=False)
+            out = model(
+                batch.tokens[i] if model.is_first else x,
+                batch.targets[i] if model.is_last else None,
+                traced=False,
+            )
         if model.is_last:
             losses.append(out.detach() / num_micro)
         else:

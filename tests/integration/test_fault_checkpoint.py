@@ -60,10 +60,17 @@ def test_kill_9_during_a_save_resumes_from_the_previous_valid_checkpoint(tmp_pat
         while len(paused) < 2 and proc.poll() is None and time.monotonic() < deadline:
             paused = sorted(ck.glob(".paused-in-save-rank*"))
             time.sleep(0.05)
-        assert len(paused) == 2, proc.communicate(timeout=5)[0] if proc.poll() is not None else paused
+        assert len(paused) == 2, (
+            proc.communicate(timeout=5)[0] if proc.poll() is not None else paused
+        )
         tmp_dir = ck / f".tmp.iter_{PAUSE_AT:07d}"
-        shards = sorted(p.relative_to(tmp_dir).as_posix() for p in tmp_dir.rglob(checkpoint.MODEL_FILE))
-        assert shards == [f"mp_rank_00_000/{checkpoint.MODEL_FILE}", f"mp_rank_00_001/{checkpoint.MODEL_FILE}"]
+        shards = sorted(
+            p.relative_to(tmp_dir).as_posix() for p in tmp_dir.rglob(checkpoint.MODEL_FILE)
+        )
+        assert shards == [
+            f"mp_rank_00_000/{checkpoint.MODEL_FILE}",
+            f"mp_rank_00_001/{checkpoint.MODEL_FILE}",
+        ]
         for marker in paused:
             os.kill(int(marker.read_text()), signal.SIGKILL)  # the fault
         out, _ = proc.communicate(timeout=120)
@@ -109,12 +116,17 @@ def test_kill_9_during_a_save_resumes_from_the_previous_valid_checkpoint(tmp_pat
     shard.write_bytes(bytes(data))
     logs: list[str] = []
     assert checkpoint.find_valid_checkpoint(ck, logs.append) == PAUSE_AT
-    assert "iter_0000012 is invalid: mp_rank_00_001/model_optim_rng.pt fails its sha256 check" in logs[0]
+    assert (
+        "iter_0000012 is invalid: mp_rank_00_001/model_optim_rng.pt fails its sha256 check"
+        in logs[0]
+    )
 
     # A manifest that forgets a stage's shard is not trusted either.
     manifest_path = ck / checkpoint.iter_dir_name(PAUSE_AT) / checkpoint.MANIFEST_FILE
     manifest = json.loads(manifest_path.read_text())
-    manifest["files"] = [f for f in manifest["files"] if not f["path"].startswith("mp_rank_00_001/")]
+    manifest["files"] = [
+        f for f in manifest["files"] if not f["path"].startswith("mp_rank_00_001/")
+    ]
     manifest_path.write_text(json.dumps(manifest))
     logs.clear()
     assert checkpoint.find_valid_checkpoint(ck, logs.append) == PAUSE_AT - INTERVAL

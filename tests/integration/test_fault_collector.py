@@ -112,7 +112,9 @@ def test_collector_outage_spools_replays_and_never_stalls_training(tmp_path):
         records = [json.loads(line) for line in progress.read_text().splitlines()]
         last = records[-1]["iteration"]
         assert [r["iteration"] for r in records] == list(range(1, last + 1))
-        assert (tmp_path / "ck" / "latest_checkpointed_iteration.txt").read_text().strip() == str(last)
+        assert (tmp_path / "ck" / "latest_checkpointed_iteration.txt").read_text().strip() == str(
+            last
+        )
         # Training never stalled on the collector: no step, and no gap between steps, longer
         # than the shutdown deadline plus slack (the training thread never waits for exports).
         bound_s = SHUTDOWN_DEADLINE_S + SLACK_S
@@ -122,7 +124,11 @@ def test_collector_outage_spools_replays_and_never_stalls_training(tmp_path):
 
         # Every span is received or spooled: received ∪ spool == everything the run produced.
         produced = read_spans(tel / "tee-traces-rank0.jsonl")
-        steps = sorted(s["attributes"]["megatron.iteration"] for s in produced if s["name"] == SpanName.TRAIN_STEP)
+        steps = sorted(
+            s["attributes"]["megatron.iteration"]
+            for s in produced
+            if s["name"] == SpanName.TRAIN_STEP
+        )
         assert steps == list(range(1, last + 1))  # the tee is complete
         all_keys = keys(produced)
         assert len(all_keys) == len(produced)

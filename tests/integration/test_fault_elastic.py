@@ -156,7 +156,9 @@ def test_kill_9_a_worker_restarts_the_group_and_resumes_the_same_loss_sequence(t
         after = [s for s in spans if s["resource"][ResourceAttr.RESTART_COUNT] == 1]
         before = [s for s in spans if s["resource"][ResourceAttr.RESTART_COUNT] == 0]
         assert before and after and len(before) + len(after) == len(spans)
-        steps = sorted(s["attributes"][Attr.ITERATION] for s in after if s["name"] == SpanName.TRAIN_STEP)
+        steps = sorted(
+            s["attributes"][Attr.ITERATION] for s in after if s["name"] == SpanName.TRAIN_STEP
+        )
         assert steps == list(range(resumed_at + 1, ITERS + 1))
         by_name = {s["name"]: s for s in after}
         assert by_name[SpanName.FIRST_ITERATION]["attributes"][Attr.ITERATION] == resumed_at + 1

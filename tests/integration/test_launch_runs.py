@@ -103,7 +103,11 @@ def test_pipeline_parallel_run_exports_over_otlp_grpc(tmp_path):
         spans = rx.spans
         headers = rx.headers
     names = {s["name"] for s in spans}
-    assert {"megatron.train_step", "megatron.p2p.send_forward", "megatron.pp.recv_forward.linked"} <= names
+    assert {
+        "megatron.train_step",
+        "megatron.p2p.send_forward",
+        "megatron.pp.recv_forward.linked",
+    } <= names
     linked = [s for s in spans if s["name"] == "megatron.pp.recv_forward.linked"]
     assert all(s["links"] for s in linked)
     run_dir = the_run_dir(tmp_path)
@@ -158,7 +162,10 @@ def test_failing_rank_is_reported_with_rank_and_exception(tmp_path):
     env = clean_env(MLAUNCH_TEST_FAIL_AT_ITERATION="2")
     code, out = finish(mlaunch("--train-iters", "5", cwd=tmp_path, env=env))
     assert code != 0
-    assert "rank 0 (node 0, local rank 0) failed" in out or "rank 1 (node 0, local rank 1) failed" in out
+    assert (
+        "rank 0 (node 0, local rank 0) failed" in out
+        or "rank 1 (node 0, local rank 1) failed" in out
+    )
     assert "RuntimeError: injected failure at iteration 2" in out
     assert "last lines of" in out and "stderr.log" in out
     assert "<N/A>" not in out
@@ -183,7 +190,11 @@ def test_sigterm_stops_workers_flushes_traces_and_leaves_a_resumable_checkpoint(
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == str(last)
     for rank in (0, 1):
         spans = read_spans(run_dir / "telemetry" / f"traces-rank{rank}.jsonl")
-        steps = [s["attributes"]["megatron.iteration"] for s in spans if s["name"] == "megatron.train_step"]
+        steps = [
+            s["attributes"]["megatron.iteration"]
+            for s in spans
+            if s["name"] == "megatron.train_step"
+        ]
         assert max(steps) == last
         # The job spans were open when the stop came: ended, and marked truncated.
         truncated = {s["name"] for s in spans if s["attributes"].get("mlaunch.span.truncated")}

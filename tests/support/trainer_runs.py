@@ -51,18 +51,33 @@ def clean_env(run_dir: Path, **extra: str) -> dict[str, str]:
 
 
 def run_trainer(
-    tmp: Path, args: list[str], *, nproc: int = 1, env: dict[str, str] | None = None,
-    timeout: float = 240, name: str = "run",
+    tmp: Path,
+    args: list[str],
+    *,
+    nproc: int = 1,
+    env: dict[str, str] | None = None,
+    timeout: float = 240,
+    name: str = "run",
 ) -> Run:
     """Start ``python -m mlaunch.trainer`` under torchrun (``nproc`` >= 1) in ``tmp/name``."""
     run_dir = tmp / name
     run_dir.mkdir(parents=True, exist_ok=True)
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-        "-m", "mlaunch.trainer", *args,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "mlaunch.trainer",
+        *args,
     ]
     proc = subprocess.run(
-        cmd, cwd=tmp, env=clean_env(run_dir, **(env or {})), capture_output=True, text=True,
+        cmd,
+        cwd=tmp,
+        env=clean_env(run_dir, **(env or {})),
+        capture_output=True,
+        text=True,
         timeout=timeout,
     )
     return Run(proc.returncode, proc.stdout + proc.stderr, run_dir)

@@ -32,7 +32,9 @@ def test_parser_accepts_megatron_names():
 
 
 def test_valid_layout_fills_global_batch_default():
-    ns = build_parser().parse_args(["--micro-batch-size", "3", "--pipeline-model-parallel-size", "2"])
+    ns = build_parser().parse_args(
+        ["--micro-batch-size", "3", "--pipeline-model-parallel-size", "2"]
+    )
     assert validate(ns, 4) == []
     assert ns.global_batch_size == 3 * 2  # micro x DP
 
@@ -40,11 +42,36 @@ def test_valid_layout_fills_global_batch_default():
 @pytest.mark.parametrize(
     ("argv", "world", "arg", "words"),
     [
-        (["--global-batch-size", "10", "--micro-batch-size", "2"], 2, "--global-batch-size", "multiple of 4"),
-        (["--num-layers", "3", "--pipeline-model-parallel-size", "2"], 2, "--num-layers", "multiple of 2"),
-        (["--pipeline-model-parallel-size", "2"], 3, "--pipeline-model-parallel-size", "world size 3"),
-        (["--hidden-size", "30", "--num-attention-heads", "4"], 1, "--num-attention-heads", "divide"),
-        (["--tensor-model-parallel-size", "2"], 2, "--tensor-model-parallel-size", "only 1 is supported"),
+        (
+            ["--global-batch-size", "10", "--micro-batch-size", "2"],
+            2,
+            "--global-batch-size",
+            "multiple of 4",
+        ),
+        (
+            ["--num-layers", "3", "--pipeline-model-parallel-size", "2"],
+            2,
+            "--num-layers",
+            "multiple of 2",
+        ),
+        (
+            ["--pipeline-model-parallel-size", "2"],
+            3,
+            "--pipeline-model-parallel-size",
+            "world size 3",
+        ),
+        (
+            ["--hidden-size", "30", "--num-attention-heads", "4"],
+            1,
+            "--num-attention-heads",
+            "divide",
+        ),
+        (
+            ["--tensor-model-parallel-size", "2"],
+            2,
+            "--tensor-model-parallel-size",
+            "only 1 is supported",
+        ),
         (["--bf16", "--fp16"], 1, "--fp16", "pick one"),
         (["--save-interval", "5"], 1, "--save-interval", "--save"),
         (["--otel-span-groups", "defualt"], 1, "--otel-span-groups", "did you mean 'default'"),
@@ -62,9 +89,22 @@ def test_bad_arguments_exit_2_on_every_rank_without_a_traceback(tmp_path):
     # no MASTER_ADDR, so reaching init_process_group would fail loudly instead.
     env = clean_env(tmp_path, WORLD_SIZE="3", RANK="1")
     proc = subprocess.run(
-        [sys.executable, "-m", "mlaunch.trainer", "--pipeline-model-parallel-size", "2",
-         "--num-layers", "3", "--tensor-model-parallel-size", "2"],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "mlaunch.trainer",
+            "--pipeline-model-parallel-size",
+            "2",
+            "--num-layers",
+            "3",
+            "--tensor-model-parallel-size",
+            "2",
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -77,8 +117,12 @@ def test_bad_arguments_exit_2_on_every_rank_without_a_traceback(tmp_path):
 def test_bad_telemetry_environment_exits_2(tmp_path):
     env = clean_env(tmp_path, MEGATRON_OTEL_ENABLED="maybe")
     proc = subprocess.run(
-        [sys.executable, "-m", "mlaunch.trainer"], env=env, cwd=tmp_path,
-        capture_output=True, text=True, timeout=60,
+        [sys.executable, "-m", "mlaunch.trainer"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2
     assert "MEGATRON_OTEL_ENABLED" in proc.stderr and "Traceback" not in proc.stderr

@@ -18,8 +18,14 @@ from mlaunch.telemetry.otlp_json import read_spans
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 
-def test_a_failing_rank_exits_nonzero_with_the_exception_on_its_span_and_in_its_error_file(tmp_path):
-    env = {**telemetry_env("per_step"), "MLAUNCH_TEST_FAIL_AT_ITERATION": "2", "MLAUNCH_TEST_FAIL_RANK": "1"}
+def test_a_failing_rank_exits_nonzero_with_the_exception_on_its_span_and_in_its_error_file(
+    tmp_path,
+):
+    env = {
+        **telemetry_env("per_step"),
+        "MLAUNCH_TEST_FAIL_AT_ITERATION": "2",
+        "MLAUNCH_TEST_FAIL_RANK": "1",
+    }
     run = run_trainer(tmp_path, [*TINY, "--train-iters", "4"], nproc=2, env=env)
     assert run.returncode != 0
     assert "injected failure at iteration 2" in run.output  # torchelastic's error report (record)
@@ -30,13 +36,20 @@ def test_a_failing_rank_exits_nonzero_with_the_exception_on_its_span_and_in_its_
     assert "_maybe_fail" in error["traceback"]
 
     spans = read_spans(run.run_dir / "telemetry" / "traces-rank1.jsonl")
-    step = [s for s in spans if s["name"] == SpanName.TRAIN_STEP and s["attributes"][Attr.ITERATION] == 2]
+    step = [
+        s
+        for s in spans
+        if s["name"] == SpanName.TRAIN_STEP and s["attributes"][Attr.ITERATION] == 2
+    ]
     assert len(step) == 1
     assert step[0]["status_code"] == 2  # ERROR
     events = [e for e in step[0]["events"] if e["name"] == "exception"]
     assert events and events[0]["attributes"]["exception.type"] == "RuntimeError"
     # The exception left megatron.train and megatron.pretrain too, so they are ERROR as well.
-    assert {s["name"] for s in spans if s["status_code"] == 2} >= {SpanName.TRAIN, SpanName.PRETRAIN}
+    assert {s["name"] for s in spans if s["status_code"] == 2} >= {
+        SpanName.TRAIN,
+        SpanName.PRETRAIN,
+    }
 
 
 def test_sigterm_finishes_the_iteration_checkpoints_and_exits_zero(tmp_path):
@@ -44,8 +57,21 @@ def test_sigterm_finishes_the_iteration_checkpoints_and_exits_zero(tmp_path):
     env = clean_env(run_dir, **telemetry_env("per_step"))
     ck = tmp_path / "ck"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mlaunch.trainer", *TINY, "--train-iters", "100000", "--save", str(ck)],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "mlaunch.trainer",
+            *TINY,
+            "--train-iters",
+            "100000",
+            "--save",
+            str(ck),
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     progress = run_dir / "progress.jsonl"
     try:

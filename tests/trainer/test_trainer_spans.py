@@ -118,7 +118,9 @@ def traced(request, workdir) -> tuple[str, Run, dict[int, list[dict]]]:
     name = spec.replace(",", "+")
     run = run_trainer(workdir, [*ARGS, "--save", f"ck-{name}"], nproc=WORLD, env=env, name=name)
     assert run.returncode == 0, run.output[-3000:]
-    spans = {r: read_spans(run.run_dir / "telemetry" / f"traces-rank{r}.jsonl") for r in range(WORLD)}
+    spans = {
+        r: read_spans(run.run_dir / "telemetry" / f"traces-rank{r}.jsonl") for r in range(WORLD)
+    }
     return spec, run, spans
 
 
@@ -127,7 +129,9 @@ def test_span_names_per_rank_are_exactly_the_catalogue_for_the_spec(traced):
     groups = resolve(spec)
     for rank, rank_spans in spans.items():
         got = Counter(s["name"] for s in rank_spans)
-        assert got == expected_counts(groups, rank, train_segments(spec)), f"rank {rank}, spec {spec!r}"
+        assert got == expected_counts(groups, rank, train_segments(spec)), (
+            f"rank {rank}, spec {spec!r}"
+        )
 
 
 def test_every_span_has_its_contract_parent(traced):
@@ -141,8 +145,11 @@ def test_every_span_has_its_contract_parent(traced):
             parent_name = parent["name"] if parent else None
             d = span_def(s["name"])
             if d.name == SpanName.REGION:
-                want = (SpanName.DATA_SETUP if SpanGroup.DATA_LOADING in groups else SpanName.PRETRAIN) \
-                    if s["name"].startswith(region_name("data")) else SpanName.SAVE_CHECKPOINT_IO_WRITE
+                want = (
+                    (SpanName.DATA_SETUP if SpanGroup.DATA_LOADING in groups else SpanName.PRETRAIN)
+                    if s["name"].startswith(region_name("data"))
+                    else SpanName.SAVE_CHECKPOINT_IO_WRITE
+                )
             elif d.name == SpanName.TRAIN and Attr.TRACE_SEGMENT in s["attributes"]:
                 # A re-rooted segment starts a new trace, linked to the previous segment.
                 want = None
@@ -166,7 +173,9 @@ def test_every_listed_attribute_is_set_with_its_value(traced):
         for s in rank_spans:
             d = span_def(s["name"])
             attrs = s["attributes"]
-            assert set(d.attributes) <= set(attrs), f"{s['name']} lacks {set(d.attributes) - set(attrs)}"
+            assert set(d.attributes) <= set(attrs), (
+                f"{s['name']} lacks {set(d.attributes) - set(attrs)}"
+            )
             assert attrs.get(Attr.IS_GOODPUT) is (True if d.is_goodput else None)
             res = s["resource"]
             assert (res[ResourceAttr.PP_RANK], res[ResourceAttr.DP_RANK]) == (stage, dp_rank)
@@ -200,7 +209,10 @@ def test_every_listed_attribute_is_set_with_its_value(traced):
                 assert s["attributes"][Attr.PP_RANK] == stage
             if s["name"].startswith(SpanName.TEXT_COMPLETION):
                 a = s["attributes"]
-                assert a[Attr.GEN_AI_OUTPUT_TOKENS] == SAMPLE and a[Attr.GEN_AI_REQUEST_MODEL] == MODEL_NAME
+                assert (
+                    a[Attr.GEN_AI_OUTPUT_TOKENS] == SAMPLE
+                    and a[Attr.GEN_AI_REQUEST_MODEL] == MODEL_NAME
+                )
 
 
 def test_linked_spans_point_at_the_senders_send_forward(traced):
@@ -208,7 +220,9 @@ def test_linked_spans_point_at_the_senders_send_forward(traced):
     if SpanGroup.COMMUNICATION not in resolve(spec):
         pytest.skip("communication group off")
     for rank in range(DP, WORLD):  # stage 1
-        sender = {s["span_id"]: s for s in spans[rank - DP] if s["name"] == SpanName.P2P_SEND_FORWARD}
+        sender = {
+            s["span_id"]: s for s in spans[rank - DP] if s["name"] == SpanName.P2P_SEND_FORWARD
+        }
         linked = [s for s in spans[rank] if s["name"] == SpanName.PP_RECV_FORWARD_LINKED]
         assert len(linked) == ITERS * MICRO
         targets = []
@@ -224,7 +238,11 @@ def test_linked_spans_point_at_the_senders_send_forward(traced):
 def test_one_trace_id_per_iteration_across_ranks(traced):
     spec, _, spans = traced
     groups = resolve(spec)
-    keyed = (SpanName.TRAIN_STEP, Attr.ITERATION) if SpanGroup.STEP in groups else (SpanName.FIRST_ITERATION, Attr.ITERATION)
+    keyed = (
+        (SpanName.TRAIN_STEP, Attr.ITERATION)
+        if SpanGroup.STEP in groups
+        else (SpanName.FIRST_ITERATION, Attr.ITERATION)
+    )
     by_iteration: dict[int, set[str]] = {}
     for rank_spans in spans.values():
         for s in rank_spans:

@@ -46,13 +46,24 @@ def test_loss_goes_down_on_the_default_corpus(baseline):
     assert len(losses) == ITERS
     records = baseline.progress()
     assert [r["iteration"] for r in records] == list(range(1, ITERS + 1))
-    assert {"iteration", "train_iters", "loss", "lr", "grad_norm", "tokens_per_sec", "step_ms", "skipped"} <= set(records[0])
+    assert {
+        "iteration",
+        "train_iters",
+        "loss",
+        "lr",
+        "grad_norm",
+        "tokens_per_sec",
+        "step_ms",
+        "skipped",
+    } <= set(records[0])
     assert losses[0] > math.log(256) - 0.5  # starts near uniform over bytes
     assert sum(losses[-5:]) / 5 < losses[0] - 1.0
 
 
 def test_pipeline_parallel_matches_one_stage(workdir, baseline):
-    pp = ok(run_trainer(workdir, [*ARGS, "--pipeline-model-parallel-size", "2"], nproc=2, name="pp2"))
+    pp = ok(
+        run_trainer(workdir, [*ARGS, "--pipeline-model-parallel-size", "2"], nproc=2, name="pp2")
+    )
     assert_close(pp.losses(), baseline.losses(), rel=1e-4)
 
 
@@ -63,22 +74,42 @@ def test_data_parallel_matches_one_process_with_the_same_global_batch(workdir, b
 
 def test_resume_continues_the_same_loss_sequence_and_skips_a_corrupt_checkpoint(workdir, baseline):
     ck = workdir / "ck"
-    first = ok(run_trainer(
-        workdir, [*ARGS, "--save", str(ck), "--save-interval", "10", "--exit-interval", "10"],
-        name="resume-a",
-    ))
+    first = ok(
+        run_trainer(
+            workdir,
+            [*ARGS, "--save", str(ck), "--save-interval", "10", "--exit-interval", "10"],
+            name="resume-a",
+        )
+    )
     assert [r["iteration"] for r in first.progress()] == list(range(1, 11))
     assert (ck / "iter_0000010" / "manifest.json").is_file()
 
     (ck / ".tmp.iter_0000099").mkdir()  # what a save killed mid-write leaves behind
-    second = ok(run_trainer(
-        workdir, [*ARGS, "--load", str(ck), "--save", str(ck), "--save-interval", "5", "--keep-last", "2"],
-        env=telemetry_env("per_step"), name="resume-b",
-    ))
+    second = ok(
+        run_trainer(
+            workdir,
+            [
+                *ARGS,
+                "--load",
+                str(ck),
+                "--save",
+                str(ck),
+                "--save-interval",
+                "5",
+                "--keep-last",
+                "2",
+            ],
+            env=telemetry_env("per_step"),
+            name="resume-b",
+        )
+    )
     assert "resuming from checkpoint" in second.output and "iter_0000010" in second.output
     assert [r["iteration"] for r in second.progress()] == list(range(11, 21))
     assert_close(second.losses(), baseline.losses()[10:], rel=1e-6)
-    assert sorted(p.name for p in ck.glob("iter_*")) == ["iter_0000015", "iter_0000020"]  # --keep-last 2
+    assert sorted(p.name for p in ck.glob("iter_*")) == [
+        "iter_0000015",
+        "iter_0000020",
+    ]  # --keep-last 2
     assert not list(ck.glob(".tmp.*"))  # never mistaken for a checkpoint, and cleaned up
     assert (ck / "latest_checkpointed_iteration.txt").read_text().strip() == "20"
     # The resumed process's spans and metrics (telemetry on; the losses above are unchanged by it).
@@ -88,12 +119,18 @@ def test_resume_continues_the_same_loss_sequence_and_skips_a_corrupt_checkpoint(
     assert load["attributes"][Attr.ITERATION] == 10
     assert by_name[SpanName.LOAD_CHECKPOINT_IO_READ]["parent_span_id"] == load["span_id"]
     assert by_name[SpanName.FIRST_ITERATION]["attributes"][Attr.ITERATION] == 11
-    steps = sorted(s["attributes"][Attr.ITERATION] for s in spans if s["name"] == SpanName.TRAIN_STEP)
+    steps = sorted(
+        s["attributes"][Attr.ITERATION] for s in spans if s["name"] == SpanName.TRAIN_STEP
+    )
     assert steps == list(range(11, 21))
-    metrics = {m["name"]: m for m in read_metrics(second.run_dir / "telemetry" / "metrics-rank0.jsonl")}
+    metrics = {
+        m["name"]: m for m in read_metrics(second.run_dir / "telemetry" / "metrics-rank0.jsonl")
+    }
     durations = metrics[Metric.STEP_DURATION_MS]
     assert durations["kind"] == "histogram" and int(durations["data_points"][-1]["count"]) == 10
-    assert {Metric.LOSS, Metric.GRAD_NORM, Metric.LEARNING_RATE, Metric.TOKENS_PER_SEC} <= set(metrics)
+    assert {Metric.LOSS, Metric.GRAD_NORM, Metric.LEARNING_RATE, Metric.TOKENS_PER_SEC} <= set(
+        metrics
+    )
 
     # Corrupt the newest checkpoint: loading falls back to iteration 15 and says why.
     shard = ck / "iter_0000020" / "mp_rank_00" / "model_optim_rng.pt"
@@ -107,10 +144,14 @@ def test_resume_continues_the_same_loss_sequence_and_skips_a_corrupt_checkpoint(
 
 
 def test_an_iteration_with_non_finite_gradients_is_skipped_and_counted(workdir):
-    run = ok(run_trainer(
-        workdir, [*TINY, "--train-iters", "6", "--log-interval", "6"],
-        env={"MLAUNCH_TEST_NAN_AT_ITERATION": "3"}, name="nan",
-    ))
+    run = ok(
+        run_trainer(
+            workdir,
+            [*TINY, "--train-iters", "6", "--log-interval", "6"],
+            env={"MLAUNCH_TEST_NAN_AT_ITERATION": "3"},
+            name="nan",
+        )
+    )
     records = run.progress()
     assert [r["skipped"] for r in records] == [False, False, True, False, False, False]
     assert records[2]["grad_norm"] is None  # NaN is written as null

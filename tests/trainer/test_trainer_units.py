@@ -66,8 +66,11 @@ def _fake_checkpoint(root, iteration, payload=b"weights"):
     (d / "mp_rank_00" / checkpoint.MODEL_FILE).write_bytes(payload)
     import hashlib
 
-    entry = {"path": f"mp_rank_00/{checkpoint.MODEL_FILE}", "size": len(payload),
-             "sha256": hashlib.sha256(payload).hexdigest()}
+    entry = {
+        "path": f"mp_rank_00/{checkpoint.MODEL_FILE}",
+        "size": len(payload),
+        "sha256": hashlib.sha256(payload).hexdigest(),
+    }
     (d / checkpoint.MANIFEST_FILE).write_text(json.dumps({"files": [entry]}))
     (root / checkpoint.TRACKER_FILE).write_text(str(iteration))
     return d

@@ -91,7 +91,7 @@ TINY_TRAINER_ARGS = [
 def test_no_arguments_runs_tiny_with_exact_command_and_environment(spawned, tmp_path):
     result = invoke(env={"NEMO_LENS_SPAN_GROUPS": "all", "OTEL_TRACES_SAMPLER": "always_on"})
     assert result.exit_code == 0, result.output
-    (argv, env), = spawned
+    ((argv, env),) = spawned
     run_dir = only_run_dir(tmp_path)
     run_id = run_dir.name
     assert len(run_id) == 12 and int(run_id, 16) >= 0
@@ -121,7 +121,11 @@ def test_no_arguments_runs_tiny_with_exact_command_and_environment(spawned, tmp_
         "OTEL_TRACES_SAMPLER": "always_on",
         "CUDA_VISIBLE_DEVICES": "",
     }  # ...and the NEMO_LENS_* copy is gone: workers see one truth
-    assert (run_dir / "command.txt").read_text().startswith(f"{sys.executable} -m torch.distributed.run")
+    assert (
+        (run_dir / "command.txt")
+        .read_text()
+        .startswith(f"{sys.executable} -m torch.distributed.run")
+    )
     assert stat.S_IMODE((run_dir / "resolved.env").stat().st_mode) == 0o600
     assert "exporting ranks" in result.output and "all 2 (0, 1)" in result.output
     assert f"mlaunch trace summary {run_dir}" in result.output
@@ -136,7 +140,7 @@ def test_flags_win_over_environment_and_stale_aliases_are_removed(spawned):
              "NEMO_LENS_EXPORT_STRATEGY": "sampled"},
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    (argv, env), = spawned
+    ((argv, env),) = spawned
     assert env["MEGATRON_OTEL_SPAN_GROUPS"] == "all,-layer"
     assert env["MEGATRON_OTEL_EXPORT_STRATEGY"] == "single_rank"
     assert env["MEGATRON_OTEL_EXPORT_RANK"] == "0"
@@ -154,7 +158,7 @@ def test_otlp_flags_select_the_otlp_exporter_and_reach_workers(spawned):
         "--otlp-traces-sampler-arg", "0.25",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    (_, env), = spawned
+    ((_, env),) = spawned
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://127.0.0.1:4317"
     assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "grpc"
     assert env["OTEL_TRACES_SAMPLER"] == "traceidratio"
@@ -175,7 +179,7 @@ def test_otlp_flags_select_the_otlp_exporter_and_reach_workers(spawned):
 def test_each_shipped_config_launches(spawned, config, expect):
     result = invoke("--config", config)
     assert result.exit_code == 0, result.output
-    (argv, _), = spawned
+    ((argv, _),) = spawned
     joined = " ".join(argv)
     assert " ".join(expect) in joined
 
@@ -189,7 +193,7 @@ def test_gpu8_and_megatron_configs(spawned, tmp_path):
     script.write_text("")
     result = invoke("--config", "megatron", "--script", str(script), "--", "--vocab-file", "v.json")
     assert result.exit_code == 0, result.output
-    (argv, env), = spawned
+    ((argv, env),) = spawned
     assert argv[argv.index(str(script)) :][-2:] == ["--vocab-file", "v.json"]
     assert "-m" not in argv[argv.index("--redirects") + 2 :]
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://localhost:4317"
@@ -199,7 +203,7 @@ def test_gpu8_and_megatron_configs(spawned, tmp_path):
 def test_module_target_and_passthrough(spawned):
     result = invoke("--module", "my.train", "--no-megatron-args", "--", "--foo", "bar baz")
     assert result.exit_code == 0, result.output
-    (argv, _), = spawned
+    ((argv, _),) = spawned
     assert argv[argv.index("--redirects") + 2 :] == ["-m", "my.train", "--foo", "bar baz"]
 
 
@@ -209,7 +213,9 @@ def test_passthrough_to_the_builtin_trainer_is_checked_before_launch(spawned, tm
     assert spawned[0][0][-2:] == ["--eval-fraction", "0.1"]
     bad = CliRunner().invoke(build_app("train"), ["train", "--run-dir", "x", "--", "--bogus"])
     assert bad.exit_code == 2
-    assert "-- ARGS: the trainer rejects its arguments: unrecognized arguments: --bogus" in bad.stderr
+    assert (
+        "-- ARGS: the trainer rejects its arguments: unrecognized arguments: --bogus" in bad.stderr
+    )
     assert not (tmp_path / "x").exists() and len(spawned) == 1
 
 
@@ -220,7 +226,7 @@ def test_multi_node_flags_and_run_id_from_rendezvous_id(spawned, tmp_path):
         "--global-batch-size", "4",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    (argv, env), = spawned
+    ((argv, env),) = spawned
     assert argv[3:19] == [
         "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", "1", "--rdzv-backend", "c10d",
         "--rdzv-endpoint", "10.0.0.1:29400", "--rdzv-id", "job7", "--max-restarts", "3",
@@ -236,7 +242,7 @@ def test_slurm_variables_fill_in_the_launch(spawned):
              "SLURM_JOB_NODELIST": "gpu[07-10]"},
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    (argv, env), = spawned
+    ((argv, env),) = spawned
     assert argv[argv.index("--rdzv-endpoint") + 1] == "gpu07:29500"
     assert argv[argv.index("--node-rank") + 1] == "3"
     assert env["MEGATRON_OTEL_RUN_ID"] == "991"
@@ -262,7 +268,11 @@ def test_slurm_variables_fill_in_the_launch(spawned):
         (["--otel-export-rank", "5"], {}, "--otel-export-rank"),
         (["--otel-export-strategy", "singel_rank"], {}, "--otel-export-strategy"),
         (["--script", "missing.py"], {}, "--script"),
-        (["--tensor-model-parallel-size", "2", "--nproc-per-node", "4"], {}, "--tensor-model-parallel-size"),
+        (
+            ["--tensor-model-parallel-size", "2", "--nproc-per-node", "4"],
+            {},
+            "--tensor-model-parallel-size",
+        ),
         (["--otlp-endpoint", "localhost:4317"], {}, "--otlp-endpoint"),
         (["--otel-run-id", "bad id!"], {}, "--otel-run-id"),
         (["--otel-enabled", "--otel-export-sample-rate", "2"], {}, "--otel-export-sample-rate"),
@@ -270,7 +280,9 @@ def test_slurm_variables_fill_in_the_launch(spawned):
         (["--nnodes"], {}, "--nnodes"),
     ],
 )
-def test_bad_input_exits_2_naming_the_field_and_creates_nothing(spawned, tmp_path, args, env, field):
+def test_bad_input_exits_2_naming_the_field_and_creates_nothing(
+    spawned, tmp_path, args, env, field
+):
     result = invoke("--run-dir", "out", *args, env=env)
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
@@ -309,7 +321,9 @@ def test_dry_run_prints_command_and_redacted_environment_and_creates_nothing(spa
 
 
 def test_print_env_prints_pasteable_exports_only(spawned, tmp_path):
-    result = invoke("--print-env", "--otel-user-id", "a b$c", env={"NEMO_LENS_RANK_STRATEGY": "all_ranks"})
+    result = invoke(
+        "--print-env", "--otel-user-id", "a b$c", env={"NEMO_LENS_RANK_STRATEGY": "all_ranks"}
+    )
     assert result.exit_code == 0, result.output
     lines = result.stdout.strip().splitlines()
     assert all(line.startswith(("export ", "# export ", "unset ")) for line in lines)
@@ -336,7 +350,11 @@ def test_progress_lines_per_log_interval_and_run_summary(spawned, tmp_path):
     result = invoke("--train-iters", "10", "--log-interval", "5")
     assert result.exit_code == 0, result.output
     shown = [line for line in result.stdout.splitlines() if line.startswith("iteration ")]
-    assert [line.split(" | ")[0] for line in shown] == ["iteration 1/10", "iteration 5/10", "iteration 10/10"]
+    assert [line.split(" | ")[0] for line in shown] == [
+        "iteration 1/10",
+        "iteration 5/10",
+        "iteration 10/10",
+    ]
     assert "eval at iteration 10: loss 4.5000" in result.stdout
     assert "final loss  4.0000" in result.stdout and "10/10" in result.stdout
     assert "5,500 (mean of 10 records)" in result.stdout
@@ -352,7 +370,9 @@ def test_failed_rank_reported_with_rank_exception_and_log_tail(spawned, tmp_path
         }))  # fmt: skip
         folder = run_dir / "logs" / "node0" / "abc_x1" / "attempt_0" / "1"
         folder.mkdir(parents=True)
-        (folder / "error.json").write_text(json.dumps({"message": {"message": "RuntimeError: boom"}}))
+        (folder / "error.json").write_text(
+            json.dumps({"message": {"message": "RuntimeError: boom"}})
+        )
         (folder / "stderr.log").write_text("\n".join(f"[rank1]: line {i}" for i in range(40)))
         (run_dir / "logs" / "node0" / "torchrun.log").write_text("error_file: <N/A>\n")
 
@@ -368,7 +388,9 @@ def test_failed_rank_reported_with_rank_exception_and_log_tail(spawned, tmp_path
 
 def test_failure_without_error_files_shows_torchrun_log(spawned, tmp_path):
     def job():
-        (only_run_dir(tmp_path) / "logs" / "node0" / "torchrun.log").write_text("rendezvous timed out\n")
+        (only_run_dir(tmp_path) / "logs" / "node0" / "torchrun.log").write_text(
+            "rendezvous timed out\n"
+        )
 
     spawned.state["proc"] = FakeProc(1, job)
     result = invoke()
@@ -378,9 +400,11 @@ def test_failure_without_error_files_shows_torchrun_log(spawned, tmp_path):
 
 def test_secrets_never_reach_disk_or_screen(spawned, tmp_path):
     secret = "authorization=Bearer SUPERSECRET"
-    result = invoke("--otlp-headers", "x-api-key=FLAGSECRET", env={"OTEL_EXPORTER_OTLP_TRACES_HEADERS": secret})
+    result = invoke(
+        "--otlp-headers", "x-api-key=FLAGSECRET", env={"OTEL_EXPORTER_OTLP_TRACES_HEADERS": secret}
+    )
     assert result.exit_code == 0, result.output
-    (argv, env), = spawned
+    ((argv, env),) = spawned
     assert env["OTEL_EXPORTER_OTLP_HEADERS"] == "x-api-key=FLAGSECRET"
     assert env["OTEL_EXPORTER_OTLP_TRACES_HEADERS"] == secret
     for path in only_run_dir(tmp_path).rglob("*"):
@@ -402,7 +426,12 @@ def test_terminal_gets_a_progress_bar():
     bar.record({"iteration": 4, "train_iters": 10, "loss": 2.5, "tokens_per_sec": 1234.0})
     bar.record({"iteration": 4, "eval_loss": 2.25})
     task = bar.progress.tasks[0]
-    assert (task.completed, task.total, task.fields["loss"], task.fields["tps"]) == (4, 10, "2.5000", "1,234")
+    assert (task.completed, task.total, task.fields["loss"], task.fields["tps"]) == (
+        4,
+        10,
+        "2.5000",
+        "1,234",
+    )
     bar.close()
     assert "eval at iteration 4: loss 2.2500" in out.getvalue()
 

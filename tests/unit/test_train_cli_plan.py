@@ -19,7 +19,10 @@ CLEAN = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 
 def build(flags: dict | None = None, config: str | None = None, env: dict | None = None, cwd=None):
     return lp.build_plan(
-        flags=flags or {}, config=config, environ={**CLEAN, **(env or {})}, cwd=Path(cwd or "/nonexistent-cwd")
+        flags=flags or {},
+        config=config,
+        environ={**CLEAN, **(env or {})},
+        cwd=Path(cwd or "/nonexistent-cwd"),
     )
 
 
@@ -68,15 +71,25 @@ def test_plan_arguments_parse_back_to_the_settings_values(tmp_path):
 def test_megatron_script_gets_megatron_names_and_otel_flags_only(tmp_path):
     script = tmp_path / "pretrain_gpt.py"
     script.write_text("")
-    plan = build({"launch.script": str(script), "launch.device": "cpu"}, config="megatron", cwd=tmp_path)
+    plan = build(
+        {"launch.script": str(script), "launch.device": "cpu"}, config="megatron", cwd=tmp_path
+    )
     entry = plan.argv[plan.argv.index(str(script)) + 1 :]
     assert "--untie-embeddings" not in entry and "--keep-last" not in entry
     assert "--offload-activations" not in entry and "--sample-tokens" not in entry
     assert entry[entry.index("--tensor-model-parallel-size") + 1] == "2"
     assert "--bf16" in entry
-    assert entry[-5:] == ["--otel-enabled", "--otel-service-name", "megatron-lm", "--otel-span-groups", "per_step"]
+    assert entry[-5:] == [
+        "--otel-enabled",
+        "--otel-service-name",
+        "megatron-lm",
+        "--otel-span-groups",
+        "per_step",
+    ]
     plain = build(
-        {"launch.script": str(script), "launch.megatron_args": False}, config="megatron", cwd=tmp_path
+        {"launch.script": str(script), "launch.megatron_args": False},
+        config="megatron",
+        cwd=tmp_path,
     )
     assert plain.argv[plain.argv.index(str(script)) :] == [str(script)]
 
@@ -164,8 +177,15 @@ NASTY = "a b 'q' \"dq\" $HOME `id` \\ back\nnew line ;|&*?"
 
 def test_resolved_env_round_trips_through_bash(tmp_path):
     plan = build(
-        {"telemetry.user_id": NASTY, "telemetry.service_name": "svc $x `y`", "launch.run_dir": str(tmp_path / "r d $x")},
-        env={"OTEL_RESOURCE_ATTRIBUTES": "team=a%20b,x=$y`z`", "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer s3cret"},
+        {
+            "telemetry.user_id": NASTY,
+            "telemetry.service_name": "svc $x `y`",
+            "launch.run_dir": str(tmp_path / "r d $x"),
+        },
+        env={
+            "OTEL_RESOURCE_ATTRIBUTES": "team=a%20b,x=$y`z`",
+            "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer s3cret",
+        },
         cwd=tmp_path,
     )
     env_file = tmp_path / "resolved.env"
@@ -214,9 +234,10 @@ def test_flag_given_otlp_settings_reach_the_workers_as_variables(tmp_path):
 def test_resolved_json_has_every_setting_with_value_and_source(tmp_path):
     plan = build({"model.num_layers": 4}, env={"NEMO_LENS_USER_ID": "me"}, cwd=tmp_path)
     table = plan.resolved_json()["settings"]
-    expected = {
-        f"{s}.{f}" for s, m in SECTIONS.items() for f in m.model_fields if f != "otel"
-    } | {f"telemetry.otel.{f}" for f in SECTIONS["telemetry"].model_fields["otel"].annotation.model_fields}
+    expected = {f"{s}.{f}" for s, m in SECTIONS.items() for f in m.model_fields if f != "otel"} | {
+        f"telemetry.otel.{f}"
+        for f in SECTIONS["telemetry"].model_fields["otel"].annotation.model_fields
+    }
     assert set(table) == expected
     assert table["model.num_layers"] == {"value": 4, "source": "--num-layers"}
     assert table["telemetry.user_id"] == {"value": "me", "source": "NEMO_LENS_USER_ID"}
