@@ -56,13 +56,23 @@ def _sampler_text(plan: LaunchPlan) -> str:
 
 def _exporter_text(plan: LaunchPlan) -> str:
     t = plan.settings.telemetry
+    if t.exporter != "otlp" and t.otel.endpoint_configured:
+        # An explicit exporter (often a config file's) wins over an endpoint given elsewhere;
+        # say so, or a user who passed --otlp-endpoint would wait for spans that never come.
+        src = plan.settings.source("telemetry.exporter")
+        ignored = (
+            f" [OTLP endpoint {t.otel.endpoint} not used: exporter is {t.exporter!r} from {src};"
+            " pass --otel-exporter otlp]"
+        )
+    else:
+        ignored = ""
     if t.exporter == "file":
-        return f"file -> {plan.traces_dir}/traces-rank{{R}}.jsonl"
+        return f"file -> {plan.traces_dir}/traces-rank{{R}}.jsonl" + ignored
     if t.exporter == "otlp":
         return f"otlp ({t.otel.protocol}) -> {t.otel.endpoint}"
     if t.exporter == "console":
-        return "console -> each exporting rank's stdout log"
-    return "none (decisions made, nothing exported)"
+        return "console -> each exporting rank's stdout log" + ignored
+    return "none (decisions made, nothing exported)" + ignored
 
 
 def _checkpoint_text(plan: LaunchPlan) -> str:
@@ -141,7 +151,7 @@ def summary(plan: LaunchPlan) -> Group:
     )
     table.add_row("exporting ranks", _ranks_text(plan.exporting_ranks, s.world_size))
     table.add_row("samplers", _sampler_text(plan))
-    table.add_row("exporter", _exporter_text(plan))
+    table.add_row("exporter", Text(_exporter_text(plan)))  # paths and "[section]" are not markup
     table.add_row("service", f"{t.service_name}  (run id {plan.run_id})")
     if plan.spans_per_iteration:
         per = plan.spans_per_iteration

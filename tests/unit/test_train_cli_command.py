@@ -167,6 +167,23 @@ def test_otlp_flags_select_the_otlp_exporter_and_reach_workers(spawned):
     assert "otlp (grpc) -> http://127.0.0.1:4317" in result.output
 
 
+def test_an_endpoint_with_a_config_pinned_file_exporter_is_flagged_not_silently_dropped(spawned):
+    # tiny.toml pins exporter = "file"; an endpoint given on top is not used, and the summary
+    # says so and how to fix it.
+    result = invoke("--otlp-endpoint", "http://127.0.0.1:4317", "--dry-run")
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.replace("│", " ").split())
+    assert "OTLP endpoint http://127.0.0.1:4317 not used" in text
+    assert "[telemetry] exporter" in text and "pass --otel-exporter otlp" in text
+
+
+def test_shipped_configs_other_than_tiny_follow_the_endpoint(spawned):
+    result = invoke("--config", "gpu8", "--otlp-endpoint", "http://127.0.0.1:4317", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "otlp (grpc) -> http://127.0.0.1:4317" in result.output
+    assert "not used" not in result.output
+
+
 @pytest.mark.parametrize(
     ("config", "expect"),
     [
