@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from mlaunch.envcontract import FALLBACK_PREFIX, PRIMARY_PREFIX
-from mlaunch.model.strategies import exporting_ranks
+from mlaunch.model.strategies import exporting_ranks, format_ranks
 from mlaunch.settings import (
     ALIAS_KEYS,
     OTEL_ENV,
@@ -601,19 +601,6 @@ def _best_effort_settings(
     return load_settings(environ={}, check_cross_fields=False)
 
 
-def _format_ranks(ranks: Sequence[int]) -> str:
-    spans: list[str] = []
-    start = prev = None
-    for r in [*ranks, None]:
-        if r is not None and prev is not None and r == prev + 1:
-            prev = r
-            continue
-        if start is not None:
-            spans.append(str(start) if start == prev else f"{start}-{prev}")
-        start = prev = r
-    return ", ".join(spans)
-
-
 def check_configuration(
     environ: Mapping[str, str], config: Path | None = None
 ) -> tuple[list[CheckResult], Settings]:
@@ -817,7 +804,7 @@ def _exporting_ranks_result(settings: Settings) -> CheckResult:
         )
     return ok(
         "exporting ranks",
-        f"{t.export_strategy}: rank(s) {_format_ranks(ranks)} of {layout} export",
+        f"{t.export_strategy}: rank(s) {format_ranks(ranks)} of {layout} export",
     )
 
 

@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 import typer
 
 from mlaunch.cli.errors import PlainErrorsCommand
+from mlaunch.model.strategies import format_ranks
 
 app = typer.Typer(
     help="Read exported traces without a backend: summary, Chrome/Perfetto export, goodput.",
@@ -128,7 +129,10 @@ def _render_summary(result: Any) -> None:
     run = ", ".join(f"{k}={v}" for k, v in result.run.items())
     con.print(f"[b]run[/b] {run}", highlight=False)
     hosts = ", ".join(result.hosts) or "-"
-    con.print(f"[b]ranks[/b] {_ranges(result.rank_ids)}  [b]hosts[/b] {hosts}", highlight=False)
+    con.print(
+        f"[b]ranks[/b] {format_ranks(result.rank_ids) or '-'}  [b]hosts[/b] {hosts}",
+        highlight=False,
+    )
 
     # Error/truncated columns only when some span has them: most runs have none.
     flags = bool(result.errors or result.truncated)
@@ -176,19 +180,6 @@ def _render_summary(result: Any) -> None:
         dup = rd["duplicate_spans_dropped"]
         note = f", {dup:,} duplicates dropped" if dup else ""
         con.print(f"[dim]read {rd['spans']:,} spans from {rd['files']} file(s){note}[/dim]")
-
-
-def _ranges(ids: list[int]) -> str:
-    """[0,1,2,5] -> '0-2,5'."""
-    out: list[str] = []
-    i = 0
-    while i < len(ids):
-        j = i
-        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
-            j += 1
-        out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
-        i = j + 1
-    return ",".join(out) or "-"
 
 
 @app.command("export", cls=PlainErrorsCommand)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -125,3 +125,17 @@ def should_export(
     """Whether this one rank exports."""
     fn = load_strategy(strategy) if isinstance(strategy, str) else strategy
     return bool(fn(RankInfo(rank, world_size, local_rank, export_rank, sample_rate)))
+
+
+def format_ranks(ranks: Iterable[int]) -> str:
+    """Ranks as sorted, comma-separated runs: ``[0, 1, 2, 5]`` -> ``"0-2, 5"`` (empty -> ``""``)."""
+    ordered = sorted(set(ranks))
+    runs: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        runs.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ", ".join(runs)

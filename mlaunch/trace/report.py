@@ -41,6 +41,7 @@ from mlaunch import envcontract
 from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spans import Attr, ResourceAttr, SpanName, span_def
 from mlaunch.model.spec import resolve
+from mlaunch.model.strategies import format_ranks
 from mlaunch.trace.chrome import assign_lanes
 from mlaunch.trace.goodput import GoodputAggregator, GoodputReport
 from mlaunch.trace.reader import Resource, TraceInputError, TraceReader, attributes, is_error
@@ -300,20 +301,6 @@ def fmt_ms(v: float) -> str:
     if a < 6e4:
         return f"{v / 1e3:.3g}s"
     return f"{v / 6e4:.3g}min"
-
-
-def _ranges(ids: Iterable[int]) -> str:
-    """[0,1,2,5] -> '0-2, 5'."""
-    s = sorted(set(ids))
-    out: list[str] = []
-    i = 0
-    while i < len(s):
-        j = i
-        while j + 1 < len(s) and s[j + 1] == s[j] + 1:
-            j += 1
-        out.append(str(s[i]) if i == j else f"{s[i]}-{s[j]}")
-        i = j + 1
-    return ", ".join(out) or "-"
 
 
 def group_of(name: str) -> str:
@@ -872,9 +859,9 @@ def _header(
         except ValueError:
             configured = "?"
         groups = f"{spec} = {configured} (seen in the trace: {', '.join(seen)})"
-    exporting = _ranges(summary.rank_ids)
+    exporting = format_ranks(summary.rank_ids) or "-"
     if resolved.get("exporting_ranks") is not None:
-        exporting += f" (planned: {_ranges(resolved['exporting_ranks'])})"
+        exporting += f" (planned: {format_ranks(resolved['exporting_ranks'])})"
     o = gp.overall
     good = (f"{100 * o.goodput:.1f}% (productive {fmt_ms(o.productive_ms)} of "
             f"{fmt_ms(o.wall_ms)} rank-time)")  # fmt: skip

@@ -15,7 +15,7 @@ from mlaunch.model import (
     load_strategy,
     should_export,
 )
-from mlaunch.model.strategies import rank_hash_fraction
+from mlaunch.model.strategies import format_ranks, rank_hash_fraction
 
 
 def test_single_rank_defaults_to_the_last_rank() -> None:
@@ -71,3 +71,9 @@ def test_custom_strategy_from_module_path(tmp_path, monkeypatch) -> None:
             load_strategy("no_such_module_xyz:even")
     finally:
         sys.modules.pop("my_strategies", None)
+
+
+def test_rank_lists_format_as_runs() -> None:
+    assert format_ranks([5, 0, 1, 2, 2]) == "0-2, 5"
+    assert format_ranks([3]) == "3"
+    assert format_ranks([]) == ""
