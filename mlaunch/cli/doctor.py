@@ -27,8 +27,12 @@ def register(app: typer.Typer) -> None:
 
     @app.command("doctor", cls=PlainErrorsCommand)
     def doctor(
-        config: Path | None = typer.Option(
-            None, "--config", help="A run config (TOML) to validate with the environment."
+        config: str | None = typer.Option(
+            None,
+            "--config",
+            metavar="FILE|NAME",
+            help="Also validate this run config, as `mlaunch train --config` takes it (a TOML"
+            " file or a shipped config's name). Without it: the environment and the defaults.",
         ),
         as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
         deep: bool = typer.Option(
@@ -40,28 +44,25 @@ def register(app: typer.Typer) -> None:
         raise typer.Exit(run(config, as_json=as_json, deep=deep))
 
 
-def run(config: Path | None, *, as_json: bool, deep: bool) -> int:
+def run(config: str | None, *, as_json: bool, deep: bool) -> int:
     """Run the checks, print them, and return the exit code."""
-    if config is not None:
-        try:
-            why = (
-                None
-                if config.is_file()
-                else "is not a file"
-                if config.exists()
-                else "does not exist"
-            )
-        except OSError as exc:  # e.g. a name too long for the file system
-            why = f"cannot be used ({exc.strerror or exc})"
-        if why is not None:
-            from mlaunch.model.spec import quoted
+    # Without --config, the environment over the defaults: a shipped config may pin the
+    # exporter, which would hide the OTLP endpoint that doctor is there to probe.
+    config_path = None
+    if config is not None:  # the same lookup as `mlaunch train --config` (paths and names)
+        from mlaunch.cli.errors import print_problems
+        from mlaunch.launcher.plan import resolve_config
+        from mlaunch.settings import SettingsError
 
-            typer.echo(f"mlaunch doctor: --config {quoted(str(config))} {why}", err=True)
+        try:
+            config_path = resolve_config(config, Path.cwd())
+        except SettingsError as exc:
+            print_problems(exc.problems)
             return 2
     from mlaunch import doctor
 
     try:
-        results = doctor.run_doctor(config=config, environ=os.environ, deep=deep)
+        results = doctor.run_doctor(config=config_path, environ=os.environ, deep=deep)
     except Exception as exc:  # each check is guarded; this is the last line of defence
         typer.echo(f"mlaunch doctor: internal error: {type(exc).__name__}: {exc}", err=True)
         return 1

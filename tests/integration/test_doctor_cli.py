@@ -88,7 +88,16 @@ def test_json_shape_is_pinned() -> None:
 def test_missing_config_file_is_a_bad_invocation(tmp_path: Path) -> None:
     result = doctor("--config", str(tmp_path / "nope.toml"))
     assert result.exit_code == 2
-    assert "does not exist" in result.stderr
+    # The same lookup and message as `mlaunch train --config`.
+    assert result.stderr.startswith("--config: no config file")
+    assert "shipped: " in result.stderr
+
+
+def test_config_accepts_a_shipped_configs_name(tmp_path: Path) -> None:
+    data = json.loads(doctor("--config", "pp2", "--json").stdout)
+    config = [c for c in data["checks"] if c["name"] == "configuration"]
+    assert config and config[0]["status"] == "pass"
+    assert "pp2.toml" in config[0]["message"]
 
 
 def test_config_file_that_fails_validation_is_a_failed_check(tmp_path: Path) -> None:
