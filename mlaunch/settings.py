@@ -97,17 +97,20 @@ def parse_bool(value: Any) -> Any:
 Bool = Annotated[bool, BeforeValidator(parse_bool)]
 
 
-def parse_key_values(value: Any, what: str) -> dict[str, str]:
-    """``k1=v1,k2=v2`` (URL-encoded values) as used by OTEL_RESOURCE_ATTRIBUTES / _HEADERS."""
+def parse_key_values(value: Any, what: str, *, secret: bool = False) -> dict[str, str]:
+    """``k1=v1,k2=v2`` (URL-encoded values) as used by OTEL_RESOURCE_ATTRIBUTES / _HEADERS.
+
+    ``secret``: a malformed entry is named by its position only (it may hold a token)."""
     if isinstance(value, Mapping):
         return {str(k): str(v) for k, v in value.items()}
     out: dict[str, str] = {}
-    for item in str(value).split(","):
+    for n, item in enumerate(str(value).split(","), 1):
         if not item.strip():
             continue
         key, sep, val = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"malformed {what} entry {item.strip()!r}: expected key=value")
+            shown = f"#{n} (not shown: a secret)" if secret else repr(item.strip())
+            raise ValueError(f"malformed {what} entry {shown}: expected key=value")
         out[urllib.parse.unquote(key.strip())] = urllib.parse.unquote(val.strip())
     return out
 
@@ -247,7 +250,7 @@ class OtelSettings(_Section):
     @field_validator("headers", mode="before")
     @classmethod
     def _headers(cls, v: Any) -> Any:
-        return parse_key_values(v, "header") if v is not None else {}
+        return parse_key_values(v, "header", secret=True) if v is not None else {}
 
     @field_validator("resource_attributes", mode="before")
     @classmethod

@@ -150,7 +150,7 @@ TRAIN: dict[str, Bad] = {
     "service-name=empty": train("--otel-service-name", "", names="--otel-service-name"),
     "otlp-endpoint=no-scheme": train("--otlp-endpoint", "localhost:4317", names="--otlp-endpoint"),
     "otlp-endpoint=bad-port": train("--otlp-endpoint", "http://h:99999", names="--otlp-endpoint"),
-    "otlp-headers=no-equals": train("--otlp-headers", "abc", names=("--otlp-headers", "'abc'")),
+    "otlp-headers=no-equals": train("--otlp-headers", "abc", names=("--otlp-headers", "#1")),
     "otlp-timeout-s=0": train("--otlp-timeout-s", "0", names="--otlp-timeout-s"),
     "shutdown-timeout=9999": train("--otel-shutdown-timeout-s", "9999", names="--otel-shutdown"),
     # ---- flags: launch and paths -------------------------------------------------------------

@@ -217,6 +217,18 @@ def test_headers_and_resource_attributes_are_parsed() -> None:
     assert s.telemetry.otel.resource_attributes == {"deployment.environment": "prod"}
 
 
+def test_a_malformed_header_entry_is_reported_without_its_secret_value() -> None:
+    # "Authorization: Bearer TOKEN" (a colon, as in HTTP) is the common mistake: the error must
+    # name the entry without printing the token on the terminal or in CI logs.
+    found = problems(environ={"OTEL_EXPORTER_OTLP_HEADERS": "team=ml,Authorization: Bearer S3CR3T"})
+    assert found and found[0][0] == "OTEL_EXPORTER_OTLP_HEADERS"
+    assert "#2" in found[0][1]
+    assert all("S3CR3T" not in msg for _, msg in found)
+    # Resource attributes are no secret: their bad entry is still quoted.
+    found = problems(environ={"OTEL_RESOURCE_ATTRIBUTES": "oops"})
+    assert "'oops'" in found[0][1]
+
+
 # --- config file -------------------------------------------------------------------------
 
 
