@@ -91,13 +91,15 @@ def check_endpoint(endpoint: str, protocol: str) -> tuple[str, str, int, bool]:
 def parse_headers(text: str | None) -> dict[str, str]:
     """``k1=v1,k2=v2`` (the OTEL_EXPORTER_OTLP_HEADERS format) as a dict."""
     out: dict[str, str] = {}
-    for part in (text or "").split(","):
+    for n, part in enumerate((text or "").split(","), 1):
         if not part.strip():
             continue
         key, sep, value = part.partition("=")
         if not sep or not key.strip():
+            # Named by position only: the entry may hold the token itself ("Authorization: ...").
             raise ReplayInputError(
-                f"header {part.strip()!r} is not KEY=VALUE; e.g. --headers x-api-key=SECRET"
+                f"header entry #{n} is not KEY=VALUE (not shown: a secret);"
+                " e.g. --headers x-api-key=SECRET"
             )
         out[key.strip().lower()] = value.strip()
     return out
