@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from mlaunch import envcontract
 from mlaunch.telemetry import otlp_json
@@ -89,7 +89,7 @@ def check_endpoint(endpoint: str, protocol: str) -> tuple[str, str, int, bool]:
 
 
 def parse_headers(text: str | None) -> dict[str, str]:
-    """``k1=v1,k2=v2`` (the OTEL_EXPORTER_OTLP_HEADERS format) as a dict."""
+    """``k1=v1,k2=v2`` (the OTEL_EXPORTER_OTLP_HEADERS format: percent-encoded) as a dict."""
     out: dict[str, str] = {}
     for n, part in enumerate((text or "").split(","), 1):
         if not part.strip():
@@ -101,7 +101,8 @@ def parse_headers(text: str | None) -> dict[str, str]:
                 f"header entry #{n} is not KEY=VALUE (not shown: a secret);"
                 " e.g. --headers x-api-key=SECRET"
             )
-        out[key.strip().lower()] = value.strip()
+        # Percent-decoded, as the exporter decodes OTEL_EXPORTER_OTLP_HEADERS (Bearer%20TOKEN).
+        out[unquote(key.strip()).lower()] = unquote(value.strip())
     return out
 
 
