@@ -285,6 +285,12 @@ def _exporter_class(protocol: str, signal: str) -> Any:
     return OTLPMetricExporter
 
 
+def _otlp_headers(otel: Any) -> dict[str, str]:
+    """The OTLP headers with lower-case names, as the SDK's own env parsing gives them: gRPC
+    rejects any metadata key with a capital ("Authorization") and fails every export."""
+    return {str(k).lower(): v for k, v in (otel.headers or {}).items()}
+
+
 def _protocol_kwargs(otel: Any, protocol: str, common: dict[str, Any]) -> dict[str, Any]:
     """Exporter keyword arguments: TLS options differ between the gRPC and HTTP exporters."""
     kwargs = dict(common)
@@ -308,7 +314,7 @@ class OtlpSink(Sink):
         otel = settings.otel
         self.span_exporter = None
         self.metric_exporter = None
-        kwargs: dict[str, Any] = {"headers": dict(otel.headers or {})}
+        kwargs: dict[str, Any] = {"headers": _otlp_headers(otel)}
         if otel.timeout_s is not None:
             kwargs["timeout"] = otel.timeout_s
         if traces:
@@ -574,7 +580,7 @@ class Runtime:
                         getattr(otel, "base_endpoint", None) or otel.endpoint.rsplit("/v1/", 1)[0]
                     )
                     endpoint = base.rstrip("/") + "/v1/logs"
-                kwargs: dict[str, Any] = {"headers": dict(otel.headers or {})}
+                kwargs: dict[str, Any] = {"headers": _otlp_headers(otel)}
                 if otel.timeout_s is not None:
                     kwargs["timeout"] = otel.timeout_s
                 exporter = OTLPLogExporter(

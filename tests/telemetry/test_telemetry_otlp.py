@@ -156,3 +156,25 @@ def test_per_signal_protocol_and_endpoint_win(make_settings, tmp_path):
         assert http_rx.wait_for_spans(1, timeout=10)
         assert grpc_rx.wait_for_metrics({Metric.STEP_DURATION_MS}, timeout=10)
         assert grpc_rx.spans == [] and http_rx.metrics == []
+
+
+def test_capitalized_header_names_are_sent_lower_case(make_settings, tmp_path) -> None:
+    # "Authorization=Bearer%20T" is the usual spelling; gRPC refuses capitalized metadata keys,
+    # so passed as given every export failed (and went to the spool) while doctor said "ok".
+    rx = GrpcOtlpReceiver().start()
+    try:
+        settings = make_settings(
+            EXPORTER="otlp",
+            OTEL_EXPORTER_OTLP_ENDPOINT=rx.endpoint,
+            OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+            OTEL_EXPORTER_OTLP_HEADERS="Authorization=Bearer%20s3cret",
+            METRICS_ENABLED="false",
+        )
+        telemetry.setup(settings, rank=0, world_size=1, run_dir=tmp_path)
+        with telemetry.span(G.JOB, S.PRETRAIN):
+            pass
+        telemetry.shutdown(10.0)
+        assert rx.wait_for_spans(1, timeout=10)
+        assert all(h.get("authorization") == "Bearer s3cret" for h in rx.headers)
+    finally:
+        rx.stop()
