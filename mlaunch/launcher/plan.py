@@ -474,6 +474,24 @@ def otel_flags(settings: Settings) -> list[str]:
     return flags + ["--otel-service-name", t.service_name, "--otel-span-groups", t.span_groups]
 
 
+def _shadowed_settings(passthrough: Sequence[str]) -> list[tuple[str, str]]:
+    """A setting repeated after ``--`` would silently win in the workers (argparse keeps the last
+    value) while the summary, resolved.json and the checkpoint plan show the other one."""
+    owned = {flag for spelled in TRAINER_ARGS.values() for flag in spelled.split("/")}
+    problems = []
+    for token in passthrough:
+        flag = token.split("=", 1)[0]
+        if flag in owned:
+            problems.append(
+                (
+                    "-- ARGS",
+                    f"{flag} is a setting of mlaunch train: give it before '--' (mlaunch train"
+                    f" {flag} ...) so the summary, resolved.json and the workers agree",
+                )
+            )
+    return problems
+
+
 def _check_trainer_args(args: Sequence[str], world_size: int) -> list[tuple[str, str]]:
     """Run the trainer's own parser and checks here, so a bad pass-through argument fails before
     any process starts (the parser is standard library only)."""
@@ -570,6 +588,7 @@ def build_plan(
 
     if settings.uses_builtin_trainer:
         targs = trainer_args(settings, run_dir)
+        problems += _shadowed_settings(passthrough)
         problems += _check_trainer_args([*targs, *passthrough], settings.world_size)
         entry = ["-m", TRAINER_MODULE, *targs, *passthrough]
     else:

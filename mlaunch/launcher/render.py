@@ -30,6 +30,7 @@ from mlaunch.cli.render import span_tree
 from mlaunch.launcher.plan import LaunchPlan
 from mlaunch.launcher.run import RunResult, torchrun_log
 from mlaunch.model.spec import format_groups
+from mlaunch.settings import RATIO_SAMPLERS
 
 # --------------------------------------------------------------------------------------------
 # Before launch
@@ -46,9 +47,13 @@ def _ranks_text(ranks: list[int], world: int) -> str:
 def _sampler_text(plan: LaunchPlan) -> str:
     t = plan.settings.telemetry
     name = t.otel.traces_sampler or "parentbased_always_on"
-    trace = name + (
-        f" (ratio {t.otel.traces_sampler_arg})" if t.otel.traces_sampler_arg is not None else ""
-    )
+    arg = t.otel.traces_sampler_arg
+    if arg is None:
+        trace = name
+    elif name in RATIO_SAMPLERS:
+        trace = f"{name} (ratio {arg})"
+    else:  # the SDK ignores the argument of a sampler that takes none
+        trace = f"{name} (OTEL_TRACES_SAMPLER_ARG={arg} ignored: not a ratio sampler)"
     if t.sampler_enabled:
         return f"trace: {trace}; rank-aware: on, keeps ranks under rate {t.export_sample_rate} (composed)"
     return f"trace: {trace}; rank-aware: off"

@@ -463,3 +463,22 @@ def test_ctrl_c_and_sigterm_are_forwarded_as_sigterm_to_torchruns_group(monkeypa
         os.kill(os.getpid(), signum)
     assert sent == [(proc.pid, signal.SIGTERM)] and received == [signum] and seen == [signum]
     assert signal.getsignal(signum) is not None  # the previous handler is back
+
+
+def test_a_setting_repeated_after_the_separator_is_refused(spawned, tmp_path):
+    # argparse keeps the last value, so the workers would train 5 iterations while the summary,
+    # resolved.json and the checkpoint plan say 30.
+    result = invoke("--", "--train-iters=5")
+    assert result.exit_code == 2
+    assert "-- ARGS: --train-iters is a setting of mlaunch train" in result.stderr
+    assert spawned == [] and not (tmp_path / "runs").exists()
+
+
+def test_a_sampler_argument_without_a_ratio_sampler_is_shown_as_ignored(spawned):
+    result = invoke("--dry-run", env={"OTEL_TRACES_SAMPLER_ARG": "0.5"})
+    text = " ".join(result.output.replace("│", " ").split())
+    assert "OTEL_TRACES_SAMPLER_ARG=0.5 ignored: not a ratio sampler" in text
+    result = invoke(
+        "--dry-run", env={"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.5"}
+    )
+    assert "traceidratio (ratio 0.5)" in result.output
