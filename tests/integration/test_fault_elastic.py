@@ -9,7 +9,6 @@ The losses after the resume must be those of an uninterrupted run with the same 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -18,14 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
+from support.launch_runs import TIMEOUT_S, clean_env, finish, mlaunch, train_records
 
 from mlaunch.model.spans import Attr, ResourceAttr, SpanName
 from mlaunch.telemetry.otlp_json import read_spans
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
-PREFIXES = ("MEGATRON_OTEL_", "NEMO_LENS_", "OTEL_", "SLURM_", "MLAUNCH_", "TORCHELASTIC_")
-TIMEOUT_S = 180
 ITERS = 60  # --max-restarts without --save-interval: mlaunch saves every ITERS // 10 = 6
 INTERVAL = ITERS // 10
 KILL_AFTER = 8  # past the first checkpoint, well before the end
@@ -33,35 +31,9 @@ KILL_AFTER = 8  # past the first checkpoint, well before the end
 ARGS = ["--train-iters", str(ITERS), "--log-interval", "1", "--eval-interval", "0"]
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(PREFIXES)}
-    env.update(OMP_NUM_THREADS="1", COLUMNS="250", **extra)  # wide: summary rows on one line
-    return env
-
-
 def mlaunch_train(cwd: Path, run_dir: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "mlaunch", "train", "--run-dir", str(run_dir), *ARGS, *args],
-        cwd=cwd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-
-
-def finish(proc: subprocess.Popen) -> tuple[int, str]:
-    try:
-        out, _ = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-        pytest.fail(f"mlaunch train did not finish:\n{out}")
-    return proc.returncode, out
-
-
-def train_records(run_dir: Path) -> list[dict]:
-    path = run_dir / "progress.jsonl"
-    if not path.exists():
-        return []
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in lines if "loss" in r and "eval_loss" not in r]
+    # wide: summary rows on one line
+    return mlaunch("--run-dir", str(run_dir), *ARGS, *args, cwd=cwd, env=clean_env(COLUMNS="250"))
 
 
 def worker_pid(run_dir: Path, rank: int) -> int | None:

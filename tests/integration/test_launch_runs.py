@@ -4,58 +4,17 @@ checkpoint resume. Tiny models; each run is a few seconds of training."""
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from support.launch_runs import TIMEOUT_S, clean_env, finish, mlaunch, train_records
 
 from mlaunch.telemetry.otlp_json import read_spans
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
-
-PREFIXES = ("MEGATRON_OTEL_", "NEMO_LENS_", "OTEL_", "SLURM_", "MLAUNCH_", "TORCHELASTIC_")
-TIMEOUT_S = 180
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(PREFIXES)}
-    env.update(OMP_NUM_THREADS="1", **extra)
-    return env
-
-
-def mlaunch(*args: str, cwd: Path, env: dict[str, str] | None = None, **popen) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "mlaunch", "train", *args],
-        cwd=cwd, env=env or clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, **popen,
-    )  # fmt: skip
-
-
-def finish(proc: subprocess.Popen) -> tuple[int, str]:
-    try:
-        out, _ = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-        pytest.fail(f"mlaunch train did not finish:\n{out}")
-    return proc.returncode, out
-
-
-def progress(run_dir: Path) -> list[dict]:
-    path = run_dir / "progress.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def train_records(run_dir: Path) -> list[dict]:
-    return [r for r in progress(run_dir) if "loss" in r and "eval_loss" not in r]
 
 
 def the_run_dir(cwd: Path) -> Path:
