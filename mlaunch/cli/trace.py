@@ -10,6 +10,7 @@ imports torch or the OpenTelemetry SDK.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, NoReturn
@@ -65,6 +66,29 @@ def _warn_skipped(stats: Any) -> None:
         typer.echo(f"warning: ... {len(stats.skipped_lines) - 5} more skipped lines", err=True)
 
 
+def _show(
+    path: Path,
+    skip_invalid: bool,
+    compute: Callable[[Any], Any],
+    as_json: bool,
+    render: Callable[[Any], None],
+) -> None:
+    """Read ``path``, compute a result from the reader, then print it as JSON or render it; bad
+    input exits 2 naming the file and line."""
+    from mlaunch.trace.reader import TraceInputError
+
+    reader = _open(path, skip_invalid)
+    try:
+        result = compute(reader)
+    except TraceInputError as e:
+        _fail(e.render())
+    _warn_skipped(reader.stats)
+    if as_json:
+        typer.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        render(result)
+
+
 def _ms(v: float) -> str:
     """Milliseconds as three significant digits in µs / ms / s, so wide tables fit a terminal."""
     if v == 0:
@@ -105,19 +129,15 @@ def summary_cmd(
     linearly between closest ranks. [b]skew[/b]: each rank's median step over the median of all
     ranks' medians.
     """
-    from mlaunch.trace.reader import TraceInputError
     from mlaunch.trace.summary import summarize
 
-    reader = _open(path, skip_invalid)
-    try:
-        result = summarize(reader, straggler_threshold=straggler_threshold)
-    except TraceInputError as e:
-        _fail(e.render())
-    _warn_skipped(reader.stats)
-    if as_json:
-        typer.echo(json.dumps(result.to_json(), indent=2))
-        return
-    _render_summary(result)
+    _show(
+        path,
+        skip_invalid,
+        lambda reader: summarize(reader, straggler_threshold=straggler_threshold),
+        as_json,
+        _render_summary,
+    )
 
 
 def _render_summary(result: Any) -> None:
@@ -241,18 +261,8 @@ def goodput_cmd(
     so the parts add up to wall. Overall = sums over ranks.
     """
     from mlaunch.trace.goodput import goodput
-    from mlaunch.trace.reader import TraceInputError
 
-    reader = _open(path, skip_invalid)
-    try:
-        report = goodput(reader)
-    except TraceInputError as e:
-        _fail(e.render())
-    _warn_skipped(reader.stats)
-    if as_json:
-        typer.echo(json.dumps(report.to_json(), indent=2))
-        return
-    _render_goodput(report)
+    _show(path, skip_invalid, goodput, as_json, _render_goodput)
 
 
 def _render_goodput(report: Any) -> None:
