@@ -373,9 +373,6 @@ class TelemetrySettings(_Section):
         self._groups = resolve(self.span_groups)
         if self.exporter is None:
             self.exporter = "otlp" if self.otel.endpoint_configured else "file"
-        if self.otel.traces_sampler_arg is not None and self.otel.traces_sampler is None:
-            # The SDK ignores an argument without a ratio sampler; say so instead of guessing.
-            pass
         return self
 
     @property
