@@ -37,6 +37,11 @@ def traces_file(run_dir: str | Path, rank: int) -> Path:
     return Path(run_dir) / TELEMETRY_DIR / f"traces-rank{rank}.jsonl"
 
 
+def launcher_traces_file(run_dir: str | Path, node_rank: int = 0) -> Path:
+    """The launcher's own job trace (``mlaunch.job`` / ``mlaunch.job.attempt``) of one node."""
+    return Path(run_dir) / TELEMETRY_DIR / f"traces-launcher-node{node_rank}.jsonl"
+
+
 def metrics_file(run_dir: str | Path, rank: int) -> Path:
     """The file exporter's metric output of one rank (OTLP-JSON lines)."""
     return Path(run_dir) / TELEMETRY_DIR / f"metrics-rank{rank}.jsonl"

@@ -48,6 +48,11 @@ class SpanName(StrEnum):
     EVALUATE_STEP = "megatron.evaluate.step"
     TEXT_COMPLETION = "text_completion"  # full name is "text_completion <model>"
     REGION = "megatron.region"  # full name is "megatron.region.<name>"
+    # The launcher's job trace (``mlaunch train`` itself, not a worker): a root span for the whole
+    # invocation and one child per torchrun attempt. It outlives any worker, so a SIGKILLed rank
+    # cannot take the run-long view with it.
+    JOB = "mlaunch.job"
+    JOB_ATTEMPT = "mlaunch.job.attempt"
 
 
 def text_completion_name(model: str) -> str:
@@ -85,6 +90,11 @@ class Attr(StrEnum):
     IS_GOODPUT = "is_goodput_span"
     TRUNCATED = "mlaunch.span.truncated"
     TRACE_SEGMENT = "mlaunch.trace.segment"  # on re-rooted megatron.train spans (trace segments)
+    # On the launcher's mlaunch.job.attempt spans.
+    ATTEMPT = "mlaunch.attempt"  # 0 for the first torchrun attempt, +1 per restart
+    EXIT_CODE = "mlaunch.exit_code"  # the attempt's exit code (absent when ended by a signal)
+    SIGNAL = "mlaunch.signal"  # e.g. "SIGKILL" when a worker or the attempt died by a signal
+    FAILED_RANK = "mlaunch.failed_rank"  # the first failing global rank, when one is known
 
 
 class ResourceAttr(StrEnum):
