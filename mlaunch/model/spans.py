@@ -224,6 +224,10 @@ class SpanDef:
     attributes: tuple[str, ...] = ()
     stages: Stages = Stages.ALL
     note: str = ""
+    extra: bool = False
+    """An mlaunch extra: Megatron-LM's code emits nothing like it (a Megatron-LM worker never will)."""
+    alias: str | None = None
+    """The documented name (Megatron-LM's docs) where the code emits another; readers accept both."""
 
     @property
     def is_goodput(self) -> bool:
