@@ -84,7 +84,11 @@ def test_spans_and_metrics_arrive_over_otlp(make_settings, tmp_path, receiver):
     assert parents[S.MICROBATCH_FORWARD] == S.FORWARD_BACKWARD
     assert parents[S.OPTIMIZER] == S.STARTUP
     named = by_name(spans)
-    assert named[S.FORWARD_BACKWARD]["attributes"] == {Attr.NUM_MICROBATCHES: 2}
+    # forward_backward is one of the spans Megatron-LM marks as goodput.
+    assert named[S.FORWARD_BACKWARD]["attributes"] == {
+        Attr.NUM_MICROBATCHES: 2,
+        Attr.IS_GOODPUT: True,
+    }
     assert named[S.MICROBATCH_FORWARD]["attributes"] == {Attr.MICROBATCH_ID: 0}
     assert named[S.STARTUP]["attributes"][Attr.IS_GOODPUT] is True
     (link,) = named[S.PP_RECV_FORWARD_LINKED]["links"]

@@ -98,7 +98,9 @@ def test_parents_cross_between_coarse_and_fine_spans(make_settings, tmp_path):
     assert named[S.MICROBATCH_FORWARD]["attributes"] == {Attr.MICROBATCH_ID: 3, "extra": 1.5}
     assert named[S.STARTUP]["attributes"] == {Attr.MODEL_TYPE: "gpt", Attr.IS_GOODPUT: True}
     assert named[S.CHECKPOINT_SAVE_IO_WRITE]["attributes"] == {Attr.IS_GOODPUT: True}
-    assert Attr.IS_GOODPUT not in named[S.FORWARD_BACKWARD]["attributes"]  # not a goodput group
+    # Megatron-LM's marks, span by span: forward_backward is marked, layers and regions are not.
+    assert named[S.FORWARD_BACKWARD]["attributes"] == {Attr.IS_GOODPUT: True}
+    assert Attr.IS_GOODPUT not in named[S.LAYER_FORWARD]["attributes"]
     # children inside parents in time
     for s in spans:
         assert s["start_ns"] <= s["end_ns"]
@@ -240,7 +242,11 @@ def test_linked_span_links_to_the_sender(make_settings, tmp_path):
     assert [ln["span_id"] for ln in named[S.OPTIMIZER]["links"]] == [sends[1]["span_id"]]
 
 
-def _run_rank(make_settings, tmp_path, rank: int, iters: int, start: int = 0, restart: int = 0):
+def _run_rank(
+    make_settings, tmp_path, rank: int, iters: int, restart: int = 0, environ: dict | None = None
+):
+    """A script that keeps one ``megatron.train`` open over ``iters`` iterations (1-based) with
+    K = 3 and no saves: set_iteration re-roots it into one trace per block."""
     settings = make_settings(TRACE_SEGMENT_ITERS="3", SPAN_GROUPS="job,step,layer")
     telemetry.setup(
         settings,
@@ -250,17 +256,19 @@ def _run_rank(make_settings, tmp_path, rank: int, iters: int, start: int = 0, re
         resource={ResourceAttr.RESTART_COUNT: restart},
     )
     with telemetry.span(G.JOB, S.STARTUP):
-        with telemetry.span(G.JOB, S.TRAIN, **{Attr.TRAIN_ITERS: iters}):
-            for it in range(start, start + iters):
-                telemetry.set_iteration(it)
-                with telemetry.span(G.STEP, S.ITERATION, **{Attr.ITERATION: it}):
-                    with telemetry.span(G.LAYER, S.LAYER_FORWARD):
-                        pass
+        pass
+    telemetry.set_iteration(1)
+    with telemetry.span(G.JOB, S.TRAIN):
+        for it in range(1, iters + 1):
+            telemetry.set_iteration(it)
+            with telemetry.span(G.STEP, S.ITERATION, **{Attr.ITERATION: it}):
+                with telemetry.span(G.LAYER, S.LAYER_FORWARD):
+                    pass
     telemetry.shutdown()
     return read_trace_file(tmp_path, rank)
 
 
-def test_iterations_share_trace_ids_across_ranks_and_segments_are_linked(make_settings, tmp_path):
+def test_blocks_share_trace_ids_across_ranks_and_are_linked_in_a_chain(make_settings, tmp_path):
     rank0 = _run_rank(make_settings, tmp_path, 0, 7)
     rank1 = _run_rank(make_settings, tmp_path, 1, 7)
 
@@ -273,22 +281,25 @@ def test_iterations_share_trace_ids_across_ranks_and_segments_are_linked(make_se
 
     assert step_traces(rank0) == step_traces(rank1)  # no communication needed
     traces = step_traces(rank0)
-    # iterations 0-2 (segment of the first iteration) share the setup trace; 3-5; 6
-    assert traces[0] == traces[2] != traces[3] == traces[5] != traces[6]
-    pretrain = by_name(rank0)[S.STARTUP]
-    assert pretrain["trace_id"] == traces[0]
+    # K = 3: iterations 1-3 are block 0, 4-6 block 1, 7 block 2; startup has a trace of its own.
+    assert traces[1] == traces[3] != traces[4] == traces[6] != traces[7]
+    startup = by_name(rank0)[S.STARTUP]
+    assert startup["trace_id"] not in traces.values()
+    assert {s["trace_id"] for s in rank0 if s["name"] == S.STARTUP} == {
+        s["trace_id"] for s in rank1 if s["name"] == S.STARTUP
+    }
     trains = [s for s in rank0 if s["name"] == S.TRAIN]
-    assert len(trains) == 3
-    assert [t.get("attributes", {}).get(Attr.TRACE_SEGMENT) for t in trains] == [None, 1, 2]
-    assert all(t["attributes"][Attr.TRAIN_ITERS] == 7 for t in trains)
-    assert trains[0]["parent_span_id"] == pretrain["span_id"]
-    for prev, cur in zip(trains, trains[1:], strict=False):
-        assert cur["parent_span_id"] == ""  # a new root...
+    assert [t["attributes"][Attr.TRAIN_BLOCK] for t in trains] == [0, 1, 2]
+    assert all(t["attributes"][Attr.IS_GOODPUT] is True for t in trains)
+    previous = startup
+    for cur in trains:
+        assert cur["parent_span_id"] == ""  # a root...
         assert [(ln["trace_id"], ln["span_id"]) for ln in cur["links"]] == [
-            (prev["trace_id"], prev["span_id"])
+            (previous["trace_id"], previous["span_id"])  # ...linked to the previous block
         ]
-        assert prev["end_ns"] <= cur["start_ns"]
-    # every step hangs under the train segment of its trace; layers under their step
+        assert previous["end_ns"] <= cur["start_ns"]
+        previous = cur
+    # every step hangs under the block of its trace
     train_by_trace = {t["trace_id"]: t["span_id"] for t in trains}
     for s in rank0:
         if s["name"] == S.ITERATION:
@@ -299,6 +310,57 @@ def test_restart_gets_distinct_trace_ids(make_settings, tmp_path):
     first = _run_rank(make_settings, tmp_path / "a", 0, 2, restart=0)
     second = _run_rank(make_settings, tmp_path / "b", 0, 2, restart=1)
     assert {s["trace_id"] for s in first}.isdisjoint({s["trace_id"] for s in second})
+
+
+def test_save_interval_sets_the_block_size(make_settings, tmp_path):
+    telemetry.setup(
+        make_settings(SPAN_GROUPS="job,step"), rank=0, world_size=1, run_dir=tmp_path,
+        save_interval=2,
+    )  # fmt: skip
+    for block_start in (1, 3, 5):
+        telemetry.set_iteration(block_start)
+        with telemetry.span(G.JOB, S.TRAIN):
+            for it in (block_start, block_start + 1):
+                telemetry.set_iteration(it)
+                with telemetry.span(G.STEP, S.ITERATION, **{Attr.ITERATION: it}):
+                    pass
+    telemetry.shutdown()
+    spans = read_trace_file(tmp_path)
+    trains = [s for s in spans if s["name"] == S.TRAIN]
+    assert [t["attributes"][Attr.TRAIN_BLOCK] for t in trains] == [0, 1, 2]
+    steps = {
+        s["attributes"][Attr.ITERATION]: s["trace_id"] for s in spans if s["name"] == S.ITERATION
+    }
+    assert steps[1] == steps[2] != steps[3] == steps[4] != steps[5] == steps[6]
+
+
+@pytest.mark.parametrize(
+    "value, linked",
+    [
+        ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", True),
+        ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7", False),  # no flags
+        ("00-00000000000000000000000000000000-00f067aa0ba902b7-01", False),  # zero trace id
+        ("not a traceparent", False),
+    ],
+)
+def test_startup_links_to_the_launchers_attempt_span_from_traceparent(
+    make_settings, tmp_path, monkeypatch, caplog, value, linked
+):
+    monkeypatch.setenv("TRACEPARENT", value)
+    telemetry.setup(make_settings(), rank=0, world_size=1, run_dir=tmp_path)
+    with telemetry.span(G.JOB, S.STARTUP), telemetry.span(G.MODEL_INIT, S.MODEL_INIT):
+        pass
+    with telemetry.span(G.JOB, S.STARTUP):  # a second root of the same name links again
+        pass
+    telemetry.shutdown()
+    spans = read_trace_file(tmp_path)
+    startups = [s for s in spans if s["name"] == S.STARTUP]
+    want = [tuple(value.split("-")[1:3])] if linked else []
+    for st in startups:
+        assert [(ln["trace_id"], ln["span_id"]) for ln in st["links"]] == want
+    assert by_name(spans)[S.MODEL_INIT]["links"] == []
+    warned = [r for r in caplog.records if "TRACEPARENT" in r.getMessage()]
+    assert len(warned) == (0 if linked else 1)  # an invalid value: ignored, logged once
 
 
 def test_threads_have_their_own_stacks_and_shutdown_truncates_every_thread(make_settings, tmp_path):
