@@ -179,7 +179,7 @@ def build_resource_attributes(
 
 
 class _SegmentIdGenerator(IdGenerator):
-    """Root spans get the current segment's trace id; span ids are random as in the SDK."""
+    """Root spans get the current trace id (startup or block); span ids are random as in the SDK."""
 
     def generate_span_id(self) -> int:
         from random import getrandbits
@@ -645,7 +645,7 @@ class Runtime:
 
     def _root_sampled(self, trace_id: int, name: str) -> bool:
         # mlaunch's samplers decide on the trace id alone (rank-aware: a per-rank constant;
-        # ratio: the trace id), so one root decision per trace segment serves every fine root.
+        # ratio: the trace id), so one root decision per trace (startup or block) serves every fine root.
         cached = self._root_cache
         if cached[0] == trace_id:
             return cached[1]
