@@ -41,7 +41,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 
 import mlaunch
 from mlaunch import envcontract
-from mlaunch.model.identity import run_identity
+from mlaunch.model.identity import RUN_UUID, run_identity
 from mlaunch.model.spans import (
     K8S_RESOURCE_ATTRS,
     METRICS,
@@ -85,7 +85,7 @@ _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 # Trace identity
 
 
-def segment_trace_id(run_id: str, restart: int, segment: int | str) -> int:
+def segment_trace_id(run_id: str, restart: int | str, segment: int | str) -> int:
     """The deterministic 128-bit trace id of one trace of a run (never 0): ``segment`` is
     ``"startup"`` for the start-up trace or a ``megatron.train`` block number."""
     digest = hashlib.sha256(f"mlaunch/{run_id}/{restart}/{segment}".encode()).hexdigest()
@@ -456,6 +456,10 @@ class Runtime:
         except (TypeError, ValueError):
             self.restart = 0
         extra.setdefault(ResourceAttr.RESTART_COUNT, self.restart)
+        # The incarnation the trace ids are derived from: the torchrun restart, and Megatron-LM's
+        # run_uuid (it also changes when SLURM requeues the job, which starts torchrun's count
+        # at 0 again), so a resumed block never reuses an earlier incarnation's trace id.
+        self.incarnation = f"{self.restart}/{run_identity(environ)[RUN_UUID]}"
         self.log_once = _LogOnce()
         # megatron.train blocks: save_interval iterations, or K (trace_segment_iters) without saves.
         segment_iters = max(1, int(settings.trace_segment_iters or 100))
@@ -560,7 +564,7 @@ class Runtime:
 
         # Install the span machinery (module-level state read by the span classes).
         state = _spans.STATE
-        state.trace_id = segment_trace_id(self.run_id, self.restart, STARTUP_TRACE)
+        state.trace_id = segment_trace_id(self.run_id, self.incarnation, STARTUP_TRACE)
         state.root_sampled = self._root_sampled
         state.start_sdk_span = self._start_sdk_span
         state.attach = self._attach
@@ -713,7 +717,7 @@ class Runtime:
             return
         self.block = block
         state = _spans.STATE
-        state.trace_id = segment_trace_id(self.run_id, self.restart, block)
+        state.trace_id = segment_trace_id(self.run_id, self.incarnation, block)
         stack = _spans.current_stack()
         entry = stack[-1] if stack else None
         # Only an SDK (coarse) span can be re-rooted in place; the job group is never fine-grained.
