@@ -385,20 +385,27 @@ _env_value = reference.env_text
 
 
 def worker_environment(
-    settings: Settings, run_id: str, run_dir: Path, environ: Mapping[str, str]
+    settings: Settings,
+    run_id: str,
+    run_dir: Path,
+    environ: Mapping[str, str],
+    *,
+    external: bool | None = None,
 ) -> tuple[dict[str, str], tuple[str, ...], tuple[str, ...]]:
     """``(what mlaunch sets, inherited variables it removes, notes)`` for the workers.
 
     mlaunch's trainer gets every setting in mlaunch's language; a ``--script``/``--module`` worker
     gets the reference's (:mod:`mlaunch.launcher.reference`). Inherited ``MEGATRON_OTEL_*`` /
     ``NEMO_LENS_*`` variables that mlaunch does not set are removed, so workers see one truth.
+    ``external`` overrides the entry point's kind (doctor asks for the script side of any config).
     """
-    if settings.uses_builtin_trainer:
+    external = not settings.uses_builtin_trainer if external is None else external
+    if not external:
         env = _trainer_env(settings, run_id, environ)
     else:
         env = reference.worker_env(settings, run_id)
     env[ec.RUN_DIR] = str(run_dir)
-    embedded = not settings.uses_builtin_trainer and reference.embedded_receiver(settings)
+    embedded = external and reference.embedded_receiver(settings)
     for var in sorted(environ):
         # Other standard variables (per-signal headers, SDK knobs) travel as given.
         if (
