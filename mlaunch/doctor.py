@@ -1528,23 +1528,23 @@ args = spec["args"]
 def flag(name):
     for i, a in enumerate(args):
         if a == name:
-            return True if name == "--otel-enabled" else (args[i + 1] if i + 1 < len(args) else None)
+            return True if name == spec["enabled_arg"] else (args[i + 1] if i + 1 < len(args) else None)
         if a.startswith(name + "="):
             return a.split("=", 1)[1]
     return None
 stage = "NemoLensConfig.from_env"
 try:
     config = NemoLensConfig.from_env(
-        prefix="MEGATRON_OTEL", fallback_prefix="NEMO_LENS", span_group_cls=groups_cls
+        prefix=spec["prefix"], fallback_prefix=spec["fallback_prefix"], span_group_cls=groups_cls
     )
     if not os.environ.get("OTEL_SERVICE_NAME", "").strip():
-        config.service_name = "megatron-lm"
-    if flag("--otel-enabled"):
+        config.service_name = spec["default_service_name"]
+    if flag(spec["enabled_arg"]):
         config.enabled = True
-    if flag("--otel-service-name"):
-        config.service_name = flag("--otel-service-name")
-    if flag("--otel-span-groups"):
-        config.span_groups = flag("--otel-span-groups")
+    if flag(spec["service_name_arg"]):
+        config.service_name = flag(spec["service_name_arg"])
+    if flag(spec["span_groups_arg"]):
+        config.span_groups = flag(spec["span_groups_arg"])
     out.update(enabled=config.enabled, service_name=config.service_name,
                exporter=config.exporter, export_strategy=config.export_strategy,
                span_spec=config.span_groups, sampler_enabled=config.sampler_enabled,
@@ -1585,10 +1585,19 @@ def worker_probe(
     python: str, env: Mapping[str, str], args: Sequence[str], settings: Settings, timeout_s: float
 ) -> dict[str, Any]:
     """Run :data:`_LENS_PROBE` under ``python`` in ``env``; its JSON, or ``{"failed": why}``."""
+    from mlaunch.launcher import reference
     from mlaunch.model.groups import PRESETS, REFERENCE_PRESETS
+    from mlaunch.settings import TelemetrySettings
 
     spec = {
         "args": list(args),
+        # What Megatron-LM's _set_telemetry passes and overrides (MEGATRON.md section 1).
+        "prefix": PRIMARY_PREFIX.rstrip("_"),
+        "fallback_prefix": FALLBACK_PREFIX.rstrip("_"),
+        "default_service_name": TelemetrySettings.model_fields["service_name"].default,
+        "enabled_arg": reference.OTEL_ENABLED_ARG,
+        "service_name_arg": reference.OTEL_SERVICE_NAME_ARG,
+        "span_groups_arg": reference.OTEL_SPAN_GROUPS_ARG,
         "world": settings.world_size,
         "ranks": min(settings.world_size, WORKER_PROBE_RANKS),
         "nproc_per_node": settings.launch.nproc_per_node,

@@ -419,3 +419,35 @@ def test_reference_span_names_leave_out_mlaunch_extras(monkeypatch):
     )
     monkeypatch.setattr(ref, "CATALOGUE", marked)
     assert extra.name not in ref.reference_span_names(SpanGroup)
+
+
+# ---- the dry run ------------------------------------------------------------------------------
+
+
+def test_dry_run_of_a_script_shows_translations_receiver_and_span_names(script, monkeypatch):
+    from typer.testing import CliRunner
+
+    from mlaunch.cli import build_app
+    from mlaunch.model.spans import CATALOGUE
+
+    monkeypatch.chdir(script.parent)
+    monkeypatch.setenv("COLUMNS", "300")  # one line per row: the assertions read whole lines
+    result = CliRunner().invoke(
+        build_app("train"),
+        ["train", "--script", str(script), "--otel-span-groups", "goodput", "--dry-run",
+         "--tensor-model-parallel-size", "2", "--global-batch-size", "4"],
+        env={**CLEAN, "MEGATRON_OTEL_RANK_STRATEGY": "single_rank"},
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "otlp -> embedded OTLP receiver on loopback ->" in out and "/telemetry" in out
+    assert "span groups 'goodput' -> job,checkpoint,model_init" in out
+    assert "MEGATRON_OTEL_RANK_STRATEGY -> MEGATRON_OTEL_EXPORT_STRATEGY=single_rank" in out
+    assert "CUDA_DEVICE_MAX_CONNECTIONS=1 set" in out
+    assert "span names the worker will emit" in out
+    on = [d.name for d in CATALOGUE if d.group in resolve("goodput") and not d.extra]
+    off = [d.name for d in CATALOGUE if d.group not in resolve("goodput")]
+    assert all(name in out for name in on)
+    assert not any(f" {name}," in out or f" {name}\n" in out for name in off)
+    assert "--otel-span-groups=job,checkpoint,model_init" in out
+    assert not (script.parent / "runs").exists()
