@@ -374,7 +374,7 @@ _NO = "--no-"
 #: Every telemetry setting, in the order the docs table lists them.
 RULES: tuple[Rule, ...] = (
     Rule(
-        f"{P}ENABLED, --otel-enabled",
+        f"`{P}ENABLED`, `--otel-enabled`",
         Handling.PASSED,
         f"`{P}ENABLED=true|false`; `--otel-enabled` when on",
         paths=("telemetry.enabled",),
@@ -382,7 +382,7 @@ RULES: tuple[Rule, ...] = (
         args=lambda s: [OTEL_ENABLED_ARG] if s.telemetry.enabled else [],
     ),
     Rule(
-        "OTEL_SERVICE_NAME, --otel-service-name",
+        "`OTEL_SERVICE_NAME`, `--otel-service-name`",
         Handling.PASSED,
         "`OTEL_SERVICE_NAME` and one argument `--otel-service-name=<name>`",
         paths=("telemetry.service_name",),
@@ -390,7 +390,7 @@ RULES: tuple[Rule, ...] = (
         args=_service_args,
     ),
     Rule(
-        f"{P}SPAN_GROUPS, --otel-span-groups",
+        f"`{P}SPAN_GROUPS`, `--otel-span-groups`",
         Handling.TRANSLATED,
         "the resolved groups as a comma list (`all,-layer`, `goodput`, `-layer,all` become plain"
         f" group names) in `{P}SPAN_GROUPS` and as one argument `--otel-span-groups=<list>`",
@@ -403,7 +403,7 @@ RULES: tuple[Rule, ...] = (
         applied=_spec_applied,
     ),
     Rule(
-        f"{P}EXPORTER, --otel-exporter",
+        f"`{P}EXPORTER`, `--otel-exporter`",
         Handling.TRANSLATED,
         "`otlp` and `console` as they are; `file` (the default without an endpoint) -> `otlp` to"
         " the launcher's embedded OTLP receiver on loopback, which writes the run directory's"
@@ -416,7 +416,7 @@ RULES: tuple[Rule, ...] = (
         applied=_exporter_applied,
     ),
     Rule(
-        f"{P}EXPORT_STRATEGY, --otel-export-strategy",
+        f"`{P}EXPORT_STRATEGY`, `--otel-export-strategy`",
         Handling.PASSED,
         f"`{P}EXPORT_STRATEGY=<name>` (lower case) for the four built-in strategies",
         "a custom `module:function`: nemo-lens looks strategies up by registered name and raises"
@@ -427,28 +427,28 @@ RULES: tuple[Rule, ...] = (
         refuse=_strategy_refuse,
     ),
     Rule(
-        f"{P}RANK_STRATEGY (alias)",
+        f"`{P}RANK_STRATEGY` (alias)",
         Handling.TRANSLATED,
         f"written as `{P}EXPORT_STRATEGY` (nemo-lens never reads RANK_STRATEGY); the alias is"
         " removed from the worker environment",
         applied=_alias_applied("RANK_STRATEGY", "telemetry.export_strategy", "EXPORT_STRATEGY"),
     ),
     Rule(
-        f"{P}EXPORT_RANK",
+        f"`{P}EXPORT_RANK`",
         Handling.PASSED,
         f"`{P}EXPORT_RANK`",
         paths=("telemetry.export_rank",),
         write=_write_field("export_rank"),
     ),
     Rule(
-        f"{P}EXPORT_SAMPLE_RATE",
+        f"`{P}EXPORT_SAMPLE_RATE`",
         Handling.PASSED,
         f"`{P}EXPORT_SAMPLE_RATE` (in [0, 1], checked here)",
         paths=("telemetry.export_sample_rate",),
         write=_write_field("export_sample_rate"),
     ),
     Rule(
-        f"{P}SAMPLER_ENABLED",
+        f"`{P}SAMPLER_ENABLED`",
         Handling.PASSED,
         f"`{P}SAMPLER_ENABLED`; nemo-lens's rank-aware sampler then *replaces* OTEL_TRACES_SAMPLER"
         " (the summary says so)",
@@ -459,14 +459,14 @@ RULES: tuple[Rule, ...] = (
         refuse=_sampler_refuse,
     ),
     Rule(
-        f"{P}SAMPLING_STRATEGY (alias)",
+        f"`{P}SAMPLING_STRATEGY` (alias)",
         Handling.TRANSLATED,
         f"`rank_aware` -> `{P}SAMPLER_ENABLED=true`, `none`/`off`/`default` -> `false` (nemo-lens"
         " never reads SAMPLING_STRATEGY); the alias is removed",
         applied=_alias_applied("SAMPLING_STRATEGY", "telemetry.sampler_enabled", "SAMPLER_ENABLED"),
     ),
     Rule(
-        f"{P}TRACES_ENABLED, {P}METRICS_ENABLED",
+        f"`{P}TRACES_ENABLED`, `{P}METRICS_ENABLED`",
         Handling.PASSED,
         "as they are",
         paths=("telemetry.traces_enabled", "telemetry.metrics_enabled"),
@@ -476,7 +476,7 @@ RULES: tuple[Rule, ...] = (
         },
     ),
     Rule(
-        f"{P}LOGS_ENABLED",
+        f"`{P}LOGS_ENABLED`",
         Handling.PASSED,
         f"`{P}LOGS_ENABLED`",
         "with an http protocol to your endpoint: nemo-lens 0.1.0 sends logs over OTLP/gRPC"
@@ -486,21 +486,21 @@ RULES: tuple[Rule, ...] = (
         refuse=_logs_refuse,
     ),
     Rule(
-        f"{P}RUN_ID, --otel-run-id",
+        f"`{P}RUN_ID`, `--otel-run-id`",
         Handling.PASSED,
         f"`{P}RUN_ID`: the run id the launcher chose (always written, the same on every rank)",
         paths=("telemetry.run_id",),
         write=_run_id_write,
     ),
     Rule(
-        f"{P}USER_ID",
+        f"`{P}USER_ID`",
         Handling.PASSED,
         f"`{P}USER_ID` when not empty (nemo-lens reads empty as unset: nothing is written)",
         paths=("telemetry.user_id",),
         write=_write_field("user_id", skip_empty=True),
     ),
     Rule(
-        f"{P}SHUTDOWN_TIMEOUT (mlaunch)",
+        f"`{P}SHUTDOWN_TIMEOUT` (mlaunch only)",
         Handling.REFUSED,
         "not written (nemo-lens has no such key)",
         "when set to anything but 5: nemo-lens flushes at shutdown with a fixed 5 s timeout",
@@ -513,7 +513,7 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule(
-        f"{P}TRACE_SEGMENT_ITERS (mlaunch)",
+        f"`{P}TRACE_SEGMENT_ITERS` (mlaunch only)",
         Handling.REFUSED,
         "not written (nemo-lens has no such key)",
         "when set: Megatron-LM starts a new `megatron.train` trace every `--save-interval`"
@@ -526,13 +526,13 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule(
-        f"{ec.FALLBACK_PREFIX}<KEY> (fallback prefix)",
+        f"`{ec.FALLBACK_PREFIX}<KEY>` (fallback prefix)",
         Handling.TRANSLATED,
         f"written as `{P}<KEY>`; every `{ec.FALLBACK_PREFIX}*` variable is removed (one truth)",
         applied=_fallback_applied,
     ),
     Rule(
-        "OTEL_TRACES_SAMPLER, OTEL_TRACES_SAMPLER_ARG",
+        "`OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG`",
         Handling.PASSED,
         "as validated (lower case); the SDK reads them unless the rank-aware sampler replaces them",
         paths=_paths(_SAMPLER_VARS),
@@ -540,7 +540,7 @@ RULES: tuple[Rule, ...] = (
         applied=_trace_sampler_applied,
     ),
     Rule(
-        "OTEL_EXPORTER_OTLP_ENDPOINT, _TRACES_ENDPOINT, _METRICS_ENDPOINT (--otlp-endpoint ...)",
+        "`OTEL_EXPORTER_OTLP_ENDPOINT`, `_TRACES_ENDPOINT`, `_METRICS_ENDPOINT` (`--otlp-endpoint` ...)",
         Handling.PASSED,
         "as they are; with the embedded receiver they are not inherited (the launcher points the"
         " workers at its receiver)",
@@ -548,7 +548,7 @@ RULES: tuple[Rule, ...] = (
         write=_otel_writer(_ENDPOINT_VARS),
     ),
     Rule(
-        "OTEL_EXPORTER_OTLP_PROTOCOL, _TRACES_PROTOCOL, _METRICS_PROTOCOL",
+        "`OTEL_EXPORTER_OTLP_PROTOCOL`, `_TRACES_PROTOCOL`, `_METRICS_PROTOCOL`",
         Handling.PASSED,
         "`grpc`, `http/protobuf`, `http/json` (nemo-lens sends http/json as OTLP/HTTP protobuf:"
         " the Python SDK has no JSON encoder); with the embedded receiver, set by the launcher",
@@ -557,14 +557,14 @@ RULES: tuple[Rule, ...] = (
         applied=_protocol_applied,
     ),
     Rule(
-        ", ".join(_OTHER_OTEL_VARS),
+        ", ".join(f"`{v}`" for v in _OTHER_OTEL_VARS),
         Handling.PASSED,
         "as validated; the SDK reads them (other `OTEL_*` variables travel as given)",
         paths=_paths(_OTHER_OTEL_VARS),
         write=_otel_writer(_OTHER_OTEL_VARS),
     ),
     Rule(
-        f"{ec.CUDA_DEVICE_MAX_CONNECTIONS} (any entry point)",
+        f"`{ec.CUDA_DEVICE_MAX_CONNECTIONS}` (any entry point)",
         Handling.TRANSLATED,
         "set to `1` when tensor or context parallel size > 1 and you did not set it: Megatron-LM's"
         " argument check requires it before Blackwell",
