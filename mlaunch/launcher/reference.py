@@ -98,12 +98,6 @@ def reference_exporter(settings: Settings) -> str:
     return "console" if settings.telemetry.exporter == "console" else "otlp"
 
 
-def rank_sampler_replaces(settings: Settings) -> bool:
-    """Whether nemo-lens's rank-aware sampler replaces a trace sampler the user named."""
-    t = settings.telemetry
-    return t.sampler_enabled and t.otel.traces_sampler is not None
-
-
 def reference_span_names(groups: Iterable[SpanGroup]) -> list[str]:
     """The span names a Megatron-LM worker emits for these groups: the catalogue's entries that
     are not mlaunch extras, in catalogue order."""
@@ -190,7 +184,11 @@ def _spec_applied(settings: Settings) -> str | None:
     spec, groups = settings.telemetry.span_groups, resolved_list(settings)
     if not groups or spec.strip().lower() == groups:
         return None
-    return f"span groups {spec!r} -> {groups} (nemo-lens knows no '-group' or 'goodput')"
+    extension = "-" in spec or "goodput" in spec.lower()
+    why = (
+        "nemo-lens knows no '-group' or 'goodput'" if extension else "the same groups, spelled out"
+    )
+    return f"span groups {spec!r} -> {groups} ({why})"
 
 
 def _strategy_refuse(settings: Settings) -> str | None:
@@ -278,8 +276,7 @@ def _run_id_write(settings: Settings, run_id: str) -> dict[str, str]:
 
 def _mlaunch_only(path: str, why: str, default: Any = None) -> Callable[[Settings], str | None]:
     def refuse(settings: Settings) -> str | None:
-        section, _, fld = path.rpartition(".")
-        value = getattr(settings.telemetry, fld)
+        value = getattr(settings.telemetry, path.rpartition(".")[2])
         if _set_by_user(settings, path) and value != default:
             return why
         return None
@@ -343,10 +340,6 @@ def _trace_sampler_applied(settings: Settings) -> str | None:
     return None
 
 
-def _cuda_connections_write(settings: Settings, run_id: str) -> dict[str, str]:
-    return {}  # environment-dependent: see cuda_connections()
-
-
 _ENDPOINT_VARS = (
     "OTEL_EXPORTER_OTLP_ENDPOINT",
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
@@ -368,8 +361,6 @@ _OTHER_OTEL_VARS = tuple(
 def _paths(variables: Iterable[str]) -> tuple[str, ...]:
     return tuple(f"{OTEL_ENV[v][0]}.{OTEL_ENV[v][1]}" for v in variables)
 
-
-_NO = "--no-"
 
 #: Every telemetry setting, in the order the docs table lists them.
 RULES: tuple[Rule, ...] = (
@@ -568,7 +559,7 @@ RULES: tuple[Rule, ...] = (
         Handling.TRANSLATED,
         "set to `1` when tensor or context parallel size > 1 and you did not set it: Megatron-LM's"
         " argument check requires it before Blackwell",
-        write=_cuda_connections_write,
+        # It depends on the inherited environment: launch.plan applies cuda_connections().
     ),
 )
 
