@@ -548,7 +548,7 @@ class ParallelSettings(_Section):
     context_parallel_size: int = Field(default=1, ge=1)
     """Context parallel size (``--context-parallel-size``; scripts only: mlaunch's trainer has 1)."""
     data_parallel_size: int | None = Field(default=None, ge=1)
-    """Data-parallel size; unset = world size / (tensor x pipeline)."""
+    """Data-parallel size; unset = world size / (tensor x pipeline x context)."""
 
 
 # --------------------------------------------------------------------------------------------
