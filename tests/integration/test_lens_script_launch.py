@@ -93,3 +93,24 @@ def test_a_refused_setting_starts_and_creates_nothing(lens_worker_script, tmp_pa
     assert "Traceback" not in out
     assert not run_dir.exists()
     assert not list(tmp_path.rglob("lens-worker-rank*.json"))  # no worker ever ran
+
+
+def test_the_worker_emits_only_the_span_names_the_summary_announced(lens_worker_script, tmp_path):
+    from mlaunch.model.spans import SPANS
+
+    with GrpcOtlpReceiver() as rx:
+        code, out, run_dir = _launch(
+            lens_worker_script, tmp_path, rx.endpoint, "--otel-span-groups", "per_step,microbatch"
+        )
+        assert code == 0, out[-4000:]
+        announced = set(
+            json.loads((run_dir / "resolved.json").read_text())["reference"]["span_names"]
+        )
+        emitted = sum(r.get("emitted", 0) for r in _worker_reports(run_dir).values())
+        assert rx.wait_for_spans(emitted, timeout=20)
+        names = {s["name"] for s in rx.spans}
+    unknown = names - set(SPANS)
+    if unknown:
+        # The catalogue still spells Megatron-LM's documented names; issue 13 gives it the code's.
+        pytest.xfail(f"span catalogue lacks Megatron-LM's code names: {sorted(unknown)}")
+    assert names <= announced, sorted(names - announced)
