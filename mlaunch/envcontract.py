@@ -18,6 +18,16 @@ FALLBACK_PREFIX = "NEMO_LENS_"
 RUN_DIR = "MLAUNCH_RUN_DIR"
 #: The run id, as the launcher chose it (also exported as MEGATRON_OTEL_RUN_ID).
 RUN_ID = PRIMARY_PREFIX + "RUN_ID"
+#: CUDA's hardware work-queue count. Megatron-LM's argument check requires ``1`` with tensor or
+#: context parallelism > 1 before Blackwell; ``mlaunch train`` sets it then unless the user did.
+CUDA_DEVICE_MAX_CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
+#: Where an OTLP exporter sends (the SDK reads these). With the launcher's embedded receiver the
+#: launcher sets the base endpoint and protocol itself, so the user's values are not inherited.
+OTLP_TARGET_VARS: tuple[str, ...] = tuple(
+    f"OTEL_EXPORTER_OTLP_{signal}{what}"
+    for what in ("ENDPOINT", "PROTOCOL")
+    for signal in ("", "TRACES_", "METRICS_", "LOGS_")
+)
 #: Test-only fault injection understood by the trainer (never set by the launcher itself).
 FAIL_AT_ITERATION = "MLAUNCH_TEST_FAIL_AT_ITERATION"
 
