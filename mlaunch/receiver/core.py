@@ -228,7 +228,9 @@ class Receiver:
             ):
                 accept = False
             else:
-                accept = self._queued_bytes + nbytes <= self.max_queued_bytes or not self._queue
+                accept = (
+                    self._queued_bytes + nbytes <= self.max_queued_bytes or not self._queued_bytes
+                )
             if not accept:
                 counts.rejected_requests += 1
                 counts.rejected_bytes += nbytes
