@@ -402,7 +402,17 @@ class Receiver:
             self._cond.notify_all()
         # Relay: the deadline bounds everything (the upstream may hang). Embedded: only local
         # writes remain (workers have exited), bounded by the queue's size: let them finish.
-        limit = deadline if self._senders else start + deadline_s + LOCAL_DRAIN_S
+        if self._senders:
+            self._thread.join(max(0.0, start + deadline_s * 0.8 - time.monotonic()))
+            if self._thread.is_alive():
+                # Still sending at 80%: cut the call in flight (it is spooled); the rest of the
+                # queue goes straight to the spool in the time left.
+                for sender in self._senders.values():
+                    with contextlib.suppress(Exception):
+                        sender.abort()
+            limit = deadline
+        else:
+            limit = start + deadline_s + LOCAL_DRAIN_S
         self._thread.join(max(0.1, limit - time.monotonic()))
         if self._thread.is_alive():
             with self._cond:

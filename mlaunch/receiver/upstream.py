@@ -8,10 +8,11 @@ name the endpoint and the failure, never a header).
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import http.client
+import socket
 import ssl
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -105,6 +106,7 @@ class Sender:
         self._channel: Any = None
         self._call: Any = None
         self._ssl: ssl.SSLContext | None = None
+        self._conn: http.client.HTTPConnection | None = None
 
     def _grpc_call(self) -> Any:
         if self._call is None:
@@ -146,6 +148,9 @@ class Sender:
                     compression=grpc.Compression.Gzip if u.gzip else None,
                 )  # fmt: skip
             except grpc.RpcError as exc:
+                # A fresh channel next time: one that failed to connect would otherwise wait out
+                # gRPC's reconnect backoff after the collector is back.
+                self.close()
                 raise OSError(f"gRPC {exc.code().name}") from None
             return
         content_type = "application/x-protobuf"
@@ -158,31 +163,52 @@ class Sender:
         if u.gzip:
             body = gzip.compress(body, compresslevel=1)
             headers["Content-Encoding"] = "gzip"
-        req = urllib.request.Request(u.endpoint, data=body, method="POST", headers=headers)
+        parts = urlsplit(u.endpoint)
+        # http.client rather than urllib: the connection is at hand, so abort() can cut a call
+        # that an unresponsive collector would otherwise hold for the whole timeout.
+        conn: http.client.HTTPConnection
+        if parts.scheme == "https":
+            conn = http.client.HTTPSConnection(
+                parts.hostname or "", parts.port, timeout=timeout_s, context=self._context()
+            )
+        else:
+            conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout_s)
+        self._conn = conn
         try:
-            with urllib.request.urlopen(req, timeout=timeout_s, context=self._context()) as resp:
-                resp.read()
-        except urllib.error.HTTPError as exc:
-            raise OSError(f"HTTP {exc.code}") from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError, ssl.SSLError) as exc:
-            raise OSError(str(getattr(exc, "reason", exc))) from None
+            conn.request("POST", parts.path or "/", body=body, headers=headers)
+            resp = conn.getresponse()
+            resp.read()
+            if not 200 <= resp.status < 300:
+                raise OSError(f"HTTP {resp.status}")
+        except (http.client.HTTPException, TimeoutError, ConnectionError, ssl.SSLError) as exc:
+            raise OSError(str(exc) or type(exc).__name__) from None
+        finally:
+            self._conn = None
+            conn.close()
 
-    def _context(self) -> ssl.SSLContext | None:
-        u = self.upstream
-        if not u.endpoint.startswith("https"):
-            return None
+    def _context(self) -> ssl.SSLContext:
         if self._ssl is None:
+            u = self.upstream
             ctx = ssl.create_default_context(cafile=u.certificate)
             if u.client_certificate:
                 ctx.load_cert_chain(u.client_certificate, u.client_key)
             self._ssl = ctx
         return self._ssl
 
+    def abort(self) -> None:
+        """End a call in flight now (from another thread): it fails, and its data is spooled."""
+        conn = self._conn
+        if conn is not None and conn.sock is not None:
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(socket.SHUT_RDWR)
+        self.close()
+
     def close(self) -> None:
         """Release the channel (in-flight calls end with an error)."""
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = self._call = None
+        channel, self._channel, self._call = self._channel, None, None
+        if channel is not None:
+            with contextlib.suppress(Exception):
+                channel.close()
 
 
 def _read(path: str | None) -> bytes | None:
