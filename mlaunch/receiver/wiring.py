@@ -43,12 +43,12 @@ def receiver_mode(settings: Settings) -> Mode | None:
     t = settings.telemetry
     if not t.enabled or t.otel.sdk_disabled:
         return None
-    if t.otel.endpoint_configured:
-        return "relay" if t.exporter == "otlp" and relay_enabled(settings) else None
+    if t.exporter == "otlp" and t.otel.endpoint_configured:
+        return "relay" if relay_enabled(settings) else None
     if settings.uses_builtin_trainer:
         return None  # its file exporter writes the same files without a hop
-    # A script/module with no endpoint: "otlp" (the translated plan) or "file" (untranslated:
-    # nemo-lens has no file exporter, so the receiver is the only way to get its spans on disk).
+    # A script/module: "otlp" with no endpoint (the translated plan), or "file" (nemo-lens has no
+    # file exporter: the receiver is how a script's spans get into the run directory).
     return "embedded" if t.exporter in ("otlp", "file") else None
 
 
