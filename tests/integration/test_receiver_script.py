@@ -155,3 +155,35 @@ def test_relay_with_the_collector_up_forwards_the_workers_spans(
         assert all(h.get("x-api-key") == SECRET for h in collector.headers)
     assert receiver_stats(run_dir)["signals"]["traces"]["forwarded_items"] == n
     assert not list((run_dir / envcontract.TELEMETRY_DIR).glob("spool-*"))
+
+
+def test_sigterm_to_the_launcher_still_flushes_the_receiver(
+    lens_worker_script: Path, tmp_path: Path
+) -> None:
+    """Ctrl-C/SIGTERM mid-run: the launcher forwards it, torchrun stops, and the receiver writes
+    what arrived (whole lines) and its counts before the launcher exits."""
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    env = clean_env(LENS_WORKER_ITER_SECONDS="0.05", OTEL_BSP_SCHEDULE_DELAY="100")
+    proc = mlaunch("--script", str(lens_worker_script), "--run-dir", str(run_dir),
+                   "--nproc-per-node", "2", "--train-iters", "100000",
+                   "--otel-export-strategy", "all_ranks", "--otel-span-groups", "per_step",
+                   cwd=tmp_path, env=env)  # fmt: skip
+    traces = envcontract.traces_file(run_dir, 0)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if traces.exists() and traces.stat().st_size > 0:
+            break
+        time.sleep(0.1)
+    assert proc.poll() is None, proc.communicate()[0]
+    proc.send_signal(signal.SIGTERM)
+    code, out = finish(proc)
+    assert code != 0  # interrupted
+    stats = receiver_stats(run_dir)["signals"]["traces"]
+    assert stats["written_items"] == stats["received_items"] > 0 and stats["lost_items"] == 0
+    on_disk = sum(len(read_spans(envcontract.traces_file(run_dir, r))) for r in (0, 1))
+    assert on_disk == stats["written_items"]
+    code, text = cli("summary", run_dir)
+    assert code == 0, text
