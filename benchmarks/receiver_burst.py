@@ -16,7 +16,11 @@ measures
 then checks that every span a worker emitted is in the files (lost = emitted - written = 0).
 
     python benchmarks/receiver_burst.py [--spans 100000] [--workers 2] [--protocol grpc|http]
-        [--max-queued-mib 64] [--json]
+        [--max-queued-mib 64] [--capacity] [--json]
+
+The end-to-end rates are bounded by the workers' own cost of making and encoding spans on the
+same cores; ``--capacity`` adds the receiver's rate alone (serialized requests submitted
+in-process, parsed, converted and written).
 """
 
 from __future__ import annotations
@@ -195,6 +199,44 @@ def run_burst(
     return out
 
 
+def capacity(spans: int = 100_000, batch: int = 512) -> dict[str, Any]:
+    """The receiver's own pipeline without workers: serialized 512-span requests (as the SDK
+    sends them) submitted in-process as fast as the queue takes them; spans/s until written."""
+    sys.path.insert(0, str(_REPO))
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+    from mlaunch.receiver import Receiver
+
+    ended: list[Any] = []
+
+    class Keep(SpanExporter):
+        def export(self, batch_: Any) -> SpanExportResult:
+            ended.extend(batch_)
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider(resource=Resource.create({"dl.rank": 0}))
+    provider.add_span_processor(SimpleSpanProcessor(Keep()))
+    tracer = provider.get_tracer("burst")
+    for i in range(batch):
+        with tracer.start_as_current_span("megatron.train_step") as span:
+            span.set_attribute("dl.iteration", i)
+    body = encode_spans(ended).SerializeToString()
+    with tempfile.TemporaryDirectory(prefix="receiver-capacity-") as tmp:
+        rx = Receiver(tmp, max_queued_bytes=2**40)
+        start = time.perf_counter()
+        for _ in range(spans // batch):
+            rx.submit("traces", body, len(body))
+        counts = rx.stats.signals["traces"]
+        while counts.written_items < (spans // batch) * batch:
+            time.sleep(0.005)
+        took = time.perf_counter() - start
+        rx.close()
+    return {"capacity_spans_per_s": round((spans // batch) * batch / took)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--spans", type=int, default=100_000)
@@ -202,6 +244,10 @@ def main() -> None:
     parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     parser.add_argument("--max-queued-mib", type=int, default=64)
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
+    parser.add_argument(
+        "--capacity", action="store_true",
+        help="also measure the receiver alone: in-process requests, no worker processes",
+    )  # fmt: skip
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -209,6 +255,8 @@ def main() -> None:
         print(json.dumps(worker(args.worker, args.spans, args.endpoint, args.protocol)))
         return
     r = run_burst(args.spans, args.workers, args.protocol, max_queued_mib=args.max_queued_mib)
+    if args.capacity:  # after the burst: the SDK it imports must not count in the peak RSS
+        r.update(capacity(args.spans))
     if args.json:
         print(json.dumps(r))
         return
@@ -219,6 +267,8 @@ def main() -> None:
           f" +{r['rss_growth_mib']} MiB; queue peak {r['peak_queued_mib']} MiB)")  # fmt: skip
     print(f"  emitted {r['emitted']:,}, in files {r['in_files']:,}, lost {r['lost']:,},"
           f" refused requests (retried) {r['rejected_requests']:,}")  # fmt: skip
+    if args.capacity:
+        print(f"  receiver alone (no workers): {r['capacity_spans_per_s']:,} spans/s written")
 
 
 if __name__ == "__main__":
