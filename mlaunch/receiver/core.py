@@ -260,6 +260,12 @@ class Receiver:
         """In-process API for an ``ExportMetricsServiceRequest`` (see :meth:`ingest_traces`)."""
         return self.submit("metrics", request, request.ByteSize(), local_file)
 
+    def malformed(self, signal: str, message: str) -> None:
+        """Count an undecodable request (from a handler or the writer) and log it once."""
+        with self._lock:
+            self.stats.signals[signal].malformed_requests += 1
+        self.problem("malformed", message)
+
     def problem(self, key: str, message: str) -> None:
         """Log a problem of the receiver's own once (and keep it for the stats file)."""
         with self._lock:
@@ -304,8 +310,7 @@ class Receiver:
         try:
             request = sig.parse(item.payload)
         except Exception:
-            counts.malformed_requests += 1
-            self.problem("malformed", f"dropped an undecodable {sig.name} request (counted)")
+            self.malformed(sig.name, f"dropped an undecodable {sig.name} request (counted)")
             return
         n = sig.items(request)
         counts.received_items += n

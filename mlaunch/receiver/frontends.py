@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 WORKER_THREADS = 8
 #: gRPC calls admitted at once; more are refused with RESOURCE_EXHAUSTED (retryable).
 MAX_CONCURRENT_RPCS = 64
+#: Open HTTP connections served at once (each holds a thread; the SDK keeps one per signal and
+#: worker alive between exports).
+MAX_HTTP_CONNECTIONS = 128
 #: An HTTP client that stops sending mid-request frees its thread after this many seconds.
 HTTP_SOCKET_TIMEOUT_S = 10.0
 
@@ -96,13 +99,15 @@ class _Server(ThreadingHTTPServer):
 
     def __init__(self, receiver: Receiver) -> None:
         self.receiver = receiver
-        self.slots = threading.BoundedSemaphore(WORKER_THREADS * 4)
+        self.slots = threading.BoundedSemaphore(MAX_HTTP_CONNECTIONS)
         super().__init__(("127.0.0.1", 0), _Handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        # Bounded threads: beyond the limit a connection waits in the accept queue (the client
-        # sees a slow answer, never an unbounded receiver).
-        self.slots.acquire()
+        # Bounded threads: beyond the limit a connection waits a moment, then is closed (the
+        # client's exporter retries); never an unbounded receiver, never a stuck shutdown().
+        if not self.slots.acquire(timeout=1.0):
+            self.shutdown_request(request)
+            return
         try:
             super().process_request(request, client_address)
         except Exception:
@@ -154,8 +159,7 @@ class _Handler(BaseHTTPRequestHandler):
             try:
                 payload = sig.from_json(json.loads(body))
             except Exception:
-                receiver.stats.signals[signal].malformed_requests += 1
-                receiver.problem("malformed", f"refused an undecodable OTLP/JSON {signal} request")
+                receiver.malformed(signal, f"refused an undecodable OTLP/JSON {signal} request")
                 self._reply(400, b'{"message":"not OTLP/JSON"}', "application/json")
                 return
         if not receiver.submit(signal, payload, len(body)):
