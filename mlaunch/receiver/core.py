@@ -438,6 +438,7 @@ class Receiver:
     def _write_stats(self) -> None:
         path = envcontract.receiver_stats_file(self.run_dir, self.node_rank)
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps(self.stats.to_json(), indent=1) + "\n")
             os.replace(tmp, path)

@@ -133,3 +133,50 @@ def test_a_receiver_that_cannot_start_leaves_the_launch_as_planned(
     rx, env = wiring.start(plan)
     assert rx is None and env is plan.child_env
     assert "address in use" in capsys.readouterr().err
+
+
+class _Exited:
+    pid = 0
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+    def poll(self) -> int:
+        return self.code
+
+
+@pytest.mark.parametrize("how", ["ok", "failed", "exception"])
+def test_execute_closes_the_receiver_on_every_way_out(tmp_path: Path, how: str) -> None:
+    """Normal exit, a failed job, an exception in the launcher: the receiver is closed (its
+    listeners gone, its counts written) before execute() returns or raises."""
+    import socket
+
+    from mlaunch import envcontract
+    from mlaunch.launcher import run as lrun
+
+    plan = build(tmp_path, {})
+    seen: dict = {}
+
+    def spawn(argv, env, log):  # type: ignore[no-untyped-def]
+        seen["endpoint"] = env["OTEL_EXPORTER_OTLP_ENDPOINT"]
+        if how == "exception":
+            raise RuntimeError("launcher bug")
+        return _Exited(0 if how == "ok" else 1)
+
+    class Display:
+        def record(self, record):  # type: ignore[no-untyped-def]
+            pass
+
+        def interrupted(self, signum):  # type: ignore[no-untyped-def]
+            pass
+
+    if how == "exception":
+        with pytest.raises(RuntimeError):
+            lrun.execute(plan, Display, spawn_fn=spawn)
+    else:
+        result = lrun.execute(plan, Display, spawn_fn=spawn)
+        assert result.receiver is not None and result.receiver.mode == "embedded"
+    assert envcontract.receiver_stats_file(plan.run_dir).exists()
+    host, port = seen["endpoint"].removeprefix("http://").split(":")
+    with pytest.raises(OSError), socket.create_connection((host, int(port)), timeout=2):
+        pass  # nothing listens any more
