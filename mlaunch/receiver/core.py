@@ -232,8 +232,7 @@ class Receiver:
                     self._queued_bytes + nbytes <= self.max_queued_bytes or not self._queued_bytes
                 )
             if not accept:
-                counts.rejected_requests += 1
-                counts.rejected_bytes += nbytes
+                self._count_refusal(counts, nbytes)
             else:
                 counts.received_requests += 1
                 counts.received_bytes += nbytes
@@ -242,12 +241,32 @@ class Receiver:
                 self.stats.peak_queued_bytes = max(self.stats.peak_queued_bytes, self._queued_bytes)
                 self._cond.notify()
         if not accept:
-            self.problem(
-                "full",
-                f"queue full ({self.max_queued_bytes // 2**20} MiB): asking workers to retry"
-                f" (counted in {envcontract.receiver_stats_file(self.run_dir, self.node_rank).name})",
-            )
+            self._say_full()
         return accept
+
+    def refuse(self, signal: str, nbytes: int) -> None:
+        """Count (and log once) a request refused before it was read (see :meth:`has_room`)."""
+        with self._lock:
+            self._count_refusal(self.stats.signals[signal], nbytes)
+        self._say_full()
+
+    @staticmethod
+    def _count_refusal(counts: SignalCounts, nbytes: int) -> None:
+        counts.rejected_requests += 1
+        counts.rejected_bytes += nbytes
+
+    def _say_full(self) -> None:
+        self.problem(
+            "full",
+            f"queue full ({self.max_queued_bytes // 2**20} MiB): asking workers to retry"
+            f" (counted in {envcontract.receiver_stats_file(self.run_dir, self.node_rank).name})",
+        )
+
+    def has_room(self, nbytes: int) -> bool:
+        """Whether a request of ``nbytes`` would be queued now (lets the HTTP frontend refuse a
+        body before reading it into memory)."""
+        with self._lock:
+            return self._queued_bytes + nbytes <= self.max_queued_bytes or not self._queued_bytes
 
     def ingest_traces(self, request: Any, *, local_file: Path | None = None) -> bool:
         """In-process API: an ``ExportTraceServiceRequest`` through the same path as a worker's

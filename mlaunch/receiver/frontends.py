@@ -142,6 +142,13 @@ class _Handler(BaseHTTPRequestHandler):
         if not 0 <= length <= MAX_REQUEST_BYTES:
             self._reply(413, b"", "text/plain", close=True)
             return
+        receiver = self.server.receiver
+        if not receiver.has_room(length):
+            # Refused before reading: a body the queue cannot take never enters memory (the
+            # connection closes, as the unread body is still on it).
+            receiver.refuse(signal, length)
+            self._refuse(close=True)
+            return
         body = self.rfile.read(length)
         if len(body) != length:  # the client went away mid-body
             self.close_connection = True
@@ -152,7 +159,6 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError as exc:
             self._reply(400 if "decode" in str(exc) else 413, str(exc).encode(), "text/plain")
             return
-        receiver = self.server.receiver
         sig = SIGNALS[signal]
         payload: Any = body
         if json_body:
@@ -163,15 +169,22 @@ class _Handler(BaseHTTPRequestHandler):
                 self._reply(400, b'{"message":"not OTLP/JSON"}', "application/json")
                 return
         if not receiver.submit(signal, payload, len(body)):
-            self.send_response(429)
-            self.send_header("Retry-After", str(max(1, round(RETRY_AFTER_S))))
-            self.send_header("Content-Length", "0")
-            self.end_headers()
+            self._refuse()
             return
         if json_body:
             self._reply(200, b"{}", "application/json")
         else:
             self._reply(200, b"", "application/x-protobuf")
+
+    def _refuse(self, *, close: bool = False) -> None:
+        """429 with Retry-After: the OTel SDK's HTTP exporter waits that long and retries."""
+        self.send_response(429)
+        self.send_header("Retry-After", str(max(1, round(RETRY_AFTER_S))))
+        self.send_header("Content-Length", "0")
+        if close:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
 
     def _reply(self, code: int, body: bytes, ctype: str, *, close: bool = False) -> None:
         self.send_response(code)
