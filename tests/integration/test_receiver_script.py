@@ -183,7 +183,8 @@ def test_sigterm_to_the_launcher_still_flushes_the_receiver(
     assert code != 0  # interrupted
     stats = receiver_stats(run_dir)["signals"]["traces"]
     assert stats["written_items"] == stats["received_items"] > 0 and stats["lost_items"] == 0
-    on_disk = sum(len(read_spans(envcontract.traces_file(run_dir, r))) for r in (0, 1))
+    files = [envcontract.traces_file(run_dir, r) for r in (0, 1)]
+    on_disk = sum(len(read_spans(p)) for p in files if p.exists())  # rank 1 may not have sent yet
     assert on_disk == stats["written_items"]
     code, text = cli("summary", run_dir)
     assert code == 0, text
