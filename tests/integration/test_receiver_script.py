@@ -125,6 +125,9 @@ def test_relay_with_the_collector_down_spools_everything_and_replay_loses_nothin
         assert result["spans_sent"] == n and result["spans_failed"] == 0
         assert len({(s["trace_id"], s["span_id"]) for s in collector.spans}) == n  # lost = 0
         assert {s["resource"]["dl.rank"] for s in collector.spans} == {0, 1}
+        print(f"relay (collector down): emitted {n} received {stats['forwarded_items']}"
+              f" spooled {stats['spooled_items']} replayed {result['spans_sent']}"
+              f" lost {n - len({(s['trace_id'], s['span_id']) for s in collector.spans})}")  # fmt: skip
 
 
 def test_relay_with_the_collector_up_forwards_the_workers_spans(

@@ -101,6 +101,8 @@ def test_collector_down_then_up_received_plus_spooled_equals_emitted_then_replay
         assert sorted(replayed) == sorted(spooled)
         delivered = [s["span_id"] for s in collector.spans + collector2.spans]
         assert sorted(delivered) == sorted(emitted)  # lost = 0
+        print(f"relay: emitted {len(emitted)} received {len(received)} spooled {len(spooled)}"
+              f" replayed {len(replayed)} lost {len(set(emitted) - set(delivered))}")  # fmt: skip
         # Ranks survive the round trip: the spool is per rank, the resource intact.
         assert {s["resource"]["dl.rank"] for s in collector2.spans[before:]} >= {1}
     finally:
