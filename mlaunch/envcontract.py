@@ -57,9 +57,31 @@ def metrics_file(run_dir: str | Path, rank: int) -> Path:
     return Path(run_dir) / TELEMETRY_DIR / f"metrics-rank{rank}.jsonl"
 
 
-def spool_file(run_dir: str | Path, rank: int, signal: str = "traces") -> Path:
-    """Where spans/metrics that could not be delivered are kept (same format as the file exporter)."""
-    return Path(run_dir) / TELEMETRY_DIR / f"spool-{signal}-rank{rank}.jsonl"
+def spool_file(run_dir: str | Path, rank: int | None, signal: str = "traces") -> Path:
+    """Where spans/metrics that could not be delivered are kept (same format as the file exporter).
+    ``rank=None``: what the embedded receiver got from a process that did not say its rank."""
+    return Path(run_dir) / TELEMETRY_DIR / f"spool-{signal}-{_rank_word(rank)}.jsonl"
+
+
+#: The file-name word for telemetry the launcher's embedded OTLP receiver got from a process
+#: whose resource has no ``dl.rank`` attribute (so it cannot be put in a rank's file).
+UNRANKED = "unranked"
+
+
+def _rank_word(rank: int | None) -> str:
+    return UNRANKED if rank is None else f"rank{rank}"
+
+
+def received_file(run_dir: str | Path, signal: str, rank: int | None) -> Path:
+    """Where the embedded OTLP receiver writes one rank's ``traces``/``metrics``/``logs``: the
+    file exporter's names (:func:`traces_file`, :func:`metrics_file`), ``logs-rank{R}.jsonl``,
+    and ``{signal}-unranked.jsonl`` for a sender without ``dl.rank``."""
+    return Path(run_dir) / TELEMETRY_DIR / f"{signal}-{_rank_word(rank)}.jsonl"
+
+
+def receiver_stats_file(run_dir: str | Path, node_rank: int = 0) -> Path:
+    """The embedded receiver's counts of one node (received, written, rejected, spooled ...)."""
+    return Path(run_dir) / TELEMETRY_DIR / f"receiver-node{node_rank}.json"
 
 
 def default_run_dir(run_id: str, cwd: str | Path | None = None) -> Path:

@@ -413,6 +413,10 @@ class LaunchSettings(_Section):
     """Launch this Python module instead of mlaunch's trainer."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where workers run; ``auto`` = CUDA when available."""
+    otlp_relay: Bool | None = None
+    """With an OTLP endpoint: workers export to the launcher's local receiver, which forwards to
+    the endpoint and spools what it cannot deliver (``mlaunch trace replay`` sends it later).
+    Unset = on for ``script``/``module``, off for mlaunch's trainer (it spools by itself)."""
     megatron_args: Bool = True
     """For ``script``/``module``: pass the model/training/parallelism settings and Megatron-LM's
     ``--otel-*`` flags as Megatron-LM arguments (false: only the environment and ``-- ARGS``)."""

@@ -213,8 +213,16 @@ def test_gpu8_and_megatron_configs(spawned, tmp_path):
     ((argv, env),) = spawned
     assert argv[argv.index(str(script)) :][-2:] == ["--vocab-file", "v.json"]
     assert "-m" not in argv[argv.index("--redirects") + 2 :]
-    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://localhost:4317"
+    # Relay (the default for a script with an endpoint): the workers export to the launcher's
+    # receiver on loopback, which forwards to the configured endpoint.
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"].startswith("http://127.0.0.1:")
     assert env["MEGATRON_OTEL_EXPORTER"] == "otlp"
+    result = invoke(
+        "--config", "megatron", "--script", str(script), "--no-otlp-relay", "--run-dir",
+        str(tmp_path / "r2"),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert spawned[-1][1]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://localhost:4317"
 
 
 def test_module_target_and_passthrough(spawned):
