@@ -87,10 +87,14 @@ def resolved_list(settings: Settings) -> str:
 
 def embedded_receiver(settings: Settings) -> bool:
     """Whether an external run's workers send to the launcher's embedded OTLP receiver: telemetry
-    on and the ``file`` exporter (the default without an endpoint), which nemo-lens does not have.
-    The launcher fills in the receiver's endpoint and protocol when it starts it."""
+    on and either the ``file`` exporter (the default without an endpoint), which nemo-lens does
+    not have, or ``otlp`` with no endpoint configured (which would otherwise mean the SDK's
+    localhost:4317, where nothing may listen). The launcher fills in the receiver's endpoint and
+    protocol when it starts it."""
     t = settings.telemetry
-    return t.enabled and t.exporter == "file"
+    if not t.enabled or t.otel.sdk_disabled:
+        return False
+    return t.exporter == "file" or (t.exporter == "otlp" and not t.otel.endpoint_configured)
 
 
 def reference_exporter(settings: Settings) -> str:

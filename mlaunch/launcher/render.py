@@ -80,6 +80,13 @@ def _exporter_text(plan: LaunchPlan) -> str:
     if t.exporter == "file":
         return f"file -> {plan.traces_dir}/traces-rank{{R}}.jsonl" + ignored
     if t.exporter == "otlp":
+        from mlaunch.receiver.wiring import receiver_mode
+
+        if receiver_mode(plan.settings) == "relay":
+            return (
+                f"otlp ({t.otel.protocol}) -> relay in the launcher (loopback) -> {t.otel.endpoint};"
+                f" undelivered spans spooled to {plan.traces_dir} (--no-otlp-relay: direct)"
+            )
         return f"otlp ({t.otel.protocol}) -> {t.otel.endpoint}"
     if t.exporter == "console":
         return "console -> each exporting rank's stdout log" + ignored

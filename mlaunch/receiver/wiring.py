@@ -47,9 +47,11 @@ def receiver_mode(settings: Settings) -> Mode | None:
         return "relay" if relay_enabled(settings) else None
     if settings.uses_builtin_trainer:
         return None  # its file exporter writes the same files without a hop
-    # A script/module: "otlp" with no endpoint (the translated plan), or "file" (nemo-lens has no
-    # file exporter: the receiver is how a script's spans get into the run directory).
-    return "embedded" if t.exporter in ("otlp", "file") else None
+    # A script/module: the launch plan's translation decides (nemo-lens has no file exporter:
+    # the receiver is how a script's spans get into the run directory).
+    from mlaunch.launcher.reference import embedded_receiver
+
+    return "embedded" if embedded_receiver(settings) else None
 
 
 def _protocol(env: Mapping[str, str]) -> str:
@@ -60,7 +62,7 @@ def _protocol(env: Mapping[str, str]) -> str:
     return "grpc"  # nemo-lens's default (and the SDK's gRPC exporter's)
 
 
-def worker_env(receiver: Receiver, env: Mapping[str, str], mode: Mode) -> dict[str, str] | None:
+def worker_env(receiver: Receiver, env: Mapping[str, str]) -> dict[str, str] | None:
     """The workers' environment pointed at ``receiver``: the protocol they were configured with
     (gRPC unless HTTP was asked for) on the matching listener, or the other one if that one is
     down; None when no listener is up (then the plan's environment is used unchanged)."""
@@ -83,8 +85,6 @@ def worker_env(receiver: Receiver, env: Mapping[str, str], mode: Mode) -> dict[s
     out["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
     out["OTEL_EXPORTER_OTLP_PROTOCOL"] = protocol
     out["OTEL_EXPORTER_OTLP_INSECURE"] = "true"
-    if mode == "embedded" and out.get(EXPORTER_KEY) == "file":
-        out[EXPORTER_KEY] = "otlp"  # workers export OTLP to the launcher, which writes the files
     return out
 
 
@@ -108,7 +108,7 @@ def start(plan: LaunchPlan) -> tuple[Receiver | None, dict[str, str]]:
         receiver = Receiver(
             plan.run_dir, relay=relay, node_rank=plan.settings.launch.node_rank
         ).start()
-        env = worker_env(receiver, plan.child_env, mode)
+        env = worker_env(receiver, plan.child_env)
         if env is None:
             receiver.problem("down", "no listener could start; workers export as configured")
             receiver.close(0.5)

@@ -250,7 +250,7 @@ def test_a_listener_that_cannot_start_leaves_the_other(tmp_path: Path, monkeypat
     said: list[str] = []
     rx = Receiver(tmp_path, log=said.append).start()
     assert rx.grpc_endpoint is None and rx.http_endpoint
-    env = wiring.worker_env(rx, {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "embedded")
+    env = wiring.worker_env(rx, {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
     assert env is not None
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == rx.http_endpoint
     assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "http/protobuf"

@@ -84,7 +84,7 @@ def test_worker_env_points_at_loopback_and_keeps_secrets_in_the_launcher(tmp_pat
     }
     rx = Receiver(tmp_path, log=lambda m: None).start()
     try:
-        out = wiring.worker_env(rx, env, "relay")
+        out = wiring.worker_env(rx, env)
     finally:
         rx.close()
     assert out is not None
@@ -105,15 +105,17 @@ def test_worker_env_points_at_loopback_and_keeps_secrets_in_the_launcher(tmp_pat
     assert "abc" not in repr(up) and "abc" not in up.describe()
 
 
-def test_embedded_mode_turns_the_untranslated_file_exporter_into_otlp(tmp_path: Path) -> None:
+def test_embedded_mode_points_the_translated_otlp_exporter_at_the_receiver(tmp_path: Path) -> None:
     plan = build(tmp_path, {})
+    assert plan.embedded_receiver
+    assert plan.child_env[wiring.EXPORTER_KEY] == "otlp"  # translated: nemo-lens has no "file"
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in plan.child_env  # filled in at launch
     rx, env = wiring.start(plan)
     try:
         assert rx is not None
         assert env[wiring.EXPORTER_KEY] == "otlp"
         assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == rx.grpc_endpoint
         assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "grpc"
-        assert plan.child_env[wiring.EXPORTER_KEY] == "file"  # the plan itself is unchanged
     finally:
         assert rx is not None
         rx.close()
