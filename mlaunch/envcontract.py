@@ -18,6 +18,14 @@ FALLBACK_PREFIX = "NEMO_LENS_"
 RUN_DIR = "MLAUNCH_RUN_DIR"
 #: The run id, as the launcher chose it (also exported as MEGATRON_OTEL_RUN_ID).
 RUN_ID = PRIMARY_PREFIX + "RUN_ID"
+#: W3C trace context of the launcher's ``mlaunch.job.attempt`` span, as the workers receive it
+#: (``00-<32 hex trace id>-<16 hex span id>-01``); the trainer links its first span to it.
+TRACEPARENT = "TRACEPARENT"
+#: Set by torchrun in every worker: 0 for the first worker group, +1 per restart.
+RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+#: ``<trace id>:<key>`` from which the worker-side entry wrapper derives the current attempt's
+#: span id (``mlaunch.launcher.attempt_entry``); set only when the launcher emits a job trace.
+ATTEMPT_TRACE = "MLAUNCH_ATTEMPT_TRACE"
 #: Test-only fault injection understood by the trainer (never set by the launcher itself).
 FAIL_AT_ITERATION = "MLAUNCH_TEST_FAIL_AT_ITERATION"
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from mlaunch import envcontract as ec
+from mlaunch.launcher import jobtrace
 from mlaunch.launcher.plan import TORCHRUN_LOG, LaunchPlan
 
 #: Lines of a failed rank's log shown in the failure report.
@@ -295,11 +296,16 @@ def execute(
     start = time.time()
     records: list[dict[str, Any]] = []
     spawn_fn = spawn_fn or spawn
-    with torchrun_log(plan).open("ab") as log:
-        proc = spawn_fn(plan.argv, plan.child_env, log)
+    # The launcher's own job trace (mlaunch.job + one span per torchrun attempt; no-op when off).
+    job = jobtrace.start(plan)
+    argv, env = job.wrap(plan.argv, plan.child_env)
+    with torchrun_log(plan).open("ab") as log, job.guard():
+        proc = spawn_fn(argv, env, log)
+        job.spawned()
         shown: list[Display] = []  # a signal may arrive before the display exists
 
         def notify(signum: int) -> None:
+            job.interrupted(signum)
             for d in shown:
                 d.interrupted(signum)
 
@@ -313,6 +319,7 @@ def execute(
                     display.record(record)
                 if code is not None:
                     break
+                job.poll()
                 time.sleep(POLL_S)
     result = RunResult(code, time.time() - start, records, received[0] if received else None)
     if code != 0:
@@ -322,4 +329,5 @@ def execute(
             # torchrun reports its own signal as a failure (exit 1) even when every worker
             # stopped cleanly; the job was interrupted, which shells spell 128 + signal.
             result.exit_code = 128 + result.interrupted
+    job.finish(result.exit_code, result.failures, result.interrupted)
     return result
