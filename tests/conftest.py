@@ -24,3 +24,37 @@ def pytest_collection_modifyitems(config, items) -> None:
     skip = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+def _lens_python_or_skip():
+    import pytest
+    from support.nemo_lens import LensUnavailable, lens_python
+
+    try:
+        return lens_python()
+    except LensUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "nemo_lens: runs a worker under the real nemo-lens 0.1.0 (a cached Python >= 3.13 venv)",
+    )
+
+
+import pytest  # noqa: E402 - fixtures below; the hooks above keep imports lazy
+
+
+@pytest.fixture(scope="session")
+def lens_python():
+    """The python of a venv with the real ``nemo-lens[sdk]==0.1.0`` (built once, cached)."""
+    return _lens_python_or_skip()
+
+
+@pytest.fixture(scope="session")
+def lens_worker_script(lens_python, tmp_path_factory):
+    """A ``--script`` for ``mlaunch train`` that runs a Megatron-LM-like nemo-lens worker."""
+    from support.nemo_lens import write_worker_shim
+
+    return write_worker_shim(tmp_path_factory.mktemp("lens-shim"), lens_python)

@@ -1,0 +1,74 @@
+"""What the real nemo-lens 0.1.0 does with the values mlaunch must translate (MEGATRON.md section 1).
+
+These pin the reference's behaviour that mlaunch's translation for ``--script`` entry points is
+built on: if a future nemo-lens accepted these values, the translation table could relax.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from support.nemo_lens import run_worker_directly
+
+pytestmark = [pytest.mark.nemo_lens, pytest.mark.slow]
+
+
+def _run(tmp_path, **env: str):
+    base = {
+        "MEGATRON_OTEL_ENABLED": "true",
+        "MEGATRON_OTEL_EXPORTER": "console",
+        "MLAUNCH_RUN_DIR": str(tmp_path),
+    }
+    result = run_worker_directly(["--train-iters", "1"], {**base, **env}, tmp_path)
+    report = json.loads((tmp_path / "lens-worker-rank0.json").read_text())
+    return result, report
+
+
+@pytest.mark.parametrize(
+    ("env", "error"),
+    [
+        ({"MEGATRON_OTEL_EXPORTER": "file"}, "Unknown exporter type: 'file'"),
+        ({"MEGATRON_OTEL_SPAN_GROUPS": "goodput"}, "Unknown span group or preset: 'goodput'"),
+        ({"MEGATRON_OTEL_SPAN_GROUPS": "all,-layer"}, "Unknown span group or preset: '-layer'"),
+        # looked up before the enabled check: fatal even with telemetry off
+        (
+            {"MEGATRON_OTEL_ENABLED": "false", "MEGATRON_OTEL_EXPORT_STRATEGY": "pkg.mod:fn"},
+            "pkg.mod:fn",
+        ),
+    ],
+)
+def test_nemo_lens_rejects_what_mlaunch_must_translate(lens_python, tmp_path, env, error):
+    result, report = _run(tmp_path, **env)
+    assert result.returncode != 0
+    assert error in report["error"], report
+
+
+def test_nemo_lens_reads_empty_as_unset_and_ignores_aliases(lens_python, tmp_path):
+    result, report = _run(
+        tmp_path,
+        MEGATRON_OTEL_SPAN_GROUPS="",
+        MEGATRON_OTEL_RANK_STRATEGY="all_ranks",
+        MEGATRON_OTEL_EXPORT_STRATEGY="single_rank",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert report["span_groups"] == [
+        "checkpoint",
+        "evaluate",
+        "first_iteration",
+        "inference",
+        "job",
+    ]
+    assert report["export_strategy"] == "single_rank"  # RANK_STRATEGY was never read
+
+
+def test_nemo_lens_rank_sampler_replaces_the_trace_sampler(lens_python, tmp_path):
+    result, report = _run(
+        tmp_path,
+        MEGATRON_OTEL_SAMPLER_ENABLED="true",
+        MEGATRON_OTEL_EXPORT_SAMPLE_RATE="1.0",
+        OTEL_TRACES_SAMPLER="traceidratio",
+        OTEL_TRACES_SAMPLER_ARG="0.1",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "TraceIdRatio" not in report["sampler"], report["sampler"]
