@@ -184,7 +184,7 @@ class UpstreamSink:
     def close(self, timeout_s: float) -> None:
         with contextlib.suppress(queue.Full):
             self._queue.put_nowait(None)
-        self._thread.join(timeout_s)
+        self._thread.join(min(timeout_s, self.timeout_s))  # one send's deadline, at most
 
     def _run(self) -> None:
         send = None
