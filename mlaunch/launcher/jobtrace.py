@@ -53,6 +53,7 @@ from typing import Any, Protocol
 
 from mlaunch import envcontract as ec
 from mlaunch.launcher.attempt_entry import attempt_span_id, traceparent
+from mlaunch.launcher.plan import TORCHRUN_LOG
 from mlaunch.model.identity import RUN_UUID, run_identity
 from mlaunch.model.spans import Attr, ResourceAttr, SpanName
 
@@ -312,7 +313,7 @@ class JobTrace:
         self.job = _Span(SpanName.JOB.value, _hex(16, seed, "job"), parent[1] if parent else "",
                          _process_start_ns())  # fmt: skip
         self.attempts: list[_Span] = []
-        self._log_offset = self._size(plan.log_dir / "torchrun.log")
+        self._log_offset = self._size(plan.log_dir / TORCHRUN_LOG)
         self._since = time.time()
         self._interrupt: int | None = None
         self._failed_rank: int | None = None
@@ -411,7 +412,7 @@ class JobTrace:
         return local_rank if launch.nnodes == 1 else None
 
     def _new_lines(self) -> list[str]:
-        path = self.plan.log_dir / "torchrun.log"
+        path = self.plan.log_dir / TORCHRUN_LOG
         try:
             with path.open("rb") as fh:
                 fh.seek(self._log_offset)
@@ -432,6 +433,9 @@ class JobTrace:
 
     def _poll(self) -> None:
         now = time.time_ns()
+        # Folders first, then the log: torchrun logs a group's failure before it creates the next
+        # attempt's folder, so every failure of an attempt seen here is in the lines read after.
+        numbers = self._attempt_numbers()
         for line in self._new_lines():
             m = _FAILED.search(line)
             span = self._current()
@@ -444,7 +448,7 @@ class JobTrace:
                 self._record_exit(span, code, rank)
                 self._end(span, now, STATUS_ERROR, self._describe(code, rank))
         last = self.attempts[-1].attributes[Attr.ATTEMPT.value] if self.attempts else -1
-        for n in self._attempt_numbers():
+        for n in numbers:
             if n <= last or self._interrupt is not None:
                 continue
             span = self._current()

@@ -128,11 +128,22 @@ def test_a_malformed_attempt_trace_loses_only_the_link():
     assert out.stdout.strip() == "None"
 
 
-def test_the_wrapper_and_the_launcher_path_import_nothing_heavy():
+@pytest.mark.parametrize(
+    ("module", "forbidden"),
+    [
+        # every worker pays for the wrapper's imports: the standard library and envcontract only
+        (
+            "attempt_entry",
+            ("torch", "opentelemetry", "grpc", "google", "pydantic", "typer", "rich"),
+        ),
+        # the launcher's start-up path: no protobuf, SDK or gRPC before torchrun is running
+        ("jobtrace", ("torch", "opentelemetry", "grpc", "google")),
+    ],
+)
+def test_the_wrapper_and_the_launcher_path_import_nothing_heavy(module, forbidden):
     probe = (
-        "import sys, mlaunch.launcher.attempt_entry as a, mlaunch.launcher.jobtrace as j; "
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('torch', 'opentelemetry', 'grpc', 'google', 'pydantic', 'typer', 'rich')))"
+        f"import sys, mlaunch.launcher.{module}; "
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {forbidden!r}))"
     )
     out = subprocess.run(
         [sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(REPO)},
