@@ -23,8 +23,9 @@ RUN_ID = PRIMARY_PREFIX + "RUN_ID"
 TRACEPARENT = "TRACEPARENT"
 #: Set by torchrun in every worker: 0 for the first worker group, +1 per restart.
 RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
-#: ``<trace id>:<key>`` from which the worker-side entry wrapper derives the current attempt's
-#: span id (``mlaunch.launcher.attempt_entry``); set only when the launcher emits a job trace.
+#: ``<32 hex trace id>:<16 hex base>``: the worker-side entry wrapper
+#: (``mlaunch.launcher.attempt_entry``, which keeps a copy of these three names) derives the current
+#: attempt's span id from it; set only when the launcher emits a job trace.
 ATTEMPT_TRACE = "MLAUNCH_ATTEMPT_TRACE"
 #: Test-only fault injection understood by the trainer (never set by the launcher itself).
 FAIL_AT_ITERATION = "MLAUNCH_TEST_FAIL_AT_ITERATION"

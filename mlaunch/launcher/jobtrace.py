@@ -44,6 +44,7 @@ import re
 import secrets
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -52,6 +53,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mlaunch import envcontract as ec
+from mlaunch.launcher import attempt_entry
 from mlaunch.launcher.attempt_entry import attempt_span_id, traceparent
 from mlaunch.launcher.plan import TORCHRUN_LOG
 from mlaunch.model.identity import RUN_UUID, run_identity
@@ -275,6 +277,13 @@ def entry_index(argv: Sequence[str]) -> int:
     return len(argv)
 
 
+def wrapper_argv() -> list[str]:
+    """What goes before the entry in torchrun's command: torchrun runs ``python -S -u
+    attempt_entry.py ENTRY...`` as is (``--no-python``: its own ``python -u`` would import
+    ``site``, the largest part of an interpreter's start on a machine with many ``.pth`` files)."""
+    return ["--no-python", sys.executable, "-S", "-u", str(Path(attempt_entry.__file__).resolve())]
+
+
 class JobTrace:
     """The job trace of one ``mlaunch train``: create it before torchrun starts, :meth:`wrap` the
     command, call :meth:`spawned`, then :meth:`poll` while following torchrun, and
@@ -299,7 +308,7 @@ class JobTrace:
         else:
             seed = secrets.token_hex(16)
         self.trace_id = parent[0] if parent else _hex(32, seed, "trace")
-        self.key = _hex(32, seed, "node", self.node)
+        self.key = _hex(16, seed, "node", self.node)  # attempt n's span id: key + n
         self.resource: dict[str, Any] = {
             ResourceAttr.SERVICE_NAME.value: t.service_name,
             ResourceAttr.RUN_ID.value: plan.run_id,
@@ -325,7 +334,7 @@ class JobTrace:
         """torchrun's command with the entry wrapped by :mod:`~mlaunch.launcher.attempt_entry`,
         and the environment with ``MLAUNCH_ATTEMPT_TRACE``."""
         i = entry_index(argv)
-        wrapped = [*argv[:i], "-m", "mlaunch.launcher.attempt_entry", *argv[i:]]
+        wrapped = [*argv[:i], *wrapper_argv(), *argv[i:]]
         return wrapped, {**env, ec.ATTEMPT_TRACE: f"{self.trace_id}:{self.key}"}
 
     def traceparent(self, attempt: int) -> str:

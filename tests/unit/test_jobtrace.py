@@ -77,10 +77,11 @@ def test_wrap_puts_the_entry_wrapper_where_torchrun_reads_its_entry(tmp_path, en
     argv, env = job.wrap(plan.argv, plan.child_env)
     before = get_args_parser().parse_args(plan.argv[3:])
     after = get_args_parser().parse_args(argv[3:])
-    assert after.module and after.training_script == "mlaunch.launcher.attempt_entry"
-    # the wrapper gets exactly what torchrun would have started
+    # torchrun runs `python -S -u attempt_entry.py` + exactly what it would have started
+    assert after.no_python and not after.module and after.training_script == sys.executable
     original = (["-m"] if before.module else []) + [before.training_script]
-    assert after.training_script_args == original + before.training_script_args
+    wrapper = ["-S", "-u", attempt_entry.__file__]
+    assert after.training_script_args == wrapper + original + before.training_script_args
     assert (after.max_restarts, after.log_dir) == (before.max_restarts, before.log_dir)
     trace_id, key = env[ec.ATTEMPT_TRACE].split(":")
     assert trace_id == job.trace_id and ec.ATTEMPT_TRACE not in plan.child_env
@@ -105,7 +106,7 @@ def test_the_worker_wrapper_sets_the_attempts_traceparent_and_execs_the_entry(tm
     code = "import os, json; print(json.dumps([os.getpid(), os.environ.get('TRACEPARENT'),"
     code += " os.environ.get('TRACESTATE')]))"
     proc = subprocess.Popen(
-        [sys.executable, "-u", "-m", "mlaunch.launcher.attempt_entry", "-c", code],
+        [*jobtrace.wrapper_argv()[1:], "-c", code],
         env=env, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     out, _ = proc.communicate(timeout=60)
@@ -122,34 +123,48 @@ def test_a_malformed_attempt_trace_loses_only_the_link():
     env.pop(ec.TRACEPARENT, None)
     code = "import os; print(os.environ.get('TRACEPARENT'))"
     out = subprocess.run(
-        [sys.executable, "-m", "mlaunch.launcher.attempt_entry", "-c", code],
+        [*jobtrace.wrapper_argv()[1:], "-c", code],
         env=env, capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     assert out.stdout.strip() == "None"
 
 
-@pytest.mark.parametrize(
-    ("module", "forbidden"),
-    [
-        # every worker pays for the wrapper's imports: the standard library and envcontract only
-        (
-            "attempt_entry",
-            ("torch", "opentelemetry", "grpc", "google", "pydantic", "typer", "rich"),
-        ),
-        # the launcher's start-up path: no protobuf, SDK or gRPC before torchrun is running
-        ("jobtrace", ("torch", "opentelemetry", "grpc", "google")),
-    ],
-)
-def test_the_wrapper_and_the_launcher_path_import_nothing_heavy(module, forbidden):
-    probe = (
-        f"import sys, mlaunch.launcher.{module}; "
-        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {forbidden!r}))"
-    )
+def test_the_wrappers_copies_of_the_variable_names_are_envcontracts():
+    assert attempt_entry.ATTEMPT_TRACE == ec.ATTEMPT_TRACE
+    assert attempt_entry.RESTART_COUNT == ec.RESTART_COUNT
+    assert attempt_entry.TRACEPARENT == ec.TRACEPARENT
+
+
+def test_attempt_span_ids_are_distinct_and_never_zero():
+    assert attempt_entry.attempt_span_id("ffffffffffffffff", 1) == "0000000000000001"
+    assert attempt_entry.attempt_span_id("ffffffffffffffff", 0) == "ffffffffffffffff"
+    ids = {attempt_entry.attempt_span_id("00000000000000ff", n) for n in range(100)}
+    assert len(ids) == 100 and all(len(i) == 16 for i in ids)
+    assert attempt_entry.attempt_traceparent("ab" * 16 + ":" + "XY" * 8, 0) is None
+    assert attempt_entry.attempt_traceparent("ab" * 16, 0) is None
+
+
+def _imported(probe: str, *flags: str) -> set[str]:
     out = subprocess.run(
-        [sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True, text=True, timeout=60, check=True,
+        [sys.executable, *flags, "-c", probe + "; print(sorted(sys.modules))"],
+        env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60,
+        check=True,
     )  # fmt: skip
-    assert out.stdout.strip() == "[]"
+    return set(eval(out.stdout))  # a printed list of module names
+
+
+def test_the_wrapper_and_the_launcher_path_import_nothing_heavy():
+    # every worker pays for the wrapper's start-up: no site, only os and sys
+    folder = Path(attempt_entry.__file__).parent
+    bare = _imported("import sys, os", "-S")
+    wrapper = _imported(
+        f"import sys; sys.path.insert(0, {str(folder)!r}); import attempt_entry", "-S"
+    )
+    assert wrapper - bare == {"attempt_entry"}
+    # the launcher's start-up path: no protobuf, SDK or gRPC before torchrun is running
+    launcher = _imported("import sys, mlaunch.launcher.jobtrace")
+    heavy = ("torch", "opentelemetry", "grpc", "google")
+    assert not {m for m in launcher if m.split(".")[0] in heavy}
 
 
 # ---- spans from torchrun's traces ------------------------------------------------------------

@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mlaunch.cli import build_app
+from mlaunch.launcher import attempt_entry
 from mlaunch.launcher import run as lrun
 from mlaunch.launcher.plan import CONFIGS_DIR
 
@@ -79,7 +80,7 @@ def only_run_dir(tmp_path: Path) -> Path:
 
 #: With telemetry on, torchrun starts each worker through the job trace's wrapper, which sets
 #: TRACEPARENT to the attempt's span and execs the entry (mlaunch.launcher.jobtrace).
-WRAPPER = ["-m", "mlaunch.launcher.attempt_entry"]
+WRAPPER = ["--no-python", sys.executable, "-S", "-u", attempt_entry.__file__]
 
 TINY_TRAINER_ARGS = [
     "-m", "mlaunch.trainer",
@@ -218,7 +219,7 @@ def test_gpu8_and_megatron_configs(spawned, tmp_path):
     assert result.exit_code == 0, result.output
     ((argv, env),) = spawned
     assert argv[argv.index(str(script)) :][-2:] == ["--vocab-file", "v.json"]
-    assert argv[argv.index("--redirects") + 2 :][:3] == [*WRAPPER, str(script)]
+    assert argv[argv.index("--redirects") + 2 :][: len(WRAPPER) + 1] == [*WRAPPER, str(script)]
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://localhost:4317"
     assert env["MEGATRON_OTEL_EXPORTER"] == "otlp"
 
