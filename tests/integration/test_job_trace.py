@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -143,6 +144,38 @@ def test_sigterm_to_the_launcher_ends_and_writes_the_spans_truncated(tmp_path):
         assert span["attributes"][Attr.SIGNAL] == "SIGTERM"
         assert span["status_code"] == 2 and "SIGTERM" in span["status_message"]
     assert attempt["end_ns"] <= job["end_ns"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_write_one_trace_with_one_root(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    run_dir = tmp_path / "run"
+    common = [
+        "--script", str(script), "--no-megatron-args", "--run-dir", str(run_dir),
+        "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+        "--rdzv-id", "twonodes",
+    ]  # fmt: skip
+    procs = [mlaunch(*common, "--node-rank", str(i), cwd=tmp_path) for i in (0, 1)]
+    for code, out in [finish(p) for p in procs]:
+        assert code == 0, out
+    node0 = read_spans(ec.launcher_traces_file(run_dir, 0))
+    node1 = read_spans(ec.launcher_traces_file(run_dir, 1))
+    (root,) = [s for s in node0 if s["name"] == SpanName.JOB]
+    assert not [s for s in node1 if s["name"] == SpanName.JOB]  # one root: node 0's
+    attempts = [s for s in node0 + node1 if s["name"] == SpanName.JOB_ATTEMPT]
+    assert len(attempts) == 2 and len({s["span_id"] for s in attempts}) == 2
+    assert {s["trace_id"] for s in attempts} == {root["trace_id"]}
+    assert {s["parent_span_id"] for s in attempts} == {root["span_id"]}
+    assert sorted(s["resource"][ResourceAttr.NODE_RANK] for s in attempts) == [0, 1]
+    # each node's worker saw its own node's attempt span
+    seen_tp = {seen(run_dir, rank, 0)["TRACEPARENT"] for rank in (0, 1)}
+    assert seen_tp == {traceparent(s) for s in attempts}
 
 
 @pytest.mark.nemo_lens
