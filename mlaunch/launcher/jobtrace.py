@@ -415,10 +415,19 @@ class JobTrace:
                   start_ns, {Attr.ATTEMPT.value: n, RUN_UUID: worker_identity[RUN_UUID]})
         )  # fmt: skip
 
-    def _global_rank(self, local_rank: int) -> int | None:
+    def _global_rank(self, local_rank: int, since_ns: int) -> int | None:
         launch = self.plan.settings.launch
-        # One node: torchrun's ranks are the local ranks. Several: the rendezvous orders nodes.
-        return local_rank if launch.nnodes == 1 else None
+        if launch.nnodes == 1:  # one node: torchrun's ranks are the local ranks
+            return local_rank
+        # Several: the rendezvous orders the nodes, so only the trainer's error file (written by
+        # the failing rank itself during this attempt) can say which global rank it was.
+        for path in self.plan.run_dir.glob("error-rank*.json"):
+            with contextlib.suppress(OSError, ValueError):
+                rank = int(path.stem.removeprefix("error-rank"))
+                fresh = path.stat().st_mtime_ns >= since_ns
+                if fresh and rank % launch.nproc_per_node == local_rank:
+                    return rank
+        return None
 
     def _new_lines(self) -> list[str]:
         path = self.plan.log_dir / TORCHRUN_LOG
@@ -453,7 +462,7 @@ class JobTrace:
                 if self._interrupt is not None:
                     self._end_interrupted(span, now)
                     continue
-                rank = self._global_rank(local)
+                rank = self._global_rank(local, span.start_ns)
                 self._record_exit(span, code, rank)
                 self._end(span, now, STATUS_ERROR, self._describe(code, rank))
         last = self.attempts[-1].attributes[Attr.ATTEMPT.value] if self.attempts else -1

@@ -246,6 +246,21 @@ def test_a_failure_on_the_last_attempt_fails_the_job(tmp_path):
     assert root["status_code"] == 2
 
 
+def test_on_several_nodes_the_failed_rank_comes_from_the_trainers_error_file(tmp_path):
+    flags = {"launch.nnodes": 2, "launch.node_rank": 1, "launch.rdzv_endpoint": "h:29500"}
+    plan = build(tmp_path, flags | {"telemetry.run_id": "r1"})
+    tr = Torchrun(plan)
+    job = jobtrace.JobTrace(plan, environ=CLEAN)
+    job.spawned()
+    tr.attempt(0)
+    (plan.run_dir / "error-rank3.json").write_text('{"rank": 3}')  # local rank 1 of 2 per node
+    tr.failed(1, 1)
+    job.finish(1)
+    (attempt,) = spans_of(ec.launcher_traces_file(plan.run_dir, 1))[SpanName.JOB_ATTEMPT]
+    assert attempt["attributes"][Attr.FAILED_RANK] == 3
+    assert attempt["status_message"] == "rank 3 exited with code 1"
+
+
 def test_an_interrupt_truncates_the_open_attempt_and_the_job(tmp_path):
     plan = build(tmp_path, {"launch.max_restarts": 3})
     tr = Torchrun(plan)
