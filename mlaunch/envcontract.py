@@ -28,6 +28,15 @@ OTLP_TARGET_VARS: tuple[str, ...] = tuple(
     for what in ("ENDPOINT", "PROTOCOL")
     for signal in ("", "TRACES_", "METRICS_", "LOGS_")
 )
+#: W3C trace context of the launcher's ``mlaunch.job.attempt`` span, as the workers receive it
+#: (``00-<32 hex trace id>-<16 hex span id>-01``); the trainer links its first span to it.
+TRACEPARENT = "TRACEPARENT"
+#: Set by torchrun in every worker: 0 for the first worker group, +1 per restart.
+RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+#: ``<32 hex trace id>:<16 hex base>``: the worker-side entry wrapper
+#: (``mlaunch.launcher.attempt_entry``, which keeps a copy of these three names) derives the current
+#: attempt's span id from it; set only when the launcher emits a job trace.
+ATTEMPT_TRACE = "MLAUNCH_ATTEMPT_TRACE"
 #: Test-only fault injection understood by the trainer (never set by the launcher itself).
 FAIL_AT_ITERATION = "MLAUNCH_TEST_FAIL_AT_ITERATION"
 
@@ -112,8 +121,3 @@ PREEMPT_SIGNALS = "MLAUNCH_PREEMPT_SIGNALS"
 def tee_file(run_dir: str | Path, rank: int) -> Path:
     """Where the test-only span tee of one rank goes (see :data:`TEE_SPANS`)."""
     return Path(run_dir) / TELEMETRY_DIR / f"tee-traces-rank{rank}.jsonl"
-
-
-#: The W3C trace context a worker is started with (``00-<trace id>-<span id>-<flags>``): the
-#: launcher's ``mlaunch.job.attempt`` span. A worker's ``megatron.startup`` span links to it.
-TRACEPARENT = "TRACEPARENT"

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from mlaunch import envcontract as ec
+from mlaunch.launcher import jobtrace
 from mlaunch.launcher.plan import TORCHRUN_LOG, LaunchPlan
 from mlaunch.receiver import wiring as receiver_wiring
 
@@ -305,12 +306,18 @@ def execute(
     # before torchrun so the workers' environment can point at it; closed (flushed, spooled,
     # counts written) on every way out of here, within the telemetry shutdown deadline.
     receiver, child_env = receiver_wiring.start(plan)
+    # The launcher's own job trace (mlaunch.job + one span per torchrun attempt; no-op when off).
+    # With the relay it goes upstream through the receiver (spooled like a worker's spans).
+    job = jobtrace.start(plan, sinks=jobtrace.relay_sinks(plan, receiver))
+    argv, env = job.wrap(plan.argv, child_env)
     try:
-        with torchrun_log(plan).open("ab") as log:
-            proc = spawn_fn(plan.argv, child_env, log)
+        with torchrun_log(plan).open("ab") as log, job.guard():
+            proc = spawn_fn(argv, env, log)
+            job.spawned()
             shown: list[Display] = []  # a signal may arrive before the display exists
 
             def notify(signum: int) -> None:
+                job.interrupted(signum)
                 for d in shown:
                     d.interrupted(signum)
 
@@ -324,18 +331,21 @@ def execute(
                         display.record(record)
                     if code is not None:
                         break
+                    job.poll()
                     time.sleep(POLL_S)
+        result = RunResult(code, time.time() - start, records, received[0] if received else None)
+        if code != 0:
+            result.failures = collect_failures(plan, start)
+            result.torchrun_tail = _tail(torchrun_log(plan))
+            if result.interrupted is not None and not result.failures:
+                # torchrun reports its own signal as a failure (exit 1) even when every worker
+                # stopped cleanly; the job was interrupted, which shells spell 128 + signal.
+                result.exit_code = 128 + result.interrupted
+        # Before the receiver closes: in relay mode the job's last spans go through it.
+        job.finish(result.exit_code, result.failures, result.interrupted)
     finally:
         receiver_stats = (
             receiver.close(plan.settings.telemetry.shutdown_timeout_s) if receiver else None
         )
-    result = RunResult(code, time.time() - start, records, received[0] if received else None)
     result.receiver = receiver_stats
-    if code != 0:
-        result.failures = collect_failures(plan, start)
-        result.torchrun_tail = _tail(torchrun_log(plan))
-        if result.interrupted is not None and not result.failures:
-            # torchrun reports its own signal as a failure (exit 1) even when every worker
-            # stopped cleanly; the job was interrupted, which shells spell 128 + signal.
-            result.exit_code = 128 + result.interrupted
     return result

@@ -134,6 +134,7 @@ class ResourceAttr(StrEnum):
     RANK = "dl.rank"
     WORLD_SIZE = "dl.world_size"
     LOCAL_RANK = "dl.local_rank"
+    NODE_RANK = "dl.node_rank"  # on the launcher's job trace (one launcher per node)
     RESTART_COUNT = "dl.restart_count"
     TP_SIZE = "dl.tensor_parallel.size"
     PP_SIZE = "dl.pipeline_parallel.size"
