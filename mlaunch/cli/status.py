@@ -1,0 +1,6 @@
+"""placeholder"""
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    pass
