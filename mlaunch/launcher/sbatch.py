@@ -248,6 +248,10 @@ def option_problems(options: SbatchOptions, environ: Mapping[str, str]) -> list[
             )
         elif (p := _sbatch_word_problem("--sbatch-arg", arg)) is not None:
             problems.append(p)
+        elif "=" not in arg and any(ch.isspace() for ch in arg):
+            problems.append(
+                ("--sbatch-arg", f"{arg!r}: give a value with spaces as --option=value")
+            )
         elif name == "--export":
             kept = arg.split("=", 1)[1].split(",") if "=" in arg else []
             lost = sorted(
@@ -481,7 +485,7 @@ def render_script(job: BatchJob) -> str:
         _directive("--signal", f"B:{WARNING_SIGNAL}@{o.signal_grace_s}"),
         _directive("--requeue" if o.requeue else "--no-requeue"),
     ]
-    lines += [_directive(arg) for arg in o.sbatch_args]
+    lines += [_directive(*arg.split("=", 1)) for arg in o.sbatch_args]
     lines.append("")
     if job.secrets:
         lines.append(

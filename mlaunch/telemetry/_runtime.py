@@ -41,6 +41,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 
 import mlaunch
 from mlaunch import envcontract
+from mlaunch.model.identity import run_identity
 from mlaunch.model.spans import (
     K8S_RESOURCE_ATTRS,
     METRICS,
@@ -128,6 +129,7 @@ def build_resource_attributes(
         value = environ.get(env_key, "").strip()
         if value:
             attrs[attr] = value
+    attrs.update(run_identity(environ))
     attrs.update(
         {
             ResourceAttr.SERVICE_NAME: settings.service_name,

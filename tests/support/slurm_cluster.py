@@ -315,6 +315,7 @@ if __name__ == "__main__":
     where = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/mlaunch-slurm")
     c = start_cluster(where)
     print(f"cluster up: export SLURM_CONF={c.conf}", flush=True)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop the daemons on SIGTERM too
     try:
         signal.pause()
     except KeyboardInterrupt:
