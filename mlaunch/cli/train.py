@@ -203,7 +203,7 @@ def run_train(
     made = _write_report(plan) if report else None
     render.print_result(shown, plan, result, made)
     if shown is not console:
-        if result.exit_code != 0:  # a failure on this node is shown here too, not only in the file
+        if result.exit_code != 0 and result.interrupted is None:  # a failure: shown here too
             render.print_result(console, plan, result, made)
         shown.file.close()
     return result.exit_code

@@ -209,11 +209,13 @@ def node_views(run_dir: Path, since: float | None = None) -> list[NodeView]:
         if not number.isdigit():
             continue
         # A worker's log, or (nodes other than 0) the launcher's progress view, whichever is newer.
-        logs = [*folder.glob("*/attempt_*/*/std*.log"), folder / ec.LAUNCHER_LOG]
+        # Node 0's progress view is the job's output (the other nodes write only a pointer there).
+        outputs = sorted(run_dir.glob("slurm-*.out")) if number == "0" else []
+        logs = [*folder.glob("*/attempt_*/*/std*.log"), folder / ec.LAUNCHER_LOG, *outputs]
         logs = [p for p in logs if p.is_file() and p.stat().st_size > 0]
         if since is not None:
             logs = [p for p in logs if p.stat().st_mtime >= since - 1]
-        newest = _newest(logs) or _newest([p for p in folder.glob("torchrun.log") if p.is_file()])
+        newest = _newest(logs)
         views.append(
             NodeView(
                 int(number), str(newest) if newest else None, _last_line(newest) if newest else None

@@ -162,8 +162,12 @@ def test_usr1_then_requeue_resumes_from_the_checkpoint_as_a_second_incarnation(
     show("mlaunch status (after requeue)", status_text(slurm_cluster, tmp_path, job_id))
     assert final["state"] == "completed" and final["incarnation"] == 2, final
     assert final["progress"]["iteration"] == 100
-    out = (run_dir / f"slurm-{job_id}.out").read_text()
-    assert "resuming" in out.lower() or "loaded checkpoint" in out.lower() or "load" in out
+    # Resumed, not restarted: the records run 1..N, then N+1..100, each iteration once.
+    its = [json.loads(x)["iteration"] for x in (run_dir / "progress.jsonl").read_text().splitlines()
+           if '"loss"' in x and "eval_loss" not in x]  # fmt: skip
+    assert its == list(range(1, 101)), its
+    logs = "".join(p.read_text() for p in (run_dir / "logs").rglob("std*.log"))
+    assert f"resuming from checkpoint {run_dir}/checkpoints/iter_{stopped_at:07d}" in logs
 
     attrs = resources(run_dir)
     # Two incarnations: SLURM_RESTART_COUNT is unset in the first, 1 in the second.

@@ -196,3 +196,19 @@ def test_dry_run_prints_the_script_and_creates_nothing(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("#!/bin/bash") and "#SBATCH --nodes=2" in out.stdout
     assert list(tmp_path.iterdir()) == []
+
+
+def test_torchrun_and_its_workers_inherit_an_ignored_sigusr1():
+    """SLURM signals every process of a step: torchrun's agent must not die of USR1."""
+    import signal
+
+    from mlaunch.launcher import run as lrun
+
+    before = signal.getsignal(signal.SIGUSR1)
+    try:
+        lrun._ignore_usr1_in_children()
+        probe = "import signal; print(signal.getsignal(signal.SIGUSR1))"
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+        assert out.stdout.strip() in ("Handlers.SIG_IGN", str(int(signal.SIG_IGN)))
+    finally:
+        signal.signal(signal.SIGUSR1, before)
