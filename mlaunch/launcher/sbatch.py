@@ -536,9 +536,16 @@ def render_script(job: BatchJob) -> str:
     ]
     for note in job.notes:
         lines.append(f"# {note} (chosen by mlaunch sbatch)")
+    lines += [
+        f"# --wait={o.signal_grace_s}: once one node's mlaunch train has ended (done, failed, stopped"
+        " on a signal),",
+        "# the others get the grace to finish their save before SLURM ends the step (no peer"
+        " killed mid-save,",
+        "# none left stuck in a collective with a dead node).",
+    ]
     srun = [
         "srun", f"--nodes={o.nodes}", "--ntasks-per-node=1",
-        '--cpus-per-task="$SLURM_CPUS_ON_NODE"', "--kill-on-bad-exit=1",
+        '--cpus-per-task="$SLURM_CPUS_ON_NODE"', "--kill-on-bad-exit=0", f"--wait={o.signal_grace_s}",
     ]  # fmt: skip
     lines.append(" ".join(srun) + " \\")
     train = [q(job.python), "-m", "mlaunch", "train"]

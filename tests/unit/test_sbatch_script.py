@@ -99,13 +99,14 @@ def test_paths_with_spaces_survive_the_script(tmp_path):
     script = render_script(j)
     assert subprocess.run(["bash", "-n", "-c", script]).returncode == 0
     argv, _ = _run_script(script, tmp_path)
-    assert argv[:4] == [
+    assert argv[:5] == [
         "--nodes=1",
         "--ntasks-per-node=1",
         "--cpus-per-task=4",
-        "--kill-on-bad-exit=1",
+        "--kill-on-bad-exit=0",
+        "--wait=120",
     ]
-    train = argv[4:]
+    train = argv[5:]
     assert train[:4] == [sys.executable, "-m", "mlaunch", "train"]
     assert train[train.index("--data-path") + 1] == str(data)
     assert train[train.index("--run-dir") + 1] == f"{cwd}/runs/42"
