@@ -43,7 +43,7 @@ import shlex
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -414,11 +414,6 @@ def _frozen_flags(plan: LaunchPlan, cwd: Path) -> list[str]:
                 text = str(p if p.is_absolute() else cwd / p)
             out += [flag, text]
     return out
-
-
-def with_options(job: BatchJob, **changes: Any) -> BatchJob:
-    """The same job with other SLURM options (tests, and re-rendering)."""
-    return replace(job, options=replace(job.options, **changes))
 
 
 # --------------------------------------------------------------------------------------------

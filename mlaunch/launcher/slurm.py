@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import shutil
 import socket
@@ -17,10 +16,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlaunch import envcontract as ec
-from mlaunch.launcher.sbatch import BatchJob
+
+if TYPE_CHECKING:  # ``mlaunch status`` never pays for the settings layer
+    from mlaunch.launcher.sbatch import BatchJob
 
 #: How long a SLURM client command may take (a busy controller answers slowly).
 CLIENT_TIMEOUT_S = 60.0
@@ -193,8 +194,3 @@ def job_info(job_id: str, environ: Mapping[str, str] | None = None) -> SlurmJobI
         restarts=None, nodes=nodes, start=start, end=end, elapsed=elapsed, name=name, stdout="",
         work_dir=work_dir, source="sacct",
     )  # fmt: skip
-
-
-def slurm_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment for SLURM's commands (this process's, by default)."""
-    return dict(os.environ if environ is None else environ)
