@@ -180,6 +180,29 @@ def test_usr1_then_requeue_resumes_from_the_checkpoint_as_a_second_incarnation(
     assert goodput.returncode == 0
 
 
+def test_the_time_limit_warning_saves_and_requeues_the_job_itself(slurm_cluster, tmp_path):
+    # --time 1 with a 50 s grace: SLURM warns the batch shell (USR1) about 10 s in (its timer
+    # checks limits every few tens of seconds), long before the 600 iterations are done.
+    job_id, run_dir = submit(
+        slurm_cluster, tmp_path, "--train-iters", "600", "--time", "1", "--signal-grace", "50"
+    )
+    info = wait_until(
+        lambda: (
+            "Restarts=1" in (o := slurm_cluster.run("scontrol", "show", "job", job_id).stdout) and o
+        ),
+        "the job to requeue itself",
+        slurm_cluster,
+    )
+    slurm_cluster.run("scancel", job_id)  # the test ends here; the requeued job would resume
+    assert "JobState=PENDING" in info or "JobState=REQUEUED" in info, info
+    out = (run_dir / f"slurm-{job_id}.out").read_text()
+    assert "mlaunch: USR1: stopping the workers" in out
+    assert f"mlaunch: requeueing job {job_id}" in out
+    stopped_at = progress_iteration(run_dir)
+    assert 1 <= stopped_at < 600
+    assert (run_dir / "checkpoints" / f"iter_{stopped_at:07d}").is_dir()
+
+
 def test_a_failing_rank_on_node_1_shows_in_status_with_its_exception(slurm_cluster, tmp_path):
     job_id, run_dir = submit(
         slurm_cluster, tmp_path, "--train-iters", "30",
