@@ -115,10 +115,10 @@ def main() -> None:
             n_fast,
         ),
         ("mlaunch fine span (enabled)", "with span(FINE, S.LAYER_FORWARD): pass", n_slow),
-        ("mlaunch coarse span (enabled, SDK)", "with span(COARSE, S.TRAIN_STEP): pass", n_slow),
+        ("mlaunch coarse span (enabled, SDK)", "with span(COARSE, S.ITERATION): pass", n_slow),
         (
             "raw OTel SDK span + BatchSpanProcessor",
-            "with tracer.start_as_current_span(S.TRAIN_STEP): pass",
+            "with tracer.start_as_current_span(S.ITERATION): pass",
             n_slow,
         ),
         (
@@ -128,7 +128,7 @@ def main() -> None:
         ),
     ]
     # Constant lookups like S.X cost the same in every row that uses them; hoist them anyway.
-    for name in ("ACTIVATION_OFFLOAD", "LAYER_FORWARD", "TRAIN_STEP"):
+    for name in ("ACTIVATION_OFFLOAD", "LAYER_FORWARD", "ITERATION"):
         env[name] = getattr(S, name).value
     results: dict[str, float] = {}
     walls: dict[str, float] = {}

@@ -18,6 +18,25 @@ FALLBACK_PREFIX = "NEMO_LENS_"
 RUN_DIR = "MLAUNCH_RUN_DIR"
 #: The run id, as the launcher chose it (also exported as MEGATRON_OTEL_RUN_ID).
 RUN_ID = PRIMARY_PREFIX + "RUN_ID"
+#: CUDA's hardware work-queue count. Megatron-LM's argument check requires ``1`` with tensor or
+#: context parallelism > 1 before Blackwell; ``mlaunch train`` sets it then unless the user did.
+CUDA_DEVICE_MAX_CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
+#: Where an OTLP exporter sends (the SDK reads these). With the launcher's embedded receiver the
+#: launcher sets the base endpoint and protocol itself, so the user's values are not inherited.
+OTLP_TARGET_VARS: tuple[str, ...] = tuple(
+    f"OTEL_EXPORTER_OTLP_{signal}{what}"
+    for what in ("ENDPOINT", "PROTOCOL")
+    for signal in ("", "TRACES_", "METRICS_", "LOGS_")
+)
+#: W3C trace context of the launcher's ``mlaunch.job.attempt`` span, as the workers receive it
+#: (``00-<32 hex trace id>-<16 hex span id>-01``); the trainer links its first span to it.
+TRACEPARENT = "TRACEPARENT"
+#: Set by torchrun in every worker: 0 for the first worker group, +1 per restart.
+RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+#: ``<32 hex trace id>:<16 hex base>``: the worker-side entry wrapper
+#: (``mlaunch.launcher.attempt_entry``, which keeps a copy of these three names) derives the current
+#: attempt's span id from it; set only when the launcher emits a job trace.
+ATTEMPT_TRACE = "MLAUNCH_ATTEMPT_TRACE"
 #: Test-only fault injection understood by the trainer (never set by the launcher itself).
 FAIL_AT_ITERATION = "MLAUNCH_TEST_FAIL_AT_ITERATION"
 
@@ -54,9 +73,31 @@ def metrics_file(run_dir: str | Path, rank: int) -> Path:
     return Path(run_dir) / TELEMETRY_DIR / f"metrics-rank{rank}.jsonl"
 
 
-def spool_file(run_dir: str | Path, rank: int, signal: str = "traces") -> Path:
-    """Where spans/metrics that could not be delivered are kept (same format as the file exporter)."""
-    return Path(run_dir) / TELEMETRY_DIR / f"spool-{signal}-rank{rank}.jsonl"
+def spool_file(run_dir: str | Path, rank: int | None, signal: str = "traces") -> Path:
+    """Where spans/metrics that could not be delivered are kept (same format as the file exporter).
+    ``rank=None``: what the embedded receiver got from a process that did not say its rank."""
+    return Path(run_dir) / TELEMETRY_DIR / f"spool-{signal}-{_rank_word(rank)}.jsonl"
+
+
+#: The file-name word for telemetry the launcher's embedded OTLP receiver got from a process
+#: whose resource has no ``dl.rank`` attribute (so it cannot be put in a rank's file).
+UNRANKED = "unranked"
+
+
+def _rank_word(rank: int | None) -> str:
+    return UNRANKED if rank is None else f"rank{rank}"
+
+
+def received_file(run_dir: str | Path, signal: str, rank: int | None) -> Path:
+    """Where the embedded OTLP receiver writes one rank's ``traces``/``metrics``/``logs``: the
+    file exporter's names (:func:`traces_file`, :func:`metrics_file`), ``logs-rank{R}.jsonl``,
+    and ``{signal}-unranked.jsonl`` for a sender without ``dl.rank``."""
+    return Path(run_dir) / TELEMETRY_DIR / f"{signal}-{_rank_word(rank)}.jsonl"
+
+
+def receiver_stats_file(run_dir: str | Path, node_rank: int = 0) -> Path:
+    """The embedded receiver's counts of one node (received, written, rejected, spooled ...)."""
+    return Path(run_dir) / TELEMETRY_DIR / f"receiver-node{node_rank}.json"
 
 
 def default_run_dir(run_id: str, cwd: str | Path | None = None) -> Path:

@@ -158,7 +158,10 @@ TRACE_SAMPLERS: tuple[str, ...] = (
     "parentbased_traceidratio",
 )
 RATIO_SAMPLERS: frozenset[str] = frozenset({"traceidratio", "parentbased_traceidratio"})
-OTLP_PROTOCOLS: tuple[str, ...] = ("grpc", "http/protobuf")
+OTLP_PROTOCOLS: tuple[str, ...] = ("grpc", "http/protobuf", "http/json")
+#: What ``OTEL_EXPORTER_OTLP[_TRACES|_METRICS]_PROTOCOL`` may say (nemo-lens and the SDK take all
+#: three; the Python SDK's HTTP exporter always encodes protobuf, whichever HTTP one is named).
+Protocol = Literal["grpc", "http/protobuf", "http/json"]
 EXPORTERS: tuple[str, ...] = ("otlp", "console", "file", "none")
 DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
@@ -185,11 +188,11 @@ class OtelSettings(_Section):
     """``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``: full traces URL (wins over the base)."""
     metrics_endpoint_override: str | None = None
     """``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT``: full metrics URL (wins over the base)."""
-    base_protocol: Literal["grpc", "http/protobuf"] = "grpc"
-    """``OTEL_EXPORTER_OTLP_PROTOCOL``: grpc (default) or http/protobuf."""
-    traces_protocol: Literal["grpc", "http/protobuf"] | None = None
+    base_protocol: Protocol = "grpc"
+    """``OTEL_EXPORTER_OTLP_PROTOCOL``: grpc (default), http/protobuf or http/json (scripts only)."""
+    traces_protocol: Protocol | None = None
     """``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``: wins over the base protocol for traces."""
-    metrics_protocol_override: Literal["grpc", "http/protobuf"] | None = None
+    metrics_protocol_override: Protocol | None = None
     """``OTEL_EXPORTER_OTLP_METRICS_PROTOCOL``: wins over the base protocol for metrics."""
     headers: dict[str, str] = Field(default_factory=dict, repr=False)
     """``OTEL_EXPORTER_OTLP_HEADERS``: a secret (authentication tokens); redacted in output."""
@@ -238,8 +241,7 @@ class OtelSettings(_Section):
             return None
         name = str(v).strip().lower()
         if name not in OTLP_PROTOCOLS:
-            hint = " (mlaunch supports grpc and http/protobuf)" if name == "http/json" else ""
-            raise ValueError(f"unknown OTLP protocol {v!r}{hint}; use grpc or http/protobuf")
+            raise ValueError(f"unknown OTLP protocol {v!r}; use {', '.join(OTLP_PROTOCOLS)}")
         return name
 
     @field_validator("base_endpoint", "traces_endpoint", "metrics_endpoint_override")
@@ -258,12 +260,12 @@ class OtelSettings(_Section):
         return parse_key_values(v, "resource attribute") if v is not None else {}
 
     @property
-    def protocol(self) -> Literal["grpc", "http/protobuf"]:
+    def protocol(self) -> Protocol:
         """The effective traces protocol (per-signal variable wins)."""
         return self.traces_protocol or self.base_protocol
 
     @property
-    def metrics_protocol(self) -> Literal["grpc", "http/protobuf"]:
+    def metrics_protocol(self) -> Protocol:
         """The effective metrics protocol."""
         return self.metrics_protocol_override or self.base_protocol
 
@@ -411,6 +413,10 @@ class LaunchSettings(_Section):
     """Launch this Python module instead of mlaunch's trainer."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where workers run; ``auto`` = CUDA when available."""
+    otlp_relay: Bool | None = None
+    """With an OTLP endpoint: workers export to the launcher's local receiver, which forwards to
+    the endpoint and spools what it cannot deliver (``mlaunch trace replay`` sends it later).
+    Unset = on for ``script``/``module``, off for mlaunch's trainer (it spools by itself)."""
     megatron_args: Bool = True
     """For ``script``/``module``: pass the model/training/parallelism settings and Megatron-LM's
     ``--otel-*`` flags as Megatron-LM arguments (false: only the environment and ``-- ARGS``)."""
@@ -543,8 +549,10 @@ class ParallelSettings(_Section):
     """Tensor parallel size (mlaunch's trainer supports 1; other scripts may use more)."""
     pipeline_model_parallel_size: int = Field(default=1, ge=1)
     """Pipeline stages."""
+    context_parallel_size: int = Field(default=1, ge=1)
+    """Context parallel size (``--context-parallel-size``; scripts only: mlaunch's trainer has 1)."""
     data_parallel_size: int | None = Field(default=None, ge=1)
-    """Data-parallel size; unset = world size / (tensor x pipeline)."""
+    """Data-parallel size; unset = world size / (tensor x pipeline x context)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -865,11 +873,15 @@ class Settings(BaseSettings):
         """The data-parallel size (given or derived)."""
         if self.parallelism.data_parallel_size is not None:
             return self.parallelism.data_parallel_size
-        mp = (
-            self.parallelism.tensor_model_parallel_size
-            * self.parallelism.pipeline_model_parallel_size
+        return max(1, self.world_size // self.model_parallel_size)
+
+    @property
+    def model_parallel_size(self) -> int:
+        """Ranks per data-parallel replica: tensor x pipeline x context (Megatron-LM's rule)."""
+        p = self.parallelism
+        return (
+            p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size
         )
-        return max(1, self.world_size // mp)
 
     @property
     def num_microbatches(self) -> int:
@@ -898,7 +910,7 @@ class Settings(BaseSettings):
         p = self.parallelism
         problems: list[tuple[str, str]] = []
         world = self.world_size
-        mp = p.tensor_model_parallel_size * p.pipeline_model_parallel_size
+        mp = self.model_parallel_size
 
         def label(path: str, *others: str) -> str:
             # Of the settings in conflict, name the one set by the highest-precedence source
@@ -939,7 +951,12 @@ class Settings(BaseSettings):
                     label("parallelism.pipeline_model_parallel_size"),
                     f"world size {world} (nnodes {self.launch.nnodes} x nproc_per_node"
                     f" {self.launch.nproc_per_node}) is not divisible by tensor x pipeline"
-                    f" = {p.tensor_model_parallel_size} x {p.pipeline_model_parallel_size}",
+                    f" = {p.tensor_model_parallel_size} x {p.pipeline_model_parallel_size}"
+                    + (
+                        f" x context {p.context_parallel_size}"
+                        if p.context_parallel_size > 1
+                        else ""
+                    ),
                 )
             )
         elif p.data_parallel_size is not None and p.data_parallel_size * mp != world:
@@ -947,7 +964,13 @@ class Settings(BaseSettings):
                 (
                     label("parallelism.data_parallel_size"),
                     f"world size {world} != tensor {p.tensor_model_parallel_size} x pipeline"
-                    f" {p.pipeline_model_parallel_size} x data {p.data_parallel_size}",
+                    f" {p.pipeline_model_parallel_size}"
+                    + (
+                        f" x context {p.context_parallel_size}"
+                        if p.context_parallel_size > 1
+                        else ""
+                    )
+                    + f" x data {p.data_parallel_size}",
                 )
             )
         dp = self.data_parallel_size
@@ -984,7 +1007,36 @@ class Settings(BaseSettings):
                     " use --script for a trainer with tensor parallelism",
                 )
             )
+        if self.uses_builtin_trainer and p.context_parallel_size != 1:
+            problems.append(
+                (
+                    label("parallelism.context_parallel_size"),
+                    "mlaunch's trainer supports context parallel size 1 only;"
+                    " use --script for a trainer with context parallelism",
+                )
+            )
+        if self.uses_builtin_trainer:
+            problems += self._trainer_protocol_problems(label)
         return problems
+
+    def _trainer_protocol_problems(self, label: Any) -> list[tuple[str, str]]:
+        """``http/json`` is the reference's (nemo-lens takes it and sends OTLP/HTTP protobuf, the
+        only encoding the Python SDK has); mlaunch's own trainer exports through that same SDK,
+        so it refuses the name rather than send protobuf while the summary says JSON."""
+        o = self.telemetry.otel
+        out = []
+        for fld in ("base_protocol", "traces_protocol", "metrics_protocol_override"):
+            if getattr(o, fld) == "http/json":
+                out.append(
+                    (
+                        label(f"telemetry.otel.{fld}"),
+                        "http/json is not supported by mlaunch's trainer: it exports through the"
+                        " OpenTelemetry Python SDK, which has no OTLP/JSON encoder; use"
+                        " http/protobuf (every OTLP/HTTP receiver accepts it), or run a --script"
+                        " worker (nemo-lens takes http/json and sends protobuf)",
+                    )
+                )
+        return out
 
 
 def _error_label(loc: tuple[Any, ...], layers: list[_Layer]) -> str:

@@ -38,14 +38,32 @@ def register(app: typer.Typer) -> None:
         deep: bool = typer.Option(
             False, "--deep", help="Also run real 2-process all-reduces (gloo; NCCL with GPUs)."
         ),
+        worker_python: str | None = typer.Option(
+            None,
+            "--worker-python",
+            metavar="PATH",
+            help="The Python a --script worker runs with (e.g. Megatron-LM's), when not this one:"
+            " doctor runs nemo-lens's own configuration loader under it on the environment"
+            " mlaunch would hand the workers.",
+        ),
     ) -> None:
         """Check the machine and the configuration before a run: each check passes, warns or
         fails with a one-line fix. Exit 0 when nothing fails."""
-        raise typer.Exit(run(config, as_json=as_json, deep=deep))
+        raise typer.Exit(run(config, as_json=as_json, deep=deep, worker_python=worker_python))
 
 
-def run(config: str | None, *, as_json: bool, deep: bool) -> int:
+def run(config: str | None, *, as_json: bool, deep: bool, worker_python: str | None = None) -> int:
     """Run the checks, print them, and return the exit code."""
+    if worker_python is not None:
+        import shutil
+
+        found = shutil.which(worker_python)
+        if found is None:
+            from mlaunch.cli.errors import print_problems
+
+            print_problems([("--worker-python", f"{worker_python!r} is not an executable file")])
+            return 2
+        worker_python = found
     # Without --config, the environment over the defaults: a shipped config may pin the
     # exporter, which would hide the OTLP endpoint that doctor is there to probe.
     config_path = None
@@ -62,7 +80,9 @@ def run(config: str | None, *, as_json: bool, deep: bool) -> int:
     from mlaunch import doctor
 
     try:
-        results = doctor.run_doctor(config=config_path, environ=os.environ, deep=deep)
+        results = doctor.run_doctor(
+            config=config_path, environ=os.environ, deep=deep, worker_python=worker_python
+        )
     except Exception as exc:  # each check is guarded; this is the last line of defence
         typer.echo(f"mlaunch doctor: internal error: {type(exc).__name__}: {exc}", err=True)
         return 1

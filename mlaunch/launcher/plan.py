@@ -14,13 +14,13 @@ import re
 import shlex
 import sys
 import tomllib
-import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mlaunch import envcontract as ec
+from mlaunch.launcher import reference
 from mlaunch.model.spans import estimate_spans_per_iteration
 from mlaunch.model.spec import quoted
 from mlaunch.model.strategies import exporting_ranks
@@ -82,6 +82,12 @@ TRAINER_ARGS: dict[str, str] = {
 #: Settings of the model/training/parallelism sections that are deliberately not passed.
 NOT_TRAINER_ARGS: dict[str, str] = {
     "parallelism.data_parallel_size": "derived by the trainer from the world size; checked here",
+    "parallelism.context_parallel_size": "mlaunch's trainer has none (must be 1); scripts get"
+    " MEGATRON_ONLY_ARGS",
+}
+#: Megatron-LM arguments mlaunch's trainer does not have, passed to scripts when not the default.
+MEGATRON_ONLY_ARGS: dict[str, tuple[str, Any]] = {
+    "parallelism.context_parallel_size": ("--context-parallel-size", 1),
 }
 #: mlaunch-only trainer arguments that Megatron-LM's pretrain_gpt.py would reject.
 MEGATRON_UNKNOWN: frozenset[str] = frozenset(
@@ -117,6 +123,13 @@ class LaunchPlan:
     spans_per_iteration: list[int]
     """Estimated spans per iteration and exporting rank, per pipeline stage."""
     slurm: bool = False
+    embedded_receiver: bool = False
+    """A script run whose workers send OTLP to the launcher's embedded receiver on loopback (the
+    ``file`` exporter in the reference's language). The plan leaves ``OTEL_EXPORTER_OTLP_ENDPOINT``
+    and ``_PROTOCOL`` unset (and drops inherited ones): the launcher sets them when it has started
+    the receiver."""
+    env_notes: tuple[str, ...] = ()
+    """Environment the plan added on its own (e.g. CUDA_DEVICE_MAX_CONNECTIONS), for the summary."""
 
     # ---- derived views -------------------------------------------------------------------
 
@@ -175,10 +188,17 @@ class LaunchPlan:
             "config": str(self.config),
             "world_size": self.world_size,
             "exporting_ranks": self.exporting_ranks,
+            "span_groups": sorted(g.value for g in self.settings.telemetry.groups),
             "spans_per_iteration": self.spans_per_iteration,
+            "embedded_receiver": self.embedded_receiver,
             "command": self.argv,
             "environment": self.shown_env(show_secrets),
             "settings": settings_table(self.settings, show_secrets=show_secrets),
+            **(
+                {}
+                if self.settings.uses_builtin_trainer
+                else {"reference": reference.reference_view(self.settings)}
+            ),
         }
 
     def resolved_json_text(self, show_secrets: bool = False) -> str:
@@ -361,25 +381,65 @@ def slurm_launch_values(environ: Mapping[str, str]) -> dict[str, tuple[Any, str]
 # Worker environment
 
 
-def _env_value(value: Any) -> str:
-    """A setting as the variable text a worker parses back to the same value."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, dict):
-        q = urllib.parse.quote
-        return ",".join(f"{q(str(k), safe='')}={q(str(v), safe='')}" for k, v in value.items())
-    return str(value)
+_env_value = reference.env_text
 
 
-def _worker_env(
-    settings: Settings, run_id: str, run_dir: Path, environ: Mapping[str, str]
-) -> dict[str, str]:
+def worker_environment(
+    settings: Settings,
+    run_id: str,
+    run_dir: Path,
+    environ: Mapping[str, str],
+    *,
+    external: bool | None = None,
+) -> tuple[dict[str, str], tuple[str, ...], tuple[str, ...]]:
+    """``(what mlaunch sets, inherited variables it removes, notes)`` for the workers.
+
+    mlaunch's trainer gets every setting in mlaunch's language; a ``--script``/``--module`` worker
+    gets the reference's (:mod:`mlaunch.launcher.reference`). Inherited ``MEGATRON_OTEL_*`` /
+    ``NEMO_LENS_*`` variables that mlaunch does not set are removed, so workers see one truth.
+    ``external`` overrides the entry point's kind (doctor asks for the script side of any config).
+    """
+    external = not settings.uses_builtin_trainer if external is None else external
+    if not external:
+        env = _trainer_env(settings, run_id, environ)
+    else:
+        env = reference.worker_env(settings, run_id)
+    env[ec.RUN_DIR] = str(run_dir)
+    embedded = external and reference.embedded_receiver(settings)
+    for var in sorted(environ):
+        # Other standard variables (per-signal headers, SDK knobs) travel as given.
+        if (
+            var.startswith("OTEL_")
+            and var not in env
+            and environ[var].strip()
+            and not (embedded and var in ec.OTLP_TARGET_VARS)
+        ):
+            env[var] = environ[var]
+    if settings.launch.device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the only way to keep a CUDA-capable worker on CPU
+    notes: list[str] = []
+    value, note = reference.cuda_connections(settings, environ)
+    if value is not None:
+        env[ec.CUDA_DEVICE_MAX_CONNECTIONS] = value
+    if note:
+        notes.append(note)
+    removed = {
+        k
+        for k in environ
+        if (k.startswith(ec.FALLBACK_PREFIX) or k.startswith(ec.PRIMARY_PREFIX)) and k not in env
+    }
+    if embedded:
+        removed |= {k for k in environ if k in ec.OTLP_TARGET_VARS}
+    return env, tuple(sorted(removed)), tuple(notes)
+
+
+def _trainer_env(settings: Settings, run_id: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """mlaunch's own trainer: every key in mlaunch's language, the OTEL_* text as given."""
     t = settings.telemetry
     env: dict[str, str] = {}
     for key, fld in TELEMETRY_KEYS.items():
         value = run_id if fld == "run_id" else getattr(t, fld)
         env[ec.PRIMARY_PREFIX + key] = _env_value(value)
-    env[ec.RUN_DIR] = str(run_dir)
     env["OTEL_SERVICE_NAME"] = t.service_name
     for var, (section, fld) in OTEL_ENV.items():
         if var == "OTEL_SERVICE_NAME":
@@ -391,12 +451,6 @@ def _worker_env(
         elif source.kind in ("flag", "file"):
             obj: Any = t.otel if section == "telemetry.otel" else t
             env[var] = _env_value(getattr(obj, fld))
-    for var in sorted(environ):
-        # Other standard variables (per-signal headers, SDK knobs) travel as given.
-        if var.startswith("OTEL_") and var not in env and environ[var].strip():
-            env[var] = environ[var]
-    if settings.launch.device == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""  # the only way to keep a CUDA-capable worker on CPU
     return env
 
 
@@ -464,20 +518,28 @@ def trainer_args(settings: Settings, run_dir: Path, *, megatron: bool = False) -
         if megatron and part and path in MEGATRON_RENAMES:
             part[0] = MEGATRON_RENAMES[path]
         args += part
+    if megatron:
+        for path, (flag, default) in MEGATRON_ONLY_ARGS.items():
+            section, _, fld = path.partition(".")
+            value = getattr(getattr(settings, section), fld)
+            if value != default:
+                args += [flag, str(value)]
     return args
 
 
 def otel_flags(settings: Settings) -> list[str]:
-    """Megatron-LM's own ``--otel-*`` flags (for ``--script``/``--module`` targets)."""
-    t = settings.telemetry
-    flags = ["--otel-enabled"] if t.enabled else []
-    return flags + ["--otel-service-name", t.service_name, "--otel-span-groups", t.span_groups]
+    """Megatron-LM's own ``--otel-*`` flags (for ``--script``/``--module`` targets), in the
+    reference's language and each one argv item (see :mod:`mlaunch.launcher.reference`)."""
+    return reference.worker_args(settings)
 
 
-def _shadowed_settings(passthrough: Sequence[str]) -> list[tuple[str, str]]:
+def _shadowed_settings(
+    passthrough: Sequence[str], extra: Sequence[str] = ()
+) -> list[tuple[str, str]]:
     """A setting repeated after ``--`` would silently win in the workers (argparse keeps the last
     value) while the summary, resolved.json and the checkpoint plan show the other one."""
     owned = {flag for spelled in TRAINER_ARGS.values() for flag in spelled.split("/")}
+    owned |= set(extra)
     problems = []
     for token in passthrough:
         flag = token.split("=", 1)[0]
@@ -598,6 +660,10 @@ def build_plan(
             if launch.megatron_args
             else []
         )
+        if launch.megatron_args:
+            owned = [*reference.REFERENCE_OTEL_ARGS, *(f for f, _ in MEGATRON_ONLY_ARGS.values())]
+            problems += _shadowed_settings(passthrough, owned)
+        problems += reference.refusals(settings)
         entry = [*target, *extra, *passthrough]
 
     p = settings.parallelism
@@ -631,15 +697,7 @@ def build_plan(
     if problems:
         raise SettingsError(problems)
 
-    worker_env = _worker_env(settings, run_id, run_dir, environ)
-    removed = tuple(
-        sorted(
-            k
-            for k in environ
-            if (k.startswith(ec.FALLBACK_PREFIX) or k.startswith(ec.PRIMARY_PREFIX))
-            and k not in worker_env
-        )
-    )
+    worker_env, removed, notes = worker_environment(settings, run_id, run_dir, environ)
     child_env = {k: v for k, v in environ.items() if k not in removed}
     child_env.update(worker_env)
 
@@ -656,6 +714,9 @@ def build_plan(
         exporting_ranks=ranks,
         spans_per_iteration=spans,
         slurm=bool(slurm),
+        embedded_receiver=not settings.uses_builtin_trainer
+        and reference.embedded_receiver(settings),
+        env_notes=notes,
     )
 
 

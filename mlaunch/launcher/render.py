@@ -27,8 +27,10 @@ from rich.text import Text
 
 from mlaunch import envcontract as ec
 from mlaunch.cli.render import span_tree
+from mlaunch.launcher import reference
 from mlaunch.launcher.plan import LaunchPlan
 from mlaunch.launcher.run import RunResult, torchrun_log
+from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spec import format_groups
 from mlaunch.settings import RATIO_SAMPLERS
 
@@ -46,6 +48,8 @@ def _ranks_text(ranks: list[int], world: int) -> str:
 
 def _sampler_text(plan: LaunchPlan) -> str:
     t = plan.settings.telemetry
+    if not plan.settings.uses_builtin_trainer:
+        return reference.rank_sampler_text(plan.settings)  # as nemo-lens applies them
     name = t.otel.traces_sampler or "parentbased_always_on"
     arg = t.otel.traces_sampler_arg
     if arg is None:
@@ -61,6 +65,8 @@ def _sampler_text(plan: LaunchPlan) -> str:
 
 def _exporter_text(plan: LaunchPlan) -> str:
     t = plan.settings.telemetry
+    if plan.embedded_receiver:
+        return f"otlp -> embedded OTLP receiver on loopback -> {plan.traces_dir}"
     if t.exporter != "otlp" and t.otel.endpoint_configured:
         # An explicit exporter (often a config file's) wins over an endpoint given elsewhere;
         # say so, or a user who passed --otlp-endpoint would wait for spans that never come.
@@ -74,6 +80,13 @@ def _exporter_text(plan: LaunchPlan) -> str:
     if t.exporter == "file":
         return f"file -> {plan.traces_dir}/traces-rank{{R}}.jsonl" + ignored
     if t.exporter == "otlp":
+        from mlaunch.receiver.wiring import receiver_mode
+
+        if receiver_mode(plan.settings) == "relay":
+            return (
+                f"otlp ({t.otel.protocol}) -> relay in the launcher (loopback) -> {t.otel.endpoint};"
+                f" undelivered spans spooled to {plan.traces_dir} (--no-otlp-relay: direct)"
+            )
         return f"otlp ({t.otel.protocol}) -> {t.otel.endpoint}"
     if t.exporter == "console":
         return "console -> each exporting rank's stdout log" + ignored
@@ -146,6 +159,8 @@ def summary(plan: LaunchPlan) -> Group:
     parts: list[Any] = [table]
     if not t.enabled:
         table.add_row("telemetry", "off (--otel-enabled to turn it on)")
+        for note in plan.env_notes:
+            table.add_row("environment", note)
         return Group(Panel(Group(*parts), title="mlaunch train"))
     groups = format_groups(t.groups).replace(",", ", ") or "(none)"
     table.add_row("telemetry", f"on, span groups {t.span_groups!r} = {groups}")
@@ -158,6 +173,10 @@ def summary(plan: LaunchPlan) -> Group:
     table.add_row("samplers", _sampler_text(plan))
     table.add_row("exporter", Text(_exporter_text(plan)))  # paths and "[section]" are not markup
     table.add_row("service", f"{t.service_name}  (run id {plan.run_id})")
+    for note in plan.env_notes:
+        table.add_row("environment", note)
+    if not s.uses_builtin_trainer:
+        return Group(Panel(Group(*_worker_rows(plan, table)), title="mlaunch train"))
     if plan.spans_per_iteration:
         per = plan.spans_per_iteration
         est = (
@@ -170,6 +189,23 @@ def summary(plan: LaunchPlan) -> Group:
         table.add_row("spans", est)
     parts.append(span_tree(t.groups, title="active span tree"))
     return Group(Panel(Group(*parts), title="mlaunch train"))
+
+
+def _worker_rows(plan: LaunchPlan, table: Table) -> list[Any]:
+    """A script worker's side: what mlaunch rewrote into the reference's language, and the span
+    names that worker will emit (the catalogue's non-extra spans of the enabled groups)."""
+    s = plan.settings
+    for line in reference.translations(s):
+        table.add_row("translated", Text(line))
+    groups = s.telemetry.groups
+    names = Table(title="span names the worker will emit", show_lines=False, box=None)
+    names.add_column("group", style="cyan", no_wrap=True)
+    names.add_column("spans")
+    for group in SpanGroup:
+        if group in groups:
+            spans = reference.reference_span_names({group})
+            names.add_row(group.value, ", ".join(spans) if spans else "(none in the catalogue)")
+    return [table, names]
 
 
 def dry_run_text(plan: LaunchPlan, show_secrets: bool = False) -> str:

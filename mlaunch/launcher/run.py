@@ -17,10 +17,15 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from mlaunch import envcontract as ec
+from mlaunch.launcher import jobtrace
 from mlaunch.launcher.plan import TORCHRUN_LOG, LaunchPlan
+from mlaunch.receiver import wiring as receiver_wiring
+
+if TYPE_CHECKING:
+    from mlaunch.receiver.core import ReceiverStats
 
 #: Lines of a failed rank's log shown in the failure report.
 LOG_TAIL_LINES = 15
@@ -239,6 +244,8 @@ class RunResult:
     """The signal forwarded to the job, if any."""
     failures: list[RankFailure] = field(default_factory=list)
     torchrun_tail: list[str] = field(default_factory=list)
+    receiver: ReceiverStats | None = None
+    """The embedded OTLP receiver's counts, when this launch hosted one."""
 
     @property
     def train_records(self) -> list[dict[str, Any]]:
@@ -311,31 +318,50 @@ def execute(
     start = time.time()
     records: list[dict[str, Any]] = []
     spawn_fn = spawn_fn or spawn
-    with torchrun_log(plan).open("ab") as log:
-        proc = spawn_fn(plan.argv, plan.child_env, log)
-        shown: list[Display] = []  # a signal may arrive before the display exists
+    # The embedded OTLP receiver / relay (None when the plan does not call for one). Started
+    # before torchrun so the workers' environment can point at it; closed (flushed, spooled,
+    # counts written) on every way out of here, within the telemetry shutdown deadline.
+    receiver, child_env = receiver_wiring.start(plan)
+    # The launcher's own job trace (mlaunch.job + one span per torchrun attempt; no-op when off).
+    # With the relay it goes upstream through the receiver (spooled like a worker's spans).
+    job = jobtrace.start(plan, sinks=jobtrace.relay_sinks(plan, receiver))
+    argv, env = job.wrap(plan.argv, child_env)
+    try:
+        with torchrun_log(plan).open("ab") as log, job.guard():
+            proc = spawn_fn(argv, env, log)
+            job.spawned()
+            shown: list[Display] = []  # a signal may arrive before the display exists
 
-        def notify(signum: int) -> None:
-            for d in shown:
-                d.interrupted(signum)
+            def notify(signum: int) -> None:
+                job.interrupted(signum)
+                for d in shown:
+                    d.interrupted(signum)
 
-        with _forwarding(proc, notify) as received:
-            display = started()
-            shown.append(display)
-            while True:
-                code = proc.poll()
-                for record in tail.read():
-                    records.append(record)
-                    display.record(record)
-                if code is not None:
-                    break
-                time.sleep(POLL_S)
-    result = RunResult(code, time.time() - start, records, received[0] if received else None)
-    if code != 0:
-        result.failures = collect_failures(plan, start)
-        result.torchrun_tail = _tail(torchrun_log(plan))
-        if result.interrupted is not None and not result.failures:
-            # torchrun reports its own signal as a failure (exit 1) even when every worker
-            # stopped cleanly; the job was interrupted, which shells spell 128 + signal.
-            result.exit_code = 128 + result.interrupted
+            with _forwarding(proc, notify) as received:
+                display = started()
+                shown.append(display)
+                while True:
+                    code = proc.poll()
+                    for record in tail.read():
+                        records.append(record)
+                        display.record(record)
+                    if code is not None:
+                        break
+                    job.poll()
+                    time.sleep(POLL_S)
+        result = RunResult(code, time.time() - start, records, received[0] if received else None)
+        if code != 0:
+            result.failures = collect_failures(plan, start)
+            result.torchrun_tail = _tail(torchrun_log(plan))
+            if result.interrupted is not None and not result.failures:
+                # torchrun reports its own signal as a failure (exit 1) even when every worker
+                # stopped cleanly; the job was interrupted, which shells spell 128 + signal.
+                result.exit_code = 128 + result.interrupted
+        # Before the receiver closes: in relay mode the job's last spans go through it.
+        job.finish(result.exit_code, result.failures, result.interrupted)
+    finally:
+        receiver_stats = (
+            receiver.close(plan.settings.telemetry.shutdown_timeout_s) if receiver else None
+        )
+    result.receiver = receiver_stats
     return result

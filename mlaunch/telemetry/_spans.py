@@ -165,7 +165,7 @@ class FineSpan:
         return False
 
     def truncate(self) -> None:
-        """End the span now, marked ``mlaunch.span.truncated=true`` (shutdown with it open)."""
+        """End the span now, marked ``nemo.span.truncated=true`` (shutdown with it open)."""
         if self.end:
             return
         self.attributes[_TRUNCATED] = True
@@ -276,7 +276,7 @@ class CoarseSpan:
         return False
 
     def truncate(self) -> None:
-        """End the span now, marked ``mlaunch.span.truncated=true``."""
+        """End the span now, marked ``nemo.span.truncated=true``."""
         if self.ended:
             return
         self.ended = True
@@ -284,7 +284,7 @@ class CoarseSpan:
         self.span.end()
 
     def reroot(self, extra_attributes: dict[str, Any], links: list[Any]) -> None:
-        """End the current SDK span and continue as a new root span (a new trace segment).
+        """End the current SDK span and continue as a new root span (a new megatron.train block).
 
         The trace id of the new root is whatever :data:`STATE` says now; the caller sets it first.
         """

@@ -98,6 +98,73 @@ def encode_metrics_line(metrics_data: Any) -> str:
     return json.dumps(metrics_request_to_dict(encode_metrics(metrics_data)), separators=(",", ":"))
 
 
+# ------------------------------------------------------------------------------------------------
+# Standard-library encoding (the launcher's job trace: no protobuf, no SDK on its start-up path).
+
+
+def encode_any_value(value: Any) -> dict[str, Any]:
+    """A Python value as an OTLP/JSON ``AnyValue`` (the inverse of :func:`any_value`)."""
+    if isinstance(value, bool):
+        return {"boolValue": value}
+    if isinstance(value, int):
+        return {"intValue": str(value)}  # int64 as a decimal string
+    if isinstance(value, float):
+        return {"doubleValue": value}
+    if isinstance(value, list | tuple):
+        return {"arrayValue": {"values": [encode_any_value(v) for v in value]}}
+    return {"stringValue": str(value)}
+
+
+def encode_attributes(attrs: dict[str, Any]) -> list[dict[str, Any]]:
+    """A dict as a list of OTLP/JSON ``KeyValue`` (None values left out)."""
+    return [{"key": k, "value": encode_any_value(v)} for k, v in attrs.items() if v is not None]
+
+
+def encode_span(
+    *,
+    name: str,
+    trace_id: str,
+    span_id: str,
+    parent_span_id: str = "",
+    start_ns: int,
+    end_ns: int,
+    attributes: dict[str, Any] | None = None,
+    status_code: int = 0,
+    status_message: str = "",
+    kind: int = 1,
+) -> dict[str, Any]:
+    """One span in the OTLP/JSON mapping (hex ids; defaults omitted as protobuf's printer does).
+
+    ``kind`` 1 is INTERNAL; ``status_code`` 0 unset, 1 ok, 2 error."""
+    span: dict[str, Any] = {"traceId": trace_id, "spanId": span_id}
+    if parent_span_id:
+        span["parentSpanId"] = parent_span_id
+    span.update(name=name, kind=kind, startTimeUnixNano=str(start_ns), endTimeUnixNano=str(end_ns))
+    if attributes:
+        span["attributes"] = encode_attributes(attributes)
+    status: dict[str, Any] = {}
+    if status_message:
+        status["message"] = status_message
+    if status_code:
+        status["code"] = status_code
+    span["status"] = status
+    return span
+
+
+def trace_request(
+    resource: dict[str, Any], scope: str, spans: Iterable[dict[str, Any]]
+) -> dict[str, Any]:
+    """An ``ExportTraceServiceRequest`` in the OTLP/JSON mapping: one resource, one scope."""
+    return {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": encode_attributes(resource)},
+                "scopeSpans": [{"scope": {"name": scope}, "spans": list(spans)}],
+            }
+        ]
+    }
+
+
 def decode_traces_line(line: str) -> Any:
     """One traces line back into an ``ExportTraceServiceRequest`` protobuf."""
     from google.protobuf.json_format import ParseDict

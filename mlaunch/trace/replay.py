@@ -32,7 +32,12 @@ from mlaunch.telemetry import otlp_json
 #: The record of what earlier replays delivered (in the run's telemetry folder).
 LEDGER_FILE = "replayed.json"
 _LOCK_FILE = ".replay.lock"
-_SPOOL_RE = re.compile(r"^spool-(traces|metrics)-rank(\d+)\.jsonl$")
+#: Spool files: per rank (a worker's or the launcher's receiver), ``unranked`` (the receiver got
+#: them without ``dl.rank``) and ``launcher-node<N>`` (the launcher's own job trace, relayed).
+_SPOOL_RE = re.compile(
+    r"^spool-(traces|metrics|logs)-(?:rank(\d+)|unranked|launcher-node\d+)\.jsonl$"
+)
+_SIGNAL_ORDER = {"traces": 0, "metrics": 1, "logs": 2}
 PROTOCOLS = ("grpc", "http/protobuf")
 _DEFAULT_PORTS = {"grpc": 4317, "http/protobuf": 4318}
 
@@ -53,6 +58,9 @@ class ReplayResult:
     spans_failed: int = 0
     """Spans not delivered this time (kept for the next replay)."""
     metric_batches_failed: int = 0
+    log_batches_sent: int = 0
+    """Log export requests delivered (the launcher's receiver spools workers' OTLP logs)."""
+    log_batches_failed: int = 0
     spans_already_sent: int = 0
     """Spans earlier replays delivered (skipped now)."""
     malformed_lines: int = 0
@@ -64,7 +72,7 @@ class ReplayResult:
     @property
     def failed(self) -> bool:
         """Whether anything could not be delivered."""
-        return bool(self.spans_failed or self.metric_batches_failed)
+        return bool(self.spans_failed or self.metric_batches_failed or self.log_batches_failed)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -124,7 +132,13 @@ def spool_files(run_dir: Path) -> list[Path]:
     found = [
         (m, p) for p in telemetry_dir.iterdir() if (m := _SPOOL_RE.match(p.name)) and p.is_file()
     ]
-    found.sort(key=lambda mp: (mp[0].group(1) != "traces", int(mp[0].group(2))))
+    found.sort(
+        key=lambda mp: (
+            _SIGNAL_ORDER[mp[0].group(1)],
+            int(mp[0].group(2)) if mp[0].group(2) else 1 << 62,
+            mp[1].name,
+        )
+    )
     return [p for _, p in found]
 
 
@@ -138,6 +152,7 @@ def _grpc_sender(
     host: str, port: int, tls: bool, headers: Mapping[str, str], timeout_s: float
 ) -> tuple[Sender, Callable[[], None]]:
     import grpc
+    from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
     from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
@@ -150,6 +165,7 @@ def _grpc_sender(
     stubs = {
         "traces": trace_service_pb2_grpc.TraceServiceStub(channel),
         "metrics": metrics_service_pb2_grpc.MetricsServiceStub(channel),
+        "logs": logs_service_pb2_grpc.LogsServiceStub(channel),
     }
     metadata = tuple(headers.items()) or None
 
@@ -234,6 +250,17 @@ def _complete_lines(path: Path, offset: int) -> Iterator[tuple[int, bytes]]:
             yield pos, raw
 
 
+def _decode(signal: str, raw: bytes) -> Any:
+    """One spool line as the export request it was."""
+    if signal == "traces":
+        return otlp_json.decode_traces_line(raw.decode("utf-8"))
+    if signal == "metrics":
+        return otlp_json.decode_metrics_line(raw.decode("utf-8"))
+    from mlaunch.receiver.signals import LOGS
+
+    return LOGS.from_json(json.loads(raw))
+
+
 def _count(signal: str, request: Any) -> int:
     if signal == "traces":
         return sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
@@ -278,8 +305,7 @@ def replay(
                     result.spans_already_sent += entry["spans"]
                 for end, raw in _complete_lines(path, entry["offset"]):
                     try:
-                        request = (otlp_json.decode_traces_line if signal == "traces"
-                                   else otlp_json.decode_metrics_line)(raw.decode("utf-8"))  # fmt: skip
+                        request = _decode(signal, raw)
                     except Exception:
                         result.malformed_lines += 1
                         entry["offset"] = end
@@ -294,6 +320,8 @@ def replay(
                     if result.error is not None:
                         if signal == "traces":
                             result.spans_failed += n
+                        elif signal == "logs":
+                            result.log_batches_failed += n
                         else:
                             result.metric_batches_failed += n
                         continue
@@ -301,6 +329,8 @@ def replay(
                     if signal == "traces":
                         result.spans_sent += n
                         entry["spans"] += n
+                    elif signal == "logs":
+                        result.log_batches_sent += n
                     else:
                         result.metric_batches_sent += n
                     entry["offset"] = end

@@ -8,7 +8,7 @@ spans later, and a second replay sends nothing new. The run ends by a preemption
 
 "Every span the run produced" is known from the test-only tee (MLAUNCH_TEST_TEE_SPANS): the
 export thread writes a copy of every span it hands to the exporter; the test checks the tee
-itself against the progress records (one megatron.train_step per iteration).
+itself against the progress records (one megatron.train.iteration per iteration).
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def test_collector_outage_spools_replays_and_never_stalls_training(tmp_path):
         steps = sorted(
             s["attributes"]["megatron.iteration"]
             for s in produced
-            if s["name"] == SpanName.TRAIN_STEP
+            if s["name"] == SpanName.ITERATION
         )
         assert steps == list(range(1, last + 1))  # the tee is complete
         all_keys = keys(produced)

@@ -159,7 +159,12 @@ def test_other_boolean_words_are_errors_naming_the_variable(value: str) -> None:
         ({"OTEL_TRACES_SAMPLER": "always-on"}, "OTEL_TRACES_SAMPLER", "did you mean 'always_on'"),
         ({"OTEL_TRACES_SAMPLER_ARG": "1.5"}, "OTEL_TRACES_SAMPLER_ARG", "[0, 1]"),
         ({"OTEL_TRACES_SAMPLER_ARG": "half"}, "OTEL_TRACES_SAMPLER_ARG", "[0, 1]"),
-        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, "OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/xml"}, "OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        (
+            {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"},  # mlaunch's trainer: no JSON encoder
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+            "http/protobuf",
+        ),
         ({"OTEL_EXPORTER_OTLP_ENDPOINT": "localhost:4317"}, "OTEL_EXPORTER_OTLP_ENDPOINT", "URL"),
         ({"OTEL_EXPORTER_OTLP_HEADERS": "token"}, "OTEL_EXPORTER_OTLP_HEADERS", "key=value"),
         ({"OTEL_RESOURCE_ATTRIBUTES": "a=1,b"}, "OTEL_RESOURCE_ATTRIBUTES", "key=value"),

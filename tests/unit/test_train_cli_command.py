@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mlaunch.cli import build_app
+from mlaunch.launcher import attempt_entry
 from mlaunch.launcher import run as lrun
 from mlaunch.launcher.plan import CONFIGS_DIR
 
@@ -77,6 +78,10 @@ def only_run_dir(tmp_path: Path) -> Path:
     return runs[0]
 
 
+#: With telemetry on, torchrun starts each worker through the job trace's wrapper, which sets
+#: TRACEPARENT to the attempt's span and execs the entry (mlaunch.launcher.jobtrace).
+WRAPPER = ["--no-python", sys.executable, "-S", "-u", attempt_entry.__file__]
+
 TINY_TRAINER_ARGS = [
     "-m", "mlaunch.trainer",
     "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
@@ -98,9 +103,11 @@ def test_no_arguments_runs_tiny_with_exact_command_and_environment(spawned, tmp_
     assert argv == [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
         "--nproc-per-node", "2", "--max-restarts", "0", "--log-dir", str(run_dir / "logs" / "node0"),
-        "--redirects", "3", *TINY_TRAINER_ARGS,
+        "--redirects", "3", *WRAPPER, *TINY_TRAINER_ARGS,
     ]  # fmt: skip
     mine = {k: v for k, v in env.items() if k.startswith(PREFIXES) or k == "CUDA_VISIBLE_DEVICES"}
+    trace_id, _, key = mine.pop("MLAUNCH_ATTEMPT_TRACE").partition(":")
+    assert len(trace_id) == 32 and key
     assert mine == {
         "MEGATRON_OTEL_ENABLED": "true",
         "MEGATRON_OTEL_SPAN_GROUPS": "all",  # NEMO_LENS_* beats the file...
@@ -212,16 +219,24 @@ def test_gpu8_and_megatron_configs(spawned, tmp_path):
     assert result.exit_code == 0, result.output
     ((argv, env),) = spawned
     assert argv[argv.index(str(script)) :][-2:] == ["--vocab-file", "v.json"]
-    assert "-m" not in argv[argv.index("--redirects") + 2 :]
-    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://localhost:4317"
+    assert argv[argv.index("--redirects") + 2 :][: len(WRAPPER) + 1] == [*WRAPPER, str(script)]
+    # Relay (the default for a script with an endpoint): the workers export to the launcher's
+    # receiver on loopback, which forwards to the configured endpoint.
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"].startswith("http://127.0.0.1:")
     assert env["MEGATRON_OTEL_EXPORTER"] == "otlp"
+    result = invoke(
+        "--config", "megatron", "--script", str(script), "--no-otlp-relay", "--run-dir",
+        str(tmp_path / "r2"),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert spawned[-1][1]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://localhost:4317"
 
 
 def test_module_target_and_passthrough(spawned):
     result = invoke("--module", "my.train", "--no-megatron-args", "--", "--foo", "bar baz")
     assert result.exit_code == 0, result.output
     ((argv, _),) = spawned
-    assert argv[argv.index("--redirects") + 2 :] == ["-m", "my.train", "--foo", "bar baz"]
+    assert argv[argv.index("--redirects") + 2 :] == [*WRAPPER, "-m", "my.train", "--foo", "bar baz"]
 
 
 def test_passthrough_to_the_builtin_trainer_is_checked_before_launch(spawned, tmp_path):

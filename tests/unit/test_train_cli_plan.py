@@ -79,12 +79,12 @@ def test_megatron_script_gets_megatron_names_and_otel_flags_only(tmp_path):
     assert "--offload-activations" not in entry and "--sample-tokens" not in entry
     assert entry[entry.index("--tensor-model-parallel-size") + 1] == "2"
     assert "--bf16" in entry
-    assert entry[-5:] == [
+    # The reference's language: the resolved list, each flag one argv item.
+    assert entry[-3:] == [
         "--otel-enabled",
-        "--otel-service-name",
-        "megatron-lm",
-        "--otel-span-groups",
-        "per_step",
+        "--otel-service-name=megatron-lm",
+        "--otel-span-groups=job,checkpoint,evaluate,model_init,load_checkpoint,step,"
+        "forward_backward,optimizer,communication,data_loading,first_iteration,inference",
     ]
     plain = build(
         {"launch.script": str(script), "launch.megatron_args": False},

@@ -1,0 +1,471 @@
+"""The embedded receiver's core: a bounded queue between the request handlers and one writer
+thread, the per-rank files, the relay with its spool, the counts, and a bounded close.
+
+Handlers never parse or write: they check the queue's byte budget, enqueue the raw request and
+answer. When the budget is full the request is refused with a retryable status (gRPC
+``RESOURCE_EXHAUSTED`` with a ``RetryInfo`` of :data:`RETRY_AFTER_S`, HTTP 429 with
+``Retry-After``): the worker's exporter keeps the batch and sends it again after the pause, on
+its own export thread, so training never waits and a burst loses nothing; each refusal is counted
+(``rejected_requests`` / ``rejected_bytes``) and logged once. Replying success and dropping would
+lose data the worker still held.
+
+The writer thread parses each request, splits it by the resource attribute ``dl.rank`` and
+appends one OTLP/JSON line per rank (the file exporter's format) to
+``telemetry/{traces,metrics,logs}-rank{R}.jsonl`` (``-unranked`` without ``dl.rank``). In relay
+mode it forwards the request's bytes upstream instead, and spools what cannot be delivered into
+``telemetry/spool-{signal}-rank{R}.jsonl`` (the format ``mlaunch trace replay`` sends). After a
+failed delivery requests go straight to the spool for a backoff period (1 s doubling to 30 s),
+so a dead collector costs one timeout per period, not one per request.
+
+Nothing here ever raises into the launcher: a failure of the receiver's own (a port, a full disk,
+a malformed request) is logged once and counted, and training goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from mlaunch import envcontract
+from mlaunch.model.spans import ResourceAttr
+from mlaunch.receiver.signals import SIGNALS, Signal
+from mlaunch.receiver.upstream import Sender, Upstream
+
+#: The queue's budget in request bytes (serialized protobuf); beyond it requests are refused.
+MAX_QUEUED_BYTES = 64 * 1024 * 1024
+#: The largest request accepted (gRPC max receive size, HTTP body, decompressed HTTP body).
+MAX_REQUEST_BYTES = 16 * 1024 * 1024
+#: The pause a refused client is asked to wait before sending again.
+RETRY_AFTER_S = 1.0
+#: Open files are flushed at least this often (a killed launcher loses at most this much).
+FLUSH_INTERVAL_S = 0.5
+FIRST_BACKOFF_S = 1.0
+MAX_BACKOFF_S = 30.0
+#: The default deadline of :meth:`Receiver.close`.
+CLOSE_DEADLINE_S = 5.0
+#: Embedded mode: extra time :meth:`Receiver.close` gives the writer to write a full queue to
+#: local disk (no network involved; about 3 s for a full 64 MiB queue on one core).
+LOCAL_DRAIN_S = 25.0
+
+
+@dataclass
+class SignalCounts:
+    """What happened to one signal's data (items = spans, metric data points, log records)."""
+
+    received_requests: int = 0
+    received_bytes: int = 0
+    received_items: int = 0
+    """Items in requests the writer parsed (accepted requests)."""
+    rejected_requests: int = 0
+    """Refused because the queue was full (the client was told to retry)."""
+    rejected_bytes: int = 0
+    malformed_requests: int = 0
+    """Accepted but undecodable (dropped, counted)."""
+    written_items: int = 0
+    """Written to the run directory's per-rank files (embedded mode)."""
+    unranked_items: int = 0
+    """Of those, without ``dl.rank`` (written to the ``-unranked`` file)."""
+    forwarded_items: int = 0
+    """Delivered upstream (relay mode)."""
+    spooled_items: int = 0
+    """Not delivered upstream, kept in the spool for ``mlaunch trace replay`` (relay mode)."""
+    lost_items: int = 0
+    """Could not be written or spooled (a disk error): the only data loss, logged."""
+
+
+@dataclass
+class ReceiverStats:
+    """The receiver's counts, written to ``telemetry/receiver-node{N}.json`` on close."""
+
+    mode: str
+    grpc_endpoint: str | None = None
+    http_endpoint: str | None = None
+    upstream: dict[str, str] = field(default_factory=dict)
+    """Relay mode: per signal, protocol and endpoint (never the headers)."""
+    signals: dict[str, SignalCounts] = field(
+        default_factory=lambda: {name: SignalCounts() for name in SIGNALS}
+    )
+    peak_queued_bytes: int = 0
+    errors: list[str] = field(default_factory=list)
+    """Each distinct problem, once."""
+    closed_in_s: float | None = None
+    unsent_at_deadline: int = 0
+    """Requests still queued when the close deadline passed (spooled or written without retry)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+
+class _Item:
+    __slots__ = ("signal", "payload", "nbytes", "local")
+
+    def __init__(self, signal: Signal, payload: Any, nbytes: int, local: Path | None) -> None:
+        self.signal = signal
+        self.payload = payload  # serialized protobuf (bytes) or an already parsed request
+        self.nbytes = nbytes
+        self.local = local
+
+
+def _rank_of(resource: Any) -> int | None:
+    for kv in resource.attributes:
+        if kv.key == ResourceAttr.RANK:
+            v = kv.value
+            kind = v.WhichOneof("value")
+            if kind == "int_value":
+                return int(v.int_value)
+            if kind == "string_value" and v.string_value.strip().isdigit():
+                return int(v.string_value)
+            return None
+    return None
+
+
+def split_by_rank(signal: Signal, request: Any) -> dict[int | None, Any]:
+    """The request's resources grouped by ``dl.rank`` (the request itself when one rank)."""
+    resources = getattr(request, signal.resources_field)
+    ranks = [_rank_of(r.resource) for r in resources]
+    if len(set(ranks)) <= 1:
+        return {ranks[0] if ranks else None: request}
+    out: dict[int | None, Any] = {}
+    for rank, res in zip(ranks, resources, strict=True):
+        part = out.setdefault(rank, signal.request_type())
+        getattr(part, signal.resources_field).add().CopyFrom(res)
+    return out
+
+
+class Receiver:
+    """The launcher's OTLP receiver: accepts requests, writes (embedded) or relays them.
+
+    ``relay``: per signal name, where to forward (``None`` = embedded mode: write locally).
+    Start the network frontends with :meth:`start` (see :mod:`mlaunch.receiver.frontends`); the
+    in-process API (:meth:`ingest_traces`, :meth:`ingest_metrics`) needs no network.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        relay: Mapping[str, Upstream] | None = None,
+        node_rank: int = 0,
+        max_queued_bytes: int = MAX_QUEUED_BYTES,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.node_rank = node_rank
+        self.max_queued_bytes = max_queued_bytes
+        self._senders = {name: Sender(u) for name, u in (relay or {}).items()}
+        self.stats = ReceiverStats(mode="relay" if relay else "embedded")
+        self.stats.upstream = {name: u.describe() for name, u in (relay or {}).items()}
+        self._log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self._said: set[str] = set()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._queue: deque[_Item] = deque()
+        self._queued_bytes = 0
+        self._closing = False
+        self._done = False  # the writer has stopped: nothing more can be accepted
+        self._deadline: float | None = None
+        self._files: dict[Path, IO[bytes]] = {}
+        self._dirty = False
+        self._down_until: dict[str, float] = {}
+        self._backoff: dict[str, float] = {}
+        self._frontends: list[Any] = []
+        self._thread = threading.Thread(target=self._run, name="mlaunch-receiver", daemon=True)
+        self._thread.start()
+
+    # ---- frontends ----------------------------------------------------------------------
+
+    def start(self, *, grpc: bool = True, http: bool = True) -> Receiver:
+        """Listen on 127.0.0.1 (ephemeral ports). A frontend that cannot start is logged once and
+        left out; see :attr:`grpc_endpoint` / :attr:`http_endpoint` for what is up."""
+        from mlaunch.receiver import frontends
+
+        if grpc:
+            try:
+                fe = frontends.GrpcFrontend(self)
+                self._frontends.append(fe)
+                self.stats.grpc_endpoint = fe.endpoint
+            except Exception as exc:
+                self.problem("grpc", f"cannot start the OTLP/gRPC listener ({exc})")
+        if http:
+            try:
+                fe = frontends.HttpFrontend(self)
+                self._frontends.append(fe)
+                self.stats.http_endpoint = fe.endpoint
+            except Exception as exc:
+                self.problem("http", f"cannot start the OTLP/HTTP listener ({exc})")
+        return self
+
+    @property
+    def grpc_endpoint(self) -> str | None:
+        """``http://127.0.0.1:PORT`` of the gRPC listener, if it is up."""
+        return self.stats.grpc_endpoint
+
+    @property
+    def http_endpoint(self) -> str | None:
+        """``http://127.0.0.1:PORT`` (the OTLP/HTTP base URL) of the HTTP listener, if up."""
+        return self.stats.http_endpoint
+
+    # ---- intake -------------------------------------------------------------------------
+
+    def submit(self, signal: str, payload: Any, nbytes: int, local: Path | None = None) -> bool:
+        """Queue one request (serialized protobuf, or a request message); False when the queue's
+        byte budget is full (the caller answers "retry later"). Never blocks."""
+        sig = SIGNALS[signal]
+        counts = self.stats.signals[signal]
+        with self._cond:
+            if self._done or (
+                self._closing and self._deadline is not None and time.monotonic() > self._deadline
+            ):
+                accept = False
+            else:
+                accept = (
+                    self._queued_bytes + nbytes <= self.max_queued_bytes or not self._queued_bytes
+                )
+            if not accept:
+                self._count_refusal(counts, nbytes)
+            else:
+                counts.received_requests += 1
+                counts.received_bytes += nbytes
+                self._queue.append(_Item(sig, payload, nbytes, local))
+                self._queued_bytes += nbytes
+                self.stats.peak_queued_bytes = max(self.stats.peak_queued_bytes, self._queued_bytes)
+                self._cond.notify()
+        if not accept:
+            self._say_full()
+        return accept
+
+    def refuse(self, signal: str, nbytes: int) -> None:
+        """Count (and log once) a request refused before it was read (see :meth:`has_room`)."""
+        with self._lock:
+            self._count_refusal(self.stats.signals[signal], nbytes)
+        self._say_full()
+
+    @staticmethod
+    def _count_refusal(counts: SignalCounts, nbytes: int) -> None:
+        counts.rejected_requests += 1
+        counts.rejected_bytes += nbytes
+
+    def _say_full(self) -> None:
+        self.problem(
+            "full",
+            f"queue full ({self.max_queued_bytes // 2**20} MiB): asking workers to retry"
+            f" (counted in {envcontract.receiver_stats_file(self.run_dir, self.node_rank).name})",
+        )
+
+    def has_room(self, nbytes: int) -> bool:
+        """Whether a request of ``nbytes`` would be queued now (lets the HTTP frontend refuse a
+        body before reading it into memory)."""
+        with self._lock:
+            return self._queued_bytes + nbytes <= self.max_queued_bytes or not self._queued_bytes
+
+    def ingest_traces(self, request: Any, *, local_file: Path | None = None) -> bool:
+        """In-process API: an ``ExportTraceServiceRequest`` through the same path as a worker's
+        (written per ``dl.rank``, or relayed and spooled). ``local_file``: write (embedded) or
+        spool next to (relay: ``spool-<name>``) this file instead of the rank's. Never blocks;
+        False when refused (queue full or closed)."""
+        return self.submit("traces", request, request.ByteSize(), local_file)
+
+    def ingest_metrics(self, request: Any, *, local_file: Path | None = None) -> bool:
+        """In-process API for an ``ExportMetricsServiceRequest`` (see :meth:`ingest_traces`)."""
+        return self.submit("metrics", request, request.ByteSize(), local_file)
+
+    def malformed(self, signal: str, message: str) -> None:
+        """Count an undecodable request (from a handler or the writer) and log it once."""
+        with self._lock:
+            self.stats.signals[signal].malformed_requests += 1
+        self.problem("malformed", message)
+
+    def problem(self, key: str, message: str) -> None:
+        """Log a problem of the receiver's own once (and keep it for the stats file)."""
+        with self._lock:
+            if key in self._said:
+                return
+            self._said.add(key)
+            self.stats.errors.append(message)
+        with contextlib.suppress(Exception):
+            self._log(f"mlaunch: OTLP receiver: {message}")
+
+    # ---- the writer thread --------------------------------------------------------------
+
+    def _run(self) -> None:
+        last_flush = time.monotonic()
+        while True:
+            with self._cond:
+                while not self._queue and not self._closing:
+                    timeout = FLUSH_INTERVAL_S if self._dirty else None
+                    if not self._cond.wait(timeout) and self._dirty:
+                        break
+                if not self._queue and self._closing:
+                    self._done = True
+                    break
+                item = self._queue.popleft() if self._queue else None
+            if item is not None:
+                try:
+                    self._handle(item)
+                except Exception as exc:  # never let one request kill the writer
+                    self.problem("handle", f"internal error handling a request ({exc!r})")
+                finally:
+                    with self._cond:
+                        self._queued_bytes -= item.nbytes
+            now = time.monotonic()
+            if self._dirty and (item is None or now - last_flush >= FLUSH_INTERVAL_S):
+                self._flush()
+                last_flush = now
+        self._flush()
+
+    def _handle(self, item: _Item) -> None:
+        sig = item.signal
+        counts = self.stats.signals[sig.name]
+        try:
+            request = sig.parse(item.payload)
+        except Exception:
+            self.malformed(sig.name, f"dropped an undecodable {sig.name} request (counted)")
+            return
+        n = sig.items(request)
+        counts.received_items += n
+        if sig.name in self._senders:
+            if self._forward(sig, item, request):
+                counts.forwarded_items += n
+                return
+            self._write(sig, request, item.local, spool=True)
+            return
+        self._write(sig, request, item.local, spool=False)
+
+    def _forward(self, sig: Signal, item: _Item, request: Any) -> bool:
+        now = time.monotonic()
+        if self._down_until.get(sig.name, 0.0) > now:
+            return False
+        budget = None
+        if self._deadline is not None:
+            budget = self._deadline - now
+            if budget <= 0.05:
+                return False
+        sender = self._senders[sig.name]
+        body = item.payload if isinstance(item.payload, bytes) else request.SerializeToString()
+        try:
+            sender.send(body, budget if budget is not None else sender.upstream.timeout_s)
+        except Exception as exc:
+            backoff = self._backoff.get(sig.name, FIRST_BACKOFF_S / 2) * 2
+            self._backoff[sig.name] = min(backoff, MAX_BACKOFF_S)
+            self._down_until[sig.name] = time.monotonic() + self._backoff[sig.name]
+            self.problem(
+                f"upstream-{sig.name}",
+                f"cannot deliver {sig.name} to {sender.upstream.describe()} ({exc}); spooling to"
+                f" {envcontract.TELEMETRY_DIR}/spool-{sig.name}-*.jsonl (send later with"
+                " `mlaunch trace replay`)",
+            )
+            return False
+        self._backoff.pop(sig.name, None)
+        return True
+
+    def _write(self, sig: Signal, request: Any, local: Path | None, *, spool: bool) -> None:
+        counts = self.stats.signals[sig.name]
+        parts = {None: request} if local is not None else split_by_rank(sig, request)
+        for rank, part in parts.items():
+            n = sig.items(part)
+            if local is not None:
+                path = local.with_name(f"spool-{local.name}") if spool else local
+            elif spool:
+                path = envcontract.spool_file(self.run_dir, rank, sig.name)
+            else:
+                path = envcontract.received_file(self.run_dir, sig.name, rank)
+            try:
+                line = json.dumps(sig.to_json(part), separators=(",", ":")).encode() + b"\n"
+                fh = self._files.get(path)
+                if fh is None:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    fh = self._files[path] = open(path, "ab")  # noqa: SIM115 - kept open
+                fh.write(line)
+                self._dirty = True
+            except Exception as exc:
+                counts.lost_items += n
+                with contextlib.suppress(Exception):
+                    self._files.pop(path).close()  # reopened (and retried) for the next request
+                self.problem(f"write-{path}", f"cannot write {path} ({exc}); {sig.name} lost")
+                continue
+            if spool:
+                counts.spooled_items += n
+            else:
+                counts.written_items += n
+                if rank is None and local is None:
+                    counts.unranked_items += n
+
+    def _flush(self) -> None:
+        self._dirty = False
+        for path, fh in list(self._files.items()):
+            try:
+                fh.flush()
+            except Exception as exc:
+                self.problem(f"write-{path}", f"cannot write {path} ({exc})")
+
+    # ---- close --------------------------------------------------------------------------
+
+    def close(self, deadline_s: float = CLOSE_DEADLINE_S) -> ReceiverStats:
+        """Stop listening, write or relay what is queued, spool what the upstream cannot take
+        before the deadline, flush and close every file, write the stats file. Returns within
+        about ``deadline_s`` seconds whatever the upstream does; never raises."""
+        start = time.monotonic()
+        deadline = start + deadline_s
+        for fe in self._frontends:
+            with contextlib.suppress(Exception):
+                fe.stop(grace=min(1.0, deadline_s / 4))
+        with self._cond:
+            self._closing = True
+            # Relay sends stop at 80% of the deadline: the rest is for spooling and flushing.
+            self._deadline = start + deadline_s * 0.8
+            self._cond.notify_all()
+        # Relay: the deadline bounds everything (the upstream may hang). Embedded: only local
+        # writes remain (workers have exited), bounded by the queue's size: let them finish.
+        if self._senders:
+            self._thread.join(max(0.0, start + deadline_s * 0.8 - time.monotonic()))
+            if self._thread.is_alive():
+                # Still sending at 80%: cut the call in flight (it is spooled); the rest of the
+                # queue goes straight to the spool in the time left.
+                for sender in self._senders.values():
+                    with contextlib.suppress(Exception):
+                        sender.abort()
+            limit = deadline
+        else:
+            limit = start + deadline_s + LOCAL_DRAIN_S
+        self._thread.join(max(0.1, limit - time.monotonic()))
+        if self._thread.is_alive():
+            with self._cond:
+                self.stats.unsent_at_deadline = len(self._queue)
+            self.problem("deadline", "close deadline passed with requests still queued")
+        else:
+            for fh in self._files.values():
+                with contextlib.suppress(Exception):
+                    fh.close()
+            self._files.clear()
+        for sender in self._senders.values():
+            with contextlib.suppress(Exception):
+                sender.close()
+        self.stats.closed_in_s = round(time.monotonic() - start, 3)
+        self._write_stats()
+        return self.stats
+
+    def _write_stats(self) -> None:
+        path = envcontract.receiver_stats_file(self.run_dir, self.node_rank)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(self.stats.to_json(), indent=1) + "\n")
+            os.replace(tmp, path)
+        except Exception as exc:
+            self.problem("stats", f"cannot write {path} ({exc})")
+
+    def __enter__(self) -> Receiver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

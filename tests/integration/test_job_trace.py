@@ -1,0 +1,205 @@
+"""The launcher's job trace on real torchrun runs: ``mlaunch train`` writes
+``telemetry/traces-launcher-node0.jsonl`` with one ``mlaunch.job`` root and one
+``mlaunch.job.attempt`` per torchrun attempt, and every worker starts with ``TRACEPARENT`` = its
+attempt's span (checked in what the workers saw: a small --script that records its environment,
+and the real nemo-lens worker)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from support.launch_runs import TIMEOUT_S, clean_env, finish, mlaunch
+
+from mlaunch import envcontract as ec
+from mlaunch.model.identity import JOB_UUID, RUN_UUID, run_identity
+from mlaunch.model.spans import Attr, ResourceAttr, SpanName
+from mlaunch.telemetry.otlp_json import read_spans
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
+#: Records what the worker was started with; rank 1 of attempt 0 SIGKILLs itself when asked to;
+#: with SLEEP it waits (for the launcher to be signalled).
+WORKER = """
+import json, os, signal, time
+run_dir, rank = os.environ["MLAUNCH_RUN_DIR"], os.environ["RANK"]
+attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+seen = {"TRACEPARENT": os.environ.get("TRACEPARENT"), "attempt": attempt, "pid": os.getpid()}
+tmp = os.path.join(run_dir, f".env-rank{rank}-attempt{attempt}.tmp")
+with open(tmp, "w") as fh:
+    json.dump(seen, fh)
+os.replace(tmp, os.path.join(run_dir, f"env-rank{rank}-attempt{attempt}.json"))
+if os.environ.get("KILL") and attempt == "0" and rank == "1":
+    time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(float(os.environ.get("SLEEP", "0.5")))
+"""
+
+
+def by_name(run_dir: Path) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for span in read_spans(ec.launcher_traces_file(run_dir, 0)):
+        out.setdefault(span["name"], []).append(span)
+    for spans in out.values():
+        spans.sort(key=lambda s: s["start_ns"])
+    return out
+
+
+def seen(run_dir: Path, rank: int, attempt: int) -> dict:
+    return json.loads((run_dir / f"env-rank{rank}-attempt{attempt}.json").read_text())
+
+
+def traceparent(span: dict) -> str:
+    return f"00-{span['trace_id']}-{span['span_id']}-01"
+
+
+def script_run(tmp_path: Path, *args: str, **env: str):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    run_dir = tmp_path / "run"
+    proc = mlaunch(
+        "--script", str(script), "--no-megatron-args", "--run-dir", str(run_dir), *args,
+        cwd=tmp_path, env=clean_env(COLUMNS="200", **env),
+    )  # fmt: skip
+    return proc, run_dir
+
+
+def test_a_trainer_run_has_one_job_and_one_clean_attempt_with_the_run_identity(tmp_path):
+    run_dir = tmp_path / "run"
+    env = clean_env(SLURM_CLUSTER_NAME="lab", SLURM_RESTART_COUNT="3")
+    proc = mlaunch(
+        "--run-dir", str(run_dir), "--train-iters", "2", "--eval-interval", "0", cwd=tmp_path,
+        env=env,
+    )  # fmt: skip
+    code, out = finish(proc)
+    assert code == 0, out
+    spans = by_name(run_dir)
+    (job,) = spans[SpanName.JOB]
+    (attempt,) = spans[SpanName.JOB_ATTEMPT]
+    assert job["parent_span_id"] == "" and attempt["parent_span_id"] == job["span_id"]
+    assert attempt["trace_id"] == job["trace_id"]
+    assert attempt["attributes"][Attr.ATTEMPT] == 0
+    assert attempt["attributes"][Attr.EXIT_CODE] == 0 and job["attributes"][Attr.EXIT_CODE] == 0
+    assert job["status_code"] == attempt["status_code"] == 0
+    assert job["start_ns"] < attempt["start_ns"] < attempt["end_ns"] <= job["end_ns"]
+    resolved = json.loads((run_dir / "resolved.json").read_text())
+    identity = run_identity({"SLURM_CLUSTER_NAME": "lab", "SLURM_RESTART_COUNT": "3"})
+    for span in (job, attempt):
+        res = span["resource"]
+        assert res[JOB_UUID] == identity[JOB_UUID] and res[RUN_UUID] == identity[RUN_UUID]
+        assert res["slurm.cluster"] == "lab" and res["slurm.restart_count"] == "3"
+        assert res[ResourceAttr.SERVICE_NAME] == "mlaunch-tiny"
+        assert res[ResourceAttr.RUN_ID] == resolved["run_id"]
+        assert res[ResourceAttr.NODE_RANK] == 0 and res[ResourceAttr.HOST_NAME]
+        assert res[ResourceAttr.PROCESS_PID] == proc.pid
+    workers = run_identity(
+        {"SLURM_CLUSTER_NAME": "lab", "SLURM_RESTART_COUNT": "3", ec.RESTART_COUNT: "0"}
+    )
+    assert attempt["attributes"][RUN_UUID] == workers[RUN_UUID]
+    # The trainer ran under the wrapper and still wrote its own traces.
+    assert (run_dir / "telemetry" / "traces-rank0.jsonl").exists()
+
+
+def test_a_sigkilled_worker_ends_attempt_0_and_the_restart_sees_attempt_1(tmp_path):
+    proc, run_dir = script_run(tmp_path, "--max-restarts", "1", KILL="1")
+    code, out = finish(proc)
+    assert code == 0, out
+    spans = by_name(run_dir)
+    a0, a1 = spans[SpanName.JOB_ATTEMPT]
+    (job,) = spans[SpanName.JOB]
+    assert a0["attributes"][Attr.ATTEMPT] == 0 and a1["attributes"][Attr.ATTEMPT] == 1
+    assert a0["attributes"][Attr.SIGNAL] == "SIGKILL" and Attr.EXIT_CODE not in a0["attributes"]
+    assert a0["attributes"][Attr.FAILED_RANK] == 1 and a0["status_code"] == 2
+    assert a1["attributes"][Attr.EXIT_CODE] == 0 and a1["status_code"] == 0
+    assert a0["end_ns"] <= a1["start_ns"] and a1["span_id"] != a0["span_id"]
+    assert job["attributes"][Attr.ATTEMPT] == 1 and job["attributes"][Attr.EXIT_CODE] == 0
+    # every worker of every attempt was handed exactly its attempt's span context
+    for n, attempt in enumerate((a0, a1)):
+        for rank in (0, 1):
+            got = seen(run_dir, rank, n)
+            assert got["attempt"] == str(n)
+            assert got["TRACEPARENT"] == traceparent(attempt)
+
+
+def test_sigterm_to_the_launcher_ends_and_writes_the_spans_truncated(tmp_path):
+    proc, run_dir = script_run(tmp_path, SLEEP="120")
+    deadline = time.monotonic() + TIMEOUT_S
+    while not all((run_dir / f"env-rank{r}-attempt0.json").exists() for r in (0, 1)):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    code, out = finish(proc)
+    assert code == 128 + signal.SIGTERM, out
+    spans = by_name(run_dir)
+    (job,) = spans[SpanName.JOB]
+    (attempt,) = spans[SpanName.JOB_ATTEMPT]
+    assert seen(run_dir, 0, 0)["TRACEPARENT"] == traceparent(attempt)
+    for span in (job, attempt):
+        assert span["attributes"][Attr.TRUNCATED] is True
+        assert span["attributes"][Attr.SIGNAL] == "SIGTERM"
+        assert span["status_code"] == 2 and "SIGTERM" in span["status_message"]
+    assert attempt["end_ns"] <= job["end_ns"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_write_one_trace_with_one_root(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    run_dir = tmp_path / "run"
+    common = [
+        "--script", str(script), "--no-megatron-args", "--run-dir", str(run_dir),
+        "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+        "--rdzv-id", "twonodes",
+    ]  # fmt: skip
+    procs = [mlaunch(*common, "--node-rank", str(i), cwd=tmp_path) for i in (0, 1)]
+    for code, out in [finish(p) for p in procs]:
+        assert code == 0, out
+    node0 = read_spans(ec.launcher_traces_file(run_dir, 0))
+    node1 = read_spans(ec.launcher_traces_file(run_dir, 1))
+    (root,) = [s for s in node0 if s["name"] == SpanName.JOB]
+    assert not [s for s in node1 if s["name"] == SpanName.JOB]  # one root: node 0's
+    attempts = [s for s in node0 + node1 if s["name"] == SpanName.JOB_ATTEMPT]
+    assert len(attempts) == 2 and len({s["span_id"] for s in attempts}) == 2
+    assert {s["trace_id"] for s in attempts} == {root["trace_id"]}
+    assert {s["parent_span_id"] for s in attempts} == {root["span_id"]}
+    assert sorted(s["resource"][ResourceAttr.NODE_RANK] for s in attempts) == [0, 1]
+    # each node's worker saw its own node's attempt span
+    seen_tp = {seen(run_dir, rank, 0)["TRACEPARENT"] for rank in (0, 1)}
+    assert seen_tp == {traceparent(s) for s in attempts}
+
+
+@pytest.mark.nemo_lens
+def test_the_nemo_lens_worker_sees_each_attempts_span_and_the_same_identity(
+    tmp_path, lens_worker_script
+):
+    run_dir = tmp_path / "run"
+    env = clean_env(LENS_WORKER_KILL_AT="3", LENS_WORKER_KILL_RANK="1", SLURM_CLUSTER_NAME="lab")
+    proc = mlaunch(
+        "--script", str(lens_worker_script), "--otel-exporter", "console", "--run-dir",
+        str(run_dir), "--max-restarts", "1", "--train-iters", "6", cwd=tmp_path, env=env,
+    )  # fmt: skip
+    code, out = finish(proc)
+    assert code == 0, out
+    spans = by_name(run_dir)
+    a0, a1 = spans[SpanName.JOB_ATTEMPT]
+    (job,) = spans[SpanName.JOB]
+    assert a0["attributes"][Attr.SIGNAL] == "SIGKILL" and a0["attributes"][Attr.FAILED_RANK] == 1
+    for n, attempt in enumerate((a0, a1)):
+        for rank in (0, 1):
+            report = json.loads((run_dir / f"lens-worker-rank{rank}-attempt{n}.json").read_text())
+            assert report.get("error") is None, report
+            assert report["traceparent"] == traceparent(attempt)
+            # nemo-lens's resource (Megatron's identity rule) names the attempt's incarnation
+            assert report["resource"][RUN_UUID] == attempt["attributes"][RUN_UUID]
+            assert report["resource"][JOB_UUID] == job["resource"][JOB_UUID]
+    assert os.path.exists(run_dir / "lens-worker-rank0-attempt1.json")
