@@ -49,6 +49,13 @@ RESOLVED_ENV_FILE = "resolved.env"
 RESOLVED_JSON_FILE = "resolved.json"
 COMMAND_FILE = "command.txt"
 ERROR_FILE_TEMPLATE = "error-rank{rank}.json"
+#: ``mlaunch sbatch``: the batch script it submitted, and the job it became (id, submit time).
+JOB_SCRIPT_FILE = "job.sbatch"
+SLURM_JOB_FILE = "slurm-job.json"
+#: The batch job's output (``%j``: the job id), appended to by every incarnation of the job.
+SLURM_OUTPUT_TEMPLATE = "slurm-%j.out"
+#: A node other than node 0 of a multi-node run writes its progress view here (under its log dir).
+LAUNCHER_LOG = "launcher.log"
 
 
 def traces_file(run_dir: str | Path, rank: int) -> Path:

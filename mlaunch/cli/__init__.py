@@ -22,6 +22,8 @@ COMMANDS: dict[str, str] = {
     "groups": "mlaunch.cli.groups",
     "doctor": "mlaunch.cli.doctor",
     "trace": "mlaunch.cli.trace",
+    "sbatch": "mlaunch.cli.sbatch",
+    "status": "mlaunch.cli.status",
 }
 
 

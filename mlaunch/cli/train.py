@@ -171,14 +171,22 @@ def run_train(
         typer.echo(render.dry_run_text(plan, show_secrets))
         return 0
     displays: list[Any] = []
+    shown = console  # this node's view: replaced by its launcher.log on nodes other than 0
 
     def started() -> Any:
         # Called once torchrun is running: the summary prints while the workers import torch.
-        console.print(render.summary(plan))
+        nonlocal shown
+        shown = _node_console(plan, console)
+        if shown is not console:
+            typer.echo(
+                f"node {plan.settings.launch.node_rank} of {plan.settings.launch.nnodes}: the"
+                f" progress view is node 0's; this node's is in {shown.file.name}"
+            )
+        shown.print(render.summary(plan))
         displays.append(
-            render.BarDisplay(console, plan.settings.training.train_iters)
-            if console.is_terminal
-            else render.PlainDisplay(console, plan.settings.training.log_interval)
+            render.BarDisplay(shown, plan.settings.training.train_iters)
+            if shown.is_terminal
+            else render.PlainDisplay(shown, plan.settings.training.log_interval)
         )
         return displays[0]
 
@@ -192,8 +200,29 @@ def run_train(
     finally:
         for display in displays:
             display.close()
-    render.print_result(console, plan, result, _write_report(plan) if report else None)
+    made = _write_report(plan) if report else None
+    render.print_result(shown, plan, result, made)
+    if shown is not console:
+        if result.exit_code != 0 and result.interrupted is None:  # a failure: shown here too
+            render.print_result(console, plan, result, made)
+        shown.file.close()
     return result.exit_code
+
+
+def _node_console(plan: Any, console: Any) -> Any:
+    """Where this node's summary, progress view and result go: the terminal on node 0 (or a
+    single node); on the other nodes of a multi-node run their ``launcher.log``, so a job's
+    output (all nodes' stdout in one SLURM file) shows one progress view, not several
+    interleaved."""
+    from rich.console import Console
+
+    from mlaunch import envcontract as ec
+
+    launch = plan.settings.launch  # the run directory exists: called once torchrun runs
+    if launch.nnodes == 1 or launch.node_rank == 0:
+        return console
+    log = (plan.log_dir / ec.LAUNCHER_LOG).open("a", encoding="utf-8")
+    return Console(file=log, width=120, force_terminal=False)
 
 
 def _write_report(plan: Any) -> Path | None:

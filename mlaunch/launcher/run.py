@@ -261,9 +261,24 @@ class Display(Protocol):
     def interrupted(self, signum: int) -> None: ...
 
 
+#: Signals the launcher passes on as the graceful SIGTERM: Ctrl-C, SIGTERM, and SIGUSR1 (SLURM's
+#: warning before the time limit, ``scancel --signal=USR1``), which would otherwise kill it.
+FORWARDED_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
+
+def _ignore_usr1_in_children() -> None:
+    """SLURM delivers a step's signals to every process of the step, torchrun's agent included,
+    which has no SIGUSR1 handler and would die of it (its workers then killed mid-save). An
+    ignored signal stays ignored across exec: set here, before torchrun is spawned, it is
+    inherited by torchrun and its workers; a worker that wants it installs its own handler (the
+    trainer does under SLURM), and the launcher handles it in :func:`_forwarding`."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
 @contextlib.contextmanager
 def _forwarding(proc: Process, on_signal: Callable[[int], None]) -> Iterator[list[int]]:
-    """While inside, SIGINT and SIGTERM go to torchrun's process group as SIGTERM: torchrun
+    """While inside, :data:`FORWARDED_SIGNALS` go to torchrun's process group as SIGTERM: torchrun
     passes it to the workers, which finish the iteration, save and flush telemetry. (SIGINT
     would interrupt a worker mid-step; SIGTERM is the graceful path the trainer implements.)"""
     received: list[int] = []
@@ -277,7 +292,7 @@ def _forwarding(proc: Process, on_signal: Callable[[int], None]) -> Iterator[lis
             os.killpg(proc.pid, signal.SIGTERM)
         on_signal(signum)
 
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, handler) for s in FORWARDED_SIGNALS}
     try:
         yield received
     finally:
@@ -297,6 +312,7 @@ def execute(
     ``started`` is called right after torchrun is spawned and returns the display to report
     to: whatever it prints (the summary) overlaps the workers' start-up instead of delaying it.
     """
+    _ignore_usr1_in_children()
     create_run_dir(plan, show_secrets=show_secrets)
     tail = ProgressTail(plan.progress_file)
     start = time.time()

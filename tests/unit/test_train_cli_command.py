@@ -278,7 +278,11 @@ def test_slurm_variables_fill_in_the_launch(spawned):
     assert argv[argv.index("--rdzv-endpoint") + 1] == "gpu07:29500"
     assert argv[argv.index("--node-rank") + 1] == "3"
     assert env["MEGATRON_OTEL_RUN_ID"] == "991"
-    assert "(from SLURM)" in result.output
+    # Node 3 of 4 shows no progress view of its own: one line points to its launcher.log.
+    (pointer,) = result.output.splitlines()
+    assert pointer.startswith("node 3 of 4: the progress view is node 0's")
+    log = Path(env["MLAUNCH_RUN_DIR"]) / "logs" / "node3" / "launcher.log"
+    assert pointer.endswith(str(log)) and "(from SLURM)" in log.read_text()
 
 
 # ---- validation: exit 2, one line per problem naming the field, nothing created ------------
@@ -468,7 +472,7 @@ def test_terminal_gets_a_progress_bar():
     assert "eval at iteration 4: loss 2.2500" in out.getvalue()
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1])
 def test_ctrl_c_and_sigterm_are_forwarded_as_sigterm_to_torchruns_group(monkeypatch, signum):
     sent: list[tuple[int, int]] = []
     seen: list[int] = []

@@ -1,0 +1,158 @@
+"""``mlaunch sbatch``: parse, call :mod:`mlaunch.launcher.sbatch` (the script) and
+:mod:`mlaunch.launcher.slurm` (the submission), render.
+
+Takes every ``mlaunch train`` setting flag (the same generated parameters, validated the same
+way) plus the SLURM options.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import shlex
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from mlaunch.cli.errors import PlainErrorsCommand, print_problems
+from mlaunch.cli.train import _param_name, _setting_parameters, setting_paths
+
+_SLURM_PANEL = "SLURM (sbatch)"
+
+
+def _command_parameters() -> list[inspect.Parameter]:
+    from mlaunch.launcher.sbatch import DEFAULT_SIGNAL_GRACE_S
+
+    kw = inspect.Parameter.KEYWORD_ONLY
+    p = _SLURM_PANEL
+    own = [
+        ("config", str | None, typer.Option(
+            None, "--config", metavar="FILE|NAME",
+            help="TOML config file, or the name of a shipped one (as mlaunch train). Default: tiny.",
+        )),
+        ("dry_run", bool, typer.Option(
+            False, "--dry-run", help="Print the batch script; submit and create nothing.",
+        )),
+        ("nodes", int, typer.Option(
+            1, "--nodes", min=1, rich_help_panel=p, help="Nodes; one mlaunch train per node.",
+        )),
+        ("gpus_per_node", int | None, typer.Option(
+            None, "--gpus-per-node", min=0, rich_help_panel=p,
+            help="GPUs per node; also the workers per node unless --nproc-per-node is given.",
+        )),
+        ("time", str | None, typer.Option(
+            None, "--time", metavar="TIME", rich_help_panel=p,
+            help="Time limit (minutes, HH:MM:SS, D-HH:MM:SS).",
+        )),
+        ("partition", str | None, typer.Option(None, "--partition", rich_help_panel=p)),
+        ("account", str | None, typer.Option(None, "--account", rich_help_panel=p)),
+        ("qos", str | None, typer.Option(None, "--qos", rich_help_panel=p)),
+        ("sbatch_arg", list[str] | None, typer.Option(
+            None, "--sbatch-arg", metavar="ARG", rich_help_panel=p,
+            help="One more #SBATCH option, e.g. --sbatch-arg=--mail-type=END (repeatable).",
+        )),
+        ("signal_grace", int, typer.Option(
+            DEFAULT_SIGNAL_GRACE_S, "--signal-grace", metavar="SECONDS", rich_help_panel=p,
+            help="SLURM's warning this long before the time limit: the workers save and stop.",
+        )),
+        ("requeue", bool, typer.Option(
+            True, "--requeue/--no-requeue", rich_help_panel=p,
+            help="After the warning (or a preemption) the job requeues and resumes from its"
+            " checkpoint in the same run directory.",
+        )),
+        ("exclusive", bool, typer.Option(
+            True, "--exclusive/--no-exclusive", rich_help_panel=p,
+            help="Ask for whole nodes (torchrun's workers share the node).",
+        )),
+        ("args", list[str] | None, typer.Argument(
+            None, metavar="[-- ARGS]", help="Passed unchanged to the entry point.", show_default=False,
+        )),
+    ]  # fmt: skip
+    return [inspect.Parameter(name, kw, default=d, annotation=a) for name, a, d in own]
+
+
+def run_sbatch(
+    *, flags: dict[str, Any], config: str | None, passthrough: list[str], options: Any,
+    dry_run: bool,
+) -> int:  # fmt: skip
+    """The command's work: validate, write, submit. Returns the exit code."""
+    from mlaunch.launcher.sbatch import plan_job, render_script
+    from mlaunch.settings import SettingsError
+
+    try:
+        job = plan_job(
+            flags=flags, config=config, passthrough=passthrough, environ=dict(os.environ),
+            cwd=Path.cwd(), options=options,
+        )  # fmt: skip
+    except SettingsError as exc:
+        print_problems(exc.problems)
+        return 2
+    script = render_script(job)
+    if dry_run:
+        typer.echo(script, nl=False)
+        return 0
+    from mlaunch.launcher import slurm
+
+    try:
+        sub = slurm.submit(job, script, dict(os.environ))
+    except slurm.SlurmError as exc:
+        typer.echo(str(exc), err=True)
+        return 1
+    for note in job.notes:
+        typer.echo(f"note: {note}")
+    from mlaunch import envcontract as ec
+
+    rd = shlex.quote(str(sub.run_dir))
+    o = job.options
+    typer.echo(
+        f"submitted job {sub.job_id}: {o.nodes} node(s) x {job.workers_per_node} worker(s)"
+        + (" (held: scontrol release " + sub.job_id + ")" if sub.held else "")
+    )
+    typer.echo(f"run dir: {sub.run_dir}")
+    typer.echo(f"script:  {sub.run_dir / ec.JOB_SCRIPT_FILE}")
+    typer.echo("follow it:")
+    typer.echo(f"  mlaunch status {sub.job_id}")
+    typer.echo(f"  tail -f {rd}/{ec.SLURM_OUTPUT_TEMPLATE.replace('%j', sub.job_id)}")
+    typer.echo(f"  mlaunch trace summary {rd}")
+    typer.echo(f"  scancel {sub.job_id}")
+    return 0
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``sbatch`` command to the root app."""
+    from mlaunch.launcher.sbatch import SbatchOptions
+
+    settings_params = _setting_parameters()
+    paths = {_param_name(path): path for path, _ in setting_paths()}
+
+    def sbatch(**kwargs: Any) -> None:
+        """Validate as mlaunch train does, write a readable job.sbatch into the run directory
+        and submit it: one mlaunch train per node, a warning signal before the time limit,
+        requeue into the same run directory."""
+        flags = {paths[k]: v for k, v in kwargs.items() if k in paths}
+        options = SbatchOptions(
+            nodes=kwargs["nodes"],
+            gpus_per_node=kwargs["gpus_per_node"],
+            time=kwargs["time"],
+            partition=kwargs["partition"],
+            account=kwargs["account"],
+            qos=kwargs["qos"],
+            sbatch_args=tuple(kwargs.get("sbatch_arg") or ()),
+            signal_grace_s=kwargs["signal_grace"],
+            requeue=kwargs["requeue"],
+            exclusive=kwargs["exclusive"],
+        )
+        code = run_sbatch(
+            flags=flags,
+            config=kwargs["config"],
+            passthrough=list(kwargs.get("args") or []),
+            options=options,
+            dry_run=kwargs["dry_run"],
+        )
+        raise typer.Exit(code)
+
+    sbatch.__signature__ = inspect.Signature(_command_parameters() + settings_params)  # type: ignore[attr-defined]
+    app.command(
+        "sbatch", cls=PlainErrorsCommand, context_settings={"help_option_names": ["-h", "--help"]}
+    )(sbatch)

@@ -1,0 +1,569 @@
+"""``mlaunch sbatch``: a validated launch plan, turned into a readable SLURM batch script.
+
+Pure, like :mod:`mlaunch.launcher.plan`: :func:`plan_job` validates (every problem at once, as
+:class:`~mlaunch.settings.SettingsError`) and :func:`render_script` writes the text; submitting is
+:mod:`mlaunch.launcher.slurm`'s job. The decisions, explained to users in ``docs/slurm.md``:
+
+Validation
+    :func:`plan_job` runs :func:`~mlaunch.launcher.plan.build_plan` exactly as ``mlaunch train``
+    does, in the environment node 0 of the job will see (the submit environment with the job's
+    SLURM variables simulated), so a bad setting fails at submission, not after the queue.
+
+Run id and run directory
+    Under SLURM ``mlaunch train`` takes the job id as its run id, and a requeued job keeps its id:
+    the default run directory is ``<submit dir>/runs/<job id>/``, written in the script as
+    ``runs/$SLURM_JOB_ID``, so every incarnation writes into the same directory. (A ``--run-dir``
+    or a run id given at submission fixes the directory instead.)
+
+Settings
+    The script runs ``mlaunch train --config <the config, absolute>`` with every model, training,
+    parallelism and launch setting that was given (by a flag or the config file) frozen as a flag,
+    and exports the worker environment of ``resolved.env`` for the telemetry settings: what runs is
+    what was validated, whatever happens to the shell or the config file meanwhile. What SLURM
+    decides per node (nodes, node rank, rendezvous host) is left to ``mlaunch train`` in the job.
+
+Secrets
+    Never in the script (it sits in the run directory, often on a shared file system). The job
+    inherits them from the environment ``mlaunch sbatch`` ran in (``sbatch --export=ALL``,
+    SLURM's default, which SLURM keeps with the job, readable only by its owner and the admins);
+    the script checks at run time that each one the submitter had is there, naming it.
+
+Signals and requeue
+    ``--signal=B:USR1@<grace>``: SLURM warns the batch shell before the time limit; the script
+    passes USR1 to the training step (``srun`` delivers it to every process of the step; each
+    node's ``mlaunch train`` turns it into the graceful SIGTERM for its workers: they finish the
+    iteration, save and exit) and, with ``--requeue``, requeues the job, which resumes from that
+    checkpoint. Preemption sends SIGTERM to every process of the job, which stops the same way.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlaunch import envcontract as ec
+from mlaunch.launcher.plan import LaunchPlan, build_plan, restart_save_interval, settings_table
+from mlaunch.settings import OTEL_ENV, SECRET_ENV, TELEMETRY_KEYS, SettingsError, flag_name
+
+#: Seconds of warning before the time limit (``--signal-grace``): one iteration plus a save.
+DEFAULT_SIGNAL_GRACE_S = 120
+#: SLURM's limit on the ``--signal`` time (a 16-bit number of seconds).
+MAX_SIGNAL_GRACE_S = 0xFFFF
+#: The signal SLURM sends the batch shell before the time limit, passed on to the step.
+WARNING_SIGNAL = "USR1"
+#: The job id as the script spells it (the run directory of a requeued job keeps it).
+JOB_ID_VAR = "SLURM_JOB_ID"
+#: Stands for the job id while validating, before the job exists.
+PLACEHOLDER_JOB_ID = "0"
+
+#: Launch settings SLURM decides per node in the job: a flag for them would be wrong on every node
+#: but one. Value: what to give instead.
+SLURM_DECIDED: dict[str, str] = {
+    "launch.nnodes": "give --nodes (mlaunch train reads SLURM_NNODES in the job)",
+    "launch.node_rank": "SLURM numbers the nodes (mlaunch train reads SLURM_NODEID in the job)",
+}
+#: Settings holding a path: written absolute, so the script means the same thing anywhere.
+PATH_SETTINGS: tuple[str, ...] = (
+    "launch.script", "training.save", "training.load", "training.data_path",
+)  # fmt: skip
+#: Worker variables each job decides for itself (the run directory, the run id = its job id,
+#: the device mask ``mlaunch train`` derives): not frozen into the script.
+PER_JOB_ENV: frozenset[str] = frozenset({ec.RUN_DIR, ec.RUN_ID, "CUDA_VISIBLE_DEVICES"})
+#: sbatch options ``mlaunch sbatch`` writes itself -> the flag to use instead of --sbatch-arg.
+OWNED_SBATCH_OPTIONS: dict[str, str] = {
+    "--nodes": "--nodes", "-N": "--nodes",
+    "--ntasks": "--nodes (one mlaunch train per node)", "-n": "--nodes (one mlaunch train per node)",
+    "--ntasks-per-node": "--nodes (one mlaunch train per node)",
+    "--gpus-per-node": "--gpus-per-node", "--time": "--time", "-t": "--time",
+    "--partition": "--partition", "-p": "--partition", "--account": "--account",
+    "-A": "--account", "--qos": "--qos", "-q": "--qos",
+    "--signal": "--signal-grace", "--requeue": "--requeue", "--no-requeue": "--no-requeue",
+    "--exclusive": "--exclusive", "--output": "the run directory's slurm-<job>.out",
+    "-o": "the run directory's slurm-<job>.out", "--error": "the run directory's slurm-<job>.out",
+    "-e": "the run directory's slurm-<job>.out", "--open-mode": "append (every incarnation)",
+    "--chdir": "the directory mlaunch sbatch runs in", "-D": "the directory mlaunch sbatch runs in",
+    "--parsable": "(mlaunch sbatch reads the job id itself)", "--wrap": "(the script is the job)",
+}  # fmt: skip
+#: ``--time`` as SLURM accepts it: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+_UNLIMITED = frozenset({"unlimited", "infinite"})
+
+
+@dataclass(frozen=True)
+class SbatchOptions:
+    """The SLURM side of ``mlaunch sbatch`` (the training side is ``mlaunch train``'s flags)."""
+
+    nodes: int = 1
+    """Nodes (``#SBATCH --nodes``); one ``mlaunch train`` per node."""
+    gpus_per_node: int | None = None
+    """``#SBATCH --gpus-per-node``; also the workers per node unless --nproc-per-node is given."""
+    time: str | None = None
+    """The time limit, in SLURM's format (``#SBATCH --time``)."""
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    sbatch_args: tuple[str, ...] = ()
+    """More ``#SBATCH`` options, one per entry (``--mail-type=END``)."""
+    signal_grace_s: int = DEFAULT_SIGNAL_GRACE_S
+    """Seconds between SLURM's warning signal and the time limit."""
+    requeue: bool = True
+    """``#SBATCH --requeue``, and the script requeues itself after the time-limit warning."""
+    exclusive: bool = True
+    """``#SBATCH --exclusive``: torchrun's workers get the whole node."""
+
+
+@dataclass(frozen=True)
+class BatchJob:
+    """Everything the batch script says, decided and validated."""
+
+    plan: LaunchPlan
+    """The launch as node 0 of the job will plan it (with a placeholder job id)."""
+    options: SbatchOptions
+    cwd: Path
+    python: str
+    """The interpreter that runs ``mlaunch train`` on the nodes (this one)."""
+    run_dir_prefix: Path | None
+    """``<prefix>/<job id>`` is the run directory; None when it is fixed (:attr:`fixed_run_dir`)."""
+    fixed_run_dir: Path | None
+    train_args: list[str]
+    """``mlaunch train``'s arguments in the job (``--run-dir`` comes last, from the script)."""
+    passthrough: list[str]
+    environment: dict[str, str]
+    """The exported worker environment (``resolved.env`` without secrets and per-job values)."""
+    unset: tuple[str, ...]
+    """Inherited variables to drop (stale aliases), as ``mlaunch train --print-env`` does."""
+    secrets: tuple[str, ...]
+    """Secret variables the submitter has, which the job must inherit (names only)."""
+    notes: list[str] = field(default_factory=list)
+    """Choices ``mlaunch sbatch`` made that the user did not spell out (shown and commented)."""
+    created: float = field(default_factory=time.time)
+
+    @property
+    def job_name(self) -> str:
+        """``mlaunch-<config name>``."""
+        return f"mlaunch-{self.plan.config.stem}"
+
+    def run_dir(self, job_id: str) -> Path:
+        """The run directory of job ``job_id``."""
+        if self.fixed_run_dir is not None:
+            return self.fixed_run_dir
+        assert self.run_dir_prefix is not None
+        return self.run_dir_prefix / job_id
+
+    @property
+    def output_pattern(self) -> str:
+        """``#SBATCH --output``: the run directory's ``slurm-%j.out``."""
+        where = self.fixed_run_dir or (self.run_dir_prefix / "%j")  # type: ignore[operator]
+        return str(where / ec.SLURM_OUTPUT_TEMPLATE)
+
+    @property
+    def workers_per_node(self) -> int:
+        """torchrun's workers on each node."""
+        return self.plan.settings.launch.nproc_per_node
+
+
+# --------------------------------------------------------------------------------------------
+# Validation
+
+
+def time_limit_s(value: str) -> int | None:
+    """Seconds of a SLURM ``--time`` value; None for UNLIMITED. Raises ValueError."""
+    text = value.strip()
+    if text.lower() in _UNLIMITED:
+        return None
+    m = _TIME.fullmatch(text)
+    if not m:
+        raise ValueError(
+            f"{value!r} is not a SLURM time (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS)"
+        )
+    days, a, b, c = m.groups()
+    if days is not None:  # D-HH[:MM[:SS]]
+        return int(days) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
+    if c is not None:  # HH:MM:SS
+        return int(a) * 3600 + int(b) * 60 + int(c)
+    if b is not None:  # MM:SS
+        return int(a) * 60 + int(b)
+    return int(a) * 60  # minutes
+
+
+def _sbatch_word_problem(flag: str, value: str) -> tuple[str, str] | None:
+    """A value that cannot stand in an ``#SBATCH`` line (SLURM reads one line, double quotes
+    for spaces)."""
+    if not value.strip():
+        return flag, "must not be empty"
+    if any(ch in value for ch in '"\n\r\0'):
+        return flag, f"{value!r} holds a double quote or a line break, which an #SBATCH line cannot"
+    return None
+
+
+def option_problems(options: SbatchOptions, environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """Problems of the SLURM options alone (the settings are checked by build_plan)."""
+    problems: list[tuple[str, str]] = []
+    if options.nodes < 1:
+        problems.append(("--nodes", f"{options.nodes} must be at least 1"))
+    if options.gpus_per_node is not None and options.gpus_per_node < 0:
+        problems.append(("--gpus-per-node", f"{options.gpus_per_node} must be 0 or more"))
+    if not 1 <= options.signal_grace_s <= MAX_SIGNAL_GRACE_S:
+        problems.append(
+            ("--signal-grace", f"{options.signal_grace_s} s must be in 1..{MAX_SIGNAL_GRACE_S}")
+        )
+    if options.time is not None:
+        try:
+            limit = time_limit_s(options.time)
+        except ValueError as exc:
+            problems.append(("--time", str(exc)))
+        else:
+            if limit is not None and limit <= options.signal_grace_s:
+                problems.append(
+                    (
+                        "--signal-grace",
+                        f"{options.signal_grace_s} s is not shorter than --time {options.time}"
+                        f" ({limit} s): the warning would come before the job starts",
+                    )
+                )
+    for flag, value in (
+        ("--time", options.time), ("--partition", options.partition),
+        ("--account", options.account), ("--qos", options.qos),
+    ):  # fmt: skip
+        if value is not None and (p := _sbatch_word_problem(flag, value)):
+            problems.append(p)
+    for arg in options.sbatch_args:
+        name = arg.split("=", 1)[0]
+        if not arg.startswith("-"):
+            problems.append(
+                ("--sbatch-arg", f"{arg!r} is not an sbatch option (e.g. --mail-type=END)")
+            )
+        elif name in OWNED_SBATCH_OPTIONS:
+            problems.append(
+                (
+                    "--sbatch-arg",
+                    f"{name} is written by mlaunch sbatch; use {OWNED_SBATCH_OPTIONS[name]}",
+                )
+            )
+        elif (p := _sbatch_word_problem("--sbatch-arg", arg)) is not None:
+            problems.append(p)
+        elif "=" not in arg and any(ch.isspace() for ch in arg):
+            problems.append(
+                ("--sbatch-arg", f"{arg!r}: give a value with spaces as --option=value")
+            )
+        elif name == "--export":
+            kept = arg.split("=", 1)[1].split(",") if "=" in arg else []
+            lost = sorted(
+                s for s in SECRET_ENV if environ.get(s) and "ALL" not in kept and s not in kept
+            )
+            if lost:
+                problems.append(
+                    (
+                        "--sbatch-arg",
+                        f"{arg} would keep {', '.join(lost)} from the job (the script never holds"
+                        " secrets: the job inherits them); add ALL or the names",
+                    )
+                )
+    return problems
+
+
+def _job_environ(environ: Mapping[str, str], nodes: int) -> dict[str, str]:
+    """The environment node 0's ``mlaunch train`` will see: the submit environment (sbatch
+    --export=ALL) with this job's SLURM variables instead of any the submitter runs under."""
+    env = {k: v for k, v in environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+    env.update(
+        {
+            JOB_ID_VAR: PLACEHOLDER_JOB_ID,
+            "SLURM_NNODES": str(nodes),
+            "SLURM_NODEID": "0",
+            "SLURM_JOB_NODELIST": "localhost",
+        }
+    )
+    return env
+
+
+# --------------------------------------------------------------------------------------------
+# The job
+
+
+def plan_job(
+    *,
+    flags: Mapping[str, Any],
+    config: str | None,
+    passthrough: Sequence[str],
+    environ: Mapping[str, str],
+    cwd: Path,
+    options: SbatchOptions,
+    python: str | None = None,
+) -> BatchJob:
+    """Validate the whole submission (settings as ``mlaunch train`` does, and the SLURM options)
+    and decide the script. Raises :class:`SettingsError` with every problem; creates nothing."""
+    flags = dict(flags)
+    problems: list[tuple[str, str]] = []
+    for path, instead in SLURM_DECIDED.items():
+        if flags.get(path) is not None:
+            problems.append((flag_name(path), f"not for mlaunch sbatch: {instead}"))
+            flags[path] = None
+    if flags.get("telemetry.otel.headers") is not None:
+        problems.append(
+            (
+                flag_name("telemetry.otel.headers"),
+                "a secret is never written into job.sbatch: export OTEL_EXPORTER_OTLP_HEADERS in"
+                " this shell instead (the job inherits it)",
+            )
+        )
+        flags["telemetry.otel.headers"] = None
+    problems += option_problems(options, environ)
+    notes: list[str] = []
+    if options.gpus_per_node and flags.get("launch.nproc_per_node") is None:
+        flags["launch.nproc_per_node"] = str(options.gpus_per_node)
+        notes.append(
+            f"--nproc-per-node {options.gpus_per_node}: one worker per GPU (--gpus-per-node)"
+        )
+    job_env = _job_environ(environ, max(1, options.nodes))
+    try:
+        plan = build_plan(
+            flags=flags, config=config, passthrough=passthrough, environ=job_env, cwd=cwd
+        )
+    except SettingsError as exc:
+        raise SettingsError(problems + exc.problems) from None
+    s = plan.settings
+    if s.launch.nnodes != options.nodes:
+        # Only a config file's [launch] nnodes can disagree (the flag is refused above).
+        problems.append(
+            (
+                str(s.source("launch.nnodes")),
+                f"{s.launch.nnodes} nodes, but --nodes {options.nodes}",
+            )
+        )
+    if s.source("launch.node_rank").kind == "file":
+        problems.append(
+            (
+                str(s.source("launch.node_rank")),
+                f"not for mlaunch sbatch: {SLURM_DECIDED['launch.node_rank']}",
+            )
+        )
+    if problems:
+        raise SettingsError(problems)
+    if options.requeue and s.training.save_interval == 0:
+        # A requeued job resumes from the newest checkpoint: the graceful stop saves one, but a
+        # hard kill (a node lost, the grace exceeded) would otherwise lose the whole run so far.
+        interval = restart_save_interval(s.training.train_iters)
+        flags["training.save_interval"] = str(interval)
+        notes.append(
+            f"--save-interval {interval}: a requeued job resumes from the newest checkpoint"
+        )
+        plan = build_plan(
+            flags=flags, config=config, passthrough=passthrough, environ=job_env, cwd=cwd
+        )
+        s = plan.settings
+
+    fixed = s.launch.run_dir is not None or s.telemetry.run_id is not None
+    prefix = None if fixed else plan.run_dir.parent
+    environment = {
+        k: v
+        for k, v in plan.worker_env.items()
+        if k not in SECRET_ENV and (k not in PER_JOB_ENV or (k == ec.RUN_ID and fixed))
+    }
+    return BatchJob(
+        plan=plan,
+        options=options,
+        cwd=cwd,
+        python=python or sys.executable,
+        run_dir_prefix=prefix,
+        fixed_run_dir=plan.run_dir if fixed else None,
+        train_args=["--config", str(plan.config), *_frozen_flags(plan, cwd)],
+        passthrough=list(passthrough),
+        environment=environment,
+        unset=plan.removed_env,
+        secrets=tuple(sorted(k for k in SECRET_ENV if environ.get(k, "").strip())),
+        notes=notes,
+    )
+
+
+def _env_covered() -> frozenset[str]:
+    """Telemetry settings the exported worker environment carries."""
+    paths = {f"telemetry.{f}" for f in TELEMETRY_KEYS.values()}
+    return frozenset(paths | {f"{section}.{f}" for section, f in OTEL_ENV.values()})
+
+
+def _frozen_flags(plan: LaunchPlan, cwd: Path) -> list[str]:
+    """Every setting a flag or the config file gave, as ``mlaunch train`` flags, in settings
+    order; telemetry travels in the environment, SLURM's per-node values are left to the job."""
+    s = plan.settings
+    covered = _env_covered()
+    out: list[str] = []
+    for path, entry in settings_table(s).items():
+        if s.source(path).kind not in ("flag", "file"):
+            continue
+        if path in covered or path in SLURM_DECIDED or path == "launch.run_dir":
+            continue
+        value = entry["value"]
+        flag = flag_name(path)
+        if isinstance(value, bool):
+            out.append(flag if value else "--no-" + flag.removeprefix("--"))
+        elif value is None:
+            continue
+        elif isinstance(value, dict):
+            out += [flag, ",".join(f"{k}={v}" for k, v in value.items())]
+        else:
+            text = str(value)
+            if path in PATH_SETTINGS:
+                p = Path(text).expanduser()
+                text = str(p if p.is_absolute() else cwd / p)
+            out += [flag, text]
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The script
+
+
+def _directive(option: str, value: str | None = None) -> str:
+    """One ``#SBATCH`` line; a value with spaces is double-quoted (sbatch reads those)."""
+    if value is None:
+        return f"#SBATCH {option}"
+    if any(ch.isspace() for ch in value):
+        value = f'"{value}"'
+    return f"#SBATCH {option}={value}"
+
+
+def _continued(words: list[str], indent: str) -> list[str]:
+    """A long command as lines ending in `` \\``: an option and its value on one line."""
+    lines: list[str] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word.startswith("-") and i + 1 < len(words) and not words[i + 1].startswith("--"):
+            lines.append(f"{word} {words[i + 1]}")
+            i += 2
+        else:
+            lines.append(word)
+            i += 1
+    return [indent + line + " \\" for line in lines]
+
+
+def render_script(job: BatchJob) -> str:
+    """The text of ``job.sbatch``: readable, every value quoted, no secret."""
+    o, plan = job.options, job.plan
+    q = shlex.quote
+    what = (
+        "mlaunch's trainer"
+        if plan.settings.uses_builtin_trainer
+        else (plan.settings.launch.script or f"-m {plan.settings.launch.module}")
+    )
+    lines = [
+        "#!/bin/bash",
+        f"# Written by `mlaunch sbatch` in {job.cwd} at"
+        f" {time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(job.created))}:",
+        f"# {o.nodes} node(s) x {job.workers_per_node} worker(s) of {what}, config {plan.config.name}."
+        " One `mlaunch train` per node; see docs/slurm.md.",
+        _directive("--job-name", job.job_name),
+        _directive("--nodes", str(o.nodes)),
+        _directive("--ntasks-per-node", "1"),
+    ]
+    if o.exclusive:
+        lines.append(_directive("--exclusive"))
+    if o.gpus_per_node:
+        lines.append(_directive("--gpus-per-node", str(o.gpus_per_node)))
+    for option, value in (
+        ("--time", o.time), ("--partition", o.partition), ("--account", o.account),
+        ("--qos", o.qos),
+    ):  # fmt: skip
+        if value is not None:
+            lines.append(_directive(option, value.strip()))
+    lines += [
+        _directive("--chdir", str(job.cwd)),
+        _directive("--output", job.output_pattern),
+        _directive("--open-mode", "append"),
+        _directive("--signal", f"B:{WARNING_SIGNAL}@{o.signal_grace_s}"),
+        _directive("--requeue" if o.requeue else "--no-requeue"),
+    ]
+    lines += [_directive(*arg.split("=", 1)) for arg in o.sbatch_args]
+    lines.append("")
+    if job.secrets:
+        lines.append(
+            "# Secrets are not written here: the job inherits them from the environment"
+            " `mlaunch sbatch` ran in (sbatch --export=ALL)."
+        )
+        for name in job.secrets:
+            lines.append(
+                f': "${{{name}:?was set when the job was submitted but is missing in the job:'
+                f' keep it in sbatch --export}}"'
+            )
+        lines.append("")
+    lines.append(
+        "# The worker environment resolved at submission (resolved.env without secrets;"
+        " mlaunch train sets the run id = $SLURM_JOB_ID and MLAUNCH_RUN_DIR itself)."
+    )
+    lines += [f"export {k}={q(v)}" for k, v in job.environment.items()]
+    lines += [f"unset {name}" for name in job.unset]
+    if plan.settings.launch.rdzv_endpoint is None or plan.settings.source(
+        "launch.rdzv_endpoint"
+    ).kind not in ("flag", "file"):
+        lines.append(
+            "# The rendezvous is the job's first node; a port per job, so jobs sharing a node"
+            " never collide."
+        )
+        lines.append(f"export MASTER_PORT=${{MASTER_PORT:-$((20000 + {JOB_ID_VAR} % 20000))}}")
+    lines.append("")
+    if job.fixed_run_dir is not None:
+        lines.append(f"RUN_DIR={q(str(job.fixed_run_dir))}")
+    else:
+        lines.append(
+            "# The run id is the job id: a requeued job (same id) resumes in the same directory."
+        )
+        lines.append(f'RUN_DIR={q(str(job.run_dir_prefix) + "/")}"${JOB_ID_VAR}"')
+    lines += [
+        "",
+        f"# SLURM sends {WARNING_SIGNAL} to this shell {o.signal_grace_s} s before the time limit:"
+        " pass it to the step (each",
+        "# node's mlaunch train stops its workers gracefully: they finish the iteration, save,"
+        " exit)" + (" and requeue the job." if o.requeue else "."),
+        "# Preemption and scancel send SIGTERM to every process of the job, which stops the same"
+        " way: keep waiting.",
+        "warned=0",
+        f'trap \'warned=1; echo "mlaunch: {WARNING_SIGNAL}: stopping the workers (they save)";'
+        f' kill -{WARNING_SIGNAL} "$step" 2>/dev/null\' {WARNING_SIGNAL}',
+        "trap 'echo \"mlaunch: SIGTERM: the workers save and stop\"' TERM",
+        "",
+    ]
+    for note in job.notes:
+        lines.append(f"# {note} (chosen by mlaunch sbatch)")
+    lines += [
+        f"# --wait={o.signal_grace_s}: once one node's mlaunch train has ended (done, failed, stopped"
+        " on a signal),",
+        "# the others get the grace to finish their save before SLURM ends the step (no peer"
+        " killed mid-save,",
+        "# none left stuck in a collective with a dead node).",
+    ]
+    srun = [
+        "srun", f"--nodes={o.nodes}", "--ntasks-per-node=1",
+        '--cpus-per-task="$SLURM_CPUS_ON_NODE"', "--kill-on-bad-exit=0", f"--wait={o.signal_grace_s}",
+    ]  # fmt: skip
+    lines.append(" ".join(srun) + " \\")
+    train = [q(job.python), "-m", "mlaunch", "train"]
+    lines.append("  " + " ".join(train) + " \\")
+    body = [q(w) for w in job.train_args] + ["--run-dir", '"$RUN_DIR"']
+    body_lines = _continued(body, "    ")
+    if job.passthrough:
+        body_lines.append("    -- " + " ".join(q(w) for w in job.passthrough) + " \\")
+    body_lines[-1] = body_lines[-1].removesuffix(" \\") + " &"
+    lines += body_lines
+    lines += [
+        "step=$!",
+        "# `wait` returns when a trapped signal arrives: wait until the step has really ended.",
+        'wait "$step"; rc=$?',
+        'while kill -0 "$step" 2>/dev/null; do wait "$step"; rc=$?; done',
+    ]
+    if o.requeue:
+        lines += [
+            'if [ "$warned" = 1 ]; then',
+            '  echo "mlaunch: requeueing job $SLURM_JOB_ID: it resumes from the newest checkpoint'
+            ' in $RUN_DIR"',
+            '  scontrol requeue "$SLURM_JOB_ID"',
+            "fi",
+        ]
+    lines.append('exit "$rc"')
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,237 @@
+"""``mlaunch sbatch`` and ``mlaunch status`` on a real 2-node SLURM cluster (this machine).
+
+Each job runs the tiny built-in trainer on CPU, one worker per node, so the world (2 ranks) spans
+both nodes and the rendezvous goes through node ``n1`` as on a real cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+#: A whole job must end within this (start-up of torch on both nodes dominates).
+JOB_TIMEOUT_S = 240.0
+#: The tiny trainer, one worker per node: a 2-rank world across the two nodes.
+SMALL = ["--nodes", "2", "--nproc-per-node", "1", "--log-interval", "1"]
+
+
+def _env(cluster, **extra: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in cluster.env.items()
+        if not k.startswith(("MEGATRON_OTEL_", "NEMO_LENS_", "OTEL_", "MLAUNCH_TEST_", "SLURM_JOB"))
+    }
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.update(extra)
+    return env
+
+
+def mlaunch(cluster, cwd: Path, *args: str, **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "mlaunch", *args], cwd=cwd, env=_env(cluster, **extra),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def submit(cluster, cwd: Path, *args: str, **extra: str) -> tuple[str, Path]:
+    out = mlaunch(cluster, cwd, "sbatch", *SMALL, *args, **extra)
+    assert out.returncode == 0, out.stdout + out.stderr
+    job_id = out.stdout.split("submitted job ", 1)[1].split(":", 1)[0]
+    run_dir = cwd / "runs" / job_id
+    assert (run_dir / "job.sbatch").is_file()
+    return job_id, run_dir
+
+
+def status(cluster, cwd: Path, target: str) -> dict:
+    out = mlaunch(cluster, cwd, "status", target, "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def status_text(cluster, cwd: Path, target: str) -> str:
+    out = mlaunch(cluster, cwd, "status", target)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def wait_until(predicate, what: str, cluster, timeout: float = JOB_TIMEOUT_S):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}\n{cluster.logs()}")
+
+
+def slurm_state(cluster, job_id: str) -> str:
+    out = cluster.run("scontrol", "show", "job", "-o", job_id, check=False)
+    for word in out.stdout.split():
+        if word.startswith("JobState="):
+            return word.split("=", 1)[1]
+    return ""
+
+
+def wait_done(cluster, job_id: str) -> str:
+    finished = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED"}
+    return wait_until(
+        lambda: (s := slurm_state(cluster, job_id)) in finished and s, f"job {job_id}", cluster
+    )
+
+
+def progress_iteration(run_dir: Path) -> int:
+    try:
+        lines = (run_dir / "progress.jsonl").read_text().splitlines()
+    except OSError:
+        return 0
+    its = [json.loads(x).get("iteration", 0) for x in lines if x.strip() and '"loss"' in x]
+    return max(its, default=0)
+
+
+def resources(run_dir: Path) -> list[dict[str, str]]:
+    """The resource attributes of every exported trace batch (every rank, every incarnation)."""
+    out = []
+    for path in sorted((run_dir / "telemetry").glob("traces-rank*.jsonl")):
+        for line in path.read_text().splitlines():
+            if not line.strip():
+                continue
+            for rs in json.loads(line).get("resourceSpans", []):
+                attrs = rs.get("resource", {}).get("attributes", [])
+                out.append({a["key"]: next(iter(a["value"].values())) for a in attrs})
+    return out
+
+
+def show(title: str, text: str) -> None:
+    """Shown with ``pytest -s``: the outputs the issue's closing note quotes."""
+    print(f"\n===== {title}\n{text}")
+
+
+def test_two_node_job_runs_to_the_end_into_one_run_directory(slurm_cluster, tmp_path):
+    job_id, run_dir = submit(slurm_cluster, tmp_path, "--train-iters", "30", "--time", "10")
+    show("job.sbatch", (run_dir / "job.sbatch").read_text())
+    wait_until(lambda: progress_iteration(run_dir) >= 2, "progress", slurm_cluster)
+    running = status(slurm_cluster, tmp_path, job_id)
+    show("mlaunch status (running)", status_text(slurm_cluster, tmp_path, job_id))
+    assert running["state"] in ("running", "completed")
+    assert wait_done(slurm_cluster, job_id) == "COMPLETED"
+    after = status(slurm_cluster, tmp_path, str(run_dir))
+    show("mlaunch status (after)", status_text(slurm_cluster, tmp_path, str(run_dir)))
+    assert after["state"] == "completed", after
+    assert after["progress"]["iteration"] == 30
+    assert [n["node"] for n in after["nodes"]] == [0, 1]
+    # Both nodes' logs and both ranks' spans in the one run directory.
+    assert (run_dir / "logs" / "node0").is_dir() and (run_dir / "logs" / "node1").is_dir()
+    attrs = resources(run_dir)
+    assert {a.get("service.instance.id") for a in attrs} == {f"{job_id}-rank0", f"{job_id}-rank1"}
+    assert {a.get("slurm.job.id") for a in attrs} == {job_id}
+    # One progress view: node 1 points to its log instead of printing its own.
+    out = (run_dir / f"slurm-{job_id}.out").read_text()
+    assert "node 1 of 2: the progress view is node 0's" in out
+    assert out.count("iteration 30/30") == 1
+    assert "iteration" in (run_dir / "logs" / "node1" / "launcher.log").read_text()
+
+
+def test_usr1_then_requeue_resumes_from_the_checkpoint_as_a_second_incarnation(
+    slurm_cluster, tmp_path
+):
+    job_id, run_dir = submit(slurm_cluster, tmp_path, "--train-iters", "100", "--time", "10")
+    wait_until(lambda: progress_iteration(run_dir) >= 3, "progress", slurm_cluster)
+    slurm_cluster.run("scancel", "--signal=USR1", job_id)
+    wait_done(slurm_cluster, job_id)
+    stopped_at = progress_iteration(run_dir)
+    first = status(slurm_cluster, tmp_path, job_id)
+    show("mlaunch status (after USR1)", status_text(slurm_cluster, tmp_path, job_id))
+    assert first["state"] == "preempted", first
+    assert 3 <= stopped_at < 100
+    assert list((run_dir / "checkpoints").glob("iter_*")), "the graceful stop saved nothing"
+
+    slurm_cluster.run("scontrol", "requeue", job_id)
+    # SLURM holds a requeued job for about two minutes before it may start again; skip that.
+    slurm_cluster.run("scontrol", "update", f"jobid={job_id}", "starttime=now")
+    assert wait_done(slurm_cluster, job_id) == "COMPLETED"
+    final = status(slurm_cluster, tmp_path, job_id)
+    show("mlaunch status (after requeue)", status_text(slurm_cluster, tmp_path, job_id))
+    assert final["state"] == "completed" and final["incarnation"] == 2, final
+    assert final["progress"]["iteration"] == 100
+    # Resumed, not restarted: the records run 1..N, then N+1..100, each iteration once.
+    its = [json.loads(x)["iteration"] for x in (run_dir / "progress.jsonl").read_text().splitlines()
+           if '"loss"' in x and "eval_loss" not in x]  # fmt: skip
+    assert its == list(range(1, 101)), its
+    logs = "".join(p.read_text() for p in (run_dir / "logs").rglob("std*.log"))
+    assert f"resuming from checkpoint {run_dir}/checkpoints/iter_{stopped_at:07d}" in logs
+
+    attrs = resources(run_dir)
+    # Two incarnations: SLURM_RESTART_COUNT is unset in the first, 1 in the second.
+    assert {a.get("slurm.restart_count") for a in attrs} == {None, "1"}
+    runs = {a.get("nemo.lens.run_uuid") for a in attrs}
+    jobs = {a.get("nemo.lens.job_uuid") for a in attrs}
+    assert len(runs) == 2 and len(jobs) == 1, (runs, jobs)
+    goodput = mlaunch(slurm_cluster, tmp_path, "trace", "goodput", str(run_dir))
+    show("mlaunch trace goodput", goodput.stdout + goodput.stderr)
+    assert goodput.returncode == 0
+
+
+def test_the_time_limit_warning_saves_and_requeues_the_job_itself(slurm_cluster, tmp_path):
+    # --time 1 with a 50 s grace: SLURM warns the batch shell (USR1) about 10 s in (its timer
+    # checks limits every few tens of seconds), long before the 600 iterations are done.
+    job_id, run_dir = submit(
+        slurm_cluster, tmp_path, "--train-iters", "600", "--time", "1", "--signal-grace", "50"
+    )
+    info = wait_until(
+        lambda: (
+            "Restarts=1" in (o := slurm_cluster.run("scontrol", "show", "job", job_id).stdout) and o
+        ),
+        "the job to requeue itself",
+        slurm_cluster,
+    )
+    slurm_cluster.run("scancel", job_id)  # the test ends here; the requeued job would resume
+    assert "JobState=PENDING" in info or "JobState=REQUEUED" in info, info
+    out = (run_dir / f"slurm-{job_id}.out").read_text()
+    assert "mlaunch: USR1: stopping the workers" in out
+    assert f"mlaunch: requeueing job {job_id}" in out
+    stopped_at = progress_iteration(run_dir)
+    assert 1 <= stopped_at < 600
+    assert (run_dir / "checkpoints" / f"iter_{stopped_at:07d}").is_dir()
+
+
+def test_a_failing_rank_on_node_1_shows_in_status_with_its_exception(slurm_cluster, tmp_path):
+    job_id, run_dir = submit(
+        slurm_cluster, tmp_path, "--train-iters", "30",
+        MLAUNCH_TEST_FAIL_AT_ITERATION="3", MLAUNCH_TEST_FAIL_RANK="1",
+    )  # fmt: skip
+    assert wait_done(slurm_cluster, job_id) == "FAILED"
+    st = status(slurm_cluster, tmp_path, job_id)
+    show("mlaunch status (failed rank)", status_text(slurm_cluster, tmp_path, job_id))
+    assert st["state"] == "failed", st
+    first = st["failures"][0]  # the first to fail: the root cause, before its peer's
+    assert (first["rank"], first["exception_type"]) == (1, "RuntimeError")
+    assert "injected failure at iteration 3 on rank 1" in first["message"]
+    # torchrun numbers the nodes by rendezvous order: the node is where its log is.
+    assert first["node"] in (0, 1) and f"/logs/node{first['node']}/" in first["log"]
+    assert "injected failure" in Path(first["log"]).read_text()
+
+
+def test_a_bad_configuration_is_refused_and_nothing_is_submitted(slurm_cluster, tmp_path):
+    before = slurm_cluster.queue()
+    for args, env, fields in (
+        # every problem at once: the SLURM options' and the settings'
+        (["--num-layers", "0", "--signal-grace", "0"], {}, ("--num-layers", "--signal-grace")),
+        ([], {"MEGATRON_OTEL_SPAN_GRUPS": "per_step"}, ("MEGATRON_OTEL_SPAN_GRUPS",)),
+        (["--time", "1:00:00", "--signal-grace", "7200"], {}, ("--signal-grace",)),
+    ):
+        out = mlaunch(slurm_cluster, tmp_path, "sbatch", *SMALL, *args, **env)
+        assert out.returncode == 2, out.stdout + out.stderr
+        lines = out.stderr.splitlines()
+        assert all(any(ln.startswith(f + ":") for ln in lines) for f in fields), out.stderr
+        assert "Traceback" not in out.stderr
+    assert slurm_cluster.queue() == before
+    assert not (tmp_path / "runs").exists()
