@@ -18,6 +18,8 @@ FALLBACK_PREFIX = "NEMO_LENS_"
 RUN_DIR = "MLAUNCH_RUN_DIR"
 #: The run id, as the launcher chose it (also exported as MEGATRON_OTEL_RUN_ID).
 RUN_ID = PRIMARY_PREFIX + "RUN_ID"
+#: The launcher's pid, given to torchrun so that it stops when the launcher dies (orphan_guard).
+LAUNCHER_PID = "MLAUNCH_LAUNCHER_PID"
 #: Test-only fault injection understood by the trainer (never set by the launcher itself).
 FAIL_AT_ITERATION = "MLAUNCH_TEST_FAIL_AT_ITERATION"
 
