@@ -11,14 +11,19 @@ from mlaunch.model.groups import (
     SpanGroup,
 )
 from mlaunch.model.spans import (
+    ALIASES,
     CATALOGUE,
+    GOODPUT_SPAN_NAMES,
     METRICS,
     SPANS,
+    STEP_SPAN,
     Attr,
+    LegacyName,
     Metric,
     ResourceAttr,
     SpanDef,
     SpanName,
+    canonical_name,
     estimate_spans_per_iteration,
     region_name,
     span_def,
@@ -36,6 +41,7 @@ from mlaunch.model.strategies import (
 )
 
 __all__ = [
+    "ALIASES", "GOODPUT_SPAN_NAMES", "LegacyName", "STEP_SPAN", "canonical_name",
     "ALL_GROUPS", "CATALOGUE", "FINE_GRAINED_GROUPS", "GOODPUT_GROUPS", "GROUPS", "METRICS",
     "PRESETS", "SPANS", "Attr", "ExportStrategy", "GroupInfo", "Metric", "RankInfo",
     "ResourceAttr", "SpanDef", "SpanGroup", "SpanName", "SpanSpecError", "StrategyError",

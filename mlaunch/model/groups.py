@@ -45,7 +45,10 @@ GROUPS: dict[SpanGroup, GroupInfo] = {
     info.group: info
     for info in (
         GroupInfo(
-            SpanGroup.JOB, "the whole run: megatron.pretrain, megatron.train", "once per job"
+            SpanGroup.JOB,
+            "start-up and the training blocks: megatron.startup, megatron.train "
+            "(the launcher's job trace covers the whole run)",
+            "once per job, one block per save interval",
         ),
         GroupInfo(SpanGroup.CHECKPOINT, "saving checkpoints", "every save"),
         GroupInfo(SpanGroup.EVALUATE, "evaluation passes and their steps", "every eval interval"),
@@ -118,7 +121,8 @@ _PER_STEP = _DEFAULT | {
     SpanGroup.DATA_LOADING,
 }
 
-#: Groups whose spans count as productive-or-restart time for goodput accounting.
+#: The ``goodput`` preset (mlaunch's): the groups goodput accounting reads. Which spans carry
+#: ``is_goodput_span`` is Megatron-LM's choice per span (``SpanDef.goodput``), not this set.
 GOODPUT_GROUPS: frozenset[SpanGroup] = frozenset(
     {
         SpanGroup.JOB,

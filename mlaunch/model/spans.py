@@ -1,5 +1,7 @@
-"""The span catalogue: every span mlaunch's trainer emits (SPEC section 4), with its group, parent,
-repetition and attributes, plus the attribute, resource and metric names.
+"""The span catalogue: every span mlaunch's trainer emits (SPEC section 4) under the name
+Megatron-LM's code emits (MEGATRON.md section 3), with its group, parent, repetition, attributes,
+``is_goodput_span`` mark, documented alias and whether it is an mlaunch extra; the one alias
+table every trace reader uses; plus the attribute, resource and metric names.
 
 This is the single source that the trainer, the CLI tree view, the trace readers and the contract
 tests all use; no other module spells a ``megatron.*`` name as a literal.
@@ -10,22 +12,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from mlaunch.model.groups import GOODPUT_GROUPS, SpanGroup
+from mlaunch.model.groups import SpanGroup
 
 
 class SpanName(StrEnum):
-    """Span names (a contract: dashboards built for Megatron-LM rely on them)."""
+    """Span names as Megatron-LM's code emits them (a contract: dashboards built on real
+    Megatron-LM runs rely on them). The documented names of Megatron-LM's docs, which older
+    mlaunch traces carry, are :class:`LegacyName`; :data:`ALIASES` maps them here."""
 
-    PRETRAIN = "megatron.pretrain"
-    MODEL_INIT = "megatron.model_init"
-    DATA_SETUP = "megatron.data.setup"
-    LOAD_CHECKPOINT = "megatron.load_checkpoint"
-    LOAD_CHECKPOINT_IO_READ = "megatron.load_checkpoint.io_read"
+    STARTUP = "megatron.startup"
+    MODEL_INIT = "megatron.startup.model_init"
+    DATALOADER = "megatron.startup.dataloader"
+    CHECKPOINT_LOAD = "megatron.checkpoint.load"
+    CHECKPOINT_LOAD_IO_READ = "megatron.checkpoint.load.io_read"
     TRAIN = "megatron.train"
-    FIRST_ITERATION = "megatron.first_iteration"
-    TRAIN_STEP = "megatron.train_step"
+    FIRST_ITERATION = "megatron.train.first_iteration"
+    ITERATION = "megatron.train.iteration"
     GET_BATCH = "megatron.data.get_batch"
-    FORWARD_BACKWARD = "megatron.forward_backward"
+    FORWARD_BACKWARD = "megatron.train.iteration.forward_backward"
     MICROBATCH_FORWARD = "megatron.microbatch.forward"
     LAYER_FORWARD = "megatron.layer.forward"
     LAYER_SELF_ATTENTION = "megatron.layer.self_attention"
@@ -40,10 +44,10 @@ class SpanName(StrEnum):
     ACTIVATION_RELOAD = "megatron.activation.reload"
     GRAD_SYNC_START = "megatron.grad_sync.start"
     GRAD_SYNC_FINISH = "megatron.grad_sync.finish"
-    OPTIMIZER_STEP = "megatron.optimizer_step"
-    SAVE_CHECKPOINT = "megatron.save_checkpoint"
-    SAVE_CHECKPOINT_STATE_DICT = "megatron.save_checkpoint.state_dict"
-    SAVE_CHECKPOINT_IO_WRITE = "megatron.save_checkpoint.io_write"
+    OPTIMIZER = "megatron.train.iteration.optimizer"
+    CHECKPOINT_SAVE = "megatron.checkpoint.save"
+    CHECKPOINT_SAVE_STATE_DICT = "megatron.checkpoint.save.state_dict"
+    CHECKPOINT_SAVE_IO_WRITE = "megatron.checkpoint.save.io_write"
     EVALUATE = "megatron.evaluate"
     EVALUATE_STEP = "megatron.evaluate.step"
     TEXT_COMPLETION = "text_completion"  # full name is "text_completion <model>"
@@ -53,6 +57,25 @@ class SpanName(StrEnum):
     # cannot take the run-long view with it.
     JOB = "mlaunch.job"
     JOB_ATTEMPT = "mlaunch.job.attempt"
+
+
+class LegacyName(StrEnum):
+    """The names of Megatron-LM's documentation (SPEC section 4 before the code was read), which
+    mlaunch's trainer emitted until it switched to the code names. Readers accept them; nothing
+    emits them any more."""
+
+    PRETRAIN = "megatron.pretrain"  # a run-long umbrella; Megatron-LM's code has none
+    MODEL_INIT = "megatron.model_init"
+    DATA_SETUP = "megatron.data.setup"
+    LOAD_CHECKPOINT = "megatron.load_checkpoint"
+    LOAD_CHECKPOINT_IO_READ = "megatron.load_checkpoint.io_read"
+    FIRST_ITERATION = "megatron.first_iteration"
+    TRAIN_STEP = "megatron.train_step"
+    FORWARD_BACKWARD = "megatron.forward_backward"
+    OPTIMIZER_STEP = "megatron.optimizer_step"
+    SAVE_CHECKPOINT = "megatron.save_checkpoint"
+    SAVE_CHECKPOINT_STATE_DICT = "megatron.save_checkpoint.state_dict"
+    SAVE_CHECKPOINT_IO_WRITE = "megatron.save_checkpoint.io_write"
 
 
 def text_completion_name(model: str) -> str:
@@ -69,13 +92,11 @@ class Attr(StrEnum):
     """Span attribute keys."""
 
     MODEL_TYPE = "megatron.model_type"
-    TRAIN_ITERS = "megatron.train_iters"
-    GLOBAL_BATCH_SIZE = "megatron.global_batch_size"
     ITERATION = "megatron.iteration"
     LOSS = "megatron.loss"
     GRAD_NORM = "megatron.grad_norm"
     SKIPPED = "megatron.skipped"
-    NUM_MICROBATCHES = "megatron.num_microbatches"
+    NUM_MICROBATCHES = "num_microbatches"  # no prefix: what Megatron-LM's code sets
     MICROBATCH_ID = "megatron.microbatch_id"
     LAYER_NUMBER = "megatron.layer_number"
     PP_RANK = "dl.pipeline_parallel.rank"
@@ -88,13 +109,18 @@ class Attr(StrEnum):
     GEN_AI_INPUT_TOKENS = "gen_ai.usage.input_tokens"
     GEN_AI_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
     IS_GOODPUT = "is_goodput_span"
-    TRUNCATED = "mlaunch.span.truncated"
-    TRACE_SEGMENT = "mlaunch.trace.segment"  # on re-rooted megatron.train spans (trace segments)
+    TRUNCATED = "nemo.span.truncated"  # what nemo-lens sets on spans ended at shutdown
+    LEGACY_TRUNCATED = "mlaunch.span.truncated"  # older mlaunch traces; readers accept both
+    TRAIN_BLOCK = "mlaunch.train.block"  # on megatron.train: the block number (an mlaunch extra)
     # On the launcher's mlaunch.job.attempt spans.
     ATTEMPT = "mlaunch.attempt"  # 0 for the first torchrun attempt, +1 per restart
     EXIT_CODE = "mlaunch.exit_code"  # the attempt's exit code (absent when ended by a signal)
     SIGNAL = "mlaunch.signal"  # e.g. "SIGKILL" when a worker or the attempt died by a signal
     FAILED_RANK = "mlaunch.failed_rank"  # the first failing global rank, when one is known
+
+
+#: Attribute keys that mark a span as ended at shutdown, the current one first.
+TRUNCATED_ATTRS: tuple[str, ...] = (Attr.TRUNCATED.value, Attr.LEGACY_TRUNCATED.value)
 
 
 class ResourceAttr(StrEnum):
@@ -194,7 +220,8 @@ METRICS: tuple[MetricDef, ...] = (
 class Repeat(StrEnum):
     """How often a span occurs."""
 
-    ONCE = "once"  # once per job (or per resume)
+    ONCE = "once"  # once per worker incarnation (start-up) or per train block's first pass
+    BLOCK = "block"  # once per megatron.train block (save_interval iterations)
     ITERATION = "iteration"  # once per training iteration
     MICROBATCH = "microbatch"  # N per iteration
     LAYER = "layer"  # N x L(stage) per iteration
@@ -215,7 +242,12 @@ class Stages(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class SpanDef:
-    """A span of the contract: its group, parent, repetition, attributes and stage filter."""
+    """A span of the contract: its group, parent, repetition, attributes and stage filter.
+
+    ``name`` is what Megatron-LM's code emits (and mlaunch's trainer emits); ``alias`` is the
+    documented name where that differs; ``attributes`` are Megatron-LM's, ``extra_attributes``
+    the ones mlaunch adds; ``goodput`` says whether the span carries ``is_goodput_span=true``
+    (Megatron-LM's own choice per span, MEGATRON.md section 3)."""
 
     name: str
     group: SpanGroup
@@ -228,69 +260,122 @@ class SpanDef:
     """An mlaunch extra: Megatron-LM's code emits nothing like it (a Megatron-LM worker never will)."""
     alias: str | None = None
     """The documented name (Megatron-LM's docs) where the code emits another; readers accept both."""
+    extra_attributes: tuple[str, ...] = ()
+    """Attributes mlaunch sets beyond Megatron-LM's (never on a Megatron-LM worker's spans)."""
+    goodput: bool = False
 
     @property
     def is_goodput(self) -> bool:
-        """Spans of the ``goodput`` preset's groups carry ``is_goodput_span=true``."""
-        return self.group in GOODPUT_GROUPS
+        """Whether the span carries ``is_goodput_span=true`` (as Megatron-LM marks it)."""
+        return self.goodput
+
+    @property
+    def all_attributes(self) -> tuple[str, ...]:
+        """Megatron-LM's attributes and mlaunch's extras."""
+        return self.attributes + self.extra_attributes
 
 
 G = SpanGroup
 S = SpanName
+L = LegacyName
 A = Attr
+R = Repeat
+_X = True  # readability: extra=_X / goodput=_X in the table below
 
-#: The span tree of SPEC section 4, in display order (a parent always precedes its children).
+#: The span trees of SPEC section 4, in display order (a parent always precedes its children).
+#: Two roots per worker: ``megatron.startup`` (once per incarnation) and ``megatron.train`` (one
+#: per block of save_interval iterations, each a trace of its own).
 CATALOGUE: tuple[SpanDef, ...] = (
-    SpanDef(S.PRETRAIN, G.JOB, None, Repeat.ONCE, (A.MODEL_TYPE, A.TRAIN_ITERS, A.GLOBAL_BATCH_SIZE)),
-    SpanDef(S.MODEL_INIT, G.MODEL_INIT, S.PRETRAIN, Repeat.ONCE),
-    SpanDef(S.DATA_SETUP, G.DATA_LOADING, S.PRETRAIN, Repeat.ONCE),
-    SpanDef(S.LOAD_CHECKPOINT, G.LOAD_CHECKPOINT, S.PRETRAIN, Repeat.ONCE, (A.ITERATION,), note="on resume"),
-    SpanDef(S.LOAD_CHECKPOINT_IO_READ, G.LOAD_CHECKPOINT, S.LOAD_CHECKPOINT, Repeat.ONCE),
-    SpanDef(S.TRAIN, G.JOB, S.PRETRAIN, Repeat.ONCE, (A.TRAIN_ITERS,)),
-    SpanDef(S.FIRST_ITERATION, G.FIRST_ITERATION, S.TRAIN, Repeat.ONCE, (A.ITERATION,)),
+    SpanDef(S.STARTUP, G.JOB, None, R.ONCE, (A.MODEL_TYPE,), goodput=_X,
+            note="root of its own trace, one per worker incarnation"),
+    SpanDef(S.MODEL_INIT, G.MODEL_INIT, S.STARTUP, R.ONCE, alias=L.MODEL_INIT, goodput=_X),
+    SpanDef(S.DATALOADER, G.DATA_LOADING, S.STARTUP, R.ONCE, alias=L.DATA_SETUP, goodput=_X),
+    SpanDef(S.CHECKPOINT_LOAD, G.LOAD_CHECKPOINT, S.STARTUP, R.ONCE, (A.ITERATION,),
+            note="on resume", alias=L.LOAD_CHECKPOINT, goodput=_X),
+    SpanDef(S.CHECKPOINT_LOAD_IO_READ, G.LOAD_CHECKPOINT, S.CHECKPOINT_LOAD, R.ONCE,
+            alias=L.LOAD_CHECKPOINT_IO_READ, goodput=_X),
+    SpanDef(S.TRAIN, G.JOB, None, R.BLOCK, extra_attributes=(A.TRAIN_BLOCK,), goodput=_X,
+            note="root of a new trace every save_interval iterations, linked to the previous block"),
+    SpanDef(S.FIRST_ITERATION, G.FIRST_ITERATION, S.TRAIN, R.ONCE, (A.ITERATION,),
+            alias=L.FIRST_ITERATION, goodput=_X,
+            note="wraps the first iteration this process runs"),
+    SpanDef(S.ITERATION, G.STEP, S.TRAIN, R.ITERATION, (A.ITERATION, A.SKIPPED),
+            extra_attributes=(A.LOSS, A.GRAD_NORM), alias=L.TRAIN_STEP, goodput=_X),
+    SpanDef(S.GET_BATCH, G.DATA_LOADING, S.ITERATION, R.ITERATION, extra=_X),
+    SpanDef(S.FORWARD_BACKWARD, G.FORWARD_BACKWARD, S.ITERATION, R.ITERATION,
+            (A.NUM_MICROBATCHES,), alias=L.FORWARD_BACKWARD, goodput=_X),
+    SpanDef(S.MICROBATCH_FORWARD, G.MICROBATCH, S.FORWARD_BACKWARD, R.MICROBATCH,
+            extra_attributes=(A.MICROBATCH_ID,)),
+    SpanDef(S.LAYER_FORWARD, G.LAYER, S.MICROBATCH_FORWARD, R.LAYER, (A.LAYER_NUMBER,)),
+    SpanDef(S.LAYER_SELF_ATTENTION, G.LAYER, S.LAYER_FORWARD, R.LAYER),
+    SpanDef(S.LAYER_MLP, G.LAYER, S.LAYER_FORWARD, R.LAYER),
+    SpanDef(S.MICROBATCH_BACKWARD, G.MICROBATCH, S.FORWARD_BACKWARD, R.MICROBATCH,
+            extra_attributes=(A.MICROBATCH_ID,)),
+    SpanDef(S.PP_RECV_FORWARD_LINKED, G.COMMUNICATION, S.FORWARD_BACKWARD, R.MICROBATCH,
+            (A.PP_RANK, A.DL_MICROBATCH_ID), Stages.NOT_FIRST,
+            "PP>1; links to the sender's send_forward", extra=_X),
+    SpanDef(S.P2P_RECV_FORWARD, G.COMMUNICATION, S.FORWARD_BACKWARD, R.MICROBATCH, (), Stages.NOT_FIRST, "PP>1"),
+    SpanDef(S.P2P_SEND_FORWARD, G.COMMUNICATION, S.FORWARD_BACKWARD, R.MICROBATCH, (), Stages.NOT_LAST, "PP>1"),
+    SpanDef(S.P2P_RECV_BACKWARD, G.COMMUNICATION, S.FORWARD_BACKWARD, R.MICROBATCH, (), Stages.NOT_LAST, "PP>1"),
+    SpanDef(S.P2P_SEND_BACKWARD, G.COMMUNICATION, S.FORWARD_BACKWARD, R.MICROBATCH, (), Stages.NOT_FIRST, "PP>1"),
+    SpanDef(S.ACTIVATION_OFFLOAD, G.ACTIVATION_OFFLOAD, S.FORWARD_BACKWARD, R.MICROBATCH, note="--offload-activations"),
+    SpanDef(S.ACTIVATION_RELOAD, G.ACTIVATION_OFFLOAD, S.FORWARD_BACKWARD, R.MICROBATCH, note="--offload-activations"),
+    SpanDef(S.GRAD_SYNC_START, G.COMMUNICATION, S.ITERATION, R.ITERATION, note="DP>1"),
+    SpanDef(S.GRAD_SYNC_FINISH, G.COMMUNICATION, S.ITERATION, R.ITERATION, note="DP>1"),
+    SpanDef(S.OPTIMIZER, G.OPTIMIZER, S.ITERATION, R.ITERATION, (A.UPDATE_SUCCESSFUL,),
+            extra_attributes=(A.GRAD_NORM,), alias=L.OPTIMIZER_STEP, goodput=_X),
+    SpanDef(S.CHECKPOINT_SAVE, G.CHECKPOINT, S.TRAIN, R.SAVE, (A.ITERATION,),
+            alias=L.SAVE_CHECKPOINT, goodput=_X),
+    SpanDef(S.CHECKPOINT_SAVE_STATE_DICT, G.CHECKPOINT, S.CHECKPOINT_SAVE, R.SAVE,
+            alias=L.SAVE_CHECKPOINT_STATE_DICT, goodput=_X),
+    SpanDef(S.CHECKPOINT_SAVE_IO_WRITE, G.CHECKPOINT, S.CHECKPOINT_SAVE, R.SAVE,
+            alias=L.SAVE_CHECKPOINT_IO_WRITE, goodput=_X),
+    SpanDef(S.EVALUATE, G.EVALUATE, S.TRAIN, R.EVAL, (A.EVAL_ITERS,)),
+    SpanDef(S.EVALUATE_STEP, G.EVALUATE, S.EVALUATE, R.EVAL_STEP, (A.EVAL_ITERATION,)),
     SpanDef(
-        S.TRAIN_STEP, G.STEP, S.TRAIN, Repeat.ITERATION,
-        (A.ITERATION, A.LOSS, A.GRAD_NORM, A.SKIPPED),
-    ),
-    SpanDef(S.GET_BATCH, G.DATA_LOADING, S.TRAIN_STEP, Repeat.ITERATION),
-    SpanDef(S.FORWARD_BACKWARD, G.FORWARD_BACKWARD, S.TRAIN_STEP, Repeat.ITERATION, (A.NUM_MICROBATCHES,)),
-    SpanDef(S.MICROBATCH_FORWARD, G.MICROBATCH, S.FORWARD_BACKWARD, Repeat.MICROBATCH, (A.MICROBATCH_ID,)),
-    SpanDef(S.LAYER_FORWARD, G.LAYER, S.MICROBATCH_FORWARD, Repeat.LAYER, (A.LAYER_NUMBER,)),
-    SpanDef(S.LAYER_SELF_ATTENTION, G.LAYER, S.LAYER_FORWARD, Repeat.LAYER),
-    SpanDef(S.LAYER_MLP, G.LAYER, S.LAYER_FORWARD, Repeat.LAYER),
-    SpanDef(S.MICROBATCH_BACKWARD, G.MICROBATCH, S.FORWARD_BACKWARD, Repeat.MICROBATCH, (A.MICROBATCH_ID,)),
-    SpanDef(
-        S.PP_RECV_FORWARD_LINKED, G.COMMUNICATION, S.FORWARD_BACKWARD, Repeat.MICROBATCH,
-        (A.PP_RANK, A.DL_MICROBATCH_ID), Stages.NOT_FIRST, "PP>1; links to the sender's send_forward",
-    ),
-    SpanDef(S.P2P_RECV_FORWARD, G.COMMUNICATION, S.FORWARD_BACKWARD, Repeat.MICROBATCH, (), Stages.NOT_FIRST, "PP>1"),
-    SpanDef(S.P2P_SEND_FORWARD, G.COMMUNICATION, S.FORWARD_BACKWARD, Repeat.MICROBATCH, (), Stages.NOT_LAST, "PP>1"),
-    SpanDef(S.P2P_RECV_BACKWARD, G.COMMUNICATION, S.FORWARD_BACKWARD, Repeat.MICROBATCH, (), Stages.NOT_LAST, "PP>1"),
-    SpanDef(S.P2P_SEND_BACKWARD, G.COMMUNICATION, S.FORWARD_BACKWARD, Repeat.MICROBATCH, (), Stages.NOT_FIRST, "PP>1"),
-    SpanDef(S.ACTIVATION_OFFLOAD, G.ACTIVATION_OFFLOAD, S.FORWARD_BACKWARD, Repeat.MICROBATCH, note="--offload-activations"),
-    SpanDef(S.ACTIVATION_RELOAD, G.ACTIVATION_OFFLOAD, S.FORWARD_BACKWARD, Repeat.MICROBATCH, note="--offload-activations"),
-    SpanDef(S.GRAD_SYNC_START, G.COMMUNICATION, S.TRAIN_STEP, Repeat.ITERATION, note="DP>1"),
-    SpanDef(S.GRAD_SYNC_FINISH, G.COMMUNICATION, S.TRAIN_STEP, Repeat.ITERATION, note="DP>1"),
-    SpanDef(S.OPTIMIZER_STEP, G.OPTIMIZER, S.TRAIN_STEP, Repeat.ITERATION, (A.GRAD_NORM, A.UPDATE_SUCCESSFUL)),
-    SpanDef(S.SAVE_CHECKPOINT, G.CHECKPOINT, S.TRAIN, Repeat.SAVE, (A.ITERATION,)),
-    SpanDef(S.SAVE_CHECKPOINT_STATE_DICT, G.CHECKPOINT, S.SAVE_CHECKPOINT, Repeat.SAVE),
-    SpanDef(S.SAVE_CHECKPOINT_IO_WRITE, G.CHECKPOINT, S.SAVE_CHECKPOINT, Repeat.SAVE),
-    SpanDef(S.EVALUATE, G.EVALUATE, S.TRAIN, Repeat.EVAL, (A.EVAL_ITERS,)),
-    SpanDef(S.EVALUATE_STEP, G.EVALUATE, S.EVALUATE, Repeat.EVAL_STEP, (A.EVAL_ITERATION,)),
-    SpanDef(
-        S.TEXT_COMPLETION, G.INFERENCE, None, Repeat.REQUEST,
+        S.TEXT_COMPLETION, G.INFERENCE, None, R.REQUEST,
         (A.GEN_AI_OPERATION, A.GEN_AI_REQUEST_MODEL, A.GEN_AI_INPUT_TOKENS, A.GEN_AI_OUTPUT_TOKENS),
-        note="named 'text_completion <model>'",
+        note="named 'text_completion <model>'", extra=_X,
     ),
-    SpanDef(S.REGION, G.TRACE_REGION, None, Repeat.REGION, note="'megatron.region.<name>' inside checkpoint save/load and data setup"),
+    SpanDef(S.REGION, G.TRACE_REGION, None, R.REGION, extra=_X,
+            note="'megatron.region.<name>' inside checkpoint save/load and data setup"),
 )  # fmt: skip
 
 SPANS: dict[str, SpanDef] = {d.name: d for d in CATALOGUE}
 
+#: The one alias table every reader uses: a documented (legacy) name -> the code name emitted now.
+#: ``megatron.pretrain`` has no code counterpart (a run-long span Megatron-LM removed); readers
+#: treat it as a legacy job span in its own right.
+ALIASES: dict[str, str] = {str(d.alias): str(d.name) for d in CATALOGUE if d.alias}
+
+#: Names of the spans that carry ``is_goodput_span=true``.
+GOODPUT_SPAN_NAMES: frozenset[str] = frozenset(str(d.name) for d in CATALOGUE if d.goodput)
+
+#: Megatron-LM's step span: the one every per-step reader (summary skew, goodput, report) keys on.
+STEP_SPAN: str = SpanName.ITERATION.value
+
+
+def train_block(iteration: int, block_iters: int) -> int:
+    """The ``megatron.train`` block of a (1-based) iteration: iterations 1..N are block 0, so the
+    save after iteration N (N = save_interval) still belongs to block 0, as in Megatron-LM."""
+    return max(0, iteration - 1) // max(1, block_iters)
+
+
+def canonical_name(name: str) -> str:
+    """The code name for ``name``: itself, or what a documented (legacy) alias stands for."""
+    return ALIASES.get(name, name)
+
+
+def names_for(name: str) -> frozenset[str]:
+    """Every name a reader accepts for the code name ``name``: itself and its documented alias."""
+    d = SPANS.get(name)
+    return frozenset({name, d.alias} if d is not None and d.alias else {name})
+
 
 def span_def(name: str) -> SpanDef:
-    """The catalogue entry for a span name, including the templated ``text_completion <model>``
-    and ``megatron.region.<name>`` forms."""
+    """The catalogue entry for a span name (a code name or its documented alias), including the
+    templated ``text_completion <model>`` and ``megatron.region.<name>`` forms."""
+    name = ALIASES.get(name, name)
     if name in SPANS:
         return SPANS[name]
     if name.startswith(SpanName.TEXT_COMPLETION.value + " "):
@@ -327,7 +412,7 @@ def estimate_spans_per_iteration(
 ) -> list[int]:
     """Estimated spans per training iteration for each pipeline stage (index = stage).
 
-    Counts the steady-state spans only (one-off spans like ``megatron.pretrain`` and per-save or
+    Counts the steady-state spans only (one-off spans like ``megatron.startup`` and per-save or
     per-eval spans are excluded). Layers are split evenly across stages.
     """
     layers_per_stage = max(1, layers // max(1, pp))

@@ -17,29 +17,33 @@ Two span paths, one stack
     Fine spans are not attached to the OTel context (that would cost what the record saves):
     OTel-instrumented code inside a fine span sees the nearest coarse span as current.
 
-Trace identity (SPEC section 4)
-    Every rank derives the same trace ids from the run id, the restart count (``dl.restart_count``
-    or ``TORCHELASTIC_RESTART_COUNT``) and the iteration, with no communication:
+Trace structure and identity (SPEC section 4, as Megatron-LM's code)
+    A worker emits no run-long span. ``megatron.startup`` is the root of the start-up trace;
+    training runs in ``megatron.train`` blocks of ``save_interval`` iterations (``setup``'s
+    ``save_interval``; K = ``trace_segment_iters`` when there are no saves), each the root of
+    a new trace. Every rank derives the same trace ids from the run id, the restart count
+    (``dl.restart_count`` or ``TORCHELASTIC_RESTART_COUNT``) and the block, with no
+    communication (``T`` = the first 128 bits of a SHA-256, so ids are stable, distinct per
+    restart, and identical on every rank):
 
-    - ``segment = iteration // trace_segment_iters`` (K, default 100);
-    - before the first ``set_iteration`` call, and for the segment of that first iteration, root
-      spans get ``T(run_id, restart, "init")`` — so ``megatron.pretrain``, setup, and the first
-      (possibly partial, after a resume) segment of training share one trace;
-    - any later segment ``s`` gets ``T(run_id, restart, s)``; ``T`` is the first 128 bits of a
-      SHA-256, so ids are stable, distinct per restart, and identical on every rank;
-    - ``set_iteration(it)`` (call it before each train step, outside the step span) switches the
-      current root trace id when ``it`` enters a new segment. If ``megatron.train`` is the
-      innermost open span of the calling thread, it is re-rooted: the open ``megatron.train``
-      span ends and a new root ``megatron.train`` span starts in the new trace, with the same
-      attributes plus ``mlaunch.trace.segment=s`` and a Link to the previous segment's span.
-      The ``with span(JOB, TRAIN)`` block then ends the latest segment. Attributes set on the
-      first segment's span before a re-root are carried over; the object the block yielded stays
-      the first segment's (ended) span, so set attributes before the first segment boundary.
+    - until the first ``set_iteration`` call, root spans get ``T(run_id, restart, "startup")``;
+    - ``set_iteration(it)`` (call it before each train step and before opening a block, outside
+      the step span) switches root spans to ``T(run_id, restart, (it - 1) // N)``; iterations
+      1..N are block 0, so the save after iteration N belongs to block 0;
+    - a root ``megatron.startup`` carries a Link to the launcher's attempt span when the worker
+      was started with a valid ``TRACEPARENT`` (an invalid one is ignored, logged once); a root
+      ``megatron.train`` carries a Link to the previous block, the first one to the startup
+      span, and ``mlaunch.train.block`` = its block number;
+    - a script that keeps one ``with span(JOB, TRAIN)`` open across blocks still gets one trace
+      per block: when ``set_iteration`` enters a new block while ``megatron.train`` is the
+      innermost open span of the calling thread, that span ends and a new root
+      ``megatron.train`` starts in the new trace (same attributes, linked to the previous one);
+      the object the ``with`` yielded stays the first block's (ended) span;
     - child spans always share their parent's trace id; a span with no open parent on its
       thread is a root in the current trace.
 
 Shutdown
-    ``shutdown()`` is idempotent, ends still-open spans with ``mlaunch.span.truncated=true``,
+    ``shutdown()`` is idempotent, ends still-open spans with ``nemo.span.truncated=true``,
     and returns within ``shutdown_timeout_s`` even when the endpoint hangs; undelivered spans and
     metrics go to the spool files of the run directory. An atexit hook calls it; no signal
     handlers are installed (the trainer calls ``shutdown`` from its own SIGTERM handling).
@@ -56,8 +60,8 @@ from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from mlaunch.model.groups import FINE_GRAINED_GROUPS, GOODPUT_GROUPS, SpanGroup
-from mlaunch.model.spans import Attr, region_name
+from mlaunch.model.groups import FINE_GRAINED_GROUPS, SpanGroup
+from mlaunch.model.spans import GOODPUT_SPAN_NAMES, Attr, region_name
 from mlaunch.model.strategies import should_export
 from mlaunch.telemetry import _spans
 from mlaunch.telemetry._spans import CoarseSpan, FineSpan
@@ -85,7 +89,8 @@ __all__ = [
 # at C speed whether callers pass ``SpanGroup.X`` or ``"x"``.
 _ENABLED: frozenset[str] = frozenset()
 _FINE: frozenset[str] = frozenset()
-_GOODPUT: frozenset[str] = frozenset(g.value for g in GOODPUT_GROUPS)
+#: Names that carry ``is_goodput_span=true`` (Megatron-LM's marks; none is fine-grained).
+_GOODPUT: frozenset[str] = GOODPUT_SPAN_NAMES
 _IS_GOODPUT = Attr.IS_GOODPUT.value
 _TRACE_REGION = SpanGroup.TRACE_REGION.value
 _RUNTIME: Any = None  # mlaunch.telemetry._runtime.Runtime on an exporting rank
@@ -138,6 +143,7 @@ def setup(
     local_rank: int = 0,
     resource: Mapping[str, Any] | None = None,
     run_dir: str | Path | None = None,
+    save_interval: int = 0,
 ) -> Telemetry:
     """Configure telemetry for this process.
 
@@ -145,6 +151,8 @@ def setup(
     (``mlaunch.settings.load_telemetry_settings``). ``resource`` holds extra resource attributes
     (parallel sizes/ranks, batch size, model dims, precision, ``host.gpu.count``,
     ``dl.restart_count``). ``run_dir`` overrides ``MLAUNCH_RUN_DIR`` / ``./runs/<run_id>``.
+    ``save_interval`` > 0 makes each ``megatron.train`` block that many iterations (else
+    ``trace_segment_iters``).
 
     The export strategy decides whether this rank exports; a non-exporting rank gets an empty
     enabled set. Raises ``RuntimeError`` if telemetry is already set up in this process, and
@@ -194,6 +202,7 @@ def setup(
                 resource=resource,
                 run_dir=run_dir,
                 environ=os.environ,
+                save_interval=save_interval,
             )
         except Exception as exc:  # telemetry must never stop training from starting
             log.warning("mlaunch telemetry: setup failed (%s); telemetry is off", exc)
@@ -264,15 +273,15 @@ _NULL = _Null()
 def span(group: str, name: str, **attributes: Any) -> Any:
     """``with span(group, name, **attrs) as s:`` — ``s`` is the span, or None when the group is off.
 
-    Spans of the ``goodput`` preset's groups carry ``is_goodput_span=true``. A span left by an
-    exception gets status ERROR and an ``exception`` event; the exception propagates.
+    The spans Megatron-LM marks (``SpanDef.goodput``) carry ``is_goodput_span=true``. A span left
+    by an exception gets status ERROR and an ``exception`` event; the exception propagates.
     """
     if group not in _ENABLED:
         return _NULL
-    if group in _GOODPUT:
-        attributes[_IS_GOODPUT] = True
     if group in _FINE:
         return FineSpan(name, attributes)
+    if name in _GOODPUT:
+        attributes[_IS_GOODPUT] = True
     return CoarseSpan(name, attributes)
 
 
@@ -295,10 +304,10 @@ def linked_span(group: str, name: str, carrier_or_context: Any, **attributes: An
             links = [Link(ctx)]
     except Exception as exc:  # a bad carrier must not break training
         log.debug("mlaunch telemetry: ignoring bad link context (%s)", exc)
-    if group in _GOODPUT:
-        attributes[_IS_GOODPUT] = True
     if group in _FINE:
         return FineSpan(name, attributes, links)
+    if name in _GOODPUT:
+        attributes[_IS_GOODPUT] = True
     return CoarseSpan(name, attributes, links)
 
 
@@ -326,8 +335,9 @@ def trace_fn(group: str, name: str) -> Callable[[Callable[..., Any]], Callable[.
 
 
 def set_iteration(iteration: int) -> None:
-    """Tell telemetry which training iteration starts next (trace identity and re-rooting; see the
-    module docstring). Call it before each train step, outside the step's span."""
+    """Tell telemetry which training iteration starts next (the ``megatron.train`` block's trace;
+    see the module docstring). Call it before each train step, outside the step's span, and
+    before opening the block's ``megatron.train``."""
     runtime = _RUNTIME
     if runtime is None:
         return

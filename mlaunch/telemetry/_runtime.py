@@ -41,6 +41,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 
 import mlaunch
 from mlaunch import envcontract
+from mlaunch.model.identity import run_identity
 from mlaunch.model.spans import (
     K8S_RESOURCE_ATTRS,
     METRICS,
@@ -49,6 +50,7 @@ from mlaunch.model.spans import (
     Metric,
     ResourceAttr,
     SpanName,
+    train_block,
 )
 from mlaunch.telemetry import _spans, otlp_json
 from mlaunch.telemetry.samplers import build_sampler
@@ -84,9 +86,29 @@ _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 
 
 def segment_trace_id(run_id: str, restart: int, segment: int | str) -> int:
-    """The deterministic 128-bit trace id of one trace segment of a run (never 0)."""
+    """The deterministic 128-bit trace id of one trace of a run (never 0): ``segment`` is
+    ``"startup"`` for the start-up trace or a ``megatron.train`` block number."""
     digest = hashlib.sha256(f"mlaunch/{run_id}/{restart}/{segment}".encode()).hexdigest()
     return int(digest[:32], 16) or 1
+
+
+#: The trace of a worker incarnation's ``megatron.startup`` (and anything before the first block).
+STARTUP_TRACE = "startup"
+
+
+def parse_traceparent(value: str) -> SpanContext | None:
+    """A W3C ``traceparent`` (``00-<32 hex>-<16 hex>-<2 hex>``) as a remote SpanContext; None
+    when it is malformed or has an all-zero id."""
+    parts = value.strip().split("-")
+    if len(parts) != 4 or [len(p) for p in parts] != [2, 32, 16, 2]:
+        return None
+    try:
+        version, trace_id, span_id, flags = (int(p, 16) for p in parts)
+    except ValueError:
+        return None
+    if version == 0xFF or not trace_id or not span_id:
+        return None
+    return SpanContext(trace_id, span_id, True, TraceFlags(flags & 0x01))
 
 
 def fallback_run_id(environ: Mapping[str, str]) -> str:
@@ -115,7 +137,9 @@ def build_resource_attributes(
     extra: Mapping[str, Any] | None,
     environ: Mapping[str, str],
 ) -> dict[str, Any]:
-    """SPEC section 3: ``OTEL_RESOURCE_ATTRIBUTES`` first, then mlaunch's attributes over them."""
+    """SPEC section 3 and MEGATRON.md section 4: ``OTEL_RESOURCE_ATTRIBUTES`` first, then
+    mlaunch's attributes over them, including the run identity Megatron-LM computes
+    (``nemo.lens.job_uuid`` / ``nemo.lens.run_uuid``, SLURM and NVRx attributes)."""
     from opentelemetry.sdk.version import __version__ as sdk_version
 
     attrs: dict[str, Any] = {
@@ -128,6 +152,7 @@ def build_resource_attributes(
         value = environ.get(env_key, "").strip()
         if value:
             attrs[attr] = value
+    attrs.update(run_identity(environ))
     attrs.update(
         {
             ResourceAttr.SERVICE_NAME: settings.service_name,
@@ -416,6 +441,7 @@ class Runtime:
         resource: Mapping[str, Any] | None,
         run_dir: str | Path | None,
         environ: Mapping[str, str],
+        save_interval: int = 0,
     ) -> None:
         self.settings = settings
         self.rank = rank
@@ -431,9 +457,14 @@ class Runtime:
             self.restart = 0
         extra.setdefault(ResourceAttr.RESTART_COUNT, self.restart)
         self.log_once = _LogOnce()
-        self.segment_iters = max(1, int(settings.trace_segment_iters or 100))
-        self.first_segment: int | None = None
-        self.segment: int | None = None
+        # megatron.train blocks: save_interval iterations, or K (trace_segment_iters) without saves.
+        segment_iters = max(1, int(settings.trace_segment_iters or 100))
+        self.block_iters = save_interval if save_interval and save_interval > 0 else segment_iters
+        self.block: int | None = None
+        #: The span the next root megatron.train links to: this incarnation's megatron.startup,
+        #: then the previous block.
+        self.chain: SpanContext | None = None
+        self.launcher_link = self._launcher_link(environ)
         self.traces_on = bool(settings.traces_enabled)
         self.metrics_on = bool(settings.metrics_enabled)
 
@@ -529,7 +560,7 @@ class Runtime:
 
         # Install the span machinery (module-level state read by the span classes).
         state = _spans.STATE
-        state.trace_id = segment_trace_id(self.run_id, self.restart, "init")
+        state.trace_id = segment_trace_id(self.run_id, self.restart, STARTUP_TRACE)
         state.root_sampled = self._root_sampled
         state.start_sdk_span = self._start_sdk_span
         state.attach = self._attach
@@ -622,16 +653,42 @@ class Runtime:
         self._root_cache = (trace_id, sampled)
         return sampled
 
+    def _launcher_link(self, environ: Mapping[str, str]) -> Link | None:
+        """A Link to the launcher's attempt span from ``TRACEPARENT``; a malformed value is
+        ignored (logged once): it must never stop a worker."""
+        value = environ.get(envcontract.TRACEPARENT, "").strip()
+        if not value:
+            return None
+        ctx = parse_traceparent(value)
+        if ctx is None:
+            self.log_once(
+                "traceparent",
+                "mlaunch telemetry: ignoring %s=%r (not a W3C traceparent 00-<32 hex>-<16 hex>-<2 hex>)",
+                envcontract.TRACEPARENT,
+                value,
+            )
+            return None
+        return Link(ctx)
+
     def _start_sdk_span(
         self, name: str, parent: Any, attributes: dict[str, Any], links: Any
     ) -> Any:
         if parent is None:
             ctx = otel_context.Context()  # root: trace id from the segment id generator
+            # The trace chain of SPEC section 4: startup -> the launcher's attempt span (via
+            # TRACEPARENT); each megatron.train block -> the previous block, the first -> startup.
+            if not links:
+                if name == SpanName.STARTUP and self.launcher_link is not None:
+                    links = [self.launcher_link]
+                elif name == SpanName.TRAIN and self.chain is not None:
+                    links = [Link(self.chain)]
+            if name == SpanName.TRAIN:
+                attributes[Attr.TRAIN_BLOCK] = self.block or 0
         else:
             flags = _SAMPLED if parent.sampled else _NOT_SAMPLED
             parent_ctx = SpanContext(parent.trace_id, parent.span_id, False, flags)
             ctx = trace_api.set_span_in_context(trace_api.NonRecordingSpan(parent_ctx))
-        return self.tracer.start_span(
+        span = self.tracer.start_span(
             name,
             context=ctx,
             attributes=attributes,
@@ -639,6 +696,9 @@ class Runtime:
             record_exception=False,
             set_status_on_exception=False,
         )
+        if parent is None and name in (SpanName.STARTUP, SpanName.TRAIN):
+            self.chain = span.get_span_context()
+        return span
 
     @staticmethod
     def _attach(span: Any) -> Any:
@@ -647,28 +707,22 @@ class Runtime:
     # --- iteration / trace segments -------------------------------------------------------------
 
     def set_iteration(self, iteration: int) -> None:
-        """Switch trace segment when ``iteration`` crosses a segment boundary (see module docs)."""
-        segment = iteration // self.segment_iters
-        if self.first_segment is None:
-            self.first_segment = self.segment = segment
+        """Switch to the trace of ``iteration``'s ``megatron.train`` block (see module docs)."""
+        block = train_block(iteration, self.block_iters)
+        if block == self.block:
             return
-        if segment == self.segment:
-            return
-        self.segment = segment
+        self.block = block
         state = _spans.STATE
-        state.trace_id = (
-            segment_trace_id(self.run_id, self.restart, "init")
-            if segment == self.first_segment
-            else segment_trace_id(self.run_id, self.restart, segment)
-        )
+        state.trace_id = segment_trace_id(self.run_id, self.restart, block)
         stack = _spans.current_stack()
         entry = stack[-1] if stack else None
         # Only an SDK (coarse) span can be re-rooted in place; the job group is never fine-grained.
-        if isinstance(entry, _spans.CoarseSpan) and entry.name == SpanName.TRAIN:
-            previous = SpanContext(
-                entry.trace_id, entry.span_id, False, _SAMPLED if entry.sampled else _NOT_SAMPLED
-            )
-            entry.reroot({Attr.TRACE_SEGMENT: segment}, [Link(previous)])
+        if (
+            isinstance(entry, _spans.CoarseSpan)
+            and entry.name == SpanName.TRAIN
+            and entry.trace_id != state.trace_id
+        ):
+            entry.reroot({Attr.TRAIN_BLOCK: block}, [])
 
     # --- metrics --------------------------------------------------------------------------------
 

@@ -165,7 +165,7 @@ class FineSpan:
         return False
 
     def truncate(self) -> None:
-        """End the span now, marked ``mlaunch.span.truncated=true`` (shutdown with it open)."""
+        """End the span now, marked ``nemo.span.truncated=true`` (shutdown with it open)."""
         if self.end:
             return
         self.attributes[_TRUNCATED] = True
@@ -276,7 +276,7 @@ class CoarseSpan:
         return False
 
     def truncate(self) -> None:
-        """End the span now, marked ``mlaunch.span.truncated=true``."""
+        """End the span now, marked ``nemo.span.truncated=true``."""
         if self.ended:
             return
         self.ended = True

@@ -99,11 +99,11 @@ def save_checkpoint(
     tmp = root / f".tmp.{iter_dir_name(iteration)}"
     writer = topo.dp_rank == 0
     with telemetry.span(
-        SpanGroup.CHECKPOINT, SpanName.SAVE_CHECKPOINT, **{Attr.ITERATION.value: iteration}
+        SpanGroup.CHECKPOINT, SpanName.CHECKPOINT_SAVE, **{Attr.ITERATION.value: iteration}
     ):
-        with telemetry.span(SpanGroup.CHECKPOINT, SpanName.SAVE_CHECKPOINT_STATE_DICT):
+        with telemetry.span(SpanGroup.CHECKPOINT, SpanName.CHECKPOINT_SAVE_STATE_DICT):
             state = build_state() if writer else None
-        with telemetry.span(SpanGroup.CHECKPOINT, SpanName.SAVE_CHECKPOINT_IO_WRITE):
+        with telemetry.span(SpanGroup.CHECKPOINT, SpanName.CHECKPOINT_SAVE_IO_WRITE):
             if topo.rank == 0:
                 with telemetry.trace_region("checkpoint.prepare"):
                     root.mkdir(parents=True, exist_ok=True)
@@ -271,7 +271,7 @@ def load_checkpoint(
         return 0, None
     path = root / iter_dir_name(chosen) / shard_dir_name(topo.pp_rank, topo.pp) / MODEL_FILE
     with (
-        telemetry.span(SpanGroup.LOAD_CHECKPOINT, SpanName.LOAD_CHECKPOINT_IO_READ),
+        telemetry.span(SpanGroup.LOAD_CHECKPOINT, SpanName.CHECKPOINT_LOAD_IO_READ),
         telemetry.trace_region("checkpoint.read"),
     ):
         # weights_only=False: the file passed the manifest's sha256 check and holds RNG

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from mlaunch import envcontract, telemetry
 from mlaunch.model.groups import SpanGroup as G
-from mlaunch.model.spans import Attr, ResourceAttr, SpanName, text_completion_name
+from mlaunch.model.spans import Attr, ResourceAttr, SpanName, text_completion_name, train_block
 from mlaunch.trainer import checkpoint
 from mlaunch.trainer.args import PROG, parse_and_validate
 from mlaunch.trainer.data import TokenData, decode, load_corpus
@@ -247,9 +247,15 @@ class Trainer:
     """Holds the model, optimizer, data and state of one process; :meth:`run` is the recipe."""
 
     def __init__(
-        self, args: argparse.Namespace, topo: Topology, run_dir: Path, stop: StopFlag
+        self,
+        args: argparse.Namespace,
+        topo: Topology,
+        run_dir: Path,
+        stop: StopFlag,
+        block_iters: int = 100,
     ) -> None:
         self.args, self.topo, self.run_dir, self.stop = args, topo, run_dir, stop
+        self.block_iters = block_iters  # iterations per megatron.train block
         self.num_micro = args.global_batch_size // (args.micro_batch_size * topo.dp)
         self.cfg = GPTConfig(
             num_layers=args.num_layers,
@@ -384,7 +390,7 @@ class Trainer:
     def train_step(self, iteration: int) -> StepResult:
         args, topo, s = self.args, self.topo, self.state
         with telemetry.span(
-            G.STEP, SpanName.TRAIN_STEP, **{Attr.ITERATION.value: iteration}
+            G.STEP, SpanName.ITERATION, **{Attr.ITERATION.value: iteration}
         ) as step_span:
             _maybe_fail(iteration, topo.rank)
             with telemetry.span(G.DATA_LOADING, SpanName.GET_BATCH):
@@ -419,7 +425,7 @@ class Trainer:
                 tied = self.model.tok_emb.weight if topo.is_first_stage else self.model.tied_copy
                 dist.all_reduce(tied.grad, group=topo.embed_group)
 
-            with telemetry.span(G.OPTIMIZER, SpanName.OPTIMIZER_STEP) as opt_span:
+            with telemetry.span(G.OPTIMIZER, SpanName.OPTIMIZER) as opt_span:
                 grad_norm, loss_value, stop = self._reduce_stats(loss)
                 skipped = not math.isfinite(grad_norm)
                 if skipped:
@@ -561,29 +567,23 @@ class Trainer:
 
     # -- the recipe -------------------------------------------------------------------------
     def run(self) -> None:
+        """Start-up (its own trace, as Megatron-LM's ``megatron.startup``), then training."""
         args, topo = self.args, self.topo
-        pretrain_attrs = {
-            Attr.MODEL_TYPE.value: MODEL_TYPE,
-            Attr.TRAIN_ITERS.value: args.train_iters,
-            Attr.GLOBAL_BATCH_SIZE.value: args.global_batch_size,
-        }
-        with telemetry.span(G.JOB, SpanName.PRETRAIN, **pretrain_attrs):
+        with telemetry.span(G.JOB, SpanName.STARTUP, **{Attr.MODEL_TYPE.value: MODEL_TYPE}):
             with telemetry.span(G.MODEL_INIT, SpanName.MODEL_INIT):
                 self.build_model()
-            with telemetry.span(G.DATA_LOADING, SpanName.DATA_SETUP):
+            with telemetry.span(G.DATA_LOADING, SpanName.DATALOADER):
                 self.setup_data()
             load = args.load or self.resume_from_save()
             if load:
-                with telemetry.span(G.LOAD_CHECKPOINT, SpanName.LOAD_CHECKPOINT) as load_span:
+                with telemetry.span(G.LOAD_CHECKPOINT, SpanName.CHECKPOINT_LOAD) as load_span:
                     iteration, ckpt = checkpoint.load_checkpoint(load, topo, lambda m: log(topo, m))
                     if ckpt is not None:
                         self.restore(ckpt, load)
                     if load_span is not None:
                         load_span.set_attribute(Attr.ITERATION, iteration)
-            with telemetry.span(
-                G.JOB, SpanName.TRAIN, **{Attr.TRAIN_ITERS.value: args.train_iters}
-            ):
-                self.train_loop()
+        # No span covers the whole run (a SIGKILL would lose it): the launcher's job trace does.
+        self.train_loop()
 
     def resume_from_save(self) -> str | None:
         """``--load`` defaults to ``--save`` when a checkpoint is there (Megatron's convention), in
@@ -605,99 +605,132 @@ class Trainer:
         return args.save if found else None
 
     def train_loop(self) -> None:
+        """The loop, in ``megatron.train`` blocks of ``block_iters`` iterations, each the root of
+        a trace of its own (SPEC section 4). Saves, evaluation and the final save happen inside
+        the block of the iteration they follow."""
         args, topo, s = self.args, self.topo, self.state
         progress = Progress(self.run_dir / envcontract.PROGRESS_FILE if topo.owns_loss else None)
-        tokens_per_iter = args.global_batch_size * args.seq_length
+        self.tokens_per_iter = args.global_batch_size * args.seq_length
         # 6N per token for forward+backward of the weights, plus attention scores.
-        flops_per_iter = tokens_per_iter * (
+        self.flops_per_iter = self.tokens_per_iter * (
             6 * count_parameters(self.cfg)
             + 12 * args.num_layers * args.hidden_size * args.seq_length
         )
         first = True
+        stop: str | None = None
         try:
-            while s.iteration < args.train_iters:
-                iteration = s.iteration + 1
-                telemetry.set_iteration(iteration)
-                wrap = (
-                    telemetry.span(
-                        G.FIRST_ITERATION,
-                        SpanName.FIRST_ITERATION,
-                        **{Attr.ITERATION.value: iteration},
-                    )
-                    if first
-                    else _NULL
-                )
-                t0, cpu0 = time.perf_counter(), time.process_time()
-                with wrap:
-                    result = self.train_step(iteration)
-                step_s = time.perf_counter() - t0
-                # CPU time of the whole process (telemetry's export thread included): on a shared
-                # machine it measures this step's work far more steadily than wall time.
-                cpu_ms = (time.process_time() - cpu0) * 1e3
-                first = False
-                s.iteration = iteration
-
-                lr = lr_at(args, iteration)
-                tokens_per_sec = tokens_per_iter / step_s
-                memory_gb = (
-                    torch.cuda.memory_allocated(topo.device) / 2**30
-                    if topo.device.type == "cuda"
-                    else None
-                )
-                telemetry.record_step(
-                    iteration,
-                    step_ms=step_s * 1e3,
-                    loss=result.loss,
-                    grad_norm=result.grad_norm,
-                    learning_rate=lr,
-                    tokens_per_sec=tokens_per_sec,
-                    tflops=flops_per_iter / step_s / topo.world_size / 1e12,
-                    skipped=result.skipped,
-                    memory_gb=memory_gb,
-                )
-                progress.write(
-                    iteration=iteration,
-                    train_iters=args.train_iters,
-                    loss=result.loss,
-                    lr=lr,
-                    grad_norm=result.grad_norm,
-                    tokens_per_sec=tokens_per_sec,
-                    step_ms=step_s * 1e3,
-                    cpu_ms=cpu_ms,
-                    skipped=result.skipped,
-                    time=time.time(),  # wall clock: a reader can see stalls between steps
-                )
-                if topo.owns_loss and (iteration % args.log_interval == 0 or iteration == 1):
-                    log(
-                        topo,
-                        f"iteration {iteration}/{args.train_iters} | loss {result.loss:.4f} | "
-                        f"lr {lr:.3e} | grad norm {result.grad_norm:.3f} | {tokens_per_sec:.0f} tokens/s | "
-                        f"{step_s * 1e3:.1f} ms | skipped {s.skipped_iters}",
-                        all_ranks=True,
-                    )
-
-                if args.eval_iters > 0 and iteration % args.eval_interval == 0:
-                    self.evaluate(iteration, progress)
-                exiting = bool(args.exit_interval) and iteration % args.exit_interval == 0
-                if args.save and (
-                    result.stop
-                    or exiting
-                    or (args.save_interval and iteration % args.save_interval == 0)
-                ):
-                    self.save()
-                if result.stop or exiting:
-                    why = "stop requested by signal" if result.stop else "--exit-interval reached"
-                    log(topo, f"{why}: stopped after iteration {iteration}")
-                    if result.stop:
-                        # The job was cut short: shutting telemetry down while megatron.train and
-                        # megatron.pretrain are still open ends them with mlaunch.span.truncated
-                        # (SPEC section 4), so a reader can tell a preempted run from a finished one.
+            while stop is None and s.iteration < args.train_iters:
+                block = train_block(s.iteration + 1, self.block_iters)
+                telemetry.set_iteration(s.iteration + 1)  # the block's trace, before it opens
+                with telemetry.span(G.JOB, SpanName.TRAIN):
+                    while True:
+                        stop = self.iteration(progress, first=first)
+                        first = False
+                        if stop is not None or s.iteration >= args.train_iters:
+                            break
+                        if train_block(s.iteration + 1, self.block_iters) != block:
+                            break
+                    if (
+                        args.save
+                        and self.last_saved != s.iteration
+                        and (stop is not None or s.iteration >= args.train_iters)
+                    ):
+                        self.save()  # the final save, inside the last block
+                    if stop == "signal":
+                        # The job was cut short: shutting telemetry down while this block is
+                        # open ends it with nemo.span.truncated (SPEC section 4), so a reader
+                        # can tell a preempted run from a finished one.
                         telemetry.shutdown()
-                    break
-            if args.save and self.last_saved != s.iteration:
-                self.save()
         finally:
             progress.close()
+
+    def iteration(self, progress: Progress, *, first: bool) -> str | None:
+        """One iteration with its metrics, progress line, evaluation and periodic save. Returns
+        why training stops after it (``"signal"``, ``"exit_interval"``), or None to go on."""
+        args, topo, s = self.args, self.topo, self.state
+        iteration = s.iteration + 1
+        telemetry.set_iteration(iteration)
+        wrap = (
+            telemetry.span(
+                G.FIRST_ITERATION, SpanName.FIRST_ITERATION, **{Attr.ITERATION.value: iteration}
+            )
+            if first
+            else _NULL
+        )
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        with wrap:
+            result = self.train_step(iteration)
+        step_s = time.perf_counter() - t0
+        # CPU time of the whole process (telemetry's export thread included): on a shared
+        # machine it measures this step's work far more steadily than wall time.
+        cpu_ms = (time.process_time() - cpu0) * 1e3
+        s.iteration = iteration
+
+        lr = lr_at(args, iteration)
+        tokens_per_sec = self.tokens_per_iter / step_s
+        telemetry.record_step(
+            iteration,
+            step_ms=step_s * 1e3,
+            loss=result.loss,
+            grad_norm=result.grad_norm,
+            learning_rate=lr,
+            tokens_per_sec=tokens_per_sec,
+            tflops=self.flops_per_iter / step_s / topo.world_size / 1e12,
+            skipped=result.skipped,
+            memory_gb=peak_memory_gb(topo.device),
+        )
+        progress.write(
+            iteration=iteration,
+            train_iters=args.train_iters,
+            loss=result.loss,
+            lr=lr,
+            grad_norm=result.grad_norm,
+            tokens_per_sec=tokens_per_sec,
+            step_ms=step_s * 1e3,
+            cpu_ms=cpu_ms,
+            skipped=result.skipped,
+            time=time.time(),  # wall clock: a reader can see stalls between steps
+        )
+        if topo.owns_loss and (iteration % args.log_interval == 0 or iteration == 1):
+            log(
+                topo,
+                f"iteration {iteration}/{args.train_iters} | loss {result.loss:.4f} | "
+                f"lr {lr:.3e} | grad norm {result.grad_norm:.3f} | {tokens_per_sec:.0f} tokens/s | "
+                f"{step_s * 1e3:.1f} ms | skipped {s.skipped_iters}",
+                all_ranks=True,
+            )
+
+        if args.eval_iters > 0 and iteration % args.eval_interval == 0:
+            self.evaluate(iteration, progress)
+        exiting = bool(args.exit_interval) and iteration % args.exit_interval == 0
+        if args.save and (
+            result.stop or exiting or (args.save_interval and iteration % args.save_interval == 0)
+        ):
+            self.save()
+        if result.stop or exiting:
+            why = "stop requested by signal" if result.stop else "--exit-interval reached"
+            log(topo, f"{why}: stopped after iteration {iteration}")
+            return "signal" if result.stop else "exit_interval"
+        return None
+
+
+def peak_memory_gb(device: torch.device) -> float | None:
+    """The accelerator memory peak since the last call, in GiB (Megatron-LM reports the peak,
+    ``torch.cuda.max_memory_allocated``); the peak is reset so each record covers one step.
+    None on CPU: torch keeps no allocation statistics there, so no memory gauge is recorded."""
+    if device.type != "cuda":
+        return None
+    peak = torch.cuda.max_memory_allocated(device) / 2**30
+    torch.cuda.reset_peak_memory_stats(device)
+    return peak
+
+
+def block_iters(args: argparse.Namespace, settings: Any) -> int:
+    """Iterations per ``megatron.train`` block: ``--save-interval`` when the run saves, else the
+    trace-segment count K (``MEGATRON_OTEL_TRACE_SEGMENT_ITERS``)."""
+    if args.save and args.save_interval and args.save_interval > 0:
+        return int(args.save_interval)
+    return max(1, int(getattr(settings, "trace_segment_iters", None) or 100))
 
 
 def _on_fresh_thread(fn: Callable[[], Any]) -> Any:
@@ -759,8 +792,9 @@ def main(argv: list[str] | None = None) -> int:
         local_rank=topo.local_rank,
         resource=resource_attributes(args, topo),
         run_dir=run_dir,
+        save_interval=args.save_interval if args.save else 0,
     )
-    trainer = Trainer(args, topo, run_dir, stop)
+    trainer = Trainer(args, topo, run_dir, stop, block_iters(args, settings))
     try:
         trainer.run()
     except BaseException as exc:
