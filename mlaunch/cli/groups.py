@@ -120,6 +120,11 @@ def resolve_groups(
             "spans": [
                 {
                     "name": d.name,
+                    "alias": d.alias,
+                    "extra": d.extra,
+                    "goodput": d.goodput,
+                    "attributes": list(d.attributes),
+                    "extra_attributes": list(d.extra_attributes),
                     "group": d.group.value,
                     "enabled": d.group in enabled,
                     "parent": d.parent,
@@ -153,4 +158,8 @@ def resolve_groups(
             )
     console.print(groups_table(enabled, compact=True))
     console.print(span_tree(enabled))
+    console.print(
+        "[dim]G = carries is_goodput_span; + = an mlaunch extra (Megatron-LM emits nothing like "
+        "it); readers accept the documented names too.[/]"
+    )
     console.print(estimate_line(enabled, microbatches=microbatches, layers=layers, pp=pp))

@@ -24,14 +24,20 @@ def span_placement(enabled: frozenset[SpanGroup]) -> dict[str, str | None]:
 
 
 def span_tree(enabled: frozenset[SpanGroup], title: str = "span tree") -> Tree:
-    """The SPEC section 4 tree with each span marked on (green) or off (dim)."""
+    """The SPEC section 4 tree (Megatron-LM's code names) with each span marked on (green) or off
+    (dim), ``G`` where it carries ``is_goodput_span``, ``+`` for an mlaunch extra, and the
+    documented name an older trace may carry instead."""
     placement = span_placement(enabled)
     tree = Tree(f"[bold]{title}[/]")
     nodes: dict[str | None, Tree] = {None: tree}
     for d in CATALOGUE:  # catalogue order puts every parent before its children
         on = d.group in enabled
         mark = "[green]on [/]" if on else "[dim]off[/]"
-        label = f"{mark} {d.name}  [cyan]{d.group.value}[/]"
+        label = f"{mark} {'+' if d.extra else ''}{d.name}  [cyan]{d.group.value}[/]"
+        if d.goodput:
+            label += " G"
+        if d.alias:
+            label += f"  [dim](documented as {d.alias})[/]"
         if d.note:
             label += f"  [dim]({d.note})[/]"
         if on and d.parent is not None and placement[d.name] != d.parent:

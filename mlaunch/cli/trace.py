@@ -121,10 +121,12 @@ def summary_cmd(
 ) -> None:
     """Per span name: count, total, mean, p50/p95/max and share of step time; stragglers.
 
-    Also per-rank skew of megatron.train_step, error and truncated span counts, and the run's
-    identity (run id, world layout, model) from the resource attributes.
+    Also per-rank skew of the step span (megatron.train.iteration; megatron.train_step in older
+    traces), error and truncated span counts, and the run's identity (run id, world layout,
+    model) from the resource attributes. Older traces' documented names are counted under the
+    code names Megatron-LM emits.
 
-    [b]share[/b] = the name's total time / total megatron.train_step time (for spans outside
+    [b]share[/b] = the name's total time / total megatron.train.iteration time (for spans outside
     steps, e.g. checkpoint saves, their cost relative to training). Percentiles interpolate
     linearly between closest ranks. [b]skew[/b]: each rank's median step over the median of all
     ranks' medians.
@@ -173,7 +175,9 @@ def _render_summary(result: Any) -> None:
 
     if result.skew is not None:
         k = result.skew
-        t = Table(title="megatron.train_step per rank", title_justify="left", box=box.SIMPLE_HEAD)
+        t = Table(
+            title="megatron.train.iteration per rank", title_justify="left", box=box.SIMPLE_HEAD
+        )
         for col in ("rank", "host", "steps", "median", "p95", "vs median", ""):
             t.add_column(col, justify="left" if col in ("host", "") else "right")
         for r in result.ranks:
@@ -252,11 +256,13 @@ def goodput_cmd(
 ) -> None:
     """Productive training time over wall time, per rank and overall, and where the rest went.
 
-    [b]wall[/b]: the megatron.pretrain extent of the rank (earliest start to latest end; without
-    it, the extent of all its spans). [b]productive[/b]: time in megatron.train_step minus the
-    first iteration's excess over the rank's median step. [b]restart[/b]: model_init,
-    load_checkpoint, data.setup and first_iteration time outside steps, plus that excess.
-    [b]checkpoint[/b]: save_checkpoint. [b]evaluation[/b]: evaluate. [b]unaccounted[/b]: the rest.
+    [b]wall[/b]: the launcher's mlaunch.job span (earliest start to latest end) when the run has
+    one; else megatron.pretrain of older traces; else the extent of all the rank's spans.
+    [b]productive[/b]: time in megatron.train.iteration (megatron.train_step) minus the first
+    iteration's excess over the rank's median step. [b]restart[/b]: startup.model_init,
+    checkpoint.load, startup.dataloader, train.first_iteration and the rest of megatron.startup,
+    outside steps, plus that excess. [b]checkpoint[/b]: checkpoint.save. [b]evaluation[/b]:
+    evaluate. [b]unaccounted[/b]: the rest. Older traces' documented names count the same.
     Nested spans are never counted twice (precedence step > restart > checkpoint > evaluation),
     so the parts add up to wall. Overall = sums over ranks.
     """

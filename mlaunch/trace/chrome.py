@@ -37,6 +37,13 @@ THREAD_ID_ATTR = "thread.id"
 THREAD_NAME_ATTR = "thread.name"
 _dumps = json.JSONEncoder(separators=(",", ":"), default=str).encode
 _SORT_CHUNK = 1 << 16
+#: The launcher's job trace of node N is process ``LAUNCHER_PID + N`` (after every rank).
+LAUNCHER_PID = 1_000_000
+
+
+def _pid(res: Resource) -> int:
+    """The Chrome process of a batch: its rank, or the launcher's process for its node."""
+    return LAUNCHER_PID + (-1 - res.rank) if res.launcher else res.rank
 
 
 def _sid(hex_id: str | None) -> int:
@@ -159,7 +166,7 @@ class ChromeExporter:
 
     def scan(self, res: Resource, spans: list[dict[str, Any]]) -> None:
         """Pass 1: keep four int64s per span, per thread; note link targets."""
-        rank = res.rank
+        rank = _pid(res)
         if rank not in self.hosts:
             host = res.attrs.get(ResourceAttr.HOST_NAME)
             self.hosts[rank] = None if host is None else str(host)
@@ -224,7 +231,9 @@ class ChromeExporter:
 
         for rank in sorted(self.hosts):
             host = self.hosts[rank]
-            pname = f"rank {rank}" + (f" ({host})" if host else "")
+            pname = (
+                f"launcher (node {rank - LAUNCHER_PID})" if rank >= LAUNCHER_PID else f"rank {rank}"
+            ) + (f" ({host})" if host else "")
             emit(_dumps({"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
                          "args": {"name": pname}}))  # fmt: skip
             emit(_dumps({"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0,
@@ -241,7 +250,7 @@ class ChromeExporter:
         cats: dict[str, str] = {}
         flow_id = 0
         for res, spans, _ in reader:
-            rank = res.rank
+            rank = _pid(res)
             for s in spans:
                 args = attributes(s.get("attributes"))
                 try:

@@ -1,22 +1,31 @@
 """``mlaunch trace goodput``: productive training time over wall time, per rank and overall, with
 the lost time split into restart cost, checkpoint saves, evaluation and unaccounted time.
 
+Spans are recognised by Megatron-LM's code names, and older traces' documented names through the
+one alias table (``mlaunch.model.spans.ALIASES``): a real Megatron-LM trace, a current mlaunch
+trace and an older mlaunch trace with the same timings give the same figures.
+
 Definitions (also in the command help and docs/trace.md), per rank:
 
-* **wall** = the extent of the job span ``megatron.pretrain`` (earliest start to latest end, so
-  the gap between restarted attempts counts as lost time); without it, the earliest start to the
-  latest end of any span of the rank.
-* **productive** = the time covered by ``megatron.train_step`` spans minus the *first-iteration
-  excess*: for each first step (the step inside ``megatron.first_iteration``; without that span,
-  the earliest step of the rank), ``max(0, its duration - the rank's median step)``.
-* **restart** = time in ``megatron.model_init``, ``megatron.load_checkpoint``,
-  ``megatron.data.setup`` and ``megatron.first_iteration`` not already inside a step, plus the
-  first-iteration excess.
-* **checkpoint** = time in ``megatron.save_checkpoint``; **evaluation** = time in
+* **wall** = the extent of the launcher's job span ``mlaunch.job`` when the run has one (the
+  launcher's ``telemetry/traces-launcher-node*.jsonl``; earliest start to latest end, so the time
+  before the workers start, between restarted attempts and after they stop counts as lost);
+  else, for older traces, the extent of the rank's ``megatron.pretrain``; else the earliest start
+  to the latest end of any span of the rank.
+* **productive** = the time covered by step spans (``megatron.train.iteration``, alias
+  ``megatron.train_step``) minus the *first-iteration excess*: for each first step (the step
+  inside ``megatron.train.first_iteration``; without that span, the earliest step after each
+  ``megatron.startup``), ``max(0, its duration - the rank's median step)``.
+* **restart** = time in ``megatron.startup.model_init``, ``megatron.checkpoint.load``,
+  ``megatron.startup.dataloader``, ``megatron.train.first_iteration`` and the rest of
+  ``megatron.startup``, not already inside a step, plus the first-iteration excess.
+* **checkpoint** = time in ``megatron.checkpoint.save``; **evaluation** = time in
   ``megatron.evaluate``; **unaccounted** = wall minus all of the above.
 
+These are the spans Megatron-LM marks ``is_goodput_span`` (evaluation is the one category it
+leaves unmarked), keyed by name so that a trace whose marks were dropped still reads the same.
 Time is attributed by interval union with precedence step > restart > checkpoint > evaluation,
-so nested or overlapping spans are never counted twice (``io_write`` inside ``save_checkpoint``
+so nested or overlapping spans are never counted twice (``io_write`` inside ``checkpoint.save``
 is not even read; ``first_iteration`` wrapping a step contributes only its time outside the
 step). The categories therefore add up to wall exactly. **Overall** sums every rank's times
 (rank-seconds); its goodput is total productive / total wall.
@@ -28,25 +37,30 @@ from array import array
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mlaunch.model.spans import ResourceAttr, SpanName
+from mlaunch.model.spans import ALIASES, STEP_SPAN, LegacyName, ResourceAttr, SpanName
 from mlaunch.trace.reader import Resource, TraceReader
 from mlaunch.trace.stats import Interval, clip, median, merge, subtract, total
 from mlaunch.trace.summary import no_spans_error
 
 _NS_PER_MS = 1e6
 
-#: Restart-cost components: span name -> the key it is reported under.
+#: Restart-cost components: span name -> the key it is reported under, in precedence order
+#: (``startup`` last: what the start-up span holds beyond its named children).
 RESTART_SPANS: dict[str, str] = {
     SpanName.MODEL_INIT.value: "model_init",
-    SpanName.LOAD_CHECKPOINT.value: "load_checkpoint",
-    SpanName.DATA_SETUP.value: "data_setup",
+    SpanName.CHECKPOINT_LOAD.value: "load_checkpoint",
+    SpanName.DATALOADER.value: "data_setup",
     SpanName.FIRST_ITERATION.value: "first_iteration",
+    SpanName.STARTUP.value: "startup",
 }
-_STEP = SpanName.TRAIN_STEP.value
-_PRETRAIN = SpanName.PRETRAIN.value
+_STEP = STEP_SPAN
+_PRETRAIN = LegacyName.PRETRAIN.value
+_STARTUP = SpanName.STARTUP.value
 _FIRST = SpanName.FIRST_ITERATION.value
-_SAVE = SpanName.SAVE_CHECKPOINT.value
+_SAVE = SpanName.CHECKPOINT_SAVE.value
 _EVAL = SpanName.EVALUATE.value
+_JOB = SpanName.JOB.value
+_LAUNCHER = frozenset({SpanName.JOB.value, SpanName.JOB_ATTEMPT.value})
 #: Names whose intervals are kept (all others only widen the rank's extent).
 _TRACKED = frozenset({_PRETRAIN, _SAVE, _EVAL, *RESTART_SPANS})
 
@@ -92,7 +106,7 @@ class RankGoodput:
     steps: int
     median_step_ms: float
     first_iteration_excess_ms: float
-    wall_source: str  # "megatron.pretrain" or "span extent"
+    wall_source: str  # "mlaunch.job", "megatron.pretrain" or "span extent"
     breakdown: Breakdown
 
     def to_json(self) -> dict[str, Any]:
@@ -107,7 +121,7 @@ class GoodputReport:
 
     ranks: list[RankGoodput]
     overall: Breakdown
-    job_wall_ms: float  # earliest start to latest end over all ranks
+    job_wall_ms: float  # the mlaunch.job extent, else earliest start to latest end over all ranks
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` output."""
@@ -130,28 +144,41 @@ class _RankState:
 
 
 class GoodputAggregator:
-    """Streaming goodput: keeps step intervals (16 bytes a step) and the rare phase spans."""
+    """Streaming goodput: keeps step intervals (16 bytes a step), the rare phase spans and the
+    launcher's job spans."""
 
     def __init__(self) -> None:
         self.ranks: dict[int, _RankState] = {}
+        self.job: list[Interval] = []
 
     def add(
         self, res: Resource, spans: list[dict[str, Any]], maybe_truncated: bool = False
     ) -> None:
         """Fold one batch in."""
+        if res.launcher:
+            for s in spans:
+                if s["name"] == _JOB:
+                    self.job.append((int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])))
+            return
         st = self.ranks.get(res.rank)
         if st is None:
             host = res.attrs.get(ResourceAttr.HOST_NAME)
             st = self.ranks[res.rank] = _RankState(None if host is None else str(host))
         lo, hi = st.lo, st.hi
+        canon = ALIASES
         for s in spans:
             start = int(s["startTimeUnixNano"])
             end = int(s["endTimeUnixNano"])
+            name = s["name"]
+            if name in _LAUNCHER:  # a collector file that mixes the launcher's spans in
+                if name == _JOB:
+                    self.job.append((start, end))
+                continue
             if start < lo:
                 lo = start
             if end > hi:
                 hi = end
-            name = s["name"]
+            name = canon.get(name, name)
             if name == _STEP:
                 st.step_starts.append(start)
                 st.step_ends.append(end)
@@ -163,18 +190,25 @@ class GoodputAggregator:
         """Attribute every rank's wall time."""
         overall = Breakdown()
         ranks: list[RankGoodput] = []
-        for r in sorted(self.ranks):
-            rg = _rank_goodput(r, self.ranks[r])
+        job = (min(s for s, _ in self.job), max(e for _, e in self.job)) if self.job else None
+        live = {r: st for r, st in self.ranks.items() if st.hi >= st.lo}
+        for r in sorted(live):
+            rg = _rank_goodput(r, live[r], job)
             ranks.append(rg)
             overall.add(rg.breakdown)
-        lo = min((s.lo for s in self.ranks.values()), default=0)
-        hi = max((s.hi for s in self.ranks.values()), default=0)
+        if job is not None:
+            lo, hi = job
+        else:
+            lo = min((s.lo for s in live.values()), default=0)
+            hi = max((s.hi for s in live.values()), default=0)
         return GoodputReport(ranks, overall, max(0, hi - lo) / _NS_PER_MS)
 
 
-def _rank_goodput(rank: int, st: _RankState) -> RankGoodput:
+def _rank_goodput(rank: int, st: _RankState, job: tuple[int, int] | None) -> RankGoodput:
     pretrain = st.spans.get(_PRETRAIN, [])
-    if pretrain:
+    if job is not None:
+        (lo, hi), source = job, _JOB
+    elif pretrain:
         lo, hi = min(s for s, _ in pretrain), max(e for _, e in pretrain)
         source = _PRETRAIN
     else:
@@ -184,7 +218,7 @@ def _rank_goodput(rank: int, st: _RankState) -> RankGoodput:
     steps = list(zip(st.step_starts, st.step_ends, strict=True))
     step_u = clip(merge(steps), lo, hi)
     med = median([e - s for s, e in steps]) if steps else 0.0
-    excess = sum(max(0.0, (e - s) - med) for s, e in _first_steps(steps, st.spans, lo))
+    excess = sum(max(0.0, (e - s) - med) for s, e in _first_steps(steps, st.spans, st.lo))
 
     covered = step_u
     split: dict[str, float] = {}
@@ -215,8 +249,9 @@ def _rank_goodput(rank: int, st: _RankState) -> RankGoodput:
 def _first_steps(
     steps: list[Interval], spans: dict[str, list[Interval]], lo: int
 ) -> list[Interval]:
-    """The first step of each attempt: the earliest step inside each ``first_iteration`` span;
-    without those, the earliest step after each ``pretrain`` start (or the rank's earliest)."""
+    """The first step of each incarnation: the earliest step inside each ``first_iteration``
+    span; without those, the earliest step after each ``megatron.startup`` (older traces:
+    ``megatron.pretrain``) start, or the rank's earliest."""
     if not steps:
         return []
     firsts = spans.get(_FIRST)
@@ -227,7 +262,7 @@ def _first_steps(
             if inside:
                 out.append(min(inside))
         return out
-    starts = sorted(s for s, _ in spans.get(_PRETRAIN, [])) or [lo]
+    starts = sorted(s for s, _ in spans.get(_STARTUP) or spans.get(_PRETRAIN) or []) or [lo]
     out = []
     for i, ps in enumerate(starts):
         pe = starts[i + 1] if i + 1 < len(starts) else 2**63
@@ -246,6 +281,6 @@ def goodput(reader: TraceReader) -> GoodputReport:
             agg.add(res, spans)
         except (KeyError, ValueError, TypeError, AttributeError) as e:
             raise reader.error_here(f"malformed span ({type(e).__name__}: {e})") from None
-    if not agg.ranks:
+    if not any(st.hi >= st.lo for st in agg.ranks.values()):
         raise no_spans_error(reader)
     return agg.finish()

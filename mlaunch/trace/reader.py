@@ -17,15 +17,22 @@ from pathlib import Path
 from typing import Any
 
 from mlaunch import envcontract
-from mlaunch.model.spans import Attr, ResourceAttr
+from mlaunch.model.spans import TRUNCATED_ATTRS, ResourceAttr
 
-#: A run directory's trace files: the file exporter's output and the spool of undelivered spans.
+#: A run directory's trace files: the file exporter's output, the spool of undelivered spans and
+#: the launcher's job trace (``envcontract.launcher_traces_file``).
 _TRACES_RE = re.compile(r"^traces-rank(\d+)\.jsonl$")
 _SPOOL_RE = re.compile(r"^spool-traces-rank(\d+)\.jsonl$")
+_LAUNCHER_RE = re.compile(
+    "^" + re.escape(envcontract.launcher_traces_file("", 0).name).replace("0", r"(\d+)", 1) + "$"
+)
 _ANY_RANK_RE = re.compile(r"rank(\d+)")
 #: A raw-bytes pre-check: lines without this marker hold no truncated span, so consumers can
-#: skip scanning attributes (the common case) without decoding anything twice.
-TRUNCATED_MARKER = Attr.TRUNCATED.value.encode()
+#: skip scanning attributes (the common case) without decoding anything twice. It is the common
+#: tail of ``nemo.span.truncated`` (nemo-lens, mlaunch now) and ``mlaunch.span.truncated``
+#: (older mlaunch traces).
+TRUNCATED_MARKER = b"span.truncated"
+assert all(a.encode().endswith(TRUNCATED_MARKER) for a in TRUNCATED_ATTRS)
 
 try:  # orjson decodes these lines ~1.4x faster (benchmarks/trace_read.py); json is the fallback
     from orjson import loads as _fast_loads
@@ -94,28 +101,33 @@ def is_error(span: dict[str, Any]) -> bool:
 
 
 def is_truncated(span: dict[str, Any]) -> bool:
-    """Whether the span carries ``mlaunch.span.truncated=true`` (open at shutdown)."""
+    """Whether the span was open at shutdown: ``nemo.span.truncated=true`` (nemo-lens and
+    mlaunch) or ``mlaunch.span.truncated=true`` (older mlaunch traces)."""
     for kv in span.get("attributes") or ():
-        if kv.get("key") == Attr.TRUNCATED:
-            return bool(any_value(kv.get("value") or {}))
+        if kv.get("key") in TRUNCATED_ATTRS and any_value(kv.get("value") or {}):
+            return True
     return False
 
 
 @dataclass(slots=True)
 class Resource:
-    """The resource one batch of spans came from, with the rank resolved."""
+    """The resource one batch of spans came from, with the rank resolved. The launcher's job
+    trace is no rank: ``launcher`` is set and ``rank`` is ``-1 - node_rank``."""
 
     attrs: dict[str, Any]
     rank: int
+    launcher: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class TraceFile:
-    """One input file and the rank its name implies (``None`` for an arbitrary file)."""
+    """One input file and the rank its name implies (``None`` for an arbitrary file); for the
+    launcher's job trace file, ``launcher`` and the node rank in ``rank``."""
 
     path: Path
     rank: int | None
     spool: bool = False
+    launcher: bool = False
 
 
 @dataclass
@@ -139,6 +151,8 @@ def discover(path: Path) -> list[TraceFile]:
             fix="pass a run directory (runs/<run_id>) or an OTLP-JSON traces file",
         )  # fmt: skip
     if path.is_file():
+        if m := _LAUNCHER_RE.match(path.name):
+            return [TraceFile(path, int(m.group(1)), launcher=True)]
         m = _ANY_RANK_RE.search(path.name)
         return [TraceFile(path, int(m.group(1)) if m else None, path.name.startswith("spool-"))]
     if not path.is_dir():
@@ -153,7 +167,9 @@ def discover(path: Path) -> list[TraceFile]:
                 found.append(TraceFile(p, int(m.group(1))))
             elif m := _SPOOL_RE.match(p.name):
                 found.append(TraceFile(p, int(m.group(1)), spool=True))
-        if found:
+            elif m := _LAUNCHER_RE.match(p.name):
+                found.append(TraceFile(p, int(m.group(1)), launcher=True))
+        if any(not f.launcher for f in found):
             break
     if not found:
         raise TraceInputError(
@@ -164,7 +180,15 @@ def discover(path: Path) -> list[TraceFile]:
         )
     # Spool before traces for the same rank: the reader keeps the (small) spool's span keys and
     # drops their duplicates from the traces file, so no set of every span id is ever needed.
-    found.sort(key=lambda f: (f.rank if f.rank is not None else -1, not f.spool, f.path.name))
+    # The launcher's files come first (they hold the job span goodput's wall time starts from).
+    found.sort(
+        key=lambda f: (
+            not f.launcher,
+            f.rank if f.rank is not None else -1,
+            not f.spool,
+            f.path.name,
+        )
+    )
     return found
 
 
@@ -209,7 +233,7 @@ class TraceReader:
             if tf.rank != spool_rank:
                 spool_keys, spool_rank = set(), None
             self.stats.files += 1
-            dedup = bool(spool_keys) and not tf.spool
+            dedup = bool(spool_keys) and not tf.spool and not tf.launcher
             for res, spans, flagged in self._read_file(tf):
                 if tf.spool and tf.rank is not None:
                     spool_rank = tf.rank
@@ -279,6 +303,8 @@ class TraceReader:
         order of appearance, so a collector file from a foreign trainer still splits by
         process."""
         attrs = attributes((resource or {}).get("attributes"))
+        if tf.launcher:
+            return Resource(attrs, -1 - (tf.rank or 0), launcher=True)
         rank = attrs.get(ResourceAttr.RANK)
         if rank is None:
             if tf.rank is not None:

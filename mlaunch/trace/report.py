@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 
 from mlaunch import envcontract
 from mlaunch.model.groups import SpanGroup
-from mlaunch.model.spans import Attr, ResourceAttr, SpanName, span_def
+from mlaunch.model.spans import ALIASES, STEP_SPAN, Attr, ResourceAttr, span_def
 from mlaunch.model.spec import resolve
 from mlaunch.model.strategies import format_ranks
 from mlaunch.trace.chrome import assign_lanes
@@ -57,7 +57,7 @@ MAX_TIMELINE_SPANS = 150_000
 #: The width of a "hidden iterations" gap on the timeline, as a share of the shown time.
 _GAP_SHARE = 0.04
 _NS_PER_MS = 1e6
-_STEP = SpanName.TRAIN_STEP.value
+_STEP = STEP_SPAN  # megatron.train.iteration (older traces' megatron.train_step, via ALIASES)
 _OTHER_GROUP = "other"
 
 #: One colour per span group (categorical, readable on white); spans outside the catalogue
@@ -123,7 +123,7 @@ def choose_iterations(
         if not inside:
             held = f"iterations {present[0]}-{present[-1]}" if present else "no train steps"
             raise TraceInputError(
-                f"--iterations {a}:{b}: no megatron.train_step in that range (the trace holds "
+                f"--iterations {a}:{b}: no megatron.train.iteration in that range (the trace holds "
                 f"{held})",
                 fix="choose a range inside the trace's iterations",
             )
@@ -160,9 +160,13 @@ class _Scan:
         """Fold one batch in."""
         self.summary.add(res, spans, flagged)
         self.goodput.add(res, spans, flagged)
+        if res.launcher:  # the launcher's job trace: in the aggregates, no lane of its own
+            return
         steps = self.steps.setdefault(res.rank, [])
+        canon = ALIASES
         for s in spans:
-            if s["name"] != _STEP:
+            name = s["name"]
+            if canon.get(name, name) != _STEP:
                 continue
             a = attributes(s.get("attributes"))
             it = a.get(Attr.ITERATION)
@@ -233,6 +237,8 @@ def _collect_window(reader: TraceReader, segs: list[tuple[int, int]]) -> dict[in
     out: dict[int, list[_WSpan]] = {}
     kept = 0
     for res, spans, _ in reader:
+        if res.launcher:
+            continue
         keep = out.setdefault(res.rank, [])
         for s in spans:
             start, end = int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])
@@ -546,7 +552,7 @@ def _curves(
             default=None,
         )  # fmt: skip
         if owner is None or not scan.steps[owner]:
-            return {}, "nowhere: no progress.jsonl and no megatron.train_step spans"
+            return {}, "nowhere: no progress.jsonl and no megatron.train.iteration spans"
         tokens = int(res.get(ResourceAttr.BATCH_SIZE) or 0) * int(
             res.get(ResourceAttr.SEQUENCE_LENGTH) or 0
         )
@@ -559,7 +565,7 @@ def _curves(
             if tokens and ms > 0:
                 rec["tokens_per_sec"] = tokens / (ms / 1e3)
             train.append(rec)
-        source = f"megatron.train_step span attributes of rank {owner} (no progress.jsonl)"
+        source = f"megatron.train.iteration span attributes of rank {owner} (no progress.jsonl)"
 
     def col(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
         pts = [(int(r["iteration"]), float(r[key])) for r in rows if r.get(key) is not None]
@@ -602,7 +608,7 @@ def _skew_figure(summary: Summary) -> dict[str, Any] | None:
                               "%{customdata[2]} steps<extra></extra>"},
         ],
         "layout": {
-            "title": {"text": "median megatron.train_step per rank (red: straggler; dashed: "
+            "title": {"text": "median megatron.train.iteration per rank (red: straggler; dashed: "
                               "median of medians)", "x": 0, "font": {"size": 14}},
             "height": 280, "margin": {"l": 60, "r": 15, "t": 40, "b": 40},
             "yaxis": {"title": {"text": "ms"}}, "showlegend": False,
@@ -736,7 +742,7 @@ def render_report(
         notes.append(f"{timeline.unresolved_links} link(s) point at spans not in the window "
                      "(the sender did not export, or sent outside the window)")  # fmt: skip
     if not ranges:
-        notes.append("no megatron.train_step spans with an iteration (the step group is off): "
+        notes.append("no megatron.train.iteration spans with an iteration (the step group is off): "
                      "the timeline shows the whole trace")  # fmt: skip
 
     figures: dict[str, dict[str, Any]] = {"timeline": timeline.figure}
@@ -901,7 +907,7 @@ def _page(
         ["name", "group", "count", "total", "mean", "p50", "p95", "max", "share of step", "errors",
          "truncated"], span_rows, table_id="span-table",
     )  # fmt: skip
-    skew_html = "<p>No megatron.train_step spans: no per-rank skew.</p>"
+    skew_html = "<p>No megatron.train.iteration spans: no per-rank skew.</p>"
     if summary.skew is not None:
         k = summary.skew
         skew_rows = [
@@ -964,7 +970,7 @@ the steps when set-up is long (double-click twice to see it all). Other windows:
 <div id="timeline"></div></section>
 <section id="sec-spans"><h2>Span breakdown</h2>
 <p class="hint">All {total_spans:,} spans of all ranks; click a column to sort. share = total
-time / total megatron.train_step time.</p>{spans_table}</section>
+time / total megatron.train.iteration time.</p>{spans_table}</section>
 <section id="sec-skew"><h2>Step time per rank</h2>{skew_html}</section>
 <section id="sec-curves"><h2>Training curves</h2>
 <p class="hint">From {html.escape(curve_source)}.</p><div class="grid">{charts}</div></section>

@@ -5,12 +5,18 @@ Definitions (also in the command help and docs/trace.md):
 
 * durations are ``end - start`` of each span, in milliseconds;
 * p50/p95 interpolate linearly between the closest ranks (numpy's default);
-* *share* = a name's total time / the total time of all ``megatron.train_step`` spans. For spans
-  nested in steps it is their share of step time; for spans outside steps (checkpoint saves,
-  evaluation) it reads as their cost relative to training time;
-* skew: the median ``megatron.train_step`` duration of each rank; the run's reference is the
-  median of those medians; a rank is a *straggler* when its median exceeds the reference by more
-  than the threshold (default 5%).
+* names are Megatron-LM's code names: a documented name of an older trace
+  (``megatron.train_step``, ``megatron.save_checkpoint``, ...) is counted under the code name it
+  stands for (``mlaunch.model.spans.ALIASES``, the one alias table every reader uses);
+* *share* = a name's total time / the total time of all step spans (``megatron.train.iteration``,
+  or ``megatron.train_step`` in older traces). For spans nested in steps it is their share of step
+  time; for spans outside steps (checkpoint saves, evaluation) it reads as their cost relative to
+  training time;
+* skew: the median step duration of each rank; the run's reference is the median of those
+  medians; a rank is a *straggler* when its median exceeds the reference by more than the
+  threshold (default 5%);
+* the launcher's job trace (``mlaunch.job``, ``mlaunch.job.attempt``) is counted in the table but
+  is no rank.
 """
 
 from __future__ import annotations
@@ -19,12 +25,12 @@ from array import array
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mlaunch.model.spans import ResourceAttr, SpanName
+from mlaunch.model.spans import ALIASES, STEP_SPAN, ResourceAttr
 from mlaunch.trace.reader import ReadStats, Resource, TraceInputError, TraceReader, is_truncated
 from mlaunch.trace.stats import median, percentile
 
 _NS_PER_MS = 1e6
-STEP = SpanName.TRAIN_STEP.value
+STEP = STEP_SPAN
 
 #: Resource attributes shown as the run's identity, in display order.
 RUN_ATTRS: tuple[str, ...] = tuple(
@@ -52,14 +58,14 @@ class NameStats:
     p50_ms: float
     p95_ms: float
     max_ms: float
-    share: float | None  # of total train_step time; None when the trace has no steps
+    share: float | None  # of total step time; None when the trace has no steps
     errors: int
     truncated: int
 
 
 @dataclass(frozen=True, slots=True)
 class RankSkew:
-    """``megatron.train_step`` statistics of one rank."""
+    """Step-span (``megatron.train.iteration``) statistics of one rank."""
 
     rank: int
     host: str | None
@@ -127,12 +133,14 @@ class SummaryAggregator:
     def add(self, res: Resource, spans: list[dict[str, Any]], maybe_truncated: bool) -> None:
         """Fold one batch in. The loop is the hot path: plain dict lookups, no per-span objects."""
         rank = res.rank
-        if rank not in self.resources:
+        if rank not in self.resources and not res.launcher:
             self.resources[rank] = res.attrs
         durations = self.durations
         steps = self.step_by_rank.get(rank)
+        canon = ALIASES
         for s in spans:
             name = s["name"]
+            name = canon.get(name, name)
             d = int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"])
             if d < 0:  # a wall-clock step back between start and end: count it as instant
                 d = 0

@@ -129,12 +129,12 @@ def test_kill_9_a_worker_restarts_the_group_and_resumes_the_same_loss_sequence(t
         before = [s for s in spans if s["resource"][ResourceAttr.RESTART_COUNT] == 0]
         assert before and after and len(before) + len(after) == len(spans)
         steps = sorted(
-            s["attributes"][Attr.ITERATION] for s in after if s["name"] == SpanName.TRAIN_STEP
+            s["attributes"][Attr.ITERATION] for s in after if s["name"] == SpanName.ITERATION
         )
         assert steps == list(range(resumed_at + 1, ITERS + 1))
         by_name = {s["name"]: s for s in after}
         assert by_name[SpanName.FIRST_ITERATION]["attributes"][Attr.ITERATION] == resumed_at + 1
-        assert by_name[SpanName.LOAD_CHECKPOINT]["attributes"][Attr.ITERATION] == resumed_at
+        assert by_name[SpanName.CHECKPOINT_LOAD]["attributes"][Attr.ITERATION] == resumed_at
         # A restart starts new traces: no trace id is shared with the killed attempt.
         assert not {s["trace_id"] for s in after} & {s["trace_id"] for s in before}
 

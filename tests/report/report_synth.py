@@ -50,7 +50,7 @@ def write_per_step_run(
     }
     for r in range(ranks):
         b.span(r, S.MODEL_INIT, 0, 900, parent=pre[r])
-        b.span(r, S.DATA_SETUP, 900, 1100, parent=pre[r])
+        b.span(r, S.DATALOADER, 900, 1100, parent=pre[r])
     train = {r: b.span(r, S.TRAIN, 1100, 1101, parent=pre[r]) for r in range(ranks)}
     t = 1100.1  # after data setup ends: first_iteration must not overlap it
     for it in range(1, iterations + 1):
@@ -71,10 +71,10 @@ def write_per_step_run(
         t += longest + 0.2
         if ckpt_every and it % ckpt_every == 0:
             for r in range(ranks):
-                c = b.span(r, S.SAVE_CHECKPOINT, t, t + 30, parent=train[r],
+                c = b.span(r, S.CHECKPOINT_SAVE, t, t + 30, parent=train[r],
                            attrs={Attr.ITERATION: it})  # fmt: skip
-                b.span(r, S.SAVE_CHECKPOINT_STATE_DICT, t, t + 5, parent=c)
-                b.span(r, S.SAVE_CHECKPOINT_IO_WRITE, t + 5, t + 30, parent=c)
+                b.span(r, S.CHECKPOINT_SAVE_STATE_DICT, t, t + 5, parent=c)
+                b.span(r, S.CHECKPOINT_SAVE_IO_WRITE, t + 5, t + 30, parent=c)
             t += 30.5
         if eval_every and it % eval_every == 0:
             for r in range(ranks):
@@ -110,7 +110,7 @@ def _step(
 ) -> None:
     """One train_step of ``rank`` lasting ``dur`` ms from ``t``, with its per_step children."""
     stage = rank % PP
-    step = b.span(rank, S.TRAIN_STEP, t, t + dur, parent=train,
+    step = b.span(rank, S.ITERATION, t, t + dur, parent=train,
                   attrs={Attr.ITERATION: it, Attr.LOSS: loss, Attr.GRAD_NORM: 1.0,
                          Attr.SKIPPED: False})  # fmt: skip
     b.span(rank, S.GET_BATCH, t, t + 0.3, parent=step)
@@ -132,5 +132,5 @@ def _step(
             b.span(rank, S.P2P_SEND_BACKWARD, s0 + slot * 0.55, s0 + slot * 0.65, parent=fb)
     b.span(rank, S.GRAD_SYNC_START, fb_end, fb_end + 0.1, parent=step)
     b.span(rank, S.GRAD_SYNC_FINISH, fb_end + 0.1, fb_end + 0.6, parent=step)
-    b.span(rank, S.OPTIMIZER_STEP, fb_end + 0.6, t + dur - 0.05, parent=step,
+    b.span(rank, S.OPTIMIZER, fb_end + 0.6, t + dur - 0.05, parent=step,
            attrs={Attr.GRAD_NORM: 1.0, Attr.UPDATE_SUCCESSFUL: True})  # fmt: skip

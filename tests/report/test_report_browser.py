@@ -42,7 +42,7 @@ def raw_spans(run_dir: Path) -> list[dict[str, Any]]:
 def expected_window(spans: list[dict[str, Any]], ranges: list[tuple[int, int]]) -> list[dict]:
     """The spans a window must draw: those overlapping the time range of each iteration range's
     steps on all ranks (stretched to the run's start/end at the run's first/last iteration)."""
-    steps = [s for s in spans if s["name"] == SpanName.TRAIN_STEP and s["iteration"] is not None]
+    steps = [s for s in spans if s["name"] == SpanName.ITERATION and s["iteration"] is not None]
     first = min(s["iteration"] for s in steps)
     last = max(s["iteration"] for s in steps)
     segs = []
@@ -98,7 +98,7 @@ def test_real_run_report_renders_offline(real_run: Path, chromium: str, tmp_path
     page = write_report(real_run, tmp_path / "real.html")
     seen = render(chromium, page, tmp_path / "profile", ARTIFACTS / "report-real-run.png")
     spans = raw_spans(real_run)
-    iterations = sorted({s["iteration"] for s in spans if s["name"] == SpanName.TRAIN_STEP})
+    iterations = sorted({s["iteration"] for s in spans if s["name"] == SpanName.ITERATION})
     assert iterations == [1, 2, 3, 4, 5, 6]
     window = check_timeline(seen, spans, [(1, 6)], ranks=[0, 1], stages=[0, 1])
     assert len(window) == len(spans)  # a 6-iteration run is shown whole
@@ -117,7 +117,7 @@ def test_thousand_iteration_per_step_report(synth_run: Path, chromium: str, tmp_
     spans = raw_spans(synth_run)
     window = check_timeline(seen, spans, [(1, 3), (998, 1000)], ranks=[0, 1, 2, 3],
                             stages=[0, 1, 0, 1])  # fmt: skip
-    shown = {s["iteration"] for s in window if s["name"] == SpanName.TRAIN_STEP}
+    shown = {s["iteration"] for s in window if s["name"] == SpanName.ITERATION}
     assert shown == {1, 2, 3, 998, 999, 1000}
     check_curves(seen, progress_of(synth_run))
     assert seen.verdict["tables"]["span-table"] == len({s["name"] for s in spans})
@@ -137,5 +137,5 @@ def test_explicit_window_in_the_middle(synth_run: Path, chromium: str, tmp_path:
     seen = render(chromium, out, tmp_path / "profile")
     window = check_timeline(seen, raw_spans(synth_run), [(500, 502)], ranks=[0, 1, 2, 3],
                             stages=[0, 1, 0, 1])  # fmt: skip
-    assert {s["iteration"] for s in window if s["name"] == SpanName.TRAIN_STEP} == {500, 501, 502}
+    assert {s["iteration"] for s in window if s["name"] == SpanName.ITERATION} == {500, 501, 502}
     assert SpanName.MODEL_INIT not in {s["name"] for s in window}  # set-up is not in this window

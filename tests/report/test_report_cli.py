@@ -194,7 +194,7 @@ def test_without_step_spans_the_timeline_shows_the_whole_trace(tmp_path: Path) -
 
     b = TraceBuilder(world_size=1)  # the `default` preset: no step group
     pre = b.span(0, SpanName.PRETRAIN, 0, 100)
-    b.span(0, SpanName.SAVE_CHECKPOINT, 40, 60, parent=pre)
+    b.span(0, SpanName.CHECKPOINT_SAVE, 40, 60, parent=pre)
     page = write_report(b.write_run_dir(tmp_path / "run"))
     text = page.read_text()
     assert "the timeline shows the whole trace" in text

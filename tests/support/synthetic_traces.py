@@ -8,6 +8,10 @@ Two levels:
 * :func:`write_realistic_run` — a bulk generator of the SPEC section 4 tree (steps with
   forward/backward, microbatches, layers, P2P with links, checkpoints, evaluation) for volume.
 
+A builder made with ``legacy=True`` writes the documented names older mlaunch traces carry
+(``megatron.train_step``, ...; ``mlaunch.span.truncated``) for the same calls, so one test can
+compare a trace in the code names with the same timings in the old names.
+
 Output is exactly the OTLP/JSON line format the file exporter, the spool and an OpenTelemetry
 collector's file exporter write: one ``ExportTraceServiceRequest`` per line, lowerCamelCase keys,
 ids as lowercase hex, 64-bit integers as decimal strings.
@@ -22,7 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlaunch.model.spans import Attr, ResourceAttr, SpanName
+from mlaunch import envcontract
+from mlaunch.model.spans import ALIASES, Attr, ResourceAttr, SpanName
+
+#: Code name -> the documented name an older mlaunch trace carries instead.
+LEGACY_NAMES: dict[str, str] = {code: doc for doc, code in ALIASES.items()}
 
 #: The origin of synthetic time (2023-11-14T22:13:20Z), in Unix nanoseconds.
 T0_NS = 1_700_000_000_000_000_000
@@ -119,17 +127,25 @@ class SpanRef:
 
 @dataclass
 class TraceBuilder:
-    """Hand-placed spans for tests: ``b.span(0, SpanName.TRAIN_STEP, 100, 200)`` etc."""
+    """Hand-placed spans for tests: ``b.span(0, SpanName.ITERATION, 100, 200)`` etc.; rank
+    ``LAUNCHER`` holds the launcher's job trace (written to ``traces-launcher-node0.jsonl``)."""
 
     world_size: int = 2
     run_id: str = "synthrun0001"
     trace_id: str = "0af7651916cd43dd8448eb211c80319c"
     spans: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     resources: dict[int, dict[str, Any]] = field(default_factory=dict)
+    legacy: bool = False
     _next_id: int = 1
+
+    LAUNCHER = -1
 
     def resource(self, rank: int) -> dict[str, Any]:
         """The resource of ``rank`` (created on first use with :func:`resource_attributes`)."""
+        if rank == self.LAUNCHER:
+            return self.resources.setdefault(
+                rank, {ResourceAttr.SERVICE_NAME: "mlaunch", ResourceAttr.RUN_ID: self.run_id}
+            )
         if rank not in self.resources:
             self.resources[rank] = resource_attributes(
                 rank, world_size=self.world_size, run_id=self.run_id
@@ -156,8 +172,10 @@ class TraceBuilder:
         span_id = f"{self._next_id:016x}"
         self._next_id += 1
         a = dict(attrs or {})
+        if self.legacy:
+            name = LEGACY_NAMES.get(str(name), str(name))
         if truncated:
-            a[Attr.TRUNCATED] = True
+            a[Attr.LEGACY_TRUNCATED if self.legacy else Attr.TRUNCATED] = True
         if thread is not None:
             a["thread.id"] = thread
         span: dict[str, Any] = {
@@ -195,9 +213,12 @@ class TraceBuilder:
         tel = Path(run_dir) / "telemetry"
         tel.mkdir(parents=True, exist_ok=True)
         for rank in sorted(self.spans):
-            (tel / f"traces-rank{rank}.jsonl").write_text(
-                "".join(line + "\n" for line in self.lines(rank, batch))
+            path = (
+                envcontract.launcher_traces_file(run_dir, 0)
+                if rank == self.LAUNCHER
+                else tel / f"traces-rank{rank}.jsonl"
             )
+            path.write_text("".join(line + "\n" for line in self.lines(rank, batch)))
         return Path(run_dir)
 
 
@@ -243,10 +264,15 @@ def _realistic_rank_spans(
             "status": {},
         }
 
-    pretrain_start = t
-    for name, dur in ((SpanName.MODEL_INIT, 900), (SpanName.DATA_SETUP, 200)):
+    startup_start = t
+    for name, dur in ((SpanName.MODEL_INIT, 900), (SpanName.DATALOADER, 200)):
         yield mk(name, t, t + dur * _MS, root_id, {})
         t += dur * _MS
+    s = mk(SpanName.STARTUP, startup_start, t, "", {Attr.MODEL_TYPE: "gpt"})
+    s["spanId"] = root_id
+    yield s
+    startup_trace = trace_id
+    trace_id = f"{rng.getrandbits(128):032x}"  # the megatron.train block: a trace of its own
     train_start = t
     for it in range(1, steps + 1):
         step_id = _ids(rng)
@@ -289,23 +315,23 @@ def _realistic_rank_spans(
         yield mk(SpanName.GRAD_SYNC_FINISH, t, t + 300_000, step_id, {})
         t += 300_000
         yield mk(
-            SpanName.OPTIMIZER_STEP, t, t + 500_000, step_id,
+            SpanName.OPTIMIZER, t, t + 500_000, step_id,
             {Attr.GRAD_NORM: 1.0, Attr.UPDATE_SUCCESSFUL: True},
         )  # fmt: skip
         t += 500_000
         s = mk(
-            SpanName.TRAIN_STEP, step_start, t, train_id,
+            SpanName.ITERATION, step_start, t, train_id,
             {Attr.ITERATION: it, Attr.LOSS: 3.0 - it * 1e-4, Attr.GRAD_NORM: 1.0, Attr.SKIPPED: False},
         )  # fmt: skip
         s["spanId"] = step_id
         yield s
         if ckpt_every and it % ckpt_every == 0:
             cid, cs = _ids(rng), t
-            yield mk(SpanName.SAVE_CHECKPOINT_STATE_DICT, t, t + 5 * _MS, cid, {})
+            yield mk(SpanName.CHECKPOINT_SAVE_STATE_DICT, t, t + 5 * _MS, cid, {})
             t += 5 * _MS
-            yield mk(SpanName.SAVE_CHECKPOINT_IO_WRITE, t, t + 20 * _MS, cid, {})
+            yield mk(SpanName.CHECKPOINT_SAVE_IO_WRITE, t, t + 20 * _MS, cid, {})
             t += 20 * _MS
-            s = mk(SpanName.SAVE_CHECKPOINT, cs, t, train_id, {Attr.ITERATION: it})
+            s = mk(SpanName.CHECKPOINT_SAVE, cs, t, train_id, {Attr.ITERATION: it})
             s["spanId"] = cid
             yield s
         if eval_every and it % eval_every == 0:
@@ -316,11 +342,9 @@ def _realistic_rank_spans(
             s = mk(SpanName.EVALUATE, es, t, train_id, {Attr.EVAL_ITERS: 2})
             s["spanId"] = eid
             yield s
-    s = mk(SpanName.TRAIN, train_start, t, root_id, {Attr.TRAIN_ITERS: steps})
+    s = mk(SpanName.TRAIN, train_start, t, "", {Attr.TRAIN_BLOCK: 0})
     s["spanId"] = train_id
-    yield s
-    s = mk(SpanName.PRETRAIN, pretrain_start, t + _MS, "", {Attr.TRAIN_ITERS: steps})
-    s["spanId"] = root_id
+    s["links"] = [{"traceId": startup_trace, "spanId": root_id, "attributes": []}]
     yield s
 
 
@@ -371,35 +395,50 @@ def write_realistic_run(
 # The hand-computed example the trace tests share
 
 
-def hand_example() -> tuple[TraceBuilder, dict[str, SpanRef]]:
+def hand_example(
+    *, legacy: bool = False, job: tuple[float, float] | None = None
+) -> tuple[TraceBuilder, dict[str, SpanRef]]:
     """A two-rank run small enough to check on paper (times in ms; answers in the tests).
 
-    rank 0 (full SPEC tree): pretrain 0-1000; model_init 0-100; data.setup 100-150;
-    load_checkpoint 150-250 (io_read 160-240); train 250-1000; first_iteration 250-400 wrapping
-    train_step #1 260-390; train_step #2 400-500, #3 500-600; save_checkpoint 600-700
-    (state_dict 600-620, io_write 620-690, ERROR); train_step #4 700-800; evaluate 800-900
-    (evaluate.step 800-850, 850-900, with an event at 820).
+    rank 0 (the full SPEC tree): startup 0-250 with model_init 0-100, dataloader 100-150,
+    checkpoint.load 150-250 (io_read 160-240); train 250-1000; train.first_iteration 250-400
+    wrapping train.iteration #1 260-390; #2 400-500, #3 500-600; checkpoint.save 600-700
+    (state_dict 600-620, io_write 620-690, ERROR); #4 700-800; evaluate 800-900 (evaluate.step
+    800-850, 850-900, with an event at 820).
 
-    rank 1 (steps only, no pretrain, no first_iteration): train_step 0-120, 120-240, 240-370,
-    370-570 (the last one truncated).
+    rank 1 (steps only, no startup, no first_iteration): train.iteration 0-120, 120-240,
+    240-370, 370-570 (the last one truncated).
+
+    ``legacy``: the same timings in an older mlaunch trace's shape: documented names, a
+    ``megatron.pretrain`` umbrella 0-1000 over start-up and train, ``mlaunch.span.truncated``.
+    ``job``: the launcher's ``mlaunch.job`` span over (start, end), with one attempt inside.
     """
-    b = TraceBuilder(world_size=2)
+    b = TraceBuilder(world_size=2, legacy=legacy)
     r: dict[str, SpanRef] = {}
     S = SpanName
-    r["pretrain"] = pre = b.span(0, S.PRETRAIN, 0, 1000, attrs={Attr.TRAIN_ITERS: 4})
-    b.span(0, S.MODEL_INIT, 0, 100, parent=pre)
-    b.span(0, S.DATA_SETUP, 100, 150, parent=pre)
-    load = b.span(0, S.LOAD_CHECKPOINT, 150, 250, parent=pre, attrs={Attr.ITERATION: 0})
-    b.span(0, S.LOAD_CHECKPOINT_IO_READ, 160, 240, parent=load)
-    train = b.span(0, S.TRAIN, 250, 1000, parent=pre)
+    if legacy:
+        r["pretrain"] = pre = b.span(
+            0, "megatron.pretrain", 0, 1000, attrs={"megatron.train_iters": 4}
+        )
+        startup = train_parent = pre
+    else:
+        startup = b.span(0, S.STARTUP, 0, 250, attrs={Attr.MODEL_TYPE: "gpt"})
+        train_parent = None
+    r["startup"] = startup
+    b.span(0, S.MODEL_INIT, 0, 100, parent=startup)
+    b.span(0, S.DATALOADER, 100, 150, parent=startup)
+    load = b.span(0, S.CHECKPOINT_LOAD, 150, 250, parent=startup, attrs={Attr.ITERATION: 0})
+    b.span(0, S.CHECKPOINT_LOAD_IO_READ, 160, 240, parent=load)
+    train = b.span(0, S.TRAIN, 250, 1000, parent=train_parent,
+                   links=[] if legacy else [startup])  # fmt: skip
     first = b.span(0, S.FIRST_ITERATION, 250, 400, parent=train, attrs={Attr.ITERATION: 1})
-    b.span(0, S.TRAIN_STEP, 260, 390, parent=first, attrs={Attr.ITERATION: 1, Attr.LOSS: 4.0})
-    r["step2"] = b.span(0, S.TRAIN_STEP, 400, 500, parent=train, attrs={Attr.ITERATION: 2})
-    b.span(0, S.TRAIN_STEP, 500, 600, parent=train, attrs={Attr.ITERATION: 3})
-    save = b.span(0, S.SAVE_CHECKPOINT, 600, 700, parent=train, attrs={Attr.ITERATION: 3})
-    b.span(0, S.SAVE_CHECKPOINT_STATE_DICT, 600, 620, parent=save)
-    b.span(0, S.SAVE_CHECKPOINT_IO_WRITE, 620, 690, parent=save, error="disk full")
-    b.span(0, S.TRAIN_STEP, 700, 800, parent=train, attrs={Attr.ITERATION: 4})
+    b.span(0, S.ITERATION, 260, 390, parent=first, attrs={Attr.ITERATION: 1, Attr.LOSS: 4.0})
+    r["step2"] = b.span(0, S.ITERATION, 400, 500, parent=train, attrs={Attr.ITERATION: 2})
+    b.span(0, S.ITERATION, 500, 600, parent=train, attrs={Attr.ITERATION: 3})
+    save = b.span(0, S.CHECKPOINT_SAVE, 600, 700, parent=train, attrs={Attr.ITERATION: 3})
+    b.span(0, S.CHECKPOINT_SAVE_STATE_DICT, 600, 620, parent=save)
+    b.span(0, S.CHECKPOINT_SAVE_IO_WRITE, 620, 690, parent=save, error="disk full")
+    b.span(0, S.ITERATION, 700, 800, parent=train, attrs={Attr.ITERATION: 4})
     ev = b.span(0, S.EVALUATE, 800, 900, parent=train, attrs={Attr.EVAL_ITERS: 2})
     r["eval_step"] = b.span(
         0, S.EVALUATE_STEP, 800, 850, parent=ev, attrs={Attr.EVAL_ITERATION: 0},
@@ -407,7 +446,11 @@ def hand_example() -> tuple[TraceBuilder, dict[str, SpanRef]]:
     )  # fmt: skip
     b.span(0, S.EVALUATE_STEP, 850, 900, parent=ev, attrs={Attr.EVAL_ITERATION: 1})
     for i, (s, e) in enumerate(((0, 120), (120, 240), (240, 370), (370, 570)), start=1):
-        b.span(1, S.TRAIN_STEP, s, e, attrs={Attr.ITERATION: i}, truncated=i == 4)
+        b.span(1, S.ITERATION, s, e, attrs={Attr.ITERATION: i}, truncated=i == 4)
+    if job is not None:
+        r["job"] = j = b.span(b.LAUNCHER, S.JOB, *job)
+        b.span(b.LAUNCHER, S.JOB_ATTEMPT, job[0] + 1, job[1] - 1, parent=j,
+               attrs={Attr.ATTEMPT: 0, Attr.EXIT_CODE: 0})  # fmt: skip
     return b, r
 
 

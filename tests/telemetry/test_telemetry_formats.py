@@ -19,7 +19,7 @@ from mlaunch.telemetry import otlp_json
 
 def _emit_some() -> None:
     with telemetry.span(
-        G.STEP, S.TRAIN_STEP, **{Attr.ITERATION: 7, Attr.LOSS: 2.5, Attr.SKIPPED: False}
+        G.STEP, S.ITERATION, **{Attr.ITERATION: 7, Attr.LOSS: 2.5, Attr.SKIPPED: False}
     ):
         with telemetry.span(G.COMMUNICATION, S.P2P_SEND_FORWARD):  # noqa: SIM117
             carrier: dict[str, str] = {}
@@ -49,7 +49,7 @@ def test_trace_lines_follow_the_otlp_json_conventions(make_settings, tmp_path):
         assert len(sp["spanId"]) == 16 and sp["spanId"] == sp["spanId"].lower()
         assert isinstance(sp["startTimeUnixNano"], str) and sp["startTimeUnixNano"].isdigit()
         assert sp["kind"] == 1  # SPAN_KIND_INTERNAL as an integer
-    step = next(sp for sp in spans if sp["name"] == S.TRAIN_STEP)
+    step = next(sp for sp in spans if sp["name"] == S.ITERATION)
     values = {kv["key"]: kv["value"] for kv in step["attributes"]}
     assert values[Attr.ITERATION] == {"intValue": "7"}
     assert values[Attr.LOSS] == {"doubleValue": 2.5}
@@ -88,7 +88,7 @@ def test_console_exporter_writes_json_lines_to_stdout(make_settings, tmp_path, c
     telemetry.shutdown()
     out = capsys.readouterr().out.splitlines()
     names = [s["name"] for line in out for s in otlp_json.iter_spans(json.loads(line))]
-    assert sorted(names) == sorted([S.TRAIN_STEP, S.P2P_SEND_FORWARD, S.LAYER_FORWARD])
+    assert sorted(names) == sorted([S.ITERATION, S.P2P_SEND_FORWARD, S.LAYER_FORWARD])
     assert not (tmp_path / envcontract.TELEMETRY_DIR).exists()
 
 

@@ -23,7 +23,7 @@ def receiver(request):
 
 
 def _emit() -> None:
-    with telemetry.span(G.JOB, S.PRETRAIN, **{Attr.MODEL_TYPE: "gpt"}):  # noqa: SIM117
+    with telemetry.span(G.JOB, S.STARTUP, **{Attr.MODEL_TYPE: "gpt"}):  # noqa: SIM117
         with telemetry.span(G.FORWARD_BACKWARD, S.FORWARD_BACKWARD, **{Attr.NUM_MICROBATCHES: 2}):
             with telemetry.span(G.COMMUNICATION, S.P2P_SEND_FORWARD):
                 ints = telemetry.current_context_ints()
@@ -34,7 +34,7 @@ def _emit() -> None:
             with telemetry.span(G.MICROBATCH, S.MICROBATCH_FORWARD, **{Attr.MICROBATCH_ID: 0}):
                 pass
         try:
-            with telemetry.span(G.OPTIMIZER, S.OPTIMIZER_STEP):
+            with telemetry.span(G.OPTIMIZER, S.OPTIMIZER):
                 raise RuntimeError("nan")
         except RuntimeError:
             pass
@@ -71,26 +71,30 @@ def test_spans_and_metrics_arrive_over_otlp(make_settings, tmp_path, receiver):
     spans = receiver.spans
     assert sorted(s["name"] for s in spans) == sorted(
         [
-            S.PRETRAIN,
+            S.STARTUP,
             S.FORWARD_BACKWARD,
             S.P2P_SEND_FORWARD,
             S.PP_RECV_FORWARD_LINKED,
             S.MICROBATCH_FORWARD,
-            S.OPTIMIZER_STEP,
+            S.OPTIMIZER,
         ]
     )
     parents = parent_names(spans)
-    assert parents[S.PRETRAIN] is None
+    assert parents[S.STARTUP] is None
     assert parents[S.MICROBATCH_FORWARD] == S.FORWARD_BACKWARD
-    assert parents[S.OPTIMIZER_STEP] == S.PRETRAIN
+    assert parents[S.OPTIMIZER] == S.STARTUP
     named = by_name(spans)
-    assert named[S.FORWARD_BACKWARD]["attributes"] == {Attr.NUM_MICROBATCHES: 2}
+    # forward_backward is one of the spans Megatron-LM marks as goodput.
+    assert named[S.FORWARD_BACKWARD]["attributes"] == {
+        Attr.NUM_MICROBATCHES: 2,
+        Attr.IS_GOODPUT: True,
+    }
     assert named[S.MICROBATCH_FORWARD]["attributes"] == {Attr.MICROBATCH_ID: 0}
-    assert named[S.PRETRAIN]["attributes"][Attr.IS_GOODPUT] is True
+    assert named[S.STARTUP]["attributes"][Attr.IS_GOODPUT] is True
     (link,) = named[S.PP_RECV_FORWARD_LINKED]["links"]
     assert link["span_id"] == named[S.P2P_SEND_FORWARD]["span_id"]
-    assert named[S.OPTIMIZER_STEP]["status_code"] == 2
-    assert named[S.OPTIMIZER_STEP]["events"][0]["name"] == "exception"
+    assert named[S.OPTIMIZER]["status_code"] == 2
+    assert named[S.OPTIMIZER]["events"][0]["name"] == "exception"
     for s in spans:
         assert s["resource"][ResourceAttr.SERVICE_INSTANCE_ID] == "testrun-rank0"
         assert s["resource"][ResourceAttr.PP_SIZE] == 2
@@ -130,7 +134,7 @@ def test_traces_disabled_creates_no_spans(make_settings, tmp_path):
         make_settings(TRACES_ENABLED="0"), rank=0, world_size=1, run_dir=tmp_path
     )
     assert handle.exporting and handle.enabled_groups == frozenset()
-    with telemetry.span(G.JOB, S.PRETRAIN) as s:
+    with telemetry.span(G.JOB, S.STARTUP) as s:
         assert s is None
     telemetry.record_step(1, step_ms=5.0)
     telemetry.shutdown()
@@ -149,7 +153,7 @@ def test_per_signal_protocol_and_endpoint_win(make_settings, tmp_path):
             OTEL_EXPORTER_OTLP_METRICS_ENDPOINT=grpc_rx.endpoint,
         )
         telemetry.setup(settings, rank=0, world_size=1, run_dir=tmp_path)
-        with telemetry.span(G.JOB, S.PRETRAIN):
+        with telemetry.span(G.JOB, S.STARTUP):
             pass
         telemetry.record_step(1, step_ms=3.0)
         telemetry.shutdown(10.0)
@@ -171,7 +175,7 @@ def test_capitalized_header_names_are_sent_lower_case(make_settings, tmp_path) -
             METRICS_ENABLED="false",
         )
         telemetry.setup(settings, rank=0, world_size=1, run_dir=tmp_path)
-        with telemetry.span(G.JOB, S.PRETRAIN):
+        with telemetry.span(G.JOB, S.STARTUP):
             pass
         telemetry.shutdown(10.0)
         assert rx.wait_for_spans(1, timeout=10)

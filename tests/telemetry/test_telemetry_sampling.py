@@ -103,13 +103,13 @@ def _sampled_iterations(make_settings, tmp_path, rank: int, **env: str) -> set[i
     telemetry.setup(settings, rank=rank, world_size=8, run_dir=tmp_path)
     for it in range(40):
         telemetry.set_iteration(it)
-        with telemetry.span(G.STEP, S.TRAIN_STEP, **{Attr.ITERATION: it}):  # noqa: SIM117
+        with telemetry.span(G.STEP, S.ITERATION, **{Attr.ITERATION: it}):  # noqa: SIM117
             with telemetry.span(G.LAYER, S.LAYER_FORWARD, **{Attr.ITERATION: it}):
                 pass
     telemetry.shutdown()
     path = envcontract.traces_file(tmp_path, rank)
     spans = read_trace_file(tmp_path, rank) if path.exists() else []
-    steps = {s["attributes"][Attr.ITERATION] for s in spans if s["name"] == S.TRAIN_STEP}
+    steps = {s["attributes"][Attr.ITERATION] for s in spans if s["name"] == S.ITERATION}
     layers = {s["attributes"][Attr.ITERATION] for s in spans if s["name"] == S.LAYER_FORWARD}
     assert steps == layers  # fine children follow their coarse root's decision
     return steps

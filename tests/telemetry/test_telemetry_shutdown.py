@@ -35,7 +35,7 @@ WORKER = textwrap.dedent(
     telemetry.setup(rank=0, world_size=1)  # settings from the environment, as a worker does
     for it in range(20):
         telemetry.set_iteration(it)
-        with telemetry.span(G.STEP, S.TRAIN_STEP):
+        with telemetry.span(G.STEP, S.ITERATION):
             with telemetry.span(G.LAYER, S.LAYER_FORWARD):
                 pass
         telemetry.record_step(it, step_ms=10.0, loss=1.0)
@@ -82,7 +82,7 @@ def _run_worker(tmp_path: Path, endpoint: str, protocol: str, mode: str) -> tupl
 def _assert_spooled(tmp_path: Path, err: str) -> None:
     spooled = otlp_json.read_spans(envcontract.spool_file(tmp_path, 0, "traces"))
     names = [s["name"] for s in spooled]
-    assert names.count(S.TRAIN_STEP) == 20 and names.count(S.LAYER_FORWARD) == 20
+    assert names.count(S.ITERATION) == 20 and names.count(S.LAYER_FORWARD) == 20
     (train,) = [s for s in spooled if s["name"] == S.TRAIN]
     assert train["attributes"][Attr.TRUNCATED] is True
     assert len({s["span_id"] for s in spooled}) == len(spooled) == 41  # every span, once
@@ -130,7 +130,7 @@ NO_SDK = textwrap.dedent(
     s = load_telemetry_settings(environ={"MEGATRON_OTEL_ENABLED": "1", "MEGATRON_OTEL_EXPORT_STRATEGY": "all_ranks"})
     h = telemetry.setup(s, rank=0, world_size=1, run_dir=sys.argv[1])
     assert not h.exporting and not telemetry.is_enabled(G.JOB)
-    with telemetry.span(G.JOB, S.PRETRAIN) as sp:
+    with telemetry.span(G.JOB, S.STARTUP) as sp:
         assert sp is None
     with telemetry.linked_span(G.COMMUNICATION, S.PP_RECV_FORWARD_LINKED, {"traceparent": "x"}):
         pass

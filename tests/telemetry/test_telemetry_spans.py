@@ -21,7 +21,7 @@ def test_disabled_telemetry_creates_nothing(make_settings, tmp_path):
     handle = telemetry.setup(make_settings(ENABLED="0"), rank=0, world_size=1, run_dir=tmp_path)
     assert not handle.exporting and handle.enabled_groups == frozenset()
     assert not telemetry.is_enabled(G.JOB)
-    cm = telemetry.span(G.JOB, S.PRETRAIN)
+    cm = telemetry.span(G.JOB, S.STARTUP)
     assert cm is telemetry.span(G.LAYER, S.LAYER_FORWARD)  # one preallocated null object
     with cm as s:
         assert s is None
@@ -38,7 +38,7 @@ def test_non_exporting_rank_has_empty_enabled_set(make_settings, tmp_path):
     handle = telemetry.setup(settings, rank=0, world_size=4, run_dir=tmp_path)
     assert not handle.exporting and handle.enabled_groups == frozenset()
     assert not telemetry.is_enabled(G.JOB)
-    with telemetry.span(G.JOB, S.PRETRAIN) as s:
+    with telemetry.span(G.JOB, S.STARTUP) as s:
         assert s is None
 
 
@@ -57,7 +57,7 @@ def test_span_groups_decide_which_spans_exist(make_settings, tmp_path):
     assert G.STEP in handle.enabled_groups and G.LAYER not in handle.enabled_groups
     assert telemetry.is_enabled(G.STEP) and telemetry.is_enabled("step")
     assert not telemetry.is_enabled(G.MICROBATCH)
-    with telemetry.span(G.STEP, S.TRAIN_STEP):
+    with telemetry.span(G.STEP, S.ITERATION):
         # a disabled parent group: the child attaches to the nearest enabled ancestor
         with telemetry.span(G.MICROBATCH, S.MICROBATCH_FORWARD) as mb:
             assert mb is None
@@ -65,13 +65,13 @@ def test_span_groups_decide_which_spans_exist(make_settings, tmp_path):
                 pass
     telemetry.shutdown()
     spans = read_trace_file(tmp_path)
-    assert sorted(s["name"] for s in spans) == [S.P2P_SEND_FORWARD, S.TRAIN_STEP]
-    assert parent_names(spans)[S.P2P_SEND_FORWARD] == S.TRAIN_STEP
+    assert sorted(s["name"] for s in spans) == [S.P2P_SEND_FORWARD, S.ITERATION]
+    assert parent_names(spans)[S.P2P_SEND_FORWARD] == S.ITERATION
 
 
 def test_parents_cross_between_coarse_and_fine_spans(make_settings, tmp_path):
     telemetry.setup(make_settings(), rank=0, world_size=1, run_dir=tmp_path)
-    with telemetry.span(G.JOB, S.PRETRAIN, **{Attr.MODEL_TYPE: "gpt"}):  # coarse
+    with telemetry.span(G.JOB, S.STARTUP, **{Attr.MODEL_TYPE: "gpt"}):  # coarse
         with telemetry.span(G.FORWARD_BACKWARD, S.FORWARD_BACKWARD):  # coarse
             with telemetry.span(
                 G.MICROBATCH, S.MICROBATCH_FORWARD, **{Attr.MICROBATCH_ID: 3}
@@ -79,26 +79,28 @@ def test_parents_cross_between_coarse_and_fine_spans(make_settings, tmp_path):
                 mb.set_attribute("extra", 1.5)
                 with telemetry.span(G.LAYER, S.LAYER_FORWARD, **{Attr.LAYER_NUMBER: 1}):  # fine
                     with telemetry.trace_region("inner"):  # fine
-                        with telemetry.span(G.CHECKPOINT, S.SAVE_CHECKPOINT_IO_WRITE):  # coarse
+                        with telemetry.span(G.CHECKPOINT, S.CHECKPOINT_SAVE_IO_WRITE):  # coarse
                             with telemetry.span(G.LAYER, S.LAYER_MLP):  # fine
                                 pass
     telemetry.shutdown()
     spans = read_trace_file(tmp_path)
     assert parent_names(spans) == {
-        S.PRETRAIN: None,
-        S.FORWARD_BACKWARD: S.PRETRAIN,
+        S.STARTUP: None,
+        S.FORWARD_BACKWARD: S.STARTUP,
         S.MICROBATCH_FORWARD: S.FORWARD_BACKWARD,
         S.LAYER_FORWARD: S.MICROBATCH_FORWARD,
         region_name("inner"): S.LAYER_FORWARD,
-        S.SAVE_CHECKPOINT_IO_WRITE: region_name("inner"),
-        S.LAYER_MLP: S.SAVE_CHECKPOINT_IO_WRITE,
+        S.CHECKPOINT_SAVE_IO_WRITE: region_name("inner"),
+        S.LAYER_MLP: S.CHECKPOINT_SAVE_IO_WRITE,
     }
     assert len({s["trace_id"] for s in spans}) == 1
     named = by_name(spans)
     assert named[S.MICROBATCH_FORWARD]["attributes"] == {Attr.MICROBATCH_ID: 3, "extra": 1.5}
-    assert named[S.PRETRAIN]["attributes"] == {Attr.MODEL_TYPE: "gpt", Attr.IS_GOODPUT: True}
-    assert named[S.SAVE_CHECKPOINT_IO_WRITE]["attributes"] == {Attr.IS_GOODPUT: True}
-    assert Attr.IS_GOODPUT not in named[S.FORWARD_BACKWARD]["attributes"]  # not a goodput group
+    assert named[S.STARTUP]["attributes"] == {Attr.MODEL_TYPE: "gpt", Attr.IS_GOODPUT: True}
+    assert named[S.CHECKPOINT_SAVE_IO_WRITE]["attributes"] == {Attr.IS_GOODPUT: True}
+    # Megatron-LM's marks, span by span: forward_backward is marked, layers and regions are not.
+    assert named[S.FORWARD_BACKWARD]["attributes"] == {Attr.IS_GOODPUT: True}
+    assert Attr.IS_GOODPUT not in named[S.LAYER_FORWARD]["attributes"]
     # children inside parents in time
     for s in spans:
         assert s["start_ns"] <= s["end_ns"]
@@ -121,7 +123,7 @@ def test_resource_attributes(make_settings, tmp_path, monkeypatch):
     telemetry.setup(
         settings, rank=1, world_size=2, local_rank=1, resource=resource, run_dir=tmp_path
     )
-    with telemetry.span(G.JOB, S.PRETRAIN):
+    with telemetry.span(G.JOB, S.STARTUP):
         pass
     telemetry.shutdown()
     (span,) = read_trace_file(tmp_path, rank=1)
@@ -146,7 +148,7 @@ def test_resource_attributes(make_settings, tmp_path, monkeypatch):
 
 def test_exception_sets_error_status_and_event(make_settings, tmp_path):
     telemetry.setup(make_settings(), rank=0, world_size=1, run_dir=tmp_path)
-    for group, name in ((G.CHECKPOINT, S.SAVE_CHECKPOINT), (G.LAYER, S.LAYER_FORWARD)):
+    for group, name in ((G.CHECKPOINT, S.CHECKPOINT_SAVE), (G.LAYER, S.LAYER_FORWARD)):
         with pytest.raises(ValueError, match="boom"), telemetry.span(group, name):
             raise ValueError("boom")
     telemetry.shutdown()
@@ -225,7 +227,7 @@ def test_linked_span_links_to_the_sender(make_settings, tmp_path):
         with telemetry.span(G.COMMUNICATION, S.P2P_SEND_FORWARD):
             carrier: dict[str, str] = {}
             telemetry.inject(carrier)
-        with telemetry.linked_span(G.OPTIMIZER, S.OPTIMIZER_STEP, carrier):  # a coarse linked span
+        with telemetry.linked_span(G.OPTIMIZER, S.OPTIMIZER, carrier):  # a coarse linked span
             pass
     telemetry.shutdown()
     spans = read_trace_file(tmp_path)
@@ -237,10 +239,14 @@ def test_linked_span_links_to_the_sender(make_settings, tmp_path):
         (sends[0]["trace_id"], sends[0]["span_id"])
     ]
     assert parent_names(spans)[S.PP_RECV_FORWARD_LINKED] == S.FORWARD_BACKWARD
-    assert [ln["span_id"] for ln in named[S.OPTIMIZER_STEP]["links"]] == [sends[1]["span_id"]]
+    assert [ln["span_id"] for ln in named[S.OPTIMIZER]["links"]] == [sends[1]["span_id"]]
 
 
-def _run_rank(make_settings, tmp_path, rank: int, iters: int, start: int = 0, restart: int = 0):
+def _run_rank(
+    make_settings, tmp_path, rank: int, iters: int, restart: int = 0, environ: dict | None = None
+):
+    """A script that keeps one ``megatron.train`` open over ``iters`` iterations (1-based) with
+    K = 3 and no saves: set_iteration re-roots it into one trace per block."""
     settings = make_settings(TRACE_SEGMENT_ITERS="3", SPAN_GROUPS="job,step,layer")
     telemetry.setup(
         settings,
@@ -249,18 +255,20 @@ def _run_rank(make_settings, tmp_path, rank: int, iters: int, start: int = 0, re
         run_dir=tmp_path,
         resource={ResourceAttr.RESTART_COUNT: restart},
     )
-    with telemetry.span(G.JOB, S.PRETRAIN):
-        with telemetry.span(G.JOB, S.TRAIN, **{Attr.TRAIN_ITERS: iters}):
-            for it in range(start, start + iters):
-                telemetry.set_iteration(it)
-                with telemetry.span(G.STEP, S.TRAIN_STEP, **{Attr.ITERATION: it}):
-                    with telemetry.span(G.LAYER, S.LAYER_FORWARD):
-                        pass
+    with telemetry.span(G.JOB, S.STARTUP):
+        pass
+    telemetry.set_iteration(1)
+    with telemetry.span(G.JOB, S.TRAIN):
+        for it in range(1, iters + 1):
+            telemetry.set_iteration(it)
+            with telemetry.span(G.STEP, S.ITERATION, **{Attr.ITERATION: it}):
+                with telemetry.span(G.LAYER, S.LAYER_FORWARD):
+                    pass
     telemetry.shutdown()
     return read_trace_file(tmp_path, rank)
 
 
-def test_iterations_share_trace_ids_across_ranks_and_segments_are_linked(make_settings, tmp_path):
+def test_blocks_share_trace_ids_across_ranks_and_are_linked_in_a_chain(make_settings, tmp_path):
     rank0 = _run_rank(make_settings, tmp_path, 0, 7)
     rank1 = _run_rank(make_settings, tmp_path, 1, 7)
 
@@ -268,30 +276,33 @@ def test_iterations_share_trace_ids_across_ranks_and_segments_are_linked(make_se
         return {
             s["attributes"][Attr.ITERATION]: s["trace_id"]
             for s in spans
-            if s["name"] == S.TRAIN_STEP
+            if s["name"] == S.ITERATION
         }
 
     assert step_traces(rank0) == step_traces(rank1)  # no communication needed
     traces = step_traces(rank0)
-    # iterations 0-2 (segment of the first iteration) share the setup trace; 3-5; 6
-    assert traces[0] == traces[2] != traces[3] == traces[5] != traces[6]
-    pretrain = by_name(rank0)[S.PRETRAIN]
-    assert pretrain["trace_id"] == traces[0]
+    # K = 3: iterations 1-3 are block 0, 4-6 block 1, 7 block 2; startup has a trace of its own.
+    assert traces[1] == traces[3] != traces[4] == traces[6] != traces[7]
+    startup = by_name(rank0)[S.STARTUP]
+    assert startup["trace_id"] not in traces.values()
+    assert {s["trace_id"] for s in rank0 if s["name"] == S.STARTUP} == {
+        s["trace_id"] for s in rank1 if s["name"] == S.STARTUP
+    }
     trains = [s for s in rank0 if s["name"] == S.TRAIN]
-    assert len(trains) == 3
-    assert [t.get("attributes", {}).get(Attr.TRACE_SEGMENT) for t in trains] == [None, 1, 2]
-    assert all(t["attributes"][Attr.TRAIN_ITERS] == 7 for t in trains)
-    assert trains[0]["parent_span_id"] == pretrain["span_id"]
-    for prev, cur in zip(trains, trains[1:], strict=False):
-        assert cur["parent_span_id"] == ""  # a new root...
+    assert [t["attributes"][Attr.TRAIN_BLOCK] for t in trains] == [0, 1, 2]
+    assert all(t["attributes"][Attr.IS_GOODPUT] is True for t in trains)
+    previous = startup
+    for cur in trains:
+        assert cur["parent_span_id"] == ""  # a root...
         assert [(ln["trace_id"], ln["span_id"]) for ln in cur["links"]] == [
-            (prev["trace_id"], prev["span_id"])
+            (previous["trace_id"], previous["span_id"])  # ...linked to the previous block
         ]
-        assert prev["end_ns"] <= cur["start_ns"]
-    # every step hangs under the train segment of its trace; layers under their step
+        assert previous["end_ns"] <= cur["start_ns"]
+        previous = cur
+    # every step hangs under the block of its trace
     train_by_trace = {t["trace_id"]: t["span_id"] for t in trains}
     for s in rank0:
-        if s["name"] == S.TRAIN_STEP:
+        if s["name"] == S.ITERATION:
             assert s["parent_span_id"] == train_by_trace[s["trace_id"]]
 
 
@@ -301,6 +312,57 @@ def test_restart_gets_distinct_trace_ids(make_settings, tmp_path):
     assert {s["trace_id"] for s in first}.isdisjoint({s["trace_id"] for s in second})
 
 
+def test_save_interval_sets_the_block_size(make_settings, tmp_path):
+    telemetry.setup(
+        make_settings(SPAN_GROUPS="job,step"), rank=0, world_size=1, run_dir=tmp_path,
+        save_interval=2,
+    )  # fmt: skip
+    for block_start in (1, 3, 5):
+        telemetry.set_iteration(block_start)
+        with telemetry.span(G.JOB, S.TRAIN):
+            for it in (block_start, block_start + 1):
+                telemetry.set_iteration(it)
+                with telemetry.span(G.STEP, S.ITERATION, **{Attr.ITERATION: it}):
+                    pass
+    telemetry.shutdown()
+    spans = read_trace_file(tmp_path)
+    trains = [s for s in spans if s["name"] == S.TRAIN]
+    assert [t["attributes"][Attr.TRAIN_BLOCK] for t in trains] == [0, 1, 2]
+    steps = {
+        s["attributes"][Attr.ITERATION]: s["trace_id"] for s in spans if s["name"] == S.ITERATION
+    }
+    assert steps[1] == steps[2] != steps[3] == steps[4] != steps[5] == steps[6]
+
+
+@pytest.mark.parametrize(
+    "value, linked",
+    [
+        ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", True),
+        ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7", False),  # no flags
+        ("00-00000000000000000000000000000000-00f067aa0ba902b7-01", False),  # zero trace id
+        ("not a traceparent", False),
+    ],
+)
+def test_startup_links_to_the_launchers_attempt_span_from_traceparent(
+    make_settings, tmp_path, monkeypatch, caplog, value, linked
+):
+    monkeypatch.setenv("TRACEPARENT", value)
+    telemetry.setup(make_settings(), rank=0, world_size=1, run_dir=tmp_path)
+    with telemetry.span(G.JOB, S.STARTUP), telemetry.span(G.MODEL_INIT, S.MODEL_INIT):
+        pass
+    with telemetry.span(G.JOB, S.STARTUP):  # a second root of the same name links again
+        pass
+    telemetry.shutdown()
+    spans = read_trace_file(tmp_path)
+    startups = [s for s in spans if s["name"] == S.STARTUP]
+    want = [tuple(value.split("-")[1:3])] if linked else []
+    for st in startups:
+        assert [(ln["trace_id"], ln["span_id"]) for ln in st["links"]] == want
+    assert by_name(spans)[S.MODEL_INIT]["links"] == []
+    warned = [r for r in caplog.records if "TRACEPARENT" in r.getMessage()]
+    assert len(warned) == (0 if linked else 1)  # an invalid value: ignored, logged once
+
+
 def test_threads_have_their_own_stacks_and_shutdown_truncates_every_thread(make_settings, tmp_path):
     import threading
 
@@ -308,7 +370,7 @@ def test_threads_have_their_own_stacks_and_shutdown_truncates_every_thread(make_
     opened, release = threading.Event(), threading.Event()
 
     def worker() -> None:
-        with telemetry.span(G.CHECKPOINT, S.SAVE_CHECKPOINT_IO_WRITE):
+        with telemetry.span(G.CHECKPOINT, S.CHECKPOINT_SAVE_IO_WRITE):
             with telemetry.trace_region("async-write"):
                 opened.set()
                 release.wait(10)
@@ -322,7 +384,7 @@ def test_threads_have_their_own_stacks_and_shutdown_truncates_every_thread(make_
     thread.join(10)
     spans = read_trace_file(tmp_path)
     parents = parent_names(spans)
-    assert parents[S.SAVE_CHECKPOINT_IO_WRITE] is None  # not parented across threads
-    assert parents[region_name("async-write")] == S.SAVE_CHECKPOINT_IO_WRITE
+    assert parents[S.CHECKPOINT_SAVE_IO_WRITE] is None  # not parented across threads
+    assert parents[region_name("async-write")] == S.CHECKPOINT_SAVE_IO_WRITE
     assert all(s["attributes"].get(Attr.TRUNCATED) is True for s in spans)
     assert len(spans) == 3

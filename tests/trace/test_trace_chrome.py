@@ -44,11 +44,11 @@ def test_every_span_appears_once_with_its_attributes(tmp_path: Path) -> None:
     assert Counter(e["name"] for e in xs) == expected
     assert len({e["args"]["span_id"] for e in xs}) == len(xs)
     step2 = next(
-        e for e in xs if e["name"] == S.TRAIN_STEP and e["args"].get("megatron.iteration") == 2
+        e for e in xs if e["name"] == S.ITERATION and e["args"].get("megatron.iteration") == 2
     )
     assert (step2["ts"], step2["dur"]) == (400_000, 100_000)  # µs from the earliest span
     assert step2["cat"] == "step"
-    io_write = next(e for e in xs if e["name"] == S.SAVE_CHECKPOINT_IO_WRITE)
+    io_write = next(e for e in xs if e["name"] == S.CHECKPOINT_SAVE_IO_WRITE)
     assert io_write["args"]["status"] == "ERROR"
     assert io_write["args"]["status_message"] == "disk full"
 
@@ -71,20 +71,20 @@ def test_span_events_become_instant_events(tmp_path: Path) -> None:
 
 def test_overlapping_spans_that_do_not_nest_go_to_separate_lanes(tmp_path: Path) -> None:
     b = TraceBuilder()
-    step = b.span(0, S.TRAIN_STEP, 0, 100)
+    step = b.span(0, S.ITERATION, 0, 100)
     fb = b.span(0, S.FORWARD_BACKWARD, 5, 90, parent=step)
     b.span(0, S.P2P_SEND_FORWARD, 10, 50, parent=fb)  # async: send and recv overlap
     b.span(0, S.P2P_RECV_FORWARD, 30, 70, parent=fb)
     b.span(0, S.P2P_RECV_BACKWARD, 40, 60, parent=fb)  # nests inside recv_forward
-    b.span(0, S.OPTIMIZER_STEP, 90, 100, parent=step)
+    b.span(0, S.OPTIMIZER, 90, 100, parent=step)
     doc = _export(tmp_path, b)
     xs = check_chrome_trace(doc)
     tid = {e["name"]: e["tid"] for e in xs}
     assert (
-        tid[S.TRAIN_STEP]
+        tid[S.ITERATION]
         == tid[S.FORWARD_BACKWARD]
         == tid[S.P2P_SEND_FORWARD]
-        == tid[S.OPTIMIZER_STEP]
+        == tid[S.OPTIMIZER]
     )
     assert tid[S.P2P_RECV_FORWARD] != tid[S.P2P_SEND_FORWARD]
     assert tid[S.P2P_RECV_BACKWARD] == tid[S.P2P_RECV_FORWARD]
@@ -93,8 +93,8 @@ def test_overlapping_spans_that_do_not_nest_go_to_separate_lanes(tmp_path: Path)
 
 def test_thread_id_attribute_gives_one_thread_each(tmp_path: Path) -> None:
     b = TraceBuilder()
-    b.span(0, S.TRAIN_STEP, 0, 100, thread=11)
-    b.span(0, S.DATA_SETUP, 50, 150, thread=12)  # overlaps, but on another OS thread
+    b.span(0, S.ITERATION, 0, 100, thread=11)
+    b.span(0, S.DATALOADER, 50, 150, thread=12)  # overlaps, but on another OS thread
     doc = _export(tmp_path, b)
     xs = check_chrome_trace(doc)
     assert len({e["tid"] for e in xs}) == 2
@@ -105,8 +105,8 @@ def test_links_become_flow_events_bound_to_both_slices(tmp_path: Path) -> None:
     b = TraceBuilder()
     send = b.span(0, S.P2P_SEND_FORWARD, 10, 20)
     recv = b.span(1, S.PP_RECV_FORWARD_LINKED, 15, 30, links=[send])
-    b.span(1, S.P2P_RECV_FORWARD, 40, 50, links=[b.span(0, S.TRAIN_STEP, 0, 5)])
-    b.span(1, S.OPTIMIZER_STEP, 60, 70, links=[type(recv)("ff" * 16, "ee" * 8, 0)])  # not exported
+    b.span(1, S.P2P_RECV_FORWARD, 40, 50, links=[b.span(0, S.ITERATION, 0, 5)])
+    b.span(1, S.OPTIMIZER, 60, 70, links=[type(recv)("ff" * 16, "ee" * 8, 0)])  # not exported
     doc = _export(tmp_path, b)
     xs = check_chrome_trace(doc)
     flows = [e for e in doc["traceEvents"] if e["ph"] in "sf"]
@@ -120,7 +120,7 @@ def test_links_become_flow_events_bound_to_both_slices(tmp_path: Path) -> None:
              for i, s in starts.items()}  # fmt: skip
     assert pairs == {
         (S.P2P_SEND_FORWARD, S.PP_RECV_FORWARD_LINKED),
-        (S.TRAIN_STEP, S.P2P_RECV_FORWARD),
+        (S.ITERATION, S.P2P_RECV_FORWARD),
     }
     assert all(e["bp"] == "e" for e in ends.values())
     assert x_of[send.span_id]["pid"] == 0 and x_of[recv.span_id]["pid"] == 1

@@ -39,7 +39,7 @@ def run_dir(tmp_path: Path) -> Path:
 def test_summary_prints_tables_and_stragglers(run_dir: Path) -> None:
     r = _invoke("summary", run_dir)
     assert r.exit_code == 0, r.output
-    for text in (SpanName.TRAIN_STEP, SpanName.SAVE_CHECKPOINT_IO_WRITE, "stragglers: 1",
+    for text in (SpanName.ITERATION, SpanName.CHECKPOINT_SAVE_IO_WRITE, "stragglers: 1",
                  "nemo.run.id=synthrun0001", "error spans: 1", "truncated spans: 1"):  # fmt: skip
         assert text in r.output
 
@@ -48,7 +48,7 @@ def test_summary_json_is_machine_readable(run_dir: Path) -> None:
     r = _invoke("summary", run_dir, "--json")
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
-    step = next(s for s in d["spans"] if s["name"] == SpanName.TRAIN_STEP)
+    step = next(s for s in d["spans"] if s["name"] == SpanName.ITERATION)
     assert step["p95_ms"] == pytest.approx(175.5)
     assert d["step_skew"]["stragglers"] == [1]
 
@@ -118,7 +118,7 @@ def test_truncated_last_line_and_skip_invalid(run_dir: Path) -> None:
 
 def test_malformed_span_names_its_line(tmp_path: Path) -> None:
     b = TraceBuilder()
-    b.span(0, SpanName.TRAIN_STEP, 0, 1)
+    b.span(0, SpanName.ITERATION, 0, 1)
     line = json.loads(b.lines(0)[0])
     del line["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["endTimeUnixNano"]
     f = tmp_path / "t.jsonl"

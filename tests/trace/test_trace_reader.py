@@ -19,7 +19,7 @@ def _all_spans(path: Path) -> list[tuple[int, str]]:
 def _three_spans() -> TraceBuilder:
     b = TraceBuilder()
     for i in range(3):
-        b.span(0, SpanName.TRAIN_STEP, 10 * i, 10 * i + 5)
+        b.span(0, SpanName.ITERATION, 10 * i, 10 * i + 5)
     return b
 
 
@@ -61,8 +61,8 @@ def test_one_line_may_hold_several_resources(tmp_path: Path) -> None:
     # A collector batches spans of many ranks into one request: the rank comes from each
     # resource, not from the file name.
     b = TraceBuilder()
-    b.span(0, SpanName.TRAIN_STEP, 0, 1)
-    b.span(3, SpanName.TRAIN_STEP, 0, 1)
+    b.span(0, SpanName.ITERATION, 0, 1)
+    b.span(3, SpanName.ITERATION, 0, 1)
     reqs = [json.loads(b.lines(r)[0]) for r in (0, 3)]
     merged = {"resourceSpans": reqs[0]["resourceSpans"] + reqs[1]["resourceSpans"]}
     f = tmp_path / "otel-traces.json"
@@ -83,7 +83,7 @@ def test_numbers_are_accepted_where_strings_are_usual(tmp_path: Path) -> None:
     # int64 fields may be JSON numbers; the summary must read them the same.
     from mlaunch.trace.summary import summarize
 
-    span = {"traceId": "a" * 32, "spanId": "b" * 16, "name": SpanName.TRAIN_STEP,
+    span = {"traceId": "a" * 32, "spanId": "b" * 16, "name": SpanName.ITERATION,
             "startTimeUnixNano": ms(0), "endTimeUnixNano": ms(2), "status": {"code": 2}}  # fmt: skip
     f = tmp_path / "t.jsonl"
     f.write_text(request_line({"dl.rank": 0}, [span]) + "\n")
@@ -125,7 +125,7 @@ def test_processes_without_rank_attributes_get_one_rank_each(tmp_path: Path) -> 
 
 def test_non_finite_floats_written_by_python_json_are_read(tmp_path: Path) -> None:
     # json.dumps writes a NaN loss as a bare NaN literal (not strict JSON): still readable.
-    span = {"traceId": "a" * 32, "spanId": "b" * 16, "name": SpanName.TRAIN_STEP,
+    span = {"traceId": "a" * 32, "spanId": "b" * 16, "name": SpanName.ITERATION,
             "startTimeUnixNano": ms(0), "endTimeUnixNano": ms(1),
             "attributes": [{"key": "megatron.loss", "value": {"doubleValue": float("nan")}}]}  # fmt: skip
     f = tmp_path / "t.jsonl"

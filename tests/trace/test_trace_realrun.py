@@ -13,7 +13,7 @@ from support.synthetic_traces import check_chrome_trace
 from support.trainer_runs import TINY, run_trainer, telemetry_env
 from typer.testing import CliRunner
 
-from mlaunch.model.spans import ResourceAttr, SpanName
+from mlaunch.model.spans import LegacyName, ResourceAttr, SpanName
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -68,10 +68,10 @@ def test_summary_matches_the_reference_decoder(run_dir: Path, reference: list[di
     d = json.loads(_cli("summary", run_dir, "--json"))
     counts = {s["name"]: s["count"] for s in d["spans"]}
     assert counts == dict(Counter(s["name"] for s in reference))
-    assert counts[SpanName.TRAIN_STEP] == 2 * ITERS
+    assert counts[SpanName.ITERATION] == 2 * ITERS
     step_ms = sorted((s["end_ns"] - s["start_ns"]) / 1e6 for s in reference
-                     if s["name"] == SpanName.TRAIN_STEP)  # fmt: skip
-    step = next(s for s in d["spans"] if s["name"] == SpanName.TRAIN_STEP)
+                     if s["name"] == SpanName.ITERATION)  # fmt: skip
+    step = next(s for s in d["spans"] if s["name"] == SpanName.ITERATION)
     assert step["max_ms"] == pytest.approx(step_ms[-1])
     assert step["total_ms"] == pytest.approx(sum(step_ms))
     assert [r["rank"] for r in d["step_skew"]["ranks"]] == [0, 1]
@@ -83,8 +83,8 @@ def test_summary_matches_the_reference_decoder(run_dir: Path, reference: list[di
 def test_goodput_accounts_for_all_wall_time(run_dir: Path, reference: list[dict]) -> None:
     d = json.loads(_cli("goodput", run_dir, "--json"))
     for r in d["ranks"]:
-        assert r["wall_source"] == SpanName.PRETRAIN
-        pre = next(s for s in reference if s["name"] == SpanName.PRETRAIN
+        assert r["wall_source"] == LegacyName.PRETRAIN
+        pre = next(s for s in reference if s["name"] == LegacyName.PRETRAIN
                    and s["resource"][ResourceAttr.RANK] == r["rank"])  # fmt: skip
         assert r["wall_ms"] == pytest.approx((pre["end_ns"] - pre["start_ns"]) / 1e6)
         parts = ("productive_ms", "restart_ms", "checkpoint_ms", "evaluation_ms", "unaccounted_ms")

@@ -34,7 +34,7 @@ def test_step_statistics_pool_all_ranks(tmp_path: Path) -> None:
     # Steps: rank 0 [130, 100, 100, 100], rank 1 [120, 120, 130, 200]
     # sorted [100,100,100,120,120,130,130,200]: p50 at 3.5 -> 120; p95 at 6.65 -> 130+70*.65.
     s = _summary(tmp_path, hand_example()[0])
-    step = _by_name(s)[SpanName.TRAIN_STEP]
+    step = _by_name(s)[SpanName.ITERATION]
     assert step.count == 8
     assert step.total_ms == pytest.approx(1000)
     assert step.mean_ms == pytest.approx(125)
@@ -46,11 +46,11 @@ def test_step_statistics_pool_all_ranks(tmp_path: Path) -> None:
 
 def test_share_is_relative_to_total_step_time(tmp_path: Path) -> None:
     names = _by_name(_summary(tmp_path, hand_example()[0]))
-    assert names[SpanName.SAVE_CHECKPOINT].share == pytest.approx(100 / 1000)
+    assert names[SpanName.CHECKPOINT_SAVE].share == pytest.approx(100 / 1000)
     assert names[SpanName.EVALUATE_STEP].share == pytest.approx(100 / 1000)
     assert names[SpanName.EVALUATE_STEP].count == 2
     assert names[SpanName.EVALUATE_STEP].p50_ms == pytest.approx(50)
-    assert names[SpanName.PRETRAIN].share == pytest.approx(1.0)  # 1000 ms / 1000 ms of steps
+    assert names[SpanName.TRAIN].share == pytest.approx(0.75)  # 750 ms / 1000 ms of steps
 
 
 def test_rows_are_ordered_by_total_time(tmp_path: Path) -> None:
@@ -83,9 +83,9 @@ def test_error_and_truncated_spans_are_counted_per_name(tmp_path: Path) -> None:
     s = _summary(tmp_path, hand_example()[0])
     names = _by_name(s)
     assert (s.errors, s.truncated) == (1, 1)
-    assert names[SpanName.SAVE_CHECKPOINT_IO_WRITE].errors == 1
-    assert names[SpanName.TRAIN_STEP].truncated == 1
-    assert names[SpanName.TRAIN_STEP].errors == 0
+    assert names[SpanName.CHECKPOINT_SAVE_IO_WRITE].errors == 1
+    assert names[SpanName.ITERATION].truncated == 1
+    assert names[SpanName.ITERATION].errors == 0
 
 
 def test_run_identity_comes_from_resource_attributes(tmp_path: Path) -> None:
@@ -99,7 +99,7 @@ def test_run_identity_comes_from_resource_attributes(tmp_path: Path) -> None:
 
 def test_no_steps_means_no_share_and_no_skew(tmp_path: Path) -> None:
     b = TraceBuilder()
-    b.span(0, SpanName.SAVE_CHECKPOINT, 0, 10)
+    b.span(0, SpanName.CHECKPOINT_SAVE, 0, 10)
     s = _summary(tmp_path, b)
     assert s.skew is None and s.ranks == []
     assert s.spans[0].share is None

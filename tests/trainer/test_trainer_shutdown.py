@@ -39,7 +39,7 @@ def test_a_failing_rank_exits_nonzero_with_the_exception_on_its_span_and_in_its_
     step = [
         s
         for s in spans
-        if s["name"] == SpanName.TRAIN_STEP and s["attributes"][Attr.ITERATION] == 2
+        if s["name"] == SpanName.ITERATION and s["attributes"][Attr.ITERATION] == 2
     ]
     assert len(step) == 1
     assert step[0]["status_code"] == 2  # ERROR
@@ -92,10 +92,10 @@ def test_sigterm_finishes_the_iteration_checkpoints_and_exits_zero(tmp_path):
     assert (ck / f"iter_{last:07d}" / "manifest.json").is_file()
     spans = read_spans(run_dir / "telemetry" / "traces-rank0.jsonl")
     names = {s["name"] for s in spans}
-    assert {SpanName.PRETRAIN, SpanName.TRAIN, SpanName.SAVE_CHECKPOINT} <= names
+    assert {SpanName.PRETRAIN, SpanName.TRAIN, SpanName.CHECKPOINT_SAVE} <= names
     assert all(s["status_code"] != 2 for s in spans)
     # The job spans were still open when the signal stopped the run: they end truncated, and
     # the spans that finished (the steps, the save) do not.
     truncated = {s["name"] for s in spans if s["attributes"].get(Attr.TRUNCATED) is True}
     assert {SpanName.PRETRAIN, SpanName.TRAIN} <= truncated
-    assert SpanName.TRAIN_STEP not in truncated and SpanName.SAVE_CHECKPOINT not in truncated
+    assert SpanName.ITERATION not in truncated and SpanName.CHECKPOINT_SAVE not in truncated

@@ -1,7 +1,10 @@
-"""The span contract (SPEC section 4) on a PP=2 x DP=2 job (4 processes), per span-group spec:
-the exact multiset of span names per rank, each span's parent, its attributes, the cross-stage
-links, and one trace id per iteration across ranks. Expected counts come from the catalogue and
-the run's configuration. Also: telemetry off writes nothing and trains identically."""
+"""The span contract (SPEC section 4: Megatron-LM's code names) on a PP=2 x DP=2 job (4
+processes), per span-group spec: the exact multiset of span names per rank, each span's parent,
+the roots (``megatron.startup``, one ``megatron.train`` per save interval) and the links between
+them, its attributes and ``is_goodput_span`` mark, the cross-stage links, shared trace ids per
+block across ranks, and that no documented-only name is emitted. Expected counts come from the
+catalogue and the run's configuration. Also: telemetry off writes nothing and trains
+identically."""
 
 from __future__ import annotations
 
@@ -12,9 +15,12 @@ import pytest
 from support.trainer_runs import TINY, Run, run_trainer, telemetry_env
 
 from mlaunch.model.groups import SpanGroup
+from mlaunch.model.identity import JOB_UUID, RUN_UUID
 from mlaunch.model.spans import (
+    ALIASES,
     CATALOGUE,
     Attr,
+    LegacyName,
     Repeat,
     ResourceAttr,
     SpanName,
@@ -34,7 +40,10 @@ ITERS, EVAL_ITERS, SAMPLE = 3, 2, 3
 MICRO = 8 // (2 * DP)  # global 8, micro 2 (TINY)
 LAYERS_PER_STAGE = 2 // PP
 SAVES = 2  # --save-interval 2 over 3 iterations: at 2, and the final save at 3
+BLOCKS = 2  # megatron.train blocks of save_interval iterations: 1-2 (save at 2), 3 (final save)
 EVALS = 1  # --eval-interval 3
+#: The launcher's attempt span, as the launcher hands it to the workers.
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 MODEL_NAME = "mlaunch-gpt-2l-32h"
 ARGS = [
     *TINY, "--train-iters", str(ITERS), "--pipeline-model-parallel-size", str(PP),
@@ -55,22 +64,11 @@ def _emitted_on(stages: Stages, stage: int) -> bool:
     }[stages]  # fmt: skip
 
 
-#: One spec re-roots megatron.train every SEGMENT iterations (SPEC section 4: bounded traces).
-SEGMENTED_SPEC, SEGMENT = "per_step", 2
-
-
-def train_segments(spec: str) -> int:
-    """How many megatron.train spans a rank emits: one per trace segment the run touches."""
-    if spec != SEGMENTED_SPEC:
-        return 1
-    return len({it // SEGMENT for it in range(1, ITERS + 1)})
-
-
-def expected_counts(groups: frozenset[SpanGroup], rank: int, segments: int = 1) -> Counter:
+def expected_counts(groups: frozenset[SpanGroup], rank: int) -> Counter:
     """Span name -> count for one rank of this job, derived from the catalogue."""
     stage, dp_rank = divmod(rank, DP)
     per_repeat = {
-        Repeat.ONCE: 1, Repeat.ITERATION: ITERS, Repeat.MICROBATCH: ITERS * MICRO,
+        Repeat.ONCE: 1, Repeat.BLOCK: BLOCKS, Repeat.ITERATION: ITERS, Repeat.MICROBATCH: ITERS * MICRO,
         Repeat.LAYER: ITERS * MICRO * LAYERS_PER_STAGE, Repeat.SAVE: SAVES, Repeat.EVAL: EVALS,
         Repeat.EVAL_STEP: EVALS * EVAL_ITERS, Repeat.REQUEST: EVALS, Repeat.REGION: 0,
     }  # fmt: skip
@@ -78,10 +76,10 @@ def expected_counts(groups: frozenset[SpanGroup], rank: int, segments: int = 1) 
     for d in CATALOGUE:
         if d.group not in groups or not _emitted_on(d.stages, stage):
             continue
-        if d.name in (SpanName.LOAD_CHECKPOINT, SpanName.LOAD_CHECKPOINT_IO_READ):
+        if d.name in (SpanName.CHECKPOINT_LOAD, SpanName.CHECKPOINT_LOAD_IO_READ):
             continue  # no --load in this job
         name = text_completion_name(MODEL_NAME) if d.repeat is Repeat.REQUEST else d.name
-        out[name] += segments if d.name == SpanName.TRAIN else per_repeat[d.repeat]
+        out[name] += per_repeat[d.repeat]
     if SpanGroup.TRACE_REGION in groups:
         regions = list(DATA_REGIONS)
         if rank == 0:
@@ -104,15 +102,13 @@ def off_run(workdir) -> Run:
     return run
 
 
-SPECS = ["default", "per_step", "all", "default,microbatch"]
+SPECS = ["default", "per_step", "all"]
 
 
 @pytest.fixture(scope="module", params=SPECS)
 def traced(request, workdir) -> tuple[str, Run, dict[int, list[dict]]]:
     spec = request.param
-    env = telemetry_env(spec)
-    if spec == SEGMENTED_SPEC:
-        env["MEGATRON_OTEL_TRACE_SEGMENT_ITERS"] = str(SEGMENT)
+    env = {**telemetry_env(spec), "TRACEPARENT": TRACEPARENT}
     # One save directory per run: a directory that holds a checkpoint is resumed from (--load
     # defaults to --save), and every run here starts from scratch.
     name = spec.replace(",", "+")
@@ -129,9 +125,44 @@ def test_span_names_per_rank_are_exactly_the_catalogue_for_the_spec(traced):
     groups = resolve(spec)
     for rank, rank_spans in spans.items():
         got = Counter(s["name"] for s in rank_spans)
-        assert got == expected_counts(groups, rank, train_segments(spec)), (
-            f"rank {rank}, spec {spec!r}"
+        assert got == expected_counts(groups, rank), f"rank {rank}, spec {spec!r}"
+
+
+def test_no_documented_only_name_is_emitted(traced):
+    _, _, spans = traced
+    names = {s["name"] for rank_spans in spans.values() for s in rank_spans}
+    assert not names & (set(ALIASES) | {LegacyName.PRETRAIN}), names
+
+
+def test_roots_are_startup_and_one_train_block_per_save_interval_linked_in_a_chain(traced):
+    spec, _, spans = traced
+    for rank, rank_spans in spans.items():
+        startup = [s for s in rank_spans if s["name"] == SpanName.STARTUP]
+        blocks = sorted(
+            (s for s in rank_spans if s["name"] == SpanName.TRAIN),
+            key=lambda s: s["attributes"][Attr.TRAIN_BLOCK],
         )
+        assert len(startup) == 1 and len(blocks) == BLOCKS, (rank, spec)
+        (st,) = startup
+        # The startup span links to the launcher's attempt span (TRACEPARENT).
+        assert [(ln["trace_id"], ln["span_id"]) for ln in st["links"]] == [
+            tuple(TRACEPARENT.split("-")[1:3])
+        ]
+        assert st["attributes"][Attr.MODEL_TYPE] == "gpt"
+        previous = st
+        for k, block in enumerate(blocks):
+            assert block["attributes"][Attr.TRAIN_BLOCK] == k
+            assert block["parent_span_id"] in (None, "")
+            # Each block is a trace of its own, linked to the previous block (the first: startup).
+            assert block["trace_id"] != previous["trace_id"]
+            assert [(ln["trace_id"], ln["span_id"]) for ln in block["links"]] == [
+                (previous["trace_id"], previous["span_id"])
+            ]
+            assert block["end_ns"] <= blocks[k + 1]["start_ns"] if k + 1 < BLOCKS else True
+            previous = block
+        # No worker span covers the whole run.
+        first, last = min(s["start_ns"] for s in rank_spans), max(s["end_ns"] for s in rank_spans)
+        assert not [s for s in rank_spans if s["start_ns"] <= first and s["end_ns"] >= last]
 
 
 def test_every_span_has_its_contract_parent(traced):
@@ -146,14 +177,10 @@ def test_every_span_has_its_contract_parent(traced):
             d = span_def(s["name"])
             if d.name == SpanName.REGION:
                 want = (
-                    (SpanName.DATA_SETUP if SpanGroup.DATA_LOADING in groups else SpanName.PRETRAIN)
+                    (SpanName.DATALOADER if SpanGroup.DATA_LOADING in groups else SpanName.STARTUP)
                     if s["name"].startswith(region_name("data"))
-                    else SpanName.SAVE_CHECKPOINT_IO_WRITE
+                    else SpanName.CHECKPOINT_SAVE_IO_WRITE
                 )
-            elif d.name == SpanName.TRAIN and Attr.TRACE_SEGMENT in s["attributes"]:
-                # A re-rooted segment starts a new trace, linked to the previous segment.
-                want = None
-                assert [ln["span_id"] for ln in s["links"]] and s["links"][0]["span_id"] in by_id
             else:
                 want = effective_parent(d.name, groups)
                 # megatron.first_iteration wraps the first iteration: what would hang under
@@ -173,35 +200,38 @@ def test_every_listed_attribute_is_set_with_its_value(traced):
         for s in rank_spans:
             d = span_def(s["name"])
             attrs = s["attributes"]
-            assert set(d.attributes) <= set(attrs), (
-                f"{s['name']} lacks {set(d.attributes) - set(attrs)}"
+            assert set(d.all_attributes) <= set(attrs), (
+                f"{s['name']} lacks {set(d.all_attributes) - set(attrs)}"
             )
             assert attrs.get(Attr.IS_GOODPUT) is (True if d.is_goodput else None)
             res = s["resource"]
             assert (res[ResourceAttr.PP_RANK], res[ResourceAttr.DP_RANK]) == (stage, dp_rank)
             assert res[ResourceAttr.BATCH_SIZE] == 8 and res[ResourceAttr.PRECISION] == "fp32"
             assert res[ResourceAttr.NUM_LAYERS] == 2 and res[ResourceAttr.CKPT_FORMAT] == "torch"
+            # Megatron-LM's run identity, the same on every rank (no communication).
+            assert res[JOB_UUID] == spans[0][0]["resource"][JOB_UUID]
+            assert res[RUN_UUID] == spans[0][0]["resource"][RUN_UUID]
         values = {
             name: sorted(s["attributes"][key] for s in rank_spans if s["name"] == name)
             for name, key in [
-                (SpanName.TRAIN_STEP, Attr.ITERATION), (SpanName.MICROBATCH_FORWARD, Attr.MICROBATCH_ID),
+                (SpanName.ITERATION, Attr.ITERATION), (SpanName.MICROBATCH_FORWARD, Attr.MICROBATCH_ID),
                 (SpanName.LAYER_FORWARD, Attr.LAYER_NUMBER), (SpanName.EVALUATE_STEP, Attr.EVAL_ITERATION),
-                (SpanName.SAVE_CHECKPOINT, Attr.ITERATION), (SpanName.FIRST_ITERATION, Attr.ITERATION),
+                (SpanName.CHECKPOINT_SAVE, Attr.ITERATION), (SpanName.FIRST_ITERATION, Attr.ITERATION),
             ]
         }  # fmt: skip
         expect = {
-            SpanName.TRAIN_STEP: list(range(1, ITERS + 1)),
+            SpanName.ITERATION: list(range(1, ITERS + 1)),
             SpanName.MICROBATCH_FORWARD: sorted(list(range(MICRO)) * ITERS),
             SpanName.LAYER_FORWARD: [stage + 1] * (ITERS * MICRO),
             SpanName.EVALUATE_STEP: list(range(1, EVAL_ITERS + 1)),
-            SpanName.SAVE_CHECKPOINT: [2, 3],
+            SpanName.CHECKPOINT_SAVE: [2, 3],
             SpanName.FIRST_ITERATION: [1],
         }
         for name, got in values.items():
             if got:  # the group is on in this spec
                 assert got == expect[name], (rank, name)
         for s in rank_spans:
-            if s["name"] == SpanName.OPTIMIZER_STEP:
+            if s["name"] == SpanName.OPTIMIZER:
                 assert s["attributes"][Attr.UPDATE_SUCCESSFUL] is True
             if s["name"] == SpanName.FORWARD_BACKWARD:
                 assert s["attributes"][Attr.NUM_MICROBATCHES] == MICRO
@@ -239,11 +269,32 @@ def test_linked_spans_point_at_the_senders_send_forward(traced):
         assert sorted(targets) == sorted(sender)  # each send is received (and linked) once
 
 
+def test_every_rank_shares_each_blocks_trace_id(traced):
+    _, _, spans = traced
+    by_block: dict[int, set[str]] = {}
+    startup: set[str] = set()
+    for rank_spans in spans.values():
+        for s in rank_spans:
+            if s["name"] == SpanName.TRAIN:
+                by_block.setdefault(s["attributes"][Attr.TRAIN_BLOCK], set()).add(s["trace_id"])
+            elif s["name"] == SpanName.STARTUP:
+                startup.add(s["trace_id"])
+    assert sorted(by_block) == list(range(BLOCKS))
+    assert all(len(ids) == 1 for ids in by_block.values()), by_block
+    assert len(startup) == 1 and not startup & set().union(*by_block.values())
+    # Every span of a block's tree carries the block's trace id on every rank.
+    block_of = {next(iter(ids)) for ids in by_block.values()} | startup
+    for rank_spans in spans.values():
+        for s in rank_spans:
+            if not s["name"].startswith(SpanName.TEXT_COMPLETION):
+                assert s["trace_id"] in block_of, s["name"]
+
+
 def test_one_trace_id_per_iteration_across_ranks(traced):
     spec, _, spans = traced
     groups = resolve(spec)
     keyed = (
-        (SpanName.TRAIN_STEP, Attr.ITERATION)
+        (SpanName.ITERATION, Attr.ITERATION)
         if SpanGroup.STEP in groups
         else (SpanName.FIRST_ITERATION, Attr.ITERATION)
     )
@@ -253,8 +304,6 @@ def test_one_trace_id_per_iteration_across_ranks(traced):
             if s["name"] == keyed[0]:
                 by_iteration.setdefault(s["attributes"][keyed[1]], set()).add(s["trace_id"])
     assert by_iteration and all(len(ids) == 1 for ids in by_iteration.values()), by_iteration
-    pretrain = {s["trace_id"] for r in spans.values() for s in r if s["name"] == SpanName.PRETRAIN}
-    assert len(pretrain) == 1
 
 
 def test_telemetry_off_writes_nothing_and_trains_identically(traced, off_run):

@@ -115,12 +115,12 @@ def test_resume_continues_the_same_loss_sequence_and_skips_a_corrupt_checkpoint(
     # The resumed process's spans and metrics (telemetry on; the losses above are unchanged by it).
     spans = read_spans(second.run_dir / "telemetry" / "traces-rank0.jsonl")
     by_name = {s["name"]: s for s in spans}
-    load = by_name[SpanName.LOAD_CHECKPOINT]
+    load = by_name[SpanName.CHECKPOINT_LOAD]
     assert load["attributes"][Attr.ITERATION] == 10
-    assert by_name[SpanName.LOAD_CHECKPOINT_IO_READ]["parent_span_id"] == load["span_id"]
+    assert by_name[SpanName.CHECKPOINT_LOAD_IO_READ]["parent_span_id"] == load["span_id"]
     assert by_name[SpanName.FIRST_ITERATION]["attributes"][Attr.ITERATION] == 11
     steps = sorted(
-        s["attributes"][Attr.ITERATION] for s in spans if s["name"] == SpanName.TRAIN_STEP
+        s["attributes"][Attr.ITERATION] for s in spans if s["name"] == SpanName.ITERATION
     )
     assert steps == list(range(11, 21))
     metrics = {
