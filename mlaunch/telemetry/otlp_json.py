@@ -82,11 +82,20 @@ def metrics_request_to_dict(request: Any) -> dict[str, Any]:
     return _fix_metric_ids(MessageToDict(request, use_integers_for_enums=True), _b64_to_hex)
 
 
-def encode_spans_line(spans: Iterable[Any]) -> str:
-    """SDK ``ReadableSpan`` objects as one OTLP/JSON line (no trailing newline)."""
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+_ENCODER: Any = None
 
-    return json.dumps(trace_request_to_dict(encode_spans(list(spans))), separators=(",", ":"))
+
+def encode_spans_line(spans: Iterable[Any]) -> str:
+    """SDK ``ReadableSpan`` objects as one OTLP/JSON line (no trailing newline): the document the
+    SDK's encoder + protobuf's JSON mapping give, keys in the proto's declaration order as the
+    collector writes them (see :mod:`mlaunch.telemetry._encode`, which encodes it directly)."""
+    global _ENCODER
+    if _ENCODER is None:
+        from mlaunch.telemetry._encode import SpanEncoder
+
+        _ENCODER = SpanEncoder(None, None)
+    line, _ = _ENCODER.json_line(spans)
+    return line.decode("utf-8")
 
 
 def encode_metrics_line(metrics_data: Any) -> str:
