@@ -127,6 +127,12 @@ class Telemetry:
         """The SDK MeterProvider (None when not exporting or metrics are off)."""
         return self._runtime.meter_provider if self._runtime is not None else None
 
+    def span_counts(self) -> dict[str, Any] | None:
+        """Where the spans handed to telemetry went (None when not exporting): ``emitted`` =
+        ``delivered`` + ``spooled`` + ``dropped`` (+ ``pending``, 0 after shutdown), and
+        ``dropped_by`` (reason -> count). The shutdown warning states the same numbers."""
+        return self._runtime.span_counts() if self._runtime is not None else None
+
     def shutdown(self, timeout_s: float | None = None) -> None:
         """Flush and stop exporters within a hard deadline; idempotent."""
         if _HANDLE is self:
