@@ -167,4 +167,3 @@ def test_100k_spans_with_a_server_that_dies_mid_run(tmp_path):
     received = [s["span_id"] for s in rx.spans]
     assert counts["delivered"] >= HALF and counts["spooled"] >= HALF
     _check(counts, err, tmp_path, received)
-
