@@ -175,7 +175,7 @@ def cost_worker(kind: str, n: int) -> None:
     with telemetry.span(SpanGroup.JOB, SpanName.TRAIN):
         if kind == "coarse":
             for _ in range(n):
-                with telemetry.span(SpanGroup.STEP, SpanName.TRAIN_STEP, **attrs):
+                with telemetry.span(SpanGroup.STEP, SpanName.ITERATION, **attrs):
                     pass
         elif kind == "fine":
             for _ in range(n):

@@ -262,15 +262,18 @@ def is_enabled(group: str) -> bool:
 
 
 class _Null:
-    """The one context manager every disabled ``span`` site gets."""
+    """The one context manager every disabled ``span`` site gets.
+
+    Its ``__enter__`` and ``__exit__`` are C callables, not Python methods, which takes two
+    Python frames off every disabled ``with span(...)`` (about a third of its cost). ``with``
+    looks both up on the type and, as neither is a descriptor, calls them without ``self``:
+    ``NoneType()`` returns None (``as s`` gets None) and ``"".format(exc_type, exc, tb)`` returns
+    "" (false: an exception propagates).
+    """
 
     __slots__ = ()
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> bool:
-        return False
+    __enter__ = type(None)
+    __exit__ = "".format
 
 
 _NULL = _Null()

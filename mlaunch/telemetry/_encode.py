@@ -51,6 +51,13 @@ _DOUBLE = struct.Struct("<d").pack
 _FIXED64 = struct.Struct("<Q").pack
 _FIXED32 = struct.Struct("<I").pack
 _VARINT1 = [bytes((i,)) for i in range(128)]
+#: Entries per attribute cache of the fast path (iteration numbers and losses keep changing; the
+#: cache pays for the repeated ones: layer numbers, names, flags).
+_CACHE_MAX = 8192
+
+
+def _dumps(value: Any) -> str:
+    return orjson.dumps(value).decode("utf-8")
 
 
 def _varint(n: int) -> bytes:
@@ -350,6 +357,13 @@ class SpanEncoder:
         self.on_drop = on_drop or _log_drop
         self._names: dict[str, bytes] = {}
         self._keys: dict[str, bytes] = {}
+        # The fast path for plain FineSpans (no events, links or status; plain attributes):
+        # encoded attribute fields per (key, type, value), names, the last trace id.
+        self._kv_json: dict[tuple[str, type, Any], str] = {}
+        self._kv_pb: dict[tuple[str, type, Any], bytes] = {}
+        self._json_names: dict[str, str] = {}
+        self._json_tid: tuple[int, str] = (-1, "")
+        self._pb_tid: tuple[int, bytes] = (-1, b"")
         # Keyed by id(resource): each value holds the resource too, so the id cannot be reused.
         self._pb_heads: dict[tuple[int, Any], tuple[bytes, bytes, bytes, Any]] = {}
         self._json_heads: dict[
@@ -360,15 +374,21 @@ class SpanEncoder:
 
     def _groups(self, spans: Iterable[Any]) -> list[tuple[Any, Any, list[Any]]]:
         """(resource, scope, spans) in first-seen order, as the SDK's encoder groups them."""
-        default = (self.resource, self.scope)
         groups: dict[tuple[int, Any], tuple[Any, Any, list[Any]]] = {}
+        fine: list[Any] | None = None
         last_key: Any = None
         last: list[Any] = []
         for span in spans:
-            if type(span) is FineSpan:
-                resource, scope = default
-            else:
-                resource, scope = span.resource, span.instrumentation_scope
+            if type(span) is FineSpan:  # the runtime's resource and scope: no lookups
+                if fine is None:
+                    key = (id(self.resource), self.scope)
+                    group = groups.get(key)
+                    if group is None:
+                        group = groups[key] = (self.resource, self.scope, [])
+                    fine = group[2]
+                fine.append(span)
+                continue
+            resource, scope = span.resource, span.instrumentation_scope
             key = (id(resource), scope)
             if key != last_key:
                 group = groups.get(key)
@@ -523,9 +543,97 @@ class SpanEncoder:
         return request, dropped
 
     def json_line(self, spans: Iterable[Any]) -> tuple[bytes, int]:
-        """``(one OTLP/JSON line without the newline, spans dropped)``."""
-        request, dropped = self.json_request(spans)
-        return orjson.dumps(request), dropped
+        """``(one OTLP/JSON line without the newline, spans dropped)``: the bytes orjson writes
+        for :meth:`json_request`'s document, assembled from per-span pieces."""
+        resources: dict[int, tuple[str, str, list[str]]] = {}
+        dropped = 0
+        fast = self._json_fine_fast
+        for resource, scope, group in self._groups(spans):
+            res, sc, schema = self._json_head(resource, scope)
+            encoded = []
+            for span in group:
+                try:
+                    frag = fast(span) if type(span) is FineSpan else None
+                    encoded.append(frag or _dumps(self._json_span(span)))
+                except Exception as exc:  # one bad record must not take the batch with it
+                    dropped += 1
+                    self.on_drop(f"span:{type(exc).__name__}", f"dropped a span ({exc})")
+            entry = resources.get(id(resource))
+            if entry is None:
+                res_part = f'"resource":{_dumps(res)},' if res else ""
+                schema_part = f',"schemaUrl":{_dumps(schema)}' if schema else ""
+                entry = resources[id(resource)] = (res_part, schema_part, [])
+            parts = [f'"scope":{_dumps(sc)}'] if sc else []
+            if encoded:
+                parts.append(f'"spans":[{",".join(encoded)}]')
+            schema_url = getattr(scope, "schema_url", "") if scope is not None else ""
+            if schema_url:
+                parts.append(f'"schemaUrl":{_dumps(schema_url)}')
+            entry[2].append("{" + ",".join(parts) + "}")
+        if not resources:
+            return b"{}", dropped
+        body = ",".join(
+            f'{{{res_part}"scopeSpans":[{",".join(scopes)}]{schema_part}}}'
+            for res_part, schema_part, scopes in resources.values()
+        )
+        return f'{{"resourceSpans":[{body}]}}'.encode("utf-8", "surrogatepass"), dropped
+
+    def _json_fine_fast(self, rec: FineSpan) -> str | None:
+        """A plain FineSpan's JSON object, or None when it needs the general path."""
+        if rec.events is not None or rec.links is not None or rec.status is not None:
+            return None
+        attrs = rec.attributes
+        if attrs:
+            limit = self.limits.attributes
+            if limit is not None and len(attrs) > limit:
+                return None
+            cache = self._kv_json
+            out = []
+            for key, value in attrs.items():
+                tv = type(value)
+                if tv not in _PLAIN:
+                    return None
+                frag = cache.get((key, tv, value))
+                if frag is None:
+                    frag = self._json_kv_new(key, tv, value)
+                    if frag is None:
+                        return None
+                out.append(frag)
+            attr_part = ',"attributes":[' + ",".join(out) + "]"
+        else:
+            attr_part = ""
+        name = rec.name
+        name_part = self._json_names.get(name)
+        if name_part is None:
+            if type(name) is not str or not name:
+                return None
+            name_part = self._json_names[name] = f'"name":{_dumps(name)}'
+        tid = rec.trace_id
+        cached = self._json_tid
+        if cached[0] != tid:
+            cached = self._json_tid = (tid, f'{{"traceId":"{tid:032x}","spanId":"')
+        pid = rec.parent_id
+        parent = f'","parentSpanId":"{pid:016x}' if pid else ""
+        return (
+            f'{cached[1]}{rec.span_id:016x}{parent}","flags":256,{name_part},"kind":1,'
+            f'"startTimeUnixNano":"{rec.start}","endTimeUnixNano":"{rec.end}"{attr_part},'
+            '"status":{}}'
+        )
+
+    def _json_kv_new(self, key: Any, tv: type, value: Any) -> str | None:
+        """A plain attribute's JSON KeyValue (cached), or None when it needs cleaning."""
+        if type(key) is not str or not key:
+            return None
+        if tv is str:
+            limit = self.limits.length
+            if limit is not None and len(value) > limit:
+                return None
+        elif tv is int and not _INT64_MIN <= value <= _INT64_MAX:
+            return None
+        frag = f'{{"key":{_dumps(key)},"value":{_dumps(json_value(value))}}}'
+        if len(self._kv_json) < _CACHE_MAX:
+            self._kv_json[(key, tv, value)] = frag
+        return frag
 
     # --- protobuf -------------------------------------------------------------------------------
 
@@ -559,7 +667,77 @@ class SpanEncoder:
             head = self._pb_heads[key] = (res_field, schema_field, scope_field, resource)
         return head[:3]
 
+    def _pb_fine_fast(self, rec: FineSpan) -> bytes | None:
+        """A plain FineSpan's ``spans`` field, or None when it needs the general path."""
+        if rec.events is not None or rec.links is not None or rec.status is not None:
+            return None
+        attrs = rec.attributes
+        attr_bytes = b""
+        if attrs:
+            limit = self.limits.attributes
+            if limit is not None and len(attrs) > limit:
+                return None
+            cache = self._kv_pb
+            out = []
+            for key, value in attrs.items():
+                tv = type(value)
+                if tv not in _PLAIN:
+                    return None
+                field = cache.get((key, tv, value))
+                if field is None:
+                    field = self._pb_kv_new(key, tv, value)
+                    if field is None:
+                        return None
+                out.append(field)
+            attr_bytes = b"".join(out)
+        name = rec.name
+        nb = self._names.get(name)
+        if nb is None:
+            if type(name) is not str or not name:
+                return None
+            nb = self._names[name] = _ld(b"\x2a", name.encode("utf-8", "surrogatepass"))
+        tid = rec.trace_id
+        cached = self._pb_tid
+        if cached[0] != tid:
+            cached = self._pb_tid = (tid, b"\x0a\x10" + tid.to_bytes(16, "big") + b"\x12\x08")
+        pid = rec.parent_id
+        body = b"".join(
+            (
+                cached[1],
+                rec.span_id.to_bytes(8, "big"),
+                b"\x22\x08" + pid.to_bytes(8, "big") if pid else b"",
+                nb,
+                b"\x30\x01\x39",
+                _FIXED64(rec.start),
+                b"\x41",
+                _FIXED64(rec.end),
+                attr_bytes,
+                b"\x7a\x00\x85\x01\x00\x01\x00\x00",  # status {}, flags 256
+            )
+        )
+        n = len(body)
+        return b"\x12" + (_VARINT1[n] if n < 128 else _varint(n)) + body
+
+    def _pb_kv_new(self, key: Any, tv: type, value: Any) -> bytes | None:
+        """A plain attribute's ``attributes`` field (cached), or None when it needs cleaning."""
+        if type(key) is not str or not key:
+            return None
+        if tv is str:
+            limit = self.limits.length
+            if limit is not None and len(value) > limit:
+                return None
+        elif tv is int and not _INT64_MIN <= value <= _INT64_MAX:
+            return None
+        field = _ld(b"\x4a", _pb_kv(key, value))
+        if len(self._kv_pb) < _CACHE_MAX:
+            self._kv_pb[(key, tv, value)] = field
+        return field
+
     def _pb_span(self, span: Any) -> bytes:
+        if type(span) is FineSpan:
+            fast = self._pb_fine_fast(span)
+            if fast is not None:
+                return fast
         v = view(span, self.limits)
         name = v.name
         nb = self._names.get(name)

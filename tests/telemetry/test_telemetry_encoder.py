@@ -8,6 +8,7 @@ import json
 import logging
 from typing import Any
 
+import orjson
 import pytest
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.attributes import BoundedAttributes
@@ -136,6 +137,7 @@ def test_json_equals_the_sdk_encoder_for_sdk_spans() -> None:
     _assert_same(otlp_json.decode_traces_line(line.decode()), expected)
     # ... and the same document as the SDK encoder + json_format + hex ids.
     assert json.loads(line) == otlp_json.trace_request_to_dict(expected)
+    assert line == orjson.dumps(encoder.json_request(spans)[0])
     # The public helper is the same encoder.
     assert otlp_json.encode_spans_line(spans) == line.decode()
 
@@ -205,7 +207,11 @@ def _fine_spans() -> list[FineSpan]:
     )
     many = _fine("many-attrs", None, {f"a{i}": i for i in range(200)}, span_id=0xCCCC)
     bad = _fine("bad-values", None, {"obj": object(), "": 1, "ok": 1}, span_id=0xDDDD)
-    return [root, child, many, bad]
+    # The common case (the encoder's fast path): no events, links or status, plain values.
+    plain = {"s": 'é"q', "i": 3, "neg": -1, "f": 0.5, "nan": float("nan"), "b": True, "i1": 1}
+    plain_root = _fine("plain", None, plain, span_id=0xEEEE)
+    plain_child = _fine("plain-child", plain_root, {}, span_id=0xFFFF)
+    return [root, child, many, bad, plain_root, plain_child]
 
 
 def test_fine_spans_encode_as_the_sdk_encodes_the_same_calls() -> None:
@@ -214,13 +220,16 @@ def test_fine_spans_encode_as_the_sdk_encodes_the_same_calls() -> None:
     records = _fine_spans()
     expected = _sdk_request([_readable(r, resource, scope) for r in records])
     encoder = SpanEncoder(resource, scope, Limits(SpanLimits()))
-    payload, dropped = encoder.pb_request(records)
-    assert dropped == 0
-    ours = ExportTraceServiceRequest()
-    ours.ParseFromString(payload)
-    _assert_same(ours, expected)
-    line, _ = encoder.json_line(records)
-    _assert_same(otlp_json.decode_traces_line(line.decode()), expected)
+    for _ in range(2):  # the second time from the fast path's caches
+        payload, dropped = encoder.pb_request(records)
+        assert dropped == 0
+        ours = ExportTraceServiceRequest()
+        ours.ParseFromString(payload)
+        _assert_same(ours, expected)
+        line, _ = encoder.json_line(records)
+        _assert_same(otlp_json.decode_traces_line(line.decode()), expected)
+        # The pieces assembled for the line are exactly orjson's bytes for the whole document.
+        assert line == orjson.dumps(encoder.json_request(records)[0])
     spans = {s.name: s for s in ours.resource_spans[0].scope_spans[0].spans}
     # The SDK's limits: 128 attributes kept (the newest), the rest counted as dropped.
     assert len(spans["many-attrs"].attributes) == 128
