@@ -6,9 +6,15 @@ imports it only on an exporting rank with telemetry enabled.
 
 Why mlaunch owns the export thread instead of using the SDK's BatchSpanProcessor: the SDK's
 ``force_flush(timeout_millis=...)`` ignores its timeout and can block ~28 s on an unreachable
-endpoint. Here the one export thread does all conversion and I/O; shutdown waits for it only until
+endpoint. Here the one export thread does all encoding and I/O; shutdown waits for it only until
 a hard deadline, then writes everything undelivered (queued or in flight) to the spool file and
 returns. A daemon thread stuck in a network call cannot keep the process alive.
+
+Nothing is lost: the thread takes one batch at a time from the queue (so only that batch is ever
+in flight; the rest stays queued where the deadline finds it), and every span taken is counted
+as delivered, spooled or dropped with a logged reason (:meth:`Runtime.span_counts`). Spans are
+encoded straight from their fields (:mod:`mlaunch.telemetry._encode`), not through SDK
+ReadableSpans and the SDK's encoder, which cost more CPU than recording them.
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ Each line is one ``ExportTraceServiceRequest`` (traces files) or ``ExportMetrics
 - attribute values as ``{"stringValue"|"intValue"|"doubleValue"|"boolValue"|"arrayValue"|...: v}``;
 - fields with default values (0, "", empty lists) are omitted, as protobuf's JSON printer does.
 
-Encoding needs ``opentelemetry-proto`` (protobuf); the flat readers (:func:`iter_spans`,
+Encoding spans (:func:`encode_spans_line`) uses mlaunch's direct encoder
+(:mod:`mlaunch.telemetry._encode`, orjson; keys in the proto's declaration order as the collector
+writes them); metrics and the protobuf conversions need ``opentelemetry-proto``; the flat readers (:func:`iter_spans`,
 :func:`iter_metrics`, :func:`read_spans`) use only the standard library, so ``mlaunch trace`` can
 read run directories without the SDK.
 """
