@@ -19,6 +19,7 @@ from support.otlp import GrpcOtlpReceiver, HangingServer, closed_port_endpoint
 
 from mlaunch import envcontract
 from mlaunch.telemetry import otlp_json
+from mlaunch.telemetry._runtime import BATCH_SIZE
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS, LAYERS = 100, 999  # 100 coarse step spans with 999 fine spans each: 100,000 spans
@@ -165,5 +166,6 @@ def test_100k_spans_with_a_server_that_dies_mid_run(tmp_path):
     out, err = proc.communicate(timeout=300)
     counts = _parse(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
     received = [s["span_id"] for s in rx.spans]
-    assert counts["delivered"] >= HALF and counts["spooled"] >= HALF
+    # The batch in flight when the server died may have arrived unconfirmed: it counts as spooled.
+    assert counts["delivered"] >= HALF - BATCH_SIZE and counts["spooled"] >= HALF
     _check(counts, err, tmp_path, received)
