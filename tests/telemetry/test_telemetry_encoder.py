@@ -264,3 +264,22 @@ def _assert_same(ours: ExportTraceServiceRequest, expected: ExportTraceServiceRe
         b = MessageToDict(expected)
         assert a == b
     assert ours == expected
+
+
+def test_an_invalid_value_set_in_a_loop_is_logged_once(caplog: Any) -> None:
+    import mlaunch.telemetry._runtime  # noqa: F401 - installs the once-per-message filter
+
+    class OddValue14:  # a type no other test logs about
+        pass
+
+    caplog.set_level(logging.WARNING, logger="opentelemetry")
+    encoder = SpanEncoder(Resource({}), InstrumentationScope("mlaunch"))
+    records = [_fine("odd", None, {"odd": OddValue14(), "i": i}, span_id=i + 1) for i in range(50)]
+    payload, dropped = encoder.pb_request(records)
+    encoder.json_line(records)
+    assert dropped == 0
+    ours = ExportTraceServiceRequest()
+    ours.ParseFromString(payload)
+    assert len(ours.resource_spans[0].scope_spans[0].spans) == 50
+    odd = [r for r in caplog.records if "OddValue14" in r.getMessage()]
+    assert len(odd) == 1, [r.getMessage() for r in odd]
