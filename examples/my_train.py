@@ -59,7 +59,11 @@ def main() -> None:
     run_dir = Path(os.environ.get("MLAUNCH_RUN_DIR", "."))
     progress = open(run_dir / "progress.jsonl", "a") if rank == 0 else None  # noqa: SIM115
 
-    with telemetry.span(G.JOB, SpanName.PRETRAIN, **{Attr.TRAIN_ITERS.value: args.train_iters}):
+    # Megatron-LM's tree: a start-up trace, then the loop in megatron.train blocks. With one
+    # megatron.train open, set_iteration starts a new trace every K iterations
+    # (MEGATRON_OTEL_TRACE_SEGMENT_ITERS); no worker span covers the whole run (the launcher's
+    # job trace does).
+    with telemetry.span(G.JOB, SpanName.STARTUP):
         with telemetry.span(G.MODEL_INIT, SpanName.MODEL_INIT):
             torch.manual_seed(0)
             model = torch.nn.Embedding(256, 256)  # logits of the next byte given this one
@@ -67,45 +71,46 @@ def main() -> None:
         data = torch.tensor(list(TEXT), dtype=torch.long)
         gen = torch.Generator().manual_seed(rank)
 
-        with telemetry.span(G.JOB, SpanName.TRAIN, **{Attr.TRAIN_ITERS.value: args.train_iters}):
-            for it in range(1, args.train_iters + 1):
-                telemetry.set_iteration(it)  # one trace id per iteration on every rank
-                lr = args.peak_lr * 0.5 * (1 + math.cos(math.pi * (it - 1) / args.train_iters))
-                for g in opt.param_groups:
-                    g["lr"] = lr
-                t0 = time.perf_counter()
-                with telemetry.span(G.STEP, SpanName.TRAIN_STEP,
-                                    **{Attr.ITERATION.value: it}) as step:  # fmt: skip
-                    with telemetry.span(G.DATA_LOADING, SpanName.GET_BATCH):
-                        starts = torch.randint(len(data) - args.seq_length - 1,
-                                               (args.micro_batch_size,), generator=gen)  # fmt: skip
-                        x = torch.stack([data[s : s + args.seq_length] for s in starts])
-                        y = torch.stack([data[s + 1 : s + args.seq_length + 1] for s in starts])
-                    with telemetry.span(G.FORWARD_BACKWARD, SpanName.FORWARD_BACKWARD):
-                        loss = torch.nn.functional.cross_entropy(model(x).view(-1, 256), y.view(-1))
-                        opt.zero_grad()
-                        loss.backward()
-                    # Your own span name: the report shows it (group "other") with its attributes.
-                    with telemetry.span(G.COMMUNICATION, "my_train.allreduce", ranks=world):
-                        if world > 1:
-                            for p in model.parameters():
-                                dist.all_reduce(p.grad)
-                                p.grad /= world
-                    with telemetry.span(G.OPTIMIZER, SpanName.OPTIMIZER_STEP):
-                        opt.step()
-                    value = loss.item()  # a sync point, once per step
-                    if step is not None:
-                        step.set_attribute(Attr.LOSS.value, value)
-                step_ms = (time.perf_counter() - t0) * 1e3
-                tokens_per_sec = args.micro_batch_size * world * args.seq_length / (step_ms / 1e3)
-                telemetry.record_step(it, step_ms=step_ms, loss=value, learning_rate=lr,
-                                      tokens_per_sec=tokens_per_sec)  # fmt: skip
-                if progress is not None:
-                    progress.write(json.dumps({
-                        "iteration": it, "train_iters": args.train_iters, "loss": value,
-                        "lr": lr, "tokens_per_sec": tokens_per_sec, "step_ms": step_ms,
-                        "perplexity": math.exp(value),
-                    }) + "\n")  # fmt: skip
+    telemetry.set_iteration(1)
+    with telemetry.span(G.JOB, SpanName.TRAIN):
+        for it in range(1, args.train_iters + 1):
+            telemetry.set_iteration(it)  # the block's trace id, the same on every rank
+            lr = args.peak_lr * 0.5 * (1 + math.cos(math.pi * (it - 1) / args.train_iters))
+            for g in opt.param_groups:
+                g["lr"] = lr
+            t0 = time.perf_counter()
+            with telemetry.span(G.STEP, SpanName.ITERATION,
+                                **{Attr.ITERATION.value: it}) as step:  # fmt: skip
+                with telemetry.span(G.DATA_LOADING, SpanName.GET_BATCH):
+                    starts = torch.randint(len(data) - args.seq_length - 1,
+                                           (args.micro_batch_size,), generator=gen)  # fmt: skip
+                    x = torch.stack([data[s : s + args.seq_length] for s in starts])
+                    y = torch.stack([data[s + 1 : s + args.seq_length + 1] for s in starts])
+                with telemetry.span(G.FORWARD_BACKWARD, SpanName.FORWARD_BACKWARD):
+                    loss = torch.nn.functional.cross_entropy(model(x).view(-1, 256), y.view(-1))
+                    opt.zero_grad()
+                    loss.backward()
+                # Your own span name: the report shows it (group "other") with its attributes.
+                with telemetry.span(G.COMMUNICATION, "my_train.allreduce", ranks=world):
+                    if world > 1:
+                        for p in model.parameters():
+                            dist.all_reduce(p.grad)
+                            p.grad /= world
+                with telemetry.span(G.OPTIMIZER, SpanName.OPTIMIZER):
+                    opt.step()
+                value = loss.item()  # a sync point, once per step
+                if step is not None:
+                    step.set_attribute(Attr.LOSS.value, value)
+            step_ms = (time.perf_counter() - t0) * 1e3
+            tokens_per_sec = args.micro_batch_size * world * args.seq_length / (step_ms / 1e3)
+            telemetry.record_step(it, step_ms=step_ms, loss=value, learning_rate=lr,
+                                  tokens_per_sec=tokens_per_sec)  # fmt: skip
+            if progress is not None:
+                progress.write(json.dumps({
+                    "iteration": it, "train_iters": args.train_iters, "loss": value,
+                    "lr": lr, "tokens_per_sec": tokens_per_sec, "step_ms": step_ms,
+                    "perplexity": math.exp(value),
+                }) + "\n")  # fmt: skip
     if progress is not None:
         progress.close()
     telemetry.shutdown()

@@ -83,6 +83,7 @@ def tee_file(run_dir: str | Path, rank: int) -> Path:
     """Where the test-only span tee of one rank goes (see :data:`TEE_SPANS`)."""
     return Path(run_dir) / TELEMETRY_DIR / f"tee-traces-rank{rank}.jsonl"
 
+
 #: The W3C trace context a worker is started with (``00-<trace id>-<span id>-<flags>``): the
 #: launcher's ``mlaunch.job.attempt`` span. A worker's ``megatron.startup`` span links to it.
 TRACEPARENT = "TRACEPARENT"

@@ -153,6 +153,12 @@ class ResourceAttr(StrEnum):
     HOST_NAME = "host.name"
     PROCESS_PID = "process.pid"
     GPU_COUNT = "host.gpu.count"
+    # The accelerator a rank drives, as Megatron-LM reads it from NVML (CUDA ranks only).
+    GPU_INDEX = "dl.gpu.index"
+    GPU_NAME = "dl.gpu.name"
+    GPU_UUID = "dl.gpu.uuid"
+    GPU_SERIAL = "dl.gpu.serial"
+    GPU_PCI_BUS_ID = "dl.gpu.pci_bus_id"
 
 
 #: SLURM variable -> resource attribute, set when the variable is present.

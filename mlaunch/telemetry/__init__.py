@@ -21,14 +21,15 @@ Trace structure and identity (SPEC section 4, as Megatron-LM's code)
     A worker emits no run-long span. ``megatron.startup`` is the root of the start-up trace;
     training runs in ``megatron.train`` blocks of ``save_interval`` iterations (``setup``'s
     ``save_interval``; K = ``trace_segment_iters`` when there are no saves), each the root of
-    a new trace. Every rank derives the same trace ids from the run id, the restart count
-    (``dl.restart_count`` or ``TORCHELASTIC_RESTART_COUNT``) and the block, with no
+    a new trace. Every rank derives the same trace ids from the run id, the incarnation (the
+    restart count, ``dl.restart_count`` or ``TORCHELASTIC_RESTART_COUNT``, and Megatron-LM's
+    ``nemo.lens.run_uuid``, which a SLURM requeue changes too) and the block, with no
     communication (``T`` = the first 128 bits of a SHA-256, so ids are stable, distinct per
     restart, and identical on every rank):
 
-    - until the first ``set_iteration`` call, root spans get ``T(run_id, restart, "startup")``;
+    - until the first ``set_iteration`` call, root spans get ``T(run_id, incarnation, "startup")``;
     - ``set_iteration(it)`` (call it before each train step and before opening a block, outside
-      the step span) switches root spans to ``T(run_id, restart, (it - 1) // N)``; iterations
+      the step span) switches root spans to ``T(run_id, incarnation, (it - 1) // N)``; iterations
       1..N are block 0, so the save after iteration N belongs to block 0;
     - a root ``megatron.startup`` carries a Link to the launcher's attempt span when the worker
       was started with a valid ``TRACEPARENT`` (an invalid one is ignored, logged once); a root

@@ -46,7 +46,7 @@ from opentelemetry.trace import Link, SpanContext, TraceFlags
 
 import mlaunch
 from mlaunch import envcontract
-from mlaunch.model.identity import run_identity
+from mlaunch.model.identity import RUN_UUID, run_identity
 from mlaunch.model.spans import (
     K8S_RESOURCE_ATTRS,
     METRICS,
@@ -91,7 +91,7 @@ _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 # Trace identity
 
 
-def segment_trace_id(run_id: str, restart: int, segment: int | str) -> int:
+def segment_trace_id(run_id: str, restart: int | str, segment: int | str) -> int:
     """The deterministic 128-bit trace id of one trace of a run (never 0): ``segment`` is
     ``"startup"`` for the start-up trace or a ``megatron.train`` block number."""
     digest = hashlib.sha256(f"mlaunch/{run_id}/{restart}/{segment}".encode()).hexdigest()
@@ -185,7 +185,7 @@ def build_resource_attributes(
 
 
 class _SegmentIdGenerator(IdGenerator):
-    """Root spans get the current segment's trace id; span ids are random as in the SDK."""
+    """Root spans get the current trace id (startup or block); span ids are random as in the SDK."""
 
     def generate_span_id(self) -> int:
         from random import getrandbits
@@ -511,6 +511,10 @@ class Runtime:
         except (TypeError, ValueError):
             self.restart = 0
         extra.setdefault(ResourceAttr.RESTART_COUNT, self.restart)
+        # The incarnation the trace ids are derived from: the torchrun restart, and Megatron-LM's
+        # run_uuid (it also changes when SLURM requeues the job, which starts torchrun's count
+        # at 0 again), so a resumed block never reuses an earlier incarnation's trace id.
+        self.incarnation = f"{self.restart}/{run_identity(environ)[RUN_UUID]}"
         self.log_once = _LogOnce()
         # megatron.train blocks: save_interval iterations, or K (trace_segment_iters) without saves.
         segment_iters = max(1, int(settings.trace_segment_iters or 100))
@@ -622,7 +626,7 @@ class Runtime:
 
         # Install the span machinery (module-level state read by the span classes).
         state = _spans.STATE
-        state.trace_id = segment_trace_id(self.run_id, self.restart, STARTUP_TRACE)
+        state.trace_id = segment_trace_id(self.run_id, self.incarnation, STARTUP_TRACE)
         state.root_sampled = self._root_sampled
         state.start_sdk_span = self._start_sdk_span
         state.attach = self._attach
@@ -707,7 +711,7 @@ class Runtime:
 
     def _root_sampled(self, trace_id: int, name: str) -> bool:
         # mlaunch's samplers decide on the trace id alone (rank-aware: a per-rank constant;
-        # ratio: the trace id), so one root decision per trace segment serves every fine root.
+        # ratio: the trace id), so one root decision per trace (startup or block) serves every fine root.
         cached = self._root_cache
         if cached[0] == trace_id:
             return cached[1]
@@ -775,7 +779,7 @@ class Runtime:
             return
         self.block = block
         state = _spans.STATE
-        state.trace_id = segment_trace_id(self.run_id, self.restart, block)
+        state.trace_id = segment_trace_id(self.run_id, self.incarnation, block)
         stack = _spans.current_stack()
         entry = stack[-1] if stack else None
         # Only an SDK (coarse) span can be re-rooted in place; the job group is never fine-grained.

@@ -284,7 +284,7 @@ class CoarseSpan:
         self.span.end()
 
     def reroot(self, extra_attributes: dict[str, Any], links: list[Any]) -> None:
-        """End the current SDK span and continue as a new root span (a new trace segment).
+        """End the current SDK span and continue as a new root span (a new megatron.train block).
 
         The trace id of the new root is whatever :data:`STATE` says now; the caller sets it first.
         """

@@ -160,7 +160,34 @@ def resource_attributes(args: argparse.Namespace, topo: Topology) -> dict[str, A
         R.MICRO_BATCH_SIZE: args.micro_batch_size, R.CKPT_FORMAT: "torch",
         R.PRECISION: precision(args), R.GPU_COUNT: torch.cuda.device_count(),
         R.RESTART_COUNT: int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
+        **gpu_identity(topo.device),
     }  # fmt: skip
+
+
+def gpu_identity(device: torch.device) -> dict[str, Any]:
+    """The GPU a CUDA rank drives (MEGATRON.md section 4: index, name, uuid, PCI bus id, and the
+    serial where NVML is importable); empty on CPU. Best effort: a missing field is left out."""
+    if device.type != "cuda":
+        return {}
+    R = ResourceAttr
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    out: dict[str, Any] = {R.GPU_INDEX: index}
+    with contextlib.suppress(Exception):
+        props = torch.cuda.get_device_properties(index)
+        out[R.GPU_NAME] = props.name
+        if getattr(props, "uuid", None) is not None:
+            out[R.GPU_UUID] = f"GPU-{props.uuid}"
+        if getattr(props, "pci_bus_id", None) is not None:
+            out[R.GPU_PCI_BUS_ID] = (
+                f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
+            )
+    with contextlib.suppress(Exception):  # NVML (nvidia-ml-py) is optional
+        import pynvml  # type: ignore[import-not-found]
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        out[R.GPU_SERIAL] = pynvml.nvmlDeviceGetSerial(handle)
+    return out
 
 
 def precision(args: argparse.Namespace) -> str:

@@ -8,7 +8,7 @@ spans later, and a second replay sends nothing new. The run ends by a preemption
 
 "Every span the run produced" is known from the test-only tee (MLAUNCH_TEST_TEE_SPANS): the
 export thread writes a copy of every span it hands to the exporter; the test checks the tee
-itself against the progress records (one megatron.train_step per iteration).
+itself against the progress records (one megatron.train.iteration per iteration).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ trainer resuming by itself from the newest valid checkpoint under ``<run_dir>/ch
 
 The losses after the resume must be those of an uninterrupted run with the same seed and config
 (the reference), and the restarted processes' spans must say so on their resource
-(``dl.restart_count`` = 1) and in ``megatron.first_iteration``.
+(``dl.restart_count`` = 1) and in ``megatron.train.first_iteration``.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ def test_no_arguments_runs_tiny_end_to_end(tmp_path):
     assert f"mlaunch trace summary {run_dir}" in out
     for rank in (0, 1):
         spans = read_spans(run_dir / "telemetry" / f"traces-rank{rank}.jsonl")
-        steps = [s for s in spans if s["name"] == "megatron.train_step"]
+        steps = [s for s in spans if s["name"] == "megatron.train.iteration"]
         assert len(steps) == 30
         assert {s["resource"]["nemo.run.id"] for s in spans} == {run_dir.name}
     env_text = (run_dir / "resolved.env").read_text()
@@ -63,7 +63,7 @@ def test_pipeline_parallel_run_exports_over_otlp_grpc(tmp_path):
         headers = rx.headers
     names = {s["name"] for s in spans}
     assert {
-        "megatron.train_step",
+        "megatron.train.iteration",
         "megatron.p2p.send_forward",
         "megatron.pp.recv_forward.linked",
     } <= names
@@ -152,12 +152,12 @@ def test_sigterm_stops_workers_flushes_traces_and_leaves_a_resumable_checkpoint(
         steps = [
             s["attributes"]["megatron.iteration"]
             for s in spans
-            if s["name"] == "megatron.train_step"
+            if s["name"] == "megatron.train.iteration"
         ]
         assert max(steps) == last
-        # The job spans were open when the stop came: ended, and marked truncated.
-        truncated = {s["name"] for s in spans if s["attributes"].get("mlaunch.span.truncated")}
-        assert {"megatron.pretrain", "megatron.train"} <= truncated, sorted(truncated)
+        # The train block was open when the stop came: ended, and marked truncated.
+        truncated = {s["name"] for s in spans if s["attributes"].get("nemo.span.truncated")}
+        assert "megatron.train" in truncated, sorted(truncated)
     # Resume: the same run directory picks the checkpoint up and carries on from there.
     code, out = finish(mlaunch(*args, "--train-iters", str(last + 2), cwd=tmp_path))
     assert code == 0, out

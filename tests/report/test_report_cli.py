@@ -105,7 +105,7 @@ def test_write_report_returns_the_path_and_takes_a_window(hand_run: Path, tmp_pa
     assert out == tmp_path / "sub" / "w.html" and out.is_file()
     tl = figures(out)["timeline"]
     steps = [h for t in tl["data"] if t["type"] == "bar" for h in t["hovertext"]
-             if "megatron.train_step" in h]  # fmt: skip
+             if "megatron.train.iteration" in h]  # fmt: skip
     # The window is a time range shared by all lanes: iterations 2-3 span 120-600 ms (rank 1's
     # step 2 starts at 120, rank 0's step 3 ends at 600), so rank 0's step 1 (260-390) and rank
     # 1's step 4 (370-570) overlap it and are drawn too, clipped to it.
@@ -133,7 +133,7 @@ def test_report_shows_the_summary_goodput_and_curves(hand_run: Path) -> None:
     text = page.read_text()
     assert "synthrun0001" in text
     assert "61.8%" in text  # overall goodput of the hand example: 970 / 1570 ms
-    row = re.search(r"<tr><td[^>]*>megatron.save_checkpoint.io_write</td>(.*?)</tr>", text)
+    row = re.search(r"<tr><td[^>]*>megatron.checkpoint.save.io_write</td>(.*?)</tr>", text)
     assert row and '<td data-v="1">1</td>' in row.group(1)  # its one ERROR span
     figs = figures(page)
     loss = {t["name"]: (t["x"], t["y"]) for t in figs["chart-loss"]["data"]}
@@ -193,11 +193,11 @@ def test_without_step_spans_the_timeline_shows_the_whole_trace(tmp_path: Path) -
     from mlaunch.model.spans import SpanName
 
     b = TraceBuilder(world_size=1)  # the `default` preset: no step group
-    pre = b.span(0, SpanName.PRETRAIN, 0, 100)
+    pre = b.span(0, SpanName.TRAIN, 0, 100)
     b.span(0, SpanName.CHECKPOINT_SAVE, 40, 60, parent=pre)
     page = write_report(b.write_run_dir(tmp_path / "run"))
     text = page.read_text()
     assert "the timeline shows the whole trace" in text
-    assert "No training curves" in text and "No megatron.train_step spans" in text
+    assert "No training curves" in text and "No megatron.train.iteration spans" in text
     bars = [t for t in figures(page)["timeline"]["data"] if t["type"] == "bar"]
     assert sorted(len(t["x"]) for t in bars) == [1, 1]  # job and checkpoint, one span each

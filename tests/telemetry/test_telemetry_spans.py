@@ -388,3 +388,13 @@ def test_threads_have_their_own_stacks_and_shutdown_truncates_every_thread(make_
     assert parents[region_name("async-write")] == S.CHECKPOINT_SAVE_IO_WRITE
     assert all(s["attributes"].get(Attr.TRUNCATED) is True for s in spans)
     assert len(spans) == 3
+
+
+def test_a_slurm_requeue_gets_distinct_trace_ids(make_settings, tmp_path, monkeypatch):
+    """A requeued job starts torchrun's restart count at 0 again; Megatron-LM's run_uuid (from
+    SLURM_RESTART_COUNT) still tells the incarnations apart."""
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    first = _run_rank(make_settings, tmp_path / "a", 0, 2)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    second = _run_rank(make_settings, tmp_path / "b", 0, 2)
+    assert {s["trace_id"] for s in first}.isdisjoint({s["trace_id"] for s in second})

@@ -81,10 +81,7 @@ def test_overlapping_spans_that_do_not_nest_go_to_separate_lanes(tmp_path: Path)
     xs = check_chrome_trace(doc)
     tid = {e["name"]: e["tid"] for e in xs}
     assert (
-        tid[S.ITERATION]
-        == tid[S.FORWARD_BACKWARD]
-        == tid[S.P2P_SEND_FORWARD]
-        == tid[S.OPTIMIZER]
+        tid[S.ITERATION] == tid[S.FORWARD_BACKWARD] == tid[S.P2P_SEND_FORWARD] == tid[S.OPTIMIZER]
     )
     assert tid[S.P2P_RECV_FORWARD] != tid[S.P2P_SEND_FORWARD]
     assert tid[S.P2P_RECV_BACKWARD] == tid[S.P2P_RECV_FORWARD]

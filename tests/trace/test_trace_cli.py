@@ -64,7 +64,14 @@ def test_goodput_json_and_table(run_dir: Path) -> None:
 def test_goodput_help_documents_the_definitions() -> None:
     r = _invoke("goodput", "--help")
     assert r.exit_code == 0
-    for word in ("wall", "productive", "restart", "unaccounted", "megatron.pretrain"):
+    for word in (
+        "wall",
+        "productive",
+        "restart",
+        "unaccounted",
+        "mlaunch.job",
+        "megatron.pretrain",
+    ):
         assert word in r.output
 
 

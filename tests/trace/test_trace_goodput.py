@@ -36,8 +36,13 @@ def test_full_tree_rank_splits_wall_time_by_hand(tmp_path: Path, legacy: bool) -
     assert b.productive_ms == pytest.approx(400)
     assert b.restart_ms == pytest.approx(300)
     assert b.restart_split_ms == pytest.approx(
-        {"model_init": 100, "load_checkpoint": 100, "data_setup": 50, "first_iteration": 50,
-         "startup": 0}  # fmt: skip
+        {
+            "model_init": 100,
+            "load_checkpoint": 100,
+            "data_setup": 50,
+            "first_iteration": 50,
+            "startup": 0,
+        }  # fmt: skip
     )
     assert b.checkpoint_ms == pytest.approx(100)
     assert b.evaluation_ms == pytest.approx(100)

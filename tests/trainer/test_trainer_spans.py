@@ -183,7 +183,7 @@ def test_every_span_has_its_contract_parent(traced):
                 )
             else:
                 want = effective_parent(d.name, groups)
-                # megatron.first_iteration wraps the first iteration: what would hang under
+                # megatron.train.first_iteration wraps the first iteration: what would hang under
                 # megatron.train during that iteration hangs under it instead.
                 if want == SpanName.TRAIN and first_iter and d.name != SpanName.FIRST_ITERATION:
                     fi = first_iter[0]

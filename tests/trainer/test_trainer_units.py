@@ -110,3 +110,27 @@ def test_validate_is_reusable_by_the_launcher():
     ns = build_parser().parse_args(["--pipeline-model-parallel-size", "2", "--num-layers", "4"])
     assert validate(ns, 8) == []
     assert ns.global_batch_size == 2 * 4
+
+
+def test_memory_and_gpu_identity_are_cuda_only() -> None:
+    """Memory is the CUDA peak since the last record (Megatron-LM's figure); a CPU rank records
+    none and has no GPU identity."""
+    from mlaunch.trainer.loop import gpu_identity, peak_memory_gb
+
+    cpu = torch.device("cpu")
+    assert peak_memory_gb(cpu) is None
+    assert gpu_identity(cpu) == {}
+
+
+def test_train_blocks_follow_save_interval_else_k() -> None:
+    """Iterations 1..N are block 0 (the save after N belongs to it); without saves, N = K."""
+    from types import SimpleNamespace
+
+    from mlaunch.model.spans import train_block
+    from mlaunch.trainer.loop import block_iters
+
+    settings = SimpleNamespace(trace_segment_iters=100)
+    saving = argparse.Namespace(save="ck", save_interval=2)
+    assert block_iters(saving, settings) == 2
+    assert block_iters(argparse.Namespace(save=None, save_interval=None), settings) == 100
+    assert [train_block(it, 2) for it in range(1, 7)] == [0, 0, 1, 1, 2, 2]

@@ -36,7 +36,7 @@ def test_list_shows_every_group_and_preset(monkeypatch) -> None:
 def test_resolve_per_step_shows_groups_and_tree(monkeypatch) -> None:
     result = run(["groups", "resolve", "per_step"], monkeypatch=monkeypatch)
     assert result.exit_code == 0
-    assert "megatron.train_step" in result.stdout
+    assert "megatron.train.iteration" in result.stdout
     assert "spans per iteration" in result.stdout
 
 
@@ -50,7 +50,7 @@ def test_resolve_json_marks_spans_and_placement(monkeypatch) -> None:
     spans = {s["name"]: s for s in data["spans"]}
     assert spans["megatron.microbatch.forward"]["enabled"] is True
     assert spans["megatron.microbatch.forward"]["attaches_to"] == "megatron.train"
-    assert spans["megatron.train_step"]["enabled"] is False
+    assert spans["megatron.train.iteration"]["enabled"] is False
     # default,microbatch with 4 microbatches: forward + backward per microbatch.
     assert data["estimate"]["spans_per_iteration_per_stage"] == [8]
 
