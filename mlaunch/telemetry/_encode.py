@@ -185,7 +185,10 @@ def pb_value(value: Any) -> bytes:
     """An attribute value as serialised ``AnyValue`` bytes."""
     tv = type(value)
     if tv is str:
-        return _ld(b"\x0a", value.encode("utf-8", "surrogatepass"))
+        try:
+            return _ld(b"\x0a", value.encode("utf-8"))
+        except UnicodeEncodeError:  # a lone surrogate: a collector would refuse the whole batch
+            raise _Unencodable("a string that is not valid UTF-8") from None
     if tv is bool:
         return b"\x10\x01" if value else b"\x10\x00"
     if tv is int:
@@ -218,7 +221,11 @@ def _pb_value_slow(value: Any) -> bytes:
 
 
 def _pb_kv(key: str, value: Any) -> bytes:
-    return _ld(b"\x0a", key.encode("utf-8", "surrogatepass")) + _ld(b"\x12", pb_value(value))
+    try:
+        kb = key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _Unencodable("a key that is not valid UTF-8") from None
+    return _ld(b"\x0a", kb) + _ld(b"\x12", pb_value(value))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -404,7 +411,12 @@ class SpanEncoder:
         out = []
         for key, value in attrs.items():
             try:
-                out.append({"key": key, "value": json_value(value)})
+                kv = {"key": key, "value": json_value(value)}
+                try:
+                    orjson.dumps(kv)  # a lone surrogate would fail the whole span later
+                except (orjson.JSONEncodeError, TypeError) as exc:
+                    raise _Unencodable(str(exc)) from None
+                out.append(kv)
             except _Unencodable as exc:
                 self.on_drop(f"attr:{key}", f"dropped attribute {key!r} of {where!r} ({exc})")
         return out
@@ -416,7 +428,10 @@ class SpanEncoder:
             try:
                 kb = keys.get(key)
                 if kb is None:
-                    kb = keys[key] = _ld(b"\x0a", key.encode("utf-8", "surrogatepass"))
+                    try:
+                        kb = keys[key] = _ld(b"\x0a", key.encode("utf-8"))
+                    except UnicodeEncodeError:
+                        raise _Unencodable("a key that is not valid UTF-8") from None
                 out.append(_ld(tag, kb + _ld(b"\x12", pb_value(value))))
             except _Unencodable as exc:
                 self.on_drop(f"attr:{key}", f"dropped attribute {key!r} of {where!r} ({exc})")
@@ -576,7 +591,7 @@ class SpanEncoder:
             f'{{{res_part}"scopeSpans":[{",".join(scopes)}]{schema_part}}}'
             for res_part, schema_part, scopes in resources.values()
         )
-        return f'{{"resourceSpans":[{body}]}}'.encode("utf-8", "surrogatepass"), dropped
+        return f'{{"resourceSpans":[{body}]}}'.encode(), dropped
 
     def _json_fine_fast(self, rec: FineSpan) -> str | None:
         """A plain FineSpan's JSON object, or None when it needs the general path."""
@@ -630,7 +645,10 @@ class SpanEncoder:
                 return None
         elif tv is int and not _INT64_MIN <= value <= _INT64_MAX:
             return None
-        frag = f'{{"key":{_dumps(key)},"value":{_dumps(json_value(value))}}}'
+        try:
+            frag = f'{{"key":{_dumps(key)},"value":{_dumps(json_value(value))}}}'
+        except (orjson.JSONEncodeError, TypeError):  # e.g. a lone surrogate: the general path
+            return None
         if len(self._kv_json) < _CACHE_MAX:
             self._kv_json[(key, tv, value)] = frag
         return frag
@@ -695,7 +713,7 @@ class SpanEncoder:
         if nb is None:
             if type(name) is not str or not name:
                 return None
-            nb = self._names[name] = _ld(b"\x2a", name.encode("utf-8", "surrogatepass"))
+            nb = self._names[name] = _ld(b"\x2a", name.encode("utf-8"))
         tid = rec.trace_id
         cached = self._pb_tid
         if cached[0] != tid:
@@ -742,7 +760,7 @@ class SpanEncoder:
         name = v.name
         nb = self._names.get(name)
         if nb is None:
-            nb = self._names[name] = _ld(b"\x2a", name.encode("utf-8", "surrogatepass"))
+            nb = self._names[name] = _ld(b"\x2a", name.encode("utf-8"))
         parts = [
             b"\x0a\x10",
             v.trace_id.to_bytes(16, "big"),
@@ -768,7 +786,7 @@ class SpanEncoder:
         for ts, ev_name, ev_attrs, ev_dropped in v.events:
             ev = [b"\x09" + _FIXED64(ts)] if ts else []
             if ev_name:
-                ev.append(_ld(b"\x12", ev_name.encode("utf-8", "surrogatepass")))
+                ev.append(_ld(b"\x12", ev_name.encode("utf-8")))
             if ev_attrs:
                 ev.extend(self._pb_attrs(b"\x1a", ev_attrs, name))
             if ev_dropped:
@@ -790,7 +808,7 @@ class SpanEncoder:
             parts.append(b"\x70" + _varint(v.dropped_links))
         status = b""
         if v.status_message:
-            status += _ld(b"\x12", v.status_message.encode("utf-8", "surrogatepass"))
+            status += _ld(b"\x12", v.status_message.encode("utf-8"))
         if v.status_code:
             status += b"\x18" + _varint(v.status_code)
         parts.append(_ld(b"\x7a", status))

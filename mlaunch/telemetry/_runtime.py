@@ -433,10 +433,13 @@ class OtlpSink(Sink):
         if self.span_exporter is None:
             return 0
         data, dropped = encoder.pb_request(spans)
+        exporter = self.span_exporter
         if self.grpc:
-            ok = self.span_exporter.export(_Payload(data, len(spans) - dropped)).name == "SUCCESS"
+            ok = exporter.export(_Payload(data, len(spans) - dropped)).name == "SUCCESS"
+        elif hasattr(getattr(exporter, "_client", None), "export"):
+            ok = exporter._client.export(data).success  # SDK >= 1.4x: the retrying HTTP client
         else:
-            ok = self.span_exporter._client.export(data).success
+            ok = bool(getattr(exporter._export(data), "ok", False))  # older SDKs: one POST
         if not ok:
             raise ExportFailed(f"OTLP trace export to {self.where} failed")
         return dropped
