@@ -1,6 +1,6 @@
 """Per-call cost of mlaunch's span sites, side by side with the alternatives, in one run.
 
-    python benchmarks/span_overhead.py [--quick]
+    python benchmarks/span_overhead.py [--quick] [--spans N]
 
 Prints ns per call (best of several repeats, loop overhead included and shown) and ratios:
 a plain function call; a frozenset membership check; ``is_enabled``; mlaunch's disabled
@@ -8,15 +8,26 @@ a plain function call; a frozenset membership check; ``is_enabled``; mlaunch's d
 enabled fine-grained span; mlaunch's enabled coarse (SDK) span; a raw OTel SDK span with a
 BatchSpanProcessor whose exporter drops everything.
 
-Goals (SPEC section 9.12 / issue 3): disabled ``with span`` <= 150 ns, ``is_enabled`` <= 40 ns,
-enabled fine-grained span <= 2.5 us of training-thread time.
+Then the whole-process cost of an enabled fine-grained span, end to end: process CPU time (all
+threads: the training thread recording, the export thread encoding and writing or sending) from
+the first span until the last byte is written (file exporter) or acknowledged (OTLP gRPC, to a
+receiver in another process whose CPU is not counted), divided by the number of spans; side by
+side with the reference path (an SDK span through nemo-lens's ``managed_span`` pattern, the
+BatchSpanProcessor and the official OTLP gRPC exporter, as nemo-lens builds it). Each runs in its
+own process after a warm-up.
+
+Goals (SPEC section 9.12 / issues 3 and 14): disabled ``with span`` <= 150 ns, ``is_enabled``
+<= 40 ns, enabled fine-grained span <= 2.5 us of training-thread time; whole-process CPU per fine
+span <= 0.15x the reference path, for the file exporter and for OTLP gRPC.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -53,10 +64,200 @@ def _measure(stmt: str, env: dict, number: int, repeat: int) -> tuple[float, flo
     return best_wall, best_cpu
 
 
+# ------------------------------------------------------------------------------------------------
+# Whole-process cost per span
+
+WHOLE_GOAL = 0.15
+WARMUP_SPANS = 2_000
+
+
+def receiver_main() -> None:
+    """A lean OTLP/gRPC trace receiver (counts spans); prints its port, then answers "count"."""
+    from concurrent import futures
+
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
+
+    count = [0]
+
+    def export(request, context):  # noqa: ANN001, ANN202
+        count[0] += sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+        return pb.ExportTraceServiceResponse()
+
+    handler = grpc.method_handlers_generic_handler(
+        "opentelemetry.proto.collector.trace.v1.TraceService",
+        {
+            "Export": grpc.unary_unary_rpc_method_handler(
+                export,
+                request_deserializer=pb.ExportTraceServiceRequest.FromString,
+                response_serializer=pb.ExportTraceServiceResponse.SerializeToString,
+            )
+        },
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    print(port, flush=True)
+    for line in sys.stdin:
+        if line.strip() == "count":
+            print(count[0], flush=True)
+    server.stop(None)
+
+
+def whole_child(mode: str, n: int, endpoint: str) -> None:
+    """Emit ``n`` fine spans one way and flush; print process CPU and wall seconds as JSON."""
+    logging.getLogger("opentelemetry").setLevel(logging.ERROR)
+    attrs_key = "megatron.layer_number"
+    run_dir = tempfile.mkdtemp(prefix="mlaunch-bench-")
+    if mode == "reference":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+
+        provider = TracerProvider(resource=Resource.create({"service.name": "bench"}))
+        # A queue that holds every span: the default 2048 would drop most of them, and a
+        # dropped span costs nothing to export.
+        provider.add_span_processor(
+            BatchSpanProcessor(
+                OTLPSpanExporter(endpoint=endpoint, insecure=True), max_queue_size=n + 10_000
+            )
+        )
+        tracer = provider.get_tracer("bench")
+
+        @contextmanager
+        def managed_span(name, **attributes):  # noqa: ANN001, ANN202 - nemo-lens's pattern
+            with tracer.start_as_current_span(name, attributes=attributes) as s:
+                yield s
+
+        def emit(count: int) -> None:
+            for i in range(count):
+                with managed_span(S.LAYER_FORWARD.value, **{attrs_key: i & 31}):
+                    pass
+
+        emit(WARMUP_SPANS)
+        provider.force_flush()
+        c0, w0 = time.process_time(), time.perf_counter()
+        emit(n)
+        provider.force_flush()
+        provider.shutdown()
+        delivered = n
+    else:
+        environ = {
+            "MEGATRON_OTEL_ENABLED": "1",
+            "MEGATRON_OTEL_SPAN_GROUPS": "all",
+            "MEGATRON_OTEL_EXPORT_STRATEGY": "all_ranks",
+            "MEGATRON_OTEL_METRICS_ENABLED": "0",
+            "MEGATRON_OTEL_RUN_ID": "bench",
+        }
+        if mode == "file":
+            environ["MEGATRON_OTEL_EXPORTER"] = "file"
+        else:
+            environ.update(
+                MEGATRON_OTEL_EXPORTER="otlp",
+                OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+                OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+            )
+        handle = telemetry.setup(
+            load_telemetry_settings(environ=environ), rank=0, world_size=1, run_dir=run_dir
+        )
+        span, layer, name = telemetry.span, G.LAYER, S.LAYER_FORWARD.value
+
+        def emit(count: int) -> None:
+            for i in range(count):
+                with span(layer, name, **{attrs_key: i & 31}):
+                    pass
+
+        emit(WARMUP_SPANS)
+        runtime = handle._runtime
+        while runtime.span_counts()["pending"]:  # the warm-up delivered
+            time.sleep(0.01)
+        start = runtime.span_counts()["delivered"]
+        c0, w0 = time.process_time(), time.perf_counter()
+        emit(n)
+        telemetry.shutdown()  # returns once everything is written or sent
+        counts = handle.span_counts()
+        delivered = counts["delivered"] - start
+    cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+    shutil.rmtree(run_dir, ignore_errors=True)
+    print(json.dumps({"cpu_s": cpu, "wall_s": wall, "spans": n, "delivered": delivered}))
+
+
+def whole_process(n: int) -> dict[str, dict[str, float]]:
+    """Run the three paths in fresh processes; CPU microseconds per span for each."""
+    receiver = subprocess.Popen(
+        [sys.executable, __file__, "--receiver"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        port = int(receiver.stdout.readline())
+        endpoint = f"http://127.0.0.1:{port}"
+        results = {}
+        for mode in ("file", "grpc", "reference"):
+            receiver.stdin.write("count\n")
+            receiver.stdin.flush()
+            before = int(receiver.stdout.readline())
+            out = subprocess.run(
+                [sys.executable, __file__, "--whole-child", mode, "--spans", str(n), endpoint],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            res = json.loads(out.stdout.strip().splitlines()[-1])
+            receiver.stdin.write("count\n")
+            receiver.stdin.flush()
+            res["received"] = int(receiver.stdout.readline()) - before
+            results[mode] = res
+        return results
+    finally:
+        receiver.stdin.close()
+        receiver.wait(10)
+
+
+def print_whole(results: dict[str, dict[str, float]]) -> None:
+    per = {m: r["cpu_s"] / r["spans"] * 1e6 for m, r in results.items()}
+    print()
+    print(
+        f"whole-process CPU per fine span, {results['file']['spans']} spans, "
+        "first span to last byte written/acknowledged (all threads)"
+    )
+    labels = {
+        "file": "mlaunch, file exporter",
+        "grpc": "mlaunch, OTLP gRPC",
+        "reference": "reference: SDK span + BatchSpanProcessor + OTLP gRPC exporter",
+    }
+    for mode, label in labels.items():
+        r = results[mode]
+        received = "" if mode == "file" else f", received {r['received']}"
+        print(f"  {label:<62} {per[mode]:6.2f} us  (wall {r['wall_s']:.2f} s{received})")
+    for mode in ("file", "grpc"):
+        ratio = per[mode] / per["reference"]
+        verdict = "ok" if ratio <= WHOLE_GOAL else "OVER"
+        print(f"  {labels[mode]} / reference: {ratio:.3f}x (goal <= {WHOLE_GOAL}x) {verdict}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations (smoke run)")
+    parser.add_argument("--spans", type=int, default=0, help="spans per whole-process run")
+    parser.add_argument(
+        "--only-whole", action="store_true", help="only the whole-process comparison"
+    )
+    parser.add_argument("--receiver", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--whole-child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("endpoint", nargs="?", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.receiver:
+        receiver_main()
+        return
+    if args.whole_child:
+        whole_child(args.whole_child, args.spans, args.endpoint)
+        return
+    n_whole = args.spans or (20_000 if args.quick else 100_000)
+    if args.only_whole:
+        print_whole(whole_process(n_whole))
+        return
     n_fast, n_slow, repeat = (100_000, 5_000, 3) if args.quick else (1_000_000, 50_000, 7)
 
     # The raw SDK's BatchSpanProcessor drops spans when its queue fills ("Queue full"); quiet.
@@ -170,6 +371,7 @@ def main() -> None:
     ):
         ok = "ok" if results[label] <= goal else "OVER"
         print(f"  {label:<{width}} {results[label]:8.1f} ns  (goal <= {goal} ns) {ok}")
+    print_whole(whole_process(n_whole))
 
 
 if __name__ == "__main__":

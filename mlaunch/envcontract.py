@@ -37,6 +37,8 @@ RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 #: (``mlaunch.launcher.attempt_entry``, which keeps a copy of these three names) derives the current
 #: attempt's span id from it; set only when the launcher emits a job trace.
 ATTEMPT_TRACE = "MLAUNCH_ATTEMPT_TRACE"
+#: The launcher's pid, given to torchrun so that it stops when the launcher dies (orphan_guard).
+LAUNCHER_PID = "MLAUNCH_LAUNCHER_PID"
 #: Test-only fault injection understood by the trainer (never set by the launcher itself).
 FAIL_AT_ITERATION = "MLAUNCH_TEST_FAIL_AT_ITERATION"
 

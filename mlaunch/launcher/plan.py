@@ -44,6 +44,8 @@ DEFAULT_CONFIG = "tiny"
 TRAINER_MODULE = "mlaunch.trainer"
 #: Rendezvous port used under SLURM when MASTER_PORT is not set (torchrun's own default).
 SLURM_DEFAULT_PORT = 29500
+#: torchrun, run as a module of the launcher's own interpreter.
+TORCHRUN_MODULE = "torch.distributed.run"
 #: torchrun's log file for its own output (the agent's, not the workers').
 TORCHRUN_LOG = "torchrun.log"
 REDACTED = "<redacted>"
@@ -580,7 +582,7 @@ def _check_trainer_args(args: Sequence[str], world_size: int) -> list[tuple[str,
 def torchrun_argv(settings: Settings, run_id: str, log_dir: Path, entry: list[str]) -> list[str]:
     """``python -m torch.distributed.run`` with the launch settings under torchrun's names."""
     launch = settings.launch
-    argv = [sys.executable, "-m", "torch.distributed.run"]
+    argv = [sys.executable, "-m", TORCHRUN_MODULE]
     if launch.nnodes == 1 and launch.rdzv_endpoint is None:
         # torchrun binds the c10d store to a free port itself: two runs on one machine never
         # collide, and there is no pick-then-bind race as with a port chosen here.

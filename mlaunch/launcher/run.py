@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from mlaunch import envcontract as ec
-from mlaunch.launcher import jobtrace
-from mlaunch.launcher.plan import TORCHRUN_LOG, LaunchPlan
+from mlaunch.launcher import jobtrace, orphan_guard
+from mlaunch.launcher.plan import TORCHRUN_LOG, TORCHRUN_MODULE, LaunchPlan
 from mlaunch.receiver import wiring as receiver_wiring
 
 if TYPE_CHECKING:
@@ -73,11 +73,21 @@ def torchrun_log(plan: LaunchPlan) -> Path:
     return plan.log_dir / TORCHRUN_LOG
 
 
+def guarded(argv: list[str]) -> list[str]:
+    """``python -m torch.distributed.run ...`` run through :mod:`mlaunch.launcher.orphan_guard`,
+    so torchrun (and through it every worker) stops when this process dies, even by SIGKILL."""
+    if argv[1:3] == ["-m", TORCHRUN_MODULE]:
+        return [argv[0], "-m", orphan_guard.__name__, *argv[2:]]
+    return argv
+
+
 def spawn(argv: list[str], env: dict[str, str], log: IO[bytes]) -> subprocess.Popen[bytes]:
     """Start torchrun in a new session, so its process group can be signalled as one and a
-    terminal's Ctrl-C reaches the launcher first (which forwards it deliberately)."""
+    terminal's Ctrl-C reaches the launcher first (which forwards it deliberately). Being in its own
+    session, torchrun would outlive a killed launcher: the orphan guard ties it to this process."""
+    env = {**env, ec.LAUNCHER_PID: str(os.getpid())}
     return subprocess.Popen(
-        argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        guarded(argv), env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True,
     )  # fmt: skip
 

@@ -6,9 +6,15 @@ imports it only on an exporting rank with telemetry enabled.
 
 Why mlaunch owns the export thread instead of using the SDK's BatchSpanProcessor: the SDK's
 ``force_flush(timeout_millis=...)`` ignores its timeout and can block ~28 s on an unreachable
-endpoint. Here the one export thread does all conversion and I/O; shutdown waits for it only until
+endpoint. Here the one export thread does all encoding and I/O; shutdown waits for it only until
 a hard deadline, then writes everything undelivered (queued or in flight) to the spool file and
 returns. A daemon thread stuck in a network call cannot keep the process alive.
+
+Nothing is lost: the thread takes one batch at a time from the queue (so only that batch is ever
+in flight; the rest stays queued where the deadline finds it), and every span taken is counted
+as delivered, spooled or dropped with a logged reason (:meth:`Runtime.span_counts`). Spans are
+encoded straight from their fields (:mod:`mlaunch.telemetry._encode`), not through SDK
+ReadableSpans and the SDK's encoder, which cost more CPU than recording them.
 """
 
 from __future__ import annotations
@@ -30,14 +36,13 @@ from typing import IO, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace as trace_api
-from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import Link, SpanContext, TraceFlags
 
 import mlaunch
 from mlaunch import envcontract
@@ -53,6 +58,7 @@ from mlaunch.model.spans import (
     train_block,
 )
 from mlaunch.telemetry import _spans, otlp_json
+from mlaunch.telemetry._encode import Limits, SpanEncoder
 from mlaunch.telemetry.samplers import build_sampler
 
 log = logging.getLogger("mlaunch.telemetry")
@@ -224,20 +230,26 @@ class ExportFailed(Exception):
 
 
 class _LineFile:
-    """Appends OTLP/JSON lines to a file opened on first use; flushed per write."""
+    """Appends OTLP/JSON lines (``bytes`` or ``str``) to a file opened on first use, or to a text
+    stream; flushed per write."""
 
     def __init__(self, path: Path | None, stream: IO[str] | None = None) -> None:
         self.path = path
-        self.stream = stream
+        self.stream: Any = stream
         self.lock = threading.Lock()
 
-    def write(self, line: str) -> None:
+    def write(self, line: bytes | str) -> None:
         with self.lock:
             if self.stream is None:
                 assert self.path is not None
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                self.stream = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - long-lived
-            self.stream.write(line + "\n")
+                self.stream = open(self.path, "ab")  # noqa: SIM115 - long-lived
+            if self.path is None:  # a text stream (console)
+                text = line.decode("utf-8") if isinstance(line, bytes) else line
+                self.stream.write(text + "\n")
+            else:
+                data = line.encode("utf-8") if isinstance(line, str) else line
+                self.stream.write(data + b"\n")
             self.stream.flush()
 
     def close(self) -> None:
@@ -248,10 +260,13 @@ class _LineFile:
 
 
 class Sink:
-    """Where exported spans and metrics go. ``export_*`` raise :class:`ExportFailed` on failure."""
+    """Where exported spans and metrics go. ``export_spans`` gets raw records (FineSpan or SDK
+    spans), encodes them with the runtime's encoder and returns how many could not be encoded
+    (dropped, already logged); ``export_*`` raise :class:`ExportFailed` on failure."""
 
-    def export_spans(self, spans: list[ReadableSpan]) -> None:
-        """Deliver spans."""
+    def export_spans(self, spans: list[Any], encoder: SpanEncoder) -> int:
+        """Deliver spans (``none``: accept them without encoding)."""
+        return 0
 
     def export_metrics(self, data: Any) -> None:
         """Deliver one metrics collection."""
@@ -266,7 +281,7 @@ class _FailingSink(Sink):
     def __init__(self, cause: str) -> None:
         self.cause = cause
 
-    def export_spans(self, spans: list[ReadableSpan]) -> None:
+    def export_spans(self, spans: list[Any], encoder: SpanEncoder) -> int:
         raise ExportFailed(self.cause)
 
     def export_metrics(self, data: Any) -> None:
@@ -280,8 +295,10 @@ class LinesSink(Sink):
         self.traces = traces
         self.metrics = metrics
 
-    def export_spans(self, spans: list[ReadableSpan]) -> None:
-        self.traces.write(otlp_json.encode_spans_line(spans))
+    def export_spans(self, spans: list[Any], encoder: SpanEncoder) -> int:
+        line, dropped = encoder.json_line(spans)
+        self.traces.write(line)
+        return dropped
 
     def export_metrics(self, data: Any) -> None:
         self.metrics.write(otlp_json.encode_metrics_line(data))
@@ -295,9 +312,7 @@ def _exporter_class(protocol: str, signal: str) -> Any:
     """The SDK's OTLP exporter class for a protocol and signal (``trace`` or ``metric``)."""
     if protocol == "grpc":
         if signal == "trace":
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-            return OTLPSpanExporter
+            return _grpc_bytes_span_exporter()
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
         return OTLPMetricExporter
@@ -308,6 +323,61 @@ def _exporter_class(protocol: str, signal: str) -> Any:
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
     return OTLPMetricExporter
+
+
+class _Payload:
+    """A serialised ExportTraceServiceRequest and how many spans it holds."""
+
+    __slots__ = ("data", "count")
+
+    def __init__(self, data: bytes, count: int) -> None:
+        self.data = data
+        self.count = count
+
+
+_GRPC_BYTES_EXPORTER: Any = None
+
+
+def _grpc_bytes_span_exporter() -> Any:
+    """The SDK's OTLP gRPC span exporter, sending requests mlaunch encoded itself.
+
+    Everything the exporter does with a request is kept (endpoint and ``insecure`` parsing, TLS
+    credentials, headers as metadata, timeout as the call deadline, compression, retries with
+    backoff, reconnecting after UNAVAILABLE); only the request is already bytes, so the stub's
+    method passes it through instead of serialising a message built from ReadableSpans.
+    """
+    global _GRPC_BYTES_EXPORTER
+    if _GRPC_BYTES_EXPORTER is not None:
+        return _GRPC_BYTES_EXPORTER
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceResponse,
+    )
+
+    class _BytesTraceStub:
+        """TraceService's Export with no request serialiser (the request is bytes)."""
+
+        def __init__(self, channel: Any) -> None:
+            self.Export = channel.unary_unary(  # noqa: N815 - the gRPC method name
+                "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+                request_serializer=None,
+                response_deserializer=ExportTraceServiceResponse.FromString,
+            )
+
+    class BytesSpanExporter(OTLPSpanExporter):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self._stub = _BytesTraceStub
+            self._client = _BytesTraceStub(self._channel)
+
+        def _translate_data(self, data: Any) -> Any:
+            return data.data
+
+        def _count_data(self, data: Any) -> int:
+            return data.count
+
+    _GRPC_BYTES_EXPORTER = BytesSpanExporter
+    return BytesSpanExporter
 
 
 def _otlp_headers(otel: Any) -> dict[str, str]:
@@ -333,12 +403,15 @@ def _protocol_kwargs(otel: Any, protocol: str, common: dict[str, Any]) -> dict[s
 
 
 class OtlpSink(Sink):
-    """OTLP over gRPC or HTTP/protobuf, through the SDK's exporters (called from our thread)."""
+    """OTLP over gRPC or HTTP/protobuf. Spans: mlaunch's own encoding, sent through the lower
+    layer of the SDK's exporters (gRPC: the exporter with a bytes stub; HTTP: its HTTP client,
+    which compresses, sets headers and certificates, retries). Metrics: the SDK's exporters."""
 
     def __init__(self, settings: Any, traces: bool, metrics: bool) -> None:
         otel = settings.otel
         self.span_exporter = None
         self.metric_exporter = None
+        self.grpc = otel.protocol == "grpc"
         kwargs: dict[str, Any] = {"headers": _otlp_headers(otel)}
         if otel.timeout_s is not None:
             kwargs["timeout"] = otel.timeout_s
@@ -356,12 +429,20 @@ class OtlpSink(Sink):
             )
         self.where = f"{otel.protocol} {otel.endpoint}"
 
-    def export_spans(self, spans: list[ReadableSpan]) -> None:
+    def export_spans(self, spans: list[Any], encoder: SpanEncoder) -> int:
         if self.span_exporter is None:
-            return
-        result = self.span_exporter.export(spans)
-        if getattr(result, "name", "") != "SUCCESS":
+            return 0
+        data, dropped = encoder.pb_request(spans)
+        exporter = self.span_exporter
+        if self.grpc:
+            ok = exporter.export(_Payload(data, len(spans) - dropped)).name == "SUCCESS"
+        elif hasattr(getattr(exporter, "_client", None), "export"):
+            ok = exporter._client.export(data).success  # SDK >= 1.4x: the retrying HTTP client
+        else:
+            ok = bool(getattr(exporter._export(data), "ok", False))  # older SDKs: one POST
+        if not ok:
             raise ExportFailed(f"OTLP trace export to {self.where} failed")
+        return dropped
 
     def export_metrics(self, data: Any) -> None:
         if self.metric_exporter is None:
@@ -377,51 +458,28 @@ class OtlpSink(Sink):
                     exporter.shutdown()
 
 
-# ------------------------------------------------------------------------------------------------
-# Converting fine-span records into SDK ReadableSpans (on the export thread)
+class _OnceFilter(logging.Filter):
+    """Lets each distinct message of the SDK's attribute cleaning through once: a bad value set
+    on a span in a loop is one log line, not one per span."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            key = record.getMessage()[:300]
+        except Exception:
+            key = str(record.msg)[:300]
+        if key in self.seen:
+            return False
+        if len(self.seen) < 1000:
+            self.seen.add(key)
+        return True
 
 
-_LIMITS = SpanLimits()
-
-
-def _clean(attributes: Mapping[str, Any], maxlen: int | None) -> BoundedAttributes:
-    """Attributes cleaned exactly as an SDK span cleans them (invalid values dropped with the
-    SDK's warning, sequences made tuples, limits applied), so a bad value never breaks a batch."""
-    return BoundedAttributes(
-        maxlen, attributes, immutable=True, max_value_len=_LIMITS.max_span_attribute_length
-    )
-
-
-def fine_to_readable(
-    rec: _spans.FineSpan, resource: Resource, scope: InstrumentationScope
-) -> ReadableSpan:
-    """The ReadableSpan the SDK would have produced for the same calls."""
-    flags = _SAMPLED if rec.sampled else _NOT_SAMPLED
-    parent = SpanContext(rec.trace_id, rec.parent_id, False, flags) if rec.parent_id else None
-    events = (
-        [Event(name, _clean(a, _LIMITS.max_event_attributes), ts) for name, a, ts in rec.events]
-        if rec.events
-        else ()
-    )
-    status = (
-        Status(StatusCode(rec.status[0]), rec.status[1] or None)
-        if rec.status
-        else Status(StatusCode.UNSET)
-    )
-    return ReadableSpan(
-        name=rec.name,
-        context=SpanContext(rec.trace_id, rec.span_id, False, flags),
-        parent=parent,
-        resource=resource,
-        attributes=_clean(rec.attributes, _LIMITS.max_span_attributes),
-        events=events,
-        links=rec.links or (),
-        kind=SpanKind.INTERNAL,
-        status=status,
-        start_time=rec.start,
-        end_time=rec.end,
-        instrumentation_scope=scope,
-    )
+_ATTRIBUTE_LOG_FILTER = _OnceFilter()
+logging.getLogger("opentelemetry.attributes").addFilter(_ATTRIBUTE_LOG_FILTER)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -544,8 +602,15 @@ class Runtime:
         self.spool_metrics = _LineFile(envcontract.spool_file(self.run_dir, rank, "metrics"))
         self.spooled_spans = 0
         self.spooled_metric_batches = 0
-        self._lock = threading.Lock()
-        self._inflight_spans: list[ReadableSpan] | None = None
+        # Re-entrant: the spool helpers run with it held, from the export thread or shutdown.
+        self._lock = threading.RLock()
+        self.encoder = SpanEncoder(
+            self.resource, self.scope, Limits(), on_drop=self._on_encode_drop
+        )
+        self._taken = 0  # spans taken from the queue (exported, spooled or dropped)
+        self._delivered = 0
+        self._dropped: dict[str, int] = {}
+        self._inflight_spans: list[Any] | None = None
         self._inflight_metrics: Any = None
         self._abandoned = False
         self._backoff_until = 0.0
@@ -761,40 +826,77 @@ class Runtime:
 
     # --- the export thread ----------------------------------------------------------------------
 
-    def _drain(self) -> list[ReadableSpan]:
-        out: list[ReadableSpan] = []
-        queue = self.queue
-        resource, scope = self.resource, self.scope
-        while True:
-            try:
-                item = queue.popleft()
-            except IndexError:
-                if self.tee is not None and out:
-                    with contextlib.suppress(Exception):
-                        self.tee.write(otlp_json.encode_spans_line(out))
-                return out
-            if isinstance(item, _spans.FineSpan):
-                try:
-                    item = fine_to_readable(item, resource, scope)
-                except Exception as exc:  # one bad record must not take the batch with it
-                    self.log_once(
-                        f"convert:{type(exc).__name__}",
-                        "mlaunch telemetry: dropped a span (%s)",
-                        exc,
-                    )
-                    continue
-            out.append(item)
+    def span_counts(self) -> dict[str, Any]:
+        """Where every span handed to this runtime went: ``emitted`` (taken from the queue so far,
+        plus any still queued) = ``delivered`` + ``spooled`` + ``dropped``, with ``pending`` the
+        spans still queued or in flight and ``dropped_by`` the reasons (after shutdown
+        ``pending`` is 0)."""
+        with self._lock:
+            queued = len(self.queue)
+            inflight = len(self._inflight_spans or ())
+            dropped = dict(self._dropped)
+            return {
+                "emitted": self._taken + queued,
+                "delivered": self._delivered,
+                "spooled": self.spooled_spans,
+                "dropped": sum(dropped.values()),
+                "dropped_by": dropped,
+                "pending": queued + inflight,
+            }
 
-    def _spool_spans(self, spans: list[ReadableSpan]) -> None:
-        if not spans:
-            return
-        try:
-            self.spool_traces.write(otlp_json.encode_spans_line(spans))
-            self.spooled_spans += len(spans)
-        except Exception as exc:
-            self.log_once(
-                "spool", "mlaunch telemetry: cannot write spool file (%s); spans lost", exc
-            )
+    def _drop(self, reason: str, n: int) -> None:
+        """Count ``n`` spans as dropped for ``reason`` (the caller logged why; call locked)."""
+        if n:
+            self._dropped[reason] = self._dropped.get(reason, 0) + n
+
+    def _on_encode_drop(self, cause: str, message: str) -> None:
+        self.log_once(f"encode:{cause}", "mlaunch telemetry: %s", message)
+
+    def _take_batch(self) -> list[Any] | None:
+        """The next batch (oldest first, at most BATCH_SIZE), marked in flight; None when the queue
+        is empty or shutdown gave up on this thread. The rest stays queued, so at the deadline
+        shutdown finds everything that is not in flight still in the queue."""
+        with self._lock:
+            if self._abandoned:
+                return None
+            queue = self.queue
+            excess = len(queue) - MAX_PENDING_SPANS
+            if excess > 0 and type(self.sink) is not Sink:  # "none" keeps nothing anyway
+                # The exporter cannot keep up: keep memory bounded, put the oldest in the spool.
+                self.log_once(
+                    "behind", "mlaunch telemetry: exporter falling behind; spooling spans"
+                )
+                pop = queue.popleft
+                old = [pop() for _ in range(excess)]
+                self._taken += excess
+                self._spool_spans(old)
+            n = min(len(queue), BATCH_SIZE)
+            if not n:
+                return None
+            pop = queue.popleft
+            batch = [pop() for _ in range(n)]
+            self._taken += n
+            self._inflight_spans = batch
+        if self.tee is not None:
+            with contextlib.suppress(Exception):
+                self.tee.write(self.encoder.json_line(batch)[0])
+        return batch
+
+    def _spool_spans(self, spans: list[Any]) -> None:
+        """Write spans to the spool file, BATCH_SIZE per line, and count them (call locked)."""
+        for i in range(0, len(spans), BATCH_SIZE):
+            chunk = spans[i : i + BATCH_SIZE]
+            try:
+                line, dropped = self.encoder.json_line(chunk)
+                self.spool_traces.write(line)
+            except Exception as exc:
+                self.log_once(
+                    "spool", "mlaunch telemetry: cannot write spool file (%s); spans lost", exc
+                )
+                self._drop(f"spool file not writable ({type(exc).__name__})", len(chunk))
+                continue
+            self.spooled_spans += len(chunk) - dropped
+            self._drop("cannot be encoded", dropped)
 
     def _spool_metrics(self, data: Any) -> None:
         if data is None:
@@ -808,23 +910,25 @@ class Runtime:
             )
 
     def _deliver(self, kind: str, payload: Any) -> None:
-        """Export one batch; on failure log once per cause and spool it."""
-        spool = self._spool_spans if kind == "spans" else self._spool_metrics
+        """Export one batch (span batches come marked in flight by ``_take_batch``); on failure
+        log once per cause and spool it."""
+        spans = kind == "spans"
+        spool = self._spool_spans if spans else self._spool_metrics
         if time.monotonic() < self._backoff_until:
             with self._lock:
                 if not self._abandoned:
                     spool(payload)
+                    self._inflight_spans = None
             return
         with self._lock:
             if self._abandoned:
                 return
-            if kind == "spans":
-                self._inflight_spans = payload
-            else:
+            if not spans:
                 self._inflight_metrics = payload
+        dropped = 0
         try:
-            if kind == "spans":
-                self.sink.export_spans(payload)
+            if spans:
+                dropped = self.sink.export_spans(payload, self.encoder)
             else:
                 self.sink.export_metrics(payload)
             failed = None
@@ -835,29 +939,29 @@ class Runtime:
             self._inflight_spans = self._inflight_metrics = None
             if self._abandoned:  # shutdown gave up on us and spooled this batch already
                 return
-            if failed is not None:
-                self.log_once(
-                    f"export:{kind}:{type(failed).__name__}:{failed}",
-                    "mlaunch telemetry: %s export failed (%s); undelivered data goes to %s",
-                    kind,
-                    failed,
-                    self.spool_traces.path if kind == "spans" else self.spool_metrics.path,
-                )
-                self._backoff_until = time.monotonic() + self._backoff_s
-                self._backoff_s = min(FAILURE_BACKOFF_S, 2 * self._backoff_s)
-                spool(payload)
+            if failed is None:
+                if spans:
+                    self._delivered += len(payload) - dropped
+                    self._drop("cannot be encoded", dropped)
+                return
+            self.log_once(
+                f"export:{kind}:{type(failed).__name__}:{failed}",
+                "mlaunch telemetry: %s export failed (%s); undelivered data goes to %s",
+                kind,
+                failed,
+                self.spool_traces.path if spans else self.spool_metrics.path,
+            )
+            self._backoff_until = time.monotonic() + self._backoff_s
+            self._backoff_s = min(FAILURE_BACKOFF_S, 2 * self._backoff_s)
+            spool(payload)
 
     def _flush_spans(self) -> None:
-        spans = self._drain()
-        if len(spans) > MAX_PENDING_SPANS and type(self.sink) is not Sink:  # "none" keeps nothing
-            # The exporter cannot keep up: keep memory bounded, put the oldest in the spool.
-            excess, spans = spans[: len(spans) - MAX_PENDING_SPANS], spans[-MAX_PENDING_SPANS:]
-            self.log_once("behind", "mlaunch telemetry: exporter falling behind; spooling spans")
-            with self._lock:
-                if not self._abandoned:
-                    self._spool_spans(excess)
-        for i in range(0, len(spans), BATCH_SIZE):
-            self._deliver("spans", spans[i : i + BATCH_SIZE])
+        """Export what is queued, one batch at a time."""
+        while True:
+            batch = self._take_batch()
+            if batch is None:
+                return
+            self._deliver("spans", batch)
 
     def _collect_metrics(self) -> Any:
         if self.reader is None:
@@ -889,7 +993,10 @@ class Runtime:
     # --- shutdown -------------------------------------------------------------------------------
 
     def shutdown(self, timeout_s: float | None = None) -> None:
-        """End open spans (truncated), flush, and stop within ``timeout_s`` (hard deadline)."""
+        """End open spans (truncated), flush, and stop within ``timeout_s`` (hard deadline).
+
+        At the deadline everything not confirmed delivered (the batch in flight and the whole
+        queue) goes to the spool; the warning states where every span went."""
         with self._lock:
             if self._closed:
                 return
@@ -904,14 +1011,19 @@ class Runtime:
             _spans.clear_stacks()
             self._stop.set()
             self.thread.join(max(0.0, deadline - time.monotonic()))
-            if self.thread.is_alive():
-                # The exporter is stuck (hanging or unreachable endpoint): spool what is left.
-                with self._lock:
-                    self._abandoned = True
-                    inflight_spans, self._inflight_spans = self._inflight_spans, None
-                    inflight_metrics, self._inflight_metrics = self._inflight_metrics, None
-                self._spool_spans(inflight_spans or [])
-                self._spool_spans(self._drain())
+            stuck = self.thread.is_alive()
+            with self._lock:
+                # Stuck exporter (hanging or unreachable endpoint), or a thread that died: spool
+                # what is left. The export thread checks _abandoned under this lock, so a batch
+                # is either delivered and counted by it, or spooled here, never both or neither.
+                self._abandoned = True
+                inflight_spans, self._inflight_spans = self._inflight_spans, None
+                inflight_metrics, self._inflight_metrics = self._inflight_metrics, None
+                queue = self.queue
+                rest = [queue.popleft() for _ in range(len(queue))]
+                self._taken += len(rest)
+                self._spool_spans((inflight_spans or []) + rest)
+            if stuck:
                 self._spool_metrics(inflight_metrics)
                 data = self._collect_metrics()
                 if data is not None and data.resource_metrics:
@@ -921,13 +1033,19 @@ class Runtime:
                     "mlaunch telemetry: export did not finish within %.1fs; gave up on the exporter",
                     timeout,
                 )
-            if self.spooled_spans or self.spooled_metric_batches:
+            counts = self.span_counts()
+            if counts["spooled"] or counts["dropped"] or self.spooled_metric_batches:
+                reasons = ", ".join(f"{n} {why}" for why, n in counts["dropped_by"].items())
                 log.warning(
-                    "mlaunch telemetry: %d spans and %d metric batches could not be delivered; "
-                    "kept in %s and %s",
-                    self.spooled_spans,
-                    self.spooled_metric_batches,
+                    "mlaunch telemetry: spans could not be delivered: %d emitted = %d delivered "
+                    "+ %d spooled + %d dropped%s; spans kept in %s, and %d metric batches in %s",
+                    counts["emitted"],
+                    counts["delivered"],
+                    counts["spooled"],
+                    counts["dropped"],
+                    f" ({reasons})" if reasons else "",
                     self.spool_traces.path,
+                    self.spooled_metric_batches,
                     self.spool_metrics.path,
                 )
             if self._logs_handler is not None:
