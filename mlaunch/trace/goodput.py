@@ -18,7 +18,14 @@ Definitions (also in the command help and docs/trace.md), per rank:
   ``megatron.startup``), ``max(0, its duration - the rank's median step)``.
 * **restart** = time in ``megatron.startup.model_init``, ``megatron.checkpoint.load``,
   ``megatron.startup.dataloader``, ``megatron.train.first_iteration`` and the rest of
-  ``megatron.startup``, not already inside a step, plus the first-iteration excess.
+  ``megatron.startup``, not already inside a step, plus the first-iteration excess, plus
+  **requeue**: the time between incarnations (a SLURM requeue, a torchrun restart) when no worker
+  of the run was up: the gaps between the launcher's ``mlaunch.job`` spans (the queue wait of a
+  requeued job), and in every later incarnation (each ``mlaunch.job`` after the first, each
+  ``mlaunch.job.attempt`` after attempt 0) the time from its start to the rank's first span in it
+  (the launcher and torchrun starting again). Without a launcher trace (a collector's view of a
+  Megatron-LM run), incarnations are told apart by the workers' ``nemo.lens.run_uuid`` (else
+  ``slurm.restart_count``) and the gaps between them count.
 * **checkpoint** = time in ``megatron.checkpoint.save``; **evaluation** = time in
   ``megatron.evaluate``; **unaccounted** = wall minus all of the above.
 
@@ -34,11 +41,13 @@ step). The categories therefore add up to wall exactly. **Overall** sums every r
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mlaunch.model.spans import ALIASES, STEP_SPAN, LegacyName, ResourceAttr, SpanName
-from mlaunch.trace.reader import Resource, TraceReader
+from mlaunch.model.identity import RUN_UUID
+from mlaunch.model.spans import ALIASES, STEP_SPAN, Attr, LegacyName, ResourceAttr, SpanName
+from mlaunch.trace.reader import Resource, TraceReader, attributes
 from mlaunch.trace.stats import Interval, clip, median, merge, subtract, total
 from mlaunch.trace.summary import no_spans_error
 
@@ -53,6 +62,10 @@ RESTART_SPANS: dict[str, str] = {
     SpanName.FIRST_ITERATION.value: "first_iteration",
     SpanName.STARTUP.value: "startup",
 }
+#: The restart-cost component with no span of its own: time between incarnations (see the docs).
+REQUEUE = "requeue"
+#: What tells a worker's incarnations apart without a launcher trace.
+_INCARNATION_KEYS = (RUN_UUID, "slurm.restart_count")
 _STEP = STEP_SPAN
 _PRETRAIN = LegacyName.PRETRAIN.value
 _STARTUP = SpanName.STARTUP.value
@@ -60,6 +73,7 @@ _FIRST = SpanName.FIRST_ITERATION.value
 _SAVE = SpanName.CHECKPOINT_SAVE.value
 _EVAL = SpanName.EVALUATE.value
 _JOB = SpanName.JOB.value
+_ATTEMPT = SpanName.JOB_ATTEMPT.value
 _LAUNCHER = frozenset({SpanName.JOB.value, SpanName.JOB_ATTEMPT.value})
 #: Names whose intervals are kept (all others only widen the rank's extent).
 _TRACKED = frozenset({_PRETRAIN, _SAVE, _EVAL, *RESTART_SPANS})
@@ -76,7 +90,7 @@ class Breakdown:
     evaluation_ms: float = 0.0
     unaccounted_ms: float = 0.0
     restart_split_ms: dict[str, float] = field(
-        default_factory=lambda: dict.fromkeys(RESTART_SPANS.values(), 0.0)
+        default_factory=lambda: dict.fromkeys([*RESTART_SPANS.values(), REQUEUE], 0.0)
     )
 
     @property
@@ -141,6 +155,8 @@ class _RankState:
     step_starts: array[int] = field(default_factory=lambda: array("q"))
     step_ends: array[int] = field(default_factory=lambda: array("q"))
     spans: dict[str, list[Interval]] = field(default_factory=dict)
+    #: Extent of each incarnation (by run uuid / SLURM restart count) seen in this rank's spans.
+    incarnations: dict[str, list[int]] = field(default_factory=dict)
 
 
 class GoodputAggregator:
@@ -150,6 +166,14 @@ class GoodputAggregator:
     def __init__(self) -> None:
         self.ranks: dict[int, _RankState] = {}
         self.job: list[Interval] = []
+        #: Where a later incarnation starts: each mlaunch.job after the first, each attempt > 0.
+        self.restarts: list[Interval] = []
+
+    def _launcher_span(self, s: dict[str, Any], start: int, end: int) -> None:
+        if s["name"] == _JOB:
+            self.job.append((start, end))
+        elif s["name"] == _ATTEMPT and _attempt_number(s) > 0:
+            self.restarts.append((start, end))
 
     def add(
         self, res: Resource, spans: list[dict[str, Any]], maybe_truncated: bool = False
@@ -157,22 +181,20 @@ class GoodputAggregator:
         """Fold one batch in."""
         if res.launcher:
             for s in spans:
-                if s["name"] == _JOB:
-                    self.job.append((int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])))
+                self._launcher_span(s, int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"]))
             return
         st = self.ranks.get(res.rank)
         if st is None:
             host = res.attrs.get(ResourceAttr.HOST_NAME)
             st = self.ranks[res.rank] = _RankState(None if host is None else str(host))
-        lo, hi = st.lo, st.hi
+        lo, hi = 2**63 - 1, -(2**63)  # this batch's extent
         canon = ALIASES
         for s in spans:
             start = int(s["startTimeUnixNano"])
             end = int(s["endTimeUnixNano"])
             name = s["name"]
             if name in _LAUNCHER:  # a collector file that mixes the launcher's spans in
-                if name == _JOB:
-                    self.job.append((start, end))
+                self._launcher_span(s, start, end)
                 continue
             if start < lo:
                 lo = start
@@ -184,16 +206,26 @@ class GoodputAggregator:
                 st.step_ends.append(end)
             elif name in _TRACKED:
                 st.spans.setdefault(name, []).append((start, end))
-        st.lo, st.hi = lo, hi
+        if lo > hi:
+            return
+        key = next((str(res.attrs[k]) for k in _INCARNATION_KEYS if k in res.attrs), "")
+        ext = st.incarnations.get(key)
+        if ext is None:
+            st.incarnations[key] = [lo, hi]
+        else:
+            ext[0], ext[1] = min(ext[0], lo), max(ext[1], hi)
+        st.lo, st.hi = min(st.lo, lo), max(st.hi, hi)
 
     def finish(self) -> GoodputReport:
         """Attribute every rank's wall time."""
         overall = Breakdown()
         ranks: list[RankGoodput] = []
         job = (min(s for s, _ in self.job), max(e for _, e in self.job)) if self.job else None
+        # Later incarnations of the launcher: every job span but the earliest, every attempt > 0.
+        restarts = sorted(self.job)[1:] + self.restarts
         live = {r: st for r, st in self.ranks.items() if st.hi >= st.lo}
         for r in sorted(live):
-            rg = _rank_goodput(r, live[r], job)
+            rg = _rank_goodput(r, live[r], job, _gaps(self.job), restarts)
             ranks.append(rg)
             overall.add(rg.breakdown)
         if job is not None:
@@ -204,7 +236,42 @@ class GoodputAggregator:
         return GoodputReport(ranks, overall, max(0, hi - lo) / _NS_PER_MS)
 
 
-def _rank_goodput(rank: int, st: _RankState, job: tuple[int, int] | None) -> RankGoodput:
+def _attempt_number(span: dict[str, Any]) -> int:
+    """``mlaunch.attempt`` of a launcher attempt span (0 when missing or not a number)."""
+    value = attributes(span.get("attributes")).get(Attr.ATTEMPT.value, 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _gaps(intervals: list[Interval]) -> list[Interval]:
+    """The holes between the merged ``intervals`` (from the first start to the last end)."""
+    merged = merge(intervals)
+    return [(a_end, b_start) for (_, a_end), (b_start, _) in zip(merged, merged[1:], strict=False)]
+
+
+def _requeue(
+    st: _RankState, gaps: list[Interval], restarts: list[Interval], launcher: bool
+) -> list[Interval]:
+    """Time between incarnations for this rank (see the module docs: **requeue**)."""
+    if not launcher:  # a worker-only trace: the gaps between its incarnations' extents
+        return _gaps([(lo, hi) for lo, hi in st.incarnations.values()])
+    starts = sorted(
+        [*st.step_starts, *(s for spans in st.spans.values() for s, _ in spans)]
+    )  # fmt: skip
+    out = list(gaps)
+    for lo, hi in restarts:
+        i = bisect_left(starts, lo)
+        first = starts[i] if i < len(starts) else hi
+        out.append((lo, min(first, hi)))
+    return out
+
+
+def _rank_goodput(
+    rank: int,
+    st: _RankState,
+    job: tuple[int, int] | None,
+    gaps: list[Interval],
+    restarts: list[Interval],
+) -> RankGoodput:
     pretrain = st.spans.get(_PRETRAIN, [])
     if job is not None:
         (lo, hi), source = job, _JOB
@@ -227,6 +294,9 @@ def _rank_goodput(rank: int, st: _RankState, job: tuple[int, int] | None) -> Ran
         split[key] = total(own) / _NS_PER_MS
         covered = merge(covered + own)
     split["first_iteration"] += excess / _NS_PER_MS
+    own = subtract(clip(merge(_requeue(st, gaps, restarts, job is not None)), lo, hi), covered)
+    split[REQUEUE] = total(own) / _NS_PER_MS
+    covered = merge(covered + own)
     parts: dict[str, float] = {}
     for key, name in (("checkpoint", _SAVE), ("evaluation", _EVAL)):
         own = subtract(clip(merge(st.spans.get(name, [])), lo, hi), covered)

@@ -178,6 +178,14 @@ def test_usr1_then_requeue_resumes_from_the_checkpoint_as_a_second_incarnation(
     goodput = mlaunch(slurm_cluster, tmp_path, "trace", "goodput", str(run_dir))
     show("mlaunch trace goodput", goodput.stdout + goodput.stderr)
     assert goodput.returncode == 0
+    # The requeue is restart cost: the gap between the two launcher incarnations and the second
+    # one's start-up before its workers run, on every rank.
+    split = json.loads(
+        mlaunch(slurm_cluster, tmp_path, "trace", "goodput", str(run_dir), "--json").stdout
+    )
+    for rank in split["ranks"]:
+        assert rank["wall_source"] == "mlaunch.job", rank
+        assert rank["restart_split_ms"]["requeue"] > 100, rank
 
 
 def test_the_time_limit_warning_saves_and_requeues_the_job_itself(slurm_cluster, tmp_path):

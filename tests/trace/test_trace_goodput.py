@@ -42,6 +42,7 @@ def test_full_tree_rank_splits_wall_time_by_hand(tmp_path: Path, legacy: bool) -
             "data_setup": 50,
             "first_iteration": 50,
             "startup": 0,
+            "requeue": 0,
         }  # fmt: skip
     )
     assert b.checkpoint_ms == pytest.approx(100)
@@ -121,3 +122,61 @@ def test_restarted_attempts_each_have_a_first_iteration(tmp_path: Path) -> None:
     assert r.breakdown.wall_ms == pytest.approx(500)
     assert r.breakdown.productive_ms == pytest.approx(2 * 200 - 100)
     assert r.breakdown.unaccounted_ms == pytest.approx(100)
+
+
+def _incarnation(b: TraceBuilder, start: float) -> None:
+    """One incarnation of rank 0 from ``start``: startup 100 ms, then two 100 ms steps."""
+    b.span(0, S.STARTUP, start, start + 100)
+    for i in range(2):
+        b.span(0, S.ITERATION, start + 100 + 100 * i, start + 200 + 100 * i)
+
+
+def test_a_requeue_between_launcher_incarnations_is_restart_cost(tmp_path: Path) -> None:
+    # Incarnation 1: job 0-400, workers 50-350. SLURM requeues it; incarnation 2: job 1000-1500,
+    # workers from 1200. Requeue = the gap 400-1000 (600) + the new launcher's head 1000-1200.
+    b = TraceBuilder(world_size=1)
+    b.span(b.LAUNCHER, S.JOB, 0, 400)
+    b.span(b.LAUNCHER, S.JOB_ATTEMPT, 10, 390, attrs={"mlaunch.attempt": 0})
+    b.span(b.LAUNCHER, S.JOB, 1000, 1500)
+    b.span(b.LAUNCHER, S.JOB_ATTEMPT, 1010, 1490, attrs={"mlaunch.attempt": 0})
+    _incarnation(b, 50)
+    _incarnation(b, 1200)
+    r0 = _report(tmp_path, b).ranks[0]
+    bd = r0.breakdown
+    assert r0.wall_source == S.JOB
+    assert bd.wall_ms == pytest.approx(1500)
+    assert bd.restart_split_ms["requeue"] == pytest.approx(800)
+    assert bd.restart_split_ms["startup"] == pytest.approx(200)
+    assert bd.restart_ms == pytest.approx(1000)
+    # 0-50, 350-400 and 1500 after the last step: the launcher's own time, unaccounted
+    assert bd.unaccounted_ms == pytest.approx(1500 - 400 - 1000)
+
+
+def test_a_torchrun_restart_inside_one_job_counts_its_head_as_restart_cost(tmp_path: Path) -> None:
+    # One job 0-1000; attempt 0 10-400 (a worker died), attempt 1 from 420 with workers at 600.
+    b = TraceBuilder(world_size=1)
+    b.span(b.LAUNCHER, S.JOB, 0, 1000)
+    b.span(b.LAUNCHER, S.JOB_ATTEMPT, 10, 400, attrs={"mlaunch.attempt": 0})
+    b.span(b.LAUNCHER, S.JOB_ATTEMPT, 420, 990, attrs={"mlaunch.attempt": 1})
+    _incarnation(b, 50)
+    _incarnation(b, 600)
+    bd = _report(tmp_path, b).ranks[0].breakdown
+    assert bd.restart_split_ms["requeue"] == pytest.approx(600 - 420)
+
+
+def test_without_a_launcher_trace_incarnations_come_from_the_run_uuid(tmp_path: Path) -> None:
+    # A collector's view of a requeued Megatron-LM run: no launcher file, two run uuids.
+    b1, b2 = TraceBuilder(world_size=1), TraceBuilder(world_size=1)
+    b1.resource(0)["nemo.lens.run_uuid"] = "incarnation-1"
+    b2.resource(0)["nemo.lens.run_uuid"] = "incarnation-2"
+    _incarnation(b1, 0)  # 0-300
+    _incarnation(b2, 1000)  # 1000-1300
+    tel = tmp_path / "telemetry"
+    tel.mkdir()
+    (tel / "traces-rank0.jsonl").write_text(
+        "".join(line + "\n" for line in [*b1.lines(0), *b2.lines(0)])
+    )
+    bd = goodput(TraceReader.open(tmp_path)).ranks[0].breakdown
+    assert bd.wall_ms == pytest.approx(1300)
+    assert bd.restart_split_ms["requeue"] == pytest.approx(700)
+    assert bd.productive_ms == pytest.approx(400)
