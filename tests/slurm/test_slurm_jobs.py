@@ -81,10 +81,13 @@ def slurm_state(cluster, job_id: str) -> str:
     return ""
 
 
+#: The states of a job that has ended (this incarnation, at least).
+FINISHED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED"})
+
+
 def wait_done(cluster, job_id: str) -> str:
-    finished = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED"}
     return wait_until(
-        lambda: (s := slurm_state(cluster, job_id)) in finished and s, f"job {job_id}", cluster
+        lambda: (s := slurm_state(cluster, job_id)) in FINISHED and s, f"job {job_id}", cluster
     )
 
 
@@ -155,6 +158,9 @@ def test_usr1_then_requeue_resumes_from_the_checkpoint_as_a_second_incarnation(
     assert list((run_dir / "checkpoints").glob("iter_*")), "the graceful stop saved nothing"
 
     slurm_cluster.run("scontrol", "requeue", job_id)
+    # The controller may still report the first incarnation's end for a moment: wait until the
+    # job is queued again, or wait_done below would read that stale state.
+    wait_until(lambda: slurm_state(slurm_cluster, job_id) not in FINISHED, "requeue", slurm_cluster)
     # SLURM holds a requeued job for about two minutes before it may start again; skip that.
     slurm_cluster.run("scontrol", "update", f"jobid={job_id}", "starttime=now")
     assert wait_done(slurm_cluster, job_id) == "COMPLETED"
@@ -203,9 +209,13 @@ def test_the_time_limit_warning_saves_and_requeues_the_job_itself(slurm_cluster,
     )
     slurm_cluster.run("scancel", job_id)  # the test ends here; the requeued job would resume
     assert "JobState=PENDING" in info or "JobState=REQUEUED" in info, info
-    out = (run_dir / f"slurm-{job_id}.out").read_text()
+    # The batch shell's last words reach the output file as it exits: give them a moment.
+    requeued = f"mlaunch: requeueing job {job_id}"
+    out = wait_until(
+        lambda: requeued in (o := (run_dir / f"slurm-{job_id}.out").read_text()) and o,
+        "the requeue message", slurm_cluster, timeout=30,
+    )  # fmt: skip
     assert "mlaunch: USR1: stopping the workers" in out
-    assert f"mlaunch: requeueing job {job_id}" in out
     stopped_at = progress_iteration(run_dir)
     assert 1 <= stopped_at < 600
     assert (run_dir / "checkpoints" / f"iter_{stopped_at:07d}").is_dir()
