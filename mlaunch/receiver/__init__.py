@@ -5,9 +5,29 @@
 - :mod:`.frontends`: the OTLP/gRPC and OTLP/HTTP listeners.
 - :mod:`.upstream`: where the relay forwards (the workers' OTLP exporter settings).
 - :mod:`.wiring`: when ``mlaunch train`` hosts it and the workers' environment.
+
+The names below load on first use: ``mlaunch train`` imports :mod:`.wiring` on every launch, and
+a launch that needs no receiver (mlaunch's own trainer) must not pay for protobuf and grpc.
 """
 
-from mlaunch.receiver.core import Receiver, ReceiverStats, SignalCounts
-from mlaunch.receiver.upstream import Upstream
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mlaunch.receiver.core import Receiver, ReceiverStats, SignalCounts
+    from mlaunch.receiver.upstream import Upstream
 
 __all__ = ["Receiver", "ReceiverStats", "SignalCounts", "Upstream"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Receiver", "ReceiverStats", "SignalCounts"):
+        from mlaunch.receiver import core
+
+        return getattr(core, name)
+    if name == "Upstream":
+        from mlaunch.receiver.upstream import Upstream
+
+        return Upstream
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

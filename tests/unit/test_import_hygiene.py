@@ -60,6 +60,9 @@ def test_groups_commands_import_no_heavy_module(args: list[str]) -> None:
         ("mlaunch.model", ("pydantic", "typer", "rich", "opentelemetry", "torch")),
         ("mlaunch.settings", ("torch", "opentelemetry", "grpc")),
         ("mlaunch.telemetry", ("torch",)),
+        # Every launch imports these; the receiver's protobuf/grpc load only when one is hosted.
+        ("mlaunch.launcher.run", ("torch", "opentelemetry", "grpc", "google")),
+        ("mlaunch.receiver.wiring", ("torch", "opentelemetry", "grpc", "google")),
     ],
 )
 def test_layer_imports(module: str, forbidden: tuple[str, ...]) -> None:
