@@ -593,30 +593,37 @@ class SpanEncoder:
         )
         return f'{{"resourceSpans":[{body}]}}'.encode(), dropped
 
-    def _json_fine_fast(self, rec: FineSpan) -> str | None:
-        """A plain FineSpan's JSON object, or None when it needs the general path."""
+    def _plain_attributes(self, rec: FineSpan, cache: dict, build: Any) -> list[Any] | None:
+        """The encoded attributes of a plain FineSpan (no events, links or status; every value
+        of a plain type; within the limits) from ``cache``, building new ones with ``build``;
+        None when the span needs the general path. Shared by the JSON and protobuf fast paths."""
         if rec.events is not None or rec.links is not None or rec.status is not None:
             return None
         attrs = rec.attributes
-        if attrs:
-            limit = self.limits.attributes
-            if limit is not None and len(attrs) > limit:
+        if not attrs:
+            return []
+        limit = self.limits.attributes
+        if limit is not None and len(attrs) > limit:
+            return None
+        out = []
+        for key, value in attrs.items():
+            tv = type(value)
+            if tv not in _PLAIN:
                 return None
-            cache = self._kv_json
-            out = []
-            for key, value in attrs.items():
-                tv = type(value)
-                if tv not in _PLAIN:
-                    return None
-                frag = cache.get((key, tv, value))
+            frag = cache.get((key, tv, value))
+            if frag is None:
+                frag = build(key, tv, value)
                 if frag is None:
-                    frag = self._json_kv_new(key, tv, value)
-                    if frag is None:
-                        return None
-                out.append(frag)
-            attr_part = ',"attributes":[' + ",".join(out) + "]"
-        else:
-            attr_part = ""
+                    return None
+            out.append(frag)
+        return out
+
+    def _json_fine_fast(self, rec: FineSpan) -> str | None:
+        """A plain FineSpan's JSON object, or None when it needs the general path."""
+        frags = self._plain_attributes(rec, self._kv_json, self._json_kv_new)
+        if frags is None:
+            return None
+        attr_part = ',"attributes":[' + ",".join(frags) + "]" if frags else ""
         name = rec.name
         name_part = self._json_names.get(name)
         if name_part is None:
@@ -687,27 +694,10 @@ class SpanEncoder:
 
     def _pb_fine_fast(self, rec: FineSpan) -> bytes | None:
         """A plain FineSpan's ``spans`` field, or None when it needs the general path."""
-        if rec.events is not None or rec.links is not None or rec.status is not None:
+        fields = self._plain_attributes(rec, self._kv_pb, self._pb_kv_new)
+        if fields is None:
             return None
-        attrs = rec.attributes
-        attr_bytes = b""
-        if attrs:
-            limit = self.limits.attributes
-            if limit is not None and len(attrs) > limit:
-                return None
-            cache = self._kv_pb
-            out = []
-            for key, value in attrs.items():
-                tv = type(value)
-                if tv not in _PLAIN:
-                    return None
-                field = cache.get((key, tv, value))
-                if field is None:
-                    field = self._pb_kv_new(key, tv, value)
-                    if field is None:
-                        return None
-                out.append(field)
-            attr_bytes = b"".join(out)
+        attr_bytes = b"".join(fields)
         name = rec.name
         nb = self._names.get(name)
         if nb is None:
