@@ -144,3 +144,48 @@ def test_an_unresponsive_collector_never_holds_the_launcher_past_the_deadline(
         assert took < 3.5, took
         assert sorted(spooled_ids(tmp_path)) == sorted(ids)  # the call in flight too
         assert stats.signals["traces"].spooled_items == 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("upstream", ["hanging", "closed"])
+def test_a_relay_outage_at_volume_spools_every_queued_request(
+    tmp_path: Path, upstream: str
+) -> None:
+    """20,000 spans in ~40 requests (many batches, not one) while the collector hangs or is
+    gone: at the close deadline the request in flight and every queued one are spooled."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from support.otlp import closed_port_endpoint
+
+    n = 20_000
+    with HangingServer() as hanging:
+        endpoint = hanging.endpoint if upstream == "hanging" else closed_port_endpoint()
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_TIMEOUT": "30"}
+        rx = Receiver(tmp_path, relay=relay_to(env), log=lambda m: None).start()
+        tp = TracerProvider(resource=Resource.create({"dl.rank": 0}))
+        tp.add_span_processor(
+            BatchSpanProcessor(
+                GrpcSpans(endpoint=rx.grpc_endpoint, insecure=True),
+                max_queue_size=n,
+                max_export_batch_size=512,
+            )
+        )
+        tracer = tp.get_tracer("t")
+        ids = set()
+        for i in range(n):
+            with tracer.start_as_current_span(
+                "megatron.microbatch.forward", attributes={"i": i}
+            ) as sp:
+                ids.add(format(sp.get_span_context().span_id, "016x"))
+        assert tp.force_flush(60_000)  # the worker's side: all handed to the launcher
+        tp.shutdown()
+        stats = rx.close(deadline_s=2.0)
+    t = stats.signals["traces"]
+    spooled = spooled_ids(tmp_path)
+    assert t.received_items == n
+    assert t.forwarded_items == 0 and t.lost_items == 0
+    assert t.spooled_items == len(spooled) == n
+    assert set(spooled) == ids  # received + spooled = emitted, nothing twice
+    print(f"relay outage ({upstream}) at volume: emitted {n} received {t.received_items}"
+          f" forwarded {t.forwarded_items} spooled {len(spooled)} lost {n - len(set(spooled))}")  # fmt: skip
