@@ -400,8 +400,9 @@ RULES: tuple[Rule, ...] = (
     Rule(
         f"`{P}EXPORTER`, `--otel-exporter`",
         Handling.TRANSLATED,
-        "`otlp` and `console` as they are; `file` (the default without an endpoint) -> `otlp` to"
-        " the launcher's embedded OTLP receiver on loopback, which writes the run directory's"
+        "`console` as it is; `otlp` to your endpoint as it is (through the launcher's relay by"
+        " default); `file` (the default without an endpoint), or `otlp` with no endpoint -> `otlp`"
+        " to the launcher's embedded OTLP receiver on loopback, which writes the run directory's"
         " `telemetry/`; the launcher sets `OTEL_EXPORTER_OTLP_ENDPOINT`/`_PROTOCOL` to it",
         '`none`: nemo-lens has no such exporter ("Unknown exporter type"); use'
         " `--no-otel-enabled`, or `file`",
