@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from mlaunch.endpoints import bracket
+from mlaunch.endpoints import redact as redact_url
 from mlaunch.envcontract import FALLBACK_PREFIX, PRIMARY_PREFIX
 from mlaunch.model.groups import ALL_GROUPS as ALL_SPAN_GROUPS
 from mlaunch.model.strategies import exporting_ranks, format_ranks
@@ -823,8 +825,13 @@ class _Answer:
 
 
 def _host_port(url: str) -> tuple[str, int]:
-    parsed = urllib.parse.urlparse(url)
-    return parsed.hostname or "localhost", parsed.port or (443 if parsed.scheme == "https" else 80)
+    from mlaunch.endpoints import EndpointError, parse_endpoint
+
+    try:
+        ep = parse_endpoint(url, default_port=443 if url.strip().startswith("https") else 80)
+    except EndpointError:
+        return "localhost", 80
+    return ep.host, ep.port
 
 
 def _is_loopback(host: str) -> bool:
@@ -837,7 +844,7 @@ def _is_loopback(host: str) -> bool:
 
 
 def _grpc_target(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return f"{bracket(host)}:{port}"
 
 
 def grpc_export(
@@ -1021,7 +1028,7 @@ def check_otlp(settings: Settings, timeout_s: float = NET_TIMEOUT_S) -> list[Che
     var = src.name if src.kind == "env" else "OTEL_EXPORTER_OTLP_ENDPOINT"
     origin = f"from {src}" if src.kind != "default" else "the default"
     host, port = _host_port(url)
-    results = [ok("otlp endpoint", f"{url} over {protocol} ({origin})")]
+    results = [ok("otlp endpoint", f"{redact_url(url)} over {protocol} ({origin})")]
     try:
         with socket.create_connection((host, port), timeout=timeout_s):
             pass
@@ -1082,9 +1089,9 @@ def probe_otlp(
     answer = _export(url, protocol, headers, timeout_s, certificate)
     parsed = urllib.parse.urlparse(url)
     host, port = _host_port(url)
-    hostport = f"{host}:{port}"
+    hostport = f"{_grpc_target(host, port)}"
     if answer.kind == "otlp":
-        return ok(name, f"{url} answers an empty trace export as an OTLP/{_proto_label(protocol)}"
+        return ok(name, f"{redact_url(url)} answers an empty trace export as an OTLP/{_proto_label(protocol)}"
                   " receiver")  # fmt: skip
     if answer.kind == "cert":
         return fail(
@@ -1204,44 +1211,44 @@ def _http_status_result(
         if path.endswith("/v1/traces/v1/traces"):
             return fail(
                 name,
-                f"404 at {url}: the endpoint already ended with /v1/traces and mlaunch appends it",
+                f"404 at {redact_url(url)}: the endpoint already ended with /v1/traces and mlaunch appends it",
                 f"set {var} to the base URL, without /v1/traces",
             )
         if not path.endswith("/v1/traces"):
             return fail(
                 name,
-                f"404 at {url}: OTLP/HTTP receivers serve traces at /v1/traces, not {path or '/'}",
+                f"404 at {redact_url(url)}: OTLP/HTTP receivers serve traces at /v1/traces, not {path or '/'}",
                 "end OTEL_EXPORTER_OTLP_TRACES_ENDPOINT with /v1/traces (or set only the base"
                 " OTEL_EXPORTER_OTLP_ENDPOINT)",
             )
         return fail(
             name,
-            f"404 at {url}: an HTTP server answers, but has no OTLP receiver at /v1/traces",
+            f"404 at {redact_url(url)}: an HTTP server answers, but has no OTLP receiver at /v1/traces",
             f"point {var} at the collector's OTLP HTTP port (usually 4318)",
         )
     if code in (401, 403):
         sent = "with the configured headers" if headers else "without OTEL_EXPORTER_OTLP_HEADERS"
         return fail(
             name,
-            f"{code} from {url}: the receiver rejected the request {sent}",
+            f"{code} from {redact_url(url)}: the receiver rejected the request {sent}",
             "set OTEL_EXPORTER_OTLP_HEADERS to the collector's credentials"
             " (e.g. authorization=Bearer%20TOKEN)",
         )
     if code in (429, 502, 503, 504):
         return warn(
             name,
-            f"{code} from {url}: the receiver is busy or unavailable right now",
+            f"{code} from {redact_url(url)}: the receiver is busy or unavailable right now",
             "check the collector's health; exporters retry these codes",
         )
     if 200 <= code < 300:
         return fail(
             name,
-            f"{url} answered {code} with {answer.detail}, not an OTLP protobuf response",
+            f"{redact_url(url)} answered {code} with {answer.detail}, not an OTLP protobuf response",
             f"point {var} at the collector's OTLP HTTP receiver (usually port 4318)",
         )
     return fail(
         name,
-        f"{code} from {url}: an HTTP server that is not an OTLP/HTTP protobuf receiver",
+        f"{code} from {redact_url(url)}: an HTTP server that is not an OTLP/HTTP protobuf receiver",
         f"point {var} at the collector's OTLP HTTP receiver (usually port 4318)",
     )
 

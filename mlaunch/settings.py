@@ -118,15 +118,10 @@ def parse_key_values(value: Any, what: str, *, secret: bool = False) -> dict[str
 def _check_url(value: str | None) -> str | None:
     if value is None:
         return None
-    url = value.strip()
-    parsed = urllib.parse.urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ValueError(f"{value!r} is not an http(s) URL with a host, e.g. http://localhost:4317")
-    try:
-        parsed.port  # noqa: B018 - raises on a bad port
-    except ValueError as exc:
-        raise ValueError(f"{value!r} has an invalid port ({exc})") from exc
-    return url
+    from mlaunch.endpoints import parse_endpoint
+
+    parse_endpoint(value)  # EndpointError (a ValueError) with a redacted message
+    return value.strip()
 
 
 def _not_blank(value: str | None) -> str | None:
