@@ -162,12 +162,29 @@ DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
 
 
+#: The integer range an OpenTelemetry attribute holds (int64).
+INT64_MAX = 2**63 - 1
+INT64_MIN = -(2**63)
+
+
 class _Section(BaseModel):
     # Attribute docstrings become field descriptions: `mlaunch train --help` shows them.
     # allow_inf_nan=False: "inf" parses as a float and passes every lower bound (``--lr inf``).
     model_config = ConfigDict(
         extra="forbid", validate_default=True, use_attribute_docstrings=True, allow_inf_nan=False
     )
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _int64(cls, v: Any) -> Any:
+        # Settings become span/resource attributes; OTel encodes integers as int64, and a larger
+        # one fails in every exporter (a stderr full of encoding tracebacks), so refuse it here.
+        if type(v) is int and not INT64_MIN <= v <= INT64_MAX:
+            raise ValueError(
+                f"{v} does not fit in 64 bits (OpenTelemetry attributes are int64: at most"
+                f" {INT64_MAX:,})"
+            )
+        return v
 
 
 class OtelSettings(_Section):
@@ -534,6 +551,11 @@ class TrainingSettings(_Section):
     def _data_path(cls, v: str | None) -> str | None:
         if _not_blank(v) is not None and not _is(Path.exists, v):
             raise ValueError(f"data_path {quoted(v)} does not exist; give a text file or folder")
+        if v is not None:
+            from mlaunch.model.corpus import empty_data_problem
+
+            if problem := empty_data_problem(v):
+                raise ValueError(problem)
         return v
 
 
@@ -758,7 +780,8 @@ class FileSource(_Layer):
         super().__init__(settings_cls)
         self.problems: list[tuple[str, str]] = []
         try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
+            # utf-8-sig: an editor's byte-order mark (Windows Notepad) is not TOML, but not an error.
+            data = tomllib.loads(path.read_text(encoding="utf-8-sig"))
         except FileNotFoundError:
             self.problems.append((str(path), "config file not found"))
             return
@@ -799,6 +822,23 @@ class FileSource(_Layer):
                     (where, f"expected a number or text, got a boolean ({str(value).lower()})")
                 )
                 continue
+            if (
+                sub is None
+                and isinstance(value, str)
+                and _looks_numeric(value)
+                and model is not None
+                and _is_number_only(model.model_fields[key].annotation)
+            ):
+                # Refused like a boolean: TOML has numbers, and a quoted one is usually a
+                # mistake (pydantic would convert it silently).
+                self.problems.append(
+                    (
+                        where,
+                        f"expected a number, got text {quoted(value)}; write it without quotes:"
+                        f" {key} = {value.strip()}",
+                    )
+                )
+                continue
             if sub is None:
                 self.set(f"{prefix}{key}", value, Source("file", where))
             elif isinstance(value, dict):
@@ -812,6 +852,25 @@ def _mentions_bool(annotation: Any) -> bool:
     if annotation is bool:
         return True
     return any(_mentions_bool(arg) for arg in typing.get_args(annotation))
+
+
+def _looks_numeric(text: str) -> bool:
+    """Whether ``text`` reads as a number (``"30"``, ``"1e-4"``; not ``"two"``)."""
+    try:
+        float(text.strip().replace("_", ""))
+    except ValueError:
+        return False
+    return True
+
+
+def _is_number_only(annotation: Any) -> bool:
+    """Whether a field takes numbers and no text (``int``, ``float``, ``int | None``)."""
+    if annotation is str:
+        return False
+    args = typing.get_args(annotation)
+    if args:
+        return any(_is_number_only(a) for a in args) and not any(a is str for a in args)
+    return annotation in (int, float)
 
 
 def _submodel(field_or_model: Any) -> type[BaseModel] | None:
@@ -1060,6 +1119,9 @@ def _clean_message(err: Mapping[str, Any]) -> str:
         "finite_number",
     ):
         got = err.get("input")
+        # pydantic's own "got ..." clause (int_from_float: "got a number with a fractional
+        # part") is dropped: one "got <value>" says it, with the value.
+        msg = msg.split(", got ", 1)[0]
         msg = f"{msg}, got {quoted(got) if isinstance(got, str) else repr(got)}"
     return msg
 
@@ -1113,6 +1175,21 @@ def collect_problems(
     return settings, problems + settings.cross_field_problems()
 
 
+def _preempt_signals_problems(environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """``MLAUNCH_PREEMPT_SIGNALS`` checked before launch (the trainer would refuse it only after
+    torchrun started), reported under the variable's own name."""
+    from mlaunch.envcontract import PREEMPT_SIGNALS
+    from mlaunch.trainer.args import preempt_signals
+
+    if not environ.get(PREEMPT_SIGNALS, "").strip():
+        return []
+    try:
+        preempt_signals(None, dict(environ))
+    except ValueError as exc:
+        return [(PREEMPT_SIGNALS, str(exc))]
+    return []
+
+
 def load_settings(
     *,
     flags: Mapping[str, Any] | None = None,
@@ -1130,6 +1207,7 @@ def load_settings(
     flag_src = FlagSource(Settings, flags or {})
     env_src = EnvSource(Settings, environ)
     problems += env_src.problems
+    problems += _preempt_signals_problems(environ)
     layers: list[_Layer] = [flag_src, env_src]
     if config is not None:
         file_src = FileSource(Settings, Path(config))
