@@ -152,6 +152,9 @@ TRACE_SAMPLERS: tuple[str, ...] = (
     "parentbased_always_off",
     "parentbased_traceidratio",
 )
+#: Text settings whose value is a name from a list (validated by the field): ``--help`` lists
+#: the names (Literal fields list theirs already).
+CHOICES: dict[str, tuple[str, ...]] = {"telemetry.otel.traces_sampler": TRACE_SAMPLERS}
 RATIO_SAMPLERS: frozenset[str] = frozenset({"traceidratio", "parentbased_traceidratio"})
 OTLP_PROTOCOLS: tuple[str, ...] = ("grpc", "http/protobuf", "http/json")
 #: What ``OTEL_EXPORTER_OTLP[_TRACES|_METRICS]_PROTOCOL`` may say (nemo-lens and the SDK take all
@@ -191,7 +194,7 @@ class OtelSettings(_Section):
     """The standard OpenTelemetry variables, validated (the SDK would only warn)."""
 
     traces_sampler: str | None = None
-    """``OTEL_TRACES_SAMPLER``: one of TRACE_SAMPLERS (the SDK's default is parentbased_always_on)."""
+    """``OTEL_TRACES_SAMPLER``: the sampler (the SDK's default is parentbased_always_on)."""
     traces_sampler_arg: float | None = None
     """``OTEL_TRACES_SAMPLER_ARG``: the ratio in [0,1] for the ratio samplers."""
     base_endpoint: str | None = None

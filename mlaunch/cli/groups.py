@@ -10,7 +10,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from mlaunch.cli.errors import PlainErrorsCommand, fail
+from mlaunch.cli.errors import PlainErrorsCommand, PlainErrorsGroup, fail
 from mlaunch.cli.render import (
     estimate_line,
     groups_table,
@@ -22,7 +22,9 @@ from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spans import CATALOGUE, estimate_spans_per_iteration
 from mlaunch.model.spec import SpanSpecError, format_groups, resolve
 
-app = typer.Typer(help="Span groups: list them, resolve a spec.", no_args_is_help=True)
+app = typer.Typer(
+    help="Span groups: list them, resolve a spec.", no_args_is_help=True, cls=PlainErrorsGroup
+)
 
 # The embedded default run's shape (configs/tiny.toml): 2 layers, 2 microbatches, 1 stage.
 _DEFAULT_LAYERS = 2

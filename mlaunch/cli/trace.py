@@ -17,13 +17,15 @@ from typing import Any, NoReturn
 
 import typer
 
-from mlaunch.cli.errors import PlainErrorsCommand
+from mlaunch.cli.errors import PlainErrorsCommand, PlainErrorsGroup
 from mlaunch.model.strategies import format_ranks
 
 app = typer.Typer(
-    help="Read exported traces without a backend: summary, Chrome/Perfetto export, goodput.",
+    help="Read a run's traces without a backend (summary, goodput, Chrome/Perfetto export, HTML"
+    " report) and send its undelivered spans to a collector (replay).",
     no_args_is_help=True,
     rich_markup_mode="rich",
+    cls=PlainErrorsGroup,
 )
 
 _PATH_HELP = "A run directory (runs/<run_id>) or an OTLP-JSON traces file."
