@@ -604,6 +604,28 @@ def _best_effort_settings(
     return load_settings(environ={}, check_cross_fields=False)
 
 
+def _train_default_note(environ: Mapping[str, str], enabled: bool, exporter: str | None) -> str:
+    """What plain ``mlaunch train`` (its default config) does with telemetry, when that differs
+    from what doctor checked without a config ('' when the same or unknown)."""
+    from mlaunch.launcher.plan import DEFAULT_CONFIG, resolve_config
+
+    try:
+        path = resolve_config(None, Path.cwd())
+    except Exception:  # noqa: BLE001 - a note only; the configuration check reports problems
+        return ""
+    train_settings, _ = collect_problems(environ=environ, config=path)
+    if train_settings is None:
+        return ""
+    tt = train_settings.telemetry
+    if (tt.enabled, tt.exporter) == (enabled, exporter):
+        return ""
+    return (
+        f"plain `mlaunch train` uses config {DEFAULT_CONFIG!r}: telemetry"
+        f" {'enabled' if tt.enabled else 'disabled'}, exporter {tt.exporter};"
+        f" check that with `mlaunch doctor --config {DEFAULT_CONFIG}`"
+    )
+
+
 def check_configuration(
     environ: Mapping[str, str], config: Path | None = None
 ) -> tuple[list[CheckResult], Settings]:
@@ -629,12 +651,20 @@ def check_configuration(
     results += _prefix_conflicts(environ)
     results += _alias_notes(environ)
     t = settings.telemetry
+    checked = (
+        f"with {config.name}" if config else "environment over the built-in defaults, no config"
+    )
+    note = "" if t.enabled else f"set {PRIMARY_PREFIX}ENABLED=true to export telemetry"
+    if config is None:
+        # Plain `mlaunch train` reads its default config (tiny: telemetry on), so a plain
+        # doctor must not let "disabled" stand for what train will do.
+        note = _train_default_note(environ, t.enabled, t.exporter) or note
     results.append(
         ok(
             "telemetry",
-            f"{'enabled' if t.enabled else 'disabled'}; exporter {t.exporter}; span groups"
-            f" {t.span_groups!r} ({len(t.groups)} groups); strategy {t.export_strategy}",
-            "" if t.enabled else f"set {PRIMARY_PREFIX}ENABLED=true to export telemetry",
+            f"{'enabled' if t.enabled else 'disabled'} ({checked}); exporter {t.exporter}; span"
+            f" groups {t.span_groups!r} ({len(t.groups)} groups); strategy {t.export_strategy}",
+            note,
         )
     )
     if t.enabled and t.otel.sdk_disabled:

@@ -380,8 +380,9 @@ class TelemetrySettings(_Section):
         v = v.strip()
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", v):
             raise ValueError(
-                f"{quoted(v)} is not a valid run id: use 1-128 letters, digits, '.', '_' or '-'"
-                " (it names the run directory)"
+                f"{quoted(v)} is not a valid run id: use 1-128 letters, digits, '.', '_' or '-',"
+                " starting with a letter or digit (it names the run directory: a leading '-'"
+                " would read as an option, a leading '.' would hide it)"
             )
         return v
 
@@ -1166,7 +1167,7 @@ def collect_problems(
     environ = os.environ if environ is None else environ
     env_src = EnvSource(Settings, environ)
     layers: list[_Layer] = [FlagSource(Settings, flags or {}), env_src]
-    problems: list[tuple[str, str]] = list(env_src.problems)
+    problems: list[tuple[str, str]] = list(env_src.problems) + _preempt_signals_problems(environ)
     if config is not None:
         file_src = FileSource(Settings, Path(config))
         problems += file_src.problems

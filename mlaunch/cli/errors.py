@@ -113,10 +113,33 @@ class PlainErrorsCommand(TyperCommand):
     """A command whose Click usage errors become one ``field: message`` line and exit 2."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        given = list(args)  # Click's parser consumes the list
         try:
             return super().parse_args(ctx, args)
         except _click().UsageError as exc:
-            raise fail([usage_problem(exc, ctx.command_path)]) from None
+            field, message = usage_problem(exc, ctx.command_path)
+            token = self._dash_value(exc, given)
+            if token is not None:
+                # `groups resolve -layer`: Click reads a value that starts with '-' as short
+                # options (-l...); say how to pass it.
+                message += (
+                    f"; a value that starts with '-' goes after '--': {ctx.command_path} -- {token}"
+                )
+            raise fail([(field, message)]) from None
+
+    def _dash_value(self, exc: Any, args: list[str]) -> str | None:
+        """The single-dash word an unknown short option came from, when this command takes a
+        positional value it may have been meant as (else None)."""
+        if not isinstance(exc, _click().NoSuchOption) or exc.option_name.startswith("--"):
+            return None
+        if not any(p.param_type_name == "argument" for p in self.params):
+            return None
+        for arg in args:
+            if arg == "--":
+                break
+            if arg.startswith(exc.option_name) and not arg.startswith("--") and len(arg) > 2:
+                return arg
+        return None
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         """Help that never cuts an option name (see :func:`fit_help_tables`) and flows."""
