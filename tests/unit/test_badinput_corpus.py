@@ -347,11 +347,18 @@ TRAIN: dict[str, Bad] = {
     "config:fraction-for-an-int": train(
         "--config", "fraction_for_int.toml", names=("[training] train_iters", "got 2.5")
     ),
+    "config=tny-did-you-mean": train("--config", "tny", names=("--config", "'tiny'")),
+    "otel-run-id=-rf": train("--otel-run-id=-rf", names=("--otel-run-id", "start")),
+    "otel-run-id=.hidden": train("--otel-run-id", ".hidden", names=("--otel-run-id", "start")),
     "config:not-toml": train("--config", "not_toml.toml", names=("not_toml.toml", "TOML")),
     "config:binary": train("--config", "binary.toml", names=("binary.toml", "cannot read")),
 }
 
 OTHER: dict[str, Bad] = {
+    # issue 17 class 7
+    "unknown-command": Bad(("trian",), ("no such command", "'train'")),
+    "unknown-trace-command": Bad(("trace", "sumary", "x"), ("no such command", "'summary'")),
+    "groups-resolve=-layer-before-dashes": Bad(("groups", "resolve", "-layer"), ("-- -layer",)),
     "groups-resolve=per_stepp": Bad(("groups", "resolve", "per_stepp"), ("SPEC", "per_step")),
     "groups-resolve=dash-only": Bad(("groups", "resolve", "-"), ("SPEC", "'-'")),
     "groups-resolve=unicode-défault": Bad(("groups", "resolve", "défault"), ("SPEC", "défault")),
