@@ -50,7 +50,7 @@ from mlaunch.settings import (
     collect_problems,
     load_settings,
     parse_bool,
-    redact,
+    redact_shown,
 )
 
 Status = Literal["pass", "warn", "fail"]
@@ -636,7 +636,7 @@ def check_configuration(
     if settings is None:
         settings = _best_effort_settings(environ, config, problems)
     names = _telemetry_vars(environ)
-    shown = ", ".join(f"{n}={redact(n, environ[n])}" for n in names)
+    shown = ", ".join(f"{n}={redact_shown(n, environ[n])}" for n in names)
     where = f" and {config}" if config else ""
     if not problems:
         results.insert(

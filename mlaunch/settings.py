@@ -1253,3 +1253,13 @@ def choose_run_id(settings: TelemetrySettings, environ: Mapping[str, str] | None
 def redact(name: str, value: str) -> str:
     """The value to show for variable ``name``: secrets are replaced by a marker."""
     return "<redacted>" if name in SECRET_ENV and value else value
+
+
+def redact_shown(name: str, value: str) -> str:
+    """:func:`redact`, and credentials in an endpoint URL (``user:pass@host``) as ``***@host``:
+    for messages only (the worker environment and ``--print-env`` keep the URL usable)."""
+    if "endpoint" in name.lower() and "@" in value:
+        from mlaunch.endpoints import redact as redact_url
+
+        return redact_url(value)
+    return redact(name, value)

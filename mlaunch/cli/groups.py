@@ -58,14 +58,14 @@ def list_groups(
 
 def _from_environment() -> tuple[str, dict[str, dict[str, str]]]:
     """The spec the environment configures and, for every telemetry value set, its source."""
-    from mlaunch.settings import SettingsError, load_settings, redact
+    from mlaunch.settings import SettingsError, load_settings, redact_shown
 
     try:
         settings = load_settings(environ=os.environ, check_cross_fields=False)
     except SettingsError as exc:
         raise fail(exc.problems) from None
     sources = {
-        path: {"value": redact(src.name, str(_value_at(settings, path))), "source": str(src)}
+        path: {"value": redact_shown(src.name, str(_value_at(settings, path))), "source": str(src)}
         for path, src in settings.sources().items()
         if path.startswith("telemetry.")
     }

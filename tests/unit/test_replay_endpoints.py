@@ -135,3 +135,13 @@ def test_file_exporter_run_says_there_is_no_spool(tmp_path: Path) -> None:
     code, out, err = cli(run, "--endpoint", "http://localhost:4317")
     assert code == 0
     assert "file exporter" in out and "every export was delivered" not in out
+
+
+def test_doctor_never_shows_url_credentials() -> None:
+    from mlaunch.doctor import check_configuration, probe_otlp
+
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://u:s3cret@[::1]:1"}
+    results, _ = check_configuration(env, None)
+    assert all("s3cret" not in r.message + r.fix for r in results)
+    probe = probe_otlp("http://u:s3cret@[::1]:1/v1/traces", "http/protobuf", {}, 1.0)
+    assert "s3cret" not in probe.message + probe.fix and "[::1]:1" in probe.message
