@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from mlaunch.endpoints import bracket
+from mlaunch.endpoints import redact as redact_url
 from mlaunch.envcontract import FALLBACK_PREFIX, PRIMARY_PREFIX
 from mlaunch.model.groups import ALL_GROUPS as ALL_SPAN_GROUPS
 from mlaunch.model.strategies import exporting_ranks, format_ranks
@@ -48,7 +50,7 @@ from mlaunch.settings import (
     collect_problems,
     load_settings,
     parse_bool,
-    redact,
+    redact_shown,
 )
 
 Status = Literal["pass", "warn", "fail"]
@@ -602,6 +604,28 @@ def _best_effort_settings(
     return load_settings(environ={}, check_cross_fields=False)
 
 
+def _train_default_note(environ: Mapping[str, str], enabled: bool, exporter: str | None) -> str:
+    """What plain ``mlaunch train`` (its default config) does with telemetry, when that differs
+    from what doctor checked without a config ('' when the same or unknown)."""
+    from mlaunch.launcher.plan import DEFAULT_CONFIG, resolve_config
+
+    try:
+        path = resolve_config(None, Path.cwd())
+    except Exception:  # noqa: BLE001 - a note only; the configuration check reports problems
+        return ""
+    train_settings, _ = collect_problems(environ=environ, config=path)
+    if train_settings is None:
+        return ""
+    tt = train_settings.telemetry
+    if (tt.enabled, tt.exporter) == (enabled, exporter):
+        return ""
+    return (
+        f"plain `mlaunch train` uses config {DEFAULT_CONFIG!r}: telemetry"
+        f" {'enabled' if tt.enabled else 'disabled'}, exporter {tt.exporter};"
+        f" check that with `mlaunch doctor --config {DEFAULT_CONFIG}`"
+    )
+
+
 def check_configuration(
     environ: Mapping[str, str], config: Path | None = None
 ) -> tuple[list[CheckResult], Settings]:
@@ -612,7 +636,7 @@ def check_configuration(
     if settings is None:
         settings = _best_effort_settings(environ, config, problems)
     names = _telemetry_vars(environ)
-    shown = ", ".join(f"{n}={redact(n, environ[n])}" for n in names)
+    shown = ", ".join(f"{n}={redact_shown(n, environ[n])}" for n in names)
     where = f" and {config}" if config else ""
     if not problems:
         results.insert(
@@ -627,12 +651,20 @@ def check_configuration(
     results += _prefix_conflicts(environ)
     results += _alias_notes(environ)
     t = settings.telemetry
+    checked = (
+        f"with {config.name}" if config else "environment over the built-in defaults, no config"
+    )
+    note = "" if t.enabled else f"set {PRIMARY_PREFIX}ENABLED=true to export telemetry"
+    if config is None:
+        # Plain `mlaunch train` reads its default config (tiny: telemetry on), so a plain
+        # doctor must not let "disabled" stand for what train will do.
+        note = _train_default_note(environ, t.enabled, t.exporter) or note
     results.append(
         ok(
             "telemetry",
-            f"{'enabled' if t.enabled else 'disabled'}; exporter {t.exporter}; span groups"
-            f" {t.span_groups!r} ({len(t.groups)} groups); strategy {t.export_strategy}",
-            "" if t.enabled else f"set {PRIMARY_PREFIX}ENABLED=true to export telemetry",
+            f"{'enabled' if t.enabled else 'disabled'} ({checked}); exporter {t.exporter}; span"
+            f" groups {t.span_groups!r} ({len(t.groups)} groups); strategy {t.export_strategy}",
+            note,
         )
     )
     if t.enabled and t.otel.sdk_disabled:
@@ -823,8 +855,13 @@ class _Answer:
 
 
 def _host_port(url: str) -> tuple[str, int]:
-    parsed = urllib.parse.urlparse(url)
-    return parsed.hostname or "localhost", parsed.port or (443 if parsed.scheme == "https" else 80)
+    from mlaunch.endpoints import EndpointError, parse_endpoint
+
+    try:
+        ep = parse_endpoint(url, default_port=443 if url.strip().startswith("https") else 80)
+    except EndpointError:
+        return "localhost", 80
+    return ep.host, ep.port
 
 
 def _is_loopback(host: str) -> bool:
@@ -837,7 +874,7 @@ def _is_loopback(host: str) -> bool:
 
 
 def _grpc_target(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return f"{bracket(host)}:{port}"
 
 
 def grpc_export(
@@ -1021,7 +1058,7 @@ def check_otlp(settings: Settings, timeout_s: float = NET_TIMEOUT_S) -> list[Che
     var = src.name if src.kind == "env" else "OTEL_EXPORTER_OTLP_ENDPOINT"
     origin = f"from {src}" if src.kind != "default" else "the default"
     host, port = _host_port(url)
-    results = [ok("otlp endpoint", f"{url} over {protocol} ({origin})")]
+    results = [ok("otlp endpoint", f"{redact_url(url)} over {protocol} ({origin})")]
     try:
         with socket.create_connection((host, port), timeout=timeout_s):
             pass
@@ -1082,9 +1119,9 @@ def probe_otlp(
     answer = _export(url, protocol, headers, timeout_s, certificate)
     parsed = urllib.parse.urlparse(url)
     host, port = _host_port(url)
-    hostport = f"{host}:{port}"
+    hostport = f"{_grpc_target(host, port)}"
     if answer.kind == "otlp":
-        return ok(name, f"{url} answers an empty trace export as an OTLP/{_proto_label(protocol)}"
+        return ok(name, f"{redact_url(url)} answers an empty trace export as an OTLP/{_proto_label(protocol)}"
                   " receiver")  # fmt: skip
     if answer.kind == "cert":
         return fail(
@@ -1204,44 +1241,44 @@ def _http_status_result(
         if path.endswith("/v1/traces/v1/traces"):
             return fail(
                 name,
-                f"404 at {url}: the endpoint already ended with /v1/traces and mlaunch appends it",
+                f"404 at {redact_url(url)}: the endpoint already ended with /v1/traces and mlaunch appends it",
                 f"set {var} to the base URL, without /v1/traces",
             )
         if not path.endswith("/v1/traces"):
             return fail(
                 name,
-                f"404 at {url}: OTLP/HTTP receivers serve traces at /v1/traces, not {path or '/'}",
+                f"404 at {redact_url(url)}: OTLP/HTTP receivers serve traces at /v1/traces, not {path or '/'}",
                 "end OTEL_EXPORTER_OTLP_TRACES_ENDPOINT with /v1/traces (or set only the base"
                 " OTEL_EXPORTER_OTLP_ENDPOINT)",
             )
         return fail(
             name,
-            f"404 at {url}: an HTTP server answers, but has no OTLP receiver at /v1/traces",
+            f"404 at {redact_url(url)}: an HTTP server answers, but has no OTLP receiver at /v1/traces",
             f"point {var} at the collector's OTLP HTTP port (usually 4318)",
         )
     if code in (401, 403):
         sent = "with the configured headers" if headers else "without OTEL_EXPORTER_OTLP_HEADERS"
         return fail(
             name,
-            f"{code} from {url}: the receiver rejected the request {sent}",
+            f"{code} from {redact_url(url)}: the receiver rejected the request {sent}",
             "set OTEL_EXPORTER_OTLP_HEADERS to the collector's credentials"
             " (e.g. authorization=Bearer%20TOKEN)",
         )
     if code in (429, 502, 503, 504):
         return warn(
             name,
-            f"{code} from {url}: the receiver is busy or unavailable right now",
+            f"{code} from {redact_url(url)}: the receiver is busy or unavailable right now",
             "check the collector's health; exporters retry these codes",
         )
     if 200 <= code < 300:
         return fail(
             name,
-            f"{url} answered {code} with {answer.detail}, not an OTLP protobuf response",
+            f"{redact_url(url)} answered {code} with {answer.detail}, not an OTLP protobuf response",
             f"point {var} at the collector's OTLP HTTP receiver (usually port 4318)",
         )
     return fail(
         name,
-        f"{code} from {url}: an HTTP server that is not an OTLP/HTTP protobuf receiver",
+        f"{code} from {redact_url(url)}: an HTTP server that is not an OTLP/HTTP protobuf receiver",
         f"point {var} at the collector's OTLP HTTP receiver (usually port 4318)",
     )
 

@@ -118,15 +118,10 @@ def parse_key_values(value: Any, what: str, *, secret: bool = False) -> dict[str
 def _check_url(value: str | None) -> str | None:
     if value is None:
         return None
-    url = value.strip()
-    parsed = urllib.parse.urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ValueError(f"{value!r} is not an http(s) URL with a host, e.g. http://localhost:4317")
-    try:
-        parsed.port  # noqa: B018 - raises on a bad port
-    except ValueError as exc:
-        raise ValueError(f"{value!r} has an invalid port ({exc})") from exc
-    return url
+    from mlaunch.endpoints import parse_endpoint
+
+    parse_endpoint(value)  # EndpointError (a ValueError) with a redacted message
+    return value.strip()
 
 
 def _not_blank(value: str | None) -> str | None:
@@ -157,6 +152,9 @@ TRACE_SAMPLERS: tuple[str, ...] = (
     "parentbased_always_off",
     "parentbased_traceidratio",
 )
+#: Text settings whose value is a name from a list (validated by the field): ``--help`` lists
+#: the names (Literal fields list theirs already).
+CHOICES: dict[str, tuple[str, ...]] = {"telemetry.otel.traces_sampler": TRACE_SAMPLERS}
 RATIO_SAMPLERS: frozenset[str] = frozenset({"traceidratio", "parentbased_traceidratio"})
 OTLP_PROTOCOLS: tuple[str, ...] = ("grpc", "http/protobuf", "http/json")
 #: What ``OTEL_EXPORTER_OTLP[_TRACES|_METRICS]_PROTOCOL`` may say (nemo-lens and the SDK take all
@@ -167,6 +165,11 @@ DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
 
 
+#: The integer range an OpenTelemetry attribute holds (int64).
+INT64_MAX = 2**63 - 1
+INT64_MIN = -(2**63)
+
+
 class _Section(BaseModel):
     # Attribute docstrings become field descriptions: `mlaunch train --help` shows them.
     # allow_inf_nan=False: "inf" parses as a float and passes every lower bound (``--lr inf``).
@@ -174,12 +177,24 @@ class _Section(BaseModel):
         extra="forbid", validate_default=True, use_attribute_docstrings=True, allow_inf_nan=False
     )
 
+    @field_validator("*", mode="after")
+    @classmethod
+    def _int64(cls, v: Any) -> Any:
+        # Settings become span/resource attributes; OTel encodes integers as int64, and a larger
+        # one fails in every exporter (a stderr full of encoding tracebacks), so refuse it here.
+        if type(v) is int and not INT64_MIN <= v <= INT64_MAX:
+            raise ValueError(
+                f"{v} does not fit in 64 bits (OpenTelemetry attributes are int64: at most"
+                f" {INT64_MAX:,})"
+            )
+        return v
+
 
 class OtelSettings(_Section):
     """The standard OpenTelemetry variables, validated (the SDK would only warn)."""
 
     traces_sampler: str | None = None
-    """``OTEL_TRACES_SAMPLER``: one of TRACE_SAMPLERS (the SDK's default is parentbased_always_on)."""
+    """``OTEL_TRACES_SAMPLER``: the sampler (the SDK's default is parentbased_always_on)."""
     traces_sampler_arg: float | None = None
     """``OTEL_TRACES_SAMPLER_ARG``: the ratio in [0,1] for the ratio samplers."""
     base_endpoint: str | None = None
@@ -365,8 +380,9 @@ class TelemetrySettings(_Section):
         v = v.strip()
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", v):
             raise ValueError(
-                f"{quoted(v)} is not a valid run id: use 1-128 letters, digits, '.', '_' or '-'"
-                " (it names the run directory)"
+                f"{quoted(v)} is not a valid run id: use 1-128 letters, digits, '.', '_' or '-',"
+                " starting with a letter or digit (it names the run directory: a leading '-'"
+                " would read as an option, a leading '.' would hide it)"
             )
         return v
 
@@ -539,6 +555,11 @@ class TrainingSettings(_Section):
     def _data_path(cls, v: str | None) -> str | None:
         if _not_blank(v) is not None and not _is(Path.exists, v):
             raise ValueError(f"data_path {quoted(v)} does not exist; give a text file or folder")
+        if v is not None:
+            from mlaunch.model.corpus import empty_data_problem
+
+            if problem := empty_data_problem(v):
+                raise ValueError(problem)
         return v
 
 
@@ -763,7 +784,8 @@ class FileSource(_Layer):
         super().__init__(settings_cls)
         self.problems: list[tuple[str, str]] = []
         try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
+            # utf-8-sig: an editor's byte-order mark (Windows Notepad) is not TOML, but not an error.
+            data = tomllib.loads(path.read_text(encoding="utf-8-sig"))
         except FileNotFoundError:
             self.problems.append((str(path), "config file not found"))
             return
@@ -804,6 +826,23 @@ class FileSource(_Layer):
                     (where, f"expected a number or text, got a boolean ({str(value).lower()})")
                 )
                 continue
+            if (
+                sub is None
+                and isinstance(value, str)
+                and _looks_numeric(value)
+                and model is not None
+                and _is_number_only(model.model_fields[key].annotation)
+            ):
+                # Refused like a boolean: TOML has numbers, and a quoted one is usually a
+                # mistake (pydantic would convert it silently).
+                self.problems.append(
+                    (
+                        where,
+                        f"expected a number, got text {quoted(value)}; write it without quotes:"
+                        f" {key} = {value.strip()}",
+                    )
+                )
+                continue
             if sub is None:
                 self.set(f"{prefix}{key}", value, Source("file", where))
             elif isinstance(value, dict):
@@ -817,6 +856,25 @@ def _mentions_bool(annotation: Any) -> bool:
     if annotation is bool:
         return True
     return any(_mentions_bool(arg) for arg in typing.get_args(annotation))
+
+
+def _looks_numeric(text: str) -> bool:
+    """Whether ``text`` reads as a number (``"30"``, ``"1e-4"``; not ``"two"``)."""
+    try:
+        float(text.strip().replace("_", ""))
+    except ValueError:
+        return False
+    return True
+
+
+def _is_number_only(annotation: Any) -> bool:
+    """Whether a field takes numbers and no text (``int``, ``float``, ``int | None``)."""
+    if annotation is str:
+        return False
+    args = typing.get_args(annotation)
+    if args:
+        return any(_is_number_only(a) for a in args) and not any(a is str for a in args)
+    return annotation in (int, float)
 
 
 def _submodel(field_or_model: Any) -> type[BaseModel] | None:
@@ -1065,6 +1123,9 @@ def _clean_message(err: Mapping[str, Any]) -> str:
         "finite_number",
     ):
         got = err.get("input")
+        # pydantic's own "got ..." clause (int_from_float: "got a number with a fractional
+        # part") is dropped: one "got <value>" says it, with the value.
+        msg = msg.split(", got ", 1)[0]
         msg = f"{msg}, got {quoted(got) if isinstance(got, str) else repr(got)}"
     return msg
 
@@ -1106,7 +1167,7 @@ def collect_problems(
     environ = os.environ if environ is None else environ
     env_src = EnvSource(Settings, environ)
     layers: list[_Layer] = [FlagSource(Settings, flags or {}), env_src]
-    problems: list[tuple[str, str]] = list(env_src.problems)
+    problems: list[tuple[str, str]] = list(env_src.problems) + _preempt_signals_problems(environ)
     if config is not None:
         file_src = FileSource(Settings, Path(config))
         problems += file_src.problems
@@ -1116,6 +1177,21 @@ def collect_problems(
     except SettingsError as exc:
         return None, problems + exc.problems
     return settings, problems + settings.cross_field_problems()
+
+
+def _preempt_signals_problems(environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """``MLAUNCH_PREEMPT_SIGNALS`` checked before launch (the trainer would refuse it only after
+    torchrun started), reported under the variable's own name."""
+    from mlaunch.envcontract import PREEMPT_SIGNALS
+    from mlaunch.trainer.args import preempt_signals
+
+    if not environ.get(PREEMPT_SIGNALS, "").strip():
+        return []
+    try:
+        preempt_signals(None, dict(environ))
+    except ValueError as exc:
+        return [(PREEMPT_SIGNALS, str(exc))]
+    return []
 
 
 def load_settings(
@@ -1135,6 +1211,7 @@ def load_settings(
     flag_src = FlagSource(Settings, flags or {})
     env_src = EnvSource(Settings, environ)
     problems += env_src.problems
+    problems += _preempt_signals_problems(environ)
     layers: list[_Layer] = [flag_src, env_src]
     if config is not None:
         file_src = FileSource(Settings, Path(config))
@@ -1176,3 +1253,13 @@ def choose_run_id(settings: TelemetrySettings, environ: Mapping[str, str] | None
 def redact(name: str, value: str) -> str:
     """The value to show for variable ``name``: secrets are replaced by a marker."""
     return "<redacted>" if name in SECRET_ENV and value else value
+
+
+def redact_shown(name: str, value: str) -> str:
+    """:func:`redact`, and credentials in an endpoint URL (``user:pass@host``) as ``***@host``:
+    for messages only (the worker environment and ``--print-env`` keep the URL usable)."""
+    if "endpoint" in name.lower() and "@" in value:
+        from mlaunch.endpoints import redact as redact_url
+
+        return redact_url(value)
+    return redact(name, value)

@@ -14,6 +14,7 @@ from typing import Any
 import typer
 
 from mlaunch import __version__
+from mlaunch.cli.errors import PlainErrorsGroup
 
 #: Command name -> module that provides it. A module exposes either ``app`` (a Typer
 #: sub-application, added as a group) or ``register(app)`` (adds top-level commands).
@@ -42,6 +43,7 @@ def build_app(only: str | None = None) -> typer.Typer:
         add_completion=False,
         pretty_exceptions_enable=False,
         rich_markup_mode="rich",
+        cls=PlainErrorsGroup,
     )
 
     @root.callback()

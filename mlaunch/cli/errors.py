@@ -7,12 +7,13 @@ settings layer's.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Iterable
 from typing import Any
 
 import typer
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperGroup
 
 #: The exit code of every user error.
 USAGE_ERROR = 2
@@ -48,11 +49,135 @@ def usage_problem(exc: Any, command: str) -> tuple[str, str]:
     return command, exc.format_message()
 
 
+def fit_help_tables() -> None:
+    """Make Typer's Rich help tables narrow-terminal safe (idempotent; called only when help is
+    shown, so no other command pays for importing Rich).
+
+    Rich shrinks every column of an over-wide table and cuts what does not fit with "…": at 80
+    columns ``train --help`` showed ``--otlp-traces-sa…``. Here every column but the last
+    (option names, types) keeps its width, and the last (the help text) wraps, folding a word
+    longer than the column (an environment variable's name) instead of cutting it.
+    """
+    import typer.rich_utils as rich_utils
+    from rich.columns import Columns
+    from rich.table import Table
+    from rich.text import Text
+
+    if getattr(rich_utils.Table, "_mlaunch_fits", False):
+        return
+
+    class FittingTable(Table):
+        _mlaunch_fits = True
+
+        def add_row(self, *renderables: Any, **kwargs: Any) -> None:
+            cells = list(renderables)
+            last = cells[-1] if cells else None
+            if isinstance(last, Columns) and all(isinstance(r, Text) for r in last.renderables):
+                # Typer lays out help + "[default: ...]" as Columns, which cuts with "…";
+                # one Text wraps and folds instead.
+                cells[-1] = Text(" ").join(last.renderables)
+                cells[-1].overflow = "fold"
+            super().add_row(*cells, **kwargs)
+            for column in self.columns[:-1]:
+                column.no_wrap = True
+                column.overflow = "fold"
+            if self.columns:
+                self.columns[-1].overflow = "fold"
+
+    rich_utils.Table = FittingTable  # type: ignore[misc]
+
+
+def reflow(text: str | None) -> str | None:
+    """``text`` (a docstring) with each paragraph's hard line breaks turned into spaces, so Rich
+    wraps it at the terminal's width (kept: blank lines, and lines of lists or indented blocks)."""
+    if not text:
+        return text
+    out: list[str] = []
+    for paragraph in inspect.cleandoc(text).split("\n\n"):
+        lines = paragraph.splitlines()
+        if any(
+            ln.startswith((" ", "-", "*", "\b")) or ln[:2].rstrip(".").isdigit() for ln in lines
+        ):
+            out.append(paragraph)
+        else:
+            out.append(" ".join(ln.strip() for ln in lines))
+    return "\n\n".join(out)
+
+
+def _prepare_help(command: Any) -> None:
+    fit_help_tables()
+    command.help = reflow(command.help)
+
+
 class PlainErrorsCommand(TyperCommand):
     """A command whose Click usage errors become one ``field: message`` line and exit 2."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        given = list(args)  # Click's parser consumes the list
+        try:
+            return super().parse_args(ctx, args)
+        except _click().UsageError as exc:
+            field, message = usage_problem(exc, ctx.command_path)
+            token = self._dash_value(exc, given)
+            if token is not None:
+                # `groups resolve -layer`: Click reads a value that starts with '-' as short
+                # options (-l...); say how to pass it.
+                message += (
+                    f"; a value that starts with '-' goes after '--': {ctx.command_path} -- {token}"
+                )
+            raise fail([(field, message)]) from None
+
+    def _dash_value(self, exc: Any, args: list[str]) -> str | None:
+        """The single-dash word an unknown short option came from, when this command takes a
+        positional value it may have been meant as (else None)."""
+        if not isinstance(exc, _click().NoSuchOption) or exc.option_name.startswith("--"):
+            return None
+        if not any(p.param_type_name == "argument" for p in self.params):
+            return None
+        for arg in args:
+            if arg == "--":
+                break
+            if arg.startswith(exc.option_name) and not arg.startswith("--") and len(arg) > 2:
+                return arg
+        return None
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        """Help that never cuts an option name (see :func:`fit_help_tables`) and flows."""
+        _prepare_help(self)
+        super().format_help(ctx, formatter)
+
+
+class PlainErrorsGroup(TyperGroup):
+    """A command group whose usage errors (an unknown command) are one plain line, exit 2, like
+    every other error (Typer would draw a Rich box)."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         try:
             return super().parse_args(ctx, args)
         except _click().UsageError as exc:
             raise fail([usage_problem(exc, ctx.command_path)]) from None
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        """The subcommand; an unknown name is one ``command: message`` line with a did-you-mean."""
+        try:
+            return super().resolve_command(ctx, args)
+        except _click().UsageError:
+            import difflib
+
+            name = args[0] if args else ""
+            known = sorted(self.list_commands(ctx))
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise fail(
+                [
+                    (
+                        ctx.command_path,
+                        f"no such command {name!r}{hint}; commands: {', '.join(known)}",
+                    )
+                ]
+            ) from None
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        """Help that never cuts a name (see :func:`fit_help_tables`) and flows."""
+        _prepare_help(self)
+        super().format_help(ctx, formatter)

@@ -10,7 +10,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from mlaunch.cli.errors import PlainErrorsCommand, fail
+from mlaunch.cli.errors import PlainErrorsCommand, PlainErrorsGroup, fail
 from mlaunch.cli.render import (
     estimate_line,
     groups_table,
@@ -22,7 +22,9 @@ from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spans import CATALOGUE, estimate_spans_per_iteration
 from mlaunch.model.spec import SpanSpecError, format_groups, resolve
 
-app = typer.Typer(help="Span groups: list them, resolve a spec.", no_args_is_help=True)
+app = typer.Typer(
+    help="Span groups: list them, resolve a spec.", no_args_is_help=True, cls=PlainErrorsGroup
+)
 
 # The embedded default run's shape (configs/tiny.toml): 2 layers, 2 microbatches, 1 stage.
 _DEFAULT_LAYERS = 2
@@ -56,14 +58,14 @@ def list_groups(
 
 def _from_environment() -> tuple[str, dict[str, dict[str, str]]]:
     """The spec the environment configures and, for every telemetry value set, its source."""
-    from mlaunch.settings import SettingsError, load_settings, redact
+    from mlaunch.settings import SettingsError, load_settings, redact_shown
 
     try:
         settings = load_settings(environ=os.environ, check_cross_fields=False)
     except SettingsError as exc:
         raise fail(exc.problems) from None
     sources = {
-        path: {"value": redact(src.name, str(_value_at(settings, path))), "source": str(src)}
+        path: {"value": redact_shown(src.name, str(_value_at(settings, path))), "source": str(src)}
         for path, src in settings.sources().items()
         if path.startswith("telemetry.")
     }

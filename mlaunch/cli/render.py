@@ -55,12 +55,14 @@ def groups_table(enabled: Iterable[SpanGroup] | None = None, *, compact: bool = 
     table = Table(title="span groups", show_lines=False)
     if on is not None:
         table.add_column("")
-    table.add_column("group", style="cyan")
+    # Names a user types are never cut ("…"): the name column keeps its width, and a word
+    # too long for its column elsewhere folds onto the next line.
+    table.add_column("group", style="cyan", no_wrap=True)
     if not compact:
-        table.add_column("covers")
-    table.add_column("frequency")
+        table.add_column("covers", overflow="fold")
+    table.add_column("frequency", overflow="fold")
     if not compact:
-        table.add_column("presets", style="dim")
+        table.add_column("presets", style="dim", overflow="fold")
     for group, info in GROUPS.items():
         presets = ", ".join(name for name, members in PRESETS.items() if group in members)
         row = (
@@ -77,8 +79,8 @@ def groups_table(enabled: Iterable[SpanGroup] | None = None, *, compact: bool = 
 def presets_table() -> Table:
     """Every preset and its groups."""
     table = Table(title="presets")
-    table.add_column("preset", style="cyan")
-    table.add_column("groups")
+    table.add_column("preset", style="cyan", no_wrap=True)
+    table.add_column("groups", overflow="fold")
     for name, members in PRESETS.items():
         label = (
             "all 16 groups"

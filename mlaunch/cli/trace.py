@@ -17,13 +17,15 @@ from typing import Any, NoReturn
 
 import typer
 
-from mlaunch.cli.errors import PlainErrorsCommand
+from mlaunch.cli.errors import PlainErrorsCommand, PlainErrorsGroup
 from mlaunch.model.strategies import format_ranks
 
 app = typer.Typer(
-    help="Read exported traces without a backend: summary, Chrome/Perfetto export, goodput.",
+    help="Read a run's traces without a backend (summary, goodput, Chrome/Perfetto export, HTML"
+    " report) and send its undelivered spans to a collector (replay).",
     no_args_is_help=True,
     rich_markup_mode="rich",
+    cls=PlainErrorsGroup,
 )
 
 _PATH_HELP = "A run directory (runs/<run_id>) or an OTLP-JSON traces file."
@@ -340,7 +342,7 @@ def replay_cmd(
     if as_json:
         typer.echo(json.dumps(result.to_json(), indent=2))
     elif not result.files:
-        typer.echo(f"nothing to replay: {run_dir} has no spool files (every export was delivered)")
+        typer.echo(f"nothing to replay: {run_dir} {_no_spool_reason(result.exporter)}")
     else:
         typer.echo(
             f"replayed {run_dir} to {result.endpoint} ({result.protocol}): sent {result.spans_sent:,}"
@@ -351,8 +353,24 @@ def replay_cmd(
         if result.malformed_lines:
             typer.echo(f"warning: skipped {result.malformed_lines} malformed spool lines", err=True)
     if result.failed:
-        typer.echo(f"error: {result.error}; run the same command again to retry", err=True)
+        mismatch = "protocol mismatch" in (result.error or "")
+        retry = (
+            "" if mismatch else "; what was not sent is kept: run the same command again to retry"
+        )
+        typer.echo(f"error: {result.error}{retry}", err=True)
         raise typer.Exit(1)
+
+
+def _no_spool_reason(exporter: str | None) -> str:
+    """Why a run has no spool, from the exporter it used."""
+    if exporter in ("file", "console", "none"):
+        return (
+            f"has no spool: it used the {exporter} exporter, which sends nothing to a collector"
+            " (its spans are in telemetry/traces-*.jsonl; read them with `mlaunch trace summary`)"
+        )
+    if exporter == "otlp":
+        return "has no spool files (every export was delivered)"
+    return "has no spool files"
 
 
 # `mlaunch trace report` (issue 9) lives in mlaunch/cli/trace_report.py; registered last, so it is

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import typer
+from pydantic_core import PydanticUndefined
 
 from mlaunch.cli.errors import PlainErrorsCommand, print_problems
-from mlaunch.settings import SECTIONS, flag_name
+from mlaunch.settings import CHOICES, SECTIONS, flag_name
 
 _PANELS = {
     "launch": "Launch (torchrun)",
@@ -64,14 +65,37 @@ def _metavar(ann: Any) -> tuple[bool, str]:
         return True, ""
     leaf = leaves[0] if leaves else str
     if typing.get_origin(leaf) is Literal:
-        return False, "[" + "|".join(map(str, typing.get_args(leaf))) + "]"
+        # The names go in the help text: a wide metavar column cut option names at 80 columns.
+        return False, "NAME"
     if typing.get_origin(leaf) is dict or leaf is dict:
         return False, "K=V,..."
     return False, {int: "INT", float: "FLOAT"}.get(leaf, "TEXT")
 
 
+def _literal_choices(ann: Any) -> tuple[str, ...]:
+    """The names a Literal field takes (empty for other fields)."""
+    leaves = _leaf_types(ann)
+    if leaves and typing.get_origin(leaves[0]) is Literal:
+        return tuple(map(str, typing.get_args(leaves[0])))
+    return ()
+
+
 def _param_name(path: str) -> str:
     return "s__" + path.replace(".", "__")
+
+
+def _default_text(info: Any) -> str:
+    """`` (default: X)`` (not ``[...]``: Rich markup would eat it) for a field with a default worth showing ('' for unset ones)."""
+    default = info.default
+    if default is None or default is PydanticUndefined or callable(default):
+        return ""
+    if isinstance(default, bool):
+        return f" (default: {'on' if default else 'off'})"
+    if isinstance(default, str | int | float):
+        return f" (default: {default})" if str(default) != "" else ""
+    if isinstance(default, frozenset | set | tuple | list) and default:
+        return f" (default: {','.join(sorted(map(str, default)))})"
+    return ""
 
 
 def _setting_parameters() -> list[inspect.Parameter]:
@@ -82,13 +106,28 @@ def _setting_parameters() -> list[inspect.Parameter]:
         panel = _PANELS[
             "telemetry.otel" if path.startswith("telemetry.otel.") else path.split(".")[0]
         ]
-        # Field docstrings use reST ``literals``; --help shows plain text.
-        help_text = (info.description or "").replace("\n", " ").replace("``", "")
+        # Field docstrings use reST ``literals`` and hard line breaks; --help shows flowing text.
+        help_text = " ".join((info.description or "").replace("``", "").split())
+        if choices := CHOICES.get(path) or _literal_choices(info.annotation):
+            help_text += f" One of: {', '.join(choices)}."
+        help_text += _default_text(info)
         if is_bool:
+            # One visible name per flag: a second column of --no-... names left too little
+            # room at 80 columns and Rich cut option names (--otlp-traces-sa...). The negative
+            # form still works, hidden, and the help says so.
+            negative = f"--no-{flag.removeprefix('--')}"
             option = typer.Option(
-                None, f"{flag}/--no-{flag.removeprefix('--')}", help=help_text,
+                None, flag, help=f"{help_text} ({negative} turns it off.)",
                 rich_help_panel=panel, show_default=False,
             )  # fmt: skip
+            params.append(
+                inspect.Parameter(
+                    _negative_name(path),
+                    inspect.Parameter.KEYWORD_ONLY,
+                    default=typer.Option(None, negative, hidden=True),
+                    annotation=bool | None,
+                )  # fmt: skip
+            )
             ann: Any = bool | None
         else:
             option = typer.Option(
@@ -102,6 +141,10 @@ def _setting_parameters() -> list[inspect.Parameter]:
             )
         )
     return params
+
+
+def _negative_name(path: str) -> str:
+    return "n__" + path.replace(".", "__")
 
 
 def _command_parameters() -> list[inspect.Parameter]:
@@ -249,6 +292,13 @@ def register(app: typer.Typer) -> None:
         """Validate, plan and launch a training run on torchrun (default: --config tiny, CPU,
         telemetry on, traces written to the run directory)."""
         flags = {paths[k]: v for k, v in kwargs.items() if k in paths}
+        for path in paths.values():
+            if kwargs.get(_negative_name(path)):
+                if flags.get(path):
+                    name = flag_name(path)
+                    print_problems([(name, f"{name} and --no-{name[2:]} exclude each other")])
+                    raise typer.Exit(2)
+                flags[path] = False
         code = run_train(
             flags=flags,
             config=kwargs["config"],

@@ -263,12 +263,17 @@ def resolve_config(value: str | None, cwd: Path) -> Path:
         raise SettingsError([("--config", f"{quoted(name)}: {_why(exc)}")]) from None
     if is_dir:
         raise SettingsError([("--config", f"{str(path)!r} is a directory, not a TOML config file")])
+    from mlaunch.model.spec import closest_word
+
+    shipped_names = shipped_configs()
+    close = closest_word(name.removesuffix(".toml"), shipped_names)
+    hint = f" (did you mean {close!r}?)" if close else ""
     raise SettingsError(
         [
             (
                 "--config",
-                f"no config file {quoted(name)} and no shipped config of that name;"
-                f" shipped: {', '.join(shipped_configs())}",
+                f"no config file {quoted(name)} and no shipped config of that name{hint};"
+                f" shipped: {', '.join(shipped_names)}",
             )
         ]
     )

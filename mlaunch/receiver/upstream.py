@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from mlaunch.endpoints import bracket, redact
 from mlaunch.receiver.signals import SIGNALS, Signal
 
 #: The exporters' default timeout (OTEL_EXPORTER_OTLP_TIMEOUT, seconds).
@@ -93,8 +94,7 @@ class Upstream:
 
     def describe(self) -> str:
         """For messages: protocol and endpoint (never the headers)."""
-        parts = urlsplit(self.endpoint)
-        return f"{self.protocol} {parts.scheme}://{parts.netloc}{parts.path}"
+        return f"{self.protocol} {redact(self.endpoint)}"
 
 
 class Sender:
@@ -114,7 +114,7 @@ class Sender:
 
             u = self.upstream
             parts = urlsplit(u.endpoint if "://" in u.endpoint else f"http://{u.endpoint}")
-            target = f"{parts.hostname}:{parts.port or 4317}"
+            target = f"{bracket(parts.hostname or 'localhost')}:{parts.port or 4317}"
             # The SDK's rule: https means TLS; else OTEL_EXPORTER_OTLP_INSECURE; else the scheme.
             if parts.scheme == "https":
                 tls = True

@@ -13,20 +13,24 @@ A lock file keeps two replays of one run directory from sending the same lines a
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
+import http.client
 import json
 import os
 import re
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 from mlaunch import envcontract
+from mlaunch.endpoints import DEFAULT_PORTS, Endpoint, EndpointError, parse_endpoint
 from mlaunch.telemetry import otlp_json
 
 #: The record of what earlier replays delivered (in the run's telemetry folder).
@@ -39,7 +43,6 @@ _SPOOL_RE = re.compile(
 )
 _SIGNAL_ORDER = {"traces": 0, "metrics": 1, "logs": 2}
 PROTOCOLS = ("grpc", "http/protobuf")
-_DEFAULT_PORTS = {"grpc": 4317, "http/protobuf": 4318}
 
 
 class ReplayInputError(Exception):
@@ -67,6 +70,8 @@ class ReplayResult:
     """Complete lines that do not decode (skipped for good, reported)."""
     error: str | None = None
     """Why sending stopped, when it did."""
+    exporter: str | None = None
+    """The exporter the run used (from its resolved.json; None when unknown)."""
     files: list[str] = field(default_factory=list)
 
     @property
@@ -79,21 +84,25 @@ class ReplayResult:
         return asdict(self)
 
 
-def check_endpoint(endpoint: str, protocol: str) -> tuple[str, str, int, bool]:
-    """(normalized base URL, host, port, tls) for an OTLP endpoint; ReplayInputError when it is not
-    a usable ``http(s)://host[:port]`` URL."""
+def check_endpoint(endpoint: str, protocol: str) -> Endpoint:
+    """The parsed OTLP endpoint (:func:`mlaunch.endpoints.parse_endpoint`, the parser ``train`` and
+    ``doctor`` use); ReplayInputError (credentials never shown) when it is not usable."""
     if protocol not in PROTOCOLS:
         raise ReplayInputError(f"unknown protocol {protocol!r}; use one of {', '.join(PROTOCOLS)}")
-    parts = urlsplit(endpoint.strip())
-    fix = f"give a URL such as http://localhost:{_DEFAULT_PORTS[protocol]}"
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ReplayInputError(f"endpoint {endpoint!r} is not an http(s)://host[:port] URL; {fix}")
     try:
-        port = parts.port or _DEFAULT_PORTS[protocol]
-    except ValueError:
-        raise ReplayInputError(f"endpoint {endpoint!r} has an invalid port; {fix}") from None
-    base = f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
-    return base, parts.hostname, port, parts.scheme == "https"
+        return parse_endpoint(endpoint, protocol)
+    except EndpointError as exc:
+        raise ReplayInputError(f"--endpoint: {exc}") from None
+
+
+def run_exporter(run_dir: Path) -> str | None:
+    """The exporter the run used (``telemetry.exporter`` in its resolved.json), None if unknown."""
+    try:
+        data = json.loads((run_dir / envcontract.RESOLVED_JSON_FILE).read_text())
+        value = data["settings"]["telemetry.exporter"]["value"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return value if isinstance(value, str) else None
 
 
 def parse_headers(text: str | None) -> dict[str, str]:
@@ -149,17 +158,20 @@ Sender = Callable[[str, Any], None]
 
 
 def _grpc_sender(
-    host: str, port: int, tls: bool, headers: Mapping[str, str], timeout_s: float
+    ep: Endpoint, headers: Mapping[str, str], timeout_s: float
 ) -> tuple[Sender, Callable[[], None]]:
+    if "grpc" not in sys.modules:
+        # gRPC's C core logs failed handshakes to stderr; the failure is reported once, here.
+        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     import grpc
     from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
     from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
-    target = f"{host}:{port}"
+    target = ep.hostport  # an IPv6 literal keeps its brackets
     channel = (
         grpc.secure_channel(target, grpc.ssl_channel_credentials())
-        if tls
+        if ep.tls
         else grpc.insecure_channel(target)
     )
     stubs = {
@@ -173,26 +185,62 @@ def _grpc_sender(
         try:
             stubs[signal].Export(request, timeout=timeout_s, metadata=metadata)
         except grpc.RpcError as exc:
-            raise OSError(f"gRPC {exc.code().name}: {exc.details()}") from None
+            raise OSError(_grpc_problem(ep, exc.code().name, str(exc.details()))) from None
 
     return send, channel.close
 
 
+def _grpc_problem(ep: Endpoint, code: str, details: str) -> str:
+    """A gRPC failure in words; an HTTP/1.x peer (an OTLP/HTTP receiver) is named as the wrong
+    protocol rather than shown as gRPC's transport detail."""
+    low = details.lower()
+    http1 = ("http1" in low or "http/1" in low or "bad_http" in low or "http2 header" in low
+             or "malformed" in low or "protocol error" in low or "frame" in low)  # fmt: skip
+    if code in ("UNAVAILABLE", "INTERNAL", "UNIMPLEMENTED", "UNKNOWN") and http1:
+        return (
+            f"{ep.shown} does not speak gRPC (it answered like an HTTP/1.x server, e.g. an "
+            f"OTLP/HTTP receiver): protocol mismatch; use --protocol http/protobuf"
+            f" (port {DEFAULT_PORTS['http/protobuf']} by convention), or the collector's gRPC port"
+        )
+    return f"gRPC {code}: {details}"
+
+
+def _wrong_protocol_http(ep: Endpoint) -> str:
+    return (
+        f"{ep.shown} does not speak HTTP/1.1 (it answered with HTTP/2 frames, like a gRPC "
+        f"receiver): protocol mismatch; use --protocol grpc"
+        f" (port {DEFAULT_PORTS['grpc']} by convention), or the collector's HTTP port"
+    )
+
+
 def _http_sender(
-    base: str, headers: Mapping[str, str], timeout_s: float
+    ep: Endpoint, headers: Mapping[str, str], timeout_s: float
 ) -> tuple[Sender, Callable[[], None]]:
+    extra = dict(headers)
+    if ep.userinfo and "authorization" not in extra:
+        # Credentials in the URL become Basic auth (urllib would not send them, and they must
+        # never appear in the URL we print).
+        extra["Authorization"] = "Basic " + base64.b64encode(ep.userinfo.encode()).decode()
+
     def send(signal: str, request: Any) -> None:
         req = urllib.request.Request(
-            f"{base}/v1/{signal}", data=request.SerializeToString(), method="POST",
-            headers={"Content-Type": "application/x-protobuf", **headers},
+            f"{ep.base}/v1/{signal}", data=request.SerializeToString(), method="POST",
+            headers={"Content-Type": "application/x-protobuf", **extra},
         )  # fmt: skip
         try:
             with urllib.request.urlopen(req, timeout=timeout_s) as resp:
                 resp.read()
         except urllib.error.HTTPError as exc:
             raise OSError(f"HTTP {exc.code} {exc.reason}") from None
+        except http.client.HTTPException:
+            # BadStatusLine / RemoteDisconnected: an HTTP/2-only (gRPC) server; its raw
+            # frames are never shown.
+            raise OSError(_wrong_protocol_http(ep)) from None
         except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-            raise OSError(str(getattr(exc, "reason", exc))) from None
+            reason = getattr(exc, "reason", exc)
+            if isinstance(reason, http.client.HTTPException):
+                raise OSError(_wrong_protocol_http(ep)) from None
+            raise OSError(f"cannot reach {ep.shown}: {reason}") from None
 
     return send, lambda: None
 
@@ -282,17 +330,20 @@ def replay(
     fail the same way, each after a timeout) and counts everything unsent as failed.
     """
     run_dir = Path(run_dir)
-    base, host, port, tls = check_endpoint(endpoint, protocol)
+    ep = check_endpoint(endpoint, protocol)
     files = spool_files(run_dir)
-    result = ReplayResult(endpoint=base, protocol=protocol, files=[str(p) for p in files])
+    result = ReplayResult(
+        endpoint=ep.shown, protocol=protocol, files=[str(p) for p in files],
+        exporter=run_exporter(run_dir),
+    )  # fmt: skip
     telemetry_dir = run_dir / envcontract.TELEMETRY_DIR
     ledger_path = telemetry_dir / LEDGER_FILE
     with _exclusive(telemetry_dir):
         ledger = _read_ledger(ledger_path)
         if sender is None:
             sender = (
-                _grpc_sender(host, port, tls, headers or {}, timeout_s) if protocol == "grpc"
-                else _http_sender(base, headers or {}, timeout_s)
+                _grpc_sender(ep, headers or {}, timeout_s) if protocol == "grpc"
+                else _http_sender(ep, headers or {}, timeout_s)
             )  # fmt: skip
         send, close = sender
         try:

@@ -207,13 +207,22 @@ def validate(ns: argparse.Namespace, world_size: int) -> list[Problem]:
     if ns.save_interval is not None and ns.save is None:
         problems.append(("--save-interval", "needs --save DIR to say where checkpoints go"))
     try:
+        from_env = ns.preempt_signals is None
         ns.preempt_signals = preempt_signals(ns.preempt_signals)
     except ValueError as exc:
-        problems.append(("--preempt-signals", str(exc)))
+        from mlaunch.envcontract import PREEMPT_SIGNALS
+
+        # Named after what the user set: the variable when the flag was not given.
+        problems.append((PREEMPT_SIGNALS if from_env else "--preempt-signals", str(exc)))
     if ns.data_path is not None and not os.path.exists(ns.data_path):
         problems.append(
             ("--data-path", f"{ns.data_path!r} does not exist; give a text file or folder")
         )
+    elif ns.data_path is not None:
+        from mlaunch.model.corpus import empty_data_problem
+
+        if problem := empty_data_problem(ns.data_path):
+            problems.append(("--data-path", problem))
     if ns.otel_span_groups is not None:
         from mlaunch.model.spec import SpanSpecError, resolve
 

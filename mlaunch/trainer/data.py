@@ -14,12 +14,12 @@ from pathlib import Path
 
 import torch
 
+from mlaunch.model.corpus import text_files
+
 VOCAB_SIZE = 256  # byte-level tokens
 #: The default corpus is capped so setup stays fast and identical on every machine with the
 #: same Python (files are read in sorted order, so the cap cuts at the same place).
 DEFAULT_CORPUS_BYTES = 4 * 1024 * 1024
-#: Text-like suffixes read from a --data-path folder.
-TEXT_SUFFIXES = frozenset({".txt", ".md", ".rst", ".py", ".json", ".jsonl", ".csv", ".html", ""})
 _EVAL_STREAM = 1 << 40  # separates the eval generator seeds from the train ones
 
 
@@ -54,11 +54,7 @@ def load_corpus(data_path: str | None) -> bytes:
         return default_corpus()
     path = Path(data_path)
     if path.is_dir():
-        files = sorted(
-            (p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES),
-            key=lambda p: p.relative_to(path).as_posix(),
-        )
-        return _read_files(files, None)
+        return _read_files(text_files(path), None)
     return path.read_bytes()
 
 

@@ -152,7 +152,7 @@ def test_collector_outage_spools_replays_and_never_stalls_training(tmp_path):
         code, text = cli("replay", tmp_path / "ck", "--endpoint", rx2.endpoint)
         assert code == 2 and "not an mlaunch run directory" in text
         code, text = cli("replay", run_dir, "--endpoint", "localhost:4317")
-        assert code == 2 and "not an http(s)://host[:port] URL" in text
+        assert code == 2 and "is not an http(s) URL with a host" in text
         # A collector that is down: nothing recorded as sent, exit 1, the next replay retries.
         copy = tmp_path / "copy"
         shutil.copytree(run_dir, copy)

@@ -52,6 +52,13 @@ FILES: dict[str, str | bytes | None] = {
     "x.py": "print('hi')\n",
     "run_dir_under_file.toml": "[launch]\nrun_dir = 'afile/run'\n",
     "not_traces.jsonl": "not json\n",
+    # issue 17 class 6
+    "quoted_number.toml": '[training]\ntrain_iters = "30"\n',
+    "quoted_float.toml": "[training]\nlr = '0.001'\n",
+    "huge_int.toml": f"[training]\ntrain_iters = {2**63}\n",
+    "fraction_for_int.toml": "[training]\ntrain_iters = 2.5\n",
+    "empty.txt": "",
+    "no_text_dir": None,  # a directory (no text file in it)
 }
 
 
@@ -99,6 +106,24 @@ TRAIN: dict[str, Bad] = {
     "nnodes=0": train("--nnodes", "0", names="--nnodes"),
     "nnodes=huge": train("--nnodes", "99999999999", names="--nnodes"),
     "seed=huge": train("--seed", str(2**70), names="--seed"),
+    # issue 17 class 6: every integer setting becomes an OTel attribute (int64)
+    "train-iters=2**70": train("--train-iters", str(2**70), names=("--train-iters", "64 bits")),
+    "save-interval=2**63": train("--save-interval", str(2**63), names=("--save-interval", "64")),
+    "env:EXPORT_RANK=2**70": train(
+        names=("MEGATRON_OTEL_EXPORT_RANK", "64 bits"),
+        env={"MEGATRON_OTEL_EXPORT_RANK": str(2**70)},
+    ),
+    "data-path=empty-file": train("--data-path", "empty.txt", names=("--data-path", "empty")),
+    "data-path=folder-without-text": train(
+        "--data-path", "no_text_dir", names=("--data-path", "no non-empty text file")
+    ),
+    "env:MLAUNCH_PREEMPT_SIGNALS=SIGFOO": train(
+        names=("MLAUNCH_PREEMPT_SIGNALS", "SIGFOO"), env={"MLAUNCH_PREEMPT_SIGNALS": "SIGFOO"}
+    ),
+    "env:MLAUNCH_PREEMPT_SIGNALS=SIGKILL": train(
+        names=("MLAUNCH_PREEMPT_SIGNALS", "cannot be caught"),
+        env={"MLAUNCH_PREEMPT_SIGNALS": "SIGKILL"},
+    ),
     "max-restarts=-1": train("--max-restarts", "-1", names="--max-restarts"),
     "seq-length=1": train("--seq-length", "1", names="--seq-length"),
     "hidden-size=65-not-divisible-by-heads": train("--hidden-size", "65", names="--hidden-size"),
@@ -310,11 +335,30 @@ TRAIN: dict[str, Bad] = {
         names=("[launch] run_dir", "is a file"),
         add_run_dir=False,
     ),
+    "config:quoted-number": train(
+        "--config", "quoted_number.toml", names=("[training] train_iters", "train_iters = 30")
+    ),
+    "config:quoted-float": train(
+        "--config", "quoted_float.toml", names=("[training] lr", "lr = 0.001")
+    ),
+    "config:int-beyond-int64": train(
+        "--config", "huge_int.toml", names=("[training] train_iters", "64 bits")
+    ),
+    "config:fraction-for-an-int": train(
+        "--config", "fraction_for_int.toml", names=("[training] train_iters", "got 2.5")
+    ),
+    "config=tny-did-you-mean": train("--config", "tny", names=("--config", "'tiny'")),
+    "otel-run-id=-rf": train("--otel-run-id=-rf", names=("--otel-run-id", "start")),
+    "otel-run-id=.hidden": train("--otel-run-id", ".hidden", names=("--otel-run-id", "start")),
     "config:not-toml": train("--config", "not_toml.toml", names=("not_toml.toml", "TOML")),
     "config:binary": train("--config", "binary.toml", names=("binary.toml", "cannot read")),
 }
 
 OTHER: dict[str, Bad] = {
+    # issue 17 class 7
+    "unknown-command": Bad(("trian",), ("no such command", "'train'")),
+    "unknown-trace-command": Bad(("trace", "sumary", "x"), ("no such command", "'summary'")),
+    "groups-resolve=-layer-before-dashes": Bad(("groups", "resolve", "-layer"), ("-- -layer",)),
     "groups-resolve=per_stepp": Bad(("groups", "resolve", "per_stepp"), ("SPEC", "per_step")),
     "groups-resolve=dash-only": Bad(("groups", "resolve", "-"), ("SPEC", "'-'")),
     "groups-resolve=unicode-défault": Bad(("groups", "resolve", "défault"), ("SPEC", "défault")),
