@@ -8,9 +8,11 @@ why. Still no torch import here: torchrun is a subprocess.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -56,6 +58,53 @@ def _write_private(path: Path, text: str, mode: int = 0o600) -> None:
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(text)
     os.replace(tmp, path)
+
+
+class RunDirBusy(Exception):
+    """Another launcher (of this node rank) holds the run directory."""
+
+
+def _lock_owner(fd: int) -> str:
+    """Who holds the lock, as the holder wrote it (pid, host, run id, start time)."""
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode("utf-8", "replace") or "{}")
+    except ValueError:
+        info = {}
+    if not isinstance(info, dict) or "pid" not in info:
+        return "another mlaunch train"
+    return (
+        f"mlaunch train pid {info.get('pid')} on host {info.get('host')}"
+        f" (run id {info.get('run_id')}, started {info.get('started')})"
+    )
+
+
+def lock_run_dir(plan: LaunchPlan) -> int:
+    """Take this node's exclusive lock on the run directory and return its file descriptor
+    (held until this process exits: the kernel releases it on any death, so a crashed run never
+    leaves a stale lock). Raises :class:`RunDirBusy` naming the holder when another launcher has
+    it; then nothing in the directory has been touched but the (empty) lock file itself."""
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    path = ec.run_lock_file(plan.run_dir, plan.settings.launch.node_rank)
+    # O_CLOEXEC (Python's default): torchrun and the workers do not hold the lock.
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = _lock_owner(fd)
+        os.close(fd)
+        raise RunDirBusy(
+            f"{plan.run_dir} is in use by {owner}; wait for it to end, or give this run another"
+            " --run-dir"
+        ) from None
+    info = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "run_id": plan.run_id,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+    return fd
 
 
 def create_run_dir(plan: LaunchPlan, *, show_secrets: bool = False) -> None:
@@ -322,6 +371,22 @@ def execute(
     ``started`` is called right after torchrun is spawned and returns the display to report
     to: whatever it prints (the summary) overlaps the workers' start-up instead of delaying it.
     """
+    # The lock first: a second launch on a busy directory stops here, before writing anything.
+    lock = lock_run_dir(plan)
+    try:
+        return _execute_locked(plan, started, show_secrets=show_secrets, spawn_fn=spawn_fn)
+    finally:
+        os.close(lock)
+
+
+def _execute_locked(
+    plan: LaunchPlan,
+    started: Callable[[], Display],
+    *,
+    show_secrets: bool,
+    spawn_fn: Callable[..., Process] | None,
+) -> RunResult:
+    """:func:`execute` once the run directory is this launcher's."""
     _ignore_usr1_in_children()
     create_run_dir(plan, show_secrets=show_secrets)
     tail = ProgressTail(plan.progress_file)
