@@ -261,14 +261,17 @@ class PlainDisplay:
             soft_wrap=True,
         )
 
-    def interrupted(self, signum: int) -> None:
-        """Say that a signal was forwarded."""
-        self.console.print(
-            f"{signal.Signals(signum).name}: asking the workers to finish the iteration,"
-            " save and flush telemetry",
-            highlight=False,
-            soft_wrap=True,
-        )
+    def interrupted(self, signum: int, forced: bool = False) -> None:
+        """Say that a signal was forwarded, or that a second Ctrl-C forced the stop."""
+        if forced:
+            text = f"{signal.Signals(signum).name} again: killing the workers (SIGKILL)"
+        else:
+            text = (
+                f"{signal.Signals(signum).name}: asking the workers to finish the iteration,"
+                " save and flush telemetry; waiting for workers to stop"
+                + (" (Ctrl-C again to force)" if signum == signal.SIGINT else "")
+            )
+        self.console.print(text, highlight=False, soft_wrap=True)
 
     def close(self) -> None:
         """Nothing to tear down."""
@@ -331,7 +334,8 @@ def print_result(
         head = who + (f" ({', '.join(where)})" if where else "") + " failed"
         # Plain, unwrapped lines (soft_wrap): paths stay whole for copying, and Text rather than
         # markup because log lines carry "[rank1]:" prefixes that Rich would eat as tags.
-        console.print(Text(f"{head}: {f.exc_type}: {f.message}", style="bold red"), soft_wrap=True)
+        what = f"{f.exc_type}: {f.message}" if f.message else f.exc_type
+        console.print(Text(f"{head}: {what}", style="bold red"), soft_wrap=True)
         if f.log_path is not None and f.log_tail:
             console.print(Text(f"last lines of {f.log_path}:"), soft_wrap=True)
             for line in f.log_tail:
