@@ -108,6 +108,12 @@ def receiver_stats_file(run_dir: str | Path, node_rank: int = 0) -> Path:
     return Path(run_dir) / TELEMETRY_DIR / f"receiver-node{node_rank}.json"
 
 
+def span_counts_file(run_dir: str | Path, rank: int) -> Path:
+    """Where one rank's telemetry runtime writes, at shutdown, where its spans went (emitted =
+    delivered + spooled + dropped): the launcher's end-of-run report reads it."""
+    return Path(run_dir) / TELEMETRY_DIR / f"span-counts-rank{rank}.json"
+
+
 def default_run_dir(run_id: str, cwd: str | Path | None = None) -> Path:
     """``./runs/<run_id>/`` under the current (or given) directory."""
     return Path(cwd or os.getcwd()) / "runs" / run_id

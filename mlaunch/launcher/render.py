@@ -6,6 +6,7 @@ draws, so both always agree.
 
 from __future__ import annotations
 
+import json
 import shlex
 import signal
 import statistics
@@ -72,7 +73,7 @@ def _exporter_text(plan: LaunchPlan) -> str:
         # say so, or a user who passed --otlp-endpoint would wait for spans that never come.
         src = plan.settings.source("telemetry.exporter")
         ignored = (
-            f" [OTLP endpoint {t.otel.endpoint} not used: exporter is {t.exporter!r} from {src};"
+            f" [OTLP endpoint {_public(t.otel.endpoint)} not used: exporter is {t.exporter!r} from {src};"
             " pass --otel-exporter otlp]"
         )
     else:
@@ -84,10 +85,11 @@ def _exporter_text(plan: LaunchPlan) -> str:
 
         if receiver_mode(plan.settings) == "relay":
             return (
-                f"otlp ({t.otel.protocol}) -> relay in the launcher (loopback) -> {t.otel.endpoint};"
+                f"otlp ({t.otel.protocol}) -> relay in the launcher (loopback) ->"
+                f" {_public(t.otel.endpoint)};"
                 f" undelivered spans spooled to {plan.traces_dir} (--no-otlp-relay: direct)"
             )
-        return f"otlp ({t.otel.protocol}) -> {t.otel.endpoint}"
+        return f"otlp ({t.otel.protocol}) -> {_public(t.otel.endpoint)}"
     if t.exporter == "console":
         return "console -> each exporting rank's stdout log" + ignored
     return "none (decisions made, nothing exported)" + ignored
@@ -319,6 +321,69 @@ class BarDisplay(PlainDisplay):
 # After the run
 
 
+def _public(endpoint: str) -> str:
+    """``endpoint`` without credentials (``user:password@``): the report is printed and logged."""
+    scheme, sep, rest = endpoint.partition("://")
+    host, slash, path = rest.partition("/")
+    return scheme + sep + host.rpartition("@")[2] + slash + path if sep else endpoint
+
+
+def span_counts(plan: LaunchPlan, since: float) -> dict[str, int] | None:
+    """The sum of this launch's ``span-counts-rank{R}.json`` (each exporting rank's telemetry
+    runtime writes one at shutdown), or None when no rank wrote one."""
+    total = {"emitted": 0, "delivered": 0, "spooled": 0, "dropped": 0, "ranks": 0}
+    for rank in range(plan.settings.world_size):
+        path = ec.span_counts_file(plan.run_dir, rank)
+        try:
+            if path.stat().st_mtime < since - 1:
+                continue  # an earlier launch's
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict):
+            continue
+        for key in ("emitted", "delivered", "spooled", "dropped"):
+            value = data.get(key)
+            total[key] += value if isinstance(value, int) else 0
+        total["ranks"] += 1
+    return total if total["ranks"] else None
+
+
+def _otlp_lines(plan: LaunchPlan, result: RunResult) -> list[str]:
+    """Where an OTLP run's spans went, as counted (never "sent" when they were spooled), and the
+    ``mlaunch trace replay`` command when some wait in the spool."""
+    t = plan.settings.telemetry
+    endpoint = _public(t.otel.endpoint or "")
+    lines: list[str] = []
+    if plan.embedded_receiver and result.receiver is not None:
+        written = result.receiver.signals["traces"].written_items
+        return [f"traces:  {written:,} spans written to {plan.traces_dir} (run id {plan.run_id})"]
+    if result.receiver is not None and result.receiver.mode == "relay":
+        c = result.receiver.signals["traces"]
+        delivered, spooled, dropped = c.forwarded_items, c.spooled_items, c.lost_items
+        emitted = c.received_items
+    else:
+        counts = span_counts(plan, result.started)
+        if counts is None:
+            return [f"traces:  sent to {endpoint} (run id {plan.run_id}; no delivery counts)"]
+        emitted, delivered = counts["emitted"], counts["delivered"]
+        spooled, dropped = counts["spooled"], counts["dropped"]
+    lines.append(
+        f"traces:  {emitted:,} spans: {delivered:,} delivered to {endpoint}, {spooled:,} spooled"
+        f" to {plan.traces_dir}/spool-traces-*.jsonl"
+        + (f", {dropped:,} dropped" if dropped else "")
+        + f" (run id {plan.run_id})"
+    )
+    if spooled:
+        # replay takes the collector's base URL (it adds /v1/traces itself over HTTP).
+        base = _public(t.otel.base_endpoint or endpoint.removesuffix("/v1/traces"))
+        replay = ["mlaunch", "trace", "replay", str(plan.run_dir), "--endpoint", base]
+        if t.otel.protocol == "http/protobuf":
+            replay += ["--protocol", "http/protobuf"]
+        lines.append(f"send them: {shlex.join(replay)}  (once the collector is reachable)")
+    return lines
+
+
 def print_result(
     console: Console, plan: LaunchPlan, result: RunResult, report: Path | None = None
 ) -> None:
@@ -384,6 +449,6 @@ def print_result(
         else:
             plain.append(f"report:  mlaunch trace report {shlex.quote(str(plan.run_dir))}")
     elif t.enabled and t.exporter == "otlp":
-        plain.append(f"traces:  sent to {t.otel.endpoint} (run id {plan.run_id})")
+        plain += _otlp_lines(plan, result)
     for line in plain:
         console.print(line, soft_wrap=True, highlight=False, markup=False)

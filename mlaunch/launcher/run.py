@@ -369,6 +369,8 @@ class RunResult:
     torchrun_tail: list[str] = field(default_factory=list)
     receiver: ReceiverStats | None = None
     """The embedded OTLP receiver's counts, when this launch hosted one."""
+    started: float = 0.0
+    """When the launch started (``time.time()``): files older than this are an earlier run's."""
 
     @property
     def train_records(self) -> list[dict[str, Any]]:
@@ -524,7 +526,9 @@ def _execute_locked(
                         break
                     job.poll()
                     time.sleep(POLL_S)
-        result = RunResult(code, time.time() - start, records, received[0] if received else None)
+        result = RunResult(
+            code, time.time() - start, records, received[0] if received else None, started=start
+        )
         if code != 0:
             result.failures = collect_failures(
                 plan, start, _read_from(log_path, log_offset), result.interrupted

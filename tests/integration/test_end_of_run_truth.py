@@ -106,3 +106,25 @@ def test_a_second_ctrl_c_force_stops_a_worker_that_ignores_sigterm(tmp_path: Pat
     assert "waiting for workers to stop (Ctrl-C again to force)" in text
     assert "SIGINT again: killing the workers (SIGKILL)" in text
     assert proc.returncode == 130, text
+
+
+def test_an_unreachable_endpoint_is_reported_as_spooled_with_the_replay_command(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "run"
+    out = subprocess.run(
+        [
+            sys.executable, "-m", "mlaunch", "train", "--run-dir", str(run_dir), "--train-iters",
+            "2", "--otel-exporter", "otlp", "--otlp-endpoint", "http://u:secret@127.0.0.1:1",
+            "--otel-shutdown-timeout-s", "2",
+        ],
+        env=_env(), capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    text = out.stdout
+    assert out.returncode == 0, text + out.stderr
+    line = next(ln for ln in text.splitlines() if ln.startswith("traces:"))
+    assert " 0 delivered to http://127.0.0.1:1, " in line and "spooled" in line
+    assert "sent to" not in text and "secret" not in text
+    spooled = int(line.split(" spooled")[0].rsplit(", ", 1)[1].replace(",", ""))
+    assert spooled > 0
+    assert f"send them: mlaunch trace replay {run_dir} --endpoint http://127.0.0.1:1" in text
