@@ -32,8 +32,9 @@ from mlaunch.launcher import reference
 from mlaunch.launcher.plan import LaunchPlan
 from mlaunch.launcher.run import RunResult, torchrun_log
 from mlaunch.model.groups import SpanGroup
+from mlaunch.model.spans import SpanName
 from mlaunch.model.spec import format_groups
-from mlaunch.settings import RATIO_SAMPLERS
+from mlaunch.settings import RATIO_SAMPLERS, flag_name
 
 # --------------------------------------------------------------------------------------------
 # Before launch
@@ -62,6 +63,41 @@ def _sampler_text(plan: LaunchPlan) -> str:
     if t.sampler_enabled:
         return f"trace: {trace}; rank-aware: on, keeps ranks under rate {t.export_sample_rate} (composed)"
     return f"trace: {trace}; rank-aware: off"
+
+
+#: Fewer ``megatron.train`` blocks than this, and a trace-id ratio is not a share of the spans
+#: but a coin toss over a handful of blocks (each kept or dropped whole).
+MIN_SAMPLED_BLOCKS = 10
+
+
+def sampling_unit(plan: LaunchPlan) -> tuple[str, str | None] | None:
+    """With a trace-id ratio sampler on mlaunch's trainer: (what the sampling unit is, a warning
+    when the run has too few of them for the ratio to mean anything), else None. Every span of a
+    ``megatron.train`` block shares its trace id, so the ratio keeps or drops whole blocks."""
+    s = plan.settings
+    o = s.telemetry.otel
+    if not s.uses_builtin_trainer or o.traces_sampler not in RATIO_SAMPLERS:
+        return None
+    ratio = 1.0 if o.traces_sampler_arg is None else o.traces_sampler_arg
+    argv = plan.argv
+    interval = argv[argv.index("--save-interval") + 1] if "--save-interval" in argv[:-1] else None
+    # The runtime's rule: a block is save_interval iterations, else trace_segment_iters.
+    per = int(interval) if interval and interval.isdigit() else s.telemetry.trace_segment_iters
+    per = max(1, per)
+    blocks = -(-s.training.train_iters // per)
+    unit = (
+        f"a whole {SpanName.TRAIN} block ({min(per, s.training.train_iters)} iterations; all its"
+        f" spans kept or dropped together); this run has {blocks}"
+    )
+    warn = None
+    if blocks < MIN_SAMPLED_BLOCKS:
+        warn = (
+            f"ratio {ratio} over {blocks} block(s) keeps all or none of each, not {ratio:.0%} of"
+            f" the spans; use at least {MIN_SAMPLED_BLOCKS} blocks"
+            f" ({flag_name('telemetry.trace_segment_iters')}"
+            f" <= {max(1, s.training.train_iters // MIN_SAMPLED_BLOCKS)}) or no ratio sampler"
+        )
+    return unit, warn
 
 
 def _exporter_text(plan: LaunchPlan) -> str:
@@ -173,6 +209,10 @@ def summary(plan: LaunchPlan) -> Group:
     )
     table.add_row("exporting ranks", _ranks_text(plan.exporting_ranks, s.world_size))
     table.add_row("samplers", _sampler_text(plan))
+    if (unit := sampling_unit(plan)) is not None:
+        table.add_row("sampling unit", unit[0])
+        if unit[1]:
+            table.add_row(Text("warning", style="bold yellow"), Text(unit[1], style="yellow"))
     table.add_row("exporter", Text(_exporter_text(plan)))  # paths and "[section]" are not markup
     table.add_row("service", f"{t.service_name}  (run id {plan.run_id})")
     for note in plan.env_notes:

@@ -532,3 +532,26 @@ def test_the_relays_counts_and_the_replay_command_end_the_report(tmp_path):
         f"send them: mlaunch trace replay {plan.run_dir} --endpoint http://collector:4318"
         " --protocol http/protobuf" in text
     )
+
+
+def test_a_ratio_sampler_says_its_unit_is_a_train_block_and_warns_on_too_few(spawned):
+    # Issue 17 class 4: a 20-iteration run at ratio 0.5 kept 0 or 100 % of its spans.
+    env = {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.5"}
+    text = " ".join(
+        invoke("--dry-run", "--train-iters", "20", env=env).output.replace("│", " ").split()
+    )
+    assert (
+        "sampling unit a whole megatron.train block (20 iterations; all its spans kept or" in text
+    )
+    assert "this run has 1" in text
+    assert "ratio 0.5 over 1 block(s) keeps all or none of each" in text
+    assert "--otel-trace-segment-iters <= 2" in text
+    text = " ".join(
+        invoke("--dry-run", "--train-iters", "20", "--otel-trace-segment-iters", "2", env=env)
+        .output.replace("│", " ")
+        .split()
+    )
+    assert "(2 iterations; all its spans" in text and "this run has 10" in text
+    assert "keeps all or none" not in text
+    # No ratio sampler, no unit row.
+    assert "sampling unit" not in invoke("--dry-run").output
