@@ -132,6 +132,8 @@ class LaunchPlan:
     and ``_PROTOCOL`` unset (and drops inherited ones): the launcher sets them when it has started
     the receiver."""
     env_notes: tuple[str, ...] = ()
+    megatron_args_reason: str = ""
+    """For a script/module: why Megatron-LM's arguments are (not) passed, for the summary."""
     """Environment the plan added on its own (e.g. CUDA_DEVICE_MAX_CONNECTIONS), for the summary."""
 
     # ---- derived views -------------------------------------------------------------------
@@ -651,6 +653,11 @@ def build_plan(
             problems.append((_label(settings, "training.save"), why))
     log_dir = run_dir / ec.LOGS_DIR / f"node{launch.node_rank}"
 
+    megatron_why = ""
+    if not settings.uses_builtin_trainer:
+        # One decision, stored on the settings: every later reader (the argument list, the
+        # translation table, resolved.json) sees the same bool.
+        launch.megatron_args, megatron_why = resolve_megatron_args(settings, cwd)
     if settings.uses_builtin_trainer:
         targs = trainer_args(settings, run_dir)
         problems += _shadowed_settings(passthrough)
@@ -721,7 +728,43 @@ def build_plan(
         embedded_receiver=not settings.uses_builtin_trainer
         and reference.embedded_receiver(settings),
         env_notes=notes,
+        megatron_args_reason=megatron_why,
     )
+
+
+#: Megatron-LM's entry-point scripts (pretrain_gpt.py, pretrain_bert.py, pretrain_mamba.py ...).
+MEGATRON_SCRIPT_GLOB = "pretrain_*.py"
+#: The package a Megatron-LM checkout has beside its entry points, and its module prefix.
+MEGATRON_PACKAGE = "megatron"
+
+
+def megatron_entry_point(settings: Settings, cwd: Path) -> str | None:
+    """Why ``--script``/``--module`` is Megatron-LM's entry point, or None when it is not."""
+    launch = settings.launch
+    if launch.module:
+        name = launch.module.strip()
+        return f"module {name}" if name.split(".")[0] == MEGATRON_PACKAGE else None
+    if not launch.script:
+        return None
+    script = cwd / Path(launch.script).expanduser()
+    if script.match(MEGATRON_SCRIPT_GLOB):
+        return f"Megatron-LM entry point {script.name}"
+    if (script.parent / MEGATRON_PACKAGE).is_dir():
+        return f"a {MEGATRON_PACKAGE}/ package beside {script.name}"
+    return None
+
+
+def resolve_megatron_args(settings: Settings, cwd: Path) -> tuple[bool, str]:
+    """(pass Megatron-LM's arguments?, why) for a script/module: an explicit setting (flag,
+    variable or config file: the ``megatron`` config sets it) wins; unset, only a Megatron-LM
+    entry point gets them (an ordinary argparse script would exit 2 on the first one)."""
+    value = settings.launch.megatron_args
+    if value is not None:
+        return bool(value), f"{_label(settings, 'launch.megatron_args')} = {str(value).lower()}"
+    why = megatron_entry_point(settings, cwd)
+    if why is not None:
+        return True, why
+    return False, "not a Megatron-LM entry point"
 
 
 #: Checkpoint files the launcher reads (stdlib only, the launcher never imports torch); the

@@ -164,6 +164,8 @@ def summary(plan: LaunchPlan) -> Group:
     table.add_row("config", str(plan.config))
     target = launch.script or (f"-m {launch.module}" if launch.module else "mlaunch trainer")
     table.add_row("entry point", target)
+    if not s.uses_builtin_trainer:
+        table.add_row("megatron args", megatron_args_text(plan))
     table.add_row(
         "model",
         f"{s.model.num_layers} layers, hidden {s.model.hidden_size}, {s.model.num_attention_heads}"
@@ -248,6 +250,13 @@ def _worker_rows(plan: LaunchPlan, table: Table) -> list[Any]:
             spans = reference.reference_span_names({group})
             names.add_row(group.value, ", ".join(spans) if spans else "(none in the catalogue)")
     return [table, names]
+
+
+def megatron_args_text(plan: LaunchPlan) -> str:
+    """Whether a script/module gets Megatron-LM's arguments, why, and how to change it."""
+    if plan.settings.launch.megatron_args:
+        return f"passed ({plan.megatron_args_reason}; --no-megatron-args: environment only)"
+    return f"not passed ({plan.megatron_args_reason}; --megatron-args to pass them)"
 
 
 def dry_run_text(plan: LaunchPlan, show_secrets: bool = False) -> str:

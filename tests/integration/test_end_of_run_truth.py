@@ -128,3 +128,22 @@ def test_an_unreachable_endpoint_is_reported_as_spooled_with_the_replay_command(
     spooled = int(line.split(" spooled")[0].rsplit(", ", 1)[1].replace(",", ""))
     assert spooled > 0
     assert f"send them: mlaunch trace replay {run_dir} --endpoint http://127.0.0.1:1" in text
+
+
+def test_an_ordinary_argparse_script_gets_no_megatron_arguments(tmp_path: Path) -> None:
+    # Before: the default handed Megatron-LM's --num-layers ... to every script (exit 2 at once).
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import argparse\np = argparse.ArgumentParser()\np.add_argument('--epochs', type=int)\n"
+        "print('epochs', p.parse_args().epochs)\n"
+    )
+    out = subprocess.run(
+        [
+            sys.executable, "-m", "mlaunch", "train", "--script", str(script), "--no-otel-enabled",
+            "--nproc-per-node", "1", "--run-dir", str(tmp_path / "run"), "--", "--epochs", "3",
+        ],
+        env=_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    text = " ".join(out.stdout.replace("│", " ").split())
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "megatron args not passed (not a Megatron-LM entry point; --megatron-args" in text
