@@ -1695,7 +1695,7 @@ def check_worker_side(
     )
     child = {k: v for k, v in environ.items() if k not in removed}
     child.update(env)
-    args = lp.otel_flags(settings) if settings.launch.megatron_args else []
+    args = lp.otel_flags(settings) if lp.resolve_megatron_args(settings, Path.cwd())[0] else []
     found = worker_probe(python, child, args, settings, timeout_s)
     if "failed" in found:
         return [*results, warn(name, f"could not run the worker probe: {found['failed']}",

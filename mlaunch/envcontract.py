@@ -70,6 +70,12 @@ def launcher_traces_file(run_dir: str | Path, node_rank: int = 0) -> Path:
     return Path(run_dir) / TELEMETRY_DIR / f"traces-launcher-node{node_rank}.jsonl"
 
 
+def run_lock_file(run_dir: str | Path, node_rank: int = 0) -> Path:
+    """The lock one node's launcher holds on its run directory for its lifetime (``flock``):
+    per node, because every node of a multi-node run shares the run directory legitimately."""
+    return Path(run_dir) / f".lock-node{node_rank}"
+
+
 def metrics_file(run_dir: str | Path, rank: int) -> Path:
     """The file exporter's metric output of one rank (OTLP-JSON lines)."""
     return Path(run_dir) / TELEMETRY_DIR / f"metrics-rank{rank}.jsonl"
@@ -100,6 +106,12 @@ def received_file(run_dir: str | Path, signal: str, rank: int | None) -> Path:
 def receiver_stats_file(run_dir: str | Path, node_rank: int = 0) -> Path:
     """The embedded receiver's counts of one node (received, written, rejected, spooled ...)."""
     return Path(run_dir) / TELEMETRY_DIR / f"receiver-node{node_rank}.json"
+
+
+def span_counts_file(run_dir: str | Path, rank: int) -> Path:
+    """Where one rank's telemetry runtime writes, at shutdown, where its spans went (emitted =
+    delivered + spooled + dropped): the launcher's end-of-run report reads it."""
+    return Path(run_dir) / TELEMETRY_DIR / f"span-counts-rank{rank}.json"
 
 
 def default_run_dir(run_id: str, cwd: str | Path | None = None) -> Path:

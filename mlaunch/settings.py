@@ -433,9 +433,11 @@ class LaunchSettings(_Section):
     """With an OTLP endpoint: workers export to the launcher's local receiver, which forwards to
     the endpoint and spools what it cannot deliver (``mlaunch trace replay`` sends it later).
     Unset = on for ``script``/``module``, off for mlaunch's trainer (it spools by itself)."""
-    megatron_args: Bool = True
+    megatron_args: Bool | None = None
     """For ``script``/``module``: pass the model/training/parallelism settings and Megatron-LM's
-    ``--otel-*`` flags as Megatron-LM arguments (false: only the environment and ``-- ARGS``)."""
+    ``--otel-*`` flags as Megatron-LM arguments (false: only the environment and ``-- ARGS``).
+    Unset = on only for a Megatron-LM entry point (a ``pretrain_*.py`` script, a script beside a
+    ``megatron/`` package, a ``megatron.*`` module); any other script gets none."""
 
     @field_validator("rdzv_endpoint")
     @classmethod

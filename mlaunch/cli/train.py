@@ -192,7 +192,7 @@ def run_train(
 
     from mlaunch.launcher import render
     from mlaunch.launcher.plan import build_plan
-    from mlaunch.launcher.run import execute
+    from mlaunch.launcher.run import RunDirBusy, execute
     from mlaunch.settings import SettingsError
 
     try:
@@ -235,6 +235,9 @@ def run_train(
 
     try:
         result = execute(plan, started, show_secrets=show_secrets)
+    except RunDirBusy as exc:
+        typer.echo(f"{flag_name('launch.run_dir')}: {exc}", err=True)
+        return 2
     except OSError as exc:
         typer.echo(
             f"{flag_name('launch.run_dir')}: cannot create the run directory ({exc})", err=True

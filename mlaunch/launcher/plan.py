@@ -8,6 +8,7 @@ the one :class:`LaunchPlan`, so ``--dry-run`` shows exactly what a real launch w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -131,6 +132,8 @@ class LaunchPlan:
     and ``_PROTOCOL`` unset (and drops inherited ones): the launcher sets them when it has started
     the receiver."""
     env_notes: tuple[str, ...] = ()
+    megatron_args_reason: str = ""
+    """For a script/module: why Megatron-LM's arguments are (not) passed, for the summary."""
     """Environment the plan added on its own (e.g. CUDA_DEVICE_MAX_CONNECTIONS), for the summary."""
 
     # ---- derived views -------------------------------------------------------------------
@@ -655,10 +658,16 @@ def build_plan(
             problems.append((_label(settings, "training.save"), why))
     log_dir = run_dir / ec.LOGS_DIR / f"node{launch.node_rank}"
 
+    megatron_why = ""
+    if not settings.uses_builtin_trainer:
+        # One decision, stored on the settings: every later reader (the argument list, the
+        # translation table, resolved.json) sees the same bool.
+        launch.megatron_args, megatron_why = resolve_megatron_args(settings, cwd)
     if settings.uses_builtin_trainer:
         targs = trainer_args(settings, run_dir)
         problems += _shadowed_settings(passthrough)
         problems += _check_trainer_args([*targs, *passthrough], settings.world_size)
+        problems += _checkpoint_layout_problems(settings, targs, cwd)
         entry = ["-m", TRAINER_MODULE, *targs, *passthrough]
     else:
         target = ["-m", launch.module] if launch.module else [str((cwd / launch.script).resolve())]
@@ -724,7 +733,136 @@ def build_plan(
         embedded_receiver=not settings.uses_builtin_trainer
         and reference.embedded_receiver(settings),
         env_notes=notes,
+        megatron_args_reason=megatron_why,
     )
+
+
+#: Megatron-LM's entry-point scripts (pretrain_gpt.py, pretrain_bert.py, pretrain_mamba.py ...).
+MEGATRON_SCRIPT_GLOB = "pretrain_*.py"
+#: The package a Megatron-LM checkout has beside its entry points, and its module prefix.
+MEGATRON_PACKAGE = "megatron"
+
+
+def megatron_entry_point(settings: Settings, cwd: Path) -> str | None:
+    """Why ``--script``/``--module`` is Megatron-LM's entry point, or None when it is not."""
+    launch = settings.launch
+    if launch.module:
+        name = launch.module.strip()
+        return f"module {name}" if name.split(".")[0] == MEGATRON_PACKAGE else None
+    if not launch.script:
+        return None
+    script = cwd / Path(launch.script).expanduser()
+    if script.match(MEGATRON_SCRIPT_GLOB):
+        return f"Megatron-LM entry point {script.name}"
+    if (script.parent / MEGATRON_PACKAGE).is_dir():
+        return f"a {MEGATRON_PACKAGE}/ package beside {script.name}"
+    return None
+
+
+def resolve_megatron_args(settings: Settings, cwd: Path) -> tuple[bool, str]:
+    """(pass Megatron-LM's arguments?, why) for a script/module: an explicit setting (flag,
+    variable or config file: the ``megatron`` config sets it) wins; unset, only a Megatron-LM
+    entry point gets them (an ordinary argparse script would exit 2 on the first one)."""
+    value = settings.launch.megatron_args
+    if value is not None:
+        return bool(value), f"{_label(settings, 'launch.megatron_args')} = {str(value).lower()}"
+    why = megatron_entry_point(settings, cwd)
+    if why is not None:
+        return True, why
+    return False, "not a Megatron-LM entry point"
+
+
+#: Checkpoint files the launcher reads (stdlib only, the launcher never imports torch); the
+#: names are :mod:`mlaunch.trainer.checkpoint`'s (pinned equal by a test).
+CHECKPOINT_TRACKER_FILE = "latest_checkpointed_iteration.txt"
+CHECKPOINT_MANIFEST_FILE = "manifest.json"
+#: Settings that fix the shape of what a checkpoint holds: resuming with another value of any of
+#: them cannot load its tensors (compared when the checkpoint's run left its ``resolved.json``).
+CHECKPOINT_LAYOUT_SETTINGS = (
+    "parallelism.pipeline_model_parallel_size",
+    "parallelism.tensor_model_parallel_size",
+    "model.num_layers",
+    "model.hidden_size",
+    "model.num_attention_heads",
+    "model.seq_length",
+    "model.untie_embeddings",
+)
+
+
+def _newest_manifest(root: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The manifest of the checkpoint a resume would start from (the marker's, else the newest
+    committed one), or None when there is none to read."""
+    try:
+        names = [m.group(1) for p in root.iterdir() if (m := re.fullmatch(r"iter_(\d{7})", p.name))]
+        marker = (
+            (root / CHECKPOINT_TRACKER_FILE).read_text().strip()
+            if (root / CHECKPOINT_TRACKER_FILE).is_file()
+            else ""
+        )
+    except OSError:
+        return None
+    order = sorted(names, reverse=True)
+    if marker.isdigit() and f"{int(marker):07d}" in order:
+        order.remove(f"{int(marker):07d}")
+        order.insert(0, f"{int(marker):07d}")
+    for it in order:
+        path = root / f"iter_{it}" / CHECKPOINT_MANIFEST_FILE
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # the trainer falls back past an invalid one; so does this check
+        if isinstance(manifest, dict):
+            return path, manifest
+    return None
+
+
+def _checkpoint_layout_problems(
+    settings: Settings, targs: Sequence[str], cwd: Path
+) -> list[tuple[str, str]]:
+    """Refuse before launch to resume from a checkpoint saved with another layout (pipeline
+    stages from its manifest; tensor parallelism and model shape from the ``resolved.json`` of
+    the run that saved it, when the checkpoint is that run's ``checkpoints/``): the workers would
+    otherwise each die in ``torch.load`` after start-up."""
+    if "--load" not in targs[:-1]:
+        return []
+    load = Path(targs[targs.index("--load") + 1]).expanduser()
+    root = load if load.is_absolute() else cwd / load
+    found = _newest_manifest(root)
+    if found is None:
+        return []
+    manifest_path, manifest = found
+    theirs: dict[str, Any] = {}
+    with contextlib.suppress(TypeError, ValueError):
+        theirs["parallelism.pipeline_model_parallel_size"] = int(manifest.get("pipeline_stages", 1))
+    if root.name == ec.CHECKPOINTS_DIR:
+        with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+            table = json.loads((root.parent / ec.RESOLVED_JSON_FILE).read_text(encoding="utf-8"))
+            for path in CHECKPOINT_LAYOUT_SETTINGS:
+                entry = table["settings"].get(path)
+                if isinstance(entry, dict) and "value" in entry:
+                    theirs.setdefault(path, entry["value"])
+    differ = []
+    for path in CHECKPOINT_LAYOUT_SETTINGS:
+        section, _, fld = path.partition(".")
+        ours = getattr(getattr(settings, section), fld)
+        if path in theirs and theirs[path] != ours:
+            differ.append(f"{flag_name(path)} {theirs[path]} (now {ours})")
+    if not differ:
+        return []
+    if settings.training.load is not None:
+        label, fix = _label(settings, "training.load"), "give --load a checkpoint of this layout"
+    elif settings.training.save is not None:
+        label = _label(settings, "training.save")
+        fix = "give --save an empty directory"
+    else:
+        label, fix = _label(settings, "launch.run_dir"), "give a new --run-dir (or --save DIR)"
+    return [
+        (
+            label,
+            f"{root} holds a checkpoint saved with {', '.join(differ)} ({manifest_path.parent.name});"
+            f" this run cannot resume from it: {fix}, or run with that layout",
+        )
+    ]
 
 
 def _label(settings: Settings, path: str) -> str:

@@ -6,6 +6,7 @@ draws, so both always agree.
 
 from __future__ import annotations
 
+import json
 import shlex
 import signal
 import statistics
@@ -31,8 +32,9 @@ from mlaunch.launcher import reference
 from mlaunch.launcher.plan import LaunchPlan
 from mlaunch.launcher.run import RunResult, torchrun_log
 from mlaunch.model.groups import SpanGroup
+from mlaunch.model.spans import SpanName
 from mlaunch.model.spec import format_groups
-from mlaunch.settings import RATIO_SAMPLERS
+from mlaunch.settings import RATIO_SAMPLERS, flag_name
 
 # --------------------------------------------------------------------------------------------
 # Before launch
@@ -63,6 +65,41 @@ def _sampler_text(plan: LaunchPlan) -> str:
     return f"trace: {trace}; rank-aware: off"
 
 
+#: Fewer ``megatron.train`` blocks than this, and a trace-id ratio is not a share of the spans
+#: but a coin toss over a handful of blocks (each kept or dropped whole).
+MIN_SAMPLED_BLOCKS = 10
+
+
+def sampling_unit(plan: LaunchPlan) -> tuple[str, str | None] | None:
+    """With a trace-id ratio sampler on mlaunch's trainer: (what the sampling unit is, a warning
+    when the run has too few of them for the ratio to mean anything), else None. Every span of a
+    ``megatron.train`` block shares its trace id, so the ratio keeps or drops whole blocks."""
+    s = plan.settings
+    o = s.telemetry.otel
+    if not s.uses_builtin_trainer or o.traces_sampler not in RATIO_SAMPLERS:
+        return None
+    ratio = 1.0 if o.traces_sampler_arg is None else o.traces_sampler_arg
+    argv = plan.argv
+    interval = argv[argv.index("--save-interval") + 1] if "--save-interval" in argv[:-1] else None
+    # The runtime's rule: a block is save_interval iterations, else trace_segment_iters.
+    per = int(interval) if interval and interval.isdigit() else s.telemetry.trace_segment_iters
+    per = max(1, per)
+    blocks = -(-s.training.train_iters // per)
+    unit = (
+        f"a whole {SpanName.TRAIN} block ({min(per, s.training.train_iters)} iterations; all its"
+        f" spans kept or dropped together); this run has {blocks}"
+    )
+    warn = None
+    if blocks < MIN_SAMPLED_BLOCKS:
+        warn = (
+            f"ratio {ratio} over {blocks} block(s) keeps all or none of each, not {ratio:.0%} of"
+            f" the spans; use at least {MIN_SAMPLED_BLOCKS} blocks"
+            f" ({flag_name('telemetry.trace_segment_iters')}"
+            f" <= {max(1, s.training.train_iters // MIN_SAMPLED_BLOCKS)}) or no ratio sampler"
+        )
+    return unit, warn
+
+
 def _exporter_text(plan: LaunchPlan) -> str:
     t = plan.settings.telemetry
     if plan.embedded_receiver:
@@ -72,7 +109,7 @@ def _exporter_text(plan: LaunchPlan) -> str:
         # say so, or a user who passed --otlp-endpoint would wait for spans that never come.
         src = plan.settings.source("telemetry.exporter")
         ignored = (
-            f" [OTLP endpoint {t.otel.endpoint} not used: exporter is {t.exporter!r} from {src};"
+            f" [OTLP endpoint {_public(t.otel.endpoint)} not used: exporter is {t.exporter!r} from {src};"
             " pass --otel-exporter otlp]"
         )
     else:
@@ -84,10 +121,11 @@ def _exporter_text(plan: LaunchPlan) -> str:
 
         if receiver_mode(plan.settings) == "relay":
             return (
-                f"otlp ({t.otel.protocol}) -> relay in the launcher (loopback) -> {t.otel.endpoint};"
+                f"otlp ({t.otel.protocol}) -> relay in the launcher (loopback) ->"
+                f" {_public(t.otel.endpoint)};"
                 f" undelivered spans spooled to {plan.traces_dir} (--no-otlp-relay: direct)"
             )
-        return f"otlp ({t.otel.protocol}) -> {t.otel.endpoint}"
+        return f"otlp ({t.otel.protocol}) -> {_public(t.otel.endpoint)}"
     if t.exporter == "console":
         return "console -> each exporting rank's stdout log" + ignored
     return "none (decisions made, nothing exported)" + ignored
@@ -126,6 +164,8 @@ def summary(plan: LaunchPlan) -> Group:
     table.add_row("config", str(plan.config))
     target = launch.script or (f"-m {launch.module}" if launch.module else "mlaunch trainer")
     table.add_row("entry point", target)
+    if not s.uses_builtin_trainer:
+        table.add_row("megatron args", megatron_args_text(plan))
     table.add_row(
         "model",
         f"{s.model.num_layers} layers, hidden {s.model.hidden_size}, {s.model.num_attention_heads}"
@@ -171,6 +211,10 @@ def summary(plan: LaunchPlan) -> Group:
     )
     table.add_row("exporting ranks", _ranks_text(plan.exporting_ranks, s.world_size))
     table.add_row("samplers", _sampler_text(plan))
+    if (unit := sampling_unit(plan)) is not None:
+        table.add_row("sampling unit", unit[0])
+        if unit[1]:
+            table.add_row(Text("warning", style="bold yellow"), Text(unit[1], style="yellow"))
     table.add_row("exporter", Text(_exporter_text(plan)))  # paths and "[section]" are not markup
     table.add_row("service", f"{t.service_name}  (run id {plan.run_id})")
     for note in plan.env_notes:
@@ -206,6 +250,13 @@ def _worker_rows(plan: LaunchPlan, table: Table) -> list[Any]:
             spans = reference.reference_span_names({group})
             names.add_row(group.value, ", ".join(spans) if spans else "(none in the catalogue)")
     return [table, names]
+
+
+def megatron_args_text(plan: LaunchPlan) -> str:
+    """Whether a script/module gets Megatron-LM's arguments, why, and how to change it."""
+    if plan.settings.launch.megatron_args:
+        return f"passed ({plan.megatron_args_reason}; --no-megatron-args: environment only)"
+    return f"not passed ({plan.megatron_args_reason}; --megatron-args to pass them)"
 
 
 def dry_run_text(plan: LaunchPlan, show_secrets: bool = False) -> str:
@@ -261,14 +312,17 @@ class PlainDisplay:
             soft_wrap=True,
         )
 
-    def interrupted(self, signum: int) -> None:
-        """Say that a signal was forwarded."""
-        self.console.print(
-            f"{signal.Signals(signum).name}: asking the workers to finish the iteration,"
-            " save and flush telemetry",
-            highlight=False,
-            soft_wrap=True,
-        )
+    def interrupted(self, signum: int, forced: bool = False) -> None:
+        """Say that a signal was forwarded, or that a second Ctrl-C forced the stop."""
+        if forced:
+            text = f"{signal.Signals(signum).name} again: killing the workers (SIGKILL)"
+        else:
+            text = (
+                f"{signal.Signals(signum).name}: asking the workers to finish the iteration,"
+                " save and flush telemetry; waiting for workers to stop"
+                + (" (Ctrl-C again to force)" if signum == signal.SIGINT else "")
+            )
+        self.console.print(text, highlight=False, soft_wrap=True)
 
     def close(self) -> None:
         """Nothing to tear down."""
@@ -316,6 +370,69 @@ class BarDisplay(PlainDisplay):
 # After the run
 
 
+def _public(endpoint: str) -> str:
+    """``endpoint`` without credentials (``user:password@``): the report is printed and logged."""
+    scheme, sep, rest = endpoint.partition("://")
+    host, slash, path = rest.partition("/")
+    return scheme + sep + host.rpartition("@")[2] + slash + path if sep else endpoint
+
+
+def span_counts(plan: LaunchPlan, since: float) -> dict[str, int] | None:
+    """The sum of this launch's ``span-counts-rank{R}.json`` (each exporting rank's telemetry
+    runtime writes one at shutdown), or None when no rank wrote one."""
+    total = {"emitted": 0, "delivered": 0, "spooled": 0, "dropped": 0, "ranks": 0}
+    for rank in range(plan.settings.world_size):
+        path = ec.span_counts_file(plan.run_dir, rank)
+        try:
+            if path.stat().st_mtime < since - 1:
+                continue  # an earlier launch's
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict):
+            continue
+        for key in ("emitted", "delivered", "spooled", "dropped"):
+            value = data.get(key)
+            total[key] += value if isinstance(value, int) else 0
+        total["ranks"] += 1
+    return total if total["ranks"] else None
+
+
+def _otlp_lines(plan: LaunchPlan, result: RunResult) -> list[str]:
+    """Where an OTLP run's spans went, as counted (never "sent" when they were spooled), and the
+    ``mlaunch trace replay`` command when some wait in the spool."""
+    t = plan.settings.telemetry
+    endpoint = _public(t.otel.endpoint or "")
+    lines: list[str] = []
+    if plan.embedded_receiver and result.receiver is not None:
+        written = result.receiver.signals["traces"].written_items
+        return [f"traces:  {written:,} spans written to {plan.traces_dir} (run id {plan.run_id})"]
+    if result.receiver is not None and result.receiver.mode == "relay":
+        c = result.receiver.signals["traces"]
+        delivered, spooled, dropped = c.forwarded_items, c.spooled_items, c.lost_items
+        emitted = c.received_items
+    else:
+        counts = span_counts(plan, result.started)
+        if counts is None:
+            return [f"traces:  sent to {endpoint} (run id {plan.run_id}; no delivery counts)"]
+        emitted, delivered = counts["emitted"], counts["delivered"]
+        spooled, dropped = counts["spooled"], counts["dropped"]
+    lines.append(
+        f"traces:  {emitted:,} spans: {delivered:,} delivered to {endpoint}, {spooled:,} spooled"
+        f" to {plan.traces_dir}/spool-traces-*.jsonl"
+        + (f", {dropped:,} dropped" if dropped else "")
+        + f" (run id {plan.run_id})"
+    )
+    if spooled:
+        # replay takes the collector's base URL (it adds /v1/traces itself over HTTP).
+        base = _public(t.otel.base_endpoint or endpoint.removesuffix("/v1/traces"))
+        replay = ["mlaunch", "trace", "replay", str(plan.run_dir), "--endpoint", base]
+        if t.otel.protocol == "http/protobuf":
+            replay += ["--protocol", "http/protobuf"]
+        lines.append(f"send them: {shlex.join(replay)}  (once the collector is reachable)")
+    return lines
+
+
 def print_result(
     console: Console, plan: LaunchPlan, result: RunResult, report: Path | None = None
 ) -> None:
@@ -331,7 +448,8 @@ def print_result(
         head = who + (f" ({', '.join(where)})" if where else "") + " failed"
         # Plain, unwrapped lines (soft_wrap): paths stay whole for copying, and Text rather than
         # markup because log lines carry "[rank1]:" prefixes that Rich would eat as tags.
-        console.print(Text(f"{head}: {f.exc_type}: {f.message}", style="bold red"), soft_wrap=True)
+        what = f"{f.exc_type}: {f.message}" if f.message else f.exc_type
+        console.print(Text(f"{head}: {what}", style="bold red"), soft_wrap=True)
         if f.log_path is not None and f.log_tail:
             console.print(Text(f"last lines of {f.log_path}:"), soft_wrap=True)
             for line in f.log_tail:
@@ -380,6 +498,6 @@ def print_result(
         else:
             plain.append(f"report:  mlaunch trace report {shlex.quote(str(plan.run_dir))}")
     elif t.enabled and t.exporter == "otlp":
-        plain.append(f"traces:  sent to {t.otel.endpoint} (run id {plan.run_id})")
+        plain += _otlp_lines(plan, result)
     for line in plain:
         console.print(line, soft_wrap=True, highlight=False, markup=False)

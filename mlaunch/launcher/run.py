@@ -8,9 +8,12 @@ why. Still no torch import here: torchrun is a subprocess.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -56,6 +59,53 @@ def _write_private(path: Path, text: str, mode: int = 0o600) -> None:
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(text)
     os.replace(tmp, path)
+
+
+class RunDirBusy(Exception):
+    """Another launcher (of this node rank) holds the run directory."""
+
+
+def _lock_owner(fd: int) -> str:
+    """Who holds the lock, as the holder wrote it (pid, host, run id, start time)."""
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode("utf-8", "replace") or "{}")
+    except ValueError:
+        info = {}
+    if not isinstance(info, dict) or "pid" not in info:
+        return "another mlaunch train"
+    return (
+        f"mlaunch train pid {info.get('pid')} on host {info.get('host')}"
+        f" (run id {info.get('run_id')}, started {info.get('started')})"
+    )
+
+
+def lock_run_dir(plan: LaunchPlan) -> int:
+    """Take this node's exclusive lock on the run directory and return its file descriptor
+    (held until this process exits: the kernel releases it on any death, so a crashed run never
+    leaves a stale lock). Raises :class:`RunDirBusy` naming the holder when another launcher has
+    it; then nothing in the directory has been touched but the (empty) lock file itself."""
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    path = ec.run_lock_file(plan.run_dir, plan.settings.launch.node_rank)
+    # O_CLOEXEC (Python's default): torchrun and the workers do not hold the lock.
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = _lock_owner(fd)
+        os.close(fd)
+        raise RunDirBusy(
+            f"{plan.run_dir} is in use by {owner}; wait for it to end, or give this run another"
+            " --run-dir"
+        ) from None
+    info = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "run_id": plan.run_id,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+    return fd
 
 
 def create_run_dir(plan: LaunchPlan, *, show_secrets: bool = False) -> None:
@@ -151,6 +201,16 @@ def _tail(path: Path, n: int = LOG_TAIL_LINES) -> list[str]:
     return lines[-n:]
 
 
+def _read_from(path: Path, offset: int) -> str:
+    """``path``'s text after ``offset`` (this launch's part of an appended log)."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(offset)
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
 def _local_rank_dirs(plan: LaunchPlan, since: float) -> dict[int, Path]:
     """This node's per-local-rank log folders of the latest torchrun attempt of this launch."""
     attempts = [
@@ -186,10 +246,48 @@ def _torchelastic_error(path: Path) -> tuple[str, str]:
     return (exc_type, rest) if sep and " " not in exc_type else ("error", text)
 
 
-def collect_failures(plan: LaunchPlan, since: float) -> list[RankFailure]:
+#: Worker exit codes that an interrupted run's forwarded signal explains (killed by SIGTERM,
+#: SIGINT or SIGKILL, or exiting with the shell's 128 + signal for them).
+INTERRUPT_EXITS = frozenset(
+    code
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL)
+    for code in (-int(sig), 128 + int(sig))
+)
+_WORKER_EXIT = re.compile(
+    r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)"
+)
+
+
+def worker_exits(torchrun_text: str) -> list[tuple[int, int, int]]:
+    """(rank, local rank, exit code) of each failed worker in torchrun's failure report (its
+    ``ChildFailedError`` dump), the root cause first, each rank once."""
+    found: dict[int, tuple[int, int, int]] = {}
+    root, _, rest = torchrun_text.rpartition("Root Cause")
+    for part in (rest, root) if root else (torchrun_text,):
+        for m in _WORKER_EXIT.finditer(part):
+            rank, local, code = map(int, m.groups())
+            found.setdefault(rank, (rank, local, code))
+    return list(found.values())
+
+
+def _exit_text(code: int) -> str:
+    """``exit code 3`` / ``killed by SIGSEGV`` for a worker's exit code."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def collect_failures(
+    plan: LaunchPlan, since: float, torchrun_text: str = "", interrupted: int | None = None
+) -> list[RankFailure]:
     """Which ranks failed and why: the trainer's ``error-rank{R}.json`` first (it knows the
-    global rank), then torchelastic's per-local-rank error files, then any rank whose log
-    ends in a traceback. Only files written since ``since`` (this launch) count."""
+    global rank), then torchelastic's per-local-rank error files, then the workers torchrun
+    reports as exited non-zero (``torchrun_text``: this launch's part of its log), each with its
+    own stderr tail. Only files written since ``since`` (this launch) count; with
+    ``interrupted``, workers stopped by the forwarded signal are not failures."""
     nproc = plan.settings.launch.nproc_per_node
     local_dirs = _local_rank_dirs(plan, since)
     failures: list[RankFailure] = []
@@ -227,14 +325,29 @@ def collect_failures(plan: LaunchPlan, since: float) -> list[RankFailure]:
         node = plan.settings.launch.node_rank if plan.settings.launch.nnodes == 1 else None
         failures.append(RankFailure(rank, local, node, exc_type, message, log_path, tail))
     if not failures:
-        # No error file (killed by a signal, a script without @record): any log with a traceback.
-        for local, folder in sorted(local_dirs.items()):
+        # No error file (a script without @record, a segfault, an argparse exit): the worker
+        # exits torchrun itself reports. Never a traceback merely printed to a log: a handled
+        # one is not a failure, and an interrupted run must not be reported as a crash.
+        for rank, local, code in worker_exits(torchrun_text):
+            if interrupted is not None and code in INTERRUPT_EXITS:
+                continue  # the forwarded signal's doing, not a failure
+            folder = local_dirs.get(local)
             log_path, tail = _rank_log(folder)
-            if any("Traceback" in line or "Error" in line for line in tail):
-                exc_type, _, message = (tail[-1] if tail else "").partition(": ")
-                failures.append(
-                    RankFailure(None, local, None, exc_type or "error", message, log_path, tail)
-                )
+            if folder is not None:
+                log_path, tail = folder / "stderr.log", _tail(folder / "stderr.log")
+            # An exit code's reason is usually the last line (argparse's "error: ..."); a signal
+            # leaves no message of its own.
+            message = (
+                next((line.strip() for line in reversed(tail) if line.strip()), "(no output)")
+                if code >= 0
+                else ""
+            )
+            node = (
+                rank // nproc if plan.settings.launch.nnodes > 1 else plan.settings.launch.node_rank
+            )
+            failures.append(
+                RankFailure(rank, local, node, _exit_text(code), message, log_path, tail)
+            )
     return failures
 
 
@@ -256,6 +369,8 @@ class RunResult:
     torchrun_tail: list[str] = field(default_factory=list)
     receiver: ReceiverStats | None = None
     """The embedded OTLP receiver's counts, when this launch hosted one."""
+    started: float = 0.0
+    """When the launch started (``time.time()``): files older than this are an earlier run's."""
 
     @property
     def train_records(self) -> list[dict[str, Any]]:
@@ -268,7 +383,7 @@ class Display(Protocol):
 
     def record(self, record: dict[str, Any]) -> None: ...
 
-    def interrupted(self, signum: int) -> None: ...
+    def interrupted(self, signum: int, forced: bool = False) -> None: ...
 
 
 #: Signals the launcher passes on as the graceful SIGTERM: Ctrl-C, SIGTERM, and SIGUSR1 (SLURM's
@@ -286,21 +401,55 @@ def _ignore_usr1_in_children() -> None:
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (from ``/proc``; empty where there is none): torchrun
+    starts each worker in a session of its own, out of reach of a signal to torchrun's group."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            text = stat.read_text()
+            ppid = int(text[text.rindex(")") + 2 :].split()[1])
+            children.setdefault(ppid, []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def force_kill(pid: int) -> None:
+    """SIGKILL torchrun's process group and every worker's (each in its own session)."""
+    for child in _descendants(pid):
+        for kill in (os.killpg, os.kill):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                kill(child, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
 @contextlib.contextmanager
-def _forwarding(proc: Process, on_signal: Callable[[int], None]) -> Iterator[list[int]]:
+def _forwarding(proc: Process, on_signal: Callable[[int, bool], None]) -> Iterator[list[int]]:
     """While inside, :data:`FORWARDED_SIGNALS` go to torchrun's process group as SIGTERM: torchrun
     passes it to the workers, which finish the iteration, save and flush telemetry. (SIGINT
-    would interrupt a worker mid-step; SIGTERM is the graceful path the trainer implements.)"""
+    would interrupt a worker mid-step; SIGTERM is the graceful path the trainer implements.)
+    A second Ctrl-C forces the stop (SIGKILL to torchrun and every worker): a worker that ignores
+    SIGTERM would otherwise hold the launcher for torchrun's whole grace period. Only Ctrl-C
+    forces: SLURM's SIGUSR1 then SIGTERM at the time limit must stay graceful."""
     received: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield received
         return
 
     def handler(signum: int, _frame: Any) -> None:
+        forced = signum == signal.SIGINT and signal.SIGINT in received
         received.append(signum)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        on_signal(signum)
+        if forced:
+            force_kill(proc.pid)
+        else:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        on_signal(signum, forced)
 
     previous = {s: signal.signal(s, handler) for s in FORWARDED_SIGNALS}
     try:
@@ -322,6 +471,22 @@ def execute(
     ``started`` is called right after torchrun is spawned and returns the display to report
     to: whatever it prints (the summary) overlaps the workers' start-up instead of delaying it.
     """
+    # The lock first: a second launch on a busy directory stops here, before writing anything.
+    lock = lock_run_dir(plan)
+    try:
+        return _execute_locked(plan, started, show_secrets=show_secrets, spawn_fn=spawn_fn)
+    finally:
+        os.close(lock)
+
+
+def _execute_locked(
+    plan: LaunchPlan,
+    started: Callable[[], Display],
+    *,
+    show_secrets: bool,
+    spawn_fn: Callable[..., Process] | None,
+) -> RunResult:
+    """:func:`execute` once the run directory is this launcher's."""
     _ignore_usr1_in_children()
     create_run_dir(plan, show_secrets=show_secrets)
     tail = ProgressTail(plan.progress_file)
@@ -336,16 +501,18 @@ def execute(
     # With the relay it goes upstream through the receiver (spooled like a worker's spans).
     job = jobtrace.start(plan, sinks=jobtrace.relay_sinks(plan, receiver))
     argv, env = job.wrap(plan.argv, child_env)
+    log_path = torchrun_log(plan)
+    log_offset = log_path.stat().st_size if log_path.exists() else 0  # earlier launches' part
     try:
-        with torchrun_log(plan).open("ab") as log, job.guard():
+        with log_path.open("ab") as log, job.guard():
             proc = spawn_fn(argv, env, log)
             job.spawned()
             shown: list[Display] = []  # a signal may arrive before the display exists
 
-            def notify(signum: int) -> None:
+            def notify(signum: int, forced: bool) -> None:
                 job.interrupted(signum)
                 for d in shown:
-                    d.interrupted(signum)
+                    d.interrupted(signum, forced)
 
             with _forwarding(proc, notify) as received:
                 display = started()
@@ -359,9 +526,13 @@ def execute(
                         break
                     job.poll()
                     time.sleep(POLL_S)
-        result = RunResult(code, time.time() - start, records, received[0] if received else None)
+        result = RunResult(
+            code, time.time() - start, records, received[0] if received else None, started=start
+        )
         if code != 0:
-            result.failures = collect_failures(plan, start)
+            result.failures = collect_failures(
+                plan, start, _read_from(log_path, log_offset), result.interrupted
+            )
             result.torchrun_tail = _tail(torchrun_log(plan))
             if result.interrupted is not None and not result.failures:
                 # torchrun reports its own signal as a failure (exit 1) even when every worker

@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import socket
@@ -844,6 +845,18 @@ class Runtime:
                 "pending": queued + inflight,
             }
 
+    def _write_span_counts(self, counts: dict[str, Any]) -> None:
+        """Leave ``counts`` in the run directory for the launcher's end-of-run report (never
+        raises: telemetry must not break a run's end)."""
+        path = envcontract.span_counts_file(self.run_dir, self.rank)
+        with contextlib.suppress(Exception):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(
+                json.dumps({**counts, "rank": self.rank, "spool": str(self.spool_traces.path)})
+            )
+            os.replace(tmp, path)
+
     def _drop(self, reason: str, n: int) -> None:
         """Count ``n`` spans as dropped for ``reason`` (the caller logged why; call locked)."""
         if n:
@@ -1034,6 +1047,7 @@ class Runtime:
                     timeout,
                 )
             counts = self.span_counts()
+            self._write_span_counts(counts)
             if counts["spooled"] or counts["dropped"] or self.spooled_metric_batches:
                 reasons = ", ".join(f"{n} {why}" for why, n in counts["dropped_by"].items())
                 log.warning(

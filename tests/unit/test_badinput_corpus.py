@@ -59,6 +59,10 @@ FILES: dict[str, str | bytes | None] = {
     "fraction_for_int.toml": "[training]\ntrain_iters = 2.5\n",
     "empty.txt": "",
     "no_text_dir": None,  # a directory (no text file in it)
+    # A finished PP=1 run's checkpoint (issue 17 class 2: resumed with another layout).
+    "pp1run/checkpoints/iter_0000010/manifest.json": '{"pipeline_stages": 1, "files": []}',
+    "pp1run/checkpoints/latest_checkpointed_iteration.txt": "10\n",
+    "pp1ckpt/iter_0000010/manifest.json": '{"pipeline_stages": 1, "files": []}',
 }
 
 
@@ -199,6 +203,21 @@ TRAIN: dict[str, Bad] = {
     ),
     "save=empty": train("--save", "", names="--save"),
     "load=empty": train("--load", "", names="--load"),
+    "run-dir=checkpoint-of-another-pipeline-size": train(
+        "--config",
+        "pp2",
+        "--run-dir",
+        "pp1run",
+        "--save-interval",
+        "5",
+        names=("--run-dir", "--pipeline-model-parallel-size 1 (now 2)"),
+    ),
+    "load=checkpoint-of-another-pipeline-size": train(
+        "--config", "pp2", "--load", "pp1ckpt", names=("--load", "pipeline-model-parallel-size 1")
+    ),
+    "save=checkpoint-of-another-pipeline-size": train(
+        "--config", "pp2", "--save", "pp1ckpt", names=("--save", "empty directory")
+    ),
     "data-path=/nonexistent": train(
         "--data-path", "/nonexistent", names=("--data-path", "/nonexistent")
     ),
@@ -401,6 +420,7 @@ def workdir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
             monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)
     for name, content in FILES.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         if content is None:
             (tmp_path / name).mkdir()
         elif isinstance(content, bytes):

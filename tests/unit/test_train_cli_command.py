@@ -478,7 +478,7 @@ def test_ctrl_c_and_sigterm_are_forwarded_as_sigterm_to_torchruns_group(monkeypa
     seen: list[int] = []
     monkeypatch.setattr(lrun.os, "killpg", lambda pgid, sig: sent.append((pgid, sig)))
     proc = FakeProc()
-    with lrun._forwarding(proc, seen.append) as received:
+    with lrun._forwarding(proc, lambda s, _forced: seen.append(s)) as received:
         os.kill(os.getpid(), signum)
     assert sent == [(proc.pid, signal.SIGTERM)] and received == [signum] and seen == [signum]
     assert signal.getsignal(signum) is not None  # the previous handler is back
@@ -501,3 +501,57 @@ def test_a_sampler_argument_without_a_ratio_sampler_is_shown_as_ignored(spawned)
         "--dry-run", env={"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.5"}
     )
     assert "traceidratio (ratio 0.5)" in result.output
+
+
+def test_the_relays_counts_and_the_replay_command_end_the_report(tmp_path):
+    # Issue 17 class 4: "traces: sent to ..." while every span went to the spool.
+    from rich.console import Console
+
+    from mlaunch.launcher import render
+    from mlaunch.launcher.plan import build_plan
+    from mlaunch.receiver.core import ReceiverStats
+
+    plan = build_plan(
+        flags={"launch.run_dir": str(tmp_path / "r"), "telemetry.exporter": "otlp",
+               "telemetry.otel.base_endpoint": "http://collector:4318",
+               "telemetry.otel.base_protocol": "http/protobuf"},
+        environ={"PATH": os.environ.get("PATH", "")}, cwd=tmp_path,
+    )  # fmt: skip
+    stats = ReceiverStats(mode="relay")
+    stats.signals["traces"].received_items = 120
+    stats.signals["traces"].forwarded_items = 20
+    stats.signals["traces"].spooled_items = 100
+    result = lrun.RunResult(0, 1.0, [], receiver=stats)
+    console = Console(record=True, width=300)
+    render.print_result(console, plan, result)
+    text = console.export_text()
+    assert (
+        "traces:  120 spans: 20 delivered to http://collector:4318/v1/traces, 100 spooled" in text
+    )
+    assert (
+        f"send them: mlaunch trace replay {plan.run_dir} --endpoint http://collector:4318"
+        " --protocol http/protobuf" in text
+    )
+
+
+def test_a_ratio_sampler_says_its_unit_is_a_train_block_and_warns_on_too_few(spawned):
+    # Issue 17 class 4: a 20-iteration run at ratio 0.5 kept 0 or 100 % of its spans.
+    env = {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.5"}
+    text = " ".join(
+        invoke("--dry-run", "--train-iters", "20", env=env).output.replace("│", " ").split()
+    )
+    assert (
+        "sampling unit a whole megatron.train block (20 iterations; all its spans kept or" in text
+    )
+    assert "this run has 1" in text
+    assert "ratio 0.5 over 1 block(s) keeps all or none of each" in text
+    assert "--otel-trace-segment-iters <= 2" in text
+    text = " ".join(
+        invoke("--dry-run", "--train-iters", "20", "--otel-trace-segment-iters", "2", env=env)
+        .output.replace("│", " ")
+        .split()
+    )
+    assert "(2 iterations; all its spans" in text and "this run has 10" in text
+    assert "keeps all or none" not in text
+    # No ratio sampler, no unit row.
+    assert "sampling unit" not in invoke("--dry-run").output

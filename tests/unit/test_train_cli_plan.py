@@ -255,3 +255,36 @@ def test_launcher_modules_never_import_torch():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_megatron_arguments_go_only_to_a_megatron_lm_entry_point(tmp_path):
+    # Issue 17 class 4: unset = on for pretrain_*.py / a megatron/ checkout / megatron.* modules.
+    (tmp_path / "pretrain_gpt.py").write_text("")
+    (tmp_path / "train.py").write_text("")
+    (tmp_path / "lm").mkdir()
+    (tmp_path / "lm" / "megatron").mkdir()
+    (tmp_path / "lm" / "run.py").write_text("")
+    cases = [
+        ({"launch.script": str(tmp_path / "pretrain_gpt.py")}, True, "entry point pretrain_gpt.py"),
+        ({"launch.script": str(tmp_path / "lm/run.py")}, True, "megatron/ package"),
+        ({"launch.module": "megatron.training"}, True, "module megatron.training"),
+        ({"launch.script": str(tmp_path / "train.py")}, False, "not a Megatron-LM entry point"),
+        ({"launch.module": "mypkg.train"}, False, "not a Megatron-LM entry point"),
+        (
+            {"launch.script": str(tmp_path / "train.py"), "launch.megatron_args": True},
+            True,
+            "--megatron-args",
+        ),
+        (
+            {"launch.script": str(tmp_path / "pretrain_gpt.py"), "launch.megatron_args": False},
+            False,
+            "= false",
+        ),
+    ]
+    for flags, on, why in cases:
+        plan = build(flags, cwd=tmp_path)
+        assert plan.settings.launch.megatron_args is on, flags
+        assert why in plan.megatron_args_reason, (flags, plan.megatron_args_reason)
+        assert ("--num-layers" in plan.argv) is on
+    megatron = build({"launch.script": str(tmp_path / "train.py")}, config="megatron", cwd=tmp_path)
+    assert megatron.settings.launch.megatron_args is True
