@@ -65,15 +65,17 @@ def check_output(
     symlink's target for a symlink). Raises :class:`OutputError` for a refused target."""
     path = Path(path)
     try:
-        target = Path(os.path.realpath(path))
-        st = os.stat(target) if os.path.lexists(target) else None
+        st = os.stat(path)  # follows symlinks: /dev/stdout is a link to the process's fd
+    except FileNotFoundError:
+        st = None
     except OSError as e:  # e.g. a name too long for the file system
         raise OutputError(flag, path, f"cannot write: {e.strerror}", "choose a writable output "
                           "path") from None  # fmt: skip
     if st is not None and stat.S_ISDIR(st.st_mode):
         raise OutputError(flag, path, "is a directory", "pass a file name, e.g. -o trace.json")
     if st is not None and not stat.S_ISREG(st.st_mode):
-        return target  # a device or FIFO: written through in place
+        return path  # a device, FIFO or terminal: written through in place, never replaced
+    target = Path(os.path.realpath(path))  # a symlink's (maybe missing) target
     for p in inputs:
         with contextlib.suppress(OSError):
             if Path(os.path.realpath(p)) == target:
