@@ -151,44 +151,47 @@ def span_problem(s: Any) -> str | None:
     """Why ``s`` is not a usable span (``None`` when it is), normalising it in place so that every
     consumer sees the same span: the two times become ints, and an end before the start (a wall
     clock stepped back) becomes the start, an instant span. Only cheap type checks run on the hot
-    path; attribute values are decoded leniently by :func:`attributes` later."""
+    path (unrolled: this runs once per span); attribute values are decoded leniently by
+    :func:`attributes` later."""
     if type(s) is not dict:
         return "a span that is not an object"
-    name = s.get("name")
+    get = s.get
+    name = get("name")
     if type(name) is not str:
         return "a span without a 'name'" if name is None else "a span whose 'name' is not a string"
+    start, end = get(_START), get(_END)
     try:
-        start, end = s[_START], s[_END]
         if type(start) is not int:
-            if type(start) is bool:
+            if type(start) is bool or start is None:
                 raise TypeError
             start = s[_START] = int(start)
         if type(end) is not int:
-            if type(end) is bool:
+            if type(end) is bool or end is None:
                 raise TypeError
             end = s[_END] = int(end)
-    except KeyError as e:
-        return f"span {name!r} has no {e.args[0]!r}"
     except (TypeError, ValueError, OverflowError):
-        return f"span {name!r}: its start or end time is not an integer (nanoseconds)"
+        return f"span {name!r}: a start or end time that is missing or not an integer (ns)"
     if end < start:
         s[_END] = start
-    for key in ("attributes", "events", "links"):
-        v = s.get(key)
-        if v is not None and type(v) is not list:
-            return f"span {name!r}: {key!r} is not a list"
+    attrs, events, links = get("attributes"), get("events"), get("links")
+    if (
+        (attrs is not None and type(attrs) is not list)
+        or (events is not None and type(events) is not list)
+        or (links is not None and type(links) is not list)
+    ):
+        for key, v in (("attributes", attrs), ("events", events), ("links", links)):
+            if v is not None and type(v) is not list:
+                return f"span {name!r}: {key!r} is not a list"
     for key in ("spanId", "parentSpanId", "traceId"):
-        v = s.get(key)
+        v = get(key)
         if v is not None and type(v) is not str:
             return f"span {name!r}: {key!r} is not a string"
-    events = s.get("events")
     if events:
         for ev in events:
             try:
                 ev["timeUnixNano"] = int(ev["timeUnixNano"])
             except (KeyError, TypeError, ValueError, OverflowError):
                 return f"span {name!r}: an event without an integer 'timeUnixNano'"
-    links = s.get("links")
     if links and any(type(lk) is not dict for lk in links):
         return f"span {name!r}: a link that is not an object"
     return None
