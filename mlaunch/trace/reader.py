@@ -160,17 +160,20 @@ def span_problem(s: Any) -> str | None:
     if type(name) is not str:
         return "a span without a 'name'" if name is None else "a span whose 'name' is not a string"
     start, end = get(_START), get(_END)
+    key = _START
     try:
         if type(start) is not int:
             if type(start) is bool or start is None:
                 raise TypeError
             start = s[_START] = int(start)
+        key = _END
         if type(end) is not int:
             if type(end) is bool or end is None:
                 raise TypeError
             end = s[_END] = int(end)
     except (TypeError, ValueError, OverflowError):
-        return f"span {name!r}: a start or end time that is missing or not an integer (ns)"
+        what = "no" if get(key) is None else "a non-integer"
+        return f"span {name!r} has {what} {key!r}"
     if end < start:
         s[_END] = start
     attrs, events, links = get("attributes"), get("events"), get("links")

@@ -81,16 +81,21 @@ def test_export_to_a_fifo_writes_through_it_and_keeps_it_a_fifo(
     assert not list(tmp_path.glob(".pipe*"))
 
 
-def test_export_to_dev_stdout_is_written_in_place(run_dir: Path, tmp_path: Path) -> None:
+def test_export_to_stdout_through_a_link_is_written_in_place(run_dir: Path, tmp_path: Path) -> None:
+    # A link of our own to the process's stdout, like /dev/stdout: code that renames over its
+    # target (what this test guards against) must never be pointed at the real /dev/stdout,
+    # since as root it would replace the machine's /dev/stdout with a regular file.
+    link = tmp_path / "stdout"
+    link.symlink_to("/proc/self/fd/1")
     proc = subprocess.run(
-        [sys.executable, "-m", "mlaunch", "trace", "export", str(run_dir), "-o", "/dev/stdout"],
+        [sys.executable, "-m", "mlaunch", "trace", "export", str(run_dir), "-o", str(link)],
         capture_output=True, cwd=tmp_path, timeout=60,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     doc = proc.stdout.decode().split("\nwrote ")[0]
     assert json.loads(doc)["traceEvents"]
-    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    assert link.is_symlink() and os.readlink(link) == "/proc/self/fd/1"
 
 
 def test_a_symlink_stays_a_link_and_its_target_is_written(run_dir: Path, tmp_path: Path) -> None:
