@@ -65,6 +65,23 @@ def _chrome_error(path: Path) -> TraceInputError:
     )  # fmt: skip
 
 
+#: Where an ExportTraceServiceRequest line starts (what every writer of these files writes first).
+_REQUEST_START = b'{"resourceSpans"'
+
+
+def _after_torn_prefix(raw: bytes) -> dict[str, Any] | None:
+    """The request that follows a torn head on one line (``<torn bytes>{"resourceSpans":...}``),
+    or ``None`` when there is no such complete request."""
+    i = raw.find(_REQUEST_START, 1)
+    if i < 0:
+        return None
+    try:
+        req = loads_line(raw[i:])
+    except ValueError:
+        return None
+    return req if isinstance(req, dict) else None
+
+
 class TraceInputError(Exception):
     """Input that is not a readable trace: names the file, the line (when known) and the fix."""
 
@@ -407,13 +424,19 @@ class TraceReader:
                 try:
                     req = loads(raw)
                 except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
-                    if torn:
+                    req = None if torn else _after_torn_prefix(raw)
+                    if req is not None:
+                        # A writer that crashed mid-line, then one that appended (a restart):
+                        # the torn head is skipped like a torn last line, the request kept.
                         self.stats.torn_lines.append((tf.path, self.line_no))
+                    elif torn:
+                        self.stats.torn_lines.append((tf.path, self.line_no))
+                        continue
                     elif self.line_no == 1 and _CHROME_MARK in raw[:4096]:
                         raise _chrome_error(tf.path) from None
                     else:
                         self._bad_line(f"not valid JSON ({e})")
-                    continue
+                        continue
                 if not isinstance(req, dict):
                     if torn:
                         self.stats.torn_lines.append((tf.path, self.line_no))

@@ -223,6 +223,19 @@ def test_a_torn_last_line_is_skipped_with_a_warning_by_every_command(
     assert "torn last line" in r.output
 
 
+def test_a_torn_line_glued_to_a_restarted_writers_line_keeps_the_restart(run_dir: Path) -> None:
+    f = run_dir / "telemetry" / "traces-rank0.jsonl"
+    lines = f.read_text().splitlines()
+    # the crash tore line 1's copy; the restart appended its own line (append mode) right after
+    f.write_text("\n".join([*lines[:-1], lines[0][:57] + lines[-1]]) + "\n")
+    r = _invoke("summary", run_dir, "--json")
+    assert r.exit_code == 0, r.output
+    assert f"skipped 1 torn last line(s) (a crashed or still-running writer): {f}:{len(lines)}" in (
+        r.output
+    )
+    assert json.loads(r.stdout)["read"]["spans"] == 21  # every span, the restart's included
+
+
 def test_other_malformed_lines_still_need_skip_invalid(run_dir: Path) -> None:
     f = run_dir / "telemetry" / "traces-rank1.jsonl"
     lines = f.read_text().splitlines()
