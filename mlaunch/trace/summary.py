@@ -198,6 +198,8 @@ class SummaryAggregator:
                 "files": read.files, "lines": read.lines, "spans": read.spans,
                 "duplicate_spans_dropped": read.duplicate_spans,
                 "skipped_lines": [f"{p}:{n}: {why}" for p, n, why in read.skipped_lines],
+                "skipped_spans": [f"{p}:{n}: {why}" for p, n, why in read.skipped_spans],
+                "torn_lines": [f"{p}:{n}" for p, n in read.torn_lines],
             }  # fmt: skip
         return Summary(
             spans=stats, ranks=ranks, skew=skew,
