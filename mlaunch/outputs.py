@@ -23,13 +23,14 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
 #: What the first bytes of ``mlaunch trace export``'s and ``mlaunch trace report``'s files hold:
 #: an existing file inside a run directory whose head contains one of these is an earlier output,
-#: which may be replaced. Pinned against the writers by tests/trace/test_outputs.py.
+#: which may be replaced. Pinned against the writers by tests/trace/test_trace_hostile.py
+#: (test_a_file_of_the_run_directory_is_refused_but_earlier_outputs_are_replaced).
 OWN_OUTPUT_MARKERS: tuple[bytes, ...] = (
     b'{"displayTimeUnit":"ms","otherData":{"generator":"mlaunch trace export"',
     b'<meta name="generator" content="mlaunch trace report">',
@@ -117,9 +118,3 @@ def open_output(
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-
-
-def write_output(path: Path, write: Callable[[IO[str]], object], **kw: str) -> None:
-    """``write(f)`` into :func:`open_output`'s file."""
-    with open_output(path, **kw) as f:
-        write(f)
