@@ -13,11 +13,18 @@ import json
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import typer
 
 from mlaunch.cli.errors import PlainErrorsCommand, PlainErrorsGroup
+from mlaunch.cli.trace_common import (
+    OUTPUT_RULE_HELP,
+    SKIP_HELP,
+    check_output_or_exit,
+    fail,
+    warn_skipped,
+)
 from mlaunch.model.strategies import format_ranks
 
 app = typer.Typer(
@@ -29,7 +36,6 @@ app = typer.Typer(
 )
 
 _PATH_HELP = "A run directory (runs/<run_id>) or an OTLP-JSON traces file."
-_SKIP_HELP = "Skip malformed lines (e.g. a crashed writer's last line) instead of failing."
 
 
 class ExportFormat(StrEnum):
@@ -38,10 +44,7 @@ class ExportFormat(StrEnum):
     chrome = "chrome"
 
 
-def _fail(message: str) -> NoReturn:
-    # Plain echo, not Rich: Rich would wrap a long path across lines and break copy-paste.
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
+_fail = fail
 
 
 def _open(path: Path, skip_invalid: bool) -> Any:
@@ -61,13 +64,6 @@ def _open(path: Path, skip_invalid: bool) -> Any:
         )
 
 
-def _warn_skipped(stats: Any) -> None:
-    for path, line, why in stats.skipped_lines[:5]:
-        typer.echo(f"warning: skipped {path}:{line}: {why}", err=True)
-    if len(stats.skipped_lines) > 5:
-        typer.echo(f"warning: ... {len(stats.skipped_lines) - 5} more skipped lines", err=True)
-
-
 def _show(
     path: Path,
     skip_invalid: bool,
@@ -84,7 +80,7 @@ def _show(
         result = compute(reader)
     except TraceInputError as e:
         _fail(e.render())
-    _warn_skipped(reader.stats)
+    warn_skipped(reader.stats)
     if as_json:
         typer.echo(json.dumps(result.to_json(), indent=2))
     else:
@@ -119,7 +115,7 @@ def summary_cmd(
         help="Flag a rank whose median step exceeds the median of all ranks' medians by more "
         "than this fraction.",
     ),  # fmt: skip
-    skip_invalid: bool = typer.Option(False, "--skip-invalid", help=_SKIP_HELP),
+    skip_invalid: bool = typer.Option(False, "--skip-invalid", help=SKIP_HELP),
 ) -> None:
     """Per span name: count, total, mean, p50/p95/max and share of step time; stragglers.
 
@@ -213,9 +209,9 @@ def export_cmd(
     path: Path = typer.Argument(..., help=_PATH_HELP, show_default=False),
     fmt: ExportFormat = typer.Option(ExportFormat.chrome, "--format", "-f", help="Output format."),
     output: Path = typer.Option(
-        ..., "--output", "-o", help="The file to write.", show_default=False
+        ..., "--output", "-o", help="The file to write. " + OUTPUT_RULE_HELP, show_default=False
     ),
-    skip_invalid: bool = typer.Option(False, "--skip-invalid", help=_SKIP_HELP),
+    skip_invalid: bool = typer.Option(False, "--skip-invalid", help=SKIP_HELP),
 ) -> None:
     """Write Chrome trace-event JSON that Perfetto (ui.perfetto.dev) and chrome://tracing open.
 
@@ -224,23 +220,23 @@ def export_cmd(
     attributes are args, span events are instant events, links are flow arrows. Times are
     microseconds from the earliest span.
     """
+    from mlaunch.outputs import OutputError, check_output
     from mlaunch.trace.chrome import export_chrome
     from mlaunch.trace.reader import TraceInputError
 
-    try:
-        output_is_dir = output.is_dir()
-    except OSError as e:  # e.g. a name too long: the write would fail the same way
-        _fail(f"{output}: cannot write: {e.strerror}\n  fix: choose a writable output path")
-    if output_is_dir:
-        _fail(f"{output}: is a directory\n  fix: pass a file name, e.g. -o trace.json")
+    try:  # the checks that need no input first: a bad -o is reported before any reading
+        check_output(output)
+    except OutputError as e:
+        _fail(str(e))
     reader = _open(path, skip_invalid)
+    target = check_output_or_exit(output, path, reader.files)
     try:
-        stats = export_chrome(reader, output)
+        stats = export_chrome(reader, target)
     except TraceInputError as e:
         _fail(e.render())
     except OSError as e:
-        _fail(f"{output}: cannot write: {e.strerror}\n  fix: choose a writable output path")
-    _warn_skipped(reader.stats)
+        _fail(f"--output {output}: cannot write: {e.strerror}; fix: choose a writable output path")
+    warn_skipped(reader.stats)
     unresolved = (
         f", {stats.unresolved_links} links to unexported spans" if stats.unresolved_links else ""
     )
@@ -254,7 +250,7 @@ def export_cmd(
 def goodput_cmd(
     path: Path = typer.Argument(..., help=_PATH_HELP, show_default=False),
     as_json: bool = typer.Option(False, "--json", help="Print JSON for machines."),
-    skip_invalid: bool = typer.Option(False, "--skip-invalid", help=_SKIP_HELP),
+    skip_invalid: bool = typer.Option(False, "--skip-invalid", help=SKIP_HELP),
 ) -> None:
     """Productive training time over wall time, per rank and overall, and where the rest went.
 

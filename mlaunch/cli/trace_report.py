@@ -14,6 +14,7 @@ from typing import NoReturn
 import typer
 
 from mlaunch.cli.errors import PlainErrorsCommand
+from mlaunch.cli.trace_common import OUTPUT_RULE_HELP, SKIP_HELP
 
 _HELP_ITERATIONS = (
     "The timeline's window of iterations, A:B inclusive (or one iteration A). Default: the "
@@ -35,14 +36,14 @@ def report_cmd(
     ),
     output: Path | None = typer.Option(
         None, "--output", "-o", show_default=False,
-        help="The HTML file to write. Default: RUN_DIR/report.html.",
+        help="The HTML file to write. Default: RUN_DIR/report.html. " + OUTPUT_RULE_HELP,
     ),
     iterations: str | None = typer.Option(
         None, "--iterations", metavar="A:B", help=_HELP_ITERATIONS, show_default=False
     ),
     skip_invalid: bool = typer.Option(
         False, "--skip-invalid",
-        help="Skip malformed lines (e.g. a crashed writer's last line) instead of failing.",
+        help=SKIP_HELP,
     ),
 ) -> None:  # fmt: skip
     """Write one self-contained HTML report of a run; it opens offline, from disk.
@@ -54,7 +55,9 @@ def report_cmd(
     progress.jsonl (loss, eval loss, learning rate, grad norm, tokens/s, step time); and the
     goodput split. plotly.js is embedded once, so the file is about 5 MB whatever the run.
     """
-    from mlaunch.trace.reader import TraceInputError
+    from mlaunch.cli.trace_common import check_output_or_exit
+    from mlaunch.outputs import OutputError, check_output
+    from mlaunch.trace.reader import TraceInputError, discover
     from mlaunch.trace.report import default_output, parse_iterations, render_report
 
     window = None
@@ -64,19 +67,25 @@ def report_cmd(
         except ValueError as e:
             _fail(f"--iterations {e}\n  fix: pass --iterations A:B, e.g. --iterations 10:20")
     out = output if output is not None else default_output(path)
-    if out.is_dir():
-        _fail(f"{out}: is a directory\n  fix: pass a file name, e.g. -o report.html")
+    try:  # the checks that need no input first: a bad -o is reported before any reading
+        check_output(out)
+        files = discover(path)
+    except OutputError as e:
+        _fail(str(e))
+    except TraceInputError as e:
+        _fail(e.render())
+    target = check_output_or_exit(out, path, files)
     try:
         result = render_report(path, window, skip_invalid=skip_invalid)
-        result.write(out)
+        result.write(target)
     except TraceInputError as e:
         _fail(e.render())
     except OSError as e:
-        _fail(f"{out}: cannot write: {e.strerror}\n  fix: choose a writable output path with -o")
+        _fail(f"--output {out}: cannot write: {e.strerror}; fix: choose a writable output path")
     shown = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in result.window) or "all"
     links = f", {result.links} links" if result.links else ""
     typer.echo(
-        f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB): timeline iterations {shown}, "
+        f"wrote {out} ({len(result.html.encode()) / 1e6:.1f} MB): timeline iterations {shown}, "
         f"{result.timeline_spans:,} spans on {result.lanes} lane(s){links}"
     )
     for note in result.notes:

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from mlaunch.model.spans import ResourceAttr, span_def
-from mlaunch.trace.reader import Resource, TraceInputError, TraceReader, attributes, is_error
+from mlaunch.outputs import open_output
+from mlaunch.trace.reader import Resource, TraceReader, attributes, is_error
 from mlaunch.trace.summary import no_spans_error
 
 #: Span attributes that name the OS thread (OpenTelemetry semantic conventions).
@@ -50,7 +51,10 @@ def _sid(hex_id: str | None) -> int:
     """A 64-bit span id as a signed int64 (fits ``array('q')``); 0 for none."""
     if not hex_id:
         return 0
-    v = int(hex_id, 16)
+    try:
+        v = int(hex_id, 16) & ((1 << 64) - 1)
+    except ValueError:  # not hex: any stable number keeps links and nesting consistent
+        v = int.from_bytes(hex_id.encode()[-8:].rjust(8, b"\0"), "big")
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
@@ -58,7 +62,7 @@ def _thread_key(span: dict[str, Any]) -> tuple[Any, Any]:
     """(thread id, thread name) from the span's attributes, without decoding all of them."""
     tid = tname = None
     for kv in span.get("attributes") or ():
-        k = kv.get("key")
+        k = kv.get("key") if isinstance(kv, dict) else None
         if k in (THREAD_ID_ATTR, THREAD_NAME_ATTR):
             v = attributes([kv])[k]
             if k == THREAD_ID_ATTR:
@@ -309,8 +313,10 @@ class ChromeExporter:
 
 def export_chrome(reader: TraceReader, out_path: Path) -> ChromeStats:
     """Write Chrome trace-event JSON for everything ``reader`` reads to ``out_path`` (two passes
-    over its files). Raises ``TraceInputError`` for a malformed span (naming its file and line)
-    or a trace without spans."""
+    over its files; the second reads exactly the bytes the first did, so a run still writing can
+    be exported). ``out_path`` is written by the rule of :mod:`mlaunch.outputs` (checked by the
+    caller). Raises ``TraceInputError`` for a malformed span (naming its file and line) or a
+    trace without spans; ``OSError`` when the output cannot be written."""
     ex = ChromeExporter()
     for res, spans, _ in reader:
         try:
@@ -320,15 +326,11 @@ def export_chrome(reader: TraceReader, out_path: Path) -> ChromeStats:
     if ex.t0 is None:
         raise no_spans_error(reader)
     stats = ex.layout()
-    again = TraceReader(reader.files, skip_invalid=reader.skip_invalid)
-    tmp = out_path.with_name(out_path.name + ".tmp")
+    again = reader.reread()
     try:
-        with open(tmp, "w") as f:
+        # never leave a half-written trace that looks complete: open_output renames into place
+        with open_output(out_path) as f:
             ex.write(again, f, stats)
-        tmp.replace(out_path)  # never leave a half-written trace that looks complete
-    except (TraceInputError, KeyError, ValueError, TypeError, AttributeError) as e:
-        tmp.unlink(missing_ok=True)
-        if isinstance(e, TraceInputError):
-            raise
+    except (KeyError, ValueError, TypeError, AttributeError) as e:
         raise again.error_here(f"malformed span ({type(e).__name__}: {e})") from None
     return stats

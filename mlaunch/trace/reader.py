@@ -10,7 +10,9 @@ skipped. Standalone on purpose: it does not import the telemetry runtime (or the
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +52,36 @@ def loads_line(raw: bytes) -> Any:
         return json.loads(raw)
 
 
+#: What a Chrome trace-event file (``mlaunch trace export``'s output) holds near its start.
+_CHROME_MARK = b'"traceEvents"'
+
+
+def _chrome_error(path: Path) -> TraceInputError:
+    return TraceInputError(
+        "is a Chrome trace-event JSON file (what `mlaunch trace export` writes), not OTLP/JSON "
+        "trace lines", path=path,
+        fix="pass the run directory or the traces-rank<R>.jsonl it was exported from; open "
+        "this file in ui.perfetto.dev or chrome://tracing",
+    )  # fmt: skip
+
+
+#: Where an ExportTraceServiceRequest line starts (what every writer of these files writes first).
+_REQUEST_START = b'{"resourceSpans"'
+
+
+def _after_torn_prefix(raw: bytes) -> dict[str, Any] | None:
+    """The request that follows a torn head on one line (``<torn bytes>{"resourceSpans":...}``),
+    or ``None`` when there is no such complete request."""
+    i = raw.find(_REQUEST_START, 1)
+    if i < 0:
+        return None
+    try:
+        req = loads_line(raw[i:])
+    except ValueError:
+        return None
+    return req if isinstance(req, dict) else None
+
+
 class TraceInputError(Exception):
     """Input that is not a readable trace: names the file, the line (when known) and the fix."""
 
@@ -70,43 +102,119 @@ class TraceInputError(Exception):
         return f"{text}\n  fix: {self.fix}" if self.fix else text
 
 
-def any_value(v: dict[str, Any]) -> Any:
-    """Decode an OTLP/JSON ``AnyValue`` into a plain Python value."""
+def any_value(v: Any) -> Any:
+    """Decode an OTLP/JSON ``AnyValue`` into a plain Python value. Never raises: a malformed
+    value (not an object, an ``intValue`` that is no integer) decodes to ``None`` or its raw
+    form, so one bad attribute cannot make a reader fail with a traceback."""
+    if not isinstance(v, dict):
+        return None
     if "stringValue" in v:
         return v["stringValue"]
     if "intValue" in v:
-        return int(v["intValue"])
+        try:
+            return int(v["intValue"])
+        except (TypeError, ValueError):
+            return v["intValue"]
     if "doubleValue" in v:
-        return float(v["doubleValue"])
+        try:
+            return float(v["doubleValue"])
+        except (TypeError, ValueError):
+            return v["doubleValue"]
     if "boolValue" in v:
         return bool(v["boolValue"])
     if "arrayValue" in v:
-        return [any_value(x) for x in v["arrayValue"].get("values", [])]
+        arr = v["arrayValue"]
+        vals = arr.get("values") if isinstance(arr, dict) else None
+        return [any_value(x) for x in vals] if isinstance(vals, list) else []
     if "kvlistValue" in v:
-        return attributes(v["kvlistValue"].get("values", []))
+        kvl = v["kvlistValue"]
+        return attributes(kvl.get("values") if isinstance(kvl, dict) else None)
     if "bytesValue" in v:
         return v["bytesValue"]  # base64, kept as text: good enough to display
     return None
 
 
-def attributes(kvs: Sequence[dict[str, Any]] | None) -> dict[str, Any]:
-    """Decode an OTLP/JSON ``KeyValue`` list into a dict."""
-    return {kv["key"]: any_value(kv.get("value") or {}) for kv in kvs or ()}
+def attributes(kvs: Any) -> dict[str, Any]:
+    """Decode an OTLP/JSON ``KeyValue`` list into a dict. Entries that are not ``{"key": str,
+    ...}`` are dropped (the reader already refused spans whose attributes are not a list)."""
+    if not isinstance(kvs, list):
+        return {}
+    out: dict[str, Any] = {}
+    for kv in kvs:
+        if isinstance(kv, dict) and isinstance(key := kv.get("key"), str):
+            out[key] = any_value(kv.get("value"))
+    return out
 
 
 def is_error(span: dict[str, Any]) -> bool:
     """Whether the span's status is ERROR (code 2, or the enum name some encoders write)."""
     st = span.get("status")
-    return bool(st) and st.get("code") in (2, "STATUS_CODE_ERROR", "2")
+    return isinstance(st, dict) and st.get("code") in (2, "STATUS_CODE_ERROR", "2")
 
 
 def is_truncated(span: dict[str, Any]) -> bool:
     """Whether the span was open at shutdown: ``nemo.span.truncated=true`` (nemo-lens and
     mlaunch) or ``mlaunch.span.truncated=true`` (older mlaunch traces)."""
     for kv in span.get("attributes") or ():
-        if kv.get("key") in TRUNCATED_ATTRS and any_value(kv.get("value") or {}):
+        if isinstance(kv, dict) and kv.get("key") in TRUNCATED_ATTRS and any_value(kv.get("value")):
             return True
     return False
+
+
+_START, _END = "startTimeUnixNano", "endTimeUnixNano"
+
+
+def span_problem(s: Any) -> str | None:
+    """Why ``s`` is not a usable span (``None`` when it is), normalising it in place so that every
+    consumer sees the same span: the two times become ints, and an end before the start (a wall
+    clock stepped back) becomes the start, an instant span. Only cheap type checks run on the hot
+    path (unrolled: this runs once per span); attribute values are decoded leniently by
+    :func:`attributes` later."""
+    if type(s) is not dict:
+        return "a span that is not an object"
+    get = s.get
+    name = get("name")
+    if type(name) is not str:
+        return "a span without a 'name'" if name is None else "a span whose 'name' is not a string"
+    start, end = get(_START), get(_END)
+    key = _START
+    try:
+        if type(start) is not int:
+            if type(start) is bool or start is None:
+                raise TypeError
+            start = s[_START] = int(start)
+        key = _END
+        if type(end) is not int:
+            if type(end) is bool or end is None:
+                raise TypeError
+            end = s[_END] = int(end)
+    except (TypeError, ValueError, OverflowError):
+        what = "no" if get(key) is None else "a non-integer"
+        return f"span {name!r} has {what} {key!r}"
+    if end < start:
+        s[_END] = start
+    attrs, events, links = get("attributes"), get("events"), get("links")
+    if (
+        (attrs is not None and type(attrs) is not list)
+        or (events is not None and type(events) is not list)
+        or (links is not None and type(links) is not list)
+    ):
+        for key, v in (("attributes", attrs), ("events", events), ("links", links)):
+            if v is not None and type(v) is not list:
+                return f"span {name!r}: {key!r} is not a list"
+    for key in ("spanId", "parentSpanId", "traceId"):
+        v = get(key)
+        if v is not None and type(v) is not str:
+            return f"span {name!r}: {key!r} is not a string"
+    if events:
+        for ev in events:
+            try:
+                ev["timeUnixNano"] = int(ev["timeUnixNano"])
+            except (KeyError, TypeError, ValueError, OverflowError):
+                return f"span {name!r}: an event without an integer 'timeUnixNano'"
+    if links and any(type(lk) is not dict for lk in links):
+        return f"span {name!r}: a link that is not an object"
+    return None
 
 
 @dataclass(slots=True)
@@ -138,6 +246,10 @@ class ReadStats:
     lines: int = 0
     spans: int = 0
     skipped_lines: list[tuple[Path, int, str]] = field(default_factory=list)
+    #: Malformed spans dropped under ``--skip-invalid`` (file, line, why).
+    skipped_spans: list[tuple[Path, int, str]] = field(default_factory=list)
+    #: Torn last lines (a crashed or still-running writer), always skipped: (file, line).
+    torn_lines: list[tuple[Path, int]] = field(default_factory=list)
     duplicate_spans: int = 0
     metric_lines: int = 0
 
@@ -200,9 +312,17 @@ class TraceReader:
     failing on a malformed span can raise :meth:`error_here`.
     """
 
-    def __init__(self, files: Sequence[TraceFile], *, skip_invalid: bool = False) -> None:
+    def __init__(
+        self,
+        files: Sequence[TraceFile],
+        *,
+        skip_invalid: bool = False,
+        limits: dict[Path, int] | None = None,
+    ) -> None:
         self.files = list(files)
         self.skip_invalid = skip_invalid
+        #: Bytes of each file read (its size when first opened); a second pass reuses them.
+        self.limits: dict[Path, int] = dict(limits or {})
         self.stats = ReadStats()
         self.path: Path | None = None
         self.line_no = 0
@@ -212,6 +332,11 @@ class TraceReader:
     def open(cls, path: str | Path, *, skip_invalid: bool = False) -> TraceReader:
         """A reader over everything :func:`discover` finds at ``path``."""
         return cls(discover(Path(path)), skip_invalid=skip_invalid)
+
+    def reread(self) -> TraceReader:
+        """A fresh reader over the same files and exactly the bytes this one read (for a
+        second pass over a trace that may still be growing)."""
+        return TraceReader(self.files, skip_invalid=self.skip_invalid, limits=self.limits)
 
     def error_here(self, message: str, fix: str = "") -> TraceInputError:
         """An error pointing at the line being read."""
@@ -248,44 +373,90 @@ class TraceReader:
                 yield res, spans, flagged
         self.path, self.line_no = None, 0
 
+    def _open(self, path: Path) -> Any:
+        """Open a trace file for reading without ever blocking: a FIFO or device where a trace
+        file is expected is refused (opening a FIFO for reading would wait for a writer)."""
+        fix = "pass a run directory (runs/<run_id>) or a regular OTLP-JSON traces file"
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        except IsADirectoryError:
+            raise TraceInputError("is a directory, not a trace file", path=path, fix=fix) from None
+        except OSError as e:
+            raise TraceInputError(f"cannot read: {e.strerror}", path=path,
+                                  fix="check the path and its permissions") from None  # fmt: skip
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise TraceInputError(f"is {kind}, not a trace file", path=path, fix=fix)
+        os.set_blocking(fd, True)
+        # Bytes: json decodes UTF-8 itself, faster than text mode.
+        return os.fdopen(fd, "rb"), st.st_size
+
+    def _lines(self, f: Any, limit: int) -> Iterator[bytes]:
+        """The file's lines up to ``limit`` bytes: a line cut by the limit comes out cut, the
+        same way every time, so two reads of a growing file see the same lines."""
+        pos = 0
+        for raw in f:
+            if pos + len(raw) > limit:
+                if pos < limit:
+                    yield raw[: limit - pos]
+                return
+            pos += len(raw)
+            yield raw
+            if pos >= limit:
+                return
+
     def _read_file(self, tf: TraceFile) -> Iterator[tuple[Resource, list[dict[str, Any]], bool]]:
         self.path, self.line_no = tf.path, 0
         loads = loads_line
-        try:
-            # Bytes: json decodes UTF-8 itself, faster than text mode. Opened outside `with` so
-            # that only open() errors become "cannot read".
-            f = open(tf.path, "rb")  # noqa: SIM115
-        except OSError as e:
-            raise TraceInputError(f"cannot read: {e.strerror}", path=tf.path,
-                                  fix="check the path and its permissions") from None  # fmt: skip
+        f, size = self._open(tf.path)
+        # Read what the file held when first opened: a run still writing appends behind us, and
+        # a second pass (export, report) reads exactly the bytes the first one did.
+        limit = self.limits.setdefault(tf.path, size)
         with f:
-            for raw in f:
+            for raw in self._lines(f, limit):
                 self.line_no += 1
                 self.stats.lines += 1
                 if not raw.strip():
                     continue
+                torn = not raw.endswith(b"\n")  # only the last line can lack its newline
                 try:
                     req = loads(raw)
                 except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
-                    if not raw.endswith(b"\n"):
-                        self._bad_line(f"truncated last line, the writer stopped mid-line ({e})")
+                    req = None if torn else _after_torn_prefix(raw)
+                    if req is not None:
+                        # A writer that crashed mid-line, then one that appended (a restart):
+                        # the torn head is skipped like a torn last line, the request kept.
+                        self.stats.torn_lines.append((tf.path, self.line_no))
+                    elif torn:
+                        self.stats.torn_lines.append((tf.path, self.line_no))
+                        continue
+                    elif self.line_no == 1 and _CHROME_MARK in raw[:4096]:
+                        raise _chrome_error(tf.path) from None
                     else:
                         self._bad_line(f"not valid JSON ({e})")
-                    continue
+                        continue
                 if not isinstance(req, dict):
-                    self._bad_line("not an OTLP/JSON ExportTraceServiceRequest (not an object)")
+                    if torn:
+                        self.stats.torn_lines.append((tf.path, self.line_no))
+                    else:
+                        self._bad_line("not an OTLP/JSON ExportTraceServiceRequest (not an object)")
                     continue
                 rss = req.get("resourceSpans")
                 if rss is None:
                     if "resourceMetrics" in req or "resourceLogs" in req:
                         self.stats.metric_lines += 1
                         continue
+                    if "traceEvents" in req:
+                        raise _chrome_error(tf.path)
                     self._bad_line(
                         "not an OTLP/JSON ExportTraceServiceRequest (no 'resourceSpans' key)"
                     )
                     continue
                 flagged = TRUNCATED_MARKER in raw
                 try:
+                    batches = []
                     for rs in rss:
                         res = self._resource(rs.get("resource"), tf)
                         for ss in (
@@ -293,9 +464,34 @@ class TraceReader:
                         ):
                             spans = ss.get("spans")
                             if spans:
-                                yield res, spans, flagged
+                                batches.append((res, self._checked(spans)))
+                except TraceInputError:
+                    raise
                 except (AttributeError, TypeError, KeyError, ValueError) as e:
                     self._bad_line(f"malformed OTLP/JSON structure ({type(e).__name__}: {e})")
+                    continue
+                for res, spans in batches:
+                    if spans:
+                        yield res, spans, flagged
+
+    def _checked(self, spans: Any) -> list[dict[str, Any]]:
+        """``spans`` with the malformed ones refused (or, under ``--skip-invalid``, dropped and
+        counted): consumers only ever see spans :func:`span_problem` accepts."""
+        if type(spans) is not list:
+            raise TypeError("'spans' is not a list")
+        bad = None
+        for i, s in enumerate(spans):
+            why = span_problem(s)
+            if why is not None:
+                if not self.skip_invalid:
+                    raise self.error_here(f"malformed span: {why}")
+                assert self.path is not None
+                self.stats.skipped_spans.append((self.path, self.line_no, why))
+                bad = bad or set()
+                bad.add(i)
+        if bad:
+            return [s for i, s in enumerate(spans) if i not in bad]
+        return spans
 
     def _resource(self, resource: dict[str, Any] | None, tf: TraceFile) -> Resource:
         """The batch's resource with its rank: ``dl.rank``; else the file name's ``rank<R>``;

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -42,6 +41,7 @@ from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spans import ALIASES, STEP_SPAN, Attr, ResourceAttr, span_def
 from mlaunch.model.spec import resolve
 from mlaunch.model.strategies import format_ranks
+from mlaunch.outputs import open_output
 from mlaunch.trace.chrome import assign_lanes
 from mlaunch.trace.goodput import GoodputAggregator, GoodputReport
 from mlaunch.trace.reader import Resource, TraceInputError, TraceReader, attributes, is_error
@@ -172,10 +172,13 @@ class _Scan:
             it = a.get(Attr.ITERATION)
             if it is None:
                 continue
-            loss, gn = a.get(Attr.LOSS), a.get(Attr.GRAD_NORM)
+            try:  # an iteration that is no number is no step of the timeline's window
+                it = int(it)
+            except (TypeError, ValueError):
+                continue
             steps.append(
-                _Step(int(it), int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"]),
-                      None if loss is None else float(loss), None if gn is None else float(gn))
+                _Step(it, s["startTimeUnixNano"], s["endTimeUnixNano"],
+                      _float(a.get(Attr.LOSS)), _float(a.get(Attr.GRAD_NORM)))
             )  # fmt: skip
 
     def extent(self, rank: int) -> tuple[int, int]:
@@ -195,6 +198,14 @@ class _WSpan(NamedTuple):
     attrs: dict[str, Any]
     links: list[tuple[str, str]]
     error: bool
+
+
+def _float(v: Any) -> float | None:
+    """An attribute as a float, ``None`` when missing or not a number."""
+    try:
+        return None if v is None else float(v)
+    except (TypeError, ValueError):
+        return None
 
 
 def _segments(
@@ -671,13 +682,8 @@ class ReportResult:
     def write(self, out: Path) -> Path:
         """Write atomically (never a half-written report that looks complete); return ``out``."""
         out = Path(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(self.html, encoding="utf-8")
-            tmp.replace(out)
-        finally:
-            tmp.unlink(missing_ok=True)
+        with open_output(out) as f:  # the rule of mlaunch.outputs (checked by the caller)
+            f.write(self.html)
         return out
 
 
@@ -719,7 +725,7 @@ def render_report(
     present = sorted({s.iteration for st in scan.steps.values() for s in st})
     ranges = choose_iterations(present, iterations)
     segs = _segments(scan, ranges, present)
-    window = _collect_window(TraceReader(reader.files, skip_invalid=skip_invalid), segs)
+    window = _collect_window(reader.reread(), segs)
     t0 = min(scan.extent(r)[0] for r in scan.goodput.ranks)
     focus = None
     if ranges:
@@ -736,6 +742,11 @@ def render_report(
     notes: list[str] = []
     if read_stats.skipped_lines:
         notes.append(f"{len(read_stats.skipped_lines)} unreadable trace line(s) skipped")
+    if read_stats.torn_lines:
+        notes.append(f"{len(read_stats.torn_lines)} torn last line(s) skipped (a crashed or "
+                     "still-running writer)")  # fmt: skip
+    if read_stats.skipped_spans:
+        notes.append(f"{len(read_stats.skipped_spans)} malformed span(s) skipped")
     if bad_progress:
         notes.append(f"{bad_progress} unreadable line(s) of {envcontract.PROGRESS_FILE} skipped")
     if timeline.unresolved_links:

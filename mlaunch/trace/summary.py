@@ -26,7 +26,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mlaunch.model.spans import ALIASES, STEP_SPAN, ResourceAttr
-from mlaunch.trace.reader import ReadStats, Resource, TraceInputError, TraceReader, is_truncated
+from mlaunch.trace.reader import (
+    ReadStats,
+    Resource,
+    TraceInputError,
+    TraceReader,
+    is_error,
+    is_truncated,
+)
 from mlaunch.trace.stats import median, percentile
 
 _NS_PER_MS = 1e6
@@ -152,8 +159,7 @@ class SummaryAggregator:
                 if steps is None:
                     steps = self.step_by_rank[rank] = array("q")
                 steps.append(d)
-            st = s.get("status")
-            if st and st.get("code") in (2, "STATUS_CODE_ERROR", "2"):
+            if is_error(s):
                 self.errors[name] = self.errors.get(name, 0) + 1
             if maybe_truncated and is_truncated(s):
                 self.truncated[name] = self.truncated.get(name, 0) + 1
@@ -192,6 +198,8 @@ class SummaryAggregator:
                 "files": read.files, "lines": read.lines, "spans": read.spans,
                 "duplicate_spans_dropped": read.duplicate_spans,
                 "skipped_lines": [f"{p}:{n}: {why}" for p, n, why in read.skipped_lines],
+                "skipped_spans": [f"{p}:{n}: {why}" for p, n, why in read.skipped_spans],
+                "torn_lines": [f"{p}:{n}" for p, n in read.torn_lines],
             }  # fmt: skip
         return Summary(
             spans=stats, ranks=ranks, skew=skew,

@@ -18,6 +18,7 @@ is ``tests/integration/test_badinput_noprocess.py``.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +33,19 @@ PREFIXES = ("MEGATRON_OTEL_", "NEMO_LENS_", "OTEL_", "SLURM_", "MLAUNCH_", "TORC
 #: Where every ``mlaunch train`` case points ``--run-dir`` unless the case sets its own.
 RUN_DIR = "out"
 
-#: Files each test's working directory holds; cases refer to them by name.
+
+def _trace_line(**span_changes: object) -> str:
+    """One OTLP/JSON traces line holding one step span, with ``span_changes`` applied."""
+    span = {"traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": "00f067aa0ba902b7",
+            "name": "megatron.train.iteration", "startTimeUnixNano": "1000",
+            "endTimeUnixNano": "2000", "attributes": []}  # fmt: skip
+    span.update(span_changes)
+    return json.dumps({"resourceSpans": [{"resource": {"attributes": []},
+                                          "scopeSpans": [{"spans": [span]}]}]}) + "\n"  # fmt: skip
+
+
+#: Files each test's working directory holds; cases refer to them by name (a name with a "/"
+#: is created with its directories).
 FILES: dict[str, str | bytes | None] = {
     "unknown_key.toml": "[training]\ntrain_iterz = 3\n",
     "unknown_section.toml": "[modle]\nnum_layers = 2\n",
@@ -63,6 +76,12 @@ FILES: dict[str, str | bytes | None] = {
     "pp1run/checkpoints/iter_0000010/manifest.json": '{"pipeline_stages": 1, "files": []}',
     "pp1run/checkpoints/latest_checkpointed_iteration.txt": "10\n",
     "pp1ckpt/iter_0000010/manifest.json": '{"pipeline_stages": 1, "files": []}',
+    "runx/telemetry/traces-rank0.jsonl": _trace_line(),
+    "runx/progress.jsonl": '{"iteration": 1}\n',
+    "runy/telemetry/traces-rank0.jsonl": None,  # a directory where a trace file belongs
+    "chrome.json": '{"displayTimeUnit":"ms","otherData":{},"traceEvents":[\n{"ph":"X"}\n]}\n',
+    "name_is_a_number.jsonl": _trace_line(name=42),
+    "attributes_a_string.jsonl": _trace_line(attributes="iteration=3"),
 }
 
 
@@ -405,6 +424,55 @@ OTHER: dict[str, Bad] = {
     ),
     "trace-export=unknown-format": Bad(
         ("trace", "export", "nope", "-o", "t.json", "--format", "svg"), ("--format", "svg")
+    ),
+    # ---- issue 17: outputs never destroy what is there; hostile trace inputs --------------
+    "trace-export=output-is-the-input-trace": Bad(
+        ("trace", "export", "runx", "-o", "runx/telemetry/traces-rank0.jsonl"),
+        ("--output", "traces-rank0.jsonl", "input trace file"),
+    ),
+    "trace-report=output-is-the-input-trace": Bad(
+        (
+            "trace",
+            "report",
+            "runx/telemetry/traces-rank0.jsonl",
+            "-o",
+            "runx/telemetry/traces-rank0.jsonl",
+        ),
+        ("--output", "input trace file"),
+    ),  # fmt: skip
+    "trace-export=output-is-a-run-file": Bad(
+        ("trace", "export", "runx", "-o", "runx/progress.jsonl"),
+        ("--output", "progress.jsonl", "run directory"),
+    ),
+    "trace-report=output-is-a-run-file": Bad(
+        ("trace", "report", "runx", "-o", "runx/progress.jsonl"), ("--output", "run directory")
+    ),
+    "trace-export=output-is-a-directory": Bad(
+        ("trace", "export", "runx", "-o", "config_dir.toml"), ("--output", "is a directory")
+    ),
+    "trace-report=output-is-a-directory": Bad(
+        ("trace", "report", "runx", "-o", "config_dir.toml"), ("--output", "is a directory")
+    ),
+    "trace-summary=trace-file-is-a-directory": Bad(
+        ("trace", "summary", "runy"), ("traces-rank0.jsonl", "is a directory, not a trace file")
+    ),
+    "trace-goodput=a-device": Bad(("trace", "goodput", "/dev/null"), ("/dev/null", "regular")),
+    "trace-summary=chrome-trace": Bad(
+        ("trace", "summary", "chrome.json"), ("chrome.json", "Chrome trace-event", "traces-rank")
+    ),
+    "trace-goodput=chrome-trace-skip-invalid": Bad(
+        ("trace", "goodput", "chrome.json", "--skip-invalid"), ("chrome.json", "Chrome")
+    ),
+    "trace-summary=span-name-a-number": Bad(
+        ("trace", "summary", "name_is_a_number.jsonl"), ("name_is_a_number.jsonl:1:", "'name'")
+    ),
+    "trace-goodput=span-attributes-a-string": Bad(
+        ("trace", "goodput", "attributes_a_string.jsonl"),
+        ("attributes_a_string.jsonl:1:", "'attributes' is not a list"),
+    ),
+    "trace-export=span-attributes-a-string": Bad(
+        ("trace", "export", "attributes_a_string.jsonl", "-o", "t.json"),
+        ("attributes_a_string.jsonl:1:", "malformed span"),
     ),
     "doctor-config=missing": Bad(("doctor", "--config", "missing.toml"), ("missing.toml",)),
     "doctor-config=5000-char-name": Bad(("doctor", "--config", LONG_NAME), ("--config", "5000")),

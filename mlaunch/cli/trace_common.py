@@ -1,0 +1,63 @@
+"""What every ``mlaunch trace`` command shares: the help of ``--skip-invalid`` and ``--output``,
+the one-line failure, the skipped-input warnings and the output-file check
+(:mod:`mlaunch.outputs`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NoReturn
+
+import typer
+
+SKIP_HELP = (
+    "Skip malformed lines and spans instead of failing (a torn last line, what a crashed or "
+    "still-running writer leaves, is always skipped with a warning)."
+)
+#: The one output-file rule (mlaunch.outputs), summed up for every --output help.
+OUTPUT_RULE_HELP = (
+    "Missing directories are created; a regular file is replaced atomically, a symlink's target "
+    "is written, a device or FIFO (/dev/stdout) is written in place; an input trace file or a "
+    "file of the run directory being read is refused (docs/trace.md, Output files)."
+)
+
+
+def fail(message: str) -> NoReturn:
+    """Print ``error: message`` and exit 2."""
+    # Plain echo, not Rich: Rich would wrap a long path across lines and break copy-paste.
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def warn_skipped(stats: Any) -> None:
+    """Warnings for what the reader skipped: torn last lines (always), and the malformed lines
+    and spans ``--skip-invalid`` dropped (the first five each, then a count)."""
+    if stats.torn_lines:
+        where = ", ".join(f"{p}:{n}" for p, n in stats.torn_lines[:5])
+        more = f" and {len(stats.torn_lines) - 5} more" if len(stats.torn_lines) > 5 else ""
+        typer.echo(
+            f"warning: skipped {len(stats.torn_lines)} torn last line(s) (a crashed or "
+            f"still-running writer): {where}{more}",
+            err=True,
+        )
+    for what, items in (("lines", stats.skipped_lines), ("spans", stats.skipped_spans)):
+        for path, line, why in items[:5]:
+            typer.echo(f"warning: skipped {path}:{line}: {why}", err=True)
+        if len(items) > 5:
+            typer.echo(f"warning: ... {len(items) - 5} more skipped {what}", err=True)
+
+
+def check_output_or_exit(output: Path, path: Path, files: Any) -> Path:
+    """The path to write ``output`` to by the rule of :mod:`mlaunch.outputs`, checked against
+    the input ``path`` and its trace ``files``; a refused target exits 2 with one line."""
+    from mlaunch.envcontract import TELEMETRY_DIR
+    from mlaunch.outputs import OutputError, check_output
+    from mlaunch.trace.report import run_directory
+
+    run_dir = run_directory(path)
+    is_run = (run_dir / TELEMETRY_DIR).is_dir() or path.is_dir()
+    try:
+        return check_output(
+            output, inputs=[f.path for f in files], run_dir=run_dir if is_run else None
+        )
+    except OutputError as e:
+        fail(str(e))
