@@ -612,6 +612,8 @@ class Trainer:
     def run(self) -> None:
         """Start-up (its own trace, as Megatron-LM's ``megatron.startup``), then training."""
         args, topo = self.args, self.topo
+        if args.save:
+            checkpoint.check_shared(args.save, topo)  # before anything is saved or resumed
         with telemetry.span(G.JOB, SpanName.STARTUP, **{Attr.MODEL_TYPE.value: MODEL_TYPE}):
             with telemetry.span(G.MODEL_INIT, SpanName.MODEL_INIT):
                 self.build_model()
@@ -869,6 +871,12 @@ def main(argv: list[str] | None = None) -> int:
     trainer = Trainer(args, topo, run_dir, stop, block_iters(args, settings))
     try:
         trainer.run()
+    except checkpoint.SaveDirNotShared as exc:
+        # A setup problem, not a crash: one line, exit 2, the reason in the error file too.
+        print(f"{PROG}: error: save: {exc}", file=sys.stderr, flush=True)
+        write_error_file(run_dir, topo.rank, exc, None)
+        telemetry.shutdown()
+        return 2
     except BaseException as exc:
         write_error_file(run_dir, topo.rank, exc, trainer.state.iteration + 1)
         telemetry.shutdown()
