@@ -171,9 +171,17 @@ def test_a_worker_asked_for_cuda_without_cuda_refuses(tmp_path: Path) -> None:
     assert not (tmp_path / "progress.jsonl").exists()
 
 
-def test_the_launcher_hands_the_device_to_the_workers() -> None:
-    src = Path(__file__).parents[2] / "mlaunch" / "launcher" / "plan.py"
-    assert "env[ec.DEVICE] = settings.launch.device" in src.read_text()
+@pytest.mark.parametrize(("device", "expected"), [("cuda", "cuda"), ("cpu", None), ("auto", None)])
+def test_the_launcher_hands_device_cuda_to_the_workers(tmp_path, device, expected) -> None:
+    env = clean_env(tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-m", "mlaunch", "train", "--device", device, "--print-env"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    line = f"export {envcontract.DEVICE}="
+    found = [x.removeprefix(line) for x in out.stdout.splitlines() if x.startswith(line)]
+    assert found == ([expected] if expected else [])
 
 
 # ------------------------------------------------------------------------------------------------
