@@ -34,6 +34,7 @@ from mlaunch.trainer import checkpoint
 from mlaunch.trainer.args import PROG, parse_and_validate
 from mlaunch.trainer.data import TokenData, decode, load_corpus
 from mlaunch.trainer.model import GPTConfig, GPTStage, count_parameters
+from mlaunch.trainer.offload import ParameterFilter
 from mlaunch.trainer.parallel import P2P, GradBuffer, Topology, init_distributed
 from mlaunch.trainer.pipeline import StepContext, forward_backward_1f1b, forward_only
 
@@ -328,7 +329,7 @@ class Trainer:
             self.autocast,
             self.state.loss_scale,
             args.offload_activations,
-            tuple(params),
+            ParameterFilter(params),
         )
         self.gen_p2p = P2P(topo, (1, args.seq_length, args.hidden_size))
 

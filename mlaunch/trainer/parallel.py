@@ -216,10 +216,13 @@ class P2P:
         ]
         return ops, act, ctx
 
-    def _send_ops(self, output: torch.Tensor) -> list[dist.P2POp]:
+    def _send_ops(self, output: torch.Tensor, traced: bool = True) -> list[dist.P2POp]:
+        # Untraced exchanges (evaluation, generation) carry zeros: nobody links to them, and
+        # their staging rows would only be given back at the next training step's sync.
+        ctx = self._ctx_tensor() if traced else self._zero_ctx
         return [
             dist.P2POp(dist.isend, output.detach().float().contiguous(), self.topo.next_rank),
-            dist.P2POp(dist.isend, self._ctx_tensor(), self.topo.next_rank),
+            dist.P2POp(dist.isend, ctx, self.topo.next_rank),
         ]
 
     def _linked(self, ctx: torch.Tensor, microbatch: int) -> None:
@@ -313,7 +316,7 @@ class P2P:
 
     def send_forward_untraced(self, output: torch.Tensor) -> None:
         if not self.topo.is_last_stage:
-            self._wait(self._send_ops(output))
+            self._wait(self._send_ops(output, traced=False))
 
     def exchange_token(self, token: torch.Tensor | None) -> torch.Tensor:
         """Generation: the last stage hands the next token to the first stage (PP > 1)."""

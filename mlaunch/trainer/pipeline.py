@@ -13,6 +13,7 @@ import contextlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -36,7 +37,8 @@ class StepContext:
     autocast: object  # a callable returning the autocast context manager
     loss_scale: float = 1.0
     offload: bool = False
-    params: tuple[torch.Tensor, ...] = ()
+    #: What offload keeps resident (an ``offload.ParameterFilter`` built once, or the parameters).
+    params: Any = ()
     #: Called just before the step's last backward (the trainer arms the gradient buckets there).
     before_last_backward: Callable[[], None] | None = None
 
