@@ -313,7 +313,7 @@ class Trainer:
             betas=(0.9, 0.95),
             eps=1e-8,
         )
-        self.grads = GradBuffer(params)
+        self.grads = GradBuffer(params, args.ddp_bucket_size or GradBuffer.DEFAULT_BUCKET_NUMEL)
         tied = self.model.tied_copy
         # The tied head copy on the last stage duplicates stage 0's embedding: count it once.
         self.norm_grads = [p.grad for p in params if p is not tied]
