@@ -4,7 +4,7 @@ PyTorch, data parallel over torch.distributed (gloo on CPU), with mlaunch's tele
 Launch it (telemetry on, every rank exporting to files in the run directory), then open its
 report:
 
-    mlaunch train --script examples/my_train.py --nproc-per-node 2 --train-iters 30 \\
+    mlaunch train --script examples/my_train.py --megatron-args --nproc-per-node 2 --train-iters 30 \\
         --otel-span-groups per_step --otel-export-strategy all_ranks --run-dir runs/my-run
     mlaunch trace report runs/my-run        # writes runs/my-run/report.html; open it offline
 
@@ -35,7 +35,7 @@ TEXT = ("the quick brown fox jumps over the lazy dog. " * 200).encode()
 
 
 def main() -> None:
-    # `mlaunch train` passes its model/training flags to scripts (--megatron-args, on by default).
+    # `mlaunch train --megatron-args` passes its model/training flags (Megatron-LM's names).
     parser = argparse.ArgumentParser()
     parser.add_argument("--train-iters", type=int, default=30)
     parser.add_argument("--micro-batch-size", type=int, default=16)

@@ -23,7 +23,7 @@ def test_example_script_run_gives_a_report_with_its_own_span(tmp_path: Path) -> 
     run_dir = tmp_path / "my-run"
     env = clean_env(run_dir)
     env.pop("MLAUNCH_RUN_DIR")  # mlaunch train chooses it from --run-dir
-    cmd = [sys.executable, "-m", "mlaunch", "train", "--script", str(EXAMPLE),
+    cmd = [sys.executable, "-m", "mlaunch", "train", "--script", str(EXAMPLE), "--megatron-args",
            "--nproc-per-node", "2", "--train-iters", "7", "--otel-span-groups", "per_step",
            "--otel-export-strategy", "all_ranks", "--run-dir", str(run_dir)]  # fmt: skip
     r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
