@@ -16,7 +16,7 @@ Definitions (also in the command help and docs/trace.md):
   medians; a rank is a *straggler* when its median exceeds the reference by more than the
   threshold (default 5%);
 * the launcher's job trace (``mlaunch.job``, ``mlaunch.job.attempt``) is counted in the table but
-  is no rank.
+  is no rank, and has no share (it spans the whole run, not a part of the steps).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from array import array
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mlaunch.model.spans import ALIASES, STEP_SPAN, ResourceAttr
+from mlaunch.model.spans import ALIASES, STEP_SPAN, ResourceAttr, SpanName
 from mlaunch.trace.reader import (
     ReadStats,
     Resource,
@@ -126,6 +126,10 @@ class Summary:
         }
 
 
+#: The launcher's job-trace spans: in the table, without a share of step time.
+_LAUNCHER = frozenset({SpanName.JOB.value, SpanName.JOB_ATTEMPT.value})
+
+
 class SummaryAggregator:
     """Streaming per-name aggregates: durations in compact ``array('q')`` (8 bytes a span), never
     the span dicts themselves."""
@@ -180,7 +184,7 @@ class SummaryAggregator:
                     p50_ms=percentile(vals, 50) / _NS_PER_MS,
                     p95_ms=percentile(vals, 95) / _NS_PER_MS,
                     max_ms=vals[-1] / _NS_PER_MS,
-                    share=(tot / step_total) if step_total else None,
+                    share=(tot / step_total) if step_total and name not in _LAUNCHER else None,
                     errors=self.errors.get(name, 0), truncated=self.truncated.get(name, 0),
                 )
             )  # fmt: skip

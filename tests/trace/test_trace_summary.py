@@ -110,3 +110,12 @@ def test_json_form_has_every_section(tmp_path: Path) -> None:
     assert set(d) >= {"run", "hosts", "spans", "step_skew", "errors", "truncated", "read"}
     assert d["step_skew"]["slowest_rank"] == 1
     assert d["read"]["spans"] == 21  # 17 on rank 0, 4 on rank 1
+
+
+def test_the_launchers_job_spans_are_listed_without_a_share_of_step_time(tmp_path: Path) -> None:
+    s = _summary(tmp_path, hand_example(job=(0, 1000))[0])
+    by = {x.name: x for x in s.spans}
+    assert by[SpanName.JOB].count == 1 and by[SpanName.JOB].share is None
+    assert by[SpanName.JOB_ATTEMPT].share is None
+    assert by[SpanName.ITERATION].share == pytest.approx(1.0)
+    assert -1 not in s.rank_ids  # the launcher is no rank
