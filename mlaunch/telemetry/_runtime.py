@@ -589,6 +589,9 @@ class Runtime:
         interval = settings.otel.metric_export_interval_ms or default_ms
         self.metric_interval_s = max(0.05, interval / 1000)
 
+        # Only a remote exporter can fail to deliver: its counts go to the end-of-run report
+        # (a console run writes nothing to disk; a file run's files are the record).
+        self.remote = settings.exporter == "otlp"
         try:
             self.sink = self._build_sink(settings)
         except Exception as exc:  # e.g. an unreadable CA file: keep the data, in the spool
@@ -1047,7 +1050,8 @@ class Runtime:
                     timeout,
                 )
             counts = self.span_counts()
-            self._write_span_counts(counts)
+            if self.remote:
+                self._write_span_counts(counts)
             if counts["spooled"] or counts["dropped"] or self.spooled_metric_batches:
                 reasons = ", ".join(f"{n} {why}" for why, n in counts["dropped_by"].items())
                 log.warning(
