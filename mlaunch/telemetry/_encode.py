@@ -642,15 +642,19 @@ class SpanEncoder:
             '"status":{}}'
         )
 
-    def _json_kv_new(self, key: Any, tv: type, value: Any) -> str | None:
-        """A plain attribute's JSON KeyValue (cached), or None when it needs cleaning."""
+    def _fast_kv(self, key: Any, tv: type, value: Any) -> bool:
+        """Whether an attribute of a plain type needs no cleaning (a non-empty string key, a
+        string within the length limit, an int within int64): the fast paths' one check."""
         if type(key) is not str or not key:
-            return None
+            return False
         if tv is str:
             limit = self.limits.length
-            if limit is not None and len(value) > limit:
-                return None
-        elif tv is int and not _INT64_MIN <= value <= _INT64_MAX:
+            return limit is None or len(value) <= limit
+        return tv is not int or _INT64_MIN <= value <= _INT64_MAX
+
+    def _json_kv_new(self, key: Any, tv: type, value: Any) -> str | None:
+        """A plain attribute's JSON KeyValue (cached), or None when it needs cleaning."""
+        if not self._fast_kv(key, tv, value):
             return None
         try:
             frag = f'{{"key":{_dumps(key)},"value":{_dumps(json_value(value))}}}'
@@ -728,13 +732,7 @@ class SpanEncoder:
 
     def _pb_kv_new(self, key: Any, tv: type, value: Any) -> bytes | None:
         """A plain attribute's ``attributes`` field (cached), or None when it needs cleaning."""
-        if type(key) is not str or not key:
-            return None
-        if tv is str:
-            limit = self.limits.length
-            if limit is not None and len(value) > limit:
-                return None
-        elif tv is int and not _INT64_MIN <= value <= _INT64_MAX:
+        if not self._fast_kv(key, tv, value):
             return None
         field = _ld(b"\x4a", _pb_kv(key, value))
         if len(self._kv_pb) < _CACHE_MAX:
