@@ -374,6 +374,8 @@ class GradBuffer:
             members[-1].append(index)
             self._bucket_of[id(params[index])] = len(self.buckets) - 1
         self._sizes = [len(m) for m in members]
+        # One view per bucket, made once: a launch inside backward allocates nothing.
+        self._views = [self.flat[start:end] for start, end in self.buckets]
         self._pending: list[int] = []
         self._works: list[object | None] = [None] * len(self.buckets)
         self._group: object | None = None
@@ -395,10 +397,7 @@ class GradBuffer:
         self.launched_in_backward = 0
 
     def _launch(self, bucket: int) -> None:
-        start, end = self.buckets[bucket]
-        self._works[bucket] = dist.all_reduce(
-            self.flat[start:end], group=self._group, async_op=True
-        )
+        self._works[bucket] = dist.all_reduce(self._views[bucket], group=self._group, async_op=True)
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
         # Runs inside autograd (on CUDA, on its device thread): no spans, no host syncs here.
