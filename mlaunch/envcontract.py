@@ -28,6 +28,9 @@ OTLP_TARGET_VARS: tuple[str, ...] = tuple(
     for what in ("ENDPOINT", "PROTOCOL")
     for signal in ("", "TRACES_", "METRICS_", "LOGS_")
 )
+#: ``cuda`` when ``mlaunch train --device cuda`` asked for it (unset otherwise; ``cpu`` hides the
+#: GPUs instead): such a worker refuses to start without CUDA or with fewer GPUs than local workers.
+DEVICE = "MLAUNCH_DEVICE"
 #: W3C trace context of the launcher's ``mlaunch.job.attempt`` span, as the workers receive it
 #: (``00-<32 hex trace id>-<16 hex span id>-01``); the trainer links its first span to it.
 TRACEPARENT = "TRACEPARENT"

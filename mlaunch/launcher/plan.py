@@ -425,6 +425,8 @@ def worker_environment(
             and not (embedded and var in ec.OTLP_TARGET_VARS)
         ):
             env[var] = environ[var]
+    if settings.launch.device == "cuda":
+        env[ec.DEVICE] = "cuda"  # the worker refuses to start without it (trainer/parallel.py)
     if settings.launch.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""  # the only way to keep a CUDA-capable worker on CPU
     notes: list[str] = []

@@ -54,6 +54,7 @@ Shutdown
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -64,7 +65,8 @@ from typing import Any
 from mlaunch.model.groups import FINE_GRAINED_GROUPS, SpanGroup
 from mlaunch.model.spans import GOODPUT_SPAN_NAMES, Attr, region_name
 from mlaunch.model.strategies import should_export
-from mlaunch.telemetry import _spans
+from mlaunch.telemetry import _devicetime, _spans
+from mlaunch.telemetry._devicetime import CudaEventTimer, HostClock
 from mlaunch.telemetry._spans import CoarseSpan, FineSpan
 
 log = logging.getLogger("mlaunch.telemetry")
@@ -76,6 +78,13 @@ __all__ = [
     "is_enabled",
     "span",
     "linked_span",
+    "device_span",
+    "deferred_linked_span",
+    "set_event_timer",
+    "device_mark",
+    "resolve_device_spans",
+    "CudaEventTimer",
+    "HostClock",
     "trace_region",
     "trace_fn",
     "set_iteration",
@@ -236,6 +245,7 @@ def _forget_in_child() -> None:
         _RUNTIME._closed = True  # its atexit hook must not flush the parent's data from here
     _ENABLED = _FINE = frozenset()
     _RUNTIME = _HANDLE = None
+    _devicetime.reset()
 
 
 if hasattr(os, "register_at_fork"):
@@ -248,6 +258,9 @@ def shutdown(timeout_s: float | None = None) -> None:
     global _ENABLED, _FINE, _RUNTIME, _HANDLE
     runtime = _RUNTIME
     _ENABLED = _FINE = frozenset()  # new spans are no-ops from here on
+    with contextlib.suppress(Exception):  # device-timed spans still pending leave, host-timed
+        _devicetime.resolve(None, final=True)
+    _devicetime.reset()
     _RUNTIME = None
     _HANDLE = None
     if runtime is not None:
@@ -319,6 +332,54 @@ def linked_span(group: str, name: str, carrier_or_context: Any, **attributes: An
     if name in _GOODPUT:
         attributes[_IS_GOODPUT] = True
     return CoarseSpan(name, attributes, links)
+
+
+def device_span(group: str, name: str, **attributes: Any) -> Any:
+    """Like :func:`span`, for a span that covers device work: with an event timer installed
+    (:func:`set_event_timer`; the trainer installs CUDA events on a GPU) its start and end are
+    device events, and its times are resolved at the step's sync point
+    (:func:`resolve_device_spans`); without one it is exactly :func:`span`. Fine-grained groups
+    only (a coarse group gets a plain span)."""
+    if group not in _ENABLED:
+        return _NULL
+    if group in _FINE:
+        if _devicetime.TIMER is None:
+            return FineSpan(name, attributes)
+        return _devicetime.DeviceTimedSpan(name, attributes)
+    return span(group, name, **attributes)
+
+
+def deferred_linked_span(
+    group: str, name: str, read_ints: Callable[[], Any], **attributes: Any
+) -> Any:
+    """A span linked to the span context ``read_ints()`` returns (as :func:`context_from_ints`
+    takes it), read only at the step's sync point (:func:`resolve_device_spans`), so the context can
+    sit in a buffer a device copy fills without anyone waiting for it. Fine-grained groups only."""
+    if group not in _ENABLED:
+        return _NULL
+    if group not in _FINE:
+        return linked_span(group, name, context_from_ints(read_ints()), **attributes)
+    return _devicetime.DeviceTimedSpan(name, attributes, read_ints)
+
+
+def set_event_timer(timer: Any) -> None:
+    """Install the event timer device-timed spans use (None: host clocks)."""
+    _devicetime.TIMER = timer
+
+
+def device_mark() -> Any:
+    """Record the anchor event just before the step's existing sync point."""
+    return _devicetime.mark()
+
+
+def resolve_device_spans(anchor: Any) -> int:
+    """Right after the sync that followed :func:`device_mark`: give pending device-timed spans
+    their device times (and deferred links) and hand them to the exporter. Never raises."""
+    try:
+        return _devicetime.resolve(anchor)
+    except Exception as exc:  # telemetry never breaks training
+        log.debug("mlaunch telemetry: resolving device spans failed (%s)", exc)
+        return 0
 
 
 def trace_region(name: str, **attributes: Any) -> Any:

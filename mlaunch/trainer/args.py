@@ -71,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--eval-iters", type=int, default=10, help="batches per evaluation (0: none)"
     )
     train.add_argument(
+        "--ddp-bucket-size",
+        type=int,
+        default=None,
+        help="elements per data-parallel gradient bucket (default 40M, as Megatron-LM)",
+    )
+    train.add_argument(
         "--offload-activations",
         action="store_true",
         help="move saved activations to CPU after forward and back before backward (mlaunch)",
@@ -174,6 +180,7 @@ def validate(ns: argparse.Namespace, world_size: int) -> list[Problem]:
         "eval_interval",
         "save_interval",
         "pipeline_model_parallel_size",
+        "ddp_bucket_size",
     )
     if ns.seq_length < 2:
         problems.append(("--seq-length", f"must be at least 2, got {ns.seq_length}"))

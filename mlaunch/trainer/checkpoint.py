@@ -76,6 +76,56 @@ def _barrier(topo: Topology) -> None:
         dist.barrier()
 
 
+SHARED_TOKEN_PREFIX = ".mlaunch-shared-check-"
+
+
+class SaveDirNotShared(RuntimeError):
+    """The save directory is not one directory for every node (see :func:`check_shared`)."""
+
+
+def check_shared(root: str | Path, topo: Topology, environ: dict[str, str] | None = None) -> None:
+    """Stop at start-up when ``root`` is not shared by every node of the job.
+
+    Saves and resumes assume one directory that every node sees (rank 0 creates and commits the
+    iteration directory, each stage's writer puts its shard in it, every rank reads its shard on
+    resume). On nodes without a shared filesystem that fails late (a writer's ``mkdir`` or a resume's
+    ``torch.load``), or worse, resumes nodes from different iterations. So: rank 0 writes a fresh
+    token file there, and the local rank 0 of every node looks for it; if any node does not see it,
+    every rank raises :class:`SaveDirNotShared` naming the ranks that did not. Single-node jobs
+    (``LOCAL_WORLD_SIZE == WORLD_SIZE``) skip the check: one filesystem is trivially shared.
+    Collective over all ranks."""
+    env = os.environ if environ is None else environ
+    if not (topo.distributed and topo.world_size > 1):
+        return
+    local_world = int(env.get("LOCAL_WORLD_SIZE", str(topo.world_size)) or topo.world_size)
+    if local_world >= topo.world_size:
+        return
+    root = Path(root)
+    nonce = torch.zeros(1, dtype=torch.int64, device=topo.device)
+    if topo.rank == 0:
+        nonce[0] = int.from_bytes(os.urandom(7), "big")
+    dist.broadcast(nonce, src=0)
+    token = root / f"{SHARED_TOKEN_PREFIX}{int(nonce.item()):014x}"
+    if topo.rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        _write_atomic(token, b"written by rank 0 to check that every node sees this directory\n")
+    _barrier(topo)
+    missing = torch.zeros(topo.world_size, dtype=torch.int64, device=topo.device)
+    if int(env.get("LOCAL_RANK", "0") or 0) == 0 and not token.is_file():
+        missing[topo.rank] = 1
+    dist.all_reduce(missing)
+    if topo.rank == 0:
+        token.unlink(missing_ok=True)
+    absent = [r for r, flag in enumerate(missing.tolist()) if flag]
+    if absent:
+        raise SaveDirNotShared(
+            f"--save {root} is not shared between the nodes: rank 0 wrote {token.name} there, "
+            f"but the local rank 0 of the node(s) of rank(s) {', '.join(map(str, absent))} does "
+            "not see it. Checkpoints need one directory every node sees (a shared filesystem at "
+            "the same path); give --save such a directory, or run without --save"
+        )
+
+
 def committed_iterations(root: Path) -> list[int]:
     """Iterations with a committed (renamed into place) directory, oldest first."""
     if not root.is_dir():

@@ -34,6 +34,7 @@ from mlaunch.trainer import checkpoint
 from mlaunch.trainer.args import PROG, parse_and_validate
 from mlaunch.trainer.data import TokenData, decode, load_corpus
 from mlaunch.trainer.model import GPTConfig, GPTStage, count_parameters
+from mlaunch.trainer.offload import ParameterFilter
 from mlaunch.trainer.parallel import P2P, GradBuffer, Topology, init_distributed
 from mlaunch.trainer.pipeline import StepContext, forward_backward_1f1b, forward_only
 
@@ -312,7 +313,7 @@ class Trainer:
             betas=(0.9, 0.95),
             eps=1e-8,
         )
-        self.grads = GradBuffer(params)
+        self.grads = GradBuffer(params, args.ddp_bucket_size or GradBuffer.DEFAULT_BUCKET_NUMEL)
         tied = self.model.tied_copy
         # The tied head copy on the last stage duplicates stage 0's embedding: count it once.
         self.norm_grads = [p.grad for p in params if p is not tied]
@@ -328,7 +329,7 @@ class Trainer:
             self.autocast,
             self.state.loss_scale,
             args.offload_activations,
-            frozenset(id(p) for p in params),
+            ParameterFilter(params),
         )
         self.gen_p2p = P2P(topo, (1, args.seq_length, args.hidden_size))
 
@@ -366,7 +367,7 @@ class Trainer:
             "rng": {
                 "python": random.getstate(),
                 "torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                "cuda": cuda_rng_state(self.topo.device),
             },
             "arch": self.arch(),
         }
@@ -398,8 +399,7 @@ class Trainer:
         s.good_steps = ckpt["loss_scaler"]["good_steps"]
         random.setstate(ckpt["rng"]["python"])
         torch.set_rng_state(ckpt["rng"]["torch"])
-        if ckpt["rng"]["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
+        restore_cuda_rng(ckpt["rng"]["cuda"], self.topo.device, lambda m: log(self.topo, m))
         self.last_saved = s.iteration
 
     def save(self) -> None:
@@ -433,6 +433,7 @@ class Trainer:
 
             self.grads.zero()
             self.ctx.loss_scale = s.loss_scale
+            self.ctx.before_last_backward = lambda: self._before_last_backward(iteration)
             with telemetry.span(
                 G.FORWARD_BACKWARD,
                 SpanName.FORWARD_BACKWARD,
@@ -440,20 +441,25 @@ class Trainer:
             ):
                 loss = forward_backward_1f1b(self.ctx, batch, self.num_micro, topo.pp_rank, topo.pp)
 
-            _maybe_poison(iteration, self.grads.flat)
             if topo.dp > 1:
-                # One flat bucket, all-reduced asynchronously once the last backward is done.
-                with telemetry.span(G.COMMUNICATION, SpanName.GRAD_SYNC_START):
-                    self.grads.start_all_reduce(topo.dp_group)
-                with telemetry.span(G.COMMUNICATION, SpanName.GRAD_SYNC_FINISH):
+                # Per step: start launches the buckets the last backward did not already launch
+                # (normally none: see GradBuffer); finish waits for all of them. On a GPU finish's
+                # device time is the all-reduce time backward did not hide (the compute stream
+                # waits for NCCL there).
+                with telemetry.device_span(G.COMMUNICATION, SpanName.GRAD_SYNC_START):
+                    self.grads.start_remaining(topo.dp_group)
+                with telemetry.device_span(G.COMMUNICATION, SpanName.GRAD_SYNC_FINISH):
                     self.grads.finish_all_reduce(topo.dp)
             if self.cfg.tie_embeddings and topo.embed_group is not None:
                 # Tied embeddings across stages: both copies get the sum of both gradients.
                 tied = self.model.tok_emb.weight if topo.is_first_stage else self.model.tied_copy
                 dist.all_reduce(tied.grad, group=topo.embed_group)
 
+            # The step's one host sync (the norm decides skip and clip on the host) happens here,
+            # outside the optimizer span: on a GPU it waits for all of forward-backward, which
+            # the optimizer span must not absorb. Device-timed spans are resolved right after it.
+            grad_norm, loss_value, stop = self._reduce_stats(loss)
             with telemetry.span(G.OPTIMIZER, SpanName.OPTIMIZER) as opt_span:
-                grad_norm, loss_value, stop = self._reduce_stats(loss)
                 skipped = not math.isfinite(grad_norm)
                 if skipped:
                     s.skipped_iters += 1
@@ -474,6 +480,13 @@ class Trainer:
                 step_span.set_attribute(Attr.SKIPPED, skipped)
         s.consumed_samples += args.global_batch_size
         return StepResult(loss_value, grad_norm, skipped, stop)
+
+    def _before_last_backward(self, iteration: int) -> None:
+        """The test hook's NaN goes in before the last backward (accumulation keeps it), then the
+        gradient buckets are armed so the all-reduce overlaps that backward."""
+        _maybe_poison(iteration, self.grads.flat)
+        if self.topo.dp > 1:
+            self.grads.arm(self.topo.dp_group)
 
     def _reduce_stats(self, loss: torch.Tensor | None) -> tuple[float, float, bool]:
         """Global gradient norm, data-parallel mean loss and the stop vote, in one small
@@ -497,8 +510,12 @@ class Trainer:
         )
         if topo.distributed and topo.world_size > 1:
             dist.all_reduce(stats)
-        # .tolist() is a CPU-GPU sync point: the skip / clip decision needs the norm on the host.
+        # .tolist() is the step's CPU-GPU sync point: the skip / clip decision needs the norm on
+        # the host. The anchor event just before it lets device-timed spans be resolved after it.
+        anchor = telemetry.device_mark()
         total_sq, loss_sum, votes = stats.tolist()
+        telemetry.resolve_device_spans(anchor)
+        self.ctx.p2p.after_sync()
         # Data-parallel replicas hold identical (averaged) gradients: each stage is counted dp times.
         return math.sqrt(total_sq / topo.dp), loss_sum / topo.dp, votes > 0
 
@@ -596,6 +613,8 @@ class Trainer:
     def run(self) -> None:
         """Start-up (its own trace, as Megatron-LM's ``megatron.startup``), then training."""
         args, topo = self.args, self.topo
+        if args.save:
+            checkpoint.check_shared(args.save, topo)  # before anything is saved or resumed
         with telemetry.span(G.JOB, SpanName.STARTUP, **{Attr.MODEL_TYPE.value: MODEL_TYPE}):
             with telemetry.span(G.MODEL_INIT, SpanName.MODEL_INIT):
                 self.build_model()
@@ -741,6 +760,32 @@ class Trainer:
         return None
 
 
+def cuda_rng_state(device: torch.device) -> torch.Tensor | None:
+    """This worker's own GPU's RNG state (None on CPU). Never every visible GPU's: another rank
+    drives those, and a resume may see a different number of them."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_rng_state(device)
+
+
+def restore_cuda_rng(state: Any, device: torch.device, log_fn: Callable[[str], None]) -> None:
+    """Restore :func:`cuda_rng_state`'s state on this worker's GPU. A checkpoint from before
+    (a list, one state per visible GPU) restores the entry of this device's index when it has
+    one; a CPU checkpoint resumed on a GPU, or the reverse, leaves the RNG as seeded."""
+    if device.type != "cuda" or state is None:
+        return
+    if isinstance(state, (list, tuple)):
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index >= len(state):
+            log_fn(
+                f"checkpoint holds CUDA RNG states for {len(state)} GPU(s), none for GPU {index}: "
+                "its RNG stays as seeded"
+            )
+            return
+        state = state[index]
+    torch.cuda.set_rng_state(state, device)
+
+
 def peak_memory_gb(device: torch.device) -> float | None:
     """The accelerator memory peak since the last call, in GiB (Megatron-LM reports the peak,
     ``torch.cuda.max_memory_allocated``); the peak is reset so each record covers one step.
@@ -821,9 +866,18 @@ def main(argv: list[str] | None = None) -> int:
         run_dir=run_dir,
         save_interval=args.save_interval if args.save else 0,
     )
+    if topo.device.type == "cuda":
+        # Spans over GPU work time the GPU (events), resolved at each step's sync point.
+        telemetry.set_event_timer(telemetry.CudaEventTimer())
     trainer = Trainer(args, topo, run_dir, stop, block_iters(args, settings))
     try:
         trainer.run()
+    except checkpoint.SaveDirNotShared as exc:
+        # A setup problem, not a crash: one line, exit 2, the reason in the error file too.
+        print(f"{PROG}: error: save: {exc}", file=sys.stderr, flush=True)
+        write_error_file(run_dir, topo.rank, exc, None)
+        telemetry.shutdown()
+        return 2
     except BaseException as exc:
         write_error_file(run_dir, topo.rank, exc, trainer.state.iteration + 1)
         telemetry.shutdown()

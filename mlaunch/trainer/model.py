@@ -80,7 +80,7 @@ class Block(nn.Module):
         self._span_attrs = {Attr.LAYER_NUMBER.value: layer_number}
 
     def forward(self, x, traced: bool = True):
-        span = telemetry.span if traced else _no_span
+        span = telemetry.device_span if traced else _no_span
         with span(SpanGroup.LAYER, SpanName.LAYER_FORWARD, **self._span_attrs):
             with span(SpanGroup.LAYER, SpanName.LAYER_SELF_ATTENTION):
                 x = x + self.attn(self.ln1(x))

@@ -1,14 +1,27 @@
-"""Activation offload: the tensors autograd saves during a microbatch's forward are moved to CPU
-once the forward is done and brought back just before that microbatch's backward.
+"""Activation offload: the tensors autograd saves during a microbatch's forward are moved to host
+memory once the forward is done and brought back just before that microbatch's backward.
 
 ``saved_tensors_hooks`` only collects references while the forward runs (moving each tensor there
 would serialise a copy per op); the copies happen in bulk in :meth:`ActivationStash.offload` and
 :meth:`ActivationStash.reload`, each inside one span, so a trace shows one offload and one reload
-per microbatch. On a CPU-only machine the "offload" is a copy to a separate CPU tensor: the same
-code path runs, it just cannot save device memory.
+per microbatch.
+
+On CUDA the copies run on a side stream, ordered against the compute stream with events only (the
+host never waits): the copy stream waits for the forward, ``record_stream`` keeps the allocator
+from reusing a device buffer until its copy has run, and the compute stream waits for the reload
+before backward. On a CPU-only machine the "offload" is a copy to a separate CPU tensor: the same
+bookkeeping runs, it just cannot save memory.
+
+Weights are never offloaded: a tensor that is a parameter, a view of one (``weight.t()`` in a
+linear layer shares the weight's storage) or a cast of one (autocast's bf16/fp16 weight copy: its
+``grad_fn`` leads through casts and views to the parameter's ``AccumulateGrad``) stays resident;
+copying it out and back would move every weight twice per microbatch and save nothing.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -16,22 +29,86 @@ from mlaunch import telemetry
 from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spans import SpanName
 
+#: Autograd nodes a parameter passes through on its way into an op without becoming an
+#: activation: views and dtype/device casts (autocast's weight copies are ``ToCopyBackward0``).
+_PASSTHROUGH_NODES = frozenset(
+    {
+        "ToCopyBackward0",
+        "TBackward0",
+        "TransposeBackward0",
+        "PermuteBackward0",
+        "ViewBackward0",
+        "UnsafeViewBackward0",
+        "ReshapeAliasBackward0",
+        "ExpandBackward0",
+        "AliasBackward0",
+        "SliceBackward0",
+        "SelectBackward0",
+        "UnsqueezeBackward0",
+        "SqueezeBackward0",
+    }
+)
+_MAX_DEPTH = 6
+
+_copy_streams: dict[Any, Any] = {}
+
+
+def _copy_stream(device: torch.device) -> Any:
+    """One side stream per device for offload and reload copies."""
+    stream = _copy_streams.get(device)
+    if stream is None:
+        stream = _copy_streams[device] = torch.cuda.Stream(device)
+    return stream
+
+
+class ParameterFilter:
+    """Tells parameter-derived tensors from activations (see the module docstring)."""
+
+    def __init__(self, params: Iterable[torch.Tensor]) -> None:
+        params = list(params)
+        self.ids = frozenset(id(p) for p in params)
+        self.storages = frozenset(p.untyped_storage().data_ptr() for p in params)
+
+    def is_parameter(self, t: torch.Tensor) -> bool:
+        if id(t) in self.ids:
+            return True
+        try:
+            if t.untyped_storage().data_ptr() in self.storages:
+                return True  # the parameter itself or a view of it
+        except (RuntimeError, NotImplementedError):
+            return False
+        node = t.grad_fn
+        for _ in range(_MAX_DEPTH):
+            if node is None:
+                return False
+            kind = type(node).__name__
+            if kind == "AccumulateGrad":
+                return id(node.variable) in self.ids
+            if kind not in _PASSTHROUGH_NODES:
+                return False
+            inputs = [fn for fn, _ in node.next_functions if fn is not None]
+            if len(inputs) != 1:
+                return False
+            node = inputs[0]
+        return False
+
 
 class ActivationStash:
     """The saved activations of one microbatch."""
 
-    def __init__(self, device: torch.device, skip: set[int]) -> None:
+    def __init__(self, device: torch.device, params: Iterable[torch.Tensor] | ParameterFilter):
         self.device = device
-        self.skip = skip  # ids of parameters: they stay resident, offloading them saves nothing
+        self.filter = params if isinstance(params, ParameterFilter) else ParameterFilter(params)
         self.slots: list[torch.Tensor] = []
-        self.offloaded: list[bool] = []
+        self._cuda = device.type == "cuda"
+        self._ready: Any = None  # CUDA: the event the last copy recorded on the copy stream
 
     def hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
         """The context manager to run the microbatch's forward under."""
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     def _pack(self, t: torch.Tensor) -> int | torch.Tensor:
-        if id(t) in self.skip:
+        if self.filter.is_parameter(t):
             return t
         self.slots.append(t)
         return len(self.slots) - 1
@@ -41,22 +118,40 @@ class ActivationStash:
 
     def offload(self) -> None:
         """Move every saved activation to (a separate tensor in) host memory."""
-        with telemetry.span(SpanGroup.ACTIVATION_OFFLOAD, SpanName.ACTIVATION_OFFLOAD):
-            pin = self.device.type == "cuda"
+        with telemetry.device_span(SpanGroup.ACTIVATION_OFFLOAD, SpanName.ACTIVATION_OFFLOAD):
+            if not self._cuda:
+                self.slots = [t.detach().clone() for t in self.slots]
+                return
+            compute = torch.cuda.current_stream(self.device)
+            copy = _copy_stream(self.device)
+            copy.wait_stream(compute)  # the forward that produced them
             out = []
-            for t in self.slots:
-                host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
-                host.copy_(t, non_blocking=pin)
-                out.append(host)
-            if pin:
-                # The copies must land before the device buffers can be reused.
-                torch.cuda.current_stream().synchronize()
+            with torch.cuda.stream(copy):
+                for t in self.slots:
+                    host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
+                    host.copy_(t, non_blocking=True)
+                    # The compute stream may reuse t's memory once we drop it: not before the
+                    # copy stream has read it.
+                    t.record_stream(copy)
+                    out.append(host)
+                self._ready = copy.record_event()
             self.slots = out
 
     def reload(self) -> None:
         """Bring the saved activations back to the compute device for the backward pass."""
-        with telemetry.span(SpanGroup.ACTIVATION_OFFLOAD, SpanName.ACTIVATION_RELOAD):
-            if self.device.type == "cuda":
-                self.slots = [t.to(self.device, non_blocking=True) for t in self.slots]
-            else:
+        with telemetry.device_span(SpanGroup.ACTIVATION_OFFLOAD, SpanName.ACTIVATION_RELOAD):
+            if not self._cuda:
                 self.slots = [t.clone() for t in self.slots]
+                return
+            compute = torch.cuda.current_stream(self.device)
+            copy = _copy_stream(self.device)
+            back = []
+            with torch.cuda.stream(copy):
+                # Same stream as the offload copies: ordered after them without a wait.
+                for host in self.slots:
+                    t = host.to(self.device, non_blocking=True)
+                    t.record_stream(compute)  # backward (on the compute stream) uses it
+                    back.append(t)
+                done = copy.record_event()
+            compute.wait_event(done)  # a device-side wait: the host goes on at once
+            self.slots = back

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -35,7 +37,10 @@ class StepContext:
     autocast: object  # a callable returning the autocast context manager
     loss_scale: float = 1.0
     offload: bool = False
-    param_ids: frozenset[int] = frozenset()
+    #: What offload keeps resident (an ``offload.ParameterFilter`` built once, or the parameters).
+    params: Any = ()
+    #: Called just before the step's last backward (the trainer arms the gradient buckets there).
+    before_last_backward: Callable[[], None] | None = None
 
 
 @dataclass
@@ -55,8 +60,8 @@ def _forward(
     loss_sum: list[torch.Tensor],
 ) -> _InFlight:
     model = ctx.model
-    stash = ActivationStash(ctx.p2p.device, set(ctx.param_ids)) if ctx.offload else None
-    with telemetry.span(MB, SpanName.MICROBATCH_FORWARD, **{Attr.MICROBATCH_ID.value: i}):
+    stash = ActivationStash(ctx.p2p.device, ctx.params) if ctx.offload else None
+    with telemetry.device_span(MB, SpanName.MICROBATCH_FORWARD, **{Attr.MICROBATCH_ID.value: i}):
         hooks = stash.hooks() if stash is not None else contextlib.nullcontext()
         with hooks, ctx.autocast():
             inp = batch.tokens[i] if model.is_first else x
@@ -72,11 +77,13 @@ def _forward(
 
 
 def _backward(
-    ctx: StepContext, job: _InFlight, output_grad: torch.Tensor | None
+    ctx: StepContext, job: _InFlight, output_grad: torch.Tensor | None, num_micro: int
 ) -> torch.Tensor | None:
+    if job.microbatch == num_micro - 1 and ctx.before_last_backward is not None:
+        ctx.before_last_backward()  # backwards run in microbatch order: this one is the last
     if job.stash is not None:
         job.stash.reload()
-    with telemetry.span(
+    with telemetry.device_span(
         MB, SpanName.MICROBATCH_BACKWARD, **{Attr.MICROBATCH_ID.value: job.microbatch}
     ):
         if output_grad is None:  # last stage: the output is the loss
@@ -112,7 +119,7 @@ def forward_backward_1f1b(
         job = _forward(ctx, batch, i, num_micro, x, losses)
         output_grad = p2p.send_forward_recv_backward(job.output)
         in_flight.append(job)
-        input_grad = _backward(ctx, in_flight.popleft(), output_grad)
+        input_grad = _backward(ctx, in_flight.popleft(), output_grad, num_micro)
         if k == num_steady - 1:
             x = None
             p2p.send_backward(input_grad)
@@ -122,7 +129,7 @@ def forward_backward_1f1b(
     # Cool-down: the remaining backwards.
     for _ in range(num_warmup):
         output_grad = p2p.recv_backward()
-        input_grad = _backward(ctx, in_flight.popleft(), output_grad)
+        input_grad = _backward(ctx, in_flight.popleft(), output_grad, num_micro)
         p2p.send_backward(input_grad)
 
     return torch.stack(losses).sum() if losses else None

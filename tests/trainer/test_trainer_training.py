@@ -72,6 +72,16 @@ def test_data_parallel_matches_one_process_with_the_same_global_batch(workdir, b
     assert_close(dp.losses(), baseline.losses(), rel=1e-4)
 
 
+def test_data_parallel_with_many_buckets_overlapping_backward_matches_one_process(
+    workdir, baseline
+):
+    # ~10k elements per bucket: the tiny model's gradients travel in several buckets, each
+    # all-reduced from inside the last backward as soon as it is complete.
+    args = [*ARGS, "--ddp-bucket-size", "10000"]
+    dp = ok(run_trainer(workdir, args, nproc=2, name="dp2-buckets"))
+    assert_close(dp.losses(), baseline.losses(), rel=1e-4)
+
+
 def test_resume_continues_the_same_loss_sequence_and_skips_a_corrupt_checkpoint(workdir, baseline):
     ck = workdir / "ck"
     first = ok(
