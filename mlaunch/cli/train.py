@@ -190,7 +190,7 @@ def run_train(
     """The command's work: plan, then print or launch. Returns the exit code."""
     from rich.console import Console
 
-    from mlaunch.launcher import render
+    from mlaunch.cli import train_view as view
     from mlaunch.launcher.plan import build_plan
     from mlaunch.launcher.run import RunDirBusy, execute
     from mlaunch.settings import SettingsError
@@ -210,8 +210,8 @@ def run_train(
         return 0
     console = Console()
     if dry_run:
-        console.print(render.summary(plan))
-        typer.echo(render.dry_run_text(plan, show_secrets))
+        console.print(view.summary(plan))
+        typer.echo(view.dry_run_text(plan, show_secrets))
         return 0
     displays: list[Any] = []
     shown = console  # this node's view: replaced by its launcher.log on nodes other than 0
@@ -225,11 +225,11 @@ def run_train(
                 f"node {plan.settings.launch.node_rank} of {plan.settings.launch.nnodes}: the"
                 f" progress view is node 0's; this node's is in {shown.file.name}"
             )
-        shown.print(render.summary(plan))
+        shown.print(view.summary(plan))
         displays.append(
-            render.BarDisplay(shown, plan.settings.training.train_iters)
+            view.BarDisplay(shown, plan.settings.training.train_iters)
             if shown.is_terminal
-            else render.PlainDisplay(shown, plan.settings.training.log_interval)
+            else view.PlainDisplay(shown, plan.settings.training.log_interval)
         )
         return displays[0]
 
@@ -247,10 +247,10 @@ def run_train(
         for display in displays:
             display.close()
     made = _write_report(plan) if report else None
-    render.print_result(shown, plan, result, made)
+    view.print_result(shown, plan, result, made)
     if shown is not console:
         if result.exit_code != 0 and result.interrupted is None:  # a failure: shown here too
-            render.print_result(console, plan, result, made)
+            view.print_result(console, plan, result, made)
         shown.file.close()
     return result.exit_code
 

@@ -1,5 +1,8 @@
-"""Rich views of a launch: the pre-launch summary, the live progress and the end-of-run report.
+"""Rich views of ``mlaunch train``: the pre-launch summary, the live progress and the end-of-run
+report.
 
+The launcher only plans (:mod:`mlaunch.launcher.plan`) and runs (:mod:`mlaunch.launcher.run`);
+it reports progress through the display that ``mlaunch train`` hands it, one of the two here.
 The span tree comes from :mod:`mlaunch.cli.render`, the same one ``mlaunch groups resolve``
 draws, so both always agree.
 """
