@@ -162,12 +162,12 @@ class PlainErrorsGroup(TyperGroup):
         try:
             return super().resolve_command(ctx, args)
         except _click().UsageError:
-            import difflib
+            from mlaunch.model.spec import closest_word
 
             name = args[0] if args else ""
             known = sorted(self.list_commands(ctx))
-            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            close = closest_word(name, known)
+            hint = f" (did you mean {close!r}?)" if close else ""
             raise fail(
                 [
                     (
