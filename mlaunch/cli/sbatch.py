@@ -15,7 +15,7 @@ from typing import Any
 
 import typer
 
-from mlaunch.cli.errors import PlainErrorsCommand, print_problems
+from mlaunch.cli.errors import RUN_FAILED, USAGE_ERROR, PlainErrorsCommand, print_problems
 from mlaunch.cli.train import _param_name, _setting_parameters, setting_paths
 
 _SLURM_PANEL = "SLURM (sbatch)"
@@ -87,7 +87,7 @@ def run_sbatch(
         )  # fmt: skip
     except SettingsError as exc:
         print_problems(exc.problems)
-        return 2
+        return USAGE_ERROR
     script = render_script(job)
     if dry_run:
         typer.echo(script, nl=False)
@@ -98,7 +98,7 @@ def run_sbatch(
         sub = slurm.submit(job, script, dict(os.environ))
     except slurm.SlurmError as exc:
         typer.echo(str(exc), err=True)
-        return 1
+        return RUN_FAILED
     for note in job.notes:
         typer.echo(f"note: {note}")
     from mlaunch import envcontract as ec

@@ -17,12 +17,12 @@ from typing import Any
 
 import typer
 
-from mlaunch.cli.errors import PlainErrorsCommand, PlainErrorsGroup
+from mlaunch.cli.errors import RUN_FAILED, PlainErrorsCommand, PlainErrorsGroup, error
 from mlaunch.cli.trace_common import (
     OUTPUT_RULE_HELP,
     SKIP_HELP,
+    cannot_write,
     check_output_or_exit,
-    fail,
     warn_skipped,
 )
 from mlaunch.model.strategies import format_ranks
@@ -44,9 +44,6 @@ class ExportFormat(StrEnum):
     chrome = "chrome"
 
 
-_fail = fail
-
-
 def _open(path: Path, skip_invalid: bool) -> Any:
     """The trace reader for ``path``; an unusable path (a name too long for the file system, a
     permission error) exits 2 naming it, like every other bad input, instead of a traceback."""
@@ -56,12 +53,12 @@ def _open(path: Path, skip_invalid: bool) -> Any:
     try:
         return TraceReader.open(path, skip_invalid=skip_invalid)
     except TraceInputError as e:
-        _fail(e.render())
+        raise error(e.render()) from None
     except OSError as e:
-        _fail(
+        raise error(
             f"{quoted(str(path))}: {e.strerror or e}\n"
             "  fix: pass a run directory (runs/<run_id>) or an OTLP-JSON traces file"
-        )
+        ) from None
 
 
 def _show(
@@ -79,7 +76,7 @@ def _show(
     try:
         result = compute(reader)
     except TraceInputError as e:
-        _fail(e.render())
+        raise error(e.render()) from None
     warn_skipped(reader.stats)
     if as_json:
         typer.echo(json.dumps(result.to_json(), indent=2))
@@ -227,15 +224,15 @@ def export_cmd(
     try:  # the checks that need no input first: a bad -o is reported before any reading
         check_output(output)
     except OutputError as e:
-        _fail(str(e))
+        raise error(str(e)) from None
     reader = _open(path, skip_invalid)
     target = check_output_or_exit(output, path, reader.files)
     try:
         stats = export_chrome(reader, target)
     except TraceInputError as e:
-        _fail(e.render())
+        raise error(e.render()) from None
     except OSError as e:
-        _fail(f"--output {output}: cannot write: {e.strerror}; fix: choose a writable output path")
+        raise cannot_write(output, e) from None
     warn_skipped(reader.stats)
     unresolved = (
         f", {stats.unresolved_links} links to unexported spans" if stats.unresolved_links else ""
@@ -334,7 +331,7 @@ def replay_cmd(
             timeout_s=timeout_s,
         )  # fmt: skip
     except ReplayInputError as e:
-        _fail(str(e))
+        raise error(str(e)) from None
     if as_json:
         typer.echo(json.dumps(result.to_json(), indent=2))
     elif not result.files:
@@ -353,8 +350,7 @@ def replay_cmd(
         retry = (
             "" if mismatch else "; what was not sent is kept: run the same command again to retry"
         )
-        typer.echo(f"error: {result.error}{retry}", err=True)
-        raise typer.Exit(1)
+        raise error(f"{result.error}{retry}", RUN_FAILED)
 
 
 def _no_spool_reason(exporter: str | None) -> str:

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import typer
 from pydantic_core import PydanticUndefined
 
-from mlaunch.cli.errors import PlainErrorsCommand, print_problems
+from mlaunch.cli.errors import USAGE_ERROR, PlainErrorsCommand, fail, print_problems
 from mlaunch.settings import CHOICES, SECTIONS, flag_name
 
 _PANELS = {
@@ -202,7 +202,7 @@ def run_train(
         )  # fmt: skip
     except SettingsError as exc:
         print_problems(exc.problems)
-        return 2
+        return USAGE_ERROR
     if print_env:
         # unset lines too: a stale alias left in the user's shell would conflict in the workers.
         unset = [f"unset {name}" for name in plan.removed_env]
@@ -236,13 +236,11 @@ def run_train(
     try:
         result = execute(plan, started, show_secrets=show_secrets)
     except RunDirBusy as exc:
-        typer.echo(f"{flag_name('launch.run_dir')}: {exc}", err=True)
-        return 2
+        print_problems([(flag_name("launch.run_dir"), str(exc))])
+        return USAGE_ERROR
     except OSError as exc:
-        typer.echo(
-            f"{flag_name('launch.run_dir')}: cannot create the run directory ({exc})", err=True
-        )
-        return 2
+        print_problems([(flag_name("launch.run_dir"), f"cannot create the run directory ({exc})")])
+        return USAGE_ERROR
     finally:
         for display in displays:
             display.close()
@@ -299,8 +297,7 @@ def register(app: typer.Typer) -> None:
             if kwargs.get(_negative_name(path)):
                 if flags.get(path):
                     name = flag_name(path)
-                    print_problems([(name, f"{name} and --no-{name[2:]} exclude each other")])
-                    raise typer.Exit(2)
+                    raise fail([(name, f"{name} and --no-{name[2:]} exclude each other")])
                 flags[path] = False
         code = run_train(
             flags=flags,
