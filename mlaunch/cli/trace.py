@@ -26,6 +26,7 @@ from mlaunch.cli.trace_common import (
     warn_skipped,
 )
 from mlaunch.model.strategies import format_ranks
+from mlaunch.trace.durations import format_ms
 
 app = typer.Typer(
     help="Read a run's traces without a backend (summary, goodput, Chrome/Perfetto export, HTML"
@@ -82,23 +83,6 @@ def _show(
         typer.echo(json.dumps(result.to_json(), indent=2))
     else:
         render(result)
-
-
-def _ms(v: float) -> str:
-    """Milliseconds as three significant digits in µs / ms / s, so wide tables fit a terminal."""
-    if v == 0:
-        return "0"
-    for scale, unit in ((1e-3, "µs"), (1.0, "ms"), (1e3, "s")):
-        x = v / scale
-        if x < 999.5 or unit == "s":
-            return (
-                f"{x:.2f}{unit}"
-                if x < 9.995
-                else f"{x:.1f}{unit}"
-                if x < 99.95
-                else f"{x:,.0f}{unit}"
-            )
-    raise AssertionError("unreachable")
 
 
 @app.command("summary", cls=PlainErrorsCommand)
@@ -162,8 +146,9 @@ def _render_summary(result: Any) -> None:
     for col in cols:
         t.add_column(col, justify="right", no_wrap=True)
     for s in result.spans:
-        row = [s.name, f"{s.count:,}", _ms(s.total_ms), _ms(s.mean_ms), _ms(s.p50_ms)]
-        row += [_ms(s.p95_ms), _ms(s.max_ms), "-" if s.share is None else f"{100 * s.share:.1f}%"]
+        times = (s.total_ms, s.mean_ms, s.p50_ms, s.p95_ms, s.max_ms)
+        row = [s.name, f"{s.count:,}", *map(format_ms, times)]
+        row += ["-" if s.share is None else f"{100 * s.share:.1f}%"]
         row += [str(s.errors or ""), str(s.truncated or "")] if flags else []
         t.add_row(*row)
     con.print(t)
@@ -178,8 +163,8 @@ def _render_summary(result: Any) -> None:
         for r in result.ranks:
             mark = "[red]straggler[/red]" if r.straggler else ""
             t.add_row(
-                str(r.rank), r.host or "-", str(r.steps), _ms(r.median_ms), _ms(r.p95_ms),
-                f"{r.ratio:.3f}x", mark,
+                str(r.rank), r.host or "-", str(r.steps), format_ms(r.median_ms),
+                format_ms(r.p95_ms), f"{r.ratio:.3f}x", mark,
             )  # fmt: skip
         con.print(t)
         if k.stragglers:
@@ -187,9 +172,9 @@ def _render_summary(result: Any) -> None:
         else:
             verdict = f"no straggler above {100 * k.threshold:.0f}%"
         con.print(
-            f"slowest rank {k.slowest_rank}: median step {_ms(k.slowest_median_ms)}, "
-            f"{k.slowest_ratio:.3f}x the median of rank medians ({_ms(k.reference_median_ms)}); "
-            f"{verdict}",
+            f"slowest rank {k.slowest_rank}: median step {format_ms(k.slowest_median_ms)}, "
+            f"{k.slowest_ratio:.3f}x the median of rank medians"
+            f" ({format_ms(k.reference_median_ms)}); {verdict}",
             highlight=False,
         )
     style = "red" if flags else "green"
@@ -280,13 +265,13 @@ def _render_goodput(report: Any) -> None:
     def row(label: str, host: str, b: Any, style: str | None = None) -> None:
         cells = [b.wall_ms, b.productive_ms, b.restart_ms, b.checkpoint_ms, b.evaluation_ms]
         cells.append(b.unaccounted_ms)
-        t.add_row(label, host, f"{100 * b.goodput:.1f}%", *map(_ms, cells), style=style)
+        t.add_row(label, host, f"{100 * b.goodput:.1f}%", *map(format_ms, cells), style=style)
 
     for r in report.ranks:
         row(str(r.rank), r.host or "-", r.breakdown)
     row("all", "", report.overall, style="bold")
     con.print(t)
-    split = ", ".join(f"{k} {_ms(v)}" for k, v in report.overall.restart_split_ms.items())
+    split = ", ".join(f"{k} {format_ms(v)}" for k, v in report.overall.restart_split_ms.items())
     con.print(f"restart cost (all ranks): {split}", highlight=False)
     con.print("[dim]ckpt = checkpoint saves, eval = evaluation, unacct = unaccounted; "
               "see `mlaunch trace goodput --help` for the definitions[/dim]")  # fmt: skip
