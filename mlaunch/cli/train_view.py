@@ -28,7 +28,6 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from mlaunch import envcontract as ec
 from mlaunch.cli.render import span_tree
 from mlaunch.launcher import reference
 from mlaunch.launcher.plan import LaunchPlan
@@ -471,8 +470,7 @@ def print_result(
     plain = [f"run dir: {plan.run_dir}", f"logs:    {plan.log_dir}"]
     t = plan.settings.telemetry
     if t.enabled and t.exporter == "file":
-        files = sorted((plan.run_dir / ec.TELEMETRY_DIR).glob("traces-rank*.jsonl"))
-        plain.append(f"traces:  {plan.traces_dir} ({len(files)} file(s))")
+        plain.append(f"traces:  {plan.traces_dir} ({len(result.trace_files)} file(s))")
         plain.append(f"read them: mlaunch trace summary {shlex.quote(str(plan.run_dir))}")
         if report is not None:
             plain.append(f"report:  {report}  (open it in a browser)")

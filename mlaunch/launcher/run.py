@@ -374,6 +374,8 @@ class RunResult:
     span_counts: dict[str, int] | None = None
     """Where the workers' spans went, summed over the ranks that wrote counts (emitted,
     delivered, spooled, dropped, ranks; :func:`read_span_counts`), or None when none did."""
+    trace_files: list[Path] = field(default_factory=list)
+    """The run directory's trace files (``traces-rank{R}.jsonl``, the file exporter's)."""
 
     @property
     def train_records(self) -> list[dict[str, Any]]:
@@ -549,6 +551,7 @@ def _execute_locked(
         )
     result.receiver = receiver_stats
     result.span_counts = read_span_counts(plan, start)
+    result.trace_files = sorted((plan.run_dir / ec.TELEMETRY_DIR).glob("traces-rank*.jsonl"))
     return result
 
 
