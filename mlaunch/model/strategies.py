@@ -1,5 +1,5 @@
-"""Rank export strategies (SPEC section 2.3) and the md5 rank-sampling rule they share with the
-rank-aware sampler (section 2.4)."""
+"""Rank export strategies (which ranks export) and the md5 rank-sampling rule they share with the
+rank-aware sampler."""
 
 from __future__ import annotations
 
