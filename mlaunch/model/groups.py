@@ -135,7 +135,7 @@ GOODPUT_GROUPS: frozenset[SpanGroup] = frozenset(
     }
 )
 
-#: Preset name -> its exact group set (SPEC section 1).
+#: Preset name -> its exact group set (the same sets as Megatron-LM's presets).
 PRESETS: dict[str, frozenset[SpanGroup]] = {
     "default": _DEFAULT,
     "per_step": _PER_STEP,
