@@ -30,7 +30,8 @@ from typing import Any, Protocol, TextIO
 
 from mlaunch.model.spans import ResourceAttr, span_def
 from mlaunch.outputs import open_output
-from mlaunch.trace.reader import Resource, TraceReader, attributes, is_error
+from mlaunch.telemetry.otlp_json import attributes
+from mlaunch.trace.reader import Resource, TraceReader, is_error
 from mlaunch.trace.summary import no_spans_error
 
 #: Span attributes that name the OS thread (OpenTelemetry semantic conventions).

@@ -4,7 +4,8 @@ OpenTelemetry collector file exporter's format).
 Each line is one ``ExportTraceServiceRequest``; a line may hold many spans. The reader decodes a
 line at a time and hands out ``(resource, spans)`` batches; consumers aggregate and drop the span
 dicts, so memory stays flat with the size of the trace. Metric lines (``resourceMetrics``) are
-skipped. Standalone on purpose: it does not import the telemetry runtime (or the OTel SDK).
+skipped. Standalone on purpose: it does not import the telemetry runtime (or the OTel SDK); the
+values are decoded by the standard-library half of :mod:`mlaunch.telemetry.otlp_json`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from mlaunch import envcontract
 from mlaunch.model.spans import TRUNCATED_ATTRS, ResourceAttr
+from mlaunch.telemetry.otlp_json import any_value, attributes
 
 #: A run directory's trace files: the file exporter's output, the spool of undelivered spans and
 #: the launcher's job trace (``envcontract.launcher_traces_file``).
@@ -100,50 +102,6 @@ class TraceInputError(Exception):
             where = f"{self.path}:{self.line}: " if self.line is not None else f"{self.path}: "
         text = f"{where}{self.message}"
         return f"{text}\n  fix: {self.fix}" if self.fix else text
-
-
-def any_value(v: Any) -> Any:
-    """Decode an OTLP/JSON ``AnyValue`` into a plain Python value. Never raises: a malformed
-    value (not an object, an ``intValue`` that is no integer) decodes to ``None`` or its raw
-    form, so one bad attribute cannot make a reader fail with a traceback."""
-    if not isinstance(v, dict):
-        return None
-    if "stringValue" in v:
-        return v["stringValue"]
-    if "intValue" in v:
-        try:
-            return int(v["intValue"])
-        except (TypeError, ValueError):
-            return v["intValue"]
-    if "doubleValue" in v:
-        try:
-            return float(v["doubleValue"])
-        except (TypeError, ValueError):
-            return v["doubleValue"]
-    if "boolValue" in v:
-        return bool(v["boolValue"])
-    if "arrayValue" in v:
-        arr = v["arrayValue"]
-        vals = arr.get("values") if isinstance(arr, dict) else None
-        return [any_value(x) for x in vals] if isinstance(vals, list) else []
-    if "kvlistValue" in v:
-        kvl = v["kvlistValue"]
-        return attributes(kvl.get("values") if isinstance(kvl, dict) else None)
-    if "bytesValue" in v:
-        return v["bytesValue"]  # base64, kept as text: good enough to display
-    return None
-
-
-def attributes(kvs: Any) -> dict[str, Any]:
-    """Decode an OTLP/JSON ``KeyValue`` list into a dict. Entries that are not ``{"key": str,
-    ...}`` are dropped (the reader already refused spans whose attributes are not a list)."""
-    if not isinstance(kvs, list):
-        return {}
-    out: dict[str, Any] = {}
-    for kv in kvs:
-        if isinstance(kv, dict) and isinstance(key := kv.get("key"), str):
-            out[key] = any_value(kv.get("value"))
-    return out
 
 
 def is_error(span: dict[str, Any]) -> bool:

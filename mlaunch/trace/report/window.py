@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from mlaunch.model.spans import ALIASES, STEP_SPAN, Attr
+from mlaunch.telemetry.otlp_json import attributes
 from mlaunch.trace.goodput import GoodputAggregator
-from mlaunch.trace.reader import Resource, TraceInputError, TraceReader, attributes, is_error
+from mlaunch.trace.reader import Resource, TraceInputError, TraceReader, is_error
 from mlaunch.trace.summary import SummaryAggregator
 
 #: Iterations shown at each end of the run by the default timeline window.
