@@ -23,13 +23,7 @@ from mlaunch import envcontract
 from mlaunch.model.spans import TRUNCATED_ATTRS, ResourceAttr
 from mlaunch.telemetry.otlp_json import any_value, attributes
 
-#: A run directory's trace files: the file exporter's output, the spool of undelivered spans and
-#: the launcher's job trace (``envcontract.launcher_traces_file``).
-_TRACES_RE = re.compile(r"^traces-rank(\d+)\.jsonl$")
-_SPOOL_RE = re.compile(r"^spool-traces-rank(\d+)\.jsonl$")
-_LAUNCHER_RE = re.compile(
-    "^" + re.escape(envcontract.launcher_traces_file("", 0).name).replace("0", r"(\d+)", 1) + "$"
-)
+#: The rank in an arbitrary file's name (a collector's file, a renamed copy): ``...rank<R>...``.
 _ANY_RANK_RE = re.compile(r"rank(\d+)")
 #: A raw-bytes pre-check: lines without this marker hold no truncated span, so consumers can
 #: skip scanning attributes (the common case) without decoding anything twice. It is the common
@@ -212,6 +206,19 @@ class ReadStats:
     metric_lines: int = 0
 
 
+def _run_trace_file(path: Path) -> TraceFile | None:
+    """``path`` as one of a run directory's trace files (a rank's traces or their spool, or a
+    launcher's job trace), or None when its name is none of those."""
+    named = envcontract.parse_telemetry_file(path.name)
+    if named is None or named.signal != "traces":
+        return None
+    if named.rank is not None:
+        return TraceFile(path, named.rank, spool=named.spool)
+    if named.launcher_node is not None and not named.spool:
+        return TraceFile(path, named.launcher_node, launcher=True)
+    return None  # unranked, or a launcher's spool (for `mlaunch trace replay`, not read here)
+
+
 def discover(path: Path) -> list[TraceFile]:
     """The trace files behind ``path``: a run directory (its ``telemetry/traces-rank*.jsonl`` and
     ``telemetry/spool-traces-rank*.jsonl``), a telemetry directory itself, or one file."""
@@ -221,10 +228,12 @@ def discover(path: Path) -> list[TraceFile]:
             fix="pass a run directory (runs/<run_id>) or an OTLP-JSON traces file",
         )  # fmt: skip
     if path.is_file():
-        if m := _LAUNCHER_RE.match(path.name):
-            return [TraceFile(path, int(m.group(1)), launcher=True)]
+        named = envcontract.parse_telemetry_file(path.name)
+        if named is not None and named.launcher_node is not None and not named.spool:
+            return [TraceFile(path, named.launcher_node, launcher=True)]
         m = _ANY_RANK_RE.search(path.name)
-        return [TraceFile(path, int(m.group(1)) if m else None, path.name.startswith("spool-"))]
+        spool = path.name.startswith(envcontract.SPOOL_PREFIX)
+        return [TraceFile(path, int(m.group(1)) if m else None, spool)]
     if not path.is_dir():
         raise TraceInputError("not a regular file or directory", path=path,
                               fix="pass a run directory or an OTLP-JSON traces file")  # fmt: skip
@@ -233,12 +242,8 @@ def discover(path: Path) -> list[TraceFile]:
         if not d.is_dir():
             continue
         for p in sorted(d.iterdir()):
-            if m := _TRACES_RE.match(p.name):
-                found.append(TraceFile(p, int(m.group(1))))
-            elif m := _SPOOL_RE.match(p.name):
-                found.append(TraceFile(p, int(m.group(1)), spool=True))
-            elif m := _LAUNCHER_RE.match(p.name):
-                found.append(TraceFile(p, int(m.group(1)), launcher=True))
+            if (tf := _run_trace_file(p)) is not None:
+                found.append(tf)
         if any(not f.launcher for f in found):
             break
     if not found:
