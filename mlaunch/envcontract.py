@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-#: Primary and fallback prefixes of the telemetry keys (SPEC section 2.2).
+#: Primary and fallback prefixes of the telemetry keys: a ``MEGATRON_OTEL_*`` variable wins over
+#: the ``NEMO_LENS_*`` one of the same key (nemo-lens's spelling, still understood).
 PRIMARY_PREFIX = "MEGATRON_OTEL_"
 FALLBACK_PREFIX = "NEMO_LENS_"
 
