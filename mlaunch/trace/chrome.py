@@ -319,11 +319,7 @@ def export_chrome(reader: TraceReader, out_path: Path) -> ChromeStats:
     caller). Raises ``TraceInputError`` for a malformed span (naming its file and line) or a
     trace without spans; ``OSError`` when the output cannot be written."""
     ex = ChromeExporter()
-    for res, spans, _ in reader:
-        try:
-            ex.scan(res, spans)
-        except (KeyError, ValueError, TypeError, AttributeError) as e:
-            raise reader.error_here(f"malformed span ({type(e).__name__}: {e})") from None
+    reader.feed(lambda res, spans, _: ex.scan(res, spans))
     if ex.t0 is None:
         raise no_spans_error(reader)
     stats = ex.layout()

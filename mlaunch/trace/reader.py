@@ -14,7 +14,7 @@ import json
 import os
 import re
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -307,6 +307,16 @@ class TraceReader:
             message, path=self.path, line=self.line_no or None,
             fix=fix or "repair or delete that line, or pass --skip-invalid to ignore bad lines",
         )  # fmt: skip
+
+    def feed(self, add: Callable[[Resource, list[dict[str, Any]], bool], object]) -> None:
+        """Hand every batch to ``add(resource, spans, maybe_truncated)``. A span that ``add``
+        cannot use (it raises KeyError, ValueError, TypeError or AttributeError) becomes a
+        ``TraceInputError`` naming the file and line it came from."""
+        for res, spans, flagged in self:
+            try:
+                add(res, spans, flagged)
+            except (KeyError, ValueError, TypeError, AttributeError) as e:
+                raise self.error_here(f"malformed span ({type(e).__name__}: {e})") from None
 
     def _bad_line(self, why: str) -> None:
         if not self.skip_invalid:

@@ -45,11 +45,7 @@ class ReportResult:
 def _scan(reader: TraceReader) -> Scan:
     """Pass 1 over the trace; a span a consumer cannot use is reported at its line."""
     scan = Scan()
-    for res, spans, flagged in reader:
-        try:
-            scan.add(res, spans, flagged)
-        except (KeyError, ValueError, TypeError, AttributeError) as e:
-            raise reader.error_here(f"malformed span ({type(e).__name__}: {e})") from None
+    reader.feed(scan.add)
     if not scan.summary.durations:
         raise no_spans_error(reader)
     return scan
