@@ -374,7 +374,7 @@ class Receiver:
         for rank, part in parts.items():
             n = sig.items(part)
             if local is not None:
-                path = local.with_name(f"spool-{local.name}") if spool else local
+                path = envcontract.spooled(local) if spool else local
             elif spool:
                 path = envcontract.spool_file(self.run_dir, rank, sig.name)
             else:
