@@ -7,10 +7,14 @@ Workers rebuild their settings from exactly these variables (plus the standard `
 from __future__ import annotations
 
 import os
+import re
+import string
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
-#: Primary and fallback prefixes of the telemetry keys (SPEC section 2.2).
+#: Primary and fallback prefixes of the telemetry keys: a ``MEGATRON_OTEL_*`` variable wins over
+#: the ``NEMO_LENS_*`` one of the same key (nemo-lens's spelling, still understood).
 PRIMARY_PREFIX = "MEGATRON_OTEL_"
 FALLBACK_PREFIX = "NEMO_LENS_"
 
@@ -45,7 +49,41 @@ LAUNCHER_PID = "MLAUNCH_LAUNCHER_PID"
 #: Test-only fault injection understood by the trainer (never set by the launcher itself).
 FAIL_AT_ITERATION = "MLAUNCH_TEST_FAIL_AT_ITERATION"
 
-# Run-directory layout (relative to the run directory).
+# Run-directory layout (relative to the run directory). Each name is spelled once, here; writers
+# build paths from it and readers derive their globs and parsers from it.
+
+
+class NumberedName:
+    """A run-directory name with one number in it (a rank, a node rank), written as a template
+    with one named field (``"error-rank{rank}.json"``): the one spelling from which the writer's
+    name, the reader's glob and the reader's parser all derive."""
+
+    __slots__ = ("template", "glob", "_field", "_re")
+
+    def __init__(self, template: str) -> None:
+        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+        if len(fields) != 1 or not fields[0]:
+            raise ValueError(f"{template!r}: a numbered name has exactly one named field")
+        self.template = template
+        self._field = fields[0]
+        head, _, tail = template.partition("{" + self._field + "}")
+        #: The shell pattern of every such name (``error-rank*.json``).
+        self.glob = f"{head}*{tail}"
+        self._re = re.compile(re.escape(head) + r"(\d+)" + re.escape(tail))
+
+    def name(self, number: int) -> str:
+        """The name for ``number``."""
+        return self.template.format_map({self._field: number})
+
+    def parse(self, name: str) -> int | None:
+        """The number of ``name`` when it is such a name (the whole of it), else None."""
+        m = self._re.fullmatch(name)
+        return int(m.group(1)) if m else None
+
+    def __repr__(self) -> str:
+        return f"NumberedName({self.template!r})"
+
+
 TELEMETRY_DIR = "telemetry"
 LOGS_DIR = "logs"
 CHECKPOINTS_DIR = "checkpoints"
@@ -53,24 +91,103 @@ PROGRESS_FILE = "progress.jsonl"
 RESOLVED_ENV_FILE = "resolved.env"
 RESOLVED_JSON_FILE = "resolved.json"
 COMMAND_FILE = "command.txt"
-ERROR_FILE_TEMPLATE = "error-rank{rank}.json"
+#: What the trainer writes when a rank fails (read by the launcher and ``mlaunch status``).
+ERROR_FILE = NumberedName("error-rank{rank}.json")
+ERROR_FILE_TEMPLATE = ERROR_FILE.template
+#: One node's folder of torchrun logs, under :data:`LOGS_DIR`.
+NODE_LOG_DIR = NumberedName("node{node}")
 #: ``mlaunch sbatch``: the batch script it submitted, and the job it became (id, submit time).
 JOB_SCRIPT_FILE = "job.sbatch"
 SLURM_JOB_FILE = "slurm-job.json"
 #: The batch job's output (``%j``: the job id), appended to by every incarnation of the job.
 SLURM_OUTPUT_TEMPLATE = "slurm-%j.out"
+#: Every incarnation's batch output in a run directory (:data:`SLURM_OUTPUT_TEMPLATE`'s glob).
+SLURM_OUTPUT_GLOB = SLURM_OUTPUT_TEMPLATE.replace("%j", "*")
 #: A node other than node 0 of a multi-node run writes its progress view here (under its log dir).
 LAUNCHER_LOG = "launcher.log"
 
 
+# Telemetry files, under TELEMETRY_DIR: ``{signal}-{sender}.jsonl`` (OTLP/JSON lines), the sender
+# a rank (``rank3``), ``unranked`` or a node's launcher (``launcher-node0``); what could not be
+# delivered goes to the same name behind SPOOL_PREFIX.
+
+#: The OTLP signals, in the order a replay sends them.
+SIGNALS = ("traces", "metrics", "logs")
+#: The file-name word for telemetry the launcher's embedded OTLP receiver got from a process
+#: whose resource has no ``dl.rank`` attribute (so it cannot be put in a rank's file).
+UNRANKED = "unranked"
+#: The sender word of one rank, and of one node's launcher (its job trace).
+RANK_SENDER = NumberedName("rank{rank}")
+LAUNCHER_SENDER = NumberedName("launcher-node{node}")
+#: Before a telemetry file's name: the spool of what could not be delivered to that file's
+#: destination (same format as the file exporter's).
+SPOOL_PREFIX = "spool-"
+
+
+def _telemetry_name(signal: str, sender: str, spool: bool = False) -> str:
+    return f"{SPOOL_PREFIX if spool else ''}{signal}-{sender}.jsonl"
+
+
+def telemetry_file_name(
+    signal: str, rank: int | None = None, *, launcher_node: int | None = None, spool: bool = False
+) -> str:
+    """The name of a telemetry file: ``traces-rank3.jsonl``, ``logs-unranked.jsonl`` (``rank``
+    None), ``traces-launcher-node0.jsonl`` (``launcher_node``), each behind ``spool-`` for a
+    spool."""
+    if launcher_node is not None:
+        sender = LAUNCHER_SENDER.name(launcher_node)
+    else:
+        sender = UNRANKED if rank is None else RANK_SENDER.name(rank)
+    return _telemetry_name(signal, sender, spool)
+
+
+#: The glob of every rank's traces file (what the file exporter writes).
+TRACES_FILE_GLOB = _telemetry_name("traces", RANK_SENDER.glob)
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetryFile:
+    """What a telemetry file's name says (:func:`parse_telemetry_file`)."""
+
+    signal: str
+    spool: bool = False
+    #: The sending rank; None for ``unranked`` and for a launcher.
+    rank: int | None = None
+    #: The node of the launcher that sent it (its job trace), else None.
+    launcher_node: int | None = None
+
+
+def parse_telemetry_file(name: str) -> TelemetryFile | None:
+    """The signal, spool flag and sender of a telemetry file name (the inverse of
+    :func:`telemetry_file_name`), or None when ``name`` is no such name."""
+    spool = name.startswith(SPOOL_PREFIX)
+    stem = name.removeprefix(SPOOL_PREFIX) if spool else name
+    signal, sep, rest = stem.partition("-")
+    if not sep or signal not in SIGNALS or not rest.endswith(".jsonl"):
+        return None
+    sender = rest.removesuffix(".jsonl")
+    if sender == UNRANKED:
+        return TelemetryFile(signal, spool)
+    if (rank := RANK_SENDER.parse(sender)) is not None:
+        return TelemetryFile(signal, spool, rank=rank)
+    if (node := LAUNCHER_SENDER.parse(sender)) is not None:
+        return TelemetryFile(signal, spool, launcher_node=node)
+    return None
+
+
+def spooled(path: Path) -> Path:
+    """The spool next to a telemetry file: what could not be delivered to its destination."""
+    return path.with_name(SPOOL_PREFIX + path.name)
+
+
 def traces_file(run_dir: str | Path, rank: int) -> Path:
     """The file exporter's trace output of one rank (OTLP-JSON lines)."""
-    return Path(run_dir) / TELEMETRY_DIR / f"traces-rank{rank}.jsonl"
+    return Path(run_dir) / TELEMETRY_DIR / telemetry_file_name("traces", rank)
 
 
 def launcher_traces_file(run_dir: str | Path, node_rank: int = 0) -> Path:
     """The launcher's own job trace (``mlaunch.job`` / ``mlaunch.job.attempt``) of one node."""
-    return Path(run_dir) / TELEMETRY_DIR / f"traces-launcher-node{node_rank}.jsonl"
+    return Path(run_dir) / TELEMETRY_DIR / telemetry_file_name("traces", launcher_node=node_rank)
 
 
 def run_lock_file(run_dir: str | Path, node_rank: int = 0) -> Path:
@@ -81,29 +198,20 @@ def run_lock_file(run_dir: str | Path, node_rank: int = 0) -> Path:
 
 def metrics_file(run_dir: str | Path, rank: int) -> Path:
     """The file exporter's metric output of one rank (OTLP-JSON lines)."""
-    return Path(run_dir) / TELEMETRY_DIR / f"metrics-rank{rank}.jsonl"
+    return Path(run_dir) / TELEMETRY_DIR / telemetry_file_name("metrics", rank)
 
 
 def spool_file(run_dir: str | Path, rank: int | None, signal: str = "traces") -> Path:
     """Where spans/metrics that could not be delivered are kept (same format as the file exporter).
     ``rank=None``: what the embedded receiver got from a process that did not say its rank."""
-    return Path(run_dir) / TELEMETRY_DIR / f"spool-{signal}-{_rank_word(rank)}.jsonl"
-
-
-#: The file-name word for telemetry the launcher's embedded OTLP receiver got from a process
-#: whose resource has no ``dl.rank`` attribute (so it cannot be put in a rank's file).
-UNRANKED = "unranked"
-
-
-def _rank_word(rank: int | None) -> str:
-    return UNRANKED if rank is None else f"rank{rank}"
+    return Path(run_dir) / TELEMETRY_DIR / telemetry_file_name(signal, rank, spool=True)
 
 
 def received_file(run_dir: str | Path, signal: str, rank: int | None) -> Path:
     """Where the embedded OTLP receiver writes one rank's ``traces``/``metrics``/``logs``: the
     file exporter's names (:func:`traces_file`, :func:`metrics_file`), ``logs-rank{R}.jsonl``,
     and ``{signal}-unranked.jsonl`` for a sender without ``dl.rank``."""
-    return Path(run_dir) / TELEMETRY_DIR / f"{signal}-{_rank_word(rank)}.jsonl"
+    return Path(run_dir) / TELEMETRY_DIR / telemetry_file_name(signal, rank)
 
 
 def receiver_stats_file(run_dir: str | Path, node_rank: int = 0) -> Path:
@@ -144,4 +252,4 @@ PREEMPT_SIGNALS = "MLAUNCH_PREEMPT_SIGNALS"
 
 def tee_file(run_dir: str | Path, rank: int) -> Path:
     """Where the test-only span tee of one rank goes (see :data:`TEE_SPANS`)."""
-    return Path(run_dir) / TELEMETRY_DIR / f"tee-traces-rank{rank}.jsonl"
+    return Path(run_dir) / TELEMETRY_DIR / f"tee-{telemetry_file_name('traces', rank)}"

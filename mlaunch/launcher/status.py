@@ -187,7 +187,9 @@ def _rank_log(
     if local is None:
         return None, None
     marks = [f"[rank{rank}]", message[:80]] if message else [f"[rank{rank}]"]
-    for path in (run_dir / ec.LOGS_DIR).glob(f"node*/*/attempt_*/{local}/std*.log"):
+    for path in (run_dir / ec.LOGS_DIR).glob(
+        f"{ec.NODE_LOG_DIR.glob}/*/attempt_*/{local}/std*.log"
+    ):
         try:
             if since is not None and path.stat().st_mtime < since - 1:
                 continue
@@ -195,8 +197,7 @@ def _rank_log(
         except OSError:
             continue
         if any(m and m in text for m in marks):
-            node = path.relative_to(run_dir / ec.LOGS_DIR).parts[0].removeprefix("node")
-            return (int(node) if node.isdigit() else None), path
+            return ec.NODE_LOG_DIR.parse(path.relative_to(run_dir / ec.LOGS_DIR).parts[0]), path
     return None, None
 
 
@@ -204,13 +205,14 @@ def node_views(run_dir: Path, since: float | None = None) -> list[NodeView]:
     """Each node's most recently written worker log (or its launcher's progress view, or
     torchrun's log) since ``since`` (this incarnation's start), and its last line."""
     views = []
-    for folder in sorted((run_dir / ec.LOGS_DIR).glob("node*")):
-        number = folder.name.removeprefix("node")
-        if not number.isdigit():
+    for folder in sorted((run_dir / ec.LOGS_DIR).glob(ec.NODE_LOG_DIR.glob)):
+        number = ec.NODE_LOG_DIR.parse(folder.name)
+        if number is None:
             continue
         # A worker's log, or (nodes other than 0) the launcher's progress view, whichever is newer.
         # Node 0's progress view is the job's output (the other nodes write only a pointer there).
-        outputs = sorted(run_dir.glob("slurm-*.out")) if number == "0" else []
+        first = folder.name == ec.NODE_LOG_DIR.name(0)
+        outputs = sorted(run_dir.glob(ec.SLURM_OUTPUT_GLOB)) if first else []
         logs = [*folder.glob("*/attempt_*/*/std*.log"), folder / ec.LAUNCHER_LOG, *outputs]
         logs = [p for p in logs if p.is_file() and p.stat().st_size > 0]
         if since is not None:
@@ -218,7 +220,7 @@ def node_views(run_dir: Path, since: float | None = None) -> list[NodeView]:
         newest = _newest(logs)
         views.append(
             NodeView(
-                int(number), str(newest) if newest else None, _last_line(newest) if newest else None
+                number, str(newest) if newest else None, _last_line(newest) if newest else None
             )
         )
     return sorted(views, key=lambda v: v.node)
@@ -228,12 +230,12 @@ def failures(run_dir: Path, since: float | None = None) -> list[Failure]:
     """The failed ranks (``error-rank*.json`` written since ``since``), the first to fail first."""
     nproc = _nproc(run_dir)
     out = []
-    for path in run_dir.glob("error-rank*.json"):
+    for path in run_dir.glob(ec.ERROR_FILE.glob):
         try:
             if since is not None and path.stat().st_mtime < since - 1:
                 continue  # an earlier incarnation's
             data = json.loads(path.read_text(encoding="utf-8"))
-            rank = int(data.get("rank", path.stem.removeprefix("error-rank")))
+            rank = int(data.get("rank", ec.ERROR_FILE.parse(path.name)))
         except (OSError, ValueError, TypeError):
             continue
         message = str(data.get("message", ""))
@@ -306,7 +308,7 @@ def job_status(target: str, cwd: Path) -> JobStatus:
         st.progress = progress(run_dir)
         st.nodes = node_views(run_dir, since)
         st.failures = failures(run_dir, since)
-        outputs = sorted(run_dir.glob("slurm-*.out"))
+        outputs = sorted(run_dir.glob(ec.SLURM_OUTPUT_GLOB))
         st.output = str(outputs[-1]) if outputs else None
     if info is not None:
         st.slurm = info.as_json()

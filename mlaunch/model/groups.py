@@ -34,11 +34,13 @@ class SpanGroup(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class GroupInfo:
-    """What a group covers and how often its spans occur."""
+    """What a group covers, how often its spans occur, and the colour that draws it."""
 
     group: SpanGroup
     description: str
     frequency: str
+    #: The group's colour in ``mlaunch trace report`` (categorical, readable on white).
+    colour: str
 
 
 GROUPS: dict[SpanGroup, GroupInfo] = {
@@ -49,53 +51,76 @@ GROUPS: dict[SpanGroup, GroupInfo] = {
             "start-up and the training blocks: megatron.startup, megatron.train "
             "(the launcher's job trace covers the whole run)",
             "once per job, one block per save interval",
+            colour="#9e9e9e",
         ),
-        GroupInfo(SpanGroup.CHECKPOINT, "saving checkpoints", "every save"),
-        GroupInfo(SpanGroup.EVALUATE, "evaluation passes and their steps", "every eval interval"),
-        GroupInfo(SpanGroup.MODEL_INIT, "building the model and optimizer", "once"),
-        GroupInfo(SpanGroup.LOAD_CHECKPOINT, "loading a checkpoint (resume)", "once"),
-        GroupInfo(SpanGroup.STEP, "one training iteration", "every iteration"),
+        GroupInfo(SpanGroup.CHECKPOINT, "saving checkpoints", "every save", colour="#8c564b"),
+        GroupInfo(
+            SpanGroup.EVALUATE,
+            "evaluation passes and their steps",
+            "every eval interval",
+            colour="#e377c2",
+        ),
+        GroupInfo(
+            SpanGroup.MODEL_INIT, "building the model and optimizer", "once", colour="#bcbd22"
+        ),
+        GroupInfo(
+            SpanGroup.LOAD_CHECKPOINT, "loading a checkpoint (resume)", "once", colour="#c49c94"
+        ),
+        GroupInfo(SpanGroup.STEP, "one training iteration", "every iteration", colour="#1f77b4"),
         GroupInfo(
             SpanGroup.FORWARD_BACKWARD,
             "the forward/backward pass of one iteration",
             "every iteration",
+            colour="#6baed6",
         ),
-        GroupInfo(SpanGroup.OPTIMIZER, "the optimizer step", "every iteration"),
+        GroupInfo(SpanGroup.OPTIMIZER, "the optimizer step", "every iteration", colour="#ff7f0e"),
         GroupInfo(
-            SpanGroup.MICROBATCH, "forward and backward of each microbatch", "N per iteration"
+            SpanGroup.MICROBATCH,
+            "forward and backward of each microbatch",
+            "N per iteration",
+            colour="#2ca02c",
         ),
         GroupInfo(
             SpanGroup.LAYER,
             "each transformer layer's forward, with attention/MLP breakdown",
             "N x L per iteration",
+            colour="#98df8a",
         ),
         GroupInfo(
             SpanGroup.COMMUNICATION,
             "pipeline P2P send/recv, gradient all-reduce, linked cross-stage spans",
             "several per iteration",
+            colour="#d62728",
         ),
         GroupInfo(
             SpanGroup.ACTIVATION_OFFLOAD,
             "GPU<->CPU activation offload and reload",
             "per microbatch",
+            colour="#ffbb78",
         ),
         GroupInfo(
-            SpanGroup.DATA_LOADING, "data pipeline setup and batch fetching", "per iteration"
+            SpanGroup.DATA_LOADING,
+            "data pipeline setup and batch fetching",
+            "per iteration",
+            colour="#9467bd",
         ),
         GroupInfo(
             SpanGroup.FIRST_ITERATION,
             "the first iteration this process executes (after a resume too): warm-up cost",
             "once",
+            colour="#17becf",
         ),
         GroupInfo(
             SpanGroup.TRACE_REGION,
             "fine sub-phase markers inside checkpoint save/load and data setup",
             "many, only on request",
+            colour="#c5b0d5",
         ),
         GroupInfo(
             SpanGroup.INFERENCE,
             "text-generation requests (GenAI semantic conventions)",
             "per request",
+            colour="#f7b6d2",
         ),
     )
 }
@@ -135,7 +160,7 @@ GOODPUT_GROUPS: frozenset[SpanGroup] = frozenset(
     }
 )
 
-#: Preset name -> its exact group set (SPEC section 1).
+#: Preset name -> its exact group set (the same sets as Megatron-LM's presets).
 PRESETS: dict[str, frozenset[SpanGroup]] = {
     "default": _DEFAULT,
     "per_step": _PER_STEP,

@@ -1,5 +1,5 @@
-"""The span catalogue: every span mlaunch's trainer emits (SPEC section 4) under the name
-Megatron-LM's code emits (MEGATRON.md section 3), with its group, parent, repetition, attributes,
+"""The span catalogue: every span mlaunch's trainer emits, under the name Megatron-LM's code
+emits (its code, not its documentation), with its group, parent, repetition, attributes,
 ``is_goodput_span`` mark, documented alias and whether it is an mlaunch extra; the one alias
 table every trace reader uses; plus the attribute, resource and metric names.
 
@@ -60,7 +60,7 @@ class SpanName(StrEnum):
 
 
 class LegacyName(StrEnum):
-    """The names of Megatron-LM's documentation (SPEC section 4 before the code was read), which
+    """The names of Megatron-LM's documentation (which differ from what its code emits), which
     mlaunch's trainer emitted until it switched to the code names. Readers accept them; nothing
     emits them any more."""
 
@@ -124,7 +124,7 @@ TRUNCATED_ATTRS: tuple[str, ...] = (Attr.TRUNCATED.value, Attr.LEGACY_TRUNCATED.
 
 
 class ResourceAttr(StrEnum):
-    """Resource attribute keys set on every span and metric of a rank (SPEC section 3)."""
+    """Resource attribute keys set on every span and metric of a rank."""
 
     SERVICE_NAME = "service.name"
     SERVICE_VERSION = "service.version"
@@ -189,7 +189,7 @@ K8S_RESOURCE_ATTRS: dict[str, str] = {
 
 @dataclass(frozen=True, slots=True)
 class MetricDef:
-    """One metric instrument of SPEC section 5."""
+    """One metric instrument an exporting rank records every log interval."""
 
     name: str
     kind: str  # "histogram" | "gauge" | "counter"
@@ -254,7 +254,7 @@ class SpanDef:
     ``name`` is what Megatron-LM's code emits (and mlaunch's trainer emits); ``alias`` is the
     documented name where that differs; ``attributes`` are Megatron-LM's, ``extra_attributes``
     the ones mlaunch adds; ``goodput`` says whether the span carries ``is_goodput_span=true``
-    (Megatron-LM's own choice per span, MEGATRON.md section 3)."""
+    (Megatron-LM's own choice per span)."""
 
     name: str
     group: SpanGroup
@@ -289,7 +289,7 @@ A = Attr
 R = Repeat
 _X = True  # readability: extra=_X / goodput=_X in the table below
 
-#: The span trees of SPEC section 4, in display order (a parent always precedes its children).
+#: The span trees the trainer emits, in display order (a parent always precedes its children).
 #: Two roots per worker: ``megatron.startup`` (once per incarnation) and ``megatron.train`` (one
 #: per block of save_interval iterations, each a trace of its own).
 CATALOGUE: tuple[SpanDef, ...] = (

@@ -1,14 +1,15 @@
-"""Rank export strategies (SPEC section 2.3) and the md5 rank-sampling rule they share with the
-rank-aware sampler (section 2.4)."""
+"""Rank export strategies (which ranks export) and the md5 rank-sampling rule they share with the
+rank-aware sampler."""
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
+
+from mlaunch.model.spec import closest_word
 
 
 class ExportStrategy(StrEnum):
@@ -74,8 +75,8 @@ def load_strategy(name: str) -> StrategyFn:
         return _BUILTIN[ExportStrategy(key)]
     if ":" not in name:
         choices = [s.value for s in ExportStrategy]
-        close = difflib.get_close_matches(key, choices, n=1, cutoff=0.6)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        close = closest_word(key, choices)
+        hint = f" (did you mean {close!r}?)" if close else ""
         raise StrategyError(
             f"unknown export strategy {name!r}{hint}; use one of {', '.join(choices)}"
             " or a custom 'package.module:function'"

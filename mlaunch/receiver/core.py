@@ -190,20 +190,20 @@ class Receiver:
         from mlaunch.receiver import frontends
 
         if grpc:
-            try:
-                fe = frontends.GrpcFrontend(self)
-                self._frontends.append(fe)
-                self.stats.grpc_endpoint = fe.endpoint
-            except Exception as exc:
-                self.problem("grpc", f"cannot start the OTLP/gRPC listener ({exc})")
+            self.stats.grpc_endpoint = self._listen("grpc", "OTLP/gRPC", frontends.GrpcFrontend)
         if http:
-            try:
-                fe = frontends.HttpFrontend(self)
-                self._frontends.append(fe)
-                self.stats.http_endpoint = fe.endpoint
-            except Exception as exc:
-                self.problem("http", f"cannot start the OTLP/HTTP listener ({exc})")
+            self.stats.http_endpoint = self._listen("http", "OTLP/HTTP", frontends.HttpFrontend)
         return self
+
+    def _listen(self, kind: str, label: str, frontend: Callable[[Receiver], Any]) -> str | None:
+        """Start one frontend: its endpoint, or None (the problem logged once) if it cannot start."""
+        try:
+            fe = frontend(self)
+        except Exception as exc:
+            self.problem(kind, f"cannot start the {label} listener ({exc})")
+            return None
+        self._frontends.append(fe)
+        return fe.endpoint
 
     @property
     def grpc_endpoint(self) -> str | None:
@@ -374,7 +374,7 @@ class Receiver:
         for rank, part in parts.items():
             n = sig.items(part)
             if local is not None:
-                path = local.with_name(f"spool-{local.name}") if spool else local
+                path = envcontract.spooled(local) if spool else local
             elif spool:
                 path = envcontract.spool_file(self.run_dir, rank, sig.name)
             else:

@@ -202,28 +202,53 @@ def decode_metrics_line(line: str) -> Any:
 # Flat, standard-library readers.
 
 
-def any_value(value: dict[str, Any]) -> Any:
-    """An OTLP/JSON ``AnyValue`` as a Python value (int64 strings become ints)."""
-    if "stringValue" in value:
-        return value["stringValue"]
-    if "boolValue" in value:
-        return bool(value["boolValue"])
-    if "intValue" in value:
-        return int(value["intValue"])
-    if "doubleValue" in value:
-        return float(value["doubleValue"])
-    if "arrayValue" in value:
-        return [any_value(v) for v in value["arrayValue"].get("values", ())]
-    if "kvlistValue" in value:
-        return attributes(value["kvlistValue"].get("values", ()))
-    if "bytesValue" in value:
-        return base64.b64decode(value["bytesValue"])
+def any_value(v: Any) -> Any:
+    """An OTLP/JSON ``AnyValue`` as a Python value: int64 strings become ints, ``bytesValue``
+    (base64, as protobuf's JSON mapping writes bytes: OTLP/JSON overrides that only for trace and
+    span ids) becomes ``bytes``. Never raises: a malformed value (not an object, an ``intValue``
+    that is no integer, a ``bytesValue`` that is no base64) decodes to ``None`` or its raw form,
+    so one bad attribute cannot make a reader fail with a traceback."""
+    if not isinstance(v, dict):
+        return None
+    if "stringValue" in v:
+        return v["stringValue"]
+    if "intValue" in v:
+        try:
+            return int(v["intValue"])
+        except (TypeError, ValueError):
+            return v["intValue"]
+    if "doubleValue" in v:
+        try:
+            return float(v["doubleValue"])
+        except (TypeError, ValueError):
+            return v["doubleValue"]
+    if "boolValue" in v:
+        return bool(v["boolValue"])
+    if "arrayValue" in v:
+        arr = v["arrayValue"]
+        vals = arr.get("values") if isinstance(arr, dict) else None
+        return [any_value(x) for x in vals] if isinstance(vals, list) else []
+    if "kvlistValue" in v:
+        kvl = v["kvlistValue"]
+        return attributes(kvl.get("values") if isinstance(kvl, dict) else None)
+    if "bytesValue" in v:
+        try:
+            return base64.b64decode(v["bytesValue"])
+        except (TypeError, ValueError):  # binascii.Error is a ValueError
+            return v["bytesValue"]
     return None  # an empty AnyValue
 
 
-def attributes(kvs: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """A list of OTLP/JSON ``KeyValue`` as a dict."""
-    return {kv["key"]: any_value(kv.get("value", {})) for kv in kvs}
+def attributes(kvs: Any) -> dict[str, Any]:
+    """A list of OTLP/JSON ``KeyValue`` as a dict. Entries that are not ``{"key": str, ...}``
+    are dropped, and anything but a list decodes to {} (see :func:`any_value`: never raises)."""
+    if not isinstance(kvs, list | tuple):
+        return {}
+    out: dict[str, Any] = {}
+    for kv in kvs:
+        if isinstance(kv, dict) and isinstance(key := kv.get("key"), str):
+            out[key] = any_value(kv.get("value"))
+    return out
 
 
 def iter_spans(request: dict[str, Any]) -> Iterator[dict[str, Any]]:

@@ -30,7 +30,8 @@ from typing import Any, Protocol, TextIO
 
 from mlaunch.model.spans import ResourceAttr, span_def
 from mlaunch.outputs import open_output
-from mlaunch.trace.reader import Resource, TraceReader, attributes, is_error
+from mlaunch.telemetry.otlp_json import attributes
+from mlaunch.trace.reader import Resource, TraceReader, is_error
 from mlaunch.trace.summary import no_spans_error
 
 #: Span attributes that name the OS thread (OpenTelemetry semantic conventions).
@@ -318,11 +319,7 @@ def export_chrome(reader: TraceReader, out_path: Path) -> ChromeStats:
     caller). Raises ``TraceInputError`` for a malformed span (naming its file and line) or a
     trace without spans; ``OSError`` when the output cannot be written."""
     ex = ChromeExporter()
-    for res, spans, _ in reader:
-        try:
-            ex.scan(res, spans)
-        except (KeyError, ValueError, TypeError, AttributeError) as e:
-            raise reader.error_here(f"malformed span ({type(e).__name__}: {e})") from None
+    reader.feed(lambda res, spans, _: ex.scan(res, spans))
     if ex.t0 is None:
         raise no_spans_error(reader)
     stats = ex.layout()

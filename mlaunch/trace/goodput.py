@@ -47,7 +47,8 @@ from typing import Any
 
 from mlaunch.model.identity import RUN_UUID
 from mlaunch.model.spans import ALIASES, STEP_SPAN, Attr, LegacyName, ResourceAttr, SpanName
-from mlaunch.trace.reader import Resource, TraceReader, attributes
+from mlaunch.telemetry.otlp_json import attributes
+from mlaunch.trace.reader import Resource, TraceReader
 from mlaunch.trace.stats import Interval, clip, median, merge, subtract, total
 from mlaunch.trace.summary import no_spans_error
 
@@ -346,11 +347,7 @@ def goodput(reader: TraceReader) -> GoodputReport:
     """Read every batch of ``reader`` once and compute goodput. Raises ``TraceInputError`` for a
     malformed span (naming its file and line) or a trace without spans."""
     agg = GoodputAggregator()
-    for res, spans, _ in reader:
-        try:
-            agg.add(res, spans)
-        except (KeyError, ValueError, TypeError, AttributeError) as e:
-            raise reader.error_here(f"malformed span ({type(e).__name__}: {e})") from None
+    reader.feed(lambda res, spans, _: agg.add(res, spans))
     if not any(st.hi >= st.lo for st in agg.ranks.values()):
         raise no_spans_error(reader)
     return agg.finish()

@@ -4,7 +4,8 @@ OpenTelemetry collector file exporter's format).
 Each line is one ``ExportTraceServiceRequest``; a line may hold many spans. The reader decodes a
 line at a time and hands out ``(resource, spans)`` batches; consumers aggregate and drop the span
 dicts, so memory stays flat with the size of the trace. Metric lines (``resourceMetrics``) are
-skipped. Standalone on purpose: it does not import the telemetry runtime (or the OTel SDK).
+skipped. Standalone on purpose: it does not import the telemetry runtime (or the OTel SDK); the
+values are decoded by the standard-library half of :mod:`mlaunch.telemetry.otlp_json`.
 """
 
 from __future__ import annotations
@@ -13,21 +14,16 @@ import json
 import os
 import re
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mlaunch import envcontract
 from mlaunch.model.spans import TRUNCATED_ATTRS, ResourceAttr
+from mlaunch.telemetry.otlp_json import any_value, attributes
 
-#: A run directory's trace files: the file exporter's output, the spool of undelivered spans and
-#: the launcher's job trace (``envcontract.launcher_traces_file``).
-_TRACES_RE = re.compile(r"^traces-rank(\d+)\.jsonl$")
-_SPOOL_RE = re.compile(r"^spool-traces-rank(\d+)\.jsonl$")
-_LAUNCHER_RE = re.compile(
-    "^" + re.escape(envcontract.launcher_traces_file("", 0).name).replace("0", r"(\d+)", 1) + "$"
-)
+#: The rank in an arbitrary file's name (a collector's file, a renamed copy): ``...rank<R>...``.
 _ANY_RANK_RE = re.compile(r"rank(\d+)")
 #: A raw-bytes pre-check: lines without this marker hold no truncated span, so consumers can
 #: skip scanning attributes (the common case) without decoding anything twice. It is the common
@@ -100,50 +96,6 @@ class TraceInputError(Exception):
             where = f"{self.path}:{self.line}: " if self.line is not None else f"{self.path}: "
         text = f"{where}{self.message}"
         return f"{text}\n  fix: {self.fix}" if self.fix else text
-
-
-def any_value(v: Any) -> Any:
-    """Decode an OTLP/JSON ``AnyValue`` into a plain Python value. Never raises: a malformed
-    value (not an object, an ``intValue`` that is no integer) decodes to ``None`` or its raw
-    form, so one bad attribute cannot make a reader fail with a traceback."""
-    if not isinstance(v, dict):
-        return None
-    if "stringValue" in v:
-        return v["stringValue"]
-    if "intValue" in v:
-        try:
-            return int(v["intValue"])
-        except (TypeError, ValueError):
-            return v["intValue"]
-    if "doubleValue" in v:
-        try:
-            return float(v["doubleValue"])
-        except (TypeError, ValueError):
-            return v["doubleValue"]
-    if "boolValue" in v:
-        return bool(v["boolValue"])
-    if "arrayValue" in v:
-        arr = v["arrayValue"]
-        vals = arr.get("values") if isinstance(arr, dict) else None
-        return [any_value(x) for x in vals] if isinstance(vals, list) else []
-    if "kvlistValue" in v:
-        kvl = v["kvlistValue"]
-        return attributes(kvl.get("values") if isinstance(kvl, dict) else None)
-    if "bytesValue" in v:
-        return v["bytesValue"]  # base64, kept as text: good enough to display
-    return None
-
-
-def attributes(kvs: Any) -> dict[str, Any]:
-    """Decode an OTLP/JSON ``KeyValue`` list into a dict. Entries that are not ``{"key": str,
-    ...}`` are dropped (the reader already refused spans whose attributes are not a list)."""
-    if not isinstance(kvs, list):
-        return {}
-    out: dict[str, Any] = {}
-    for kv in kvs:
-        if isinstance(kv, dict) and isinstance(key := kv.get("key"), str):
-            out[key] = any_value(kv.get("value"))
-    return out
 
 
 def is_error(span: dict[str, Any]) -> bool:
@@ -254,6 +206,19 @@ class ReadStats:
     metric_lines: int = 0
 
 
+def _run_trace_file(path: Path) -> TraceFile | None:
+    """``path`` as one of a run directory's trace files (a rank's traces or their spool, or a
+    launcher's job trace), or None when its name is none of those."""
+    named = envcontract.parse_telemetry_file(path.name)
+    if named is None or named.signal != "traces":
+        return None
+    if named.rank is not None:
+        return TraceFile(path, named.rank, spool=named.spool)
+    if named.launcher_node is not None and not named.spool:
+        return TraceFile(path, named.launcher_node, launcher=True)
+    return None  # unranked, or a launcher's spool (for `mlaunch trace replay`, not read here)
+
+
 def discover(path: Path) -> list[TraceFile]:
     """The trace files behind ``path``: a run directory (its ``telemetry/traces-rank*.jsonl`` and
     ``telemetry/spool-traces-rank*.jsonl``), a telemetry directory itself, or one file."""
@@ -263,10 +228,12 @@ def discover(path: Path) -> list[TraceFile]:
             fix="pass a run directory (runs/<run_id>) or an OTLP-JSON traces file",
         )  # fmt: skip
     if path.is_file():
-        if m := _LAUNCHER_RE.match(path.name):
-            return [TraceFile(path, int(m.group(1)), launcher=True)]
+        named = envcontract.parse_telemetry_file(path.name)
+        if named is not None and named.launcher_node is not None and not named.spool:
+            return [TraceFile(path, named.launcher_node, launcher=True)]
         m = _ANY_RANK_RE.search(path.name)
-        return [TraceFile(path, int(m.group(1)) if m else None, path.name.startswith("spool-"))]
+        spool = path.name.startswith(envcontract.SPOOL_PREFIX)
+        return [TraceFile(path, int(m.group(1)) if m else None, spool)]
     if not path.is_dir():
         raise TraceInputError("not a regular file or directory", path=path,
                               fix="pass a run directory or an OTLP-JSON traces file")  # fmt: skip
@@ -275,12 +242,8 @@ def discover(path: Path) -> list[TraceFile]:
         if not d.is_dir():
             continue
         for p in sorted(d.iterdir()):
-            if m := _TRACES_RE.match(p.name):
-                found.append(TraceFile(p, int(m.group(1))))
-            elif m := _SPOOL_RE.match(p.name):
-                found.append(TraceFile(p, int(m.group(1)), spool=True))
-            elif m := _LAUNCHER_RE.match(p.name):
-                found.append(TraceFile(p, int(m.group(1)), launcher=True))
+            if (tf := _run_trace_file(p)) is not None:
+                found.append(tf)
         if any(not f.launcher for f in found):
             break
     if not found:
@@ -344,6 +307,16 @@ class TraceReader:
             message, path=self.path, line=self.line_no or None,
             fix=fix or "repair or delete that line, or pass --skip-invalid to ignore bad lines",
         )  # fmt: skip
+
+    def feed(self, add: Callable[[Resource, list[dict[str, Any]], bool], object]) -> None:
+        """Hand every batch to ``add(resource, spans, maybe_truncated)``. A span that ``add``
+        cannot use (it raises KeyError, ValueError, TypeError or AttributeError) becomes a
+        ``TraceInputError`` naming the file and line it came from."""
+        for res, spans, flagged in self:
+            try:
+                add(res, spans, flagged)
+            except (KeyError, ValueError, TypeError, AttributeError) as e:
+                raise self.error_here(f"malformed span ({type(e).__name__}: {e})") from None
 
     def _bad_line(self, why: str) -> None:
         if not self.skip_invalid:

@@ -19,7 +19,6 @@ import fcntl
 import http.client
 import json
 import os
-import re
 import sys
 import urllib.error
 import urllib.request
@@ -36,12 +35,6 @@ from mlaunch.telemetry import otlp_json
 #: The record of what earlier replays delivered (in the run's telemetry folder).
 LEDGER_FILE = "replayed.json"
 _LOCK_FILE = ".replay.lock"
-#: Spool files: per rank (a worker's or the launcher's receiver), ``unranked`` (the receiver got
-#: them without ``dl.rank``) and ``launcher-node<N>`` (the launcher's own job trace, relayed).
-_SPOOL_RE = re.compile(
-    r"^spool-(traces|metrics|logs)-(?:rank(\d+)|unranked|launcher-node\d+)\.jsonl$"
-)
-_SIGNAL_ORDER = {"traces": 0, "metrics": 1, "logs": 2}
 PROTOCOLS = ("grpc", "http/protobuf")
 
 
@@ -138,14 +131,20 @@ def spool_files(run_dir: Path) -> list[Path]:
             f"{run_dir}: not an mlaunch run directory (no {envcontract.TELEMETRY_DIR}/ folder); "
             "give the directory `mlaunch train` printed as 'run dir'"
         )
+    # Spool files: per rank (a worker's or the launcher's receiver), unranked (the receiver got
+    # them without dl.rank) and per launcher node (the launcher's own job trace, relayed).
     found = [
-        (m, p) for p in telemetry_dir.iterdir() if (m := _SPOOL_RE.match(p.name)) and p.is_file()
+        (named, p)
+        for p in telemetry_dir.iterdir()
+        if (named := envcontract.parse_telemetry_file(p.name)) is not None
+        and named.spool
+        and p.is_file()
     ]
     found.sort(
-        key=lambda mp: (
-            _SIGNAL_ORDER[mp[0].group(1)],
-            int(mp[0].group(2)) if mp[0].group(2) else 1 << 62,
-            mp[1].name,
+        key=lambda np: (
+            envcontract.SIGNALS.index(np[0].signal),
+            np[0].rank if np[0].rank is not None else 1 << 62,
+            np[1].name,
         )
     )
     return [p for _, p in found]
@@ -348,7 +347,7 @@ def replay(
         send, close = sender
         try:
             for path in files:
-                signal = _SPOOL_RE.match(path.name).group(1)  # type: ignore[union-attr]
+                signal = envcontract.parse_telemetry_file(path.name).signal  # type: ignore[union-attr]
                 entry = ledger.setdefault(path.name, {"offset": 0, "spans": 0})
                 if path.stat().st_size < entry["offset"]:  # replaced by a new, shorter file
                     entry.update(offset=0, spans=0)

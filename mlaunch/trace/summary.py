@@ -240,11 +240,7 @@ def summarize(reader: TraceReader, *, straggler_threshold: float = 0.05) -> Summ
     """Read every batch of ``reader`` once and summarize it. Raises ``TraceInputError`` for a
     malformed span (naming its file and line) or a trace without spans."""
     agg = SummaryAggregator()
-    for res, spans, flagged in reader:
-        try:
-            agg.add(res, spans, flagged)
-        except (KeyError, ValueError, TypeError, AttributeError) as e:
-            raise reader.error_here(f"malformed span ({type(e).__name__}: {e})") from None
+    reader.feed(agg.add)
     if not agg.durations:
         raise no_spans_error(reader)
     return agg.finish(reader.stats, straggler_threshold=straggler_threshold)

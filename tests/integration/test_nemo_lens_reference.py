@@ -1,4 +1,5 @@
-"""What the real nemo-lens 0.1.0 does with the values mlaunch must translate (MEGATRON.md section 1).
+"""What the real nemo-lens 0.1.0 does with the values mlaunch must translate (a Megatron-LM
+worker's telemetry configuration).
 
 These pin the reference's behaviour that mlaunch's translation for ``--script`` entry points is
 built on: if a future nemo-lens accepted these values, the translation table could relax.

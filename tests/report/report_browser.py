@@ -1,7 +1,7 @@
 """Rendering a report in a real headless browser (Debian's chromium) with the network cut off.
 
 The page writes a JSON verdict into ``<pre id="selftest">`` once every figure is drawn (see
-``mlaunch/trace/report_assets/report.js``): page errors, and per figure the DOM elements plotly
+``mlaunch/trace/report/assets/report.js``): page errors, and per figure the DOM elements plotly
 created. ``--dump-dom`` returns the DOM after load and the virtual-time budget, so reading that
 element back needs no DevTools client.
 """

@@ -1,6 +1,6 @@
 """A synthetic ``per_step`` run for the report tests and ``benchmarks/report_size.py``.
 
-What ``MEGATRON_OTEL_SPAN_GROUPS=per_step`` emits on a PP=2 x DP=2 job (SPEC section 4): job,
+What ``MEGATRON_OTEL_SPAN_GROUPS=per_step`` emits on a PP=2 x DP=2 job (the trainer's span tree): job,
 model_init, data setup, first_iteration, and per iteration train_step > get_batch,
 forward_backward > P2P send/recv per microbatch (+ ``megatron.pp.recv_forward.linked`` with a link
 to the sender's ``send_forward`` on stage 1), grad_sync start/finish, optimizer_step; checkpoints

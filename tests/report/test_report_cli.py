@@ -172,7 +172,7 @@ def test_a_traces_file_reports_its_whole_run_directory(hand_run: Path) -> None:
 
 
 def test_a_window_too_large_to_draw_is_refused(hand_run: Path, monkeypatch) -> None:
-    import mlaunch.trace.report as report
+    import mlaunch.trace.report.window as report
 
     monkeypatch.setattr(report, "MAX_TIMELINE_SPANS", 5)
     r = invoke(hand_run)

@@ -1,4 +1,4 @@
-"""A worker that behaves as a Megatron-LM worker does at the telemetry boundary (MEGATRON.md).
+"""A worker that behaves as a Megatron-LM worker does at the telemetry boundary.
 
 Runs under the nemo-lens interpreter (see ``nemo_lens.py``), never under mlaunch's: it imports
 nothing from mlaunch. What it does, in Megatron-LM's order:

@@ -20,9 +20,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-#: Exactly what the reference workers use (MEGATRON.md section 6).
+#: Exactly what the reference workers use.
 LENS_REQUIREMENT = "nemo-lens[sdk]==0.1.0"
-#: nemo-lens 0.1.0's own Requires-Python (MEGATRON.md says 3.12; the package says 3.13).
+#: nemo-lens 0.1.0's own Requires-Python (its package metadata asks for 3.13, not 3.12).
 LENS_MIN_PYTHON = (3, 13)
 #: The Megatron-like worker this module's shim starts.
 WORKER = Path(__file__).resolve().parent / "lens_worker.py"

@@ -5,7 +5,7 @@ Two levels:
 
 * :class:`TraceBuilder` — place spans by hand (times in milliseconds from a fixed origin), so a
   test can compute the expected summary/goodput numbers on paper.
-* :func:`write_realistic_run` — a bulk generator of the SPEC section 4 tree (steps with
+* :func:`write_realistic_run` — a bulk generator of the trainer's span tree (steps with
   forward/backward, microbatches, layers, P2P with links, checkpoints, evaluation) for volume.
 
 A builder made with ``legacy=True`` writes the documented names older mlaunch traces carry
@@ -77,7 +77,7 @@ def resource_attributes(
     num_layers: int = 4,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The SPEC section 3 resource of one rank (a representative subset)."""
+    """The resource attributes of one rank (a representative subset)."""
     dp = max(1, world_size // (pp * tp))
     attrs: dict[str, Any] = {
         ResourceAttr.SERVICE_NAME: "megatron-lm",
@@ -241,7 +241,7 @@ def _realistic_rank_spans(
     ckpt_every: int,
     eval_every: int,
 ) -> Iterable[dict[str, Any]]:
-    """Spans of one rank in end-time order (children first), following SPEC section 4."""
+    """Spans of one rank in end-time order (children first), following the trainer's span tree."""
     stage = rank % pp
     t = ms(0)
     trace_id = f"{rng.getrandbits(128):032x}"
@@ -400,7 +400,7 @@ def hand_example(
 ) -> tuple[TraceBuilder, dict[str, SpanRef]]:
     """A two-rank run small enough to check on paper (times in ms; answers in the tests).
 
-    rank 0 (the full SPEC tree): startup 0-250 with model_init 0-100, dataloader 100-150,
+    rank 0 (the full span tree): startup 0-250 with model_init 0-100, dataloader 100-150,
     checkpoint.load 150-250 (io_read 160-240); train 250-1000; train.first_iteration 250-400
     wrapping train.iteration #1 260-390; #2 400-500, #3 500-600; checkpoint.save 600-700
     (state_dict 600-620, io_write 620-690, ERROR); #4 700-800; evaluate 800-900 (evaluate.step

@@ -4,6 +4,7 @@ exporter, incremental file writes, the log bridge, OTEL_SDK_DISABLED."""
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import time
@@ -66,6 +67,24 @@ def test_trace_lines_follow_the_otlp_json_conventions(make_settings, tmp_path):
         otlp_json.metrics_request_to_dict(otlp_json.decode_metrics_line(metric_lines[-1]))
         == request
     )
+
+
+def test_a_bytes_attribute_reads_back_as_the_bytes_written():
+    # OTLP/JSON writes hex only for trace and span ids; every other bytes field keeps protobuf's
+    # JSON mapping, base64. Both writers agree (mlaunch's file exporter and protobuf's printer,
+    # which the collector's file exporter follows), and the one decoder gives the bytes back.
+    from google.protobuf.json_format import MessageToDict
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+    from mlaunch.telemetry._encode import json_value
+
+    raw = b"\x00\xffmlaunch"
+    for written in (json_value(raw), MessageToDict(AnyValue(bytes_value=raw))):
+        assert written == {"bytesValue": base64.b64encode(raw).decode("ascii")}
+        assert otlp_json.any_value(written) == raw
+        assert otlp_json.attributes([{"key": "k", "value": written}]) == {"k": raw}
+    # Not base64: kept as written, never an exception (one bad attribute must not stop a reader).
+    assert otlp_json.any_value({"bytesValue": "not base64!"}) == "not base64!"
 
 
 def test_readers_skip_a_torn_last_line(tmp_path):

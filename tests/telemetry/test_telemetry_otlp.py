@@ -1,6 +1,6 @@
 # ruff: noqa: SIM117 - nested with-blocks mirror the span tree under test
 """OTLP export over gRPC and HTTP/protobuf to real in-process receivers: spans (names, parents,
-attributes, links, status, resource) and the SPEC section 5 metrics with their units."""
+attributes, links, status, resource) and the ``megatron.training.*`` metrics with their units."""
 
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ from pathlib import Path
 from support.synthetic_traces import TraceBuilder, encode_attributes, ms, request_line
 
 from mlaunch.model.spans import SpanName
-from mlaunch.trace.reader import TraceReader, attributes, discover
+from mlaunch.telemetry.otlp_json import attributes
+from mlaunch.trace.reader import TraceReader, discover
 
 
 def _all_spans(path: Path) -> list[tuple[int, str]]:
@@ -103,7 +104,7 @@ def test_attribute_values_decode_every_otlp_kind() -> None:
                              "kv": {"k": 2}, "raw": b"\x00\x01"})  # fmt: skip
     kvs.append({"key": "n", "value": {"intValue": 9}})  # a number, not a string
     assert attributes(kvs) == {"s": "x", "i": 7, "d": 0.5, "b": True, "a": [1, "y"],
-                               "kv": {"k": 2}, "raw": "AAE=", "n": 9}  # fmt: skip
+                               "kv": {"k": 2}, "raw": b"\x00\x01", "n": 9}  # fmt: skip
 
 
 def test_processes_without_rank_attributes_get_one_rank_each(tmp_path: Path) -> None:

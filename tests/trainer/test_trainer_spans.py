@@ -1,4 +1,4 @@
-"""The span contract (SPEC section 4: Megatron-LM's code names) on a PP=2 x DP=2 job (4
+"""The span contract (the names Megatron-LM's code emits) on a PP=2 x DP=2 job (4
 processes), per span-group spec: the exact multiset of span names per rank, each span's parent,
 the roots (``megatron.startup``, one ``megatron.train`` per save interval) and the links between
 them, its attributes and ``is_goodput_span`` mark, the cross-stage links, shared trace ids per

@@ -10,7 +10,7 @@ Which empty values are errors (decided here, pinned below):
   ``--otel-service-name``, ``--otel-export-strategy``) and an empty number (``--train-iters ""``);
 * valid: ``--otel-span-groups ""`` (tracing on, no groups: what an all-excluding spec gives),
   ``--otel-user-id ""`` (the default), and any variable set to an empty or blank value, which counts
-  as unset (SPEC 2.1: a non-empty, stripped value wins).
+  as unset (a source counts only with a non-empty, stripped value).
 
 Everything runs in-process through Typer's CliRunner; the subprocess proof that no process starts
 is ``tests/integration/test_badinput_noprocess.py``.

@@ -1,13 +1,25 @@
-"""The import rules that keep the CLI fast (checked in fresh interpreters)."""
+"""The import rules that keep the layers apart and the CLI fast.
+
+Two kinds of check: what a command or module actually loads (fresh interpreters), and where each
+import statement stands (the source read as syntax trees, so an import inside a function, which a
+fresh interpreter would not run, is seen too).
+"""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "mlaunch"
 
 HEAVY = ("torch", "opentelemetry.sdk", "grpc", "numpy")
 
@@ -59,7 +71,8 @@ def test_groups_commands_import_no_heavy_module(args: list[str]) -> None:
     [
         ("mlaunch.model", ("pydantic", "typer", "rich", "opentelemetry", "torch")),
         ("mlaunch.settings", ("torch", "opentelemetry", "grpc")),
-        ("mlaunch.telemetry", ("torch",)),
+        # The API alone: the SDK loads only when a rank builds a runtime (setup).
+        ("mlaunch.telemetry", ("torch", "opentelemetry.sdk")),
         # Every launch imports these; the receiver's protobuf/grpc load only when one is hosted.
         ("mlaunch.launcher.run", ("torch", "opentelemetry", "grpc", "google")),
         ("mlaunch.receiver.wiring", ("torch", "opentelemetry", "grpc", "google")),
@@ -71,3 +84,170 @@ def test_layer_imports(module: str, forbidden: tuple[str, ...]) -> None:
     loaded = json.loads(out.stdout)
     bad = [m for m in loaded if m.split(".")[0] in forbidden or m in forbidden]
     assert not bad, bad[:10]
+
+
+# ---- where import statements stand (static) --------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Import:
+    """One module an import statement names, and where the statement stands."""
+
+    source: str  # the file, relative to the repository, in POSIX form
+    line: int
+    module: str  # absolute dotted name
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.line} imports {self.module}"
+
+
+def _package_of(path: Path) -> list[str]:
+    """The dotted package a source file's relative imports start from."""
+    # The folder: a module's package, and an ``__init__.py``'s own package alike.
+    return list(path.relative_to(REPO).parent.parts)
+
+
+def imports_in(path: Path, tree: ast.AST | None = None) -> Iterator[Import]:
+    """Every module ``path`` imports, at any depth (module top, functions, branches).
+
+    ``from X import a`` yields ``X`` and ``X.a`` (``a`` may be a submodule: ``from
+    opentelemetry import sdk``); relative imports are resolved against the file's package; an
+    ``importlib.import_module("literal")`` call counts as an import of that literal.
+    """
+    tree = tree if tree is not None else ast.parse(path.read_text(encoding="utf-8"), str(path))
+    source = path.relative_to(REPO).as_posix()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(source, node.lineno, alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                package = _package_of(path)
+                base = package[: len(package) - (node.level - 1)]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            yield Import(source, node.lineno, module)
+            for alias in node.names:
+                if alias.name != "*":
+                    yield Import(source, node.lineno, f"{module}.{alias.name}")
+        elif (
+            isinstance(node, ast.Call)
+            and (
+                (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
+                or (isinstance(node.func, ast.Name) and node.func.id == "import_module")
+            )
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            yield Import(source, node.lineno, node.args[0].value)
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _library_imports_of(package: str) -> list[Import]:
+    """Each import of ``package`` (or a submodule of it) by any module of mlaunch."""
+    return sorted(
+        {
+            imp
+            for path in sorted(PACKAGE.rglob("*.py"))
+            for imp in imports_in(path)
+            if _within(imp.module, package)
+        },
+        key=lambda imp: (imp.source, imp.line, imp.module),
+    )
+
+
+#: The modules that build the OpenTelemetry pipeline of an exporting rank, the only ones that may
+#: import the SDK: the runtime (providers, exporters, processors, the log bridge), the span encoder
+#: of the file and spool exporters (it reads the SDK's ``SpanLimits``) and the samplers (SDK
+#: ``Sampler`` subclasses). The telemetry API (``mlaunch/telemetry/__init__.py``) imports the runtime
+#: only inside ``setup``, so instrumented code and every process that exports nothing pay for the API
+#: alone. The receiver, replay and the job trace use ``opentelemetry.proto`` (generated message
+#: classes, no SDK), which is allowed everywhere.
+SDK_MODULES = frozenset(
+    {
+        "mlaunch/telemetry/_runtime.py",
+        "mlaunch/telemetry/_encode.py",
+        "mlaunch/telemetry/samplers.py",
+    }
+)
+
+
+def test_the_otel_sdk_is_imported_only_by_the_telemetry_runtime() -> None:
+    bad = [imp for imp in _library_imports_of("opentelemetry.sdk") if imp.source not in SDK_MODULES]
+    assert not bad, "\n".join(map(str, bad))
+
+
+def test_the_trainer_never_imports_opentelemetry() -> None:
+    # The trainer sees telemetry only through mlaunch.telemetry's public API.
+    bad = [
+        imp
+        for imp in _library_imports_of("opentelemetry")
+        if imp.source.startswith("mlaunch/trainer/")
+    ]
+    assert not bad, "\n".join(map(str, bad))
+
+
+#: The CLI's own modules: the only ones that may import ``mlaunch.cli``.
+CLI_MODULES = ("mlaunch/cli/", "mlaunch/__main__.py")
+#: Library modules known to import the CLI, each with the move that ends it. An entry leaves when
+#: the move lands: its test below then passes, which a strict xfail reports as a failure.
+KNOWN_CLI_IMPORTERS = {
+    "mlaunch/launcher/render.py": (
+        "mlaunch/launcher/render.py imports mlaunch.cli.render (span_tree): the Rich views move"
+        " into mlaunch/cli/ (issue 18, point 4)"
+    ),
+}
+
+
+def _library_imports_of_the_cli() -> list[Import]:
+    return [
+        imp for imp in _library_imports_of("mlaunch.cli") if not imp.source.startswith(CLI_MODULES)
+    ]
+
+
+def test_the_library_never_imports_the_cli() -> None:
+    # The library (plan, launcher, settings, trainer, ...) must work without Typer and Rich views.
+    bad = [imp for imp in _library_imports_of_the_cli() if imp.source not in KNOWN_CLI_IMPORTERS]
+    assert not bad, "\n".join(map(str, bad))
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        pytest.param(source, marks=pytest.mark.xfail(strict=True, reason=reason))
+        for source, reason in KNOWN_CLI_IMPORTERS.items()
+    ],
+)
+def test_a_known_cli_importer_no_longer_imports_the_cli(source: str) -> None:
+    bad = [imp for imp in _library_imports_of_the_cli() if imp.source == source]
+    assert not bad, "\n".join(map(str, bad))
+
+
+def test_the_import_scan_sees_every_kind_of_import(tmp_path: Path) -> None:
+    # The rules above are only as good as the scan: function-level, relative, ``from X import
+    # submodule`` and importlib imports must all be seen, with the line they stand on.
+    code = (
+        "import a.b\n"
+        "def f():\n"
+        "    from opentelemetry import sdk\n"
+        "    from ..cli.render import span_tree\n"
+        "    from . import sibling\n"
+        "    importlib.import_module('x.y')\n"
+    )
+    path = PACKAGE / "launcher" / "example.py"
+    found = {(imp.line, imp.module) for imp in imports_in(path, ast.parse(code))}
+    assert found == {
+        (1, "a.b"),
+        (3, "opentelemetry"),
+        (3, "opentelemetry.sdk"),
+        (4, "mlaunch.cli.render"),
+        (4, "mlaunch.cli.render.span_tree"),
+        (5, "mlaunch.launcher"),
+        (5, "mlaunch.launcher.sibling"),
+        (6, "x.y"),
+    }

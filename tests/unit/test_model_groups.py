@@ -75,7 +75,7 @@ def test_catalogue_parents_precede_children_and_exist() -> None:
     assert len(SPANS) == len(CATALOGUE)
 
 
-#: MEGATRON.md section 3, written out: code name -> (group, documented alias, is_goodput_span).
+#: The spans Megatron-LM's code emits, written out: code name -> (group, documented alias, is_goodput_span).
 MEGATRON_CODE_SPANS: dict[str, tuple[str, str | None, bool]] = {
     "megatron.startup": ("job", None, True),
     "megatron.startup.model_init": ("model_init", "megatron.model_init", True),
@@ -106,7 +106,7 @@ MEGATRON_CODE_SPANS: dict[str, tuple[str, str | None, bool]] = {
     "megatron.activation.offload": ("activation_offload", None, False),
     "megatron.activation.reload": ("activation_offload", None, False),
 }  # fmt: skip
-#: mlaunch's extras (SPEC section 4, marked +): Megatron-LM's code emits none of them.
+#: mlaunch's extras: Megatron-LM's code emits none of them.
 EXTRAS = {
     "megatron.pp.recv_forward.linked", "megatron.data.get_batch", "text_completion",
     "megatron.region",

@@ -1,4 +1,4 @@
-"""Span-spec resolution: SPEC section 1 rules, the '-name' extension, and errors."""
+"""Span-spec resolution: Megatron-LM's rules, the '-name' extension, and errors."""
 
 from __future__ import annotations
 

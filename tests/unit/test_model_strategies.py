@@ -1,4 +1,5 @@
-"""Rank export strategies: exactly the SPEC section 2.3 arithmetic."""
+"""Rank export strategies: exactly their arithmetic (the md5 rule included), so a user can predict
+which ranks export."""
 
 from __future__ import annotations
 

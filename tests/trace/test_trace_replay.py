@@ -1,9 +1,13 @@
-"""Issue 17 class 5: ``mlaunch trace replay`` endpoints.
+"""``mlaunch trace replay``: sending a run's spool to a collector later.
 
-One endpoint parser (mlaunch/endpoints.py) for train, doctor and replay: IPv6 literals keep their
-brackets, a malformed URL is one ``field: message`` line (exit 2), credentials are never echoed, the
-wrong protocol is named as a mismatch, and a file-exporter run says why there is nothing to replay.
+Endpoints go through the one parser (mlaunch/endpoints.py): IPv6 literals keep their brackets, a
+malformed URL is one ``field: message`` line (exit 2), credentials are never echoed, the wrong
+protocol is named as a mismatch, and a file-exporter run says why there is nothing to replay.
+``--headers`` reads the OTEL_EXPORTER_OTLP_HEADERS format and never echoes a secret.
 Real servers: an HTTP/protobuf receiver on ``[::1]``, the test gRPC receiver, real CLI subprocesses.
+The whole relay story (an outage spooled, then replayed with nothing lost) is pinned by
+tests/receiver/test_relay.py and the integration tests test_fault_collector.py and
+test_receiver_script.py.
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from mlaunch.endpoints import EndpointError, parse_endpoint, redact
 from mlaunch.telemetry import otlp_json
+from mlaunch.trace.replay import ReplayInputError, parse_headers
 from tests.support.otlp import GrpcOtlpReceiver, HttpOtlpReceiver
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,20 +63,6 @@ def make_run(tmp_path: Path, *, spans: int = 2, exporter: str = "otlp") -> Path:
 
 class _V6Server(ThreadingHTTPServer):
     address_family = socket.AF_INET6
-
-
-def test_parser_keeps_ipv6_brackets_and_redacts_credentials() -> None:
-    ep = parse_endpoint("http://user:s3cret@[::1]:4318/", "http/protobuf")
-    assert (ep.host, ep.port, ep.hostport) == ("::1", 4318, "[::1]:4318")
-    assert "s3cret" not in ep.shown and "s3cret" not in repr(ep)
-    assert parse_endpoint("https://[2001:db8::1]").hostport == "[2001:db8::1]:4317"
-    for bad in ("http://[::1", "localhost:4317", "http://host:99999", "ftp://x", "http://:80"):
-        with pytest.raises(EndpointError):
-            parse_endpoint(bad)
-    with pytest.raises(EndpointError) as info:
-        parse_endpoint("http://bob:hunter2@host:notaport")
-    assert "hunter2" not in str(info.value)
-    assert redact("http://a:b@h:1/p") == "http://***@h:1/p"
 
 
 def test_replay_to_an_ipv6_http_receiver_with_url_credentials(tmp_path: Path) -> None:
@@ -137,11 +127,18 @@ def test_file_exporter_run_says_there_is_no_spool(tmp_path: Path) -> None:
     assert "file exporter" in out and "every export was delivered" not in out
 
 
-def test_doctor_never_shows_url_credentials() -> None:
-    from mlaunch.doctor import check_configuration, probe_otlp
+def test_a_malformed_header_entry_is_named_by_position_without_its_secret() -> None:
+    # `--headers "Authorization: Bearer TOKEN"` (HTTP's colon): the error must not print TOKEN.
+    with pytest.raises(ReplayInputError) as info:
+        parse_headers("team=ml,Authorization: Bearer S3CR3T")
+    assert "S3CR3T" not in str(info.value)
+    assert "#2" in str(info.value)
 
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://u:s3cret@[::1]:1"}
-    results, _ = check_configuration(env, None)
-    assert all("s3cret" not in r.message + r.fix for r in results)
-    probe = probe_otlp("http://u:s3cret@[::1]:1/v1/traces", "http/protobuf", {}, 1.0)
-    assert "s3cret" not in probe.message + probe.fix and "[::1]:1" in probe.message
+
+def test_headers_are_percent_decoded_like_otel_exporter_otlp_headers() -> None:
+    # The value a run used (OTEL_EXPORTER_OTLP_HEADERS) must authenticate the replay too: the
+    # exporter sends "Bearer TOKEN" for it, so replay must not send "Bearer%20TOKEN".
+    assert parse_headers("Authorization=Bearer%20TOKEN,x-team=ml") == {
+        "authorization": "Bearer TOKEN",
+        "x-team": "ml",
+    }

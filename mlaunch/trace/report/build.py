@@ -1,0 +1,144 @@
+"""Render a run's report: read the trace twice, build the figures, write the page."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlaunch import envcontract
+from mlaunch.outputs import open_output
+from mlaunch.trace.goodput import GoodputReport
+from mlaunch.trace.reader import ReadStats, TraceReader
+from mlaunch.trace.report.charts import curves, goodput_figure, skew_figure
+from mlaunch.trace.report.page import page
+from mlaunch.trace.report.rundir import default_output, read_progress, read_resolved, run_directory
+from mlaunch.trace.report.timeline import Timeline, build_timeline
+from mlaunch.trace.report.window import (
+    Scan,
+    choose_iterations,
+    collect_window,
+    segments,
+)
+from mlaunch.trace.summary import Summary, no_spans_error
+
+
+@dataclass
+class ReportResult:
+    """A rendered report and what it shows."""
+
+    html: str
+    window: list[tuple[int, int]]  # the iteration ranges of the timeline ([] = whole trace)
+    timeline_spans: int
+    lanes: int
+    links: int
+    notes: list[str] = field(default_factory=list)
+
+    def write(self, out: Path) -> Path:
+        """Write atomically (never a half-written report that looks complete); return ``out``."""
+        out = Path(out)
+        with open_output(out) as f:  # the rule of mlaunch.outputs (checked by the caller)
+            f.write(self.html)
+        return out
+
+
+def _scan(reader: TraceReader) -> Scan:
+    """Pass 1 over the trace; a span a consumer cannot use is reported at its line."""
+    scan = Scan()
+    reader.feed(scan.add)
+    if not scan.summary.durations:
+        raise no_spans_error(reader)
+    return scan
+
+
+def _notes(
+    read_stats: ReadStats, bad_progress: int, timeline: Timeline, ranges: list[tuple[int, int]]
+) -> list[str]:
+    """What the report skipped or could not show, for its Notes section."""
+    notes: list[str] = []
+    if read_stats.skipped_lines:
+        notes.append(f"{len(read_stats.skipped_lines)} unreadable trace line(s) skipped")
+    if read_stats.torn_lines:
+        notes.append(f"{len(read_stats.torn_lines)} torn last line(s) skipped (a crashed or "
+                     "still-running writer)")  # fmt: skip
+    if read_stats.skipped_spans:
+        notes.append(f"{len(read_stats.skipped_spans)} malformed span(s) skipped")
+    if bad_progress:
+        notes.append(f"{bad_progress} unreadable line(s) of {envcontract.PROGRESS_FILE} skipped")
+    if timeline.unresolved_links:
+        notes.append(f"{timeline.unresolved_links} link(s) point at spans not in the window "
+                     "(the sender did not export, or sent outside the window)")  # fmt: skip
+    if not ranges:
+        notes.append("no megatron.train.iteration spans with an iteration (the step group is off): "
+                     "the timeline shows the whole trace")  # fmt: skip
+    return notes
+
+
+def _figures(
+    timeline: Timeline,
+    curve_figs: dict[str, dict[str, Any]],
+    summary: Summary,
+    gp: GoodputReport,
+) -> dict[str, dict[str, Any]]:
+    """Every figure of the page by the id of the element that shows it."""
+    figures: dict[str, dict[str, Any]] = {"timeline": timeline.figure}
+    figures.update(curve_figs)
+    skew_fig = skew_figure(summary)
+    if skew_fig is not None:
+        figures["chart-skew"] = skew_fig
+    figures["chart-goodput"] = goodput_figure(gp)
+    return figures
+
+
+def render_report(
+    run_dir: Path, iterations: tuple[int, int] | None = None, *, skip_invalid: bool = False
+) -> ReportResult:
+    """Read a run directory (or a traces file) and render the report's HTML.
+
+    Raises ``TraceInputError`` for unreadable input, a trace without spans, or an ``iterations``
+    window outside the trace.
+    """
+    run_dir = Path(run_dir)
+    reader = TraceReader.open(run_dir, skip_invalid=skip_invalid)
+    scan = _scan(reader)
+    read_stats = reader.stats
+    summary = scan.summary.finish(read_stats)
+    gp = scan.goodput.finish()
+
+    present = scan.iterations()
+    ranges = choose_iterations(present, iterations)
+    segs = segments(scan, ranges, present)
+    window = collect_window(reader.reread(), segs)
+    focus = scan.first_start(ranges[0][0]) if ranges else None
+    timeline = build_timeline(window, segs, scan.run_start(), scan.summary.resources, ranges, focus)
+
+    base_dir = run_directory(run_dir)
+    progress, bad_progress = read_progress(base_dir)
+    first_res = scan.summary.resources[min(scan.summary.resources)]
+    curve_figs, curve_source = curves(progress, scan, first_res)
+    notes = _notes(read_stats, bad_progress, timeline, ranges)
+    meta = {
+        "timeline": {"spans": timeline.spans, "lanes": timeline.lanes, "links": timeline.links,
+                     "window": ranges},
+        "charts": {k: [len(t["x"]) for t in f["data"]] for k, f in curve_figs.items()},
+    }  # fmt: skip
+    html = page(
+        run_dir, summary, gp, read_resolved(base_dir), timeline, ranges, curve_figs, curve_source,
+        notes, _figures(timeline, curve_figs, summary, gp), meta,
+    )  # fmt: skip
+    return ReportResult(html, ranges, timeline.spans, timeline.lanes, timeline.links, notes)
+
+
+def write_report(
+    run_dir: Path,
+    out: Path | None = None,
+    iterations: tuple[int, int] | None = None,
+    *,
+    skip_invalid: bool = False,
+) -> Path:
+    """Write the HTML report of ``run_dir`` to ``out`` (default ``run_dir/report.html``) and
+    return its path. ``iterations`` = (A, B), inclusive, picks the timeline window (default: the
+    first and last few iterations). Raises ``TraceInputError`` (``.render()`` gives the message
+    for the user) for bad input and ``OSError`` when ``out`` cannot be written."""
+    out = default_output(run_dir) if out is None else Path(out)
+    return render_report(Path(run_dir), iterations, skip_invalid=skip_invalid).write(out)

@@ -1,0 +1,161 @@
+"""The report's small charts as plain plotly.js JSON: training curves, step time per rank and the
+goodput split."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlaunch import envcontract
+from mlaunch.model.spans import ResourceAttr
+from mlaunch.trace.goodput import GoodputReport
+from mlaunch.trace.report.style import NS_PER_MS, fmt_ms
+from mlaunch.trace.report.window import Scan
+from mlaunch.trace.summary import Summary
+
+#: Goodput categories: (label, Breakdown attribute, colour).
+GOODPUT_PARTS = (
+    ("productive", "productive_ms", "#2ca02c"),
+    ("restart", "restart_ms", "#ff7f0e"),
+    ("checkpoint", "checkpoint_ms", "#8c564b"),
+    ("evaluation", "evaluation_ms", "#e377c2"),
+    ("unaccounted", "unaccounted_ms", "#bdbdbd"),
+)
+
+
+def _line_chart(
+    title: str, ytitle: str, series: list[tuple[str, list[int], list[float], str]]
+) -> dict[str, Any]:
+    """A small chart over iterations; ``series`` = (name, iterations, values, mode)."""
+    data = [
+        {"type": "scatter", "mode": mode, "name": name, "x": xs, "y": ys,
+         "marker": {"size": 4}, "line": {"width": 1.5}}
+        for name, xs, ys, mode in series
+    ]  # fmt: skip
+    return {
+        "data": data,
+        "layout": {
+            "title": {"text": title, "x": 0, "font": {"size": 14}}, "height": 280,
+            "margin": {"l": 60, "r": 15, "t": 40, "b": 40}, "hovermode": "x unified",
+            "xaxis": {"title": {"text": "iteration"}}, "yaxis": {"title": {"text": ytitle}},
+            "showlegend": len(series) > 1, "legend": {"x": 1, "xanchor": "right", "y": 1},
+        },
+    }  # fmt: skip
+
+
+def _records_from_steps(scan: Scan, res: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    """Training records rebuilt from the step spans when there is no progress file (plain
+    torchrun without the run directory, or another script), and where they came from."""
+    # The step spans carry iteration, loss and grad norm; take the rank that owns the loss (the
+    # last pipeline stage), step time from the span, tokens/s from the resource's batch.
+    owner = max(
+        scan.steps, key=lambda r: (sum(s.loss is not None for s in scan.steps[r]), r),
+        default=None,
+    )  # fmt: skip
+    if owner is None or not scan.steps[owner]:
+        return [], "nowhere: no progress.jsonl and no megatron.train.iteration spans"
+    tokens = int(res.get(ResourceAttr.BATCH_SIZE) or 0) * int(
+        res.get(ResourceAttr.SEQUENCE_LENGTH) or 0
+    )
+    by_it = {s.iteration: s for s in scan.steps[owner]}
+    train: list[dict[str, Any]] = []
+    for it in sorted(by_it):
+        s = by_it[it]
+        ms = (s.end - s.start) / NS_PER_MS
+        rec: dict[str, Any] = {"iteration": it, "loss": s.loss, "grad_norm": s.grad_norm,
+                               "step_ms": ms}  # fmt: skip
+        if tokens and ms > 0:
+            rec["tokens_per_sec"] = tokens / (ms / 1e3)
+        train.append(rec)
+    return train, f"megatron.train.iteration span attributes of rank {owner} (no progress.jsonl)"
+
+
+def _column(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    """(iterations, values) of the records that have ``key``."""
+    pts = [(int(r["iteration"]), float(r[key])) for r in rows if r.get(key) is not None]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def curves(
+    progress: list[dict[str, Any]], scan: Scan, res: dict[str, Any]
+) -> tuple[dict[str, dict[str, Any]], str]:
+    """The training-curve figures (div id -> figure) and where their data came from."""
+    train = [r for r in progress if "eval_loss" not in r]
+    evals = [r for r in progress if "eval_loss" in r]
+    source = envcontract.PROGRESS_FILE
+    if not train:
+        train, source = _records_from_steps(scan, res)
+        if not train:
+            return {}, source
+    col = _column
+    loss_series = [("train", *col(train, "loss"), "lines+markers")]
+    if evals:
+        loss_series.append(("eval", *col(evals, "eval_loss"), "lines+markers"))
+    spec = [
+        ("chart-loss", "loss", "cross entropy", loss_series),
+        ("chart-lr", "learning rate", "lr", [("lr", *col(train, "lr"), "lines+markers")]),
+        ("chart-grad-norm", "grad norm", "norm",
+         [("grad norm", *col(train, "grad_norm"), "lines+markers")]),
+        ("chart-tokens", "throughput", "tokens/s",
+         [("tokens/s", *col(train, "tokens_per_sec"), "lines+markers")]),
+        ("chart-step-time", "step time", "ms",
+         [("step time", *col(train, "step_ms"), "lines+markers")]),
+    ]  # fmt: skip
+    figs: dict[str, dict[str, Any]] = {}
+    for div, title, ytitle, series in spec:
+        series = [s for s in series if s[1]]
+        if series:
+            figs[div] = _line_chart(title, ytitle, series)
+    return figs, source
+
+
+def skew_figure(summary: Summary) -> dict[str, Any] | None:
+    """The median step time per rank as bars (stragglers red), or None without step spans."""
+    if summary.skew is None:
+        return None
+    labels = [f"rank {r.rank}" for r in summary.ranks]
+    colours = ["#d62728" if r.straggler else "#1f77b4" for r in summary.ranks]
+    ref = summary.skew.reference_median_ms
+    return {
+        "data": [
+            {"type": "bar", "name": "median step", "x": labels,
+             "y": [r.median_ms for r in summary.ranks], "marker": {"color": colours},
+             "customdata": [[r.p95_ms, r.ratio, r.steps] for r in summary.ranks],
+             "hovertemplate": "%{x}<br>median %{y:.3f} ms<br>p95 %{customdata[0]:.3f} ms<br>"
+                              "%{customdata[1]:.3f}x the median of medians<br>"
+                              "%{customdata[2]} steps<extra></extra>"},
+        ],
+        "layout": {
+            "title": {"text": "median megatron.train.iteration per rank (red: straggler; dashed: "
+                              "median of medians)", "x": 0, "font": {"size": 14}},
+            "height": 280, "margin": {"l": 60, "r": 15, "t": 40, "b": 40},
+            "yaxis": {"title": {"text": "ms"}}, "showlegend": False,
+            "shapes": [{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": ref, "y1": ref,
+                        "line": {"dash": "dash", "color": "#555", "width": 1}}],
+        },
+    }  # fmt: skip
+
+
+def goodput_figure(gp: GoodputReport) -> dict[str, Any]:
+    """The goodput split of all ranks and of each rank as stacked bars (% of wall time)."""
+    rows = [("all ranks", gp.overall)] + [(f"rank {r.rank}", r.breakdown) for r in gp.ranks]
+    data = []
+    for label, attr, colour in GOODPUT_PARTS:
+        ms = [getattr(b, attr) for _, b in rows]
+        pct = [
+            100 * v / b.wall_ms if b.wall_ms else 0.0 for v, (_, b) in zip(ms, rows, strict=True)
+        ]
+        data.append({
+            "type": "bar", "orientation": "h", "name": label, "y": [r[0] for r in rows], "x": pct,
+            "marker": {"color": colour}, "customdata": [fmt_ms(v) for v in ms],
+            "hovertemplate": f"%{{y}}: {label} %{{x:.1f}}% (%{{customdata}})<extra></extra>",
+        })  # fmt: skip
+    return {
+        "data": data,
+        "layout": {
+            "barmode": "stack", "height": int(120 + 28 * len(rows)),
+            "margin": {"l": 90, "r": 15, "t": 30, "b": 40},
+            "xaxis": {"title": {"text": "% of wall time"}, "range": [0, 100]},
+            "yaxis": {"autorange": "reversed"},
+            "legend": {"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom"},
+        },
+    }  # fmt: skip

@@ -1,0 +1,218 @@
+"""The timeline's window of iterations and the two passes over the trace files that place it.
+
+Pass 1 (:class:`Scan`) feeds the summary and goodput aggregators and keeps every rank's step
+times (tens of bytes a step); they place the window. Pass 2 (:func:`collect_window`) keeps only
+the spans that overlap it, so a long run's report holds no more than the window in memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from mlaunch.model.spans import ALIASES, STEP_SPAN, Attr
+from mlaunch.telemetry.otlp_json import attributes
+from mlaunch.trace.goodput import GoodputAggregator
+from mlaunch.trace.reader import Resource, TraceInputError, TraceReader, is_error
+from mlaunch.trace.summary import SummaryAggregator
+
+#: Iterations shown at each end of the run by the default timeline window.
+EDGE_ITERATIONS = 3
+#: A timeline window with more spans than this is refused (the browser would crawl); the error
+#: says to choose a narrower ``--iterations``.
+MAX_TIMELINE_SPANS = 150_000
+_STEP = STEP_SPAN  # megatron.train.iteration (older traces' megatron.train_step, via ALIASES)
+
+
+def parse_iterations(text: str) -> tuple[int, int]:
+    """``"A:B"`` (inclusive, ``A <= B``) or ``"A"`` (just A) as ``(A, B)``.
+
+    Raises ``ValueError`` with a message fit for the user.
+    """
+    parts = text.strip().split(":")
+    try:
+        if len(parts) == 1:
+            a = b = int(parts[0])
+        elif len(parts) == 2:
+            a, b = int(parts[0]), int(parts[1])
+        else:
+            raise ValueError
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is not an iteration range; write A:B with whole numbers, e.g. 10:20"
+        ) from None
+    if a < 0 or b < 0:
+        raise ValueError(f"{text!r}: iterations are not negative")
+    if a > b:
+        raise ValueError(f"{text!r}: the first iteration is after the last; write {b}:{a}")
+    return a, b
+
+
+def choose_iterations(
+    present: Sequence[int], requested: tuple[int, int] | None, edge: int = EDGE_ITERATIONS
+) -> list[tuple[int, int]]:
+    """The iteration ranges the timeline shows, given the sorted distinct iterations the trace
+    holds: ``requested`` clipped to the trace, or the first and last ``edge`` iterations (all of
+    them when the run is short). Raises ``TraceInputError`` when ``requested`` misses the trace."""
+    if requested is not None:
+        a, b = requested
+        inside = [i for i in present if a <= i <= b]
+        if not inside:
+            held = f"iterations {present[0]}-{present[-1]}" if present else "no train steps"
+            raise TraceInputError(
+                f"--iterations {a}:{b}: no megatron.train.iteration in that range (the trace holds "
+                f"{held})",
+                fix="choose a range inside the trace's iterations",
+            )
+        return [(inside[0], inside[-1])]
+    if not present:
+        return []
+    if len(present) <= 2 * edge + 1:
+        return [(present[0], present[-1])]
+    return [(present[0], present[edge - 1]), (present[-edge], present[-1])]
+
+
+class Step(NamedTuple):
+    """One ``megatron.train.iteration`` span of one rank: when, and what it reported."""
+
+    iteration: int
+    start: int
+    end: int
+    loss: float | None
+    grad_norm: float | None
+
+
+class Scan:
+    """Pass 1: the summary and goodput aggregates, plus every rank's step times (to place the
+    window; tens of bytes a step) and the attributes used when ``progress.jsonl`` is missing."""
+
+    def __init__(self) -> None:
+        self.summary = SummaryAggregator()
+        self.goodput = GoodputAggregator()
+        self.steps: dict[int, list[Step]] = {}
+
+    def add(self, res: Resource, spans: list[dict[str, Any]], flagged: bool) -> None:
+        """Fold one batch in."""
+        self.summary.add(res, spans, flagged)
+        self.goodput.add(res, spans, flagged)
+        if res.launcher:  # the launcher's job trace: in the aggregates, no lane of its own
+            return
+        steps = self.steps.setdefault(res.rank, [])
+        canon = ALIASES
+        for s in spans:
+            name = s["name"]
+            if canon.get(name, name) != _STEP:
+                continue
+            a = attributes(s.get("attributes"))
+            it = a.get(Attr.ITERATION)
+            if it is None:
+                continue
+            try:  # an iteration that is no number is no step of the timeline's window
+                it = int(it)
+            except (TypeError, ValueError):
+                continue
+            steps.append(
+                Step(it, s["startTimeUnixNano"], s["endTimeUnixNano"],
+                     _float(a.get(Attr.LOSS)), _float(a.get(Attr.GRAD_NORM)))
+            )  # fmt: skip
+
+    def extent(self, rank: int) -> tuple[int, int]:
+        """Earliest start and latest end of any span of ``rank``."""
+        st = self.goodput.ranks[rank]
+        return st.lo, st.hi
+
+    def run_start(self) -> int:
+        """The earliest start of any span of any rank (time zero of the hover labels)."""
+        return min(self.extent(r)[0] for r in self.goodput.ranks)
+
+    def iterations(self) -> list[int]:
+        """The distinct iterations of the step spans, sorted."""
+        return sorted({s.iteration for st in self.steps.values() for s in st})
+
+    def first_start(self, iteration: int) -> int:
+        """The earliest start of ``iteration``'s step on any rank."""
+        return min(s.start for st in self.steps.values() for s in st if s.iteration == iteration)
+
+
+class WSpan(NamedTuple):
+    """A span of the timeline window (field names as :func:`assign_lanes` expects)."""
+
+    start: int
+    end: int
+    name: str
+    key: tuple[str, str]  # (traceId, spanId)
+    parent: str
+    attrs: dict[str, Any]
+    links: list[tuple[str, str]]
+    error: bool
+
+
+def _float(v: Any) -> float | None:
+    """An attribute as a float, ``None`` when missing or not a number."""
+    try:
+        return None if v is None else float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def segments(
+    scan: Scan, ranges: list[tuple[int, int]], present: Sequence[int]
+) -> list[tuple[int, int]]:
+    """The time ranges (ns) of the window: for each iteration range, the earliest start to the
+    latest end of its steps on any rank, stretched to the run's start (end) when the range holds
+    the first (last) iteration, so set-up and tail are shown. No steps: the whole trace."""
+    ranks = list(scan.goodput.ranks)
+    run_lo = min(scan.extent(r)[0] for r in ranks)
+    run_hi = max(scan.extent(r)[1] for r in ranks)
+    if not ranges:
+        return [(run_lo, run_hi)]
+    segs: list[tuple[int, int]] = []
+    for a, b in ranges:
+        chosen = [s for st in scan.steps.values() for s in st if a <= s.iteration <= b]
+        lo = run_lo if a == present[0] else min(s.start for s in chosen)
+        hi = run_hi if b == present[-1] else max(s.end for s in chosen)
+        segs.append((lo, hi))
+    segs.sort()
+    merged: list[tuple[int, int]] = []
+    for lo, hi in segs:
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(hi, merged[-1][1]))
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+def in_window(start: int, end: int, segs: Sequence[tuple[int, int]]) -> bool:
+    """Whether a span [start, end] is drawn: it overlaps a segment (a zero-length span: lies in
+    one)."""
+    if start == end:
+        return any(lo <= start <= hi for lo, hi in segs)
+    return any(start < hi and end > lo for lo, hi in segs)
+
+
+def collect_window(reader: TraceReader, segs: list[tuple[int, int]]) -> dict[int, list[WSpan]]:
+    """Pass 2: the spans overlapping any segment, per rank, attributes decoded. Raises
+    ``TraceInputError`` past :data:`MAX_TIMELINE_SPANS`."""
+    out: dict[int, list[WSpan]] = {}
+    kept = 0
+    for res, spans, _ in reader:
+        if res.launcher:
+            continue
+        keep = out.setdefault(res.rank, [])
+        for s in spans:
+            start, end = int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])
+            if not in_window(start, end, segs):
+                continue
+            links = [(lk.get("traceId", ""), lk.get("spanId", "")) for lk in s.get("links") or ()]
+            keep.append(
+                WSpan(start, end, s["name"], (s.get("traceId", ""), s.get("spanId", "")),
+                      s.get("parentSpanId") or "", attributes(s.get("attributes")), links,
+                      is_error(s))
+            )  # fmt: skip
+            kept += 1
+            if kept > MAX_TIMELINE_SPANS:
+                raise TraceInputError(
+                    f"the timeline window holds more than {MAX_TIMELINE_SPANS:,} spans",
+                    fix="choose fewer iterations with --iterations A:B",
+                )
+    return out
