@@ -6,7 +6,8 @@ It has two styles because two views show durations differently and each keeps it
 - ``aligned`` (the terminal tables of ``mlaunch trace summary`` and ``goodput``): a fixed number
   of decimals for the size (``1.50ms``, ``15.0ms``, ``150ms``) so a column of them lines up, and
   seconds as the largest unit (``1,234s``);
-- ``compact`` (the HTML report): trailing zeros dropped (``1.5ms``) and minutes past 60 s.
+- ``compact`` (the HTML report, :func:`mlaunch.trace.report.style.fmt_ms`): trailing zeros
+  dropped (``1.5ms``) and minutes past 60 s.
 """
 
 from __future__ import annotations
