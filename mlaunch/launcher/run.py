@@ -292,7 +292,7 @@ def collect_failures(
     local_dirs = _local_rank_dirs(plan, since)
     failures: list[RankFailure] = []
     seen_local: set[int] = set()
-    for path in sorted(plan.run_dir.glob("error-rank*.json")):
+    for path in sorted(plan.run_dir.glob(ec.ERROR_FILE.glob)):
         try:
             if path.stat().st_mtime < since - 1:
                 continue
@@ -551,7 +551,7 @@ def _execute_locked(
         )
     result.receiver = receiver_stats
     result.span_counts = read_span_counts(plan, start)
-    result.trace_files = sorted((plan.run_dir / ec.TELEMETRY_DIR).glob("traces-rank*.jsonl"))
+    result.trace_files = sorted((plan.run_dir / ec.TELEMETRY_DIR).glob(ec.TRACES_FILE_GLOB))
     return result
 
 
