@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import importlib.metadata
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
 from mlaunch.doctor.results import CheckResult, fail, ok
 
@@ -43,52 +47,32 @@ def _requirements() -> tuple[str | None, dict[str, str]]:
             return None, {}
         python, reqs = project.get("requires-python"), project.get("dependencies", [])
     ranges: dict[str, str] = {}
-    for req in reqs:
-        if ";" in req:  # extras (tests) and environment markers are not runtime needs
+    for text in reqs:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
             continue
-        m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(.*)", req)
-        if m:
-            ranges[_canonical(m.group(1))] = m.group(3).strip()
+        if req.marker is not None:  # extras (tests) and environment markers are not runtime needs
+            continue
+        ranges[canonicalize_name(req.name)] = str(req.specifier)
     return python, ranges
 
 
-def _canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def _release(version: str) -> tuple[int, ...]:
-    """The numeric release of a version (``2.13.0+cpu`` -> (2, 13, 0))."""
-    m = re.match(r"\s*v?(\d+(?:\.\d+)*)", version)
-    return tuple(int(x) for x in m.group(1).split(".")) if m else ()
-
-
 def satisfies(version: str, specifier: str) -> bool:
-    """Whether ``version`` meets ``specifier`` (``>=1.25,<2``; release numbers only, which is
-    all mlaunch's ranges use)."""
-    have = _release(version)
-    for part in filter(None, (p.strip() for p in specifier.split(","))):
-        m = re.match(r"(~=|==|!=|<=|>=|<|>)\s*(\S+)", part)
-        if not m:
-            continue
-        op, want_s = m.groups()
-        want = _release(want_s.rstrip(".*"))
-        width = max(len(have), len(want))
-        a, b = have + (0,) * (width - len(have)), want + (0,) * (width - len(want))
-        if op == "~=":
-            prefix = want[:-1] if len(want) > 1 else want
-            good = a >= b and have[: len(prefix)] == prefix
-        else:
-            good = {
-                "==": a == b,
-                "!=": a != b,
-                "<=": a <= b,
-                ">=": a >= b,
-                "<": a < b,
-                ">": a > b,
-            }[op]
-        if not good:
-            return False
-    return True
+    """Whether ``version`` meets ``specifier`` (``>=1.25,<2``), by PEP 440.
+
+    Pre-releases count as their release (a torch nightly is judged by its version number), a
+    version that is not PEP 440 meets nothing, and a specifier that cannot be parsed rules
+    nothing out.
+    """
+    try:
+        spec = SpecifierSet(specifier)
+    except InvalidSpecifier:
+        return True
+    try:
+        return spec.contains(Version(version), prereleases=True)
+    except InvalidVersion:
+        return False
 
 
 def install_command(dist: str, specifier: str) -> str:
@@ -125,7 +109,7 @@ def check_packages(
         ranges = _requirements()[1]
     results = []
     for dist in packages:
-        spec = ranges.get(_canonical(dist), "")
+        spec = ranges.get(canonicalize_name(dist), "")
         try:
             version = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
