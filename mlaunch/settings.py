@@ -20,14 +20,13 @@ This module imports only pydantic; it never imports torch or the OpenTelemetry S
 from __future__ import annotations
 
 import contextvars
-import difflib
 import os
 import re
 import secrets
 import tomllib
 import typing
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
@@ -46,19 +45,87 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from mlaunch.envcontract import FALLBACK_PREFIX, PRIMARY_PREFIX
 from mlaunch.model.groups import SpanGroup
-from mlaunch.model.spec import SpanSpecError, quoted, resolve
+from mlaunch.model.spec import SpanSpecError, closest_word, quoted, resolve
 from mlaunch.model.strategies import StrategyError, load_strategy
 
 # --------------------------------------------------------------------------------------------
 # Errors and provenance
 
 
-class SettingsError(ValueError):
-    """Invalid configuration: one ``(field, message)`` per problem."""
+#: What went wrong, for a reader that acts on it (doctor): ``unknown`` a name that is not a
+#: setting (a variable, a file key or section); ``invalid`` a value a setting refuses;
+#: ``conflict`` settings that disagree with each other; ``unreadable`` a config file that cannot
+#: be read or parsed.
+ProblemKind = Literal["unknown", "invalid", "conflict", "unreadable"]
 
-    def __init__(self, problems: list[tuple[str, str]]) -> None:
-        self.problems = problems
-        super().__init__("\n".join(f"{field}: {message}" for field, message in problems))
+
+class Problem(tuple[str, str]):
+    """One problem with a configuration, as a value: what the user typed (``field``), what is
+    wrong and how to fix it (``message``), its ``kind``, and the "did you mean" word
+    (``suggestion``, None when there is none).
+
+    It is also the pair ``(field, message)``: it unpacks, indexes and compares as that pair, the
+    shape every renderer prints as ``field: message`` (which ``str()`` gives).
+    """
+
+    kind: ProblemKind
+    suggestion: str | None
+
+    def __new__(
+        cls,
+        field: str,
+        message: str,
+        kind: ProblemKind = "invalid",
+        suggestion: str | None = None,
+    ) -> Problem:
+        self = super().__new__(cls, (field, message))
+        self.kind = kind
+        self.suggestion = suggestion
+        return self
+
+    @property
+    def field(self) -> str:
+        """What the user typed: a flag, a variable, ``FILE [section] key``."""
+        return self[0]
+
+    @property
+    def message(self) -> str:
+        """What is wrong and how to fix it."""
+        return self[1]
+
+    def __getnewargs__(self) -> tuple[Any, ...]:  # type: ignore[override]
+        # Pickling rebuilds through __new__: give it every argument, not the bare pair.
+        return (self[0], self[1], self.kind, self.suggestion)
+
+    def __str__(self) -> str:
+        return f"{self[0]}: {self[1]}"
+
+    def __repr__(self) -> str:
+        return (
+            f"Problem({self[0]!r}, {self[1]!r}, kind={self.kind!r}, suggestion={self.suggestion!r})"
+        )
+
+
+def as_problem(item: Problem | tuple[str, str]) -> Problem:
+    """``item`` as a :class:`Problem` (a bare ``(field, message)`` pair is an ``invalid`` one)."""
+    return item if isinstance(item, Problem) else Problem(item[0], item[1])
+
+
+class SettingsError(ValueError):
+    """Invalid configuration: one :class:`Problem` per problem, in ``problems``."""
+
+    def __init__(self, problems: Iterable[Problem | tuple[str, str]]) -> None:
+        self.problems: list[Problem] = [as_problem(p) for p in problems]
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+class UnknownName(ValueError):
+    """A value that is not one of a list of names, with the closest name (``suggestion``) for
+    the :class:`Problem` a validator's error becomes."""
+
+    def __init__(self, message: str, suggestion: str | None) -> None:
+        super().__init__(message)
+        self.suggestion = suggestion
 
 
 class Source(NamedTuple):
@@ -231,9 +298,11 @@ class OtelSettings(_Section):
             return None
         name = str(v).strip().lower()
         if name not in TRACE_SAMPLERS:
-            close = difflib.get_close_matches(name, TRACE_SAMPLERS, n=1, cutoff=0.6)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(f"unknown sampler {v!r}{hint}; use one of {', '.join(TRACE_SAMPLERS)}")
+            close = closest_word(name, TRACE_SAMPLERS)
+            hint = f" (did you mean {close!r}?)" if close else ""
+            raise UnknownName(
+                f"unknown sampler {v!r}{hint}; use one of {', '.join(TRACE_SAMPLERS)}", close
+            )
         return name
 
     @field_validator("traces_sampler_arg", mode="before")
@@ -354,7 +423,7 @@ class TelemetrySettings(_Section):
         try:
             resolve(v)
         except SpanSpecError as exc:
-            raise ValueError(str(exc)) from None
+            raise UnknownName(str(exc), exc.suggestion) from None
         return v
 
     @field_validator("export_strategy")
@@ -363,7 +432,7 @@ class TelemetrySettings(_Section):
         try:
             load_strategy(v)
         except StrategyError as exc:
-            raise ValueError(str(exc)) from None
+            raise UnknownName(str(exc), getattr(exc, "suggestion", None)) from None
         return v.strip().lower() if ":" not in v else v.strip()
 
     @field_validator("service_name")
@@ -721,15 +790,21 @@ class EnvSource(_Layer):
 
     def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
         super().__init__(settings_cls)
-        self.problems: list[tuple[str, str]] = []
+        self.problems: list[Problem] = []
         valid = list(TELEMETRY_KEYS) + list(ALIAS_KEYS)
         for name in sorted(environ):
             for prefix in (PRIMARY_PREFIX, FALLBACK_PREFIX):
                 if name.startswith(prefix) and name[len(prefix) :] not in valid:
-                    close = difflib.get_close_matches(name[len(prefix) :], valid, n=1, cutoff=0.6)
-                    hint = f"did you mean {prefix}{close[0]}? " if close else ""
+                    close = closest_word(name[len(prefix) :], valid)
+                    meant = prefix + close if close else None
+                    hint = f"did you mean {meant}? " if meant else ""
                     self.problems.append(
-                        (name, f"unknown variable; {hint}valid keys: {', '.join(valid)}")
+                        Problem(
+                            name,
+                            f"unknown variable; {hint}valid keys: {', '.join(valid)}",
+                            "unknown",
+                            meant,
+                        )
                     )
         for key, field in TELEMETRY_KEYS.items():
             found = self._lookup(environ, key)
@@ -757,7 +832,9 @@ class EnvSource(_Layer):
                 continue
             if len(given) > 1 and len({self._norm(k, v) for k, v in given}) > 1:
                 shown = " and ".join(f"{k}={v!r}" for k, v in given)
-                self.problems.append((given[0][0], f"conflicts with its alias: {shown}; set one"))
+                self.problems.append(
+                    Problem(given[0][0], f"conflicts with its alias: {shown}; set one", "conflict")
+                )
             return given[0]
         return None
 
@@ -775,7 +852,9 @@ class EnvSource(_Layer):
             return "true"
         if v in ("none", "off", "default"):
             return "false"
-        self.problems.append((var, f"unknown sampling strategy {value!r}; use rank_aware or none"))
+        self.problems.append(
+            Problem(var, f"unknown sampling strategy {value!r}; use rank_aware or none")
+        )
         return None
 
 
@@ -784,18 +863,20 @@ class FileSource(_Layer):
 
     def __init__(self, settings_cls: type[BaseSettings], path: Path) -> None:
         super().__init__(settings_cls)
-        self.problems: list[tuple[str, str]] = []
+        self.problems: list[Problem] = []
         try:
             # utf-8-sig: an editor's byte-order mark (Windows Notepad) is not TOML, but not an error.
             data = tomllib.loads(path.read_text(encoding="utf-8-sig"))
         except FileNotFoundError:
-            self.problems.append((str(path), "config file not found"))
+            self.problems.append(Problem(str(path), "config file not found", "unreadable"))
             return
         except (OSError, UnicodeDecodeError) as exc:
-            self.problems.append((str(path), f"cannot read config file ({exc})"))
+            self.problems.append(
+                Problem(str(path), f"cannot read config file ({exc})", "unreadable")
+            )
             return
         except tomllib.TOMLDecodeError as exc:
-            self.problems.append((str(path), f"not valid TOML: {exc}"))
+            self.problems.append(Problem(str(path), f"not valid TOML: {exc}", "unreadable"))
             return
         self._walk(path, data, "", None)
 
@@ -812,9 +893,13 @@ class FileSource(_Layer):
                     "key",
                 )
             if key not in known:
-                close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                self.problems.append((where, f"unknown {what}{hint}; valid: {', '.join(known)}"))
+                close = closest_word(key, known)
+                hint = f" (did you mean {close!r}?)" if close else ""
+                self.problems.append(
+                    Problem(
+                        where, f"unknown {what}{hint}; valid: {', '.join(known)}", "unknown", close
+                    )
+                )
                 continue
             sub = SECTIONS[key] if model is None else _submodel(model.model_fields[key])
             if (
@@ -825,7 +910,9 @@ class FileSource(_Layer):
             ):
                 # pydantic would take true as 1 (``train_iters = true`` ran one iteration).
                 self.problems.append(
-                    (where, f"expected a number or text, got a boolean ({str(value).lower()})")
+                    Problem(
+                        where, f"expected a number or text, got a boolean ({str(value).lower()})"
+                    )
                 )
                 continue
             if (
@@ -838,7 +925,7 @@ class FileSource(_Layer):
                 # Refused like a boolean: TOML has numbers, and a quoted one is usually a
                 # mistake (pydantic would convert it silently).
                 self.problems.append(
-                    (
+                    Problem(
                         where,
                         f"expected a number, got text {quoted(value)}; write it without quotes:"
                         f" {key} = {value.strip()}",
@@ -850,7 +937,7 @@ class FileSource(_Layer):
             elif isinstance(value, dict):
                 self._walk(path, value, f"{prefix}{key}.", sub)
             else:
-                self.problems.append((where, f"expected a table ([{prefix}{key}])"))
+                self.problems.append(Problem(where, f"expected a table ([{prefix}{key}])"))
 
 
 def _mentions_bool(annotation: Any) -> bool:
@@ -965,10 +1052,10 @@ class Settings(BaseSettings):
         """Every dotted path that was set by a flag, variable or file, with its source."""
         return dict(self._sources)
 
-    def cross_field_problems(self) -> list[tuple[str, str]]:
+    def cross_field_problems(self) -> list[Problem]:
         """Checks that span sections: world layout, batch arithmetic, export rank."""
         p = self.parallelism
-        problems: list[tuple[str, str]] = []
+        problems: list[Problem] = []
         world = self.world_size
         mp = self.model_parallel_size
 
@@ -983,7 +1070,7 @@ class Settings(BaseSettings):
         m = self.model
         if m.hidden_size % m.num_attention_heads:
             problems.append(
-                (
+                _conflict(
                     label("model.num_attention_heads", "model.hidden_size"),
                     f"{m.num_attention_heads} attention heads do not divide hidden size"
                     f" {m.hidden_size}",
@@ -991,7 +1078,7 @@ class Settings(BaseSettings):
             )
         if self.training.min_lr > self.training.lr:
             problems.append(
-                (
+                _conflict(
                     label("training.min_lr", "training.lr"),
                     f"min_lr {self.training.min_lr} must be <= lr {self.training.lr}",
                 )
@@ -999,7 +1086,7 @@ class Settings(BaseSettings):
 
         if world > MAX_WORLD_SIZE:
             problems.append(
-                (
+                _conflict(
                     label("launch.nnodes", "launch.nproc_per_node"),
                     f"world size {world} (nnodes {self.launch.nnodes} x nproc_per_node"
                     f" {self.launch.nproc_per_node}) is above mlaunch's limit {MAX_WORLD_SIZE}",
@@ -1007,7 +1094,7 @@ class Settings(BaseSettings):
             )
         if world % mp:
             problems.append(
-                (
+                _conflict(
                     label("parallelism.pipeline_model_parallel_size"),
                     f"world size {world} (nnodes {self.launch.nnodes} x nproc_per_node"
                     f" {self.launch.nproc_per_node}) is not divisible by tensor x pipeline"
@@ -1021,7 +1108,7 @@ class Settings(BaseSettings):
             )
         elif p.data_parallel_size is not None and p.data_parallel_size * mp != world:
             problems.append(
-                (
+                _conflict(
                     label("parallelism.data_parallel_size"),
                     f"world size {world} != tensor {p.tensor_model_parallel_size} x pipeline"
                     f" {p.pipeline_model_parallel_size}"
@@ -1037,7 +1124,7 @@ class Settings(BaseSettings):
         t = self.training
         if t.global_batch_size % (t.micro_batch_size * dp):
             problems.append(
-                (
+                _conflict(
                     label("training.global_batch_size"),
                     f"global batch {t.global_batch_size} is not divisible by micro batch"
                     f" {t.micro_batch_size} x data-parallel size {dp}",
@@ -1045,7 +1132,7 @@ class Settings(BaseSettings):
             )
         if self.model.num_layers % p.pipeline_model_parallel_size:
             problems.append(
-                (
+                _conflict(
                     label("model.num_layers"),
                     f"{self.model.num_layers} layers cannot be split evenly across"
                     f" {p.pipeline_model_parallel_size} pipeline stages",
@@ -1053,7 +1140,7 @@ class Settings(BaseSettings):
             )
         if self.telemetry.export_rank >= world:
             problems.append(
-                (
+                _conflict(
                     label("telemetry.export_rank"),
                     f"export rank {self.telemetry.export_rank} is outside the world size {world}"
                     f" (ranks 0..{world - 1}; -1 = last rank)",
@@ -1061,7 +1148,7 @@ class Settings(BaseSettings):
             )
         if self.uses_builtin_trainer and p.tensor_model_parallel_size != 1:
             problems.append(
-                (
+                _conflict(
                     label("parallelism.tensor_model_parallel_size"),
                     "mlaunch's trainer supports tensor parallel size 1 only;"
                     " use --script for a trainer with tensor parallelism",
@@ -1069,7 +1156,7 @@ class Settings(BaseSettings):
             )
         if self.uses_builtin_trainer and p.context_parallel_size != 1:
             problems.append(
-                (
+                _conflict(
                     label("parallelism.context_parallel_size"),
                     "mlaunch's trainer supports context parallel size 1 only;"
                     " use --script for a trainer with context parallelism",
@@ -1079,7 +1166,7 @@ class Settings(BaseSettings):
             problems += self._trainer_protocol_problems(label)
         return problems
 
-    def _trainer_protocol_problems(self, label: Any) -> list[tuple[str, str]]:
+    def _trainer_protocol_problems(self, label: Any) -> list[Problem]:
         """``http/json`` is the reference's (nemo-lens takes it and sends OTLP/HTTP protobuf, the
         only encoding the Python SDK has); mlaunch's own trainer exports through that same SDK,
         so it refuses the name rather than send protobuf while the summary says JSON."""
@@ -1088,7 +1175,7 @@ class Settings(BaseSettings):
         for fld in ("base_protocol", "traces_protocol", "metrics_protocol_override"):
             if getattr(o, fld) == "http/json":
                 out.append(
-                    (
+                    _conflict(
                         label(f"telemetry.otel.{fld}"),
                         "http/json is not supported by mlaunch's trainer: it exports through the"
                         " OpenTelemetry Python SDK, which has no OTLP/JSON encoder; use"
@@ -1097,6 +1184,11 @@ class Settings(BaseSettings):
                     )
                 )
         return out
+
+
+def _conflict(field: str, message: str) -> Problem:
+    """A problem between settings (each valid alone)."""
+    return Problem(field, message, "conflict")
 
 
 def _error_label(loc: tuple[Any, ...], layers: list[_Layer]) -> str:
@@ -1132,6 +1224,19 @@ def _clean_message(err: Mapping[str, Any]) -> str:
     return msg
 
 
+def _error_problem(err: Mapping[str, Any], layers: list[_Layer]) -> Problem:
+    """A pydantic error as a :class:`Problem`: an unexpected key is ``unknown``; a validator's
+    :class:`UnknownName` carries its suggestion through pydantic's error context."""
+    kind: ProblemKind = "unknown" if err.get("type") == "extra_forbidden" else "invalid"
+    cause = (err.get("ctx") or {}).get("error")
+    return Problem(
+        _error_label(err["loc"], layers),
+        _clean_message(err),
+        kind,
+        getattr(cause, "suggestion", None),
+    )
+
+
 def _validate(layers: list[_Layer]) -> Settings:
     """Validate the merged layers (highest precedence first) and record each value's source.
 
@@ -1141,9 +1246,7 @@ def _validate(layers: list[_Layer]) -> Settings:
     try:
         settings = Settings()
     except ValidationError as exc:
-        raise SettingsError(
-            [(_error_label(e["loc"], layers), _clean_message(e)) for e in exc.errors()]
-        ) from None
+        raise SettingsError([_error_problem(e, layers) for e in exc.errors()]) from None
     finally:
         _ACTIVE_SOURCES.reset(token)
     merged: dict[str, Source] = {}
@@ -1158,7 +1261,7 @@ def collect_problems(
     flags: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
     config: str | Path | None = None,
-) -> tuple[Settings | None, list[tuple[str, str]]]:
+) -> tuple[Settings | None, list[Problem]]:
     """Every problem of a configuration at once, for ``mlaunch doctor``.
 
     The same sources and model as :func:`load_settings`, but where that stops at the first
@@ -1169,7 +1272,7 @@ def collect_problems(
     environ = os.environ if environ is None else environ
     env_src = EnvSource(Settings, environ)
     layers: list[_Layer] = [FlagSource(Settings, flags or {}), env_src]
-    problems: list[tuple[str, str]] = list(env_src.problems) + _preempt_signals_problems(environ)
+    problems: list[Problem] = list(env_src.problems) + _preempt_signals_problems(environ)
     if config is not None:
         file_src = FileSource(Settings, Path(config))
         problems += file_src.problems
@@ -1181,7 +1284,7 @@ def collect_problems(
     return settings, problems + settings.cross_field_problems()
 
 
-def _preempt_signals_problems(environ: Mapping[str, str]) -> list[tuple[str, str]]:
+def _preempt_signals_problems(environ: Mapping[str, str]) -> list[Problem]:
     """``MLAUNCH_PREEMPT_SIGNALS`` checked before launch (the trainer would refuse it only after
     torchrun started), reported under the variable's own name."""
     from mlaunch.envcontract import PREEMPT_SIGNALS
@@ -1192,7 +1295,7 @@ def _preempt_signals_problems(environ: Mapping[str, str]) -> list[tuple[str, str
     try:
         preempt_signals(None, dict(environ))
     except ValueError as exc:
-        return [(PREEMPT_SIGNALS, str(exc))]
+        return [Problem(PREEMPT_SIGNALS, str(exc))]
     return []
 
 
@@ -1209,7 +1312,7 @@ def load_settings(
     Raises :class:`SettingsError` listing every problem found.
     """
     environ = os.environ if environ is None else environ
-    problems: list[tuple[str, str]] = []
+    problems: list[Problem] = []
     flag_src = FlagSource(Settings, flags or {})
     env_src = EnvSource(Settings, environ)
     problems += env_src.problems
