@@ -34,7 +34,9 @@ from mlaunch.settings import (
     SettingsError,
     Source,
     as_problem,
+    choose_run_id,
     flag_name,
+    is_run_id,
     load_settings,
     redact,
 )
@@ -891,20 +893,21 @@ def _label(settings: Settings, path: str) -> str:
 
 
 def _choose_run_id(settings: Settings, environ: Mapping[str, str], problems: list[Problem]) -> str:
-    """SPEC section 3's order, made safe for multi-node: every node must reach the same id, so
-    without RUN_ID or SLURM a multi-node run takes the rendezvous id (which all nodes share)."""
-    from mlaunch.settings import choose_run_id
-
+    """The run id, made safe for multi-node: every node must reach the same id, so without
+    RUN_ID or SLURM a multi-node run takes the rendezvous id (which all nodes share), and never a
+    fresh one (each node would make its own)."""
     t, launch = settings.telemetry, settings.launch
-    if t.run_id or environ.get("SLURM_JOB_ID", "").strip() or launch.nnodes == 1:
-        return choose_run_id(t, environ)
-    if launch.rdzv_id and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", launch.rdzv_id):
-        return launch.rdzv_id
+    multi = launch.nnodes > 1
+    shared = (launch.rdzv_id,) if multi and is_run_id(launch.rdzv_id) else ()
+    run_id = choose_run_id(t.run_id, environ, shared=shared, fresh=not multi)
+    if run_id is not None:
+        return run_id
     problems.append(
         Problem(
             flag_name("launch.rdzv_id"),
             "a multi-node run needs one run id on every node: give --rdzv-id (letters, digits,"
             " '.', '_', '-') or --otel-run-id",
+            "conflict",
         )
     )
     return "invalid"
