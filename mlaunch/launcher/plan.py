@@ -29,10 +29,14 @@ from mlaunch.settings import (
     OTEL_ENV,
     SECRET_ENV,
     TELEMETRY_KEYS,
+    Problem,
     Settings,
     SettingsError,
     Source,
+    as_problem,
+    choose_run_id,
     flag_name,
+    is_run_id,
     load_settings,
     redact,
 )
@@ -263,9 +267,19 @@ def resolve_config(value: str | None, cwd: Path) -> Path:
                 return shipped
         is_dir = path.is_dir()
     except (OSError, RuntimeError) as exc:  # name too long, bad ~user, ...: not a usable path
-        raise SettingsError([("--config", f"{quoted(name)}: {_why(exc)}")]) from None
+        raise SettingsError(
+            [Problem("--config", f"{quoted(name)}: {_why(exc)}", "unreadable")]
+        ) from None
     if is_dir:
-        raise SettingsError([("--config", f"{str(path)!r} is a directory, not a TOML config file")])
+        raise SettingsError(
+            [
+                Problem(
+                    "--config",
+                    f"{str(path)!r} is a directory, not a TOML config file",
+                    "unreadable",
+                )
+            ]
+        )
     from mlaunch.model.spec import closest_word
 
     shipped_names = shipped_configs()
@@ -273,10 +287,12 @@ def resolve_config(value: str | None, cwd: Path) -> Path:
     hint = f" (did you mean {close!r}?)" if close else ""
     raise SettingsError(
         [
-            (
+            Problem(
                 "--config",
                 f"no config file {quoted(name)} and no shipped config of that name{hint};"
                 f" shipped: {', '.join(shipped_names)}",
+                "unknown",
+                close,
             )
         ]
     )
@@ -545,9 +561,7 @@ def otel_flags(settings: Settings) -> list[str]:
     return reference.worker_args(settings)
 
 
-def _shadowed_settings(
-    passthrough: Sequence[str], extra: Sequence[str] = ()
-) -> list[tuple[str, str]]:
+def _shadowed_settings(passthrough: Sequence[str], extra: Sequence[str] = ()) -> list[Problem]:
     """A setting repeated after ``--`` would silently win in the workers (argparse keeps the last
     value) while the summary, resolved.json and the checkpoint plan show the other one."""
     owned = {flag for spelled in TRAINER_ARGS.values() for flag in spelled.split("/")}
@@ -557,7 +571,7 @@ def _shadowed_settings(
         flag = token.split("=", 1)[0]
         if flag in owned:
             problems.append(
-                (
+                Problem(
                     "-- ARGS",
                     f"{flag} is a setting of mlaunch train: give it before '--' (mlaunch train"
                     f" {flag} ...) so the summary, resolved.json and the workers agree",
@@ -566,7 +580,7 @@ def _shadowed_settings(
     return problems
 
 
-def _check_trainer_args(args: Sequence[str], world_size: int) -> list[tuple[str, str]]:
+def _check_trainer_args(args: Sequence[str], world_size: int) -> list[Problem]:
     """Run the trainer's own parser and checks here, so a bad pass-through argument fails before
     any process starts (the parser is standard library only)."""
     try:
@@ -585,8 +599,8 @@ def _check_trainer_args(args: Sequence[str], world_size: int) -> list[tuple[str,
     try:
         ns = parser.parse_args(list(args))
     except _Bad as exc:
-        return [("-- ARGS", f"the trainer rejects its arguments: {exc}")]
-    return [(arg, msg) for arg, msg in validate(ns, world_size)]
+        return [Problem("-- ARGS", f"the trainer rejects its arguments: {exc}")]
+    return [as_problem(p) for p in validate(ns, world_size)]
 
 
 def torchrun_argv(settings: Settings, run_id: str, log_dir: Path, entry: list[str]) -> list[str]:
@@ -641,11 +655,15 @@ def build_plan(
         settings._sources[path] = Source("env", var)
 
     launch, t = settings.launch, settings.telemetry
-    problems: list[tuple[str, str]] = []
+    problems: list[Problem] = []
     run_id = _choose_run_id(settings, environ, problems)
     if launch.nnodes > 1 and launch.rdzv_endpoint is None:
         problems.append(
-            (flag_name("launch.rdzv_endpoint"), "required when --nnodes > 1 (host:port of node 0)")
+            Problem(
+                flag_name("launch.rdzv_endpoint"),
+                "required when --nnodes > 1 (host:port of node 0)",
+                "conflict",
+            )
         )
     run_dir = (
         Path(launch.run_dir).expanduser() if launch.run_dir else ec.default_run_dir(run_id, cwd)
@@ -653,11 +671,11 @@ def build_plan(
     if not run_dir.is_absolute():
         run_dir = cwd / run_dir
     if (why := unwritable_reason(run_dir)) is not None:
-        problems.append((_label(settings, "launch.run_dir"), why))
+        problems.append(Problem(_label(settings, "launch.run_dir"), why))
     if settings.training.save is not None:
         save = Path(settings.training.save).expanduser()
         if (why := unwritable_reason(save if save.is_absolute() else cwd / save)) is not None:
-            problems.append((_label(settings, "training.save"), why))
+            problems.append(Problem(_label(settings, "training.save"), why))
     log_dir = run_dir / ec.LOGS_DIR / f"node{launch.node_rank}"
 
     megatron_why = ""
@@ -698,7 +716,7 @@ def build_plan(
             )
         except Exception as exc:  # a custom strategy is user code: its failure is bad input
             problems.append(
-                (
+                Problem(
                     _label(settings, "telemetry.export_strategy"),
                     f"custom export strategy {t.export_strategy!r} fails when called:"
                     f" {type(exc).__name__}: {exc}",
@@ -820,7 +838,7 @@ def _newest_manifest(root: Path) -> tuple[Path, dict[str, Any]] | None:
 
 def _checkpoint_layout_problems(
     settings: Settings, targs: Sequence[str], cwd: Path
-) -> list[tuple[str, str]]:
+) -> list[Problem]:
     """Refuse before launch to resume from a checkpoint saved with another layout (pipeline
     stages from its manifest; tensor parallelism and model shape from the ``resolved.json`` of
     the run that saved it, when the checkpoint is that run's ``checkpoints/``): the workers would
@@ -874,23 +892,22 @@ def _label(settings: Settings, path: str) -> str:
     return source.name if source.kind in ("flag", "env", "file") else flag_name(path)
 
 
-def _choose_run_id(
-    settings: Settings, environ: Mapping[str, str], problems: list[tuple[str, str]]
-) -> str:
-    """SPEC section 3's order, made safe for multi-node: every node must reach the same id, so
-    without RUN_ID or SLURM a multi-node run takes the rendezvous id (which all nodes share)."""
-    from mlaunch.settings import choose_run_id
-
+def _choose_run_id(settings: Settings, environ: Mapping[str, str], problems: list[Problem]) -> str:
+    """The run id, made safe for multi-node: every node must reach the same id, so without
+    RUN_ID or SLURM a multi-node run takes the rendezvous id (which all nodes share), and never a
+    fresh one (each node would make its own)."""
     t, launch = settings.telemetry, settings.launch
-    if t.run_id or environ.get("SLURM_JOB_ID", "").strip() or launch.nnodes == 1:
-        return choose_run_id(t, environ)
-    if launch.rdzv_id and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", launch.rdzv_id):
-        return launch.rdzv_id
+    multi = launch.nnodes > 1
+    shared = (launch.rdzv_id,) if multi and is_run_id(launch.rdzv_id) else ()
+    run_id = choose_run_id(t.run_id, environ, shared=shared, fresh=not multi)
+    if run_id is not None:
+        return run_id
     problems.append(
-        (
+        Problem(
             flag_name("launch.rdzv_id"),
             "a multi-node run needs one run id on every node: give --rdzv-id (letters, digits,"
             " '.', '_', '-') or --otel-run-id",
+            "conflict",
         )
     )
     return "invalid"

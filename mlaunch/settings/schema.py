@@ -1,148 +1,27 @@
-"""Every configuration source -> one validated :class:`Settings` object.
-
-Precedence, highest first (SPEC section 2.1):
-
-1. flags (``mlaunch train`` options, or the trainer's own ``--otel-*`` flags),
-2. the environment: ``MEGATRON_OTEL_<KEY>``, else ``NEMO_LENS_<KEY>`` (a non-empty, stripped
-   value wins), and the standard ``OTEL_*`` variables,
-3. a TOML config file with ``[launch]``, ``[telemetry]`` (+ ``[telemetry.otel]``), ``[model]``,
-   ``[training]`` and ``[parallelism]`` sections,
-4. defaults.
-
-Each source is a pydantic-settings source; :func:`load_settings` merges them and records, for
-every field, where its value came from (:class:`Source`). Problems are collected, not raised one
-by one: :class:`SettingsError` carries one ``(field, message)`` per problem, where ``field`` names
-what the user typed (a flag, a variable, a file key).
-
-This module imports only pydantic; it never imports torch or the OpenTelemetry SDK.
-"""
+"""The schema: one pydantic section per configuration area, the whole :class:`Settings`, and
+the checks between sections. Every setting is defined here once."""
 
 from __future__ import annotations
 
-import contextvars
-import difflib
-import os
-import re
-import secrets
-import tomllib
-import typing
-import urllib.parse
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     PrivateAttr,
-    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from mlaunch.envcontract import FALLBACK_PREFIX, PRIMARY_PREFIX
 from mlaunch.model.groups import SpanGroup
-from mlaunch.model.spec import SpanSpecError, quoted, resolve
+from mlaunch.model.spec import SpanSpecError, closest_word, quoted, resolve
 from mlaunch.model.strategies import StrategyError, load_strategy
-
-# --------------------------------------------------------------------------------------------
-# Errors and provenance
-
-
-class SettingsError(ValueError):
-    """Invalid configuration: one ``(field, message)`` per problem."""
-
-    def __init__(self, problems: list[tuple[str, str]]) -> None:
-        self.problems = problems
-        super().__init__("\n".join(f"{field}: {message}" for field, message in problems))
-
-
-class Source(NamedTuple):
-    """Where a setting's value came from."""
-
-    kind: Literal["flag", "env", "file", "default", "derived"]
-    name: str  # the flag, the variable, "FILE [section] key", or "" for defaults
-
-    def __str__(self) -> str:
-        return self.name if self.name else self.kind
-
-
-# --------------------------------------------------------------------------------------------
-# Value parsers shared by every source
-
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
-
-
-def parse_bool(value: Any) -> Any:
-    """``1/true/yes/on`` and ``0/false/no/off`` in any case; anything else is an error (pydantic
-    alone would also take ``t``, ``y``, ``f``, ``n``)."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str):
-        v = value.strip().lower()
-        if v in _TRUE:
-            return True
-        if v in _FALSE:
-            return False
-    raise ValueError(f"expected a boolean (1/true/yes/on or 0/false/no/off), got {value!r}")
-
-
-Bool = Annotated[bool, BeforeValidator(parse_bool)]
-
-
-def parse_key_values(value: Any, what: str, *, secret: bool = False) -> dict[str, str]:
-    """``k1=v1,k2=v2`` (URL-encoded values) as used by OTEL_RESOURCE_ATTRIBUTES / _HEADERS.
-
-    ``secret``: a malformed entry is named by its position only (it may hold a token)."""
-    if isinstance(value, Mapping):
-        return {str(k): str(v) for k, v in value.items()}
-    out: dict[str, str] = {}
-    for n, item in enumerate(str(value).split(","), 1):
-        if not item.strip():
-            continue
-        key, sep, val = item.partition("=")
-        if not sep or not key.strip():
-            shown = f"#{n} (not shown: a secret)" if secret else repr(item.strip())
-            raise ValueError(f"malformed {what} entry {shown}: expected key=value")
-        out[urllib.parse.unquote(key.strip())] = urllib.parse.unquote(val.strip())
-    return out
-
-
-def _check_url(value: str | None) -> str | None:
-    if value is None:
-        return None
-    from mlaunch.endpoints import parse_endpoint
-
-    parse_endpoint(value)  # EndpointError (a ValueError) with a redacted message
-    return value.strip()
-
-
-def _not_blank(value: str | None) -> str | None:
-    """Reject an empty or blank text value: for a path or a name, ``""`` is never meant (``--script
-    ""`` used to launch mlaunch's own trainer, ``--save ""`` reached the workers)."""
-    if value is not None and not value.strip():
-        raise ValueError("must not be empty (omit it to use the default)")
-    return value
-
-
-def _is(check: Any, path: str) -> bool:
-    """``check(Path(path))``, with an unusable path (a 5,000-character name: ENAMETOOLONG, which
-    pathlib re-raises) counting as "no" instead of escaping as an OSError traceback."""
-    try:
-        return bool(check(Path(path)))
-    except OSError:
-        return False
-
-
-# --------------------------------------------------------------------------------------------
-# The sections
+from mlaunch.settings.problems import Problem, UnknownName
+from mlaunch.settings.run_id import is_run_id
+from mlaunch.settings.values import Bool, check_url, not_blank, parse_key_values, path_is
 
 TRACE_SAMPLERS: tuple[str, ...] = (
     "always_on",
@@ -231,9 +110,11 @@ class OtelSettings(_Section):
             return None
         name = str(v).strip().lower()
         if name not in TRACE_SAMPLERS:
-            close = difflib.get_close_matches(name, TRACE_SAMPLERS, n=1, cutoff=0.6)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(f"unknown sampler {v!r}{hint}; use one of {', '.join(TRACE_SAMPLERS)}")
+            close = closest_word(name, TRACE_SAMPLERS)
+            hint = f" (did you mean {close!r}?)" if close else ""
+            raise UnknownName(
+                f"unknown sampler {v!r}{hint}; use one of {', '.join(TRACE_SAMPLERS)}", close
+            )
         return name
 
     @field_validator("traces_sampler_arg", mode="before")
@@ -262,7 +143,7 @@ class OtelSettings(_Section):
     @field_validator("base_endpoint", "traces_endpoint", "metrics_endpoint_override")
     @classmethod
     def _endpoint(cls, v: str | None) -> str | None:
-        return _check_url(v)
+        return check_url(v)
 
     @field_validator("headers", mode="before")
     @classmethod
@@ -354,7 +235,7 @@ class TelemetrySettings(_Section):
         try:
             resolve(v)
         except SpanSpecError as exc:
-            raise ValueError(str(exc)) from None
+            raise UnknownName(str(exc), exc.suggestion) from None
         return v
 
     @field_validator("export_strategy")
@@ -363,13 +244,13 @@ class TelemetrySettings(_Section):
         try:
             load_strategy(v)
         except StrategyError as exc:
-            raise ValueError(str(exc)) from None
+            raise UnknownName(str(exc), getattr(exc, "suggestion", None)) from None
         return v.strip().lower() if ":" not in v else v.strip()
 
     @field_validator("service_name")
     @classmethod
     def _service_name(cls, v: str) -> str:
-        _not_blank(v)  # an empty service.name makes every span of the run unattributable
+        not_blank(v)  # an empty service.name makes every span of the run unattributable
         return v
 
     @field_validator("run_id")
@@ -378,7 +259,7 @@ class TelemetrySettings(_Section):
         if v is None:
             return None
         v = v.strip()
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", v):
+        if not is_run_id(v):
             raise ValueError(
                 f"{quoted(v)} is not a valid run id: use 1-128 letters, digits, '.', '_' or '-',"
                 " starting with a letter or digit (it names the run directory: a leading '-'"
@@ -454,7 +335,7 @@ class LaunchSettings(_Section):
     @field_validator("rdzv_backend", "rdzv_id", "run_dir", "module")
     @classmethod
     def _blank(cls, v: str | None) -> str | None:
-        return _not_blank(v)
+        return not_blank(v)
 
     @field_validator("node_rank")
     @classmethod
@@ -469,7 +350,7 @@ class LaunchSettings(_Section):
     @field_validator("script")
     @classmethod
     def _script(cls, v: str | None) -> str | None:
-        if _not_blank(v) is not None and not _is(Path.is_file, v):
+        if not_blank(v) is not None and not path_is(Path.is_file, v):
             raise ValueError(f"script {quoted(v)} does not exist or is not a file")
         return v
 
@@ -550,12 +431,12 @@ class TrainingSettings(_Section):
     @field_validator("save", "load")
     @classmethod
     def _blank(cls, v: str | None) -> str | None:
-        return _not_blank(v)
+        return not_blank(v)
 
     @field_validator("data_path")
     @classmethod
     def _data_path(cls, v: str | None) -> str | None:
-        if _not_blank(v) is not None and not _is(Path.exists, v):
+        if not_blank(v) is not None and not path_is(Path.exists, v):
             raise ValueError(f"data_path {quoted(v)} does not exist; give a text file or folder")
         if v is not None:
             from mlaunch.model.corpus import empty_data_problem
@@ -578,64 +459,6 @@ class ParallelSettings(_Section):
     """Data-parallel size; unset = world size / (tensor x pipeline x context)."""
 
 
-# --------------------------------------------------------------------------------------------
-# Sources (pydantic-settings)
-
-#: Telemetry key (the suffix after the prefix) -> TelemetrySettings field.
-TELEMETRY_KEYS: dict[str, str] = {
-    "ENABLED": "enabled",
-    "SPAN_GROUPS": "span_groups",
-    "EXPORT_STRATEGY": "export_strategy",
-    "EXPORT_RANK": "export_rank",
-    "EXPORT_SAMPLE_RATE": "export_sample_rate",
-    "SAMPLER_ENABLED": "sampler_enabled",
-    "TRACES_ENABLED": "traces_enabled",
-    "METRICS_ENABLED": "metrics_enabled",
-    "LOGS_ENABLED": "logs_enabled",
-    "EXPORTER": "exporter",
-    "RUN_ID": "run_id",
-    "USER_ID": "user_id",
-    # mlaunch additions
-    "SHUTDOWN_TIMEOUT": "shutdown_timeout_s",
-    "TRACE_SEGMENT_ITERS": "trace_segment_iters",
-}
-
-#: Names Megatron-LM's docs use that nemo-lens ignores; mlaunch honours them as aliases.
-ALIAS_KEYS: dict[str, str] = {
-    "RANK_STRATEGY": "EXPORT_STRATEGY",
-    "SAMPLING_STRATEGY": "SAMPLER_ENABLED",
-}
-
-#: Standard OpenTelemetry variable -> (section path, field).
-OTEL_ENV: dict[str, tuple[str, str]] = {
-    "OTEL_SERVICE_NAME": ("telemetry", "service_name"),
-    "OTEL_TRACES_SAMPLER": ("telemetry.otel", "traces_sampler"),
-    "OTEL_TRACES_SAMPLER_ARG": ("telemetry.otel", "traces_sampler_arg"),
-    "OTEL_EXPORTER_OTLP_ENDPOINT": ("telemetry.otel", "base_endpoint"),
-    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": ("telemetry.otel", "traces_endpoint"),
-    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": ("telemetry.otel", "metrics_endpoint_override"),
-    "OTEL_EXPORTER_OTLP_PROTOCOL": ("telemetry.otel", "base_protocol"),
-    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": ("telemetry.otel", "traces_protocol"),
-    "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": ("telemetry.otel", "metrics_protocol_override"),
-    "OTEL_EXPORTER_OTLP_HEADERS": ("telemetry.otel", "headers"),
-    "OTEL_EXPORTER_OTLP_TIMEOUT": ("telemetry.otel", "timeout_s"),
-    "OTEL_EXPORTER_OTLP_CERTIFICATE": ("telemetry.otel", "certificate"),
-    "OTEL_EXPORTER_OTLP_INSECURE": ("telemetry.otel", "insecure"),
-    "OTEL_RESOURCE_ATTRIBUTES": ("telemetry.otel", "resource_attributes"),
-    "OTEL_METRIC_EXPORT_INTERVAL": ("telemetry.otel", "metric_export_interval_ms"),
-    "OTEL_SDK_DISABLED": ("telemetry.otel", "sdk_disabled"),
-}
-
-#: Variables whose values are secrets: never printed, logged or written unredacted.
-SECRET_ENV: frozenset[str] = frozenset(
-    {
-        "OTEL_EXPORTER_OTLP_HEADERS",
-        "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
-        "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
-        "OTEL_EXPORTER_OTLP_LOGS_HEADERS",
-    }
-)
-
 SECTIONS: dict[str, type[_Section]] = {
     "launch": LaunchSettings,
     "telemetry": TelemetrySettings,
@@ -645,262 +468,21 @@ SECTIONS: dict[str, type[_Section]] = {
 }
 
 
-#: Flags spelled differently from their field: the OTLP base settings read as the variables do
-#: (``--otlp-endpoint`` for OTEL_EXPORTER_OTLP_ENDPOINT, not ``--otlp-base-endpoint``).
-_FLAG_OVERRIDES: dict[str, str] = {
-    "telemetry.otel.base_endpoint": "--otlp-endpoint",
-    "telemetry.otel.base_protocol": "--otlp-protocol",
-    "telemetry.otel.metrics_endpoint_override": "--otlp-metrics-endpoint",
-    "telemetry.otel.metrics_protocol_override": "--otlp-metrics-protocol",
-}
+class Source(NamedTuple):
+    """Where a setting's value came from."""
+
+    kind: Literal["flag", "env", "file", "default", "derived"]
+    name: str  # the flag, the variable, "FILE [section] key", or "" for defaults
+
+    def __str__(self) -> str:
+        return self.name if self.name else self.kind
 
 
-def flag_name(path: str) -> str:
-    """The command-line flag of a dotted settings path (Megatron-LM's names where they exist)."""
-    if path in _FLAG_OVERRIDES:
-        return _FLAG_OVERRIDES[path]
-    section, _, field = path.partition(".")
-    if section == "telemetry":
-        if field.startswith("otel."):
-            return "--otlp-" + field.removeprefix("otel.").replace("_", "-")
-        return "--otel-" + field.replace("_", "-")
-    if path == "training.precision":
-        return "--precision"
-    return "--" + field.replace("_", "-")
+class Settings(BaseModel):
+    """The validated configuration of one run (:func:`mlaunch.settings.load_settings` builds it
+    from its sources and records where each value came from)."""
 
-
-def env_names(field: str) -> tuple[str, ...]:
-    """The telemetry variables that can set ``field``, highest precedence first."""
-    keys = [k for k, f in TELEMETRY_KEYS.items() if f == field]
-    keys += [a for a, target in ALIAS_KEYS.items() if target in keys]
-    return tuple(p + k for p in (PRIMARY_PREFIX, FALLBACK_PREFIX) for k in keys)
-
-
-class _Layer(PydanticBaseSettingsSource):
-    """A source holding a nested dict and, per dotted path, where each value came from."""
-
-    def __init__(self, settings_cls: type[BaseSettings]) -> None:
-        super().__init__(settings_cls)
-        self.values: dict[str, Any] = {}  # dotted path -> raw value
-        self.origin: dict[str, Source] = {}
-
-    def set(self, path: str, value: Any, origin: Source) -> None:
-        self.values[path] = value
-        self.origin[path] = origin
-
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False  # unused: __call__ returns the whole tree
-
-    def __call__(self) -> dict[str, Any]:
-        tree: dict[str, Any] = {}
-        for path, value in self.values.items():
-            *parents, leaf = path.split(".")
-            node = tree
-            for p in parents:
-                node = node.setdefault(p, {})
-            node[leaf] = value
-        return tree
-
-
-class FlagSource(_Layer):
-    """Command-line flags: ``{dotted path: value}``; ``None`` means not given."""
-
-    def __init__(self, settings_cls: type[BaseSettings], flags: Mapping[str, Any]) -> None:
-        super().__init__(settings_cls)
-        for path, value in flags.items():
-            if value is not None:
-                self.set(path, value, Source("flag", flag_name(path)))
-
-
-class EnvSource(_Layer):
-    """``MEGATRON_OTEL_*`` with ``NEMO_LENS_*`` fallback, plus the standard ``OTEL_*`` variables.
-
-    Collects problems (typos, conflicting aliases) in ``problems`` instead of raising, so every
-    problem of a configuration is reported at once.
-    """
-
-    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
-        super().__init__(settings_cls)
-        self.problems: list[tuple[str, str]] = []
-        valid = list(TELEMETRY_KEYS) + list(ALIAS_KEYS)
-        for name in sorted(environ):
-            for prefix in (PRIMARY_PREFIX, FALLBACK_PREFIX):
-                if name.startswith(prefix) and name[len(prefix) :] not in valid:
-                    close = difflib.get_close_matches(name[len(prefix) :], valid, n=1, cutoff=0.6)
-                    hint = f"did you mean {prefix}{close[0]}? " if close else ""
-                    self.problems.append(
-                        (name, f"unknown variable; {hint}valid keys: {', '.join(valid)}")
-                    )
-        for key, field in TELEMETRY_KEYS.items():
-            found = self._lookup(environ, key)
-            if found is not None:
-                var, value = found
-                if var.endswith("SAMPLING_STRATEGY"):
-                    value = self._sampling_strategy(var, value)
-                    if value is None:
-                        continue
-                self.set(f"telemetry.{field}", value, Source("env", var))
-        for var, (section, field) in OTEL_ENV.items():
-            value = environ.get(var, "").strip()
-            if value:
-                self.set(f"{section}.{field}", value, Source("env", var))
-
-    def _lookup(self, environ: Mapping[str, str], key: str) -> tuple[str, str] | None:
-        aliases = [a for a, target in ALIAS_KEYS.items() if target == key]
-        for prefix in (PRIMARY_PREFIX, FALLBACK_PREFIX):
-            given = [
-                (prefix + k, environ[prefix + k].strip())
-                for k in [key, *aliases]
-                if environ.get(prefix + k, "").strip()
-            ]
-            if not given:
-                continue
-            if len(given) > 1 and len({self._norm(k, v) for k, v in given}) > 1:
-                shown = " and ".join(f"{k}={v!r}" for k, v in given)
-                self.problems.append((given[0][0], f"conflicts with its alias: {shown}; set one"))
-            return given[0]
-        return None
-
-    @staticmethod
-    def _norm(var: str, value: str) -> str:
-        if var.endswith("SAMPLING_STRATEGY"):
-            return "true" if value.lower() == "rank_aware" else "false"
-        if var.endswith("SAMPLER_ENABLED"):
-            return "true" if value.lower() in _TRUE else "false"
-        return value.lower()
-
-    def _sampling_strategy(self, var: str, value: str) -> str | None:
-        v = value.lower()
-        if v == "rank_aware":
-            return "true"
-        if v in ("none", "off", "default"):
-            return "false"
-        self.problems.append((var, f"unknown sampling strategy {value!r}; use rank_aware or none"))
-        return None
-
-
-class FileSource(_Layer):
-    """A TOML config file; unknown sections and keys are problems with a did-you-mean."""
-
-    def __init__(self, settings_cls: type[BaseSettings], path: Path) -> None:
-        super().__init__(settings_cls)
-        self.problems: list[tuple[str, str]] = []
-        try:
-            # utf-8-sig: an editor's byte-order mark (Windows Notepad) is not TOML, but not an error.
-            data = tomllib.loads(path.read_text(encoding="utf-8-sig"))
-        except FileNotFoundError:
-            self.problems.append((str(path), "config file not found"))
-            return
-        except (OSError, UnicodeDecodeError) as exc:
-            self.problems.append((str(path), f"cannot read config file ({exc})"))
-            return
-        except tomllib.TOMLDecodeError as exc:
-            self.problems.append((str(path), f"not valid TOML: {exc}"))
-            return
-        self._walk(path, data, "", None)
-
-    def _walk(
-        self, path: Path, data: Mapping[str, Any], prefix: str, model: type[BaseModel] | None
-    ) -> None:
-        for key, value in data.items():
-            if model is None:  # top level: keys are sections
-                where, known, what = f"{path} [{key}]", list(SECTIONS), "section"
-            else:
-                where, known, what = (
-                    f"{path} [{prefix.rstrip('.')}] {key}",
-                    list(model.model_fields),
-                    "key",
-                )
-            if key not in known:
-                close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                self.problems.append((where, f"unknown {what}{hint}; valid: {', '.join(known)}"))
-                continue
-            sub = SECTIONS[key] if model is None else _submodel(model.model_fields[key])
-            if (
-                sub is None
-                and isinstance(value, bool)
-                and model is not None
-                and not _mentions_bool(model.model_fields[key].annotation)
-            ):
-                # pydantic would take true as 1 (``train_iters = true`` ran one iteration).
-                self.problems.append(
-                    (where, f"expected a number or text, got a boolean ({str(value).lower()})")
-                )
-                continue
-            if (
-                sub is None
-                and isinstance(value, str)
-                and _looks_numeric(value)
-                and model is not None
-                and _is_number_only(model.model_fields[key].annotation)
-            ):
-                # Refused like a boolean: TOML has numbers, and a quoted one is usually a
-                # mistake (pydantic would convert it silently).
-                self.problems.append(
-                    (
-                        where,
-                        f"expected a number, got text {quoted(value)}; write it without quotes:"
-                        f" {key} = {value.strip()}",
-                    )
-                )
-                continue
-            if sub is None:
-                self.set(f"{prefix}{key}", value, Source("file", where))
-            elif isinstance(value, dict):
-                self._walk(path, value, f"{prefix}{key}.", sub)
-            else:
-                self.problems.append((where, f"expected a table ([{prefix}{key}])"))
-
-
-def _mentions_bool(annotation: Any) -> bool:
-    """Whether a field's annotation accepts a boolean (``bool``, ``Bool``, ``Bool | None``)."""
-    if annotation is bool:
-        return True
-    return any(_mentions_bool(arg) for arg in typing.get_args(annotation))
-
-
-def _looks_numeric(text: str) -> bool:
-    """Whether ``text`` reads as a number (``"30"``, ``"1e-4"``; not ``"two"``)."""
-    try:
-        float(text.strip().replace("_", ""))
-    except ValueError:
-        return False
-    return True
-
-
-def _is_number_only(annotation: Any) -> bool:
-    """Whether a field takes numbers and no text (``int``, ``float``, ``int | None``)."""
-    if annotation is str:
-        return False
-    args = typing.get_args(annotation)
-    if args:
-        return any(_is_number_only(a) for a in args) and not any(a is str for a in args)
-    return annotation in (int, float)
-
-
-def _submodel(field_or_model: Any) -> type[BaseModel] | None:
-    if isinstance(field_or_model, type) and issubclass(field_or_model, BaseModel):
-        return field_or_model
-    ann = getattr(field_or_model, "annotation", None)
-    if isinstance(ann, type) and issubclass(ann, BaseModel):
-        return ann
-    return None
-
-
-_ACTIVE_SOURCES: contextvars.ContextVar[tuple[PydanticBaseSettingsSource, ...]] = (
-    contextvars.ContextVar("mlaunch_settings_sources", default=())
-)
-
-
-# --------------------------------------------------------------------------------------------
-# The whole configuration
-
-
-class Settings(BaseSettings):
-    """The validated configuration of one run."""
-
-    model_config = SettingsConfigDict(extra="forbid", validate_default=True)
+    model_config = ConfigDict(extra="forbid", validate_default=True)
 
     launch: LaunchSettings = Field(default_factory=LaunchSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
@@ -909,19 +491,6 @@ class Settings(BaseSettings):
     parallelism: ParallelSettings = Field(default_factory=ParallelSettings)
 
     _sources: dict[str, Source] = PrivateAttr(default_factory=dict)
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # Sources are built per call by load_settings (they need the flags, environment and
-        # file of that call); highest precedence first.
-        return _ACTIVE_SOURCES.get()
 
     @property
     def world_size(self) -> int:
@@ -965,10 +534,10 @@ class Settings(BaseSettings):
         """Every dotted path that was set by a flag, variable or file, with its source."""
         return dict(self._sources)
 
-    def cross_field_problems(self) -> list[tuple[str, str]]:
+    def cross_field_problems(self) -> list[Problem]:
         """Checks that span sections: world layout, batch arithmetic, export rank."""
         p = self.parallelism
-        problems: list[tuple[str, str]] = []
+        problems: list[Problem] = []
         world = self.world_size
         mp = self.model_parallel_size
 
@@ -983,7 +552,7 @@ class Settings(BaseSettings):
         m = self.model
         if m.hidden_size % m.num_attention_heads:
             problems.append(
-                (
+                _conflict(
                     label("model.num_attention_heads", "model.hidden_size"),
                     f"{m.num_attention_heads} attention heads do not divide hidden size"
                     f" {m.hidden_size}",
@@ -991,7 +560,7 @@ class Settings(BaseSettings):
             )
         if self.training.min_lr > self.training.lr:
             problems.append(
-                (
+                _conflict(
                     label("training.min_lr", "training.lr"),
                     f"min_lr {self.training.min_lr} must be <= lr {self.training.lr}",
                 )
@@ -999,7 +568,7 @@ class Settings(BaseSettings):
 
         if world > MAX_WORLD_SIZE:
             problems.append(
-                (
+                _conflict(
                     label("launch.nnodes", "launch.nproc_per_node"),
                     f"world size {world} (nnodes {self.launch.nnodes} x nproc_per_node"
                     f" {self.launch.nproc_per_node}) is above mlaunch's limit {MAX_WORLD_SIZE}",
@@ -1007,7 +576,7 @@ class Settings(BaseSettings):
             )
         if world % mp:
             problems.append(
-                (
+                _conflict(
                     label("parallelism.pipeline_model_parallel_size"),
                     f"world size {world} (nnodes {self.launch.nnodes} x nproc_per_node"
                     f" {self.launch.nproc_per_node}) is not divisible by tensor x pipeline"
@@ -1021,7 +590,7 @@ class Settings(BaseSettings):
             )
         elif p.data_parallel_size is not None and p.data_parallel_size * mp != world:
             problems.append(
-                (
+                _conflict(
                     label("parallelism.data_parallel_size"),
                     f"world size {world} != tensor {p.tensor_model_parallel_size} x pipeline"
                     f" {p.pipeline_model_parallel_size}"
@@ -1037,7 +606,7 @@ class Settings(BaseSettings):
         t = self.training
         if t.global_batch_size % (t.micro_batch_size * dp):
             problems.append(
-                (
+                _conflict(
                     label("training.global_batch_size"),
                     f"global batch {t.global_batch_size} is not divisible by micro batch"
                     f" {t.micro_batch_size} x data-parallel size {dp}",
@@ -1045,7 +614,7 @@ class Settings(BaseSettings):
             )
         if self.model.num_layers % p.pipeline_model_parallel_size:
             problems.append(
-                (
+                _conflict(
                     label("model.num_layers"),
                     f"{self.model.num_layers} layers cannot be split evenly across"
                     f" {p.pipeline_model_parallel_size} pipeline stages",
@@ -1053,7 +622,7 @@ class Settings(BaseSettings):
             )
         if self.telemetry.export_rank >= world:
             problems.append(
-                (
+                _conflict(
                     label("telemetry.export_rank"),
                     f"export rank {self.telemetry.export_rank} is outside the world size {world}"
                     f" (ranks 0..{world - 1}; -1 = last rank)",
@@ -1061,7 +630,7 @@ class Settings(BaseSettings):
             )
         if self.uses_builtin_trainer and p.tensor_model_parallel_size != 1:
             problems.append(
-                (
+                _conflict(
                     label("parallelism.tensor_model_parallel_size"),
                     "mlaunch's trainer supports tensor parallel size 1 only;"
                     " use --script for a trainer with tensor parallelism",
@@ -1069,7 +638,7 @@ class Settings(BaseSettings):
             )
         if self.uses_builtin_trainer and p.context_parallel_size != 1:
             problems.append(
-                (
+                _conflict(
                     label("parallelism.context_parallel_size"),
                     "mlaunch's trainer supports context parallel size 1 only;"
                     " use --script for a trainer with context parallelism",
@@ -1079,7 +648,7 @@ class Settings(BaseSettings):
             problems += self._trainer_protocol_problems(label)
         return problems
 
-    def _trainer_protocol_problems(self, label: Any) -> list[tuple[str, str]]:
+    def _trainer_protocol_problems(self, label: Any) -> list[Problem]:
         """``http/json`` is the reference's (nemo-lens takes it and sends OTLP/HTTP protobuf, the
         only encoding the Python SDK has); mlaunch's own trainer exports through that same SDK,
         so it refuses the name rather than send protobuf while the summary says JSON."""
@@ -1088,7 +657,7 @@ class Settings(BaseSettings):
         for fld in ("base_protocol", "traces_protocol", "metrics_protocol_override"):
             if getattr(o, fld) == "http/json":
                 out.append(
-                    (
+                    _conflict(
                         label(f"telemetry.otel.{fld}"),
                         "http/json is not supported by mlaunch's trainer: it exports through the"
                         " OpenTelemetry Python SDK, which has no OTLP/JSON encoder; use"
@@ -1099,169 +668,6 @@ class Settings(BaseSettings):
         return out
 
 
-def _error_label(loc: tuple[Any, ...], layers: list[_Layer]) -> str:
-    """Name what the user typed for a pydantic error location."""
-    parts = [str(x) for x in loc if not isinstance(x, int)]
-    for n in range(len(parts), 0, -1):
-        path = ".".join(parts[:n])
-        for layer in layers:
-            if path in layer.origin:
-                return str(layer.origin[path])
-    return ".".join(parts) or "settings"
-
-
-def _clean_message(err: Mapping[str, Any]) -> str:
-    msg = str(err.get("msg", "invalid value"))
-    msg = msg.removeprefix("Value error, ")
-    if err.get("type") in (
-        "float_parsing",
-        "int_parsing",
-        "literal_error",
-        "less_than_equal",
-        "greater_than_equal",
-        "greater_than",
-        "less_than",
-        "int_from_float",
-        "finite_number",
-    ):
-        got = err.get("input")
-        # pydantic's own "got ..." clause (int_from_float: "got a number with a fractional
-        # part") is dropped: one "got <value>" says it, with the value.
-        msg = msg.split(", got ", 1)[0]
-        msg = f"{msg}, got {quoted(got) if isinstance(got, str) else repr(got)}"
-    return msg
-
-
-def _validate(layers: list[_Layer]) -> Settings:
-    """Validate the merged layers (highest precedence first) and record each value's source.
-
-    Raises :class:`SettingsError` with one entry per pydantic error.
-    """
-    token = _ACTIVE_SOURCES.set(tuple(layers))
-    try:
-        settings = Settings()
-    except ValidationError as exc:
-        raise SettingsError(
-            [(_error_label(e["loc"], layers), _clean_message(e)) for e in exc.errors()]
-        ) from None
-    finally:
-        _ACTIVE_SOURCES.reset(token)
-    merged: dict[str, Source] = {}
-    for layer in reversed(layers):  # lowest precedence first, so higher ones overwrite
-        merged.update(layer.origin)
-    settings._sources = merged
-    return settings
-
-
-def collect_problems(
-    *,
-    flags: Mapping[str, Any] | None = None,
-    environ: Mapping[str, str] | None = None,
-    config: str | Path | None = None,
-) -> tuple[Settings | None, list[tuple[str, str]]]:
-    """Every problem of a configuration at once, for ``mlaunch doctor``.
-
-    The same sources and model as :func:`load_settings`, but where that stops at the first
-    group of problems (source problems, then validation, then cross-field checks), this runs
-    every stage and returns all of them, with the settings when validation itself succeeded
-    (None otherwise). No problems means :func:`load_settings` would succeed.
-    """
-    environ = os.environ if environ is None else environ
-    env_src = EnvSource(Settings, environ)
-    layers: list[_Layer] = [FlagSource(Settings, flags or {}), env_src]
-    problems: list[tuple[str, str]] = list(env_src.problems) + _preempt_signals_problems(environ)
-    if config is not None:
-        file_src = FileSource(Settings, Path(config))
-        problems += file_src.problems
-        layers.append(file_src)
-    try:
-        settings = _validate(layers)
-    except SettingsError as exc:
-        return None, problems + exc.problems
-    return settings, problems + settings.cross_field_problems()
-
-
-def _preempt_signals_problems(environ: Mapping[str, str]) -> list[tuple[str, str]]:
-    """``MLAUNCH_PREEMPT_SIGNALS`` checked before launch (the trainer would refuse it only after
-    torchrun started), reported under the variable's own name."""
-    from mlaunch.envcontract import PREEMPT_SIGNALS
-    from mlaunch.trainer.args import preempt_signals
-
-    if not environ.get(PREEMPT_SIGNALS, "").strip():
-        return []
-    try:
-        preempt_signals(None, dict(environ))
-    except ValueError as exc:
-        return [(PREEMPT_SIGNALS, str(exc))]
-    return []
-
-
-def load_settings(
-    *,
-    flags: Mapping[str, Any] | None = None,
-    environ: Mapping[str, str] | None = None,
-    config: str | Path | None = None,
-    check_cross_fields: bool = True,
-) -> Settings:
-    """Merge flags > environment > config file > defaults into validated :class:`Settings`.
-
-    ``flags`` maps dotted paths (``"telemetry.span_groups"``) to values (None = not given).
-    Raises :class:`SettingsError` listing every problem found.
-    """
-    environ = os.environ if environ is None else environ
-    problems: list[tuple[str, str]] = []
-    flag_src = FlagSource(Settings, flags or {})
-    env_src = EnvSource(Settings, environ)
-    problems += env_src.problems
-    problems += _preempt_signals_problems(environ)
-    layers: list[_Layer] = [flag_src, env_src]
-    if config is not None:
-        file_src = FileSource(Settings, Path(config))
-        problems += file_src.problems
-        layers.append(file_src)
-    if problems:
-        raise SettingsError(problems)
-    settings = _validate(layers)
-    if check_cross_fields:
-        cross = settings.cross_field_problems()
-        if cross:
-            raise SettingsError(cross)
-    return settings
-
-
-def load_telemetry_settings(
-    environ: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None
-) -> TelemetrySettings:
-    """Telemetry settings as a worker sees them: its environment, with its own ``--otel-*``
-    flags (``overrides``, keyed by TelemetrySettings field) on top. No config file."""
-    flags = {f"telemetry.{k}": v for k, v in (overrides or {}).items()}
-    return load_settings(flags=flags, environ=environ, check_cross_fields=False).telemetry
-
-
-def new_run_id() -> str:
-    """A fresh 12-hex-digit run id."""
-    return secrets.token_hex(6)
-
-
-def choose_run_id(settings: TelemetrySettings, environ: Mapping[str, str] | None = None) -> str:
-    """The run id, chosen once: the RUN_ID setting, else SLURM_JOB_ID, else a fresh id."""
-    environ = os.environ if environ is None else environ
-    if settings.run_id:
-        return settings.run_id
-    slurm = environ.get("SLURM_JOB_ID", "").strip()
-    return slurm if slurm else new_run_id()
-
-
-def redact(name: str, value: str) -> str:
-    """The value to show for variable ``name``: secrets are replaced by a marker."""
-    return "<redacted>" if name in SECRET_ENV and value else value
-
-
-def redact_shown(name: str, value: str) -> str:
-    """:func:`redact`, and credentials in an endpoint URL (``user:pass@host``) as ``***@host``:
-    for messages only (the worker environment and ``--print-env`` keep the URL usable)."""
-    if "endpoint" in name.lower() and "@" in value:
-        from mlaunch.endpoints import redact as redact_url
-
-        return redact_url(value)
-    return redact(name, value)
+def _conflict(field: str, message: str) -> Problem:
+    """A problem between settings (each valid alone)."""
+    return Problem(field, message, "conflict")
