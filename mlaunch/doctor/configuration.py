@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import difflib
-import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -18,8 +17,10 @@ from mlaunch.settings import (
     SECRET_ENV,
     TELEMETRY_KEYS,
     TRACE_SAMPLERS,
+    Problem,
     Settings,
     collect_problems,
+    env_names,
     load_settings,
     parse_bool,
     redact_shown,
@@ -50,53 +51,63 @@ def _normalized(key: str, value: str) -> str:
     return v.lower() if key in ("EXPORT_STRATEGY", "RANK_STRATEGY", "EXPORTER") else v
 
 
-def _effective(environ: Mapping[str, str], prefix: str, key: str) -> tuple[str, str] | None:
-    """The variable (key or alias) a prefix contributes for ``key``, as EnvSource reads it."""
-    aliases = [a for a, target in ALIAS_KEYS.items() if target == key]
-    for k in (key, *aliases):
-        value = environ.get(prefix + k, "").strip()
-        if value:
-            return prefix + k, value
+def _effective(environ: Mapping[str, str], prefix: str, field: str) -> tuple[str, str] | None:
+    """The variable (key or alias) and value a prefix contributes for the telemetry ``field``,
+    in the settings' own precedence (:func:`mlaunch.settings.env_names`)."""
+    for name in env_names(field):
+        value = environ.get(name, "").strip()
+        if value and name.startswith(prefix):
+            return name, value
     return None
 
 
-def _problem_result(field: str, message: str) -> CheckResult:
-    """A settings problem as a failed check with a concrete fix."""
-    sampler_vars = ("OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG")
-    m = re.search(r"did you mean (\S+?)\?", message)
-    if message.startswith("unknown variable"):
-        short = f"{field} is not a telemetry variable" + (
-            f" (did you mean {m.group(1)}?)" if m else ""
+_SAMPLER_VARS = ("OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG")
+
+
+def _is_variable(field: str) -> bool:
+    """Whether a problem's field is an environment variable (not a flag or a file key)."""
+    return field.isupper() and "_" in field
+
+
+def _problem_result(problem: Problem) -> CheckResult:
+    """A settings problem as a failed check with a concrete fix: a rename when the settings
+    suggest the name meant, else what to change where the value was given."""
+    field, suggestion = problem.field, problem.suggestion
+    if problem.kind == "unknown" and _is_variable(field):
+        if suggestion:
+            return fail(
+                "unknown variable",
+                f"{field} is not a telemetry variable (did you mean {suggestion}?)",
+                f"rename {field} to {suggestion}",
+            )
+        # The settings' message goes on to list the valid keys: keep that part.
+        valid = problem.message.partition("; ")[2]
+        return fail(
+            "unknown variable", f"{field} is not a telemetry variable; {valid}", f"unset {field}"
         )
-        fix = f"rename {field} to {m.group(1)}" if m else f"unset {field}"
-        if not m:
-            short += f"; {message.partition('; ')[2]}"
-        return fail("unknown variable", short, fix)
-    if field in sampler_vars:
+    if field in _SAMPLER_VARS:
         fix = (
             f"set {field} to a ratio in [0, 1], e.g. 0.1"
             if field.endswith("_ARG")
             else f"set {field} to one of: {', '.join(TRACE_SAMPLERS)}"
         )
-        return fail("sampler", f"{field}: {message}", fix)
-    if field.isupper() and "_" in field:  # an environment variable
-        return fail("config", f"{field}: {message}", f"fix or unset {field}")
+        return fail("sampler", str(problem), fix)
+    if _is_variable(field):
+        return fail("config", str(problem), f"fix or unset {field}")
     if field.startswith("--"):
-        return fail("config", f"{field}: {message}", f"fix the value of {field}")
+        return fail("config", str(problem), f"fix the value of {field}")
     if " [" in field:  # "FILE [section] key"
-        return fail("config", f"{field}: {message}", "fix this key in the config file")
+        return fail("config", str(problem), "fix this key in the config file")
     section, _, key = field.partition(".")
-    return fail(
-        "config", f"{field}: {message}", f"set {key or field} in [{section}] of --config FILE"
-    )
+    return fail("config", str(problem), f"set {key or field} in [{section}] of --config FILE")
 
 
 def _best_effort_settings(
-    environ: Mapping[str, str], config: Path | None, problems: list[tuple[str, str]]
+    environ: Mapping[str, str], config: Path | None, problems: list[Problem]
 ) -> Settings:
     """Settings for the checks that need them when the configuration has problems: without the
     offending variables, then without the config file, then the defaults."""
-    bad = {field for field, _ in problems}
+    bad = {p.field for p in problems}
     cleaned = {k: v for k, v in environ.items() if k not in bad}
     for cfg in (config, None):
         settings, _ = collect_problems(environ=cleaned, config=cfg)
@@ -133,7 +144,7 @@ def check_configuration(
     """Every telemetry variable through mlaunch's settings, plus what the settings accept but a
     user probably did not mean. Returns the results and the (best-effort) settings."""
     settings, problems = collect_problems(environ=environ, config=config)
-    results = [_problem_result(field, message) for field, message in problems]
+    results = [_problem_result(p) for p in problems]
     if settings is None:
         settings = _best_effort_settings(environ, config, problems)
     names = _telemetry_vars(environ)
@@ -176,7 +187,7 @@ def check_configuration(
                 f"unset OTEL_SDK_DISABLED (or set {PRIMARY_PREFIX}ENABLED=false)",
             )
         )
-    if not any(f in ("OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG") for f, _ in problems):
+    if not any(p.field in _SAMPLER_VARS for p in problems):
         results.append(_sampler_result(settings))
     results += _timeout_results(environ)
     results.append(_exporting_ranks_result(settings))
@@ -218,6 +229,8 @@ def _otel_typos(environ: Mapping[str, str]) -> list[CheckResult]:
     for name in sorted(environ):
         if not name.startswith("OTEL_") or name in KNOWN_OTEL_ENV:
             continue
+        # Stricter than closest_word's 0.6: this list is not all of OTel's variables, so only a
+        # near-certain typo is worth a warning.
         close = difflib.get_close_matches(name, sorted(KNOWN_OTEL_ENV), n=1, cutoff=0.85)
         if close:
             out.append(
@@ -232,10 +245,11 @@ def _otel_typos(environ: Mapping[str, str]) -> list[CheckResult]:
 
 
 def _prefix_conflicts(environ: Mapping[str, str]) -> list[CheckResult]:
+    """Telemetry settings given under both prefixes with different values (the primary wins)."""
     out = []
-    for key in TELEMETRY_KEYS:
-        primary = _effective(environ, PRIMARY_PREFIX, key)
-        fallback = _effective(environ, FALLBACK_PREFIX, key)
+    for field in TELEMETRY_KEYS.values():
+        primary = _effective(environ, PRIMARY_PREFIX, field)
+        fallback = _effective(environ, FALLBACK_PREFIX, field)
         if not primary or not fallback:
             continue
         (pv, pval), (fv, fval) = primary, fallback
@@ -253,6 +267,7 @@ def _prefix_conflicts(environ: Mapping[str, str]) -> list[CheckResult]:
 
 
 def _alias_notes(environ: Mapping[str, str]) -> list[CheckResult]:
+    """Megatron-LM's alias names that mlaunch honours but nemo-lens ignores."""
     out = []
     for prefix in (PRIMARY_PREFIX, FALLBACK_PREFIX):
         for alias, target in ALIAS_KEYS.items():
