@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import socket
 import tempfile
@@ -186,15 +185,12 @@ def check_run_dir(settings: Settings, cwd: Path | None = None) -> list[CheckResu
 
 
 def first_slurm_host(nodelist: str) -> str:
-    """The first host of a SLURM node list: ``node[01-04,07],gpu1`` -> ``node01``."""
-    depth, first = 0, ""
-    for ch in nodelist.strip():
-        if ch == "," and depth == 0:
-            break
-        depth += {"[": 1, "]": -1}.get(ch, 0)
-        first += ch
-    # Each bracket group contributes its first value (zero padding kept).
-    return re.sub(r"\[([^\]]*)\]", lambda m: re.split(r"[,-]", m.group(1))[0], first)
+    """The first host of a SLURM node list (``node[01-04,07],gpu1`` -> ``node01``), as the
+    launcher expands it for the rendezvous endpoint ("" when the list names no host)."""
+    from mlaunch.launcher.plan import expand_nodelist
+
+    hosts = expand_nodelist(nodelist.strip())
+    return hosts[0] if hosts else ""
 
 
 def check_slurm(environ: Mapping[str, str], settings: Settings) -> list[CheckResult]:
@@ -216,7 +212,7 @@ def check_slurm(environ: Mapping[str, str], settings: Settings) -> list[CheckRes
     host = first_slurm_host(nodelist)
     derived = (
         f"SLURM job {job}: nnodes={nnodes or '?'}, node rank={node_rank or '?'}, rendezvous"
-        f" host={host}, rendezvous id={job}"
+        f" host={host or '?'}, rendezvous id={job}"
     )
     src = settings.source("launch.nnodes")
     if nnodes.isdigit() and src.kind != "default" and int(nnodes) != settings.launch.nnodes:
