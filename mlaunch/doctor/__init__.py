@@ -107,7 +107,4 @@ def run_doctor(
         return results
     finally:
         if probe is not None:
-            probe.proc.kill()
-            if probe.gloo:
-                for p in probe.gloo.procs:
-                    p.kill()
+            probe.kill()

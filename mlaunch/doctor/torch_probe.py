@@ -96,12 +96,16 @@ class AllReduceProbe:
             for r in range(world)
         ]  # fmt: skip
 
+    def kill(self) -> None:
+        """Kill every worker and what it started (no-op for those that exited)."""
+        for p in self.procs:
+            p.kill()
+
     def result(self) -> CheckResult:
         """Wait for the workers and judge the sum they computed."""
         name = f"{self.backend} all-reduce"
         outcomes = [p.wait(self.timeout_s) for p in self.procs]
-        for p in self.procs:
-            p.kill()
+        self.kill()
         where = f"{self.world}-process {self.backend} all-reduce on 127.0.0.1"
         if any(rc is None for rc, _, _ in outcomes):
             return fail(
@@ -133,13 +137,18 @@ class TorchProbe:
         # The gloo all-reduce needs no device facts, so it runs alongside everything else.
         self.gloo = AllReduceProbe("gloo", 2, self.python, ALLREDUCE_TIMEOUT_S) if deep else None
 
+    def kill(self) -> None:
+        """Kill the probe and the gloo all-reduce workers (no-op for those that exited)."""
+        self.proc.kill()
+        if self.gloo:
+            self.gloo.kill()
+
     def results(self, device: str = "auto") -> list[CheckResult]:
         """The torch, CUDA, NCCL and gloo checks (and the all-reduces with ``deep``)."""
         rc, out, err = self.proc.wait(self.timeout_s)
         if rc is None:
             if self.gloo:
-                for p in self.gloo.procs:
-                    p.kill()
+                self.gloo.kill()
             # Not a failure: torch may be fine on a slow file system; it just went unchecked.
             return [
                 warn(
@@ -156,8 +165,7 @@ class TorchProbe:
             info = {"error": last_line(err) or f"the probe exited with code {rc}"}
         if "error" in info:
             if self.gloo:
-                for p in self.gloo.procs:
-                    p.kill()
+                self.gloo.kill()
             return [
                 fail(
                     "torch import",
