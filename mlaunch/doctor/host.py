@@ -11,6 +11,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from mlaunch import envcontract as ec
 from mlaunch.doctor.results import NET_TIMEOUT_S, CheckResult, fail, ok, warn
 from mlaunch.settings import Settings
 
@@ -160,7 +161,7 @@ def check_run_dir(settings: Settings, cwd: Path | None = None) -> list[CheckResu
     results = [ok("run directory", f"{where} is writable")]
     t = settings.training
     checkpoints = bool(t.save) or t.save_interval > 0
-    ckpt_dir = Path(t.save) if t.save else run_dir / "checkpoints"
+    ckpt_dir = Path(t.save) if t.save else run_dir / ec.CHECKPOINTS_DIR
     ckpt_anchor = _existing_ancestor(base / ckpt_dir)[0] if checkpoints else anchor
     params, ckpt = checkpoint_bytes(settings) if checkpoints else (0, 0)
     need = int(ckpt * 1.2) + RUN_DIR_MARGIN_BYTES
@@ -184,24 +185,19 @@ def check_run_dir(settings: Settings, cwd: Path | None = None) -> list[CheckResu
     return results
 
 
-def first_slurm_host(nodelist: str) -> str:
-    """The first host of a SLURM node list (``node[01-04,07],gpu1`` -> ``node01``), as the
-    launcher expands it for the rendezvous endpoint ("" when the list names no host)."""
-    from mlaunch.launcher.plan import expand_nodelist
-
-    hosts = expand_nodelist(nodelist.strip())
-    return hosts[0] if hosts else ""
-
-
 def check_slurm(environ: Mapping[str, str], settings: Settings) -> list[CheckResult]:
-    """SLURM detection and the launch values mlaunch derives from it."""
-    job = environ.get("SLURM_JOB_ID", "").strip()
-    if not job:
+    """SLURM detection and the launch values mlaunch derives from it (the launcher's own
+    derivation, so doctor shows what ``mlaunch train`` will use)."""
+    from mlaunch.launcher.plan import slurm_launch_values
+
+    derived_values = slurm_launch_values(environ)
+    if not derived_values:
         return [ok("slurm", "not under SLURM (no SLURM_JOB_ID)")]
-    nodelist = (environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or "").strip()
-    nnodes = (environ.get("SLURM_NNODES") or environ.get("SLURM_JOB_NUM_NODES") or "").strip()
-    node_rank = environ.get("SLURM_NODEID", "").strip()
-    if not nodelist:
+    job = derived_values["launch.rdzv_id"][0]
+    nnodes = derived_values.get("launch.nnodes", ("", ""))[0]
+    node_rank = derived_values.get("launch.node_rank", ("", ""))[0]
+    endpoint = derived_values.get("launch.rdzv_endpoint")
+    if endpoint is None:  # no node list (or one that names no host)
         return [
             warn(
                 "slurm",
@@ -209,10 +205,10 @@ def check_slurm(environ: Mapping[str, str], settings: Settings) -> list[CheckRes
                 "run inside the allocation (sbatch/srun), or pass --rdzv-endpoint",
             )
         ]
-    host = first_slurm_host(nodelist)
+    host = endpoint[0].rpartition(":")[0]  # the endpoint is "first host:port"
     derived = (
         f"SLURM job {job}: nnodes={nnodes or '?'}, node rank={node_rank or '?'}, rendezvous"
-        f" host={host or '?'}, rendezvous id={job}"
+        f" host={host}, rendezvous id={job}"
     )
     src = settings.source("launch.nnodes")
     if nnodes.isdigit() and src.kind != "default" and int(nnodes) != settings.launch.nnodes:

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mlaunch import envcontract as ec
 from mlaunch.doctor.process import ProbeProcess, last_line
 from mlaunch.doctor.results import CheckResult, fail, ok, warn
 from mlaunch.envcontract import FALLBACK_PREFIX, PRIMARY_PREFIX
@@ -178,7 +179,7 @@ def check_worker_side(
     t = settings.telemetry
     run_id = t.run_id or "doctor"
     env, removed, _ = lp.worker_environment(
-        settings, run_id, Path.cwd() / "runs" / run_id, environ, external=True
+        settings, run_id, ec.default_run_dir(run_id, Path.cwd()), environ, external=True
     )
     child = {k: v for k, v in environ.items() if k not in removed}
     child.update(env)

@@ -14,10 +14,10 @@ from mlaunch.doctor.host import (
     check_run_dir,
     check_slurm,
     checkpoint_bytes,
-    first_slurm_host,
 )
 from mlaunch.doctor.packages import check_packages, check_python, satisfies
 from mlaunch.doctor.results import CheckResult, exit_code, summarize, to_json
+from mlaunch.launcher.plan import expand_nodelist
 from mlaunch.settings import load_settings
 
 
@@ -309,7 +309,7 @@ def test_checkpoint_estimate_follows_the_documented_formula() -> None:
     ],
 )
 def test_first_slurm_host(nodelist: str, first: str) -> None:
-    assert first_slurm_host(nodelist) == first
+    assert expand_nodelist(nodelist)[0] == first
 
 
 def test_slurm_values_mlaunch_derives() -> None:
