@@ -116,7 +116,10 @@ def worker_probe(
 
     spec = {
         "args": list(args),
-        # What Megatron-LM's _set_telemetry passes and overrides (MEGATRON.md section 1).
+        # What Megatron-LM's _set_telemetry hands nemo-lens (both prefixes, without the
+        # trailing underscore) and applies over what it read from the environment: a default
+        # service name when OTEL_SERVICE_NAME is unset (mlaunch's is the same) and the
+        # --otel-* arguments.
         "prefix": PRIMARY_PREFIX.rstrip("_"),
         "fallback_prefix": FALLBACK_PREFIX.rstrip("_"),
         "default_service_name": TelemetrySettings.model_fields["service_name"].default,
