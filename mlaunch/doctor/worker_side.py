@@ -153,6 +153,64 @@ def _compare(found: Mapping[str, Any], plan: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def _worker_launch(
+    settings: Settings, environ: Mapping[str, str]
+) -> tuple[dict[str, str], list[str]]:
+    """The environment and the ``--otel-*`` arguments mlaunch would hand a script worker."""
+    from mlaunch.launcher import plan as lp
+
+    run_id = settings.telemetry.run_id or "doctor"
+    env, removed, _ = lp.worker_environment(
+        settings, run_id, ec.default_run_dir(run_id, Path.cwd()), environ, external=True
+    )
+    child = {k: v for k, v in environ.items() if k not in removed}
+    child.update(env)
+    args = lp.otel_flags(settings) if lp.resolve_megatron_args(settings, Path.cwd())[0] else []
+    return child, args
+
+
+def _plan(settings: Settings, view: Mapping[str, Any]) -> dict[str, Any]:
+    """What mlaunch's plan says the worker should resolve, keyed as the probe reports it
+    (``view``: the reference translation of these settings)."""
+    t = settings.telemetry
+    try:
+        ranks = exporting_ranks(
+            t.export_strategy,
+            min(settings.world_size, WORKER_PROBE_RANKS),
+            nproc_per_node=settings.launch.nproc_per_node,
+            export_rank=t.export_rank,
+            sample_rate=t.export_sample_rate,
+        )
+    except Exception:  # a custom strategy: refused above, nothing to compare
+        ranks = []
+    ranks = [r for r in ranks if r < settings.world_size] if t.enabled else []
+    return {
+        "enabled": t.enabled,
+        "exporter": view["exporter"],
+        "export_strategy": t.export_strategy,
+        "service_name": t.service_name,
+        "sampler_enabled": t.sampler_enabled,
+        "exporting_ranks": ranks,
+        "span_groups": view["span_groups"] if t.enabled and ranks else [],
+    }
+
+
+def _describe(found: Mapping[str, Any]) -> str:
+    """What the worker resolved, in one line."""
+    return (
+        f"enabled {found.get('enabled')}, groups {','.join(found.get('span_groups') or []) or '-'},"
+        f" exporter {found.get('exporter')}"
+        + (f" ({found['protocol']})" if found.get("protocol") else "")
+        + f", strategy {found.get('export_strategy')}, exporting ranks"
+        f" {format_ranks(found.get('exporting_ranks') or []) or 'none'}"
+        + (
+            f", rank-aware sampler keeps ranks {format_ranks(found['sampled_ranks']) or 'none'}"
+            if "sampled_ranks" in found
+            else ""
+        )
+    )
+
+
 def check_worker_side(
     settings: Settings,
     environ: Mapping[str, str],
@@ -167,7 +225,6 @@ def check_worker_side(
     default this one) in a subprocess with a timeout. A run of mlaunch's own trainer needs no
     nemo-lens: then an interpreter without it is a note, not a warning.
     """
-    from mlaunch.launcher import plan as lp
     from mlaunch.launcher import reference
 
     name = "worker telemetry"
@@ -179,14 +236,7 @@ def check_worker_side(
             results.append(
                 fail("script worker", f"{field}: {message}", f"change {field} as the message says")
             )
-    t = settings.telemetry
-    run_id = t.run_id or "doctor"
-    env, removed, _ = lp.worker_environment(
-        settings, run_id, ec.default_run_dir(run_id, Path.cwd()), environ, external=True
-    )
-    child = {k: v for k, v in environ.items() if k not in removed}
-    child.update(env)
-    args = lp.otel_flags(settings) if lp.resolve_megatron_args(settings, Path.cwd())[0] else []
+    child, args = _worker_launch(settings, environ)
     found = worker_probe(python, child, args, settings, timeout_s)
     if "failed" in found:
         return [*results, warn(name, f"could not run the worker probe: {found['failed']}",
@@ -212,40 +262,9 @@ def check_worker_side(
                 "fix the setting it names (see the configuration checks above)",
             ),
         ]
-    try:
-        ranks = exporting_ranks(
-            t.export_strategy,
-            min(settings.world_size, WORKER_PROBE_RANKS),
-            nproc_per_node=settings.launch.nproc_per_node,
-            export_rank=t.export_rank,
-            sample_rate=t.export_sample_rate,
-        )
-    except Exception:  # a custom strategy: refused above, nothing to compare
-        ranks = []
-    ranks = [r for r in ranks if r < settings.world_size] if t.enabled else []
     view = reference.reference_view(settings)
-    plan = {
-        "enabled": t.enabled,
-        "exporter": view["exporter"],
-        "export_strategy": t.export_strategy,
-        "service_name": t.service_name,
-        "sampler_enabled": t.sampler_enabled,
-        "exporting_ranks": ranks,
-        "span_groups": view["span_groups"] if t.enabled and ranks else [],
-    }
-    resolved = (
-        f"enabled {found.get('enabled')}, groups {','.join(found.get('span_groups') or []) or '-'},"
-        f" exporter {found.get('exporter')}"
-        + (f" ({found['protocol']})" if found.get("protocol") else "")
-        + f", strategy {found.get('export_strategy')}, exporting ranks"
-        f" {format_ranks(found.get('exporting_ranks') or []) or 'none'}"
-        + (
-            f", rank-aware sampler keeps ranks {format_ranks(found['sampled_ranks']) or 'none'}"
-            if "sampled_ranks" in found
-            else ""
-        )
-    )
-    diffs = _compare(found, plan)
+    resolved = _describe(found)
+    diffs = _compare(found, _plan(settings, view))
     if diffs:
         return [
             *results,
