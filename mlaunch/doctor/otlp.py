@@ -247,16 +247,7 @@ def check_otlp(settings: Settings, timeout_s: float = NET_TIMEOUT_S) -> list[Che
         return [*results, fail("otlp connect", f"cannot resolve {host!r} ({exc})",
                                f"fix the host name in {var}")]  # fmt: skip
     except ConnectionRefusedError:
-        default = 4317 if protocol == "grpc" else 4318
-        return [
-            *results,
-            fail(
-                "otlp connect",
-                f"connection refused at {host}:{port}: nothing listens there",
-                f"start the collector, or point {var} at it (OTLP {protocol} usually listens"
-                f" on port {default})",
-            ),
-        ]
+        return [*results, _refused(f"{host}:{port}", protocol, var, "otlp connect")]
     except TimeoutError:
         return [*results, fail("otlp connect", f"no TCP answer from {host}:{port} within"
                                f" {timeout_s:g} s", f"check the host in {var} and firewalls")]  # fmt: skip
@@ -298,9 +289,7 @@ def probe_otlp(
     ``headers`` are sent but never shown."""
     name = "otlp probe"
     answer = _export(url, protocol, headers, timeout_s, certificate)
-    parsed = urllib.parse.urlparse(url)
-    host, port = _host_port(url)
-    hostport = f"{_grpc_target(host, port)}"
+    hostport = _grpc_target(*_host_port(url))
     if answer.kind == "otlp":
         return ok(name, f"{redact_url(url)} answers an empty trace export as an OTLP/{_proto_label(protocol)}"
                   " receiver")  # fmt: skip
@@ -315,22 +304,46 @@ def probe_otlp(
     if answer.kind == "status":
         return _http_status_result(url, answer, var, headers)
     if answer.kind == "grpc":
-        if answer.detail.startswith("UNIMPLEMENTED"):
-            return fail(
-                name,
-                f"a gRPC server answers at {hostport}, but without the OTLP trace service"
-                " (UNIMPLEMENTED)",
-                f"point {var} at the collector's OTLP gRPC receiver (usually port 4317)",
-            )
-        if answer.detail.startswith(("UNAUTHENTICATED", "PERMISSION_DENIED")):
-            return fail(
-                name,
-                f"the OTLP receiver at {hostport} rejected the credentials ({answer.detail.split(':')[0]})",
-                "check OTEL_EXPORTER_OTLP_HEADERS (e.g. authorization=Bearer%20TOKEN)",
-            )
-        return fail(name, f"the gRPC peer at {hostport} answered {answer.detail}",
-                    "check the collector's logs")  # fmt: skip
+        return _grpc_answer_result(answer, hostport, var)
     # No usable answer: find out what the peer speaks.
+    return _peer_result(url, protocol, headers, timeout_s, certificate, var, answer)
+
+
+def _grpc_answer_result(answer: _Answer, hostport: str, var: str) -> CheckResult:
+    """A gRPC server answered the export with an error status."""
+    name = "otlp probe"
+    if answer.detail.startswith("UNIMPLEMENTED"):
+        return fail(
+            name,
+            f"a gRPC server answers at {hostport}, but without the OTLP trace service"
+            " (UNIMPLEMENTED)",
+            f"point {var} at the collector's OTLP gRPC receiver (usually port 4317)",
+        )
+    if answer.detail.startswith(("UNAUTHENTICATED", "PERMISSION_DENIED")):
+        return fail(
+            name,
+            f"the OTLP receiver at {hostport} rejected the credentials ({answer.detail.split(':')[0]})",
+            "check OTEL_EXPORTER_OTLP_HEADERS (e.g. authorization=Bearer%20TOKEN)",
+        )
+    return fail(name, f"the gRPC peer at {hostport} answered {answer.detail}",
+                "check the collector's logs")  # fmt: skip
+
+
+def _peer_result(
+    url: str,
+    protocol: str,
+    headers: Mapping[str, str],
+    timeout_s: float,
+    certificate: str | None,
+    var: str,
+    answer: _Answer,
+) -> CheckResult:
+    """The export got no usable ``answer``: the diagnosis from what the peer speaks (wrong
+    protocol, TLS on one side only, silence)."""
+    name = "otlp probe"
+    parsed = urllib.parse.urlparse(url)
+    host, port = _host_port(url)
+    hostport = _grpc_target(host, port)
     peer = identify_peer(host, port, timeout_s)
     if peer == "refused":
         return _refused(hostport, protocol, var)
@@ -398,10 +411,11 @@ def probe_otlp(
     )
 
 
-def _refused(hostport: str, protocol: str, var: str) -> CheckResult:
+def _refused(hostport: str, protocol: str, var: str, name: str = "otlp probe") -> CheckResult:
+    """Nothing listens at ``hostport``: start the collector or point ``var`` at it."""
     default = 4317 if protocol == "grpc" else 4318
     return fail(
-        "otlp probe",
+        name,
         f"connection refused at {hostport}: nothing listens there",
         f"start the collector, or point {var} at it (OTLP {protocol} usually listens on port"
         f" {default})",
