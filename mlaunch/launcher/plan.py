@@ -40,6 +40,7 @@ from mlaunch.settings import (
     load_settings,
     redact,
 )
+from mlaunch.settings import args as setting_args
 
 #: Where the shipped example configs live (package data; top-level ``configs`` links here).
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -55,55 +56,20 @@ TORCHRUN_MODULE = "torch.distributed.run"
 TORCHRUN_LOG = "torchrun.log"
 REDACTED = "<redacted>"
 
+# The argument tables below derive from the settings' field metadata (mlaunch.settings.args),
+# where each model/training/parallelism setting says how it reaches a training script.
+
 #: Settings path -> the trainer's argument (Megatron-LM names). A bool path is a store_true flag.
 #: Paths missing here have no argument: see :data:`NOT_TRAINER_ARGS`.
-TRAINER_ARGS: dict[str, str] = {
-    "model.num_layers": "--num-layers",
-    "model.hidden_size": "--hidden-size",
-    "model.num_attention_heads": "--num-attention-heads",
-    "model.seq_length": "--seq-length",
-    "model.untie_embeddings": "--untie-embeddings",
-    "training.micro_batch_size": "--micro-batch-size",
-    "training.global_batch_size": "--global-batch-size",
-    "training.train_iters": "--train-iters",
-    "training.lr": "--lr",
-    "training.min_lr": "--min-lr",
-    "training.lr_warmup_iters": "--lr-warmup-iters",
-    "training.weight_decay": "--weight-decay",
-    "training.clip_grad": "--clip-grad",
-    "training.eval_interval": "--eval-interval",
-    "training.eval_iters": "--eval-iters",
-    "training.log_interval": "--log-interval",
-    "training.save": "--save",
-    "training.load": "--load",
-    "training.save_interval": "--save-interval",
-    "training.keep_last": "--keep-last",
-    "training.seed": "--seed",
-    "training.precision": "--bf16/--fp16",
-    "training.data_path": "--data-path",
-    "training.offload_activations": "--offload-activations",
-    "training.sample_tokens": "--sample-tokens",
-    "parallelism.tensor_model_parallel_size": "--tensor-model-parallel-size",
-    "parallelism.pipeline_model_parallel_size": "--pipeline-model-parallel-size",
-}
+TRAINER_ARGS: dict[str, str] = setting_args.trainer_args()
 #: Settings of the model/training/parallelism sections that are deliberately not passed.
-NOT_TRAINER_ARGS: dict[str, str] = {
-    "parallelism.data_parallel_size": "derived by the trainer from the world size; checked here",
-    "parallelism.context_parallel_size": "mlaunch's trainer has none (must be 1); scripts get"
-    " MEGATRON_ONLY_ARGS",
-}
+NOT_TRAINER_ARGS: dict[str, str] = setting_args.not_trainer_args()
 #: Megatron-LM arguments mlaunch's trainer does not have, passed to scripts when not the default.
-MEGATRON_ONLY_ARGS: dict[str, tuple[str, Any]] = {
-    "parallelism.context_parallel_size": ("--context-parallel-size", 1),
-}
+MEGATRON_ONLY_ARGS: dict[str, tuple[str, Any]] = setting_args.megatron_only_args()
 #: mlaunch-only trainer arguments that Megatron-LM's pretrain_gpt.py would reject.
-MEGATRON_UNKNOWN: frozenset[str] = frozenset(
-    {"training.keep_last", "training.offload_activations", "training.sample_tokens"}
-)
+MEGATRON_UNKNOWN: frozenset[str] = setting_args.megatron_unknown()
 #: Where Megatron-LM spells an argument differently from mlaunch's trainer.
-MEGATRON_RENAMES: dict[str, str] = {
-    "model.untie_embeddings": "--untie-embeddings-and-output-weights",
-}
+MEGATRON_RENAMES: dict[str, str] = setting_args.megatron_renames()
 
 
 @dataclass(frozen=True)
@@ -488,8 +454,8 @@ def _trainer_env(settings: Settings, run_id: str, environ: Mapping[str, str]) ->
 
 def _arg_value(path: str, value: Any) -> list[str]:
     flag = TRAINER_ARGS[path]
-    if path == "training.precision":
-        return [] if value == "fp32" else [f"--{value}"]
+    if "/" in flag:  # a choice of switches (--bf16/--fp16): the default value has none
+        return [f"--{value}"] if f"--{value}" in flag.split("/") else []
     if isinstance(value, bool):
         return [flag] if value else []
     if value is None:

@@ -288,3 +288,20 @@ def test_megatron_arguments_go_only_to_a_megatron_lm_entry_point(tmp_path):
         assert ("--num-layers" in plan.argv) is on
     megatron = build({"launch.script": str(tmp_path / "train.py")}, config="megatron", cwd=tmp_path)
     assert megatron.settings.launch.megatron_args is True
+
+
+def test_the_trainer_run_bare_has_the_settings_defaults():
+    """One schema: the trainer's parser takes its defaults from the settings, except where a
+    setting declares the trainer's own (an unset value it derives, keep-all checkpoints)."""
+    from mlaunch.settings.args import SAME, Arg, training_fields
+    from mlaunch.trainer.args import build_parser
+
+    defaults = {a.dest: a.default for a in build_parser()._actions}
+    own = {}
+    for _, name, info, arg in training_fields():
+        if isinstance(arg, Arg) and not arg.choices:
+            expected = info.default if arg.bare_default is SAME else arg.bare_default
+            assert defaults[name] == expected, name
+            if arg.bare_default is not SAME:
+                own[name] = arg.bare_default
+    assert own == {"global_batch_size": None, "save_interval": None, "keep_last": 0}
