@@ -607,7 +607,7 @@ def _best_effort_settings(
 def _train_default_note(environ: Mapping[str, str], enabled: bool, exporter: str | None) -> str:
     """What plain ``mlaunch train`` (its default config) does with telemetry, when that differs
     from what doctor checked without a config ('' when the same or unknown)."""
-    from mlaunch.launcher.plan import DEFAULT_CONFIG, resolve_config
+    from mlaunch.launcher.configs import DEFAULT_CONFIG, resolve_config
 
     try:
         path = resolve_config(None, Path.cwd())
@@ -1676,8 +1676,9 @@ def check_worker_side(
     default this one) in a subprocess with a timeout. A run of mlaunch's own trainer needs no
     nemo-lens: then an interpreter without it is a note, not a warning.
     """
-    from mlaunch.launcher import plan as lp
     from mlaunch.launcher import reference
+    from mlaunch.launcher import worker_args as lp_args
+    from mlaunch.launcher import worker_env as lp_env
 
     name = "worker telemetry"
     external = not settings.uses_builtin_trainer or worker_python is not None
@@ -1690,12 +1691,16 @@ def check_worker_side(
             )
     t = settings.telemetry
     run_id = t.run_id or "doctor"
-    env, removed, _ = lp.worker_environment(
+    env, removed, _ = lp_env.worker_environment(
         settings, run_id, Path.cwd() / "runs" / run_id, environ, external=True
     )
     child = {k: v for k, v in environ.items() if k not in removed}
     child.update(env)
-    args = lp.otel_flags(settings) if lp.resolve_megatron_args(settings, Path.cwd())[0] else []
+    args = (
+        lp_args.otel_flags(settings)
+        if lp_args.resolve_megatron_args(settings, Path.cwd())[0]
+        else []
+    )
     found = worker_probe(python, child, args, settings, timeout_s)
     if "failed" in found:
         return [*results, warn(name, f"could not run the worker probe: {found['failed']}",

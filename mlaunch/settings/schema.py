@@ -20,6 +20,7 @@ from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spec import SpanSpecError, closest_word, quoted, resolve
 from mlaunch.model.strategies import StrategyError, load_strategy
 from mlaunch.settings.args import Arg, NotPassed
+from mlaunch.settings.names import flag_name
 from mlaunch.settings.problems import Problem, UnknownName
 from mlaunch.settings.run_id import is_run_id
 from mlaunch.settings.values import Bool, check_url, not_blank, parse_key_values, path_is
@@ -606,6 +607,12 @@ class Settings(BaseModel):
     def source(self, path: str) -> Source:
         """Where the value at dotted ``path`` came from."""
         return self._sources.get(path, Source("default", ""))
+
+    def label(self, path: str) -> str:
+        """What the user typed for ``path``: the flag, variable or config-file key that set it (the
+        flag's name when it is a default), so a bad ``run_dir`` in a config file names the file."""
+        source = self.source(path)
+        return source.name if source.kind in ("flag", "env", "file") else flag_name(path)
 
     def sources(self) -> dict[str, Source]:
         """Every dotted path that was set by a flag, variable or file, with its source."""
