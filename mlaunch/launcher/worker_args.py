@@ -10,7 +10,7 @@ from typing import Any
 
 from mlaunch import envcontract as ec
 from mlaunch.launcher import reference
-from mlaunch.settings import Problem, Settings, as_problem
+from mlaunch.settings import Problem, Settings
 from mlaunch.settings import args as setting_args
 
 # The argument tables below derive from the settings' field metadata (mlaunch.settings.args),
@@ -70,7 +70,7 @@ def trainer_args(settings: Settings, run_dir: Path, *, megatron: bool = False) -
     elif t.save is None:
         values["training.save"] = str(run_dir / ec.CHECKPOINTS_DIR)
     if t.load is None and values["training.save"] is not None:
-        # Resume from the save directory when it already holds something (SPEC: --load default).
+        # Resume from the save directory when it already holds something: --load defaults to --save.
         save = Path(values["training.save"])
         try:
             resumable = save.is_dir() and any(save.iterdir())
@@ -143,7 +143,7 @@ def check_trainer_args(args: Sequence[str], world_size: int) -> list[Problem]:
         ns = parser.parse_args(list(args))
     except _Bad as exc:
         return [Problem("-- ARGS", f"the trainer rejects its arguments: {exc}")]
-    return [as_problem(p) for p in validate(ns, world_size)]
+    return validate(ns, world_size)
 
 
 #: Megatron-LM's entry-point scripts (pretrain_gpt.py, pretrain_bert.py, pretrain_mamba.py ...).

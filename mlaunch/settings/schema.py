@@ -194,7 +194,7 @@ class OtelSettings(_Section):
 
 
 class TelemetrySettings(_Section):
-    """The ``MEGATRON_OTEL_*`` / ``NEMO_LENS_*`` keys (SPEC section 2.2) plus OTel standards."""
+    """The ``MEGATRON_OTEL_*`` / ``NEMO_LENS_*`` keys plus the standard OpenTelemetry variables."""
 
     enabled: Bool = False
     """Master switch (``ENABLED``)."""

@@ -17,9 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mlaunch.settings.args import SAME, Arg, training_fields
-
-#: One problem with the arguments: (the argument, what is wrong and how to fix it).
-Problem = tuple[str, str]
+from mlaunch.settings.problems import Problem
 
 PROG = "python -m mlaunch.trainer"
 
@@ -110,7 +108,7 @@ def _positive(ns: argparse.Namespace, problems: list[Problem], *names: str) -> N
     for name in names:
         value = getattr(ns, name)
         if value is not None and value < 1:
-            problems.append((_flag(name), f"must be at least 1, got {value}"))
+            problems.append(Problem(_flag(name), f"must be at least 1, got {value}"))
 
 
 def _flag(dest: str) -> str:
@@ -141,36 +139,46 @@ def validate(ns: argparse.Namespace, world_size: int) -> list[Problem]:
         "ddp_bucket_size",
     )
     if ns.seq_length < 2:
-        problems.append(("--seq-length", f"must be at least 2, got {ns.seq_length}"))
+        problems.append(Problem("--seq-length", f"must be at least 2, got {ns.seq_length}"))
     for name in ("eval_iters", "keep_last", "sample_tokens", "lr_warmup_iters"):
         if getattr(ns, name) < 0:
-            problems.append((_flag(name), f"must be 0 or more, got {getattr(ns, name)}"))
+            problems.append(Problem(_flag(name), f"must be 0 or more, got {getattr(ns, name)}"))
     for name in ("lr", "min_lr", "weight_decay", "clip_grad"):
         # isfinite first: nan passes every comparison, inf passes every lower bound.
         if not math.isfinite(getattr(ns, name)) or getattr(ns, name) < 0:
             problems.append(
-                (_flag(name), f"must be a finite number, 0 or more, got {getattr(ns, name)}")
+                Problem(_flag(name), f"must be a finite number, 0 or more, got {getattr(ns, name)}")
             )
     if not 0 <= ns.seed <= 2**32 - 1:  # torch's generator seed overflows far above this
-        problems.append(("--seed", f"must be in [0, 2**32-1], got {ns.seed}"))
+        problems.append(Problem("--seed", f"must be in [0, 2**32-1], got {ns.seed}"))
     if ns.min_lr > ns.lr:
-        problems.append(("--min-lr", f"{ns.min_lr} is above --lr {ns.lr}; use a value <= --lr"))
+        problems.append(
+            Problem(
+                "--min-lr", f"{ns.min_lr} is above --lr {ns.lr}; use a value <= --lr", "conflict"
+            )
+        )
     if not 0.0 < ns.eval_fraction < 1.0:
         problems.append(
-            ("--eval-fraction", f"must be between 0 and 1 (exclusive), got {ns.eval_fraction}")
+            Problem(
+                "--eval-fraction", f"must be between 0 and 1 (exclusive), got {ns.eval_fraction}"
+            )
         )
     if ns.tensor_model_parallel_size != 1:
         problems.append(
-            (
+            Problem(
                 "--tensor-model-parallel-size",
                 f"only 1 is supported (got {ns.tensor_model_parallel_size}): mlaunch's trainer has no "
                 "tensor parallelism; use --pipeline-model-parallel-size and data parallelism instead",
             )
         )
     if ns.bf16 and ns.fp16:
-        problems.append(("--fp16", "--bf16 and --fp16 exclude each other; pick one"))
+        problems.append(
+            Problem("--fp16", "--bf16 and --fp16 exclude each other; pick one", "conflict")
+        )
     if ns.save_interval is not None and ns.save is None:
-        problems.append(("--save-interval", "needs --save DIR to say where checkpoints go"))
+        problems.append(
+            Problem("--save-interval", "needs --save DIR to say where checkpoints go", "conflict")
+        )
     try:
         from_env = ns.preempt_signals is None
         ns.preempt_signals = preempt_signals(ns.preempt_signals)
@@ -178,7 +186,7 @@ def validate(ns: argparse.Namespace, world_size: int) -> list[Problem]:
         from mlaunch.envcontract import PREEMPT_SIGNALS
 
         # Named after what the user set: the variable when the flag was not given.
-        problems.append((PREEMPT_SIGNALS if from_env else "--preempt-signals", str(exc)))
+        problems.append(Problem(PREEMPT_SIGNALS if from_env else "--preempt-signals", str(exc)))
     if ns.data_path is not None and not os.path.exists(ns.data_path):
         problems.append(
             ("--data-path", f"{ns.data_path!r} does not exist; give a text file or folder")
@@ -187,31 +195,33 @@ def validate(ns: argparse.Namespace, world_size: int) -> list[Problem]:
         from mlaunch.model.corpus import empty_data_problem
 
         if problem := empty_data_problem(ns.data_path):
-            problems.append(("--data-path", problem))
+            problems.append(Problem("--data-path", problem))
     if ns.otel_span_groups is not None:
         from mlaunch.model.spec import SpanSpecError, resolve
 
         try:
             resolve(ns.otel_span_groups)
         except SpanSpecError as exc:
-            problems.append(("--otel-span-groups", str(exc)))
+            problems.append(Problem("--otel-span-groups", str(exc)))
 
     pp = ns.pipeline_model_parallel_size
     if pp >= 1:
         if world_size % pp:
             problems.append(
-                (
+                Problem(
                     "--pipeline-model-parallel-size",
                     f"world size {world_size} is not divisible by {pp} pipeline stages; "
                     f"start a multiple of {pp} processes or change the stage count",
+                    "conflict",
                 )
             )
         if ns.num_layers >= 1 and ns.num_layers % pp:
             problems.append(
-                (
+                Problem(
                     "--num-layers",
                     f"{ns.num_layers} layers cannot be split evenly over {pp} pipeline stages; "
                     f"use a multiple of {pp}",
+                    "conflict",
                 )
             )
     if (
@@ -220,10 +230,11 @@ def validate(ns: argparse.Namespace, world_size: int) -> list[Problem]:
         and ns.hidden_size % ns.num_attention_heads
     ):
         problems.append(
-            (
+            Problem(
                 "--num-attention-heads",
                 f"{ns.num_attention_heads} heads do not divide --hidden-size {ns.hidden_size}; "
                 "pick a head count that divides the hidden size",
+                "conflict",
             )
         )
     dp = world_size // pp if pp >= 1 and world_size % pp == 0 else None
@@ -233,10 +244,11 @@ def validate(ns: argparse.Namespace, world_size: int) -> list[Problem]:
         elif ns.global_batch_size >= 1 and ns.global_batch_size % (ns.micro_batch_size * dp):
             unit = ns.micro_batch_size * dp
             problems.append(
-                (
+                Problem(
                     "--global-batch-size",
                     f"{ns.global_batch_size} is not divisible by micro batch size x data-parallel size "
                     f"({ns.micro_batch_size} x {dp} = {unit}); use a multiple of {unit}",
+                    "conflict",
                 )
             )
     return problems
