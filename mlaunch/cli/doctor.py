@@ -69,7 +69,7 @@ def run(config: str | None, *, as_json: bool, deep: bool, worker_python: str | N
     config_path = None
     if config is not None:  # the same lookup as `mlaunch train --config` (paths and names)
         from mlaunch.cli.errors import print_problems
-        from mlaunch.launcher.plan import resolve_config
+        from mlaunch.launcher.configs import resolve_config
         from mlaunch.settings import SettingsError
 
         try:

@@ -119,7 +119,7 @@ def _best_effort_settings(
 def _train_default_note(environ: Mapping[str, str], enabled: bool, exporter: str | None) -> str:
     """What plain ``mlaunch train`` (its default config) does with telemetry, when that differs
     from what doctor checked without a config ('' when the same or unknown)."""
-    from mlaunch.launcher.plan import DEFAULT_CONFIG, resolve_config
+    from mlaunch.launcher.configs import DEFAULT_CONFIG, resolve_config
 
     try:
         path = resolve_config(None, Path.cwd())

@@ -157,15 +157,16 @@ def _worker_launch(
     settings: Settings, environ: Mapping[str, str]
 ) -> tuple[dict[str, str], list[str]]:
     """The environment and the ``--otel-*`` arguments mlaunch would hand a script worker."""
-    from mlaunch.launcher import plan as lp
+    from mlaunch.launcher.worker_args import otel_flags, resolve_megatron_args
+    from mlaunch.launcher.worker_env import worker_environment
 
     run_id = settings.telemetry.run_id or "doctor"
-    env, removed, _ = lp.worker_environment(
+    env, removed, _ = worker_environment(
         settings, run_id, ec.default_run_dir(run_id, Path.cwd()), environ, external=True
     )
     child = {k: v for k, v in environ.items() if k not in removed}
     child.update(env)
-    args = lp.otel_flags(settings) if lp.resolve_megatron_args(settings, Path.cwd())[0] else []
+    args = otel_flags(settings) if resolve_megatron_args(settings, Path.cwd())[0] else []
     return child, args
 
 

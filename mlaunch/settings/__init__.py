@@ -10,9 +10,11 @@ Precedence, highest first:
 4. defaults.
 
 The package is split by concern: :mod:`.schema` defines every setting once (the sections and the
-checks between them), :mod:`.names` what the user types for each (flags, variables),
-:mod:`.sources` reads flags, environment and file, :mod:`.loading` merges and validates them and
-records, for every field, where its value came from (:class:`Source`). Problems are collected,
+checks between them), with :mod:`.args` the metadata saying how a training setting reaches a
+training script; :mod:`.names` is what the user types for each (flags, variables);
+:mod:`.sources` reads flags, environment and file; :mod:`.loading` merges and validates them and
+records, for every field, where its value came from (:class:`Source`); :mod:`.run_id` chooses
+the run id for every caller. Problems are collected,
 not raised one by one: :class:`SettingsError` carries one :class:`Problem` per problem, whose
 ``field`` names what the user typed (a flag, a variable, a file key).
 

@@ -8,9 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import (
-    ValidationError,
-)
+from pydantic import ValidationError
 
 from mlaunch.model.spec import quoted
 from mlaunch.settings.problems import Problem, ProblemKind, SettingsError

@@ -4,7 +4,7 @@ the checks between sections. Every setting is defined here once."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import (
     BaseModel,
@@ -19,6 +19,8 @@ from pydantic import (
 from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spec import SpanSpecError, closest_word, quoted, resolve
 from mlaunch.model.strategies import StrategyError, load_strategy
+from mlaunch.settings.args import Arg, NotPassed
+from mlaunch.settings.names import flag_name
 from mlaunch.settings.problems import Problem, UnknownName
 from mlaunch.settings.run_id import is_run_id
 from mlaunch.settings.values import Bool, check_url, not_blank, parse_key_values, path_is
@@ -192,7 +194,7 @@ class OtelSettings(_Section):
 
 
 class TelemetrySettings(_Section):
-    """The ``MEGATRON_OTEL_*`` / ``NEMO_LENS_*`` keys (SPEC section 2.2) plus OTel standards."""
+    """The ``MEGATRON_OTEL_*`` / ``NEMO_LENS_*`` keys plus the standard OpenTelemetry variables."""
 
     enabled: Bool = False
     """Master switch (``ENABLED``)."""
@@ -370,62 +372,126 @@ class LaunchSettings(_Section):
 class ModelSettings(_Section):
     """The GPT model (Megatron-LM argument names)."""
 
-    num_layers: int = Field(default=2, ge=1)
+    num_layers: Annotated[int, Arg("transformer layers")] = Field(default=2, ge=1)
     """Transformer layers."""
-    hidden_size: int = Field(default=64, ge=1)
+    hidden_size: Annotated[int, Arg("model width")] = Field(default=64, ge=1)
     """Hidden size."""
-    num_attention_heads: int = Field(default=4, ge=1)
+    num_attention_heads: Annotated[int, Arg("attention heads")] = Field(default=4, ge=1)
     """Attention heads (must divide hidden_size)."""
-    seq_length: int = Field(default=64, ge=2)
+    seq_length: Annotated[int, Arg("tokens per sample")] = Field(default=64, ge=2)
     """Sequence length in tokens."""
-    untie_embeddings: Bool = False
+    untie_embeddings: Annotated[
+        Bool,
+        Arg(
+            "use a separate LM-head matrix instead of the input embedding (mlaunch)",
+            megatron="--untie-embeddings-and-output-weights",
+        ),
+    ] = False
     """Use a separate LM-head matrix instead of the token embedding."""
 
 
 class TrainingSettings(_Section):
     """The training run (Megatron-LM argument names)."""
 
-    micro_batch_size: int = Field(default=2, ge=1)
+    micro_batch_size: Annotated[int, Arg("samples per microbatch")] = Field(default=2, ge=1)
     """Sequences per microbatch."""
-    global_batch_size: int = Field(default=8, ge=1)
+    global_batch_size: Annotated[
+        int,
+        Arg(
+            "samples per iteration = micro batch x microbatches x DP (default: micro x DP)",
+            bare_default=None,
+        ),
+    ] = Field(default=8, ge=1)
     """Sequences per iteration over all data-parallel ranks."""
-    train_iters: int = Field(default=40, ge=1)
+    train_iters: Annotated[int, Arg("iterations to train in total")] = Field(default=40, ge=1)
     """Iterations to train."""
-    lr: float = Field(default=3e-3, gt=0)
+    lr: Annotated[float, Arg("peak learning rate")] = Field(default=3e-3, gt=0)
     """Peak learning rate."""
-    min_lr: float = Field(default=3e-4, ge=0)
+    min_lr: Annotated[
+        float,
+        Arg("final learning rate of the cosine decay"),
+    ] = Field(default=3e-4, ge=0)
     """Final learning rate of the cosine schedule."""
-    lr_warmup_iters: int = Field(default=5, ge=0)
+    lr_warmup_iters: Annotated[int, Arg("linear warm-up iterations")] = Field(default=5, ge=0)
     """Linear warm-up iterations."""
-    weight_decay: float = Field(default=0.01, ge=0)
+    weight_decay: Annotated[float, Arg("AdamW weight decay")] = Field(default=0.01, ge=0)
     """AdamW weight decay."""
-    clip_grad: float = Field(default=1.0, ge=0)
+    clip_grad: Annotated[
+        float,
+        Arg("global gradient-norm clip (0: off)"),
+    ] = Field(default=1.0, ge=0)
     """Gradient-norm clipping (0 = off)."""
-    eval_interval: int = Field(default=20, ge=0)
+    eval_interval: Annotated[int, Arg("iterations between evaluations")] = Field(default=20, ge=0)
     """Evaluate every this many iterations (0 = never)."""
-    eval_iters: int = Field(default=2, ge=0)
+    eval_iters: Annotated[int, Arg("batches per evaluation (0: none)")] = Field(default=2, ge=0)
     """Batches per evaluation."""
-    log_interval: int = Field(default=1, ge=1)
+    log_interval: Annotated[int, Arg("iterations between log lines")] = Field(default=1, ge=1)
     """Metrics/progress every this many iterations."""
-    save: str | None = None
+    save: Annotated[
+        str | None,
+        Arg("directory to save checkpoints to", group="checkpointing"),
+    ] = None
     """Checkpoint directory (unset = ``<run_dir>/checkpoints`` when save_interval > 0)."""
-    load: str | None = None
+    load: Annotated[
+        str | None,
+        Arg("directory to resume from (latest valid checkpoint)", group="checkpointing"),
+    ] = None
     """Checkpoint directory to resume from (default: save, when it holds a checkpoint)."""
-    save_interval: int = Field(default=0, ge=0)
+    save_interval: Annotated[
+        int,
+        Arg("iterations between saves", group="checkpointing", bare_default=None),
+    ] = Field(default=0, ge=0)
     """Save every this many iterations (0 = only at the end when save is set)."""
-    keep_last: int = Field(default=2, ge=1)
+    keep_last: Annotated[
+        int,
+        Arg(
+            "keep only the last K checkpoints (0: all; mlaunch)",
+            group="checkpointing",
+            bare_default=0,
+            megatron=None,
+        ),
+    ] = Field(default=2, ge=1)
     """Checkpoints to keep."""
     # At most 2**32-1 (numpy's limit, Megatron's convention): the trainer seeds torch generators
     # with seed x 1_000_003 + index, which overflows torch's 64-bit seed for huge values.
-    seed: int = Field(default=1234, ge=0, le=2**32 - 1)
+    seed: Annotated[
+        int,
+        Arg("seed for weights and data order"),
+    ] = Field(default=1234, ge=0, le=2**32 - 1)
     """Random seed, in [0, 2**32-1]."""
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    precision: Annotated[
+        Literal["fp32", "bf16", "fp16"],
+        Arg(
+            choices={
+                "bf16": "bfloat16 autocast",
+                "fp16": "float16 autocast with dynamic loss scaling",
+            }
+        ),
+    ] = "fp32"
     """Training precision (Megatron's --bf16 / --fp16)."""
-    data_path: str | None = None
+    data_path: Annotated[
+        str | None,
+        Arg(
+            "text file or folder of text (byte-level tokens); default: Python's stdlib sources",
+            group="data",
+        ),
+    ] = None
     """Text file or folder (byte-level tokens); unset = the built-in corpus."""
-    offload_activations: Bool = False
+    offload_activations: Annotated[
+        Bool,
+        Arg(
+            "move saved activations to CPU after forward and back before backward (mlaunch)",
+            megatron=None,
+        ),
+    ] = False
     """Move saved activations to CPU between forward and backward."""
-    sample_tokens: int = Field(default=0, ge=0)
+    sample_tokens: Annotated[
+        int,
+        Arg(
+            "at each evaluation, generate this many tokens as a text completion (mlaunch)",
+            megatron=None,
+        ),
+    ] = Field(default=0, ge=0)
     """Tokens to generate during evaluation (a text_completion span); 0 = off."""
 
     @field_validator("save", "load")
@@ -449,13 +515,25 @@ class TrainingSettings(_Section):
 class ParallelSettings(_Section):
     """Model parallel sizes; data parallel is derived from the world size."""
 
-    tensor_model_parallel_size: int = Field(default=1, ge=1)
+    tensor_model_parallel_size: Annotated[
+        int,
+        Arg("accepted for Megatron-LM compatibility; only 1 is supported"),
+    ] = Field(default=1, ge=1)
     """Tensor parallel size (mlaunch's trainer supports 1; other scripts may use more)."""
-    pipeline_model_parallel_size: int = Field(default=1, ge=1)
+    pipeline_model_parallel_size: Annotated[int, Arg("pipeline stages")] = Field(default=1, ge=1)
     """Pipeline stages."""
-    context_parallel_size: int = Field(default=1, ge=1)
+    context_parallel_size: Annotated[
+        int,
+        NotPassed(
+            "mlaunch's trainer has none (must be 1); scripts get MEGATRON_ONLY_ARGS",
+            megatron="--context-parallel-size",
+        ),
+    ] = Field(default=1, ge=1)
     """Context parallel size (``--context-parallel-size``; scripts only: mlaunch's trainer has 1)."""
-    data_parallel_size: int | None = Field(default=None, ge=1)
+    data_parallel_size: Annotated[
+        int | None,
+        NotPassed("derived by the trainer from the world size; checked here"),
+    ] = Field(default=None, ge=1)
     """Data-parallel size; unset = world size / (tensor x pipeline x context)."""
 
 
@@ -529,6 +607,12 @@ class Settings(BaseModel):
     def source(self, path: str) -> Source:
         """Where the value at dotted ``path`` came from."""
         return self._sources.get(path, Source("default", ""))
+
+    def label(self, path: str) -> str:
+        """What the user typed for ``path``: the flag, variable or config-file key that set it (the
+        flag's name when it is a default), so a bad ``run_dir`` in a config file names the file."""
+        source = self.source(path)
+        return source.name if source.kind in ("flag", "env", "file") else flag_name(path)
 
     def sources(self) -> dict[str, Source]:
         """Every dotted path that was set by a flag, variable or file, with its source."""

@@ -9,9 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import (
-    BaseModel,
-)
+from pydantic import BaseModel
 
 from mlaunch.envcontract import FALLBACK_PREFIX, PRIMARY_PREFIX
 from mlaunch.model.spec import closest_word, quoted

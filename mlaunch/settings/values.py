@@ -7,10 +7,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import (
-    BeforeValidator,
-)
+from pydantic import BeforeValidator
 
+#: The words a boolean setting takes, in any case (pydantic alone would also take t/y/f/n).
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"0", "false", "no", "off"})
 
