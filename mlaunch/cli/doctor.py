@@ -1,4 +1,4 @@
-"""``mlaunch doctor``: render the checks of :mod:`mlaunch.doctor`.
+"""``mlaunch doctor``: render the checks of the :mod:`mlaunch.doctor` package.
 
 Exit codes: 0 when nothing fails, 1 when a check fails, 2 for a bad invocation (a ``--config``
 path that is not a readable file). A config file that exists but does not validate is a failed
@@ -17,7 +17,7 @@ import typer
 from mlaunch.cli.errors import PlainErrorsCommand
 
 if TYPE_CHECKING:
-    from mlaunch.doctor import CheckResult
+    from mlaunch.doctor.results import CheckResult
 
 _STYLE = {"pass": ("PASS", "green"), "warn": ("WARN", "yellow"), "fail": ("FAIL", "bold red")}
 
@@ -69,7 +69,7 @@ def run(config: str | None, *, as_json: bool, deep: bool, worker_python: str | N
     config_path = None
     if config is not None:  # the same lookup as `mlaunch train --config` (paths and names)
         from mlaunch.cli.errors import print_problems
-        from mlaunch.launcher.plan import resolve_config
+        from mlaunch.launcher.configs import resolve_config
         from mlaunch.settings import SettingsError
 
         try:
@@ -77,20 +77,21 @@ def run(config: str | None, *, as_json: bool, deep: bool, worker_python: str | N
         except SettingsError as exc:
             print_problems(exc.problems)
             return 2
-    from mlaunch import doctor
+    from mlaunch.doctor import run_doctor
+    from mlaunch.doctor.results import exit_code, to_json
 
     try:
-        results = doctor.run_doctor(
+        results = run_doctor(
             config=config_path, environ=os.environ, deep=deep, worker_python=worker_python
         )
     except Exception as exc:  # each check is guarded; this is the last line of defence
         typer.echo(f"mlaunch doctor: internal error: {type(exc).__name__}: {exc}", err=True)
         return 1
     if as_json:
-        typer.echo(json.dumps(doctor.to_json(results), indent=2))
+        typer.echo(json.dumps(to_json(results), indent=2))
     else:
         render(results)
-    return doctor.exit_code(results)
+    return exit_code(results)
 
 
 def render(results: list[CheckResult]) -> None:
@@ -99,7 +100,7 @@ def render(results: list[CheckResult]) -> None:
     from rich.console import Console
     from rich.markup import escape
 
-    from mlaunch.doctor import summarize
+    from mlaunch.doctor.results import summarize
 
     console = Console(highlight=False, soft_wrap=True)
     # Long names (package distributions) overflow rather than push every message right.

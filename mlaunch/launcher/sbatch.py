@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from mlaunch import envcontract as ec
-from mlaunch.launcher.plan import LaunchPlan, build_plan, restart_save_interval, settings_table
+from mlaunch.launcher.plan import LaunchPlan, build_plan, settings_table
+from mlaunch.launcher.worker_args import restart_save_interval
 from mlaunch.settings import OTEL_ENV, SECRET_ENV, TELEMETRY_KEYS, SettingsError, flag_name
 
 #: Seconds of warning before the time limit (``--signal-grace``): one iteration plus a save.

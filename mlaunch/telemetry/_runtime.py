@@ -58,6 +58,7 @@ from mlaunch.model.spans import (
     SpanName,
     train_block,
 )
+from mlaunch.settings.run_id import choose_run_id, torchrun_shared_ids
 from mlaunch.telemetry import _spans, otlp_json
 from mlaunch.telemetry._encode import Limits, SpanEncoder
 from mlaunch.telemetry.samplers import build_sampler
@@ -116,18 +117,6 @@ def parse_traceparent(value: str) -> SpanContext | None:
     if version == 0xFF or not trace_id or not span_id:
         return None
     return SpanContext(trace_id, span_id, True, TraceFlags(flags & 0x01))
-
-
-def fallback_run_id(environ: Mapping[str, str]) -> str:
-    """A run id every rank agrees on when the launcher did not set one (plain torchrun)."""
-    for key in ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"):
-        value = environ.get(key, "").strip()
-        if value and value.lower() != "none":
-            return value
-    addr, port = environ.get("MASTER_ADDR", ""), environ.get("MASTER_PORT", "")
-    if addr and port:
-        return hashlib.sha256(f"{addr}:{port}".encode()).hexdigest()[:12]
-    return os.urandom(6).hex()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -504,7 +493,7 @@ class Runtime:
     ) -> None:
         self.settings = settings
         self.rank = rank
-        self.run_id = settings.run_id or fallback_run_id(environ)
+        self.run_id = choose_run_id(settings.run_id, environ, shared=torchrun_shared_ids(environ))
         self.run_dir = (
             Path(run_dir) if run_dir else envcontract.worker_run_dir(environ, self.run_id)
         )

@@ -1,9 +1,9 @@
 """The trainer's command line: Megatron-LM's argument names and meaning, plus mlaunch's own.
 
-Standard library only (no torch), so the launcher can reuse :func:`build_parser` and
-:func:`validate` to check a run before any process starts. Every check here runs before a process
-group exists and depends only on the arguments and the world size, so every rank reaches the same
-verdict and exits 2 with the same lines.
+No torch (the parser is built from the settings schema), so the launcher can reuse
+:func:`build_parser` and :func:`validate` to check a run before any process starts. Every check
+here runs before a process group exists and depends only on the arguments and the world size, so
+every rank reaches the same verdict and exits 2 with the same lines.
 """
 
 from __future__ import annotations
@@ -12,63 +12,39 @@ import argparse
 import math
 import os
 import sys
+import typing
 from collections.abc import Sequence
+from typing import Any
 
-#: One problem with the arguments: (the argument, what is wrong and how to fix it).
-Problem = tuple[str, str]
+from mlaunch.settings.args import SAME, Arg, training_fields
+from mlaunch.settings.problems import Problem
 
 PROG = "python -m mlaunch.trainer"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The trainer's argument parser (Megatron-LM names; defaults make a tiny CPU-friendly run)."""
-    p = argparse.ArgumentParser(prog=PROG, description="mlaunch's instrumented GPT trainer.")
-    model = p.add_argument_group("model")
-    model.add_argument("--num-layers", type=int, default=2, help="transformer layers")
-    model.add_argument("--hidden-size", type=int, default=64, help="model width")
-    model.add_argument("--num-attention-heads", type=int, default=4, help="attention heads")
-    model.add_argument("--seq-length", type=int, default=64, help="tokens per sample")
-    model.add_argument(
-        "--untie-embeddings",
-        action="store_true",
-        help="use a separate LM-head matrix instead of the input embedding (mlaunch)",
-    )
+#: The trainer's ``--help`` groups, in order (a setting's group defaults to its section's name).
+GROUPS: tuple[str, ...] = ("model", "training", "data", "checkpointing", "parallelism", "telemetry")
 
-    train = p.add_argument_group("training")
-    train.add_argument("--micro-batch-size", type=int, default=2, help="samples per microbatch")
-    train.add_argument(
-        "--global-batch-size",
-        type=int,
-        default=None,
-        help="samples per iteration = micro batch x microbatches x DP (default: micro x DP)",
-    )
-    train.add_argument("--train-iters", type=int, default=40, help="iterations to train in total")
-    train.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
-    train.add_argument(
-        "--min-lr", type=float, default=3e-4, help="final learning rate of the cosine decay"
-    )
-    train.add_argument("--lr-warmup-iters", type=int, default=5, help="linear warm-up iterations")
-    train.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
-    train.add_argument(
-        "--clip-grad", type=float, default=1.0, help="global gradient-norm clip (0: off)"
-    )
-    train.add_argument("--seed", type=int, default=1234, help="seed for weights and data order")
-    train.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
-    train.add_argument(
-        "--fp16", action="store_true", help="float16 autocast with dynamic loss scaling"
-    )
+
+def build_parser() -> argparse.ArgumentParser:
+    """The trainer's argument parser (Megatron-LM names; defaults make a tiny CPU-friendly run).
+
+    Every model/training/parallelism setting that mlaunch's trainer takes is generated from the
+    settings schema (its flag, type, default and help); only the arguments that are not
+    settings (the trainer's own, and its ``--otel-*`` flags) are written here.
+    """
+    p = argparse.ArgumentParser(prog=PROG, description="mlaunch's instrumented GPT trainer.")
+    groups = {name: p.add_argument_group(name) for name in GROUPS}
+    for section, name, info, arg in training_fields():
+        if isinstance(arg, Arg):
+            _add_setting(groups[arg.group or section], name, info, arg)
+
+    train = groups["training"]
     train.add_argument(
         "--exit-interval",
         type=int,
         default=None,
         help="stop (checkpointing if --save) once the iteration is a multiple of this",
-    )
-    train.add_argument("--log-interval", type=int, default=10, help="iterations between log lines")
-    train.add_argument(
-        "--eval-interval", type=int, default=1000, help="iterations between evaluations"
-    )
-    train.add_argument(
-        "--eval-iters", type=int, default=10, help="batches per evaluation (0: none)"
     )
     train.add_argument(
         "--ddp-bucket-size",
@@ -76,67 +52,47 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="elements per data-parallel gradient bucket (default 40M, as Megatron-LM)",
     )
-    train.add_argument(
-        "--offload-activations",
-        action="store_true",
-        help="move saved activations to CPU after forward and back before backward (mlaunch)",
-    )
-    train.add_argument(
-        "--sample-tokens",
-        type=int,
-        default=0,
-        help="at each evaluation, generate this many tokens as a text completion (mlaunch)",
-    )
-
-    data = p.add_argument_group("data")
-    data.add_argument(
-        "--data-path",
-        default=None,
-        help="text file or folder of text (byte-level tokens); default: Python's stdlib sources",
-    )
-    data.add_argument(
+    groups["data"].add_argument(
         "--eval-fraction",
         type=float,
         default=0.05,
         help="share of the corpus held out for evaluation (mlaunch)",
     )
-
-    ckpt = p.add_argument_group("checkpointing")
-    ckpt.add_argument("--save", default=None, help="directory to save checkpoints to")
-    ckpt.add_argument(
-        "--load", default=None, help="directory to resume from (latest valid checkpoint)"
-    )
-    ckpt.add_argument("--save-interval", type=int, default=None, help="iterations between saves")
-    ckpt.add_argument(
-        "--keep-last",
-        type=int,
-        default=0,
-        help="keep only the last K checkpoints (0: all; mlaunch)",
-    )
-    ckpt.add_argument(
+    groups["checkpointing"].add_argument(
         "--preempt-signals",
         default=None,
         help="comma-separated signals that stop training gracefully (finish the iteration, save, "
         "flush telemetry, exit 0); default: $MLAUNCH_PREEMPT_SIGNALS, else SIGTERM "
         "(plus SIGUSR1 under SLURM) (mlaunch)",
     )
-
-    par = p.add_argument_group("parallelism")
-    par.add_argument("--pipeline-model-parallel-size", type=int, default=1, help="pipeline stages")
-    par.add_argument(
-        "--tensor-model-parallel-size",
-        type=int,
-        default=1,
-        help="accepted for Megatron-LM compatibility; only 1 is supported",
-    )
-
-    otel = p.add_argument_group("telemetry")
+    otel = groups["telemetry"]
     otel.add_argument("--otel-enabled", action="store_true", help="turn telemetry on")
     otel.add_argument("--otel-service-name", default=None, help="OTel service.name")
     otel.add_argument(
         "--otel-span-groups", default=None, help="span-group spec, e.g. default,microbatch"
     )
     return p
+
+
+def _add_setting(group: Any, name: str, info: Any, arg: Arg) -> None:
+    """One setting as the trainer's argument(s): a switch per value for a choice, store_true for
+    a boolean, else a typed value whose default is the setting's (or the trainer's own)."""
+    if arg.choices:
+        for value, help_text in arg.choices.items():
+            group.add_argument(f"--{value}", action="store_true", help=help_text)
+        return
+    (flag,) = arg.flags(name)
+    if info.annotation is bool:
+        group.add_argument(flag, action="store_true", help=arg.help)
+        return
+    default = info.default if arg.bare_default is SAME else arg.bare_default
+    kind = next((t for t in (int, float) if _holds(info.annotation, t)), None)
+    group.add_argument(flag, type=kind, default=default, help=arg.help)
+
+
+def _holds(annotation: Any, kind: type) -> bool:
+    """Whether a field annotation is ``kind`` or ``kind | None``."""
+    return annotation is kind or kind in typing.get_args(annotation)
 
 
 def world_size_from_env(environ: dict[str, str] | os._Environ[str] | None = None) -> int:
@@ -152,7 +108,7 @@ def _positive(ns: argparse.Namespace, problems: list[Problem], *names: str) -> N
     for name in names:
         value = getattr(ns, name)
         if value is not None and value < 1:
-            problems.append((_flag(name), f"must be at least 1, got {value}"))
+            problems.append(Problem(_flag(name), f"must be at least 1, got {value}"))
 
 
 def _flag(dest: str) -> str:
@@ -183,36 +139,46 @@ def validate(ns: argparse.Namespace, world_size: int) -> list[Problem]:
         "ddp_bucket_size",
     )
     if ns.seq_length < 2:
-        problems.append(("--seq-length", f"must be at least 2, got {ns.seq_length}"))
+        problems.append(Problem("--seq-length", f"must be at least 2, got {ns.seq_length}"))
     for name in ("eval_iters", "keep_last", "sample_tokens", "lr_warmup_iters"):
         if getattr(ns, name) < 0:
-            problems.append((_flag(name), f"must be 0 or more, got {getattr(ns, name)}"))
+            problems.append(Problem(_flag(name), f"must be 0 or more, got {getattr(ns, name)}"))
     for name in ("lr", "min_lr", "weight_decay", "clip_grad"):
         # isfinite first: nan passes every comparison, inf passes every lower bound.
         if not math.isfinite(getattr(ns, name)) or getattr(ns, name) < 0:
             problems.append(
-                (_flag(name), f"must be a finite number, 0 or more, got {getattr(ns, name)}")
+                Problem(_flag(name), f"must be a finite number, 0 or more, got {getattr(ns, name)}")
             )
     if not 0 <= ns.seed <= 2**32 - 1:  # torch's generator seed overflows far above this
-        problems.append(("--seed", f"must be in [0, 2**32-1], got {ns.seed}"))
+        problems.append(Problem("--seed", f"must be in [0, 2**32-1], got {ns.seed}"))
     if ns.min_lr > ns.lr:
-        problems.append(("--min-lr", f"{ns.min_lr} is above --lr {ns.lr}; use a value <= --lr"))
+        problems.append(
+            Problem(
+                "--min-lr", f"{ns.min_lr} is above --lr {ns.lr}; use a value <= --lr", "conflict"
+            )
+        )
     if not 0.0 < ns.eval_fraction < 1.0:
         problems.append(
-            ("--eval-fraction", f"must be between 0 and 1 (exclusive), got {ns.eval_fraction}")
+            Problem(
+                "--eval-fraction", f"must be between 0 and 1 (exclusive), got {ns.eval_fraction}"
+            )
         )
     if ns.tensor_model_parallel_size != 1:
         problems.append(
-            (
+            Problem(
                 "--tensor-model-parallel-size",
                 f"only 1 is supported (got {ns.tensor_model_parallel_size}): mlaunch's trainer has no "
                 "tensor parallelism; use --pipeline-model-parallel-size and data parallelism instead",
             )
         )
     if ns.bf16 and ns.fp16:
-        problems.append(("--fp16", "--bf16 and --fp16 exclude each other; pick one"))
+        problems.append(
+            Problem("--fp16", "--bf16 and --fp16 exclude each other; pick one", "conflict")
+        )
     if ns.save_interval is not None and ns.save is None:
-        problems.append(("--save-interval", "needs --save DIR to say where checkpoints go"))
+        problems.append(
+            Problem("--save-interval", "needs --save DIR to say where checkpoints go", "conflict")
+        )
     try:
         from_env = ns.preempt_signals is None
         ns.preempt_signals = preempt_signals(ns.preempt_signals)
@@ -220,7 +186,7 @@ def validate(ns: argparse.Namespace, world_size: int) -> list[Problem]:
         from mlaunch.envcontract import PREEMPT_SIGNALS
 
         # Named after what the user set: the variable when the flag was not given.
-        problems.append((PREEMPT_SIGNALS if from_env else "--preempt-signals", str(exc)))
+        problems.append(Problem(PREEMPT_SIGNALS if from_env else "--preempt-signals", str(exc)))
     if ns.data_path is not None and not os.path.exists(ns.data_path):
         problems.append(
             ("--data-path", f"{ns.data_path!r} does not exist; give a text file or folder")
@@ -229,31 +195,33 @@ def validate(ns: argparse.Namespace, world_size: int) -> list[Problem]:
         from mlaunch.model.corpus import empty_data_problem
 
         if problem := empty_data_problem(ns.data_path):
-            problems.append(("--data-path", problem))
+            problems.append(Problem("--data-path", problem))
     if ns.otel_span_groups is not None:
         from mlaunch.model.spec import SpanSpecError, resolve
 
         try:
             resolve(ns.otel_span_groups)
         except SpanSpecError as exc:
-            problems.append(("--otel-span-groups", str(exc)))
+            problems.append(Problem("--otel-span-groups", str(exc)))
 
     pp = ns.pipeline_model_parallel_size
     if pp >= 1:
         if world_size % pp:
             problems.append(
-                (
+                Problem(
                     "--pipeline-model-parallel-size",
                     f"world size {world_size} is not divisible by {pp} pipeline stages; "
                     f"start a multiple of {pp} processes or change the stage count",
+                    "conflict",
                 )
             )
         if ns.num_layers >= 1 and ns.num_layers % pp:
             problems.append(
-                (
+                Problem(
                     "--num-layers",
                     f"{ns.num_layers} layers cannot be split evenly over {pp} pipeline stages; "
                     f"use a multiple of {pp}",
+                    "conflict",
                 )
             )
     if (
@@ -262,10 +230,11 @@ def validate(ns: argparse.Namespace, world_size: int) -> list[Problem]:
         and ns.hidden_size % ns.num_attention_heads
     ):
         problems.append(
-            (
+            Problem(
                 "--num-attention-heads",
                 f"{ns.num_attention_heads} heads do not divide --hidden-size {ns.hidden_size}; "
                 "pick a head count that divides the hidden size",
+                "conflict",
             )
         )
     dp = world_size // pp if pp >= 1 and world_size % pp == 0 else None
@@ -275,10 +244,11 @@ def validate(ns: argparse.Namespace, world_size: int) -> list[Problem]:
         elif ns.global_batch_size >= 1 and ns.global_batch_size % (ns.micro_batch_size * dp):
             unit = ns.micro_batch_size * dp
             problems.append(
-                (
+                Problem(
                     "--global-batch-size",
                     f"{ns.global_batch_size} is not divisible by micro batch size x data-parallel size "
                     f"({ns.micro_batch_size} x {dp} = {unit}); use a multiple of {unit}",
+                    "conflict",
                 )
             )
     return problems

@@ -13,7 +13,6 @@ import json
 import math
 import os
 import random
-import secrets
 import signal
 import sys
 import threading
@@ -75,14 +74,16 @@ def load_settings_or_exit(args: argparse.Namespace) -> Any:
 
 
 def choose_run_id(settings: Any, topo: Topology) -> str:
-    """The settings' run id (the launcher sets it), else SLURM_JOB_ID, else a fresh 12-hex-digit
-    id from rank 0, broadcast as bytes (no object collectives: they need pickling and numpy)."""
-    if settings.run_id:
-        return settings.run_id
-    slurm = os.environ.get("SLURM_JOB_ID", "").strip()
-    if slurm:
-        return slurm
-    fresh = secrets.token_hex(6)
+    """The run id :func:`mlaunch.settings.choose_run_id` picks (the launcher sets it); when it
+    has none to pick, a fresh one from rank 0, broadcast as bytes (no object collectives: they
+    need pickling and numpy)."""
+    from mlaunch.settings import choose_run_id as choose
+    from mlaunch.settings import new_run_id
+
+    chosen = choose(settings.run_id, os.environ, fresh=False)
+    if chosen is not None:
+        return chosen
+    fresh = new_run_id()
     if topo.distributed and topo.world_size > 1:
         buf = torch.tensor(list(fresh.encode()), dtype=torch.uint8, device=topo.device)
         dist.broadcast(buf, src=0)

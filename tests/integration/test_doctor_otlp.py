@@ -17,7 +17,8 @@ from support.peers import (
     self_signed_cert,
 )
 
-from mlaunch.doctor import CheckResult, check_otlp
+from mlaunch.doctor.otlp import check_otlp
+from mlaunch.doctor.results import CheckResult
 from mlaunch.settings import load_settings
 
 TIMEOUT = 1.0

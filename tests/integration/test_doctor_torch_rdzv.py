@@ -10,7 +10,8 @@ import pytest
 from support.otlp import closed_port_endpoint
 from support.peers import Listener
 
-from mlaunch.doctor import TorchProbe, check_rendezvous
+from mlaunch.doctor.host import check_rendezvous
+from mlaunch.doctor.torch_probe import TorchProbe
 from mlaunch.settings import load_settings
 
 

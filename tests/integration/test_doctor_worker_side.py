@@ -10,7 +10,7 @@ import sys
 import pytest
 from support.launch_runs import clean_env
 
-from mlaunch import doctor
+from mlaunch.doctor.worker_side import check_worker_side
 from mlaunch.launcher import reference
 from mlaunch.settings import load_settings
 
@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.nemo_lens, pytest.mark.slow]
 
 def _check(env: dict[str, str], python: str | None, **flags):
     settings = load_settings(environ=env, flags=flags, check_cross_fields=False)
-    return doctor.check_worker_side(settings, env, worker_python=python)
+    return check_worker_side(settings, env, worker_python=python)
 
 
 def _one(results, name="worker telemetry"):

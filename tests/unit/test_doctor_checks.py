@@ -7,22 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from mlaunch.doctor import (
-    CheckResult,
-    check_configuration,
+from mlaunch.doctor.configuration import check_configuration
+from mlaunch.doctor.host import (
     check_hostname,
     check_kubernetes,
-    check_packages,
-    check_python,
     check_run_dir,
     check_slurm,
     checkpoint_bytes,
-    exit_code,
-    first_slurm_host,
-    satisfies,
-    summarize,
-    to_json,
 )
+from mlaunch.doctor.packages import check_packages, check_python, satisfies
+from mlaunch.doctor.results import CheckResult, exit_code, summarize, to_json
+from mlaunch.launcher.slurm import expand_nodelist
 from mlaunch.settings import load_settings
 
 
@@ -314,7 +309,7 @@ def test_checkpoint_estimate_follows_the_documented_formula() -> None:
     ],
 )
 def test_first_slurm_host(nodelist: str, first: str) -> None:
-    assert first_slurm_host(nodelist) == first
+    assert expand_nodelist(nodelist)[0] == first
 
 
 def test_slurm_values_mlaunch_derives() -> None:

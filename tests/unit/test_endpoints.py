@@ -24,7 +24,8 @@ def test_parser_keeps_ipv6_brackets_and_redacts_credentials() -> None:
 
 
 def test_doctor_never_shows_url_credentials() -> None:
-    from mlaunch.doctor import check_configuration, probe_otlp
+    from mlaunch.doctor.configuration import check_configuration
+    from mlaunch.doctor.otlp import probe_otlp
 
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://u:s3cret@[::1]:1"}
     results, _ = check_configuration(env, None)

@@ -89,7 +89,7 @@ def test_groups_resolve_dash_spec_says_to_use_dashes() -> None:
 
 
 def test_plain_doctor_does_not_contradict_plain_train(tmp_path: Path) -> None:
-    from mlaunch.doctor import check_configuration
+    from mlaunch.doctor.configuration import check_configuration
 
     env = {"PATH": os.environ.get("PATH", "")}
     results, _ = check_configuration(env, None)

@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 from mlaunch import envcontract as ec
+from mlaunch.launcher import checkpoint_layout
 from mlaunch.launcher import plan as lp
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,8 +27,8 @@ def _env() -> dict[str, str]:
 def test_checkpoint_file_names_are_the_trainers() -> None:
     from mlaunch.trainer import checkpoint
 
-    assert lp.CHECKPOINT_TRACKER_FILE == checkpoint.TRACKER_FILE
-    assert lp.CHECKPOINT_MANIFEST_FILE == checkpoint.MANIFEST_FILE
+    assert checkpoint_layout.CHECKPOINT_TRACKER_FILE == checkpoint.TRACKER_FILE
+    assert checkpoint_layout.CHECKPOINT_MANIFEST_FILE == checkpoint.MANIFEST_FILE
 
 
 def test_a_second_launch_on_a_busy_run_dir_is_refused_and_touches_nothing(tmp_path: Path) -> None:

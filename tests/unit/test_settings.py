@@ -307,3 +307,39 @@ def test_derived_sizes() -> None:
         flags={"launch.nproc_per_node": 4, "parallelism.pipeline_model_parallel_size": 2},
     )
     assert s.world_size == 4 and s.data_parallel_size == 2 and s.num_microbatches == 2
+
+
+# --- problems as structured values ---------------------------------------------------------
+
+
+def test_a_problem_is_its_field_and_message_with_a_kind_and_a_suggestion() -> None:
+    [found] = problems(environ={"MEGATRON_OTEL_SPAN_GROUP": "all"})
+    assert (found.field, found.kind, found.suggestion) == (
+        "MEGATRON_OTEL_SPAN_GROUP",
+        "unknown",
+        "MEGATRON_OTEL_SPAN_GROUPS",
+    )
+    assert str(found) == f"{found.field}: {found.message}"
+    assert found == (found.field, found.message)  # still the (field, message) pair
+
+
+def test_a_file_key_typo_carries_the_key_it_meant(config) -> None:
+    [found] = problems(environ={}, config=config("[training]\ntrain_iter = 3\n"))
+    assert (found.kind, found.suggestion) == ("unknown", "train_iters")
+
+
+def test_a_validator_names_the_word_it_meant() -> None:
+    [found] = problems(environ={"MEGATRON_OTEL_SPAN_GROUPS": "defualt"})
+    assert (found.kind, found.suggestion) == ("invalid", "default")
+    [found] = problems(environ={"OTEL_TRACES_SAMPLER": "always_onn"})
+    assert (found.kind, found.suggestion) == ("invalid", "always_on")
+
+
+def test_settings_that_disagree_are_a_conflict() -> None:
+    [found] = problems(environ={}, flags={"model.hidden_size": 65})
+    assert found.kind == "conflict" and found.suggestion is None
+
+
+def test_an_unreadable_config_file(tmp_path) -> None:
+    [found] = problems(environ={}, config=tmp_path / "missing.toml")
+    assert found.kind == "unreadable"

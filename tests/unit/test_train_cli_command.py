@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from mlaunch.cli import build_app
 from mlaunch.launcher import attempt_entry
 from mlaunch.launcher import run as lrun
-from mlaunch.launcher.plan import CONFIGS_DIR
+from mlaunch.launcher.configs import CONFIGS_DIR
 
 PREFIXES = ("MEGATRON_OTEL_", "NEMO_LENS_", "OTEL_", "SLURM_", "MLAUNCH_", "TORCHELASTIC_")
 

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from mlaunch.launcher import configs as lc
 from mlaunch.launcher import plan as lp
+from mlaunch.launcher import slurm, worker_args
 from mlaunch.settings import SECTIONS, SettingsError
 
 CLEAN = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
@@ -35,15 +37,15 @@ def test_every_model_training_parallel_setting_maps_to_a_trainer_argument():
         for section in ("model", "training", "parallelism")
         for name in SECTIONS[section].model_fields
     }
-    assert fields == set(lp.TRAINER_ARGS) | set(lp.NOT_TRAINER_ARGS)
-    assert not set(lp.TRAINER_ARGS) & set(lp.NOT_TRAINER_ARGS)
+    assert fields == set(worker_args.TRAINER_ARGS) | set(worker_args.NOT_TRAINER_ARGS)
+    assert not set(worker_args.TRAINER_ARGS) & set(worker_args.NOT_TRAINER_ARGS)
 
 
 def test_every_mapped_argument_is_accepted_by_the_trainer_parser():
     from mlaunch.trainer.args import build_parser
 
     known = {opt for action in build_parser()._actions for opt in action.option_strings}
-    for path, flag in lp.TRAINER_ARGS.items():
+    for path, flag in worker_args.TRAINER_ARGS.items():
         for one in flag.split("/"):
             assert one in known, f"{path} -> {one} is not a trainer argument"
 
@@ -109,7 +111,7 @@ def test_megatron_script_gets_megatron_names_and_otel_flags_only(tmp_path):
     ],
 )
 def test_expand_nodelist(nodelist, hosts):
-    assert lp.expand_nodelist(nodelist) == hosts
+    assert slurm.expand_nodelist(nodelist) == hosts
 
 
 SLURM = {
@@ -145,27 +147,27 @@ def test_explicit_values_win_over_slurm(tmp_path):
 
 
 def test_config_names_resolve_to_shipped_files(tmp_path):
-    assert set(lp.shipped_configs()) >= {"tiny", "pp2", "dp2pp2", "profiling", "megatron", "gpu8"}
-    assert lp.resolve_config(None, tmp_path) == lp.CONFIGS_DIR / "tiny.toml"
-    assert lp.resolve_config("pp2.toml", tmp_path) == lp.CONFIGS_DIR / "pp2.toml"
+    assert set(lc.shipped_configs()) >= {"tiny", "pp2", "dp2pp2", "profiling", "megatron", "gpu8"}
+    assert lc.resolve_config(None, tmp_path) == lc.CONFIGS_DIR / "tiny.toml"
+    assert lc.resolve_config("pp2.toml", tmp_path) == lc.CONFIGS_DIR / "pp2.toml"
     (tmp_path / "pp2.toml").write_text("")
-    assert lp.resolve_config("pp2.toml", tmp_path) == tmp_path / "pp2.toml"  # a local file wins
+    assert lc.resolve_config("pp2.toml", tmp_path) == tmp_path / "pp2.toml"  # a local file wins
     with pytest.raises(SettingsError) as err:
-        lp.resolve_config("sub/tiny", tmp_path)
+        lc.resolve_config("sub/tiny", tmp_path)
     assert err.value.problems[0][0] == "--config"
 
 
 def test_top_level_configs_link_points_at_the_package_data():
     root = Path(__file__).resolve().parents[2]
     assert (root / "configs").is_symlink()
-    assert (root / "configs").resolve() == lp.CONFIGS_DIR
+    assert (root / "configs").resolve() == lc.CONFIGS_DIR
 
 
 @pytest.mark.parametrize("name", ["tiny", "pp2", "dp2pp2", "profiling", "gpu8"])
 def test_shipped_configs_validate_and_every_key_is_commented(name, tmp_path):
     plan = build(config=name, cwd=tmp_path)
     assert plan.exporting_ranks, "every shipped config turns telemetry on"
-    for line in (lp.CONFIGS_DIR / f"{name}.toml").read_text().splitlines():
+    for line in (lc.CONFIGS_DIR / f"{name}.toml").read_text().splitlines():
         if "=" in line and not line.lstrip().startswith("#"):
             assert "#" in line, f"{name}.toml: uncommented key: {line}"
 
@@ -288,3 +290,20 @@ def test_megatron_arguments_go_only_to_a_megatron_lm_entry_point(tmp_path):
         assert ("--num-layers" in plan.argv) is on
     megatron = build({"launch.script": str(tmp_path / "train.py")}, config="megatron", cwd=tmp_path)
     assert megatron.settings.launch.megatron_args is True
+
+
+def test_the_trainer_run_bare_has_the_settings_defaults():
+    """One schema: the trainer's parser takes its defaults from the settings, except where a
+    setting declares the trainer's own (an unset value it derives, keep-all checkpoints)."""
+    from mlaunch.settings.args import SAME, Arg, training_fields
+    from mlaunch.trainer.args import build_parser
+
+    defaults = {a.dest: a.default for a in build_parser()._actions}
+    own = {}
+    for _, name, info, arg in training_fields():
+        if isinstance(arg, Arg) and not arg.choices:
+            expected = info.default if arg.bare_default is SAME else arg.bare_default
+            assert defaults[name] == expected, name
+            if arg.bare_default is not SAME:
+                own[name] = arg.bare_default
+    assert own == {"global_batch_size": None, "save_interval": None, "keep_last": 0}

@@ -1,0 +1,357 @@
+"""Every telemetry variable and the config file through mlaunch's settings (the checks of
+``mlaunch train``), plus what the settings accept but a user probably did not mean."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from pathlib import Path
+
+from mlaunch.doctor.results import CheckResult, fail, ok, warn
+from mlaunch.envcontract import FALLBACK_PREFIX, PRIMARY_PREFIX
+from mlaunch.model.strategies import exporting_ranks, format_ranks
+from mlaunch.settings import (
+    ALIAS_KEYS,
+    OTEL_ENV,
+    RATIO_SAMPLERS,
+    SECRET_ENV,
+    TELEMETRY_KEYS,
+    TRACE_SAMPLERS,
+    Problem,
+    Settings,
+    collect_problems,
+    env_names,
+    load_settings,
+    parse_bool,
+    redact_shown,
+)
+
+
+def _telemetry_vars(environ: Mapping[str, str]) -> list[str]:
+    names = [n for n in environ if n.startswith((PRIMARY_PREFIX, FALLBACK_PREFIX))]
+    names += [n for n in OTEL_ENV if n in environ]
+    names += [n for n in SECRET_ENV if n in environ and n not in OTEL_ENV]
+    return sorted(set(names))
+
+
+_BOOL_KEYS = frozenset(k for k, f in TELEMETRY_KEYS.items() if f.endswith("enabled")) | {
+    "SAMPLING_STRATEGY"
+}
+
+
+def _normalized(key: str, value: str) -> str:
+    v = value.strip()
+    if key == "SAMPLING_STRATEGY":
+        return "true" if v.lower() == "rank_aware" else "false"
+    if key in _BOOL_KEYS:
+        try:
+            return str(parse_bool(v)).lower()
+        except ValueError:
+            return v.lower()
+    return v.lower() if key in ("EXPORT_STRATEGY", "RANK_STRATEGY", "EXPORTER") else v
+
+
+def _effective(environ: Mapping[str, str], prefix: str, field: str) -> tuple[str, str] | None:
+    """The variable (key or alias) and value a prefix contributes for the telemetry ``field``,
+    in the settings' own precedence (:func:`mlaunch.settings.env_names`)."""
+    for name in env_names(field):
+        value = environ.get(name, "").strip()
+        if value and name.startswith(prefix):
+            return name, value
+    return None
+
+
+_SAMPLER_VARS = ("OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG")
+
+
+def _is_variable(field: str) -> bool:
+    """Whether a problem's field is an environment variable (not a flag or a file key)."""
+    return field.isupper() and "_" in field
+
+
+def _problem_result(problem: Problem) -> CheckResult:
+    """A settings problem as a failed check with a concrete fix: a rename when the settings
+    suggest the name meant, else what to change where the value was given."""
+    field, suggestion = problem.field, problem.suggestion
+    if problem.kind == "unknown" and _is_variable(field):
+        if suggestion:
+            return fail(
+                "unknown variable",
+                f"{field} is not a telemetry variable (did you mean {suggestion}?)",
+                f"rename {field} to {suggestion}",
+            )
+        # The settings' message goes on to list the valid keys: keep that part.
+        valid = problem.message.partition("; ")[2]
+        return fail(
+            "unknown variable", f"{field} is not a telemetry variable; {valid}", f"unset {field}"
+        )
+    if field in _SAMPLER_VARS:
+        fix = (
+            f"set {field} to a ratio in [0, 1], e.g. 0.1"
+            if field.endswith("_ARG")
+            else f"set {field} to one of: {', '.join(TRACE_SAMPLERS)}"
+        )
+        return fail("sampler", str(problem), fix)
+    if _is_variable(field):
+        return fail("config", str(problem), f"fix or unset {field}")
+    if field.startswith("--"):
+        return fail("config", str(problem), f"fix the value of {field}")
+    if " [" in field:  # "FILE [section] key"
+        return fail("config", str(problem), "fix this key in the config file")
+    section, _, key = field.partition(".")
+    return fail("config", str(problem), f"set {key or field} in [{section}] of --config FILE")
+
+
+def _best_effort_settings(
+    environ: Mapping[str, str], config: Path | None, problems: list[Problem]
+) -> Settings:
+    """Settings for the checks that need them when the configuration has problems: without the
+    offending variables, then without the config file, then the defaults."""
+    bad = {p.field for p in problems}
+    cleaned = {k: v for k, v in environ.items() if k not in bad}
+    for cfg in (config, None):
+        settings, _ = collect_problems(environ=cleaned, config=cfg)
+        if settings is not None:
+            return settings
+    return load_settings(environ={}, check_cross_fields=False)
+
+
+def _train_default_note(environ: Mapping[str, str], enabled: bool, exporter: str | None) -> str:
+    """What plain ``mlaunch train`` (its default config) does with telemetry, when that differs
+    from what doctor checked without a config ('' when the same or unknown)."""
+    from mlaunch.launcher.configs import DEFAULT_CONFIG, resolve_config
+
+    try:
+        path = resolve_config(None, Path.cwd())
+    except Exception:  # noqa: BLE001 - a note only; the configuration check reports problems
+        return ""
+    train_settings, _ = collect_problems(environ=environ, config=path)
+    if train_settings is None:
+        return ""
+    tt = train_settings.telemetry
+    if (tt.enabled, tt.exporter) == (enabled, exporter):
+        return ""
+    return (
+        f"plain `mlaunch train` uses config {DEFAULT_CONFIG!r}: telemetry"
+        f" {'enabled' if tt.enabled else 'disabled'}, exporter {tt.exporter};"
+        f" check that with `mlaunch doctor --config {DEFAULT_CONFIG}`"
+    )
+
+
+def check_configuration(
+    environ: Mapping[str, str], config: Path | None = None
+) -> tuple[list[CheckResult], Settings]:
+    """Every telemetry variable through mlaunch's settings, plus what the settings accept but a
+    user probably did not mean. Returns the results and the (best-effort) settings."""
+    settings, problems = collect_problems(environ=environ, config=config)
+    results = [_problem_result(p) for p in problems]
+    if settings is None:
+        settings = _best_effort_settings(environ, config, problems)
+    names = _telemetry_vars(environ)
+    shown = ", ".join(f"{n}={redact_shown(n, environ[n])}" for n in names)
+    where = f" and {config}" if config else ""
+    if not problems:
+        results.insert(
+            0,
+            ok(
+                "configuration",
+                f"valid (the checks of mlaunch train): {len(names)} variable(s){where}"
+                + (f": {shown}" if shown else "; defaults apply"),
+            ),
+        )
+    results += _otel_typos(environ)
+    results += _prefix_conflicts(environ)
+    results += _alias_notes(environ)
+    t = settings.telemetry
+    checked = (
+        f"with {config.name}" if config else "environment over the built-in defaults, no config"
+    )
+    note = "" if t.enabled else f"set {PRIMARY_PREFIX}ENABLED=true to export telemetry"
+    if config is None:
+        # Plain `mlaunch train` reads its default config (tiny: telemetry on), so a plain
+        # doctor must not let "disabled" stand for what train will do.
+        note = _train_default_note(environ, t.enabled, t.exporter) or note
+    results.append(
+        ok(
+            "telemetry",
+            f"{'enabled' if t.enabled else 'disabled'} ({checked}); exporter {t.exporter}; span"
+            f" groups {t.span_groups!r} ({len(t.groups)} groups); strategy {t.export_strategy}",
+            note,
+        )
+    )
+    if t.enabled and t.otel.sdk_disabled:
+        results.append(
+            warn(
+                "sdk disabled",
+                "OTEL_SDK_DISABLED=true while telemetry is enabled: every OTel signal is a no-op",
+                f"unset OTEL_SDK_DISABLED (or set {PRIMARY_PREFIX}ENABLED=false)",
+            )
+        )
+    if not any(p.field in _SAMPLER_VARS for p in problems):
+        results.append(_sampler_result(settings))
+    results += _timeout_results(environ)
+    results.append(_exporting_ranks_result(settings))
+    return results, settings
+
+
+_OTLP_SIGNAL_OPTIONS = (
+    "ENDPOINT", "PROTOCOL", "HEADERS", "TIMEOUT", "CERTIFICATE", "COMPRESSION", "INSECURE",
+    "CLIENT_KEY", "CLIENT_CERTIFICATE",
+)  # fmt: skip
+#: Standard OTel variables besides the ones mlaunch validates (OTEL_ENV), for typo detection.
+KNOWN_OTEL_ENV: frozenset[str] = frozenset(
+    {*OTEL_ENV, *SECRET_ENV}
+    | {f"OTEL_EXPORTER_OTLP_{o}" for o in _OTLP_SIGNAL_OPTIONS}
+    | {
+        f"OTEL_EXPORTER_OTLP_{signal}_{o}"
+        for signal in ("TRACES", "METRICS", "LOGS")
+        for o in _OTLP_SIGNAL_OPTIONS
+    }
+    | {
+        "OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER", "OTEL_LOGS_EXPORTER",
+        "OTEL_PROPAGATORS", "OTEL_LOG_LEVEL", "OTEL_METRIC_EXPORT_TIMEOUT",
+        "OTEL_BSP_SCHEDULE_DELAY", "OTEL_BSP_EXPORT_TIMEOUT", "OTEL_BSP_MAX_QUEUE_SIZE",
+        "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+        "OTEL_ATTRIBUTE_COUNT_LIMIT", "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT",
+        "OTEL_SPAN_EVENT_COUNT_LIMIT", "OTEL_SPAN_LINK_COUNT_LIMIT",
+        "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE",
+    }
+)  # fmt: skip
+
+
+def _otel_typos(environ: Mapping[str, str]) -> list[CheckResult]:
+    """``OTEL_*`` names that are not standard but are one typo away from one mlaunch reads.
+
+    A warning, not a failure: OTel has more variables than this list, so only near-misses of
+    known names are reported (the SDK would silently ignore the typo).
+    """
+    out = []
+    for name in sorted(environ):
+        if not name.startswith("OTEL_") or name in KNOWN_OTEL_ENV:
+            continue
+        # Stricter than closest_word's 0.6: this list is not all of OTel's variables, so only a
+        # near-certain typo is worth a warning.
+        close = difflib.get_close_matches(name, sorted(KNOWN_OTEL_ENV), n=1, cutoff=0.85)
+        if close:
+            out.append(
+                warn(
+                    "unknown variable",
+                    f"{name} is not an OpenTelemetry variable (did you mean {close[0]}?);"
+                    " the SDK ignores it",
+                    f"rename {name} to {close[0]}",
+                )
+            )
+    return out
+
+
+def _prefix_conflicts(environ: Mapping[str, str]) -> list[CheckResult]:
+    """Telemetry settings given under both prefixes with different values (the primary wins)."""
+    out = []
+    for field in TELEMETRY_KEYS.values():
+        primary = _effective(environ, PRIMARY_PREFIX, field)
+        fallback = _effective(environ, FALLBACK_PREFIX, field)
+        if not primary or not fallback:
+            continue
+        (pv, pval), (fv, fval) = primary, fallback
+        if _normalized(pv.removeprefix(PRIMARY_PREFIX), pval) != _normalized(
+            fv.removeprefix(FALLBACK_PREFIX), fval
+        ):
+            out.append(
+                warn(
+                    "prefix conflict",
+                    f"{pv}={pval!r} and {fv}={fval!r} differ; {pv} wins",
+                    f"unset {fv} (or give both the same value)",
+                )
+            )
+    return out
+
+
+def _alias_notes(environ: Mapping[str, str]) -> list[CheckResult]:
+    """Megatron-LM's alias names that mlaunch honours but nemo-lens ignores."""
+    out = []
+    for prefix in (PRIMARY_PREFIX, FALLBACK_PREFIX):
+        for alias, target in ALIAS_KEYS.items():
+            value = environ.get(prefix + alias, "").strip()
+            if value:
+                out.append(
+                    ok(
+                        "alias",
+                        f"{prefix}{alias}={value} is honoured as {prefix}{target}; Megatron-LM's"
+                        f" reference (nemo-lens) ignores {alias}",
+                        f"for runs outside mlaunch, set {prefix}{target} instead",
+                    )
+                )
+    return out
+
+
+def _sampler_result(settings: Settings) -> CheckResult:
+    t, o = settings.telemetry, settings.telemetry.otel
+    sampler = o.traces_sampler or "parentbased_always_on (SDK default)"
+    rank = (
+        f"rank-aware sampler keeps ranks under {t.export_sample_rate:g}"
+        if t.sampler_enabled
+        else "rank-aware sampler off"
+    )
+    if o.traces_sampler_arg is not None and o.traces_sampler not in RATIO_SAMPLERS:
+        return warn(
+            "sampler",
+            f"OTEL_TRACES_SAMPLER_ARG={o.traces_sampler_arg:g} is ignored by sampler {sampler}",
+            "set OTEL_TRACES_SAMPLER=parentbased_traceidratio, or unset OTEL_TRACES_SAMPLER_ARG",
+        )
+    if o.traces_sampler in RATIO_SAMPLERS:
+        ratio = 1.0 if o.traces_sampler_arg is None else o.traces_sampler_arg
+        kept = ratio * (t.export_sample_rate if t.sampler_enabled else 1.0)
+        return ok(
+            "sampler",
+            f"{o.traces_sampler} ratio {ratio:g}; {rank}; about {kept:.3g} of traces kept",
+            "" if o.traces_sampler_arg is not None else "OTEL_TRACES_SAMPLER_ARG unset: ratio 1.0",
+        )
+    return ok("sampler", f"{sampler}; {rank}")
+
+
+def _timeout_results(environ: Mapping[str, str]) -> list[CheckResult]:
+    out = []
+    for var in ("OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"):
+        raw = environ.get(var, "").strip()
+        try:
+            value = float(raw)
+        except ValueError:
+            continue  # unset, or already reported by the settings
+        if value >= 1000:
+            out.append(
+                warn(
+                    "otlp timeout",
+                    f"{var}={raw} looks like milliseconds, but the Python SDK reads seconds"
+                    f" ({value / 3600:.1f} h)",
+                    f"set {var}={value / 1000:g} (seconds)",
+                )
+            )
+        else:
+            out.append(ok("otlp timeout", f"{var}={raw} s"))
+    return out
+
+
+def _exporting_ranks_result(settings: Settings) -> CheckResult:
+    t, launch = settings.telemetry, settings.launch
+    world = settings.world_size
+    layout = f"world size {world} ({launch.nnodes} node(s) x {launch.nproc_per_node})"
+    if not t.enabled:
+        return ok("exporting ranks", f"telemetry disabled: no rank exports ({layout})")
+    ranks = exporting_ranks(
+        t.export_strategy,
+        world,
+        nproc_per_node=launch.nproc_per_node,
+        export_rank=t.export_rank,
+        sample_rate=t.export_sample_rate,
+    )
+    if not ranks:
+        return warn(
+            "exporting ranks",
+            f"no rank exports: {t.export_strategy} at rate {t.export_sample_rate:g}, {layout}",
+            f"raise {PRIMARY_PREFIX}EXPORT_SAMPLE_RATE or use {PRIMARY_PREFIX}EXPORT_STRATEGY="
+            "single_rank",
+        )
+    return ok(
+        "exporting ranks",
+        f"{t.export_strategy}: rank(s) {format_ranks(ranks)} of {layout} export",
+    )

@@ -1,0 +1,261 @@
+"""This host and its cluster: host name, rendezvous port, run directory and disk space, SLURM and
+Kubernetes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from mlaunch import envcontract as ec
+from mlaunch.doctor.results import NET_TIMEOUT_S, CheckResult, fail, ok, warn
+from mlaunch.settings import Settings
+
+#: Bytes per parameter in a checkpoint: fp32 weights (4) + AdamW's two fp32 moments (8).
+CHECKPOINT_BYTES_PER_PARAM = 12
+#: Byte-level tokenizer vocabulary of mlaunch's trainer.
+VOCAB_SIZE = 256
+#: Room for logs, traces and progress records besides checkpoints.
+RUN_DIR_MARGIN_BYTES = 256 * 2**20
+
+
+def free_loopback_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_hostname(hostname: str | None = None) -> list[CheckResult]:
+    """The local host name resolves (torchrun's rendezvous advertises it)."""
+    name = hostname or socket.gethostname()
+    try:
+        infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+    except (socket.gaierror, UnicodeError) as exc:
+        return [
+            fail(
+                "hostname",
+                f"the host name {name!r} does not resolve ({exc})",
+                f"add '{name}' to /etc/hosts or fix DNS",
+            )
+        ]
+    addrs = sorted({str(info[4][0]) for info in infos})
+    return [ok("hostname", f"{name} resolves to {', '.join(addrs[:4])}")]
+
+
+def _bindable(host: str, port: int) -> OSError | None:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        return exc
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        # Like torchrun's TCPStore: a port only in TIME_WAIT counts as free.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as exc:
+            return exc
+    return None
+
+
+def check_rendezvous(settings: Settings, timeout_s: float = NET_TIMEOUT_S) -> list[CheckResult]:
+    """A free rendezvous port: the configured ``rdzv_endpoint`` must be free on the node that
+    hosts it (node 0, local address) and reachable from the others; else any free port."""
+    launch = settings.launch
+    if not launch.rdzv_endpoint:
+        port = free_loopback_port()
+        return [
+            ok("rendezvous port", f"free local port available (e.g. {port}); mlaunch picks one")
+        ]
+    host, _, port_s = launch.rdzv_endpoint.rpartition(":")
+    host, port = host.strip("[]"), int(port_s)
+    src = settings.source("launch.rdzv_endpoint")
+    var = src.name if src.kind != "default" else "--rdzv-endpoint"
+    err = _bindable(host, 0)
+    if isinstance(err, socket.gaierror):
+        return [
+            fail(
+                "rendezvous port",
+                f"the rendezvous host {host!r} does not resolve ({err})",
+                f"fix the host in {var} (node 0's address)",
+            )
+        ]
+    local = err is None  # we can bind its address: the host is this machine
+    if local and launch.node_rank == 0:
+        busy = _bindable(host, port)
+        if busy is not None:
+            return [
+                fail(
+                    "rendezvous port",
+                    f"{launch.rdzv_endpoint} is in use on this host ({busy.strerror or busy})",
+                    f"stop what listens there or choose another port in {var}",
+                )
+            ]
+        return [ok("rendezvous port", f"{launch.rdzv_endpoint} is free on this host (node 0)")]
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        return [
+            warn(
+                "rendezvous port",
+                f"{launch.rdzv_endpoint} is not reachable yet ({exc}); node {launch.node_rank}"
+                " joins the rendezvous hosted there",
+                "start node 0 first, or check the host and port in " + var,
+            )
+        ]
+    return [ok("rendezvous port", f"{launch.rdzv_endpoint} is reachable")]
+
+
+def checkpoint_bytes(settings: Settings) -> tuple[int, int]:
+    """``(parameters, bytes of the kept checkpoints)``: params = 12·L·h² + (V + seq)·h, each
+    with 4 bytes of weights and 8 of AdamW state, times ``keep_last``."""
+    m = settings.model
+    params = 12 * m.num_layers * m.hidden_size**2 + (VOCAB_SIZE + m.seq_length) * m.hidden_size
+    if m.untie_embeddings:
+        params += VOCAB_SIZE * m.hidden_size
+    return params, params * CHECKPOINT_BYTES_PER_PARAM * settings.training.keep_last
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"
+
+
+def _existing_ancestor(path: Path) -> tuple[Path, Path | None]:
+    """The nearest existing ancestor of ``path`` (or itself), and the first existing component
+    that is not a directory (None when every existing component is one)."""
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if probe.is_dir():
+        return probe, None
+    return probe, probe
+
+
+def check_run_dir(settings: Settings, cwd: Path | None = None) -> list[CheckResult]:
+    """The run directory can be created and written, with room for the checkpoints."""
+    base = Path(cwd or os.getcwd())
+    given = settings.launch.run_dir
+    run_dir = (base / given) if given else base / "runs"
+    fix = "set launch.run_dir (--run-dir) to a writable directory"
+    anchor, blocker = _existing_ancestor(run_dir)
+    if blocker is not None:
+        return [fail("run directory", f"cannot create {run_dir}: {blocker} is a file, not a"
+                     " directory", fix)]  # fmt: skip
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".mlaunch-doctor-", dir=anchor)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        return [fail("run directory", f"{anchor} is not writable ({exc.strerror or exc})", fix)]
+    where = str(run_dir) if anchor == run_dir else f"{run_dir} (to be created in {anchor})"
+    results = [ok("run directory", f"{where} is writable")]
+    t = settings.training
+    checkpoints = bool(t.save) or t.save_interval > 0
+    ckpt_dir = Path(t.save) if t.save else run_dir / ec.CHECKPOINTS_DIR
+    ckpt_anchor = _existing_ancestor(base / ckpt_dir)[0] if checkpoints else anchor
+    params, ckpt = checkpoint_bytes(settings) if checkpoints else (0, 0)
+    need = int(ckpt * 1.2) + RUN_DIR_MARGIN_BYTES
+    free = shutil.disk_usage(ckpt_anchor).free
+    what = (
+        f"{t.keep_last} checkpoint(s) of a {params / 1e6:.3g} M-parameter model need about"
+        f" {_human(ckpt)}"
+        if checkpoints
+        else "no checkpoints configured"
+    )
+    if free < need:
+        results.append(
+            fail(
+                "disk space",
+                f"{_human(free)} free at {ckpt_anchor}; {what} (+ margin: {_human(need)})",
+                "free space, lower training.keep_last, or put checkpoints elsewhere (--save)",
+            )
+        )
+    else:
+        results.append(ok("disk space", f"{_human(free)} free at {ckpt_anchor}; {what}"))
+    return results
+
+
+def check_slurm(environ: Mapping[str, str], settings: Settings) -> list[CheckResult]:
+    """SLURM detection and the launch values mlaunch derives from it (the launcher's own
+    derivation, so doctor shows what ``mlaunch train`` will use)."""
+    from mlaunch.launcher.slurm import slurm_launch_values
+
+    derived_values = slurm_launch_values(environ)
+    if not derived_values:
+        return [ok("slurm", "not under SLURM (no SLURM_JOB_ID)")]
+    job = derived_values["launch.rdzv_id"][0]
+    nnodes = derived_values.get("launch.nnodes", ("", ""))[0]
+    node_rank = derived_values.get("launch.node_rank", ("", ""))[0]
+    endpoint = derived_values.get("launch.rdzv_endpoint")
+    if endpoint is None:  # no node list (or one that names no host)
+        return [
+            warn(
+                "slurm",
+                f"SLURM job {job} without SLURM_JOB_NODELIST: no rendezvous host to derive",
+                "run inside the allocation (sbatch/srun), or pass --rdzv-endpoint",
+            )
+        ]
+    host = endpoint[0].rpartition(":")[0]  # the endpoint is "first host:port"
+    derived = (
+        f"SLURM job {job}: nnodes={nnodes or '?'}, node rank={node_rank or '?'}, rendezvous"
+        f" host={host}, rendezvous id={job}"
+    )
+    src = settings.source("launch.nnodes")
+    if nnodes.isdigit() and src.kind != "default" and int(nnodes) != settings.launch.nnodes:
+        return [
+            warn(
+                "slurm",
+                f"{derived}; but {src} sets nnodes={settings.launch.nnodes}",
+                f"remove {src} or match the allocation ({nnodes} nodes)",
+            )
+        ]
+    missing = [v for v, val in (("SLURM_NNODES", nnodes), ("SLURM_NODEID", node_rank)) if not val]
+    if missing:
+        return [warn("slurm", derived, f"{' and '.join(missing)} unset: start mlaunch with srun")]
+    return [ok("slurm", derived)]
+
+
+K8S_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def check_kubernetes(
+    environ: Mapping[str, str], namespace_file: Path = K8S_NAMESPACE_FILE
+) -> list[CheckResult]:
+    """Kubernetes detection and the pod, namespace and node names for resource attributes."""
+    if not environ.get("KUBERNETES_SERVICE_HOST", "").strip():
+        return [ok("kubernetes", "not in Kubernetes (no KUBERNETES_SERVICE_HOST)")]
+
+    def first(*names: str) -> str:
+        return next((environ[n].strip() for n in names if environ.get(n, "").strip()), "")
+
+    pod = first("POD_NAME", "K8S_POD_NAME", "HOSTNAME")
+    namespace = first("POD_NAMESPACE", "K8S_NAMESPACE")
+    if not namespace:
+        with contextlib.suppress(OSError):
+            namespace = namespace_file.read_text(encoding="utf-8").strip()
+    node = first("NODE_NAME", "K8S_NODE_NAME")
+    derived = f"Kubernetes: pod={pod or '?'}, namespace={namespace or '?'}, node={node or '?'}"
+    missing = [
+        env
+        for env, val in (("POD_NAME", pod), ("POD_NAMESPACE", namespace), ("NODE_NAME", node))
+        if not val
+    ]
+    if missing:
+        return [
+            warn(
+                "kubernetes",
+                derived + f" ({', '.join(missing)} unknown: missing from the resource attributes)",
+                f"expose {', '.join(missing)} with the downward API (env valueFrom fieldRef)",
+            )
+        ]
+    return [ok("kubernetes", derived)]

@@ -1,0 +1,106 @@
+"""Refusing before launch to resume from a checkpoint saved with another layout (standard library
+only: the launcher never imports torch)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mlaunch import envcontract as ec
+from mlaunch.settings import Problem, Settings, flag_name
+
+#: Checkpoint files the launcher reads (stdlib only, the launcher never imports torch); the
+#: names are :mod:`mlaunch.trainer.checkpoint`'s (pinned equal by a test).
+CHECKPOINT_TRACKER_FILE = "latest_checkpointed_iteration.txt"
+CHECKPOINT_MANIFEST_FILE = "manifest.json"
+#: Settings that fix the shape of what a checkpoint holds: resuming with another value of any of
+#: them cannot load its tensors (compared when the checkpoint's run left its ``resolved.json``).
+CHECKPOINT_LAYOUT_SETTINGS = (
+    "parallelism.pipeline_model_parallel_size",
+    "parallelism.tensor_model_parallel_size",
+    "model.num_layers",
+    "model.hidden_size",
+    "model.num_attention_heads",
+    "model.seq_length",
+    "model.untie_embeddings",
+)
+
+
+def _newest_manifest(root: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The manifest of the checkpoint a resume would start from (the marker's, else the newest
+    committed one), or None when there is none to read."""
+    try:
+        names = [m.group(1) for p in root.iterdir() if (m := re.fullmatch(r"iter_(\d{7})", p.name))]
+        marker = (
+            (root / CHECKPOINT_TRACKER_FILE).read_text().strip()
+            if (root / CHECKPOINT_TRACKER_FILE).is_file()
+            else ""
+        )
+    except OSError:
+        return None
+    order = sorted(names, reverse=True)
+    if marker.isdigit() and f"{int(marker):07d}" in order:
+        order.remove(f"{int(marker):07d}")
+        order.insert(0, f"{int(marker):07d}")
+    for it in order:
+        path = root / f"iter_{it}" / CHECKPOINT_MANIFEST_FILE
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # the trainer falls back past an invalid one; so does this check
+        if isinstance(manifest, dict):
+            return path, manifest
+    return None
+
+
+def checkpoint_layout_problems(
+    settings: Settings, targs: Sequence[str], cwd: Path
+) -> list[Problem]:
+    """Refuse before launch to resume from a checkpoint saved with another layout (pipeline
+    stages from its manifest; tensor parallelism and model shape from the ``resolved.json`` of
+    the run that saved it, when the checkpoint is that run's ``checkpoints/``): the workers would
+    otherwise each die in ``torch.load`` after start-up."""
+    if "--load" not in targs[:-1]:
+        return []
+    load = Path(targs[targs.index("--load") + 1]).expanduser()
+    root = load if load.is_absolute() else cwd / load
+    found = _newest_manifest(root)
+    if found is None:
+        return []
+    manifest_path, manifest = found
+    theirs: dict[str, Any] = {}
+    with contextlib.suppress(TypeError, ValueError):
+        theirs["parallelism.pipeline_model_parallel_size"] = int(manifest.get("pipeline_stages", 1))
+    if root.name == ec.CHECKPOINTS_DIR:
+        with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+            table = json.loads((root.parent / ec.RESOLVED_JSON_FILE).read_text(encoding="utf-8"))
+            for path in CHECKPOINT_LAYOUT_SETTINGS:
+                entry = table["settings"].get(path)
+                if isinstance(entry, dict) and "value" in entry:
+                    theirs.setdefault(path, entry["value"])
+    differ = []
+    for path in CHECKPOINT_LAYOUT_SETTINGS:
+        section, _, fld = path.partition(".")
+        ours = getattr(getattr(settings, section), fld)
+        if path in theirs and theirs[path] != ours:
+            differ.append(f"{flag_name(path)} {theirs[path]} (now {ours})")
+    if not differ:
+        return []
+    if settings.training.load is not None:
+        label, fix = settings.label("training.load"), "give --load a checkpoint of this layout"
+    elif settings.training.save is not None:
+        label = settings.label("training.save")
+        fix = "give --save an empty directory"
+    else:
+        label, fix = settings.label("launch.run_dir"), "give a new --run-dir (or --save DIR)"
+    return [
+        (
+            label,
+            f"{root} holds a checkpoint saved with {', '.join(differ)} ({manifest_path.parent.name});"
+            f" this run cannot resume from it: {fix}, or run with that layout",
+        )
+    ]

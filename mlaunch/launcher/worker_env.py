@@ -1,0 +1,86 @@
+"""The workers' environment: every setting in the language of what the workers run (mlaunch's
+trainer, or the reference's for a ``--script``/``--module``), one truth per variable."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mlaunch import envcontract as ec
+from mlaunch.launcher import reference
+from mlaunch.settings import OTEL_ENV, TELEMETRY_KEYS, Settings
+
+_env_value = reference.env_text
+
+
+def worker_environment(
+    settings: Settings,
+    run_id: str,
+    run_dir: Path,
+    environ: Mapping[str, str],
+    *,
+    external: bool | None = None,
+) -> tuple[dict[str, str], tuple[str, ...], tuple[str, ...]]:
+    """``(what mlaunch sets, inherited variables it removes, notes)`` for the workers.
+
+    mlaunch's trainer gets every setting in mlaunch's language; a ``--script``/``--module`` worker
+    gets the reference's (:mod:`mlaunch.launcher.reference`). Inherited ``MEGATRON_OTEL_*`` /
+    ``NEMO_LENS_*`` variables that mlaunch does not set are removed, so workers see one truth.
+    ``external`` overrides the entry point's kind (doctor asks for the script side of any config).
+    """
+    external = not settings.uses_builtin_trainer if external is None else external
+    if not external:
+        env = _trainer_env(settings, run_id, environ)
+    else:
+        env = reference.worker_env(settings, run_id)
+    env[ec.RUN_DIR] = str(run_dir)
+    embedded = external and reference.embedded_receiver(settings)
+    for var in sorted(environ):
+        # Other standard variables (per-signal headers, SDK knobs) travel as given.
+        if (
+            var.startswith("OTEL_")
+            and var not in env
+            and environ[var].strip()
+            and not (embedded and var in ec.OTLP_TARGET_VARS)
+        ):
+            env[var] = environ[var]
+    if settings.launch.device == "cuda":
+        env[ec.DEVICE] = "cuda"  # the worker refuses to start without it (trainer/parallel.py)
+    if settings.launch.device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the only way to keep a CUDA-capable worker on CPU
+    notes: list[str] = []
+    value, note = reference.cuda_connections(settings, environ)
+    if value is not None:
+        env[ec.CUDA_DEVICE_MAX_CONNECTIONS] = value
+    if note:
+        notes.append(note)
+    removed = {
+        k
+        for k in environ
+        if (k.startswith(ec.FALLBACK_PREFIX) or k.startswith(ec.PRIMARY_PREFIX)) and k not in env
+    }
+    if embedded:
+        removed |= {k for k in environ if k in ec.OTLP_TARGET_VARS}
+    return env, tuple(sorted(removed)), tuple(notes)
+
+
+def _trainer_env(settings: Settings, run_id: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """mlaunch's own trainer: every key in mlaunch's language, the OTEL_* text as given."""
+    t = settings.telemetry
+    env: dict[str, str] = {}
+    for key, fld in TELEMETRY_KEYS.items():
+        value = run_id if fld == "run_id" else getattr(t, fld)
+        env[ec.PRIMARY_PREFIX + key] = _env_value(value)
+    env["OTEL_SERVICE_NAME"] = t.service_name
+    for var, (section, fld) in OTEL_ENV.items():
+        if var == "OTEL_SERVICE_NAME":
+            continue
+        path = f"{section}.{fld}"
+        source = settings.source(path)
+        if source.kind == "env":
+            env[var] = environ[var]  # as given: the worker parses the same text
+        elif source.kind in ("flag", "file"):
+            obj: Any = t.otel if section == "telemetry.otel" else t
+            env[var] = _env_value(getattr(obj, fld))
+    return env

@@ -1,0 +1,178 @@
+"""Every source -> one validated :class:`Settings`: merge by precedence, validate, name each
+problem by what the user typed."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from mlaunch.model.spec import quoted
+from mlaunch.settings.problems import Problem, ProblemKind, SettingsError
+from mlaunch.settings.schema import Settings, Source, TelemetrySettings
+from mlaunch.settings.sources import EnvSource, FileSource, FlagSource, Layer
+
+
+def _error_label(loc: tuple[Any, ...], layers: list[Layer]) -> str:
+    """Name what the user typed for a pydantic error location."""
+    parts = [str(x) for x in loc if not isinstance(x, int)]
+    for n in range(len(parts), 0, -1):
+        path = ".".join(parts[:n])
+        for layer in layers:
+            if path in layer.origin:
+                return str(layer.origin[path])
+    return ".".join(parts) or "settings"
+
+
+def _clean_message(err: Mapping[str, Any]) -> str:
+    msg = str(err.get("msg", "invalid value"))
+    msg = msg.removeprefix("Value error, ")
+    if err.get("type") in (
+        "float_parsing",
+        "int_parsing",
+        "literal_error",
+        "less_than_equal",
+        "greater_than_equal",
+        "greater_than",
+        "less_than",
+        "int_from_float",
+        "finite_number",
+    ):
+        got = err.get("input")
+        # pydantic's own "got ..." clause (int_from_float: "got a number with a fractional
+        # part") is dropped: one "got <value>" says it, with the value.
+        msg = msg.split(", got ", 1)[0]
+        msg = f"{msg}, got {quoted(got) if isinstance(got, str) else repr(got)}"
+    return msg
+
+
+def _error_problem(err: Mapping[str, Any], layers: list[Layer]) -> Problem:
+    """A pydantic error as a :class:`Problem`: an unexpected key is ``unknown``; a validator's
+    :class:`UnknownName` carries its suggestion through pydantic's error context."""
+    kind: ProblemKind = "unknown" if err.get("type") == "extra_forbidden" else "invalid"
+    cause = (err.get("ctx") or {}).get("error")
+    return Problem(
+        _error_label(err["loc"], layers),
+        _clean_message(err),
+        kind,
+        getattr(cause, "suggestion", None),
+    )
+
+
+def _merge(lower: dict[str, Any], higher: dict[str, Any]) -> dict[str, Any]:
+    """``lower`` updated by ``higher``, table by table: a mapping given by two sources (a file's
+    ``[telemetry.otel.headers]`` and a flag's) keeps the keys of both, the higher one's winning."""
+    out = dict(lower)
+    for key, value in higher.items():
+        if isinstance(out.get(key), dict) and isinstance(value, dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _validate(layers: list[Layer]) -> Settings:
+    """Validate the merged layers (highest precedence first) and record each value's source.
+
+    Raises :class:`SettingsError` with one entry per pydantic error.
+    """
+    tree: dict[str, Any] = {}
+    for layer in reversed(layers):  # lowest precedence first, so higher ones overwrite
+        tree = _merge(tree, layer.tree())
+    try:
+        settings = Settings.model_validate(tree)
+    except ValidationError as exc:
+        raise SettingsError([_error_problem(e, layers) for e in exc.errors()]) from None
+    merged: dict[str, Source] = {}
+    for layer in reversed(layers):  # lowest precedence first, so higher ones overwrite
+        merged.update(layer.origin)
+    settings._sources = merged
+    return settings
+
+
+def collect_problems(
+    *,
+    flags: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    config: str | Path | None = None,
+) -> tuple[Settings | None, list[Problem]]:
+    """Every problem of a configuration at once, for ``mlaunch doctor``.
+
+    The same sources and model as :func:`load_settings`, but where that stops at the first
+    group of problems (source problems, then validation, then cross-field checks), this runs
+    every stage and returns all of them, with the settings when validation itself succeeded
+    (None otherwise). No problems means :func:`load_settings` would succeed.
+    """
+    environ = os.environ if environ is None else environ
+    env_src = EnvSource(environ)
+    layers: list[Layer] = [FlagSource(flags or {}), env_src]
+    problems: list[Problem] = list(env_src.problems) + _preempt_signals_problems(environ)
+    if config is not None:
+        file_src = FileSource(Path(config))
+        problems += file_src.problems
+        layers.append(file_src)
+    try:
+        settings = _validate(layers)
+    except SettingsError as exc:
+        return None, problems + exc.problems
+    return settings, problems + settings.cross_field_problems()
+
+
+def _preempt_signals_problems(environ: Mapping[str, str]) -> list[Problem]:
+    """``MLAUNCH_PREEMPT_SIGNALS`` checked before launch (the trainer would refuse it only after
+    torchrun started), reported under the variable's own name."""
+    from mlaunch.envcontract import PREEMPT_SIGNALS
+    from mlaunch.trainer.args import preempt_signals
+
+    if not environ.get(PREEMPT_SIGNALS, "").strip():
+        return []
+    try:
+        preempt_signals(None, dict(environ))
+    except ValueError as exc:
+        return [Problem(PREEMPT_SIGNALS, str(exc))]
+    return []
+
+
+def load_settings(
+    *,
+    flags: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    config: str | Path | None = None,
+    check_cross_fields: bool = True,
+) -> Settings:
+    """Merge flags > environment > config file > defaults into validated :class:`Settings`.
+
+    ``flags`` maps dotted paths (``"telemetry.span_groups"``) to values (None = not given).
+    Raises :class:`SettingsError` listing every problem found.
+    """
+    environ = os.environ if environ is None else environ
+    problems: list[Problem] = []
+    flag_src = FlagSource(flags or {})
+    env_src = EnvSource(environ)
+    problems += env_src.problems
+    problems += _preempt_signals_problems(environ)
+    layers: list[Layer] = [flag_src, env_src]
+    if config is not None:
+        file_src = FileSource(Path(config))
+        problems += file_src.problems
+        layers.append(file_src)
+    if problems:
+        raise SettingsError(problems)
+    settings = _validate(layers)
+    if check_cross_fields:
+        cross = settings.cross_field_problems()
+        if cross:
+            raise SettingsError(cross)
+    return settings
+
+
+def load_telemetry_settings(
+    environ: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None
+) -> TelemetrySettings:
+    """Telemetry settings as a worker sees them: its environment, with its own ``--otel-*``
+    flags (``overrides``, keyed by TelemetrySettings field) on top. No config file."""
+    flags = {f"telemetry.{k}": v for k, v in (overrides or {}).items()}
+    return load_settings(flags=flags, environ=environ, check_cross_fields=False).telemetry

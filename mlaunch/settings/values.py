@@ -1,0 +1,77 @@
+"""Value parsers shared by every source and section: booleans, ``k=v`` lists, URLs, paths."""
+
+from __future__ import annotations
+
+import urllib.parse
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator
+
+#: The words a boolean setting takes, in any case (pydantic alone would also take t/y/f/n).
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"0", "false", "no", "off"})
+
+
+def parse_bool(value: Any) -> Any:
+    """``1/true/yes/on`` and ``0/false/no/off`` in any case; anything else is an error (pydantic
+    alone would also take ``t``, ``y``, ``f``, ``n``)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v in TRUE_WORDS:
+            return True
+        if v in FALSE_WORDS:
+            return False
+    raise ValueError(f"expected a boolean (1/true/yes/on or 0/false/no/off), got {value!r}")
+
+
+Bool = Annotated[bool, BeforeValidator(parse_bool)]
+
+
+def parse_key_values(value: Any, what: str, *, secret: bool = False) -> dict[str, str]:
+    """``k1=v1,k2=v2`` (URL-encoded values) as used by OTEL_RESOURCE_ATTRIBUTES / _HEADERS.
+
+    ``secret``: a malformed entry is named by its position only (it may hold a token)."""
+    if isinstance(value, Mapping):
+        return {str(k): str(v) for k, v in value.items()}
+    out: dict[str, str] = {}
+    for n, item in enumerate(str(value).split(","), 1):
+        if not item.strip():
+            continue
+        key, sep, val = item.partition("=")
+        if not sep or not key.strip():
+            shown = f"#{n} (not shown: a secret)" if secret else repr(item.strip())
+            raise ValueError(f"malformed {what} entry {shown}: expected key=value")
+        out[urllib.parse.unquote(key.strip())] = urllib.parse.unquote(val.strip())
+    return out
+
+
+def check_url(value: str | None) -> str | None:
+    if value is None:
+        return None
+    from mlaunch.endpoints import parse_endpoint
+
+    parse_endpoint(value)  # EndpointError (a ValueError) with a redacted message
+    return value.strip()
+
+
+def not_blank(value: str | None) -> str | None:
+    """Reject an empty or blank text value: for a path or a name, ``""`` is never meant (``--script
+    ""`` used to launch mlaunch's own trainer, ``--save ""`` reached the workers)."""
+    if value is not None and not value.strip():
+        raise ValueError("must not be empty (omit it to use the default)")
+    return value
+
+
+def path_is(check: Any, path: str) -> bool:
+    """``check(Path(path))``, with an unusable path (a 5,000-character name: ENAMETOOLONG, which
+    pathlib re-raises) counting as "no" instead of escaping as an OSError traceback."""
+    try:
+        return bool(check(Path(path)))
+    except OSError:
+        return False

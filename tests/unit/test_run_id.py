@@ -1,0 +1,42 @@
+"""The run id is chosen by one function: the setting, else SLURM, else an id the caller knows
+every process shares, else a fresh one (or None when the caller must not make one alone)."""
+
+from __future__ import annotations
+
+import re
+
+from mlaunch.settings import choose_run_id, is_run_id
+from mlaunch.settings.run_id import torchrun_shared_ids
+
+FRESH = re.compile(r"[0-9a-f]{12}")
+
+
+def test_the_setting_wins_over_everything() -> None:
+    assert choose_run_id("mine", {"SLURM_JOB_ID": "77"}, shared=("rdzv",)) == "mine"
+
+
+def test_slurm_wins_over_shared_ids() -> None:
+    assert choose_run_id(None, {"SLURM_JOB_ID": " 77 "}, shared=("rdzv",)) == "77"
+
+
+def test_the_first_usable_shared_id_is_taken() -> None:
+    assert choose_run_id(None, {}, shared=("", "none", "rdzv", "later")) == "rdzv"
+
+
+def test_fresh_or_none_when_nothing_is_known() -> None:
+    assert FRESH.fullmatch(choose_run_id(None, {}))
+    assert choose_run_id(None, {}, fresh=False) is None
+
+
+def test_torchrun_workers_agree_without_talking() -> None:
+    env = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    assert choose_run_id(None, env, shared=torchrun_shared_ids(env)) == choose_run_id(
+        None, dict(env), shared=torchrun_shared_ids(dict(env))
+    )
+    env["TORCHELASTIC_RUN_ID"] = "job-1"
+    assert choose_run_id(None, env, shared=torchrun_shared_ids(env)) == "job-1"
+
+
+def test_what_a_run_id_may_be() -> None:
+    assert is_run_id("run.1_a-b")
+    assert not is_run_id("-x") and not is_run_id(".hidden") and not is_run_id(None)
