@@ -9,8 +9,8 @@ Precedence, highest first:
    ``[training]`` and ``[parallelism]`` sections,
 4. defaults.
 
-The package is split by concern: :mod:`.schema` defines every setting once (the sections and the
-checks between them), with :mod:`.args` the metadata saying how a training setting reaches a
+The package is split by concern: :mod:`.schema` defines every setting once (the sections, and
+:mod:`.checks` the checks between them), with :mod:`.args` the metadata saying how a training setting reaches a
 training script; :mod:`.names` is what the user types for each (flags, variables);
 :mod:`.sources` reads flags, environment and file; :mod:`.loading` merges and validates them and
 records, for every field, where its value came from (:class:`Source`); :mod:`.run_id` chooses
