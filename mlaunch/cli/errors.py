@@ -2,7 +2,9 @@
 
 Plain lines (no Rich wrapping or boxes) so a long value or path stays whole and greppable, and
 so Click's own usage errors (an unknown option, a value of the wrong type) read like the
-settings layer's.
+settings layer's. A problem that no single field names (the trace commands' bad input, where
+the message itself names the file and line or the flag, and says the fix) is ``error:
+message``: the same line with ``error`` in the field's place, through the same helper.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from typer.core import TyperCommand, TyperGroup
 
 #: The exit code of every user error.
 USAGE_ERROR = 2
+#: The exit code of a command that ran but could not finish its work (a replay whose requests
+#: failed, a submission SLURM refused); what is left can be retried unchanged.
+RUN_FAILED = 1
 
 
 def print_problems(problems: Iterable[tuple[str, str]]) -> None:
@@ -25,10 +30,16 @@ def print_problems(problems: Iterable[tuple[str, str]]) -> None:
         typer.echo(f"{field}: {message}", err=True)
 
 
-def fail(problems: Iterable[tuple[str, str]]) -> typer.Exit:
-    """Print the problems; the caller raises the returned ``typer.Exit(2)``."""
+def fail(problems: Iterable[tuple[str, str]], code: int = USAGE_ERROR) -> typer.Exit:
+    """Print the problems; the caller raises the returned ``typer.Exit`` (2 unless ``code``)."""
     print_problems(problems)
-    return typer.Exit(USAGE_ERROR)
+    return typer.Exit(code)
+
+
+def error(message: str, code: int = USAGE_ERROR) -> typer.Exit:
+    """Print ``error: message`` (a problem the message names itself, e.g. ``PATH:LINE: ...``
+    and its fix); the caller raises the returned ``typer.Exit`` (2 unless ``code``)."""
+    return fail([("error", message)], code)
 
 
 def _click() -> Any:
@@ -162,12 +173,12 @@ class PlainErrorsGroup(TyperGroup):
         try:
             return super().resolve_command(ctx, args)
         except _click().UsageError:
-            import difflib
+            from mlaunch.model.spec import closest_word
 
             name = args[0] if args else ""
             known = sorted(self.list_commands(ctx))
-            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            close = closest_word(name, known)
+            hint = f" (did you mean {close!r}?)" if close else ""
             raise fail(
                 [
                     (

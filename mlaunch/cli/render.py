@@ -24,9 +24,9 @@ def span_placement(enabled: frozenset[SpanGroup]) -> dict[str, str | None]:
 
 
 def span_tree(enabled: frozenset[SpanGroup], title: str = "span tree") -> Tree:
-    """The SPEC section 4 tree (Megatron-LM's code names) with each span marked on (green) or off
-    (dim), ``G`` where it carries ``is_goodput_span``, ``+`` for an mlaunch extra, and the
-    documented name an older trace may carry instead."""
+    """The catalogue's span tree (Megatron-LM's code names, each span under its parent) with each
+    span marked on (green) or off (dim), ``G`` where it carries ``is_goodput_span``, ``+`` for an
+    mlaunch extra, and the documented name an older trace may carry instead."""
     placement = span_placement(enabled)
     tree = Tree(f"[bold]{title}[/]")
     nodes: dict[str | None, Tree] = {None: tree}

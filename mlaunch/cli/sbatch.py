@@ -7,7 +7,6 @@ way) plus the SLURM options.
 
 from __future__ import annotations
 
-import inspect
 import os
 import shlex
 from pathlib import Path
@@ -15,18 +14,18 @@ from typing import Any
 
 import typer
 
-from mlaunch.cli.errors import PlainErrorsCommand, print_problems
-from mlaunch.cli.train import _param_name, _setting_parameters, setting_paths
+from mlaunch.cli.errors import RUN_FAILED, USAGE_ERROR, print_problems
+from mlaunch.cli.setting_flags import given_settings, passthrough_parameter, register_command
 
 _SLURM_PANEL = "SLURM (sbatch)"
 
 
-def _command_parameters() -> list[inspect.Parameter]:
+def _own_parameters() -> list[tuple[str, Any, Any]]:
+    """The command's own options (before the setting flags), as (name, annotation, default)."""
     from mlaunch.launcher.sbatch import DEFAULT_SIGNAL_GRACE_S
 
-    kw = inspect.Parameter.KEYWORD_ONLY
     p = _SLURM_PANEL
-    own = [
+    return [
         ("config", str | None, typer.Option(
             None, "--config", metavar="FILE|NAME",
             help="TOML config file, or the name of a shipped one (as mlaunch train). Default: tiny.",
@@ -65,11 +64,8 @@ def _command_parameters() -> list[inspect.Parameter]:
             True, "--exclusive/--no-exclusive", rich_help_panel=p,
             help="Ask for whole nodes (torchrun's workers share the node).",
         )),
-        ("args", list[str] | None, typer.Argument(
-            None, metavar="[-- ARGS]", help="Passed unchanged to the entry point.", show_default=False,
-        )),
+        passthrough_parameter(),
     ]  # fmt: skip
-    return [inspect.Parameter(name, kw, default=d, annotation=a) for name, a, d in own]
 
 
 def run_sbatch(
@@ -87,7 +83,7 @@ def run_sbatch(
         )  # fmt: skip
     except SettingsError as exc:
         print_problems(exc.problems)
-        return 2
+        return USAGE_ERROR
     script = render_script(job)
     if dry_run:
         typer.echo(script, nl=False)
@@ -98,7 +94,7 @@ def run_sbatch(
         sub = slurm.submit(job, script, dict(os.environ))
     except slurm.SlurmError as exc:
         typer.echo(str(exc), err=True)
-        return 1
+        return RUN_FAILED
     for note in job.notes:
         typer.echo(f"note: {note}")
     from mlaunch import envcontract as ec
@@ -123,14 +119,11 @@ def register(app: typer.Typer) -> None:
     """Add the ``sbatch`` command to the root app."""
     from mlaunch.launcher.sbatch import SbatchOptions
 
-    settings_params = _setting_parameters()
-    paths = {_param_name(path): path for path, _ in setting_paths()}
-
     def sbatch(**kwargs: Any) -> None:
         """Validate as mlaunch train does, write a readable job.sbatch into the run directory
         and submit it: one mlaunch train per node, a warning signal before the time limit,
         requeue into the same run directory."""
-        flags = {paths[k]: v for k, v in kwargs.items() if k in paths}
+        flags = given_settings(kwargs)
         options = SbatchOptions(
             nodes=kwargs["nodes"],
             gpus_per_node=kwargs["gpus_per_node"],
@@ -152,7 +145,4 @@ def register(app: typer.Typer) -> None:
         )
         raise typer.Exit(code)
 
-    sbatch.__signature__ = inspect.Signature(_command_parameters() + settings_params)  # type: ignore[attr-defined]
-    app.command(
-        "sbatch", cls=PlainErrorsCommand, context_settings={"help_option_names": ["-h", "--help"]}
-    )(sbatch)
+    register_command(app, "sbatch", sbatch, _own_parameters())

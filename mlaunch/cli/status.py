@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from mlaunch.cli.errors import PlainErrorsCommand, print_problems
+from mlaunch.cli.errors import PlainErrorsCommand, fail
 
 
 def register(app: typer.Typer) -> None:
@@ -31,8 +31,7 @@ def register(app: typer.Typer) -> None:
         try:
             st = job_status(target, Path.cwd())
         except StatusInputError as exc:
-            print_problems([("RUN_DIR|JOB_ID", str(exc))])
-            raise typer.Exit(2) from None
+            raise fail([("RUN_DIR|JOB_ID", str(exc))]) from None
         if as_json:
             typer.echo(json.dumps(st.as_json(), indent=2))
         else:

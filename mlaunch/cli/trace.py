@@ -17,15 +17,16 @@ from typing import Any
 
 import typer
 
-from mlaunch.cli.errors import PlainErrorsCommand, PlainErrorsGroup
+from mlaunch.cli.errors import RUN_FAILED, PlainErrorsCommand, PlainErrorsGroup, error
 from mlaunch.cli.trace_common import (
     OUTPUT_RULE_HELP,
     SKIP_HELP,
+    cannot_write,
     check_output_or_exit,
-    fail,
     warn_skipped,
 )
 from mlaunch.model.strategies import format_ranks
+from mlaunch.trace.durations import format_ms
 
 app = typer.Typer(
     help="Read a run's traces without a backend (summary, goodput, Chrome/Perfetto export, HTML"
@@ -44,9 +45,6 @@ class ExportFormat(StrEnum):
     chrome = "chrome"
 
 
-_fail = fail
-
-
 def _open(path: Path, skip_invalid: bool) -> Any:
     """The trace reader for ``path``; an unusable path (a name too long for the file system, a
     permission error) exits 2 naming it, like every other bad input, instead of a traceback."""
@@ -56,12 +54,12 @@ def _open(path: Path, skip_invalid: bool) -> Any:
     try:
         return TraceReader.open(path, skip_invalid=skip_invalid)
     except TraceInputError as e:
-        _fail(e.render())
+        raise error(e.render()) from None
     except OSError as e:
-        _fail(
+        raise error(
             f"{quoted(str(path))}: {e.strerror or e}\n"
             "  fix: pass a run directory (runs/<run_id>) or an OTLP-JSON traces file"
-        )
+        ) from None
 
 
 def _show(
@@ -79,29 +77,12 @@ def _show(
     try:
         result = compute(reader)
     except TraceInputError as e:
-        _fail(e.render())
+        raise error(e.render()) from None
     warn_skipped(reader.stats)
     if as_json:
         typer.echo(json.dumps(result.to_json(), indent=2))
     else:
         render(result)
-
-
-def _ms(v: float) -> str:
-    """Milliseconds as three significant digits in µs / ms / s, so wide tables fit a terminal."""
-    if v == 0:
-        return "0"
-    for scale, unit in ((1e-3, "µs"), (1.0, "ms"), (1e3, "s")):
-        x = v / scale
-        if x < 999.5 or unit == "s":
-            return (
-                f"{x:.2f}{unit}"
-                if x < 9.995
-                else f"{x:.1f}{unit}"
-                if x < 99.95
-                else f"{x:,.0f}{unit}"
-            )
-    raise AssertionError("unreachable")
 
 
 @app.command("summary", cls=PlainErrorsCommand)
@@ -165,8 +146,9 @@ def _render_summary(result: Any) -> None:
     for col in cols:
         t.add_column(col, justify="right", no_wrap=True)
     for s in result.spans:
-        row = [s.name, f"{s.count:,}", _ms(s.total_ms), _ms(s.mean_ms), _ms(s.p50_ms)]
-        row += [_ms(s.p95_ms), _ms(s.max_ms), "-" if s.share is None else f"{100 * s.share:.1f}%"]
+        times = (s.total_ms, s.mean_ms, s.p50_ms, s.p95_ms, s.max_ms)
+        row = [s.name, f"{s.count:,}", *map(format_ms, times)]
+        row += ["-" if s.share is None else f"{100 * s.share:.1f}%"]
         row += [str(s.errors or ""), str(s.truncated or "")] if flags else []
         t.add_row(*row)
     con.print(t)
@@ -181,8 +163,8 @@ def _render_summary(result: Any) -> None:
         for r in result.ranks:
             mark = "[red]straggler[/red]" if r.straggler else ""
             t.add_row(
-                str(r.rank), r.host or "-", str(r.steps), _ms(r.median_ms), _ms(r.p95_ms),
-                f"{r.ratio:.3f}x", mark,
+                str(r.rank), r.host or "-", str(r.steps), format_ms(r.median_ms),
+                format_ms(r.p95_ms), f"{r.ratio:.3f}x", mark,
             )  # fmt: skip
         con.print(t)
         if k.stragglers:
@@ -190,9 +172,9 @@ def _render_summary(result: Any) -> None:
         else:
             verdict = f"no straggler above {100 * k.threshold:.0f}%"
         con.print(
-            f"slowest rank {k.slowest_rank}: median step {_ms(k.slowest_median_ms)}, "
-            f"{k.slowest_ratio:.3f}x the median of rank medians ({_ms(k.reference_median_ms)}); "
-            f"{verdict}",
+            f"slowest rank {k.slowest_rank}: median step {format_ms(k.slowest_median_ms)}, "
+            f"{k.slowest_ratio:.3f}x the median of rank medians"
+            f" ({format_ms(k.reference_median_ms)}); {verdict}",
             highlight=False,
         )
     style = "red" if flags else "green"
@@ -227,15 +209,15 @@ def export_cmd(
     try:  # the checks that need no input first: a bad -o is reported before any reading
         check_output(output)
     except OutputError as e:
-        _fail(str(e))
+        raise error(str(e)) from None
     reader = _open(path, skip_invalid)
     target = check_output_or_exit(output, path, reader.files)
     try:
         stats = export_chrome(reader, target)
     except TraceInputError as e:
-        _fail(e.render())
+        raise error(e.render()) from None
     except OSError as e:
-        _fail(f"--output {output}: cannot write: {e.strerror}; fix: choose a writable output path")
+        raise cannot_write(output, e) from None
     warn_skipped(reader.stats)
     unresolved = (
         f", {stats.unresolved_links} links to unexported spans" if stats.unresolved_links else ""
@@ -283,13 +265,13 @@ def _render_goodput(report: Any) -> None:
     def row(label: str, host: str, b: Any, style: str | None = None) -> None:
         cells = [b.wall_ms, b.productive_ms, b.restart_ms, b.checkpoint_ms, b.evaluation_ms]
         cells.append(b.unaccounted_ms)
-        t.add_row(label, host, f"{100 * b.goodput:.1f}%", *map(_ms, cells), style=style)
+        t.add_row(label, host, f"{100 * b.goodput:.1f}%", *map(format_ms, cells), style=style)
 
     for r in report.ranks:
         row(str(r.rank), r.host or "-", r.breakdown)
     row("all", "", report.overall, style="bold")
     con.print(t)
-    split = ", ".join(f"{k} {_ms(v)}" for k, v in report.overall.restart_split_ms.items())
+    split = ", ".join(f"{k} {format_ms(v)}" for k, v in report.overall.restart_split_ms.items())
     con.print(f"restart cost (all ranks): {split}", highlight=False)
     con.print("[dim]ckpt = checkpoint saves, eval = evaluation, unacct = unaccounted; "
               "see `mlaunch trace goodput --help` for the definitions[/dim]")  # fmt: skip
@@ -334,7 +316,7 @@ def replay_cmd(
             timeout_s=timeout_s,
         )  # fmt: skip
     except ReplayInputError as e:
-        _fail(str(e))
+        raise error(str(e)) from None
     if as_json:
         typer.echo(json.dumps(result.to_json(), indent=2))
     elif not result.files:
@@ -353,8 +335,7 @@ def replay_cmd(
         retry = (
             "" if mismatch else "; what was not sent is kept: run the same command again to retry"
         )
-        typer.echo(f"error: {result.error}{retry}", err=True)
-        raise typer.Exit(1)
+        raise error(f"{result.error}{retry}", RUN_FAILED)
 
 
 def _no_spool_reason(exporter: str | None) -> str:

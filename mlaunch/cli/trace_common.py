@@ -1,13 +1,15 @@
 """What every ``mlaunch trace`` command shares: the help of ``--skip-invalid`` and ``--output``,
-the one-line failure, the skipped-input warnings and the output-file check
-(:mod:`mlaunch.outputs`)."""
+the skipped-input warnings and the output-file check (:mod:`mlaunch.outputs`). Their failures
+go through :func:`mlaunch.cli.errors.error`, like every other command's."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import typer
+
+from mlaunch.cli.errors import error
 
 SKIP_HELP = (
     "Skip malformed lines and spans instead of failing (a torn last line, what a crashed or "
@@ -21,11 +23,12 @@ OUTPUT_RULE_HELP = (
 )
 
 
-def fail(message: str) -> NoReturn:
-    """Print ``error: message`` and exit 2."""
-    # Plain echo, not Rich: Rich would wrap a long path across lines and break copy-paste.
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
+def cannot_write(output: Path, exc: OSError) -> typer.Exit:
+    """The one-line failure of an output that could not be written (a full disk, a permission
+    taken away while writing); the caller raises the returned ``typer.Exit(2)``."""
+    return error(
+        f"--output {output}: cannot write: {exc.strerror}; fix: choose a writable output path"
+    )
 
 
 def warn_skipped(stats: Any) -> None:
@@ -60,4 +63,4 @@ def check_output_or_exit(output: Path, path: Path, files: Any) -> Path:
             output, inputs=[f.path for f in files], run_dir=run_dir if is_run else None
         )
     except OutputError as e:
-        fail(str(e))
+        raise error(str(e)) from None

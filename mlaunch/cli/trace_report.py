@@ -9,24 +9,21 @@ heavy is imported until the command runs (plotly only while rendering).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NoReturn
 
 import typer
 
-from mlaunch.cli.errors import PlainErrorsCommand
-from mlaunch.cli.trace_common import OUTPUT_RULE_HELP, SKIP_HELP
+from mlaunch.cli.errors import PlainErrorsCommand, error
+from mlaunch.cli.trace_common import (
+    OUTPUT_RULE_HELP,
+    SKIP_HELP,
+    cannot_write,
+    check_output_or_exit,
+)
 
 _HELP_ITERATIONS = (
     "The timeline's window of iterations, A:B inclusive (or one iteration A). Default: the "
     "first and the last few iterations, with the set-up before and the tail after."
 )
-
-
-def _fail(message: str) -> NoReturn:
-    from rich.console import Console
-
-    Console(stderr=True).print(f"error: {message}", markup=False, highlight=False)
-    raise typer.Exit(2)
 
 
 def report_cmd(
@@ -55,7 +52,6 @@ def report_cmd(
     progress.jsonl (loss, eval loss, learning rate, grad norm, tokens/s, step time); and the
     goodput split. plotly.js is embedded once, so the file is about 5 MB whatever the run.
     """
-    from mlaunch.cli.trace_common import check_output_or_exit
     from mlaunch.outputs import OutputError, check_output
     from mlaunch.trace.reader import TraceInputError, discover
     from mlaunch.trace.report import default_output, parse_iterations, render_report
@@ -65,23 +61,25 @@ def report_cmd(
         try:
             window = parse_iterations(iterations)
         except ValueError as e:
-            _fail(f"--iterations {e}\n  fix: pass --iterations A:B, e.g. --iterations 10:20")
+            raise error(
+                f"--iterations {e}\n  fix: pass --iterations A:B, e.g. --iterations 10:20"
+            ) from None
     out = output if output is not None else default_output(path)
     try:  # the checks that need no input first: a bad -o is reported before any reading
         check_output(out)
         files = discover(path)
     except OutputError as e:
-        _fail(str(e))
+        raise error(str(e)) from None
     except TraceInputError as e:
-        _fail(e.render())
+        raise error(e.render()) from None
     target = check_output_or_exit(out, path, files)
     try:
         result = render_report(path, window, skip_invalid=skip_invalid)
         result.write(target)
     except TraceInputError as e:
-        _fail(e.render())
+        raise error(e.render()) from None
     except OSError as e:
-        _fail(f"--output {out}: cannot write: {e.strerror}; fix: choose a writable output path")
+        raise cannot_write(out, e) from None
     shown = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in result.window) or "all"
     links = f", {result.links} links" if result.links else ""
     typer.echo(

@@ -292,7 +292,7 @@ def collect_failures(
     local_dirs = _local_rank_dirs(plan, since)
     failures: list[RankFailure] = []
     seen_local: set[int] = set()
-    for path in sorted(plan.run_dir.glob("error-rank*.json")):
+    for path in sorted(plan.run_dir.glob(ec.ERROR_FILE.glob)):
         try:
             if path.stat().st_mtime < since - 1:
                 continue
@@ -371,6 +371,11 @@ class RunResult:
     """The embedded OTLP receiver's counts, when this launch hosted one."""
     started: float = 0.0
     """When the launch started (``time.time()``): files older than this are an earlier run's."""
+    span_counts: dict[str, int] | None = None
+    """Where the workers' spans went, summed over the ranks that wrote counts (emitted,
+    delivered, spooled, dropped, ranks; :func:`read_span_counts`), or None when none did."""
+    trace_files: list[Path] = field(default_factory=list)
+    """The run directory's trace files (``traces-rank{R}.jsonl``, the file exporter's)."""
 
     @property
     def train_records(self) -> list[dict[str, Any]]:
@@ -545,4 +550,28 @@ def _execute_locked(
             receiver.close(plan.settings.telemetry.shutdown_timeout_s) if receiver else None
         )
     result.receiver = receiver_stats
+    result.span_counts = read_span_counts(plan, start)
+    result.trace_files = sorted((plan.run_dir / ec.TELEMETRY_DIR).glob(ec.TRACES_FILE_GLOB))
     return result
+
+
+def read_span_counts(plan: LaunchPlan, since: float) -> dict[str, int] | None:
+    """The sum of this launch's ``span-counts-rank{R}.json`` (each exporting rank's telemetry
+    runtime writes one at shutdown; files older than ``since`` are an earlier launch's), or None
+    when no rank wrote one."""
+    total = {"emitted": 0, "delivered": 0, "spooled": 0, "dropped": 0, "ranks": 0}
+    for rank in range(plan.settings.world_size):
+        path = ec.span_counts_file(plan.run_dir, rank)
+        try:
+            if path.stat().st_mtime < since - 1:
+                continue  # an earlier launch's
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict):
+            continue
+        for key in ("emitted", "delivered", "spooled", "dropped"):
+            value = data.get(key)
+            total[key] += value if isinstance(value, int) else 0
+        total["ranks"] += 1
+    return total if total["ranks"] else None

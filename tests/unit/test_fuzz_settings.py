@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mlaunch.cli.train import setting_paths
+from mlaunch.cli.setting_flags import setting_paths
 from mlaunch.envcontract import FALLBACK_PREFIX, PRIMARY_PREFIX
 from mlaunch.settings import (
     ALIAS_KEYS,

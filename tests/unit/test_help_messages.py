@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from mlaunch.cli.errors import reflow
-from mlaunch.cli.train import setting_paths
+from mlaunch.cli.setting_flags import setting_paths
 from mlaunch.settings import TRACE_SAMPLERS, flag_name
 
 REPO = Path(__file__).resolve().parents[2]

@@ -196,12 +196,7 @@ def test_the_trainer_never_imports_opentelemetry() -> None:
 CLI_MODULES = ("mlaunch/cli/", "mlaunch/__main__.py")
 #: Library modules known to import the CLI, each with the move that ends it. An entry leaves when
 #: the move lands: its test below then passes, which a strict xfail reports as a failure.
-KNOWN_CLI_IMPORTERS = {
-    "mlaunch/launcher/render.py": (
-        "mlaunch/launcher/render.py imports mlaunch.cli.render (span_tree): the Rich views move"
-        " into mlaunch/cli/ (issue 18, point 4)"
-    ),
-}
+KNOWN_CLI_IMPORTERS: dict[str, str] = {}
 
 
 def _library_imports_of_the_cli() -> list[Import]:

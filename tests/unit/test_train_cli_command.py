@@ -455,7 +455,7 @@ def test_terminal_gets_a_progress_bar():
 
     from rich.console import Console
 
-    from mlaunch.launcher.render import BarDisplay
+    from mlaunch.cli.train_view import BarDisplay
 
     out = io.StringIO()
     bar = BarDisplay(Console(file=out, force_terminal=True, width=120), total=10)
@@ -507,7 +507,7 @@ def test_the_relays_counts_and_the_replay_command_end_the_report(tmp_path):
     # Issue 17 class 4: "traces: sent to ..." while every span went to the spool.
     from rich.console import Console
 
-    from mlaunch.launcher import render
+    from mlaunch.cli import train_view
     from mlaunch.launcher.plan import build_plan
     from mlaunch.receiver.core import ReceiverStats
 
@@ -523,7 +523,7 @@ def test_the_relays_counts_and_the_replay_command_end_the_report(tmp_path):
     stats.signals["traces"].spooled_items = 100
     result = lrun.RunResult(0, 1.0, [], receiver=stats)
     console = Console(record=True, width=300)
-    render.print_result(console, plan, result)
+    train_view.print_result(console, plan, result)
     text = console.export_text()
     assert (
         "traces:  120 spans: 20 delivered to http://collector:4318/v1/traces, 100 spooled" in text

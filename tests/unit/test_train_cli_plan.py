@@ -250,7 +250,7 @@ def test_resolved_json_has_every_setting_with_value_and_source(tmp_path):
 def test_launcher_modules_never_import_torch():
     code = (
         "import sys; from pathlib import Path\n"
-        "import mlaunch.cli.train, mlaunch.launcher.run, mlaunch.launcher.render\n"
+        "import mlaunch.cli.train, mlaunch.launcher.run, mlaunch.cli.train_view\n"
         "from mlaunch.launcher.plan import build_plan\n"
         "build_plan(flags={}, environ={}, cwd=Path('.'))\n"
         "bad = [m for m in ('torch', 'opentelemetry.sdk', 'grpc') if m in sys.modules]\n"

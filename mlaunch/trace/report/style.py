@@ -7,6 +7,7 @@ from typing import Any
 
 from mlaunch.model.groups import GROUPS
 from mlaunch.model.spans import span_def
+from mlaunch.trace.durations import format_ms
 
 #: The group of spans outside the catalogue (a user script's own names).
 OTHER_GROUP = "other"
@@ -22,17 +23,9 @@ _GROUP_ORDER = list(GROUP_COLOURS)
 
 
 def fmt_ms(v: float) -> str:
-    """Milliseconds as three significant digits in µs / ms / s / min."""
-    a = abs(v)
-    if a == 0:
-        return "0"
-    if a < 1:
-        return f"{v * 1e3:.3g}µs"
-    if a < 1e3:
-        return f"{v:.3g}ms"
-    if a < 6e4:
-        return f"{v / 1e3:.3g}s"
-    return f"{v / 6e4:.3g}min"
+    """Milliseconds in the report's compact style (``1.5ms``, ``20.6min``; see
+    :func:`mlaunch.trace.durations.format_ms`)."""
+    return format_ms(v, "compact")
 
 
 def group_of(name: str) -> str:

@@ -1,12 +1,14 @@
-"""Rich views of a launch: the pre-launch summary, the live progress and the end-of-run report.
+"""Rich views of ``mlaunch train``: the pre-launch summary, the live progress and the end-of-run
+report.
 
+The launcher only plans (:mod:`mlaunch.launcher.plan`) and runs (:mod:`mlaunch.launcher.run`);
+it reports progress through the display that ``mlaunch train`` hands it, one of the two here.
 The span tree comes from :mod:`mlaunch.cli.render`, the same one ``mlaunch groups resolve``
 draws, so both always agree.
 """
 
 from __future__ import annotations
 
-import json
 import shlex
 import signal
 import statistics
@@ -26,7 +28,6 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from mlaunch import envcontract as ec
 from mlaunch.cli.render import span_tree
 from mlaunch.launcher import reference
 from mlaunch.launcher.plan import LaunchPlan
@@ -377,27 +378,6 @@ def _public(endpoint: str) -> str:
     return scheme + sep + host.rpartition("@")[2] + slash + path if sep else endpoint
 
 
-def span_counts(plan: LaunchPlan, since: float) -> dict[str, int] | None:
-    """The sum of this launch's ``span-counts-rank{R}.json`` (each exporting rank's telemetry
-    runtime writes one at shutdown), or None when no rank wrote one."""
-    total = {"emitted": 0, "delivered": 0, "spooled": 0, "dropped": 0, "ranks": 0}
-    for rank in range(plan.settings.world_size):
-        path = ec.span_counts_file(plan.run_dir, rank)
-        try:
-            if path.stat().st_mtime < since - 1:
-                continue  # an earlier launch's
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if not isinstance(data, dict):
-            continue
-        for key in ("emitted", "delivered", "spooled", "dropped"):
-            value = data.get(key)
-            total[key] += value if isinstance(value, int) else 0
-        total["ranks"] += 1
-    return total if total["ranks"] else None
-
-
 def _otlp_lines(plan: LaunchPlan, result: RunResult) -> list[str]:
     """Where an OTLP run's spans went, as counted (never "sent" when they were spooled), and the
     ``mlaunch trace replay`` command when some wait in the spool."""
@@ -412,7 +392,7 @@ def _otlp_lines(plan: LaunchPlan, result: RunResult) -> list[str]:
         delivered, spooled, dropped = c.forwarded_items, c.spooled_items, c.lost_items
         emitted = c.received_items
     else:
-        counts = span_counts(plan, result.started)
+        counts = result.span_counts
         if counts is None:
             return [f"traces:  sent to {endpoint} (run id {plan.run_id}; no delivery counts)"]
         emitted, delivered = counts["emitted"], counts["delivered"]
@@ -490,8 +470,7 @@ def print_result(
     plain = [f"run dir: {plan.run_dir}", f"logs:    {plan.log_dir}"]
     t = plan.settings.telemetry
     if t.enabled and t.exporter == "file":
-        files = sorted((plan.run_dir / ec.TELEMETRY_DIR).glob("traces-rank*.jsonl"))
-        plain.append(f"traces:  {plan.traces_dir} ({len(files)} file(s))")
+        plain.append(f"traces:  {plan.traces_dir} ({len(result.trace_files)} file(s))")
         plain.append(f"read them: mlaunch trace summary {shlex.quote(str(plan.run_dir))}")
         if report is not None:
             plain.append(f"report:  {report}  (open it in a browser)")
