@@ -194,9 +194,6 @@ def test_the_trainer_never_imports_opentelemetry() -> None:
 
 #: The CLI's own modules: the only ones that may import ``mlaunch.cli``.
 CLI_MODULES = ("mlaunch/cli/", "mlaunch/__main__.py")
-#: Library modules known to import the CLI, each with the move that ends it. An entry leaves when
-#: the move lands: its test below then passes, which a strict xfail reports as a failure.
-KNOWN_CLI_IMPORTERS: dict[str, str] = {}
 
 
 def _library_imports_of_the_cli() -> list[Import]:
@@ -207,19 +204,7 @@ def _library_imports_of_the_cli() -> list[Import]:
 
 def test_the_library_never_imports_the_cli() -> None:
     # The library (plan, launcher, settings, trainer, ...) must work without Typer and Rich views.
-    bad = [imp for imp in _library_imports_of_the_cli() if imp.source not in KNOWN_CLI_IMPORTERS]
-    assert not bad, "\n".join(map(str, bad))
-
-
-@pytest.mark.parametrize(
-    "source",
-    [
-        pytest.param(source, marks=pytest.mark.xfail(strict=True, reason=reason))
-        for source, reason in KNOWN_CLI_IMPORTERS.items()
-    ],
-)
-def test_a_known_cli_importer_no_longer_imports_the_cli(source: str) -> None:
-    bad = [imp for imp in _library_imports_of_the_cli() if imp.source == source]
+    bad = _library_imports_of_the_cli()
     assert not bad, "\n".join(map(str, bad))
 
 
