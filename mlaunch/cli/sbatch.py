@@ -15,7 +15,12 @@ from typing import Any
 import typer
 
 from mlaunch.cli.errors import RUN_FAILED, USAGE_ERROR, print_problems
-from mlaunch.cli.setting_flags import given_settings, passthrough_parameter, register_command
+from mlaunch.cli.setting_flags import (
+    apply_negative_flags,
+    given_settings,
+    passthrough_parameter,
+    register_command,
+)
 
 _SLURM_PANEL = "SLURM (sbatch)"
 
@@ -124,6 +129,7 @@ def register(app: typer.Typer) -> None:
         and submit it: one mlaunch train per node, a warning signal before the time limit,
         requeue into the same run directory."""
         flags = given_settings(kwargs)
+        apply_negative_flags(kwargs, flags)  # --no-X as train takes it (it was ignored)
         options = SbatchOptions(
             nodes=kwargs["nodes"],
             gpus_per_node=kwargs["gpus_per_node"],

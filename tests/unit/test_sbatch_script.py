@@ -213,3 +213,20 @@ def test_torchrun_and_its_workers_inherit_an_ignored_sigusr1():
         assert out.stdout.strip() in ("Handlers.SIG_IGN", str(int(signal.SIG_IGN)))
     finally:
         signal.signal(signal.SIGUSR1, before)
+
+
+def test_a_no_flag_turns_a_setting_off_and_both_ways_are_refused(tmp_path):
+    # sbatch takes --no-X as train does: it used to be accepted and silently ignored.
+    def sbatch(*flags: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "mlaunch", "sbatch", "--nodes", "2", "--dry-run", *flags],
+            cwd=tmp_path, env={**CLEAN, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+        )  # fmt: skip
+
+    on, off = sbatch("--otel-enabled"), sbatch("--no-otel-enabled")
+    assert on.returncode == 0 and off.returncode == 0, on.stderr + off.stderr
+    assert "MEGATRON_OTEL_ENABLED=true" in on.stdout
+    assert "MEGATRON_OTEL_ENABLED=false" in off.stdout
+    both = sbatch("--otel-enabled", "--no-otel-enabled")
+    assert both.returncode == 2 and "exclude each other" in both.stderr
+    assert list(tmp_path.iterdir()) == []
