@@ -432,9 +432,11 @@ class JobTrace:
             return local_rank
         # Several: the rendezvous orders the nodes, so only the trainer's error file (written by
         # the failing rank itself during this attempt) can say which global rank it was.
-        for path in self.plan.run_dir.glob("error-rank*.json"):
-            with contextlib.suppress(OSError, ValueError):
-                rank = int(path.stem.removeprefix("error-rank"))
+        for path in self.plan.run_dir.glob(ec.ERROR_FILE.glob):
+            rank = ec.ERROR_FILE.parse(path.name)
+            if rank is None:
+                continue
+            with contextlib.suppress(OSError):
                 fresh = path.stat().st_mtime_ns >= since_ns
                 if fresh and rank % launch.nproc_per_node == local_rank:
                     return rank

@@ -265,7 +265,7 @@ def build_plan(
             )
         )
     run_dir = _run_dir(settings, run_id, cwd, problems)
-    log_dir = run_dir / ec.LOGS_DIR / f"node{settings.launch.node_rank}"
+    log_dir = run_dir / ec.LOGS_DIR / ec.NODE_LOG_DIR.name(settings.launch.node_rank)
     entry, megatron_why = _entry(settings, run_dir, passthrough, cwd, problems)
     ranks, spans = _telemetry_estimates(settings, problems)
     if problems:

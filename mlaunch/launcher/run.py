@@ -299,7 +299,7 @@ def collect_failures(
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        rank = int(data.get("rank", path.stem.removeprefix("error-rank")))
+        rank = int(data.get("rank", ec.ERROR_FILE.parse(path.name) or 0))
         local = rank % nproc
         folder = local_dirs.get(local)
         here = folder is not None and (folder / "error.json").exists()
