@@ -14,11 +14,10 @@ from pathlib import Path
 from mlaunch import envcontract as ec
 from mlaunch.doctor.results import NET_TIMEOUT_S, CheckResult, fail, ok, warn
 from mlaunch.settings import Settings
+from mlaunch.trainer.shape import GPTConfig, count_parameters
 
 #: Bytes per parameter in a checkpoint: fp32 weights (4) + AdamW's two fp32 moments (8).
 CHECKPOINT_BYTES_PER_PARAM = 12
-#: Byte-level tokenizer vocabulary of mlaunch's trainer.
-VOCAB_SIZE = 256
 #: Room for logs, traces and progress records besides checkpoints.
 RUN_DIR_MARGIN_BYTES = 256 * 2**20
 
@@ -113,12 +112,18 @@ def check_rendezvous(settings: Settings, timeout_s: float = NET_TIMEOUT_S) -> li
 
 
 def checkpoint_bytes(settings: Settings) -> tuple[int, int]:
-    """``(parameters, bytes of the kept checkpoints)``: params = 12·L·h² + (V + seq)·h, each
-    with 4 bytes of weights and 8 of AdamW state, times ``keep_last``."""
+    """``(parameters, bytes of the kept checkpoints)``: the trainer's exact parameter count,
+    each with 4 bytes of weights and 8 of AdamW state, times ``keep_last``."""
     m = settings.model
-    params = 12 * m.num_layers * m.hidden_size**2 + (VOCAB_SIZE + m.seq_length) * m.hidden_size
-    if m.untie_embeddings:
-        params += VOCAB_SIZE * m.hidden_size
+    params = count_parameters(
+        GPTConfig(
+            num_layers=m.num_layers,
+            hidden_size=m.hidden_size,
+            num_heads=m.num_attention_heads,
+            seq_length=m.seq_length,
+            tie_embeddings=not m.untie_embeddings,
+        )
+    )
     return params, params * CHECKPOINT_BYTES_PER_PARAM * settings.training.keep_last
 
 

@@ -287,10 +287,11 @@ def test_checkpoints_larger_than_the_free_space_fail(tmp_path: Path) -> None:
     assert "2 checkpoint(s)" in result.message and "keep_last" in result.fix
 
 
-def test_checkpoint_estimate_follows_the_documented_formula() -> None:
+def test_checkpoint_estimate_counts_the_trainers_exact_parameters() -> None:
     settings = load_settings(environ={})  # L=2, h=64, seq=64, keep_last=2
     params, size = checkpoint_bytes(settings)
-    assert params == 12 * 2 * 64**2 + (256 + 64) * 64
+    # Per layer 12h² + 13h; token and position embeddings; the final norm; the head is tied.
+    assert params == 2 * (12 * 64**2 + 13 * 64) + (256 + 64) * 64 + 2 * 64 == 120_576
     assert size == params * 12 * 2
 
 
