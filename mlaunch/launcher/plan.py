@@ -190,6 +190,28 @@ def settings_table(settings: Settings, *, show_secrets: bool = False) -> dict[st
     return table
 
 
+@dataclass(frozen=True)
+class DirectoryPlace:
+    """Where a directory at ``path`` would be created: its nearest existing ancestor (``path``
+    itself when it exists; None when nothing up to the root exists) and, when that is not a
+    directory, the file in the way (``blocker``)."""
+
+    path: Path
+    anchor: Path | None
+    blocker: Path | None
+
+    @classmethod
+    def of(cls, path: Path) -> DirectoryPlace:
+        """Look ``path`` up on disk; raises OSError when the path itself cannot be looked up
+        (e.g. a 5,000-character name: ENAMETOOLONG from stat)."""
+        probe = path
+        while not probe.exists():
+            if probe.parent == probe:
+                return cls(path, None, None)
+            probe = probe.parent
+        return cls(path, probe, None if probe.is_dir() else probe)
+
+
 def unwritable_reason(path: Path) -> str | None:
     """Why a directory could not be created (or written) at ``path``, or None when it can.
 
@@ -197,19 +219,18 @@ def unwritable_reason(path: Path) -> str | None:
     read-only place fails here, before anything is created, not in ``mkdir`` or in a worker.
     """
     try:
-        if path.exists() and not path.is_dir():
+        place = DirectoryPlace.of(path)
+        if place.blocker == path:
             return f"{quoted(str(path))} exists and is not a directory"
-        probe = path
-        while not probe.exists():
-            if probe.parent == probe:
-                return f"{quoted(str(path))}: no existing parent directory"
-            probe = probe.parent
-        if not probe.is_dir():
+        if place.anchor is None:
+            return f"{quoted(str(path))}: no existing parent directory"
+        if place.blocker is not None:
             return (
-                f"{quoted(str(path))} cannot be created: {str(probe)!r} is a file, not a directory"
+                f"{quoted(str(path))} cannot be created: {str(place.blocker)!r} is a file, not a"
+                " directory"
             )
-        if not os.access(probe, os.W_OK | os.X_OK):
-            return f"{quoted(str(path))} cannot be created: {str(probe)!r} is not writable"
+        if not os.access(place.anchor, os.W_OK | os.X_OK):
+            return f"{quoted(str(path))} cannot be created: {str(place.anchor)!r} is not writable"
     except OSError as exc:  # e.g. a 5,000-character name: ENAMETOOLONG from stat itself
         return f"{quoted(str(path))} cannot be used: {os_reason(exc)}"
     return None
