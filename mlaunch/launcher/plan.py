@@ -33,7 +33,6 @@ from mlaunch.launcher.worker_args import (
 from mlaunch.launcher.worker_env import worker_environment
 from mlaunch.model.spans import estimate_spans_per_iteration
 from mlaunch.model.spec import quoted
-from mlaunch.model.strategies import exporting_ranks
 from mlaunch.settings import (
     SECRET_ENV,
     Problem,
@@ -393,13 +392,7 @@ def _telemetry_estimates(
         return [], []
     ranks: list[int] = []
     try:
-        ranks = exporting_ranks(
-            t.export_strategy,
-            settings.world_size,
-            nproc_per_node=settings.launch.nproc_per_node,
-            export_rank=t.export_rank,
-            sample_rate=t.export_sample_rate,
-        )
+        ranks = settings.exporting_ranks()
     except Exception as exc:  # a custom strategy is user code: its failure is bad input
         problems.append(
             Problem(

@@ -18,7 +18,7 @@ from pydantic import (
 
 from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spec import SpanSpecError, closest_word, quoted, resolve
-from mlaunch.model.strategies import StrategyError, load_strategy
+from mlaunch.model.strategies import StrategyError, exporting_ranks, load_strategy
 from mlaunch.settings.args import Arg, NotPassed
 from mlaunch.settings.names import flag_name
 from mlaunch.settings.problems import Problem, UnknownName
@@ -246,7 +246,7 @@ class TelemetrySettings(_Section):
         try:
             load_strategy(v)
         except StrategyError as exc:
-            raise UnknownName(str(exc), getattr(exc, "suggestion", None)) from None
+            raise UnknownName(str(exc), exc.suggestion) from None
         return v.strip().lower() if ":" not in v else v.strip()
 
     @field_validator("service_name")
@@ -617,6 +617,18 @@ class Settings(BaseModel):
     def sources(self) -> dict[str, Source]:
         """Every dotted path that was set by a flag, variable or file, with its source."""
         return dict(self._sources)
+
+    def exporting_ranks(self, world_size: int | None = None) -> list[int]:
+        """The ranks that export telemetry under these settings, in a world of ``world_size``
+        processes (default: the run's). A custom strategy is user code: it may raise anything."""
+        t = self.telemetry
+        return exporting_ranks(
+            t.export_strategy,
+            self.world_size if world_size is None else world_size,
+            nproc_per_node=self.launch.nproc_per_node,
+            export_rank=t.export_rank,
+            sample_rate=t.export_sample_rate,
+        )
 
     def cross_field_problems(self) -> list[Problem]:
         """Checks that span sections: world layout, batch arithmetic, export rank."""
