@@ -114,11 +114,19 @@ def collect_problems(
         file_src = FileSource(Path(config))
         problems += file_src.problems
         layers.append(file_src)
+    settings, found = check_layers(*layers)
+    return settings, problems + found
+
+
+def check_layers(*layers: Layer) -> tuple[Settings | None, list[Problem]]:
+    """Validate ``layers`` (highest precedence first) and, when that succeeds, run the checks
+    between sections: ``(the settings or None, every problem)``, each problem named by the
+    layer's own label for the value (mlaunch's trainer checks its parsed arguments this way)."""
     try:
-        settings = _validate(layers)
+        settings = _validate(list(layers))
     except SettingsError as exc:
-        return None, problems + exc.problems
-    return settings, problems + settings.cross_field_problems()
+        return None, exc.problems
+    return settings, settings.cross_field_problems()
 
 
 def _preempt_signals_problems(environ: Mapping[str, str]) -> list[Problem]:

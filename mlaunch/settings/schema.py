@@ -285,12 +285,14 @@ class TelemetrySettings(_Section):
 #: The largest world mlaunch plans for: the plan visits every rank (exporting ranks), so an
 #: absurd ``--nnodes 99999999999`` would hang the launcher instead of failing.
 MAX_WORLD_SIZE = 2**20
+#: The most worker processes on one node.
+MAX_NPROC_PER_NODE = 1024
 
 
 class LaunchSettings(_Section):
     """How ``mlaunch train`` starts torchrun."""
 
-    nproc_per_node: int = Field(default=2, ge=1, le=1024)
+    nproc_per_node: int = Field(default=2, ge=1, le=MAX_NPROC_PER_NODE)
     """Worker processes per node (``--nproc-per-node``)."""
     nnodes: int = Field(default=1, ge=1, le=MAX_WORLD_SIZE)
     """Number of nodes."""
