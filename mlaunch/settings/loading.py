@@ -51,7 +51,8 @@ def _clean_message(err: Mapping[str, Any]) -> str:
 
 def _error_problem(err: Mapping[str, Any], layers: list[Layer]) -> Problem:
     """A pydantic error as a :class:`Problem`: an unexpected key is ``unknown``; a validator's
-    :class:`UnknownName` carries its suggestion through pydantic's error context."""
+    error with a ``suggestion`` (:class:`UnknownName`, a span-spec or export-strategy error)
+    carries it through pydantic's error context."""
     kind: ProblemKind = "unknown" if err.get("type") == "extra_forbidden" else "invalid"
     cause = (err.get("ctx") or {}).get("error")
     return Problem(

@@ -17,8 +17,8 @@ from pydantic import (
 )
 
 from mlaunch.model.groups import SpanGroup
-from mlaunch.model.spec import SpanSpecError, closest_word, quoted, resolve
-from mlaunch.model.strategies import StrategyError, exporting_ranks, load_strategy
+from mlaunch.model.spec import closest_word, quoted, resolve
+from mlaunch.model.strategies import exporting_ranks, load_strategy
 from mlaunch.settings.args import Arg, NotPassed
 from mlaunch.settings.names import flag_name
 from mlaunch.settings.problems import Problem, UnknownName
@@ -231,22 +231,18 @@ class TelemetrySettings(_Section):
 
     _groups: frozenset[SpanGroup] = PrivateAttr(default=frozenset())
 
+    # SpanSpecError and StrategyError are ValueErrors with a ``suggestion``: pydantic keeps the
+    # error itself, and the problem it becomes carries that word (like UnknownName's).
     @field_validator("span_groups")
     @classmethod
     def _spec(cls, v: str) -> str:
-        try:
-            resolve(v)
-        except SpanSpecError as exc:
-            raise UnknownName(str(exc), exc.suggestion) from None
+        resolve(v)
         return v
 
     @field_validator("export_strategy")
     @classmethod
     def _strategy(cls, v: str) -> str:
-        try:
-            load_strategy(v)
-        except StrategyError as exc:
-            raise UnknownName(str(exc), exc.suggestion) from None
+        load_strategy(v)
         return v.strip().lower() if ":" not in v else v.strip()
 
     @field_validator("service_name")
