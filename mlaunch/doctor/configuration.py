@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
 from pathlib import Path
 
 from mlaunch.doctor.results import CheckResult, fail, ok, warn
 from mlaunch.envcontract import FALLBACK_PREFIX, PRIMARY_PREFIX
-from mlaunch.model.strategies import exporting_ranks, format_ranks
+from mlaunch.model.spec import closest_word
+from mlaunch.model.strategies import format_ranks
 from mlaunch.settings import (
     ALIAS_KEYS,
     OTEL_ENV,
@@ -229,16 +229,16 @@ def _otel_typos(environ: Mapping[str, str]) -> list[CheckResult]:
     for name in sorted(environ):
         if not name.startswith("OTEL_") or name in KNOWN_OTEL_ENV:
             continue
-        # Stricter than closest_word's 0.6: this list is not all of OTel's variables, so only a
-        # near-certain typo is worth a warning.
-        close = difflib.get_close_matches(name, sorted(KNOWN_OTEL_ENV), n=1, cutoff=0.85)
+        # Stricter than closest_word's default: this list is not all of OTel's variables, so
+        # only a near-certain typo is worth a warning.
+        close = closest_word(name, sorted(KNOWN_OTEL_ENV), cutoff=0.85)
         if close:
             out.append(
                 warn(
                     "unknown variable",
-                    f"{name} is not an OpenTelemetry variable (did you mean {close[0]}?);"
+                    f"{name} is not an OpenTelemetry variable (did you mean {close}?);"
                     " the SDK ignores it",
-                    f"rename {name} to {close[0]}",
+                    f"rename {name} to {close}",
                 )
             )
     return out
@@ -337,13 +337,7 @@ def _exporting_ranks_result(settings: Settings) -> CheckResult:
     layout = f"world size {world} ({launch.nnodes} node(s) x {launch.nproc_per_node})"
     if not t.enabled:
         return ok("exporting ranks", f"telemetry disabled: no rank exports ({layout})")
-    ranks = exporting_ranks(
-        t.export_strategy,
-        world,
-        nproc_per_node=launch.nproc_per_node,
-        export_rank=t.export_rank,
-        sample_rate=t.export_sample_rate,
-    )
+    ranks = settings.exporting_ranks()
     if not ranks:
         return warn(
             "exporting ranks",

@@ -10,15 +10,19 @@ import socket
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlaunch import envcontract as ec
 from mlaunch.doctor.results import NET_TIMEOUT_S, CheckResult, fail, ok, warn
+from mlaunch.model.spec import quoted
 from mlaunch.settings import Settings
+from mlaunch.trainer.shape import GPTConfig, count_parameters
+
+if TYPE_CHECKING:
+    from mlaunch.launcher.plan import DirectoryPlace
 
 #: Bytes per parameter in a checkpoint: fp32 weights (4) + AdamW's two fp32 moments (8).
 CHECKPOINT_BYTES_PER_PARAM = 12
-#: Byte-level tokenizer vocabulary of mlaunch's trainer.
-VOCAB_SIZE = 256
 #: Room for logs, traces and progress records besides checkpoints.
 RUN_DIR_MARGIN_BYTES = 256 * 2**20
 
@@ -113,12 +117,18 @@ def check_rendezvous(settings: Settings, timeout_s: float = NET_TIMEOUT_S) -> li
 
 
 def checkpoint_bytes(settings: Settings) -> tuple[int, int]:
-    """``(parameters, bytes of the kept checkpoints)``: params = 12·L·h² + (V + seq)·h, each
-    with 4 bytes of weights and 8 of AdamW state, times ``keep_last``."""
+    """``(parameters, bytes of the kept checkpoints)``: the trainer's exact parameter count,
+    each with 4 bytes of weights and 8 of AdamW state, times ``keep_last``."""
     m = settings.model
-    params = 12 * m.num_layers * m.hidden_size**2 + (VOCAB_SIZE + m.seq_length) * m.hidden_size
-    if m.untie_embeddings:
-        params += VOCAB_SIZE * m.hidden_size
+    params = count_parameters(
+        GPTConfig(
+            num_layers=m.num_layers,
+            hidden_size=m.hidden_size,
+            num_heads=m.num_attention_heads,
+            seq_length=m.seq_length,
+            tie_embeddings=not m.untie_embeddings,
+        )
+    )
     return params, params * CHECKPOINT_BYTES_PER_PARAM * settings.training.keep_last
 
 
@@ -130,27 +140,30 @@ def _human(n: float) -> str:
     return f"{n:.1f} PiB"
 
 
-def _existing_ancestor(path: Path) -> tuple[Path, Path | None]:
-    """The nearest existing ancestor of ``path`` (or itself), and the first existing component
-    that is not a directory (None when every existing component is one)."""
-    probe = path
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if probe.is_dir():
-        return probe, None
-    return probe, probe
+def _anchor(place: DirectoryPlace) -> Path:
+    """Where a directory would be created: the nearest existing ancestor (the root when nothing
+    exists, so the write probe reports it)."""
+    return place.anchor if place.anchor is not None else Path(place.path.anchor)
 
 
 def check_run_dir(settings: Settings, cwd: Path | None = None) -> list[CheckResult]:
-    """The run directory can be created and written, with room for the checkpoints."""
+    """The run directory can be created and written, with room for the checkpoints (``~`` is
+    expanded in the run directory and the checkpoint directory, as ``mlaunch train`` does)."""
+    from mlaunch.launcher.configs import os_reason
+    from mlaunch.launcher.plan import DirectoryPlace
+
     base = Path(cwd or os.getcwd())
     given = settings.launch.run_dir
-    run_dir = (base / given) if given else base / "runs"
+    run_dir = (base / Path(given).expanduser()) if given else base / "runs"
     fix = "set launch.run_dir (--run-dir) to a writable directory"
-    anchor, blocker = _existing_ancestor(run_dir)
-    if blocker is not None:
-        return [fail("run directory", f"cannot create {run_dir}: {blocker} is a file, not a"
+    try:
+        place = DirectoryPlace.of(run_dir)
+    except OSError as exc:  # e.g. a 5,000-character name: ENAMETOOLONG from stat itself
+        return [fail("run directory", f"cannot use {quoted(str(run_dir))}: {os_reason(exc)}", fix)]
+    if place.blocker is not None:
+        return [fail("run directory", f"cannot create {run_dir}: {place.blocker} is a file, not a"
                      " directory", fix)]  # fmt: skip
+    anchor = _anchor(place)
     try:
         fd, tmp = tempfile.mkstemp(prefix=".mlaunch-doctor-", dir=anchor)
         os.close(fd)
@@ -161,8 +174,20 @@ def check_run_dir(settings: Settings, cwd: Path | None = None) -> list[CheckResu
     results = [ok("run directory", f"{where} is writable")]
     t = settings.training
     checkpoints = bool(t.save) or t.save_interval > 0
-    ckpt_dir = Path(t.save) if t.save else run_dir / ec.CHECKPOINTS_DIR
-    ckpt_anchor = _existing_ancestor(base / ckpt_dir)[0] if checkpoints else anchor
+    ckpt_dir = Path(t.save).expanduser() if t.save else run_dir / ec.CHECKPOINTS_DIR
+    ckpt_anchor = anchor
+    if checkpoints:
+        try:
+            ckpt_anchor = _anchor(DirectoryPlace.of(base / ckpt_dir))
+        except OSError as exc:
+            return [
+                *results,
+                fail(
+                    "disk space",
+                    f"cannot use {quoted(str(base / ckpt_dir))}: {os_reason(exc)}",
+                    "set training.save (--save) to a usable directory",
+                ),
+            ]
     params, ckpt = checkpoint_bytes(settings) if checkpoints else (0, 0)
     need = int(ckpt * 1.2) + RUN_DIR_MARGIN_BYTES
     free = shutil.disk_usage(ckpt_anchor).free

@@ -14,7 +14,7 @@ from mlaunch.doctor.process import ProbeProcess, last_line
 from mlaunch.doctor.results import CheckResult, fail, ok, warn
 from mlaunch.envcontract import FALLBACK_PREFIX, PRIMARY_PREFIX
 from mlaunch.model.groups import ALL_GROUPS as ALL_SPAN_GROUPS
-from mlaunch.model.strategies import exporting_ranks, format_ranks
+from mlaunch.model.strategies import format_ranks
 from mlaunch.settings import Settings
 
 #: Seconds the worker interpreter may take to import nemo-lens and resolve its configuration.
@@ -175,13 +175,7 @@ def _plan(settings: Settings, view: Mapping[str, Any]) -> dict[str, Any]:
     (``view``: the reference translation of these settings)."""
     t = settings.telemetry
     try:
-        ranks = exporting_ranks(
-            t.export_strategy,
-            min(settings.world_size, WORKER_PROBE_RANKS),
-            nproc_per_node=settings.launch.nproc_per_node,
-            export_rank=t.export_rank,
-            sample_rate=t.export_sample_rate,
-        )
+        ranks = settings.exporting_ranks(min(settings.world_size, WORKER_PROBE_RANKS))
     except Exception:  # a custom strategy: refused above, nothing to compare
         ranks = []
     ranks = [r for r in ranks if r < settings.world_size] if t.enabled else []

@@ -33,7 +33,6 @@ from mlaunch.launcher.worker_args import (
 from mlaunch.launcher.worker_env import worker_environment
 from mlaunch.model.spans import estimate_spans_per_iteration
 from mlaunch.model.spec import quoted
-from mlaunch.model.strategies import exporting_ranks
 from mlaunch.settings import (
     SECRET_ENV,
     Problem,
@@ -190,6 +189,28 @@ def settings_table(settings: Settings, *, show_secrets: bool = False) -> dict[st
     return table
 
 
+@dataclass(frozen=True)
+class DirectoryPlace:
+    """Where a directory at ``path`` would be created: its nearest existing ancestor (``path``
+    itself when it exists; None when nothing up to the root exists) and, when that is not a
+    directory, the file in the way (``blocker``)."""
+
+    path: Path
+    anchor: Path | None
+    blocker: Path | None
+
+    @classmethod
+    def of(cls, path: Path) -> DirectoryPlace:
+        """Look ``path`` up on disk; raises OSError when the path itself cannot be looked up
+        (e.g. a 5,000-character name: ENAMETOOLONG from stat)."""
+        probe = path
+        while not probe.exists():
+            if probe.parent == probe:
+                return cls(path, None, None)
+            probe = probe.parent
+        return cls(path, probe, None if probe.is_dir() else probe)
+
+
 def unwritable_reason(path: Path) -> str | None:
     """Why a directory could not be created (or written) at ``path``, or None when it can.
 
@@ -197,19 +218,18 @@ def unwritable_reason(path: Path) -> str | None:
     read-only place fails here, before anything is created, not in ``mkdir`` or in a worker.
     """
     try:
-        if path.exists() and not path.is_dir():
+        place = DirectoryPlace.of(path)
+        if place.blocker == path:
             return f"{quoted(str(path))} exists and is not a directory"
-        probe = path
-        while not probe.exists():
-            if probe.parent == probe:
-                return f"{quoted(str(path))}: no existing parent directory"
-            probe = probe.parent
-        if not probe.is_dir():
+        if place.anchor is None:
+            return f"{quoted(str(path))}: no existing parent directory"
+        if place.blocker is not None:
             return (
-                f"{quoted(str(path))} cannot be created: {str(probe)!r} is a file, not a directory"
+                f"{quoted(str(path))} cannot be created: {str(place.blocker)!r} is a file, not a"
+                " directory"
             )
-        if not os.access(probe, os.W_OK | os.X_OK):
-            return f"{quoted(str(path))} cannot be created: {str(probe)!r} is not writable"
+        if not os.access(place.anchor, os.W_OK | os.X_OK):
+            return f"{quoted(str(path))} cannot be created: {str(place.anchor)!r} is not writable"
     except OSError as exc:  # e.g. a 5,000-character name: ENAMETOOLONG from stat itself
         return f"{quoted(str(path))} cannot be used: {os_reason(exc)}"
     return None
@@ -372,13 +392,7 @@ def _telemetry_estimates(
         return [], []
     ranks: list[int] = []
     try:
-        ranks = exporting_ranks(
-            t.export_strategy,
-            settings.world_size,
-            nproc_per_node=settings.launch.nproc_per_node,
-            export_rank=t.export_rank,
-            sample_rate=t.export_sample_rate,
-        )
+        ranks = settings.exporting_ranks()
     except Exception as exc:  # a custom strategy is user code: its failure is bad input
         problems.append(
             Problem(

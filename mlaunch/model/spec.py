@@ -36,9 +36,12 @@ class SpanSpecError(ValueError):
         )
 
 
-def closest_word(word: str, candidates: tuple[str, ...] | list[str]) -> str | None:
-    """The closest candidate to ``word`` by edit similarity, or None when nothing is close."""
-    matches = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+def closest_word(
+    word: str, candidates: tuple[str, ...] | list[str], cutoff: float = 0.6
+) -> str | None:
+    """The closest candidate to ``word`` by edit similarity, or None when none is at least
+    ``cutoff`` similar (0..1; difflib's ratio)."""
+    matches = difflib.get_close_matches(word, candidates, n=1, cutoff=cutoff)
     return matches[0] if matches else None
 
 

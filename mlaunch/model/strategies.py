@@ -37,7 +37,12 @@ StrategyFn = Callable[[RankInfo], bool]
 
 
 class StrategyError(ValueError):
-    """A strategy name that is neither built in nor an importable ``module:function``."""
+    """A strategy name that is neither built in nor an importable ``module:function``, with the
+    closest built-in name (``suggestion``, None when there is none) for a "did you mean"."""
+
+    def __init__(self, message: str, suggestion: str | None = None) -> None:
+        super().__init__(message)
+        self.suggestion = suggestion
 
 
 def rank_hash_fraction(rank: int) -> float:
@@ -79,7 +84,8 @@ def load_strategy(name: str) -> StrategyFn:
         hint = f" (did you mean {close!r}?)" if close else ""
         raise StrategyError(
             f"unknown export strategy {name!r}{hint}; use one of {', '.join(choices)}"
-            " or a custom 'package.module:function'"
+            " or a custom 'package.module:function'",
+            close,
         )
     module_name, _, attr = name.strip().partition(":")
     try:

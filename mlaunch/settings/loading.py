@@ -51,7 +51,8 @@ def _clean_message(err: Mapping[str, Any]) -> str:
 
 def _error_problem(err: Mapping[str, Any], layers: list[Layer]) -> Problem:
     """A pydantic error as a :class:`Problem`: an unexpected key is ``unknown``; a validator's
-    :class:`UnknownName` carries its suggestion through pydantic's error context."""
+    error with a ``suggestion`` (:class:`UnknownName`, a span-spec or export-strategy error)
+    carries it through pydantic's error context."""
     kind: ProblemKind = "unknown" if err.get("type") == "extra_forbidden" else "invalid"
     cause = (err.get("ctx") or {}).get("error")
     return Problem(
@@ -114,11 +115,19 @@ def collect_problems(
         file_src = FileSource(Path(config))
         problems += file_src.problems
         layers.append(file_src)
+    settings, found = check_layers(*layers)
+    return settings, problems + found
+
+
+def check_layers(*layers: Layer) -> tuple[Settings | None, list[Problem]]:
+    """Validate ``layers`` (highest precedence first) and, when that succeeds, run the checks
+    between sections: ``(the settings or None, every problem)``, each problem named by the
+    layer's own label for the value (mlaunch's trainer checks its parsed arguments this way)."""
     try:
-        settings = _validate(layers)
+        settings = _validate(list(layers))
     except SettingsError as exc:
-        return None, problems + exc.problems
-    return settings, problems + settings.cross_field_problems()
+        return None, exc.problems
+    return settings, settings.cross_field_problems()
 
 
 def _preempt_signals_problems(environ: Mapping[str, str]) -> list[Problem]:

@@ -17,8 +17,8 @@ from pydantic import (
 )
 
 from mlaunch.model.groups import SpanGroup
-from mlaunch.model.spec import SpanSpecError, closest_word, quoted, resolve
-from mlaunch.model.strategies import StrategyError, load_strategy
+from mlaunch.model.spec import closest_word, quoted, resolve
+from mlaunch.model.strategies import exporting_ranks, load_strategy
 from mlaunch.settings.args import Arg, NotPassed
 from mlaunch.settings.names import flag_name
 from mlaunch.settings.problems import Problem, UnknownName
@@ -231,22 +231,18 @@ class TelemetrySettings(_Section):
 
     _groups: frozenset[SpanGroup] = PrivateAttr(default=frozenset())
 
+    # SpanSpecError and StrategyError are ValueErrors with a ``suggestion``: pydantic keeps the
+    # error itself, and the problem it becomes carries that word (like UnknownName's).
     @field_validator("span_groups")
     @classmethod
     def _spec(cls, v: str) -> str:
-        try:
-            resolve(v)
-        except SpanSpecError as exc:
-            raise UnknownName(str(exc), exc.suggestion) from None
+        resolve(v)
         return v
 
     @field_validator("export_strategy")
     @classmethod
     def _strategy(cls, v: str) -> str:
-        try:
-            load_strategy(v)
-        except StrategyError as exc:
-            raise UnknownName(str(exc), getattr(exc, "suggestion", None)) from None
+        load_strategy(v)
         return v.strip().lower() if ":" not in v else v.strip()
 
     @field_validator("service_name")
@@ -285,12 +281,14 @@ class TelemetrySettings(_Section):
 #: The largest world mlaunch plans for: the plan visits every rank (exporting ranks), so an
 #: absurd ``--nnodes 99999999999`` would hang the launcher instead of failing.
 MAX_WORLD_SIZE = 2**20
+#: The most worker processes on one node.
+MAX_NPROC_PER_NODE = 1024
 
 
 class LaunchSettings(_Section):
     """How ``mlaunch train`` starts torchrun."""
 
-    nproc_per_node: int = Field(default=2, ge=1, le=1024)
+    nproc_per_node: int = Field(default=2, ge=1, le=MAX_NPROC_PER_NODE)
     """Worker processes per node (``--nproc-per-node``)."""
     nnodes: int = Field(default=1, ge=1, le=MAX_WORLD_SIZE)
     """Number of nodes."""
@@ -617,6 +615,18 @@ class Settings(BaseModel):
     def sources(self) -> dict[str, Source]:
         """Every dotted path that was set by a flag, variable or file, with its source."""
         return dict(self._sources)
+
+    def exporting_ranks(self, world_size: int | None = None) -> list[int]:
+        """The ranks that export telemetry under these settings, in a world of ``world_size``
+        processes (default: the run's). A custom strategy is user code: it may raise anything."""
+        t = self.telemetry
+        return exporting_ranks(
+            t.export_strategy,
+            self.world_size if world_size is None else world_size,
+            nproc_per_node=self.launch.nproc_per_node,
+            export_rank=t.export_rank,
+            sample_rate=t.export_sample_rate,
+        )
 
     def cross_field_problems(self) -> list[Problem]:
         """Checks that span sections: world layout, batch arithmetic, export rank."""

@@ -1,15 +1,16 @@
 """The trainer's command line: Megatron-LM's argument names and meaning, plus mlaunch's own.
 
 No torch (the parser is built from the settings schema), so the launcher can reuse
-:func:`build_parser` and :func:`validate` to check a run before any process starts. Every check
-here runs before a process group exists and depends only on the arguments and the world size, so
-every rank reaches the same verdict and exits 2 with the same lines.
+:func:`build_parser` and :func:`validate` to check a run before any process starts. The
+arguments that are settings are checked by the settings' own rules (one definition, one wording);
+only the trainer's own arguments have checks here. Every check runs before a process group exists
+and depends only on the arguments and the world size, so every rank reaches the same verdict and
+exits 2 with the same lines.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import typing
@@ -17,7 +18,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from mlaunch.settings.args import SAME, Arg, training_fields
+from mlaunch.settings.loading import check_layers
 from mlaunch.settings.problems import Problem
+from mlaunch.settings.schema import MAX_NPROC_PER_NODE, Source
+from mlaunch.settings.sources import FlagSource, Layer
 
 PROG = "python -m mlaunch.trainer"
 
@@ -104,71 +108,42 @@ def world_size_from_env(environ: dict[str, str] | os._Environ[str] | None = None
         return 1
 
 
-def _positive(ns: argparse.Namespace, problems: list[Problem], *names: str) -> None:
-    for name in names:
-        value = getattr(ns, name)
-        if value is not None and value < 1:
-            problems.append(Problem(_flag(name), f"must be at least 1, got {value}"))
+def _local_world_size_from_env() -> int | None:
+    """The processes per node torchrun announces (None when run as a plain process)."""
+    try:
+        return max(1, int(os.environ["LOCAL_WORLD_SIZE"]))
+    except (KeyError, ValueError):
+        return None
 
 
 def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
-def validate(ns: argparse.Namespace, world_size: int) -> list[Problem]:
-    """Every problem with a parsed namespace for a job of ``world_size`` processes.
+#: The least value of the trainer's arguments that the settings do not check: its own, and
+#: settings whose range is wider in the settings (eval_interval 0 = never, save_interval 0 = at
+#: the end: the launcher leaves those out) or narrower (keep_last 0 = keep all here).
+_LEAST: dict[str, int] = {
+    "exit_interval": 1,
+    "ddp_bucket_size": 1,
+    "eval_interval": 1,
+    "save_interval": 1,
+    "keep_last": 0,
+}
 
-    Also fills in derived defaults (``global_batch_size`` = micro batch x DP when unset).
-    Returns an empty list when the arguments are usable.
-    """
+
+def _trainer_only_problems(ns: argparse.Namespace) -> list[Problem]:
+    """The checks of arguments the settings do not have, or have with another meaning."""
     problems: list[Problem] = []
-    _positive(
-        ns,
-        problems,
-        "num_layers",
-        "hidden_size",
-        "num_attention_heads",
-        "micro_batch_size",
-        "global_batch_size",
-        "train_iters",
-        "log_interval",
-        "exit_interval",
-        "eval_interval",
-        "save_interval",
-        "pipeline_model_parallel_size",
-        "ddp_bucket_size",
-    )
-    if ns.seq_length < 2:
-        problems.append(Problem("--seq-length", f"must be at least 2, got {ns.seq_length}"))
-    for name in ("eval_iters", "keep_last", "sample_tokens", "lr_warmup_iters"):
-        if getattr(ns, name) < 0:
-            problems.append(Problem(_flag(name), f"must be 0 or more, got {getattr(ns, name)}"))
-    for name in ("lr", "min_lr", "weight_decay", "clip_grad"):
-        # isfinite first: nan passes every comparison, inf passes every lower bound.
-        if not math.isfinite(getattr(ns, name)) or getattr(ns, name) < 0:
-            problems.append(
-                Problem(_flag(name), f"must be a finite number, 0 or more, got {getattr(ns, name)}")
-            )
-    if not 0 <= ns.seed <= 2**32 - 1:  # torch's generator seed overflows far above this
-        problems.append(Problem("--seed", f"must be in [0, 2**32-1], got {ns.seed}"))
-    if ns.min_lr > ns.lr:
-        problems.append(
-            Problem(
-                "--min-lr", f"{ns.min_lr} is above --lr {ns.lr}; use a value <= --lr", "conflict"
-            )
-        )
+    for name, least in _LEAST.items():
+        value = getattr(ns, name)
+        if value is not None and value < least:
+            must = "must be at least 1" if least == 1 else "must be 0 or more"
+            problems.append(Problem(_flag(name), f"{must}, got {value}"))
     if not 0.0 < ns.eval_fraction < 1.0:
         problems.append(
             Problem(
                 "--eval-fraction", f"must be between 0 and 1 (exclusive), got {ns.eval_fraction}"
-            )
-        )
-    if ns.tensor_model_parallel_size != 1:
-        problems.append(
-            Problem(
-                "--tensor-model-parallel-size",
-                f"only 1 is supported (got {ns.tensor_model_parallel_size}): mlaunch's trainer has no "
-                "tensor parallelism; use --pipeline-model-parallel-size and data parallelism instead",
             )
         )
     if ns.bf16 and ns.fp16:
@@ -187,70 +162,69 @@ def validate(ns: argparse.Namespace, world_size: int) -> list[Problem]:
 
         # Named after what the user set: the variable when the flag was not given.
         problems.append(Problem(PREEMPT_SIGNALS if from_env else "--preempt-signals", str(exc)))
-    if ns.data_path is not None and not os.path.exists(ns.data_path):
-        problems.append(
-            ("--data-path", f"{ns.data_path!r} does not exist; give a text file or folder")
-        )
-    elif ns.data_path is not None:
-        from mlaunch.model.corpus import empty_data_problem
+    return problems
 
-        if problem := empty_data_problem(ns.data_path):
-            problems.append(Problem("--data-path", problem))
-    if ns.otel_span_groups is not None:
-        from mlaunch.model.spec import SpanSpecError, resolve
 
-        try:
-            resolve(ns.otel_span_groups)
-        except SpanSpecError as exc:
-            problems.append(Problem("--otel-span-groups", str(exc)))
+def _setting_values(ns: argparse.Namespace, world_size: int) -> dict[str, Any]:
+    """The parsed arguments as settings values (dotted path -> value), for the settings' own
+    checks. Left out (the setting's default stands in): an unset value, a trainer-only value
+    (``bare_default``, e.g. keep_last 0) and a value below the trainer's own least (reported by
+    :func:`_trainer_only_problems` alone). An unset global batch is derived: micro batch x
+    data-parallel size."""
+    values: dict[str, Any] = {}
+    for section, name, _, arg in training_fields():
+        if not isinstance(arg, Arg):
+            continue
+        path = f"{section}.{name}"
+        if arg.choices:  # one switch per value; both given is the trainer's own conflict
+            values[path] = next((v for v in arg.choices if getattr(ns, v)), None)
+            continue
+        value = getattr(ns, name)
+        if arg.bare_default is not SAME and value == arg.bare_default:
+            continue
+        if name in _LEAST and value is not None and value < _LEAST[name]:
+            continue
+        values[path] = value
+    tp, pp, micro = (
+        ns.tensor_model_parallel_size,
+        ns.pipeline_model_parallel_size,
+        ns.micro_batch_size,
+    )
+    if ns.global_batch_size is None and min(tp, pp, micro) >= 1:
+        # The settings' data-parallel size: the world over the model-parallel ranks.
+        values["training.global_batch_size"] = micro * max(1, world_size // (tp * pp))
+    values["telemetry.span_groups"] = ns.otel_span_groups
+    return values
 
-    pp = ns.pipeline_model_parallel_size
-    if pp >= 1:
-        if world_size % pp:
-            problems.append(
-                Problem(
-                    "--pipeline-model-parallel-size",
-                    f"world size {world_size} is not divisible by {pp} pipeline stages; "
-                    f"start a multiple of {pp} processes or change the stage count",
-                    "conflict",
-                )
-            )
-        if ns.num_layers >= 1 and ns.num_layers % pp:
-            problems.append(
-                Problem(
-                    "--num-layers",
-                    f"{ns.num_layers} layers cannot be split evenly over {pp} pipeline stages; "
-                    f"use a multiple of {pp}",
-                    "conflict",
-                )
-            )
-    if (
-        ns.hidden_size >= 1
-        and ns.num_attention_heads >= 1
-        and ns.hidden_size % ns.num_attention_heads
-    ):
-        problems.append(
-            Problem(
-                "--num-attention-heads",
-                f"{ns.num_attention_heads} heads do not divide --hidden-size {ns.hidden_size}; "
-                "pick a head count that divides the hidden size",
-                "conflict",
-            )
-        )
-    dp = world_size // pp if pp >= 1 and world_size % pp == 0 else None
-    if dp is not None and ns.micro_batch_size >= 1:
-        if ns.global_batch_size is None:
-            ns.global_batch_size = ns.micro_batch_size * dp
-        elif ns.global_batch_size >= 1 and ns.global_batch_size % (ns.micro_batch_size * dp):
-            unit = ns.micro_batch_size * dp
-            problems.append(
-                Problem(
-                    "--global-batch-size",
-                    f"{ns.global_batch_size} is not divisible by micro batch size x data-parallel size "
-                    f"({ns.micro_batch_size} x {dp} = {unit}); use a multiple of {unit}",
-                    "conflict",
-                )
-            )
+
+def _world_layer(world_size: int, nproc_per_node: int | None) -> Layer:
+    """The launch layout torchrun gave this job, as settings named after ``WORLD_SIZE``."""
+    local = nproc_per_node or world_size
+    if world_size % local or local > MAX_NPROC_PER_NODE:
+        local = 1
+    layer = Layer()
+    layer.set("launch.nnodes", world_size // local, Source("env", "WORLD_SIZE"))
+    layer.set("launch.nproc_per_node", local, Source("env", "WORLD_SIZE"))
+    return layer
+
+
+def validate(
+    ns: argparse.Namespace, world_size: int, nproc_per_node: int | None = None
+) -> list[Problem]:
+    """Every problem with a parsed namespace for a job of ``world_size`` processes
+    (``nproc_per_node`` per node; default: all on one node).
+
+    The model, training and parallelism arguments are checked by the settings themselves (each
+    field's range and the checks between sections, named by the trainer's flags), so a rule
+    has one definition; only the trainer's own arguments are checked here. Also fills in
+    derived defaults (``global_batch_size`` = micro batch x DP when unset). Returns an empty
+    list when the arguments are usable.
+    """
+    values = _setting_values(ns, world_size)
+    settings, problems = check_layers(FlagSource(values), _world_layer(world_size, nproc_per_node))
+    problems += _trainer_only_problems(ns)
+    if settings is not None and ns.global_batch_size is None:
+        ns.global_batch_size = settings.training.global_batch_size
     return problems
 
 
@@ -297,7 +271,7 @@ def parse_and_validate(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse ``argv`` and validate it for this process's world size; on a problem print one line
     per problem to stderr and exit 2 (no traceback, no process group)."""
     ns = build_parser().parse_args(argv)
-    problems = validate(ns, world_size_from_env())
+    problems = validate(ns, world_size_from_env(), _local_world_size_from_env())
     if problems:
         for arg, message in problems:
             print(f"{PROG}: error: {arg}: {message}", file=sys.stderr)

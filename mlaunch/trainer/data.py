@@ -16,7 +16,6 @@ import torch
 
 from mlaunch.model.corpus import text_files
 
-VOCAB_SIZE = 256  # byte-level tokens
 #: The default corpus is capped so setup stays fast and identical on every machine with the
 #: same Python (files are read in sorted order, so the cap cuts at the same place).
 DEFAULT_CORPUS_BYTES = 4 * 1024 * 1024

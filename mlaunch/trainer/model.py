@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import math
 import zlib
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -21,23 +20,14 @@ from mlaunch import telemetry
 from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spans import Attr, SpanName
 
+# count_parameters is re-exported for the loop, which imports it from here.
+from mlaunch.trainer.shape import GPTConfig, count_parameters  # noqa: F401
+
 _NULL_CTX = contextlib.nullcontext()
 
 
 def _no_span(*_args: object, **_kwargs: object) -> contextlib.nullcontext[None]:
     return _NULL_CTX
-
-
-@dataclass(frozen=True)
-class GPTConfig:
-    """Model shape."""
-
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    seq_length: int
-    vocab_size: int = 256
-    tie_embeddings: bool = True
 
 
 class SelfAttention(nn.Module):
@@ -161,11 +151,3 @@ class GPTStage(nn.Module):
         if targets is None:
             return logits
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
-
-
-def count_parameters(cfg: GPTConfig) -> int:
-    """Parameters of the whole (unsplit) model, for the FLOPs estimate."""
-    h, L = cfg.hidden_size, cfg.num_layers
-    per_layer = 12 * h * h + 13 * h
-    head = 0 if cfg.tie_embeddings else cfg.vocab_size * h
-    return L * per_layer + cfg.vocab_size * h + cfg.seq_length * h + 2 * h + head

@@ -46,13 +46,13 @@ def test_valid_layout_fills_global_batch_default():
             ["--global-batch-size", "10", "--micro-batch-size", "2"],
             2,
             "--global-batch-size",
-            "multiple of 4",
+            "not divisible by micro batch 2 x data-parallel size 2",
         ),
         (
             ["--num-layers", "3", "--pipeline-model-parallel-size", "2"],
             2,
             "--num-layers",
-            "multiple of 2",
+            "cannot be split evenly across 2 pipeline stages",
         ),
         (
             ["--pipeline-model-parallel-size", "2"],
@@ -70,18 +70,37 @@ def test_valid_layout_fills_global_batch_default():
             ["--tensor-model-parallel-size", "2"],
             2,
             "--tensor-model-parallel-size",
-            "only 1 is supported",
+            "supports tensor parallel size 1 only",
         ),
         (["--bf16", "--fp16"], 1, "--fp16", "pick one"),
         (["--save-interval", "5"], 1, "--save-interval", "--save"),
         (["--otel-span-groups", "defualt"], 1, "--otel-span-groups", "did you mean 'default'"),
-        (["--min-lr", "1", "--lr", "0.1"], 1, "--min-lr", "--lr"),
+        (["--min-lr", "1", "--lr", "0.1"], 1, "--min-lr", "must be <= lr 0.1"),
     ],
 )
 def test_invalid_combinations_name_the_argument_and_the_fix(argv, world, arg, words):
     found = problems(argv, world)
     assert arg in found, found
     assert words in found[arg]
+
+
+def test_the_trainer_checks_its_settings_by_the_settings_own_rules():
+    # One definition of each rule: the trainer's verdict is the settings' words, named by its flag.
+    from mlaunch.settings import SettingsError, load_settings
+
+    flags = {"model.hidden_size": 30, "model.num_attention_heads": 4, "training.lr": 0.0}
+    with pytest.raises(SettingsError) as caught:
+        load_settings(flags=flags, environ={})
+    argv = ["--hidden-size", "30", "--num-attention-heads", "4", "--lr", "0"]
+    assert [str(p) for p in caught.value.problems] == [str(p) for p in problems_of(argv, 2)]
+    del flags["training.lr"]
+    with pytest.raises(SettingsError) as cross:
+        load_settings(flags={**flags, "training.global_batch_size": 4}, environ={})
+    assert cross.value.problems == problems_of(argv[:4], 2)
+
+
+def problems_of(argv: list[str], world_size: int) -> list:
+    return validate(build_parser().parse_args(argv), world_size)
 
 
 def test_bad_arguments_exit_2_on_every_rank_without_a_traceback(tmp_path):

@@ -12,8 +12,9 @@ from mlaunch.trainer import checkpoint
 from mlaunch.trainer.args import build_parser, validate
 from mlaunch.trainer.data import TokenData, default_corpus, load_corpus
 from mlaunch.trainer.loop import lr_at
-from mlaunch.trainer.model import GPTConfig, GPTStage
+from mlaunch.trainer.model import GPTStage
 from mlaunch.trainer.offload import ActivationStash
+from mlaunch.trainer.shape import GPTConfig, count_parameters
 
 
 def test_default_corpus_is_deterministic_and_capped():
@@ -52,6 +53,15 @@ def test_a_model_split_into_stages_computes_the_unsplit_loss():
         h = st(h)
     assert torch.allclose(stages[-1](h, y), full(x, y))
     assert torch.equal(stages[-1].tied_copy, full.tok_emb.weight)  # the tied head copy
+
+
+def test_the_parameter_count_is_the_built_models_exactly():
+    for tied in (True, False):
+        cfg = GPTConfig(
+            num_layers=3, hidden_size=24, num_heads=4, seq_length=16, tie_embeddings=tied
+        )
+        built = sum(p.numel() for p in GPTStage(cfg).parameters())
+        assert count_parameters(cfg) == built
 
 
 def test_lr_warms_up_then_decays_to_min_lr():

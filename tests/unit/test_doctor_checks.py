@@ -276,6 +276,32 @@ def test_default_run_dir_is_checked_without_being_created(tmp_path: Path) -> Non
     assert list(tmp_path.iterdir()) == []  # doctor leaves nothing behind
 
 
+def test_run_dir_and_save_expand_the_home_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As mlaunch train does: "~/runs" is under the home directory, not a folder named "~".
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    config = write(tmp_path, "[launch]\nrun_dir = '~/runs'\n[training]\nsave = '~/ckpt'\n")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    results = check_run_dir(load_settings(environ={}, config=config), cwd=cwd)
+    assert statuses(results) == {"pass"}, results
+    assert f"{home / 'runs'} (to be created in {home})" in only(results, "run directory").message
+    assert f"free at {home};" in only(results, "disk space").message
+    assert list(cwd.iterdir()) == []
+
+
+def test_a_run_dir_name_too_long_for_the_os_is_a_failed_check(tmp_path: Path) -> None:
+    config = write(tmp_path, f"[launch]\nrun_dir = '{'r' * 5000}'\n")
+    [result] = check_run_dir(load_settings(environ={}, config=config), cwd=tmp_path)
+    assert result.status == "fail"
+    assert "cannot use" in result.message and "(5" in result.message  # quoted, cut short
+    assert len(result.message) < 300
+    assert "run_dir" in result.fix
+
+
 def test_checkpoints_larger_than_the_free_space_fail(tmp_path: Path) -> None:
     config = write(
         tmp_path,
@@ -287,10 +313,11 @@ def test_checkpoints_larger_than_the_free_space_fail(tmp_path: Path) -> None:
     assert "2 checkpoint(s)" in result.message and "keep_last" in result.fix
 
 
-def test_checkpoint_estimate_follows_the_documented_formula() -> None:
+def test_checkpoint_estimate_counts_the_trainers_exact_parameters() -> None:
     settings = load_settings(environ={})  # L=2, h=64, seq=64, keep_last=2
     params, size = checkpoint_bytes(settings)
-    assert params == 12 * 2 * 64**2 + (256 + 64) * 64
+    # Per layer 12h² + 13h; token and position embeddings; the final norm; the head is tied.
+    assert params == 2 * (12 * 64**2 + 13 * 64) + (256 + 64) * 64 + 2 * 64 == 120_576
     assert size == params * 12 * 2
 
 

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mlaunch.model import PRESETS, SpanGroup, SpanSpecError, format_groups, resolve
-from mlaunch.model.spec import VALID_WORDS
+from mlaunch.model.spec import VALID_WORDS, closest_word
 
 WORDS = list(VALID_WORDS)
 
@@ -114,3 +114,10 @@ def test_arbitrary_text_either_resolves_or_raises_a_spec_error(text: str) -> Non
         assert exc.part
     else:
         assert result <= PRESETS["all"]
+
+
+def test_closest_word_takes_a_stricter_cutoff() -> None:
+    names = ["OTEL_SERVICE_NAME", "OTEL_TRACES_SAMPLER"]
+    assert closest_word("OTEL_SERVICE_NAM", names, cutoff=0.85) == "OTEL_SERVICE_NAME"
+    assert closest_word("OTEL_SERV", names) == "OTEL_SERVICE_NAME"  # close enough at 0.6
+    assert closest_word("OTEL_SERV", names, cutoff=0.85) is None

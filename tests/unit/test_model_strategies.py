@@ -50,8 +50,24 @@ def test_first_rank_per_node() -> None:
 
 
 def test_unknown_strategy_suggests_the_closest() -> None:
-    with pytest.raises(StrategyError, match="did you mean 'all_ranks'"):
+    with pytest.raises(StrategyError, match="did you mean 'all_ranks'") as caught:
         load_strategy("all_rank")
+    assert caught.value.suggestion == "all_ranks"  # the word itself, for structured problems
+    with pytest.raises(StrategyError) as far:
+        load_strategy("zzz")
+    assert far.value.suggestion is None
+
+
+def test_settings_name_the_exporting_ranks_of_their_run() -> None:
+    from mlaunch.settings import load_settings
+
+    flags = {"launch.nnodes": 2, "launch.nproc_per_node": 4, "training.global_batch_size": 16}
+    settings = load_settings(
+        flags={**flags, "telemetry.export_strategy": "first_rank_per_node"}, environ={}
+    )
+    assert settings.exporting_ranks() == [0, 4]
+    assert settings.exporting_ranks(4) == [0]  # a smaller world (doctor's worker probe)
+    assert load_settings(flags=flags, environ={}).exporting_ranks() == [7]
 
 
 def test_custom_strategy_from_module_path(tmp_path, monkeypatch) -> None:

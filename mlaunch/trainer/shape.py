@@ -1,0 +1,38 @@
+"""The model's shape and size, without torch: the byte-level vocabulary, the configuration of
+the GPT, and its exact parameter count.
+
+The trainer builds its model from :class:`GPTConfig`; the launcher side (doctor's checkpoint
+size estimate) counts the same parameters here without importing torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Byte-level tokens: every byte value is a token.
+VOCAB_SIZE = 256
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Model shape."""
+
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    seq_length: int
+    vocab_size: int = VOCAB_SIZE
+    tie_embeddings: bool = True
+
+
+def count_parameters(cfg: GPTConfig) -> int:
+    """Parameters of the whole (unsplit) model, exactly as the trainer builds it.
+
+    Per layer: qkv and output projections (4h² + 4h), the MLP (8h² + 5h) and two layer norms
+    (4h); then the token and position embeddings, the final norm (2h), and a head matrix only
+    when it is not tied to the token embedding.
+    """
+    h, L = cfg.hidden_size, cfg.num_layers
+    per_layer = 12 * h * h + 13 * h
+    head = 0 if cfg.tie_embeddings else cfg.vocab_size * h
+    return L * per_layer + cfg.vocab_size * h + cfg.seq_length * h + 2 * h + head
