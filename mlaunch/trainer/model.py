@@ -63,7 +63,7 @@ class Block(nn.Module):
         self._span_attrs = {Attr.LAYER_NUMBER.value: layer_number}
 
     def forward(self, x):
-        span = telemetry.device_span
+        span = telemetry.device_span  # one attribute lookup for the three spans
         with span(SpanGroup.LAYER, SpanName.LAYER_FORWARD, self._span_attrs):
             with span(SpanGroup.LAYER, SpanName.LAYER_SELF_ATTENTION):
                 x = x + self.attn(self.ln1(x))
