@@ -4,8 +4,9 @@
 
 Prints ns per call (best of several repeats, loop overhead included and shown) and ratios:
 a plain function call; a frozenset membership check; ``is_enabled``; mlaunch's disabled
-``with span``; a nemo-lens style ``@contextmanager`` guard (disabled and enabled); mlaunch's
-enabled fine-grained span; mlaunch's enabled coarse (SDK) span; a raw OTel SDK span with a
+``with span`` (and with a call on the null span it yields); a nemo-lens style
+``@contextmanager`` guard (disabled and enabled); mlaunch's enabled fine-grained span (and with
+an ``attrs=`` mapping); mlaunch's enabled coarse (SDK) span; a raw OTel SDK span with a
 BatchSpanProcessor whose exporter drops everything.
 
 Then the whole-process cost of an enabled fine-grained span, end to end: process CPU time (all
@@ -164,7 +165,7 @@ def whole_child(mode: str, n: int, endpoint: str) -> None:
 
         def emit(count: int) -> None:
             for i in range(count):
-                with span(layer, name, **{attrs_key: i & 31}):
+                with span(layer, name, {attrs_key: i & 31}):
                     pass
 
         emit(WARMUP_SPANS)
@@ -311,11 +312,21 @@ def main() -> None:
         ("mlaunch is_enabled (off)", "is_enabled(OFF)", n_fast),
         ("mlaunch disabled `with span`", "with span(OFF, S.ACTIVATION_OFFLOAD): pass", n_fast),
         (
+            "  the same, `as s: s.set_attribute`",
+            "with span(OFF, S.ACTIVATION_OFFLOAD) as s: s.set_attribute('k', 1)",
+            n_fast,
+        ),
+        (
             "nemo-lens managed_span, disabled",
             "with managed_span(OFF, S.ACTIVATION_OFFLOAD): pass",
             n_fast,
         ),
         ("mlaunch fine span (enabled)", "with span(FINE, S.LAYER_FORWARD): pass", n_slow),
+        (
+            "  the same, one attribute by attrs=",
+            "with span(FINE, S.LAYER_FORWARD, {'k': 1}): pass",
+            n_slow,
+        ),
         ("mlaunch coarse span (enabled, SDK)", "with span(COARSE, S.ITERATION): pass", n_slow),
         (
             "raw OTel SDK span + BatchSpanProcessor",

@@ -185,32 +185,32 @@ def cost_worker(kind: str, n: int) -> None:
         "MEGATRON_OTEL_EXPORTER": "file",
         "MEGATRON_OTEL_RUN_ID": "bench",
     }
-    telemetry.setup(load_telemetry_settings(environ=env), rank=0, world_size=1, run_dir=os.getcwd())
-    attrs = {Attr.ITERATION.value: 1}
-    c0 = time.process_time()
-    with telemetry.span(SpanGroup.JOB, SpanName.TRAIN):
-        if kind == "coarse":
-            for _ in range(n):
-                with telemetry.span(SpanGroup.STEP, SpanName.ITERATION, **attrs):
-                    pass
-        elif kind == "fine":
-            for _ in range(n):
-                with telemetry.span(SpanGroup.LAYER, SpanName.LAYER_FORWARD, **attrs):
-                    pass
-        elif kind == "step":
-            for i in range(n):
-                telemetry.set_iteration(i + 1)
-                telemetry.record_step(
-                    i + 1,
-                    step_ms=1.0,
-                    loss=1.0,
-                    grad_norm=1.0,
-                    learning_rate=1.0,
-                    tokens_per_sec=1.0,
-                    tflops=1.0,
-                    skipped=False,
-                )
-    telemetry.shutdown()
+    settings = load_telemetry_settings(environ=env)
+    attrs = {Attr.ITERATION: 1}  # as the trainer passes them
+    with telemetry.setup(settings, rank=0, world_size=1, run_dir=os.getcwd()):
+        c0 = time.process_time()
+        with telemetry.span(SpanGroup.JOB, SpanName.TRAIN):
+            if kind == "coarse":
+                for _ in range(n):
+                    with telemetry.span(SpanGroup.STEP, SpanName.ITERATION, attrs):
+                        pass
+            elif kind == "fine":
+                for _ in range(n):
+                    with telemetry.span(SpanGroup.LAYER, SpanName.LAYER_FORWARD, attrs):
+                        pass
+            elif kind == "step":
+                for i in range(n):
+                    telemetry.set_iteration(i + 1)
+                    telemetry.record_step(
+                        i + 1,
+                        step_ms=1.0,
+                        loss=1.0,
+                        grad_norm=1.0,
+                        learning_rate=1.0,
+                        tokens_per_sec=1.0,
+                        tflops=1.0,
+                        skipped=False,
+                    )
     print(json.dumps((time.process_time() - c0) * 1e3))
 
 

@@ -6,8 +6,12 @@ and imports the OpenTelemetry SDK only on an exporting rank with telemetry enabl
 
 Hot path
     ``span(group, name)`` checks ``group`` against a module-level frozenset and, when the group is
-    off, returns one preallocated null context manager: no generator, no span, no context object.
-    A non-exporting rank, or disabled telemetry, has an empty enabled set.
+    off, returns one preallocated null span: no generator, no span, no context object. It is its
+    own context manager and has the span methods instrumented code calls, all doing nothing, so
+    ``with span(...) as s: s.set_attribute(...)`` needs no "is telemetry on" branch. A
+    non-exporting rank, or disabled telemetry, has an empty enabled set. Inside
+    :func:`suppressed` every span of the calling thread is that null span, and no span context is
+    handed on (:func:`inject`, :func:`current_context_ints`).
 
 Two span paths, one stack
     Groups in ``FINE_GRAINED_GROUPS`` (microbatch, layer, communication, activation_offload,
@@ -44,7 +48,9 @@ Trace structure and identity (SPEC section 4, as Megatron-LM's code)
       thread is a root in the current trace.
 
 Shutdown
-    ``shutdown()`` is idempotent, ends still-open spans with ``nemo.span.truncated=true``,
+    The handle :func:`setup` returns is the end-of-job context manager: ``with setup(...):``
+    shuts telemetry down when the job's block is left, however it is left. ``shutdown()`` is
+    idempotent, ends still-open spans with ``nemo.span.truncated=true``,
     and returns within ``shutdown_timeout_s`` even when the endpoint hangs; undelivered spans and
     metrics go to the spool files of the run directory. An atexit hook calls it; no signal
     handlers are installed (the trainer calls ``shutdown`` from its own SIGTERM handling).
@@ -56,10 +62,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import os
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from pathlib import Path
+from threading import get_ident
 from typing import Any
 
 from mlaunch.model.groups import FINE_GRAINED_GROUPS, SpanGroup
@@ -77,6 +85,8 @@ __all__ = [
     "shutdown",
     "is_enabled",
     "span",
+    "NullSpan",
+    "suppressed",
     "linked_span",
     "device_span",
     "deferred_linked_span",
@@ -105,6 +115,9 @@ _IS_GOODPUT = Attr.IS_GOODPUT.value
 _TRACE_REGION = SpanGroup.TRACE_REGION.value
 _RUNTIME: Any = None  # mlaunch.telemetry._runtime.Runtime on an exporting rank
 _HANDLE: Telemetry | None = None
+#: The threads inside :func:`suppressed`. Consulted only after a group is found enabled, so the
+#: disabled path never pays for it.
+_SUPPRESSED: set[int] = set()
 
 
 class Telemetry:
@@ -149,6 +162,15 @@ class Telemetry:
             shutdown(timeout_s)
         elif self._runtime is not None:
             self._runtime.shutdown(timeout_s)
+
+    # The end of the job: ``with telemetry.setup(...):`` around it shuts telemetry down on every
+    # way out (a return, an exception), so instrumented code never calls shutdown itself.
+    def __enter__(self) -> Telemetry:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        self.shutdown()
+        return False
 
 
 def setup(
@@ -271,51 +293,147 @@ def shutdown(timeout_s: float | None = None) -> None:
 
 
 def is_enabled(group: str) -> bool:
-    """Whether spans of ``group`` are created in this process."""
-    return group in _ENABLED
+    """Whether spans of ``group`` are created here (in this process, and on this thread: not
+    inside :func:`suppressed`)."""
+    return group in _ENABLED and not (_SUPPRESSED and get_ident() in _SUPPRESSED)
 
 
-class _Null:
-    """The one context manager every disabled ``span`` site gets.
+class NullSpan:
+    """The span every disabled (or suppressed) site gets: one shared instance, its own context
+    manager, with the span methods instrumented code calls, all doing nothing.
 
     Its ``__enter__`` and ``__exit__`` are C callables, not Python methods, which takes two
     Python frames off every disabled ``with span(...)`` (about a third of its cost). ``with``
     looks both up on the type and, as neither is a descriptor, calls them without ``self``:
-    ``NoneType()`` returns None (``as s`` gets None) and ``"".format(exc_type, exc, tb)`` returns
-    "" (false: an exception propagates).
+    ``__enter__`` is the ``__next__`` of an endless ``itertools.repeat`` of the one instance
+    (``as s`` gets the null span itself), and ``"".format(exc_type, exc, tb)`` returns "" (false:
+    an exception propagates).
     """
 
     __slots__ = ()
-    __enter__ = type(None)
     __exit__ = "".format
 
+    def set_attribute(self, key: str, value: Any) -> None:
+        """Do nothing (the span is not recorded)."""
 
-_NULL = _Null()
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        """Do nothing."""
+
+    def add_event(
+        self, name: str, attributes: Mapping[str, Any] | None = None, timestamp: int | None = None
+    ) -> None:
+        """Do nothing."""
+
+    def record_exception(
+        self,
+        exception: BaseException,
+        attributes: Mapping[str, Any] | None = None,
+        timestamp: int | None = None,
+        escaped: bool = False,
+    ) -> None:
+        """Do nothing."""
+
+    def set_status(self, status: Any, description: str | None = None) -> None:
+        """Do nothing."""
+
+    def update_name(self, name: str) -> None:
+        """Do nothing."""
+
+    def is_recording(self) -> bool:
+        """Always False: nothing is recorded."""
+        return False
+
+    def get_span_context(self) -> Any:
+        """The invalid span context (as OTel's non-recording span has)."""
+        from opentelemetry.trace import INVALID_SPAN_CONTEXT
+
+        return INVALID_SPAN_CONTEXT
 
 
-def span(group: str, name: str, **attributes: Any) -> Any:
-    """``with span(group, name, **attrs) as s:`` — ``s`` is the span, or None when the group is off.
+_NULL = NullSpan()
+NullSpan.__enter__ = itertools.repeat(_NULL).__next__  # type: ignore[attr-defined]
+
+
+def _suppressed_here() -> bool:
+    """Whether the calling thread is inside :func:`suppressed` (only asked of enabled groups)."""
+    return bool(_SUPPRESSED) and get_ident() in _SUPPRESSED
+
+
+@contextlib.contextmanager
+def suppressed() -> Iterator[None]:
+    """``with suppressed():`` — no tracing on this thread inside it: every span is the null
+    span, and no span context is handed on (:func:`inject` writes nothing,
+    :func:`current_context_ints` is all zeros), so code shared with traced paths (evaluation and
+    generation reusing the training forward and the stage-to-stage exchange) needs no flag.
+    Nests; other threads are unaffected."""
+    ident = get_ident()
+    if ident in _SUPPRESSED:
+        yield
+        return
+    _SUPPRESSED.add(ident)
+    try:
+        yield
+    finally:
+        _SUPPRESSED.discard(ident)
+
+
+def _merged(attrs: Mapping[Any, Any], attributes: dict[str, Any]) -> dict[str, Any]:
+    """``attrs`` (keys may be ``Attr`` members) and the keyword attributes in one new dict of
+    plain ``str`` keys, the type the encoder's fast path expects."""
+    out = {}
+    for key, value in attrs.items():  # a plain loop: a comprehension costs a frame more
+        out[str(key)] = value  # str() of a str is itself; of an Attr member, its plain value
+    if attributes:
+        out.update(attributes)
+    return out
+
+
+def span(
+    group: str,
+    name: str,
+    attrs: Mapping[Any, Any] | None = None,
+    root: bool = False,  # not keyword-only: a keyword-only default costs the disabled path ~8 ns
+    **attributes: Any,
+) -> Any:
+    """``with span(group, name, attrs) as s:`` — ``s`` is the span, or the null span
+    (:class:`NullSpan`, whose methods do nothing) when the group is off.
+
+    ``attrs`` is a mapping of attributes (keys may be ``Attr`` members); keyword attributes are
+    added to it. ``root=True`` (pass it by name) starts a parentless span (a root in the current trace) whatever is
+    open on this thread; spans opened inside it are its children as usual.
 
     The spans Megatron-LM marks (``SpanDef.goodput``) carry ``is_goodput_span=true``. A span left
     by an exception gets status ERROR and an ``exception`` event; the exception propagates.
     """
     if group not in _ENABLED:
         return _NULL
+    if _SUPPRESSED and get_ident() in _SUPPRESSED:
+        return _NULL
+    if attrs is not None:
+        attributes = _merged(attrs, attributes)
     if group in _FINE:
-        return FineSpan(name, attributes)
+        return FineSpan(name, attributes, None, root)
     if name in _GOODPUT:
         attributes[_IS_GOODPUT] = True
-    return CoarseSpan(name, attributes)
+    return CoarseSpan(name, attributes, None, root)
 
 
-def linked_span(group: str, name: str, carrier_or_context: Any, **attributes: Any) -> Any:
+def linked_span(
+    group: str,
+    name: str,
+    carrier_or_context: Any,
+    attrs: Mapping[Any, Any] | None = None,
+    **attributes: Any,
+) -> Any:
     """Like :func:`span`, with an OTel Link to the span context in ``carrier_or_context``.
 
     ``carrier_or_context`` is a W3C carrier dict (``traceparent``), a ``SpanContext`` (from
     :func:`extract` or :func:`context_from_ints`), or None (no link).
     """
-    if group not in _ENABLED:
+    if group not in _ENABLED or _suppressed_here():
         return _NULL
+    if attrs is not None:
+        attributes = _merged(attrs, attributes)
     links = None
     try:
         ctx = carrier_or_context
@@ -334,7 +452,9 @@ def linked_span(group: str, name: str, carrier_or_context: Any, **attributes: An
     return CoarseSpan(name, attributes, links)
 
 
-def device_span(group: str, name: str, **attributes: Any) -> Any:
+def device_span(
+    group: str, name: str, attrs: Mapping[Any, Any] | None = None, **attributes: Any
+) -> Any:
     """Like :func:`span`, for a span that covers device work: with an event timer installed
     (:func:`set_event_timer`; the trainer installs CUDA events on a GPU) its start and end are
     device events, and its times are resolved at the step's sync point
@@ -342,6 +462,10 @@ def device_span(group: str, name: str, **attributes: Any) -> Any:
     only (a coarse group gets a plain span)."""
     if group not in _ENABLED:
         return _NULL
+    if _SUPPRESSED and get_ident() in _SUPPRESSED:
+        return _NULL
+    if attrs is not None:
+        attributes = _merged(attrs, attributes)
     if group in _FINE:
         if _devicetime.TIMER is None:
             return FineSpan(name, attributes)
@@ -350,13 +474,19 @@ def device_span(group: str, name: str, **attributes: Any) -> Any:
 
 
 def deferred_linked_span(
-    group: str, name: str, read_ints: Callable[[], Any], **attributes: Any
+    group: str,
+    name: str,
+    read_ints: Callable[[], Any],
+    attrs: Mapping[Any, Any] | None = None,
+    **attributes: Any,
 ) -> Any:
     """A span linked to the span context ``read_ints()`` returns (as :func:`context_from_ints`
     takes it), read only at the step's sync point (:func:`resolve_device_spans`), so the context can
     sit in a buffer a device copy fills without anyone waiting for it. Fine-grained groups only."""
-    if group not in _ENABLED:
+    if group not in _ENABLED or _suppressed_here():
         return _NULL
+    if attrs is not None:
+        attributes = _merged(attrs, attributes)
     if group not in _FINE:
         return linked_span(group, name, context_from_ints(read_ints()), **attributes)
     return _devicetime.DeviceTimedSpan(name, attributes, read_ints)
@@ -382,11 +512,11 @@ def resolve_device_spans(anchor: Any) -> int:
         return 0
 
 
-def trace_region(name: str, **attributes: Any) -> Any:
+def trace_region(name: str, attrs: Mapping[Any, Any] | None = None, **attributes: Any) -> Any:
     """A ``megatron.region.<name>`` marker span in the ``trace_region`` group."""
     if _TRACE_REGION not in _ENABLED:
         return _NULL
-    return span(_TRACE_REGION, region_name(name), **attributes)
+    return span(_TRACE_REGION, region_name(name), attrs, **attributes)
 
 
 def trace_fn(group: str, name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -419,6 +549,10 @@ def set_iteration(iteration: int) -> None:
 
 
 def _current_entry() -> Any:
+    """The innermost open span of this thread; None inside :func:`suppressed` (nothing is handed
+    on from there)."""
+    if _SUPPRESSED and get_ident() in _SUPPRESSED:
+        return None
     stack = _spans.current_stack()
     return stack[-1] if stack else None
 

@@ -1,8 +1,10 @@
-"""The exporting rank's runtime: resource, samplers, providers, instruments, the export thread,
-the sinks (OTLP gRPC / HTTP, console, file, none), the spool and the bounded shutdown.
+"""The exporting rank's runtime: resource, samplers, providers, instruments, the export thread
+and the bounded shutdown. Where the data goes (the sinks: OTLP gRPC / HTTP, console, file, none;
+and the spool) is :mod:`mlaunch.telemetry._sinks`; the logging bridge is
+:mod:`mlaunch.telemetry._logbridge`.
 
-This is the only module that imports the OpenTelemetry SDK and exporters; ``mlaunch.telemetry``
-imports it only on an exporting rank with telemetry enabled.
+These modules are the only ones that import the OpenTelemetry SDK and exporters;
+``mlaunch.telemetry`` imports the runtime only on an exporting rank with telemetry enabled.
 
 Why mlaunch owns the export thread instead of using the SDK's BatchSpanProcessor: the SDK's
 ``force_flush(timeout_millis=...)`` ignores its timeout and can block ~28 s on an unreachable
@@ -26,14 +28,12 @@ import json
 import logging
 import os
 import socket
-import sys
 import threading
 import time
-import warnings
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace as trace_api
@@ -59,8 +59,10 @@ from mlaunch.model.spans import (
     train_block,
 )
 from mlaunch.settings.run_id import choose_run_id, torchrun_shared_ids
-from mlaunch.telemetry import _spans, otlp_json
+from mlaunch.telemetry import _spans
 from mlaunch.telemetry._encode import Limits, SpanEncoder
+from mlaunch.telemetry._logbridge import LogBridge, install_log_bridge
+from mlaunch.telemetry._sinks import FailingSink, LineFile, Sink, Spool, build_sink
 from mlaunch.telemetry.samplers import build_sampler
 
 log = logging.getLogger("mlaunch.telemetry")
@@ -211,243 +213,6 @@ class _LogOnce:
         log.warning(message, *args)
 
 
-# ------------------------------------------------------------------------------------------------
-# Sinks
-
-
-class ExportFailed(Exception):
-    """An exporter reported failure (the cause string is the message)."""
-
-
-class _LineFile:
-    """Appends OTLP/JSON lines (``bytes`` or ``str``) to a file opened on first use, or to a text
-    stream; flushed per write."""
-
-    def __init__(self, path: Path | None, stream: IO[str] | None = None) -> None:
-        self.path = path
-        self.stream: Any = stream
-        self.lock = threading.Lock()
-
-    def write(self, line: bytes | str) -> None:
-        with self.lock:
-            if self.stream is None:
-                assert self.path is not None
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self.stream = open(self.path, "ab")  # noqa: SIM115 - long-lived
-            if self.path is None:  # a text stream (console)
-                text = line.decode("utf-8") if isinstance(line, bytes) else line
-                self.stream.write(text + "\n")
-            else:
-                data = line.encode("utf-8") if isinstance(line, str) else line
-                self.stream.write(data + b"\n")
-            self.stream.flush()
-
-    def close(self) -> None:
-        with self.lock:
-            if self.stream is not None and self.path is not None:
-                self.stream.close()
-                self.stream = None
-
-
-class Sink:
-    """Where exported spans and metrics go. ``export_spans`` gets raw records (FineSpan or SDK
-    spans), encodes them with the runtime's encoder and returns how many could not be encoded
-    (dropped, already logged); ``export_*`` raise :class:`ExportFailed` on failure."""
-
-    def export_spans(self, spans: list[Any], encoder: SpanEncoder) -> int:
-        """Deliver spans (``none``: accept them without encoding)."""
-        return 0
-
-    def export_metrics(self, data: Any) -> None:
-        """Deliver one metrics collection."""
-
-    def close(self) -> None:
-        """Release resources (may block; called on a daemon thread at shutdown)."""
-
-
-class _FailingSink(Sink):
-    """Used when the configured exporter could not be built: every batch goes to the spool."""
-
-    def __init__(self, cause: str) -> None:
-        self.cause = cause
-
-    def export_spans(self, spans: list[Any], encoder: SpanEncoder) -> int:
-        raise ExportFailed(self.cause)
-
-    def export_metrics(self, data: Any) -> None:
-        raise ExportFailed(self.cause)
-
-
-class LinesSink(Sink):
-    """``file`` and ``console``: OTLP/JSON lines."""
-
-    def __init__(self, traces: _LineFile, metrics: _LineFile) -> None:
-        self.traces = traces
-        self.metrics = metrics
-
-    def export_spans(self, spans: list[Any], encoder: SpanEncoder) -> int:
-        line, dropped = encoder.json_line(spans)
-        self.traces.write(line)
-        return dropped
-
-    def export_metrics(self, data: Any) -> None:
-        self.metrics.write(otlp_json.encode_metrics_line(data))
-
-    def close(self) -> None:
-        self.traces.close()
-        self.metrics.close()
-
-
-def _exporter_class(protocol: str, signal: str) -> Any:
-    """The SDK's OTLP exporter class for a protocol and signal (``trace`` or ``metric``)."""
-    if protocol == "grpc":
-        if signal == "trace":
-            return _grpc_bytes_span_exporter()
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-
-        return OTLPMetricExporter
-    if signal == "trace":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        return OTLPSpanExporter
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-
-    return OTLPMetricExporter
-
-
-class _Payload:
-    """A serialised ExportTraceServiceRequest and how many spans it holds."""
-
-    __slots__ = ("data", "count")
-
-    def __init__(self, data: bytes, count: int) -> None:
-        self.data = data
-        self.count = count
-
-
-_GRPC_BYTES_EXPORTER: Any = None
-
-
-def _grpc_bytes_span_exporter() -> Any:
-    """The SDK's OTLP gRPC span exporter, sending requests mlaunch encoded itself.
-
-    Everything the exporter does with a request is kept (endpoint and ``insecure`` parsing, TLS
-    credentials, headers as metadata, timeout as the call deadline, compression, retries with
-    backoff, reconnecting after UNAVAILABLE); only the request is already bytes, so the stub's
-    method passes it through instead of serialising a message built from ReadableSpans.
-    """
-    global _GRPC_BYTES_EXPORTER
-    if _GRPC_BYTES_EXPORTER is not None:
-        return _GRPC_BYTES_EXPORTER
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-        ExportTraceServiceResponse,
-    )
-
-    class _BytesTraceStub:
-        """TraceService's Export with no request serialiser (the request is bytes)."""
-
-        def __init__(self, channel: Any) -> None:
-            self.Export = channel.unary_unary(  # noqa: N815 - the gRPC method name
-                "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
-                request_serializer=None,
-                response_deserializer=ExportTraceServiceResponse.FromString,
-            )
-
-    class BytesSpanExporter(OTLPSpanExporter):
-        def __init__(self, **kwargs: Any) -> None:
-            super().__init__(**kwargs)
-            self._stub = _BytesTraceStub
-            self._client = _BytesTraceStub(self._channel)
-
-        def _translate_data(self, data: Any) -> Any:
-            return data.data
-
-        def _count_data(self, data: Any) -> int:
-            return data.count
-
-    _GRPC_BYTES_EXPORTER = BytesSpanExporter
-    return BytesSpanExporter
-
-
-def _otlp_headers(otel: Any) -> dict[str, str]:
-    """The OTLP headers with lower-case names, as the SDK's own env parsing gives them: gRPC
-    rejects any metadata key with a capital ("Authorization") and fails every export."""
-    return {str(k).lower(): v for k, v in (otel.headers or {}).items()}
-
-
-def _protocol_kwargs(otel: Any, protocol: str, common: dict[str, Any]) -> dict[str, Any]:
-    """Exporter keyword arguments: TLS options differ between the gRPC and HTTP exporters."""
-    kwargs = dict(common)
-    if protocol == "grpc":
-        if otel.insecure is not None:
-            kwargs["insecure"] = otel.insecure
-        if otel.certificate:
-            import grpc
-
-            with open(otel.certificate, "rb") as f:
-                kwargs["credentials"] = grpc.ssl_channel_credentials(root_certificates=f.read())
-    elif otel.certificate:
-        kwargs["certificate_file"] = otel.certificate
-    return kwargs
-
-
-class OtlpSink(Sink):
-    """OTLP over gRPC or HTTP/protobuf. Spans: mlaunch's own encoding, sent through the lower
-    layer of the SDK's exporters (gRPC: the exporter with a bytes stub; HTTP: its HTTP client,
-    which compresses, sets headers and certificates, retries). Metrics: the SDK's exporters."""
-
-    def __init__(self, settings: Any, traces: bool, metrics: bool) -> None:
-        otel = settings.otel
-        self.span_exporter = None
-        self.metric_exporter = None
-        self.grpc = otel.protocol == "grpc"
-        kwargs: dict[str, Any] = {"headers": _otlp_headers(otel)}
-        if otel.timeout_s is not None:
-            kwargs["timeout"] = otel.timeout_s
-        if traces:
-            span_cls = _exporter_class(otel.protocol, "trace")
-            self.span_exporter = span_cls(
-                endpoint=otel.endpoint, **_protocol_kwargs(otel, otel.protocol, kwargs)
-            )
-        if metrics:
-            protocol = getattr(otel, "metrics_protocol", otel.protocol)
-            metric_cls = _exporter_class(protocol, "metric")
-            self.metric_exporter = metric_cls(
-                endpoint=otel.metrics_endpoint or otel.endpoint,
-                **_protocol_kwargs(otel, protocol, kwargs),
-            )
-        self.where = f"{otel.protocol} {otel.endpoint}"
-
-    def export_spans(self, spans: list[Any], encoder: SpanEncoder) -> int:
-        if self.span_exporter is None:
-            return 0
-        data, dropped = encoder.pb_request(spans)
-        exporter = self.span_exporter
-        if self.grpc:
-            ok = exporter.export(_Payload(data, len(spans) - dropped)).name == "SUCCESS"
-        elif hasattr(getattr(exporter, "_client", None), "export"):
-            ok = exporter._client.export(data).success  # SDK >= 1.4x: the retrying HTTP client
-        else:
-            ok = bool(getattr(exporter._export(data), "ok", False))  # older SDKs: one POST
-        if not ok:
-            raise ExportFailed(f"OTLP trace export to {self.where} failed")
-        return dropped
-
-    def export_metrics(self, data: Any) -> None:
-        if self.metric_exporter is None:
-            return
-        result = self.metric_exporter.export(data)
-        if getattr(result, "name", "") != "SUCCESS":
-            raise ExportFailed(f"OTLP metric export to {self.where} failed")
-
-    def close(self) -> None:
-        for exporter in (self.span_exporter, self.metric_exporter):
-            if exporter is not None:
-                with contextlib.suppress(Exception):
-                    exporter.shutdown()
-
-
 class _OnceFilter(logging.Filter):
     """Lets each distinct message of the SDK's attribute cleaning through once: a bad value set
     on a span in a loop is one log line, not one per span."""
@@ -497,29 +262,10 @@ class Runtime:
         self.run_dir = (
             Path(run_dir) if run_dir else envcontract.worker_run_dir(environ, self.run_id)
         )
-        extra = dict(resource or {})
-        restart = extra.get(ResourceAttr.RESTART_COUNT, environ.get(_RESTART_ENV, "0"))
-        try:
-            self.restart = int(restart)
-        except (TypeError, ValueError):
-            self.restart = 0
-        extra.setdefault(ResourceAttr.RESTART_COUNT, self.restart)
-        # The incarnation the trace ids are derived from: the torchrun restart, and Megatron-LM's
-        # run_uuid (it also changes when SLURM requeues the job, which starts torchrun's count
-        # at 0 again), so a resumed block never reuses an earlier incarnation's trace id.
-        self.incarnation = f"{self.restart}/{run_identity(environ)[RUN_UUID]}"
         self.log_once = _LogOnce()
-        # megatron.train blocks: save_interval iterations, or K (trace_segment_iters) without saves.
-        segment_iters = max(1, int(settings.trace_segment_iters or 100))
-        self.block_iters = save_interval if save_interval and save_interval > 0 else segment_iters
-        self.block: int | None = None
-        #: The span the next root megatron.train links to: this incarnation's megatron.startup,
-        #: then the previous block.
-        self.chain: SpanContext | None = None
-        self.launcher_link = self._launcher_link(environ)
+        extra = self._init_identity(resource, environ, save_interval)
         self.traces_on = bool(settings.traces_enabled)
         self.metrics_on = bool(settings.metrics_enabled)
-
         self.resource = Resource(
             build_resource_attributes(
                 settings,
@@ -532,12 +278,58 @@ class Runtime:
             )
         )
         self.scope = InstrumentationScope(SCOPE_NAME, mlaunch.__version__)
-
         # Queues the export thread drains: ended fine records and ended SDK spans share one.
         self.queue: deque[Any] = deque()
         _spans.STATE.queue = self.queue
+        self._init_tracing()
+        self._init_metrics()
+        self._init_export(environ)
+        self._install_span_state()
+        self.thread = threading.Thread(
+            target=self._run, name="mlaunch-telemetry-export", daemon=True
+        )
+        self.thread.start()
+        self.log_bridge: LogBridge | None = None
+        if settings.logs_enabled:
+            try:
+                self.log_bridge = install_log_bridge(settings, self.resource)
+            except Exception as exc:  # the bridge is optional; never stop training for it
+                self.log_once("logs", "mlaunch telemetry: OTel log bridge unavailable (%s)", exc)
+        atexit.register(self.shutdown)
+
+    # --- construction steps ---------------------------------------------------------------------
+
+    def _init_identity(
+        self, resource: Mapping[str, Any] | None, environ: Mapping[str, str], save_interval: int
+    ) -> dict[str, Any]:
+        """The restart count, the incarnation, the block size and the trace chain's start; returns
+        the extra resource attributes with the restart count filled in."""
+        extra = dict(resource or {})
+        restart = extra.get(ResourceAttr.RESTART_COUNT, environ.get(_RESTART_ENV, "0"))
+        try:
+            self.restart = int(restart)
+        except (TypeError, ValueError):
+            self.restart = 0
+        extra.setdefault(ResourceAttr.RESTART_COUNT, self.restart)
+        # The incarnation the trace ids are derived from: the torchrun restart, and Megatron-LM's
+        # run_uuid (it also changes when SLURM requeues the job, which starts torchrun's count
+        # at 0 again), so a resumed block never reuses an earlier incarnation's trace id.
+        self.incarnation = f"{self.restart}/{run_identity(environ)[RUN_UUID]}"
+        # megatron.train blocks: save_interval iterations, or K (trace_segment_iters) without saves.
+        segment_iters = max(1, int(self.settings.trace_segment_iters or 100))
+        self.block_iters = save_interval if save_interval and save_interval > 0 else segment_iters
+        self.block: int | None = None
+        #: The span the next root megatron.train links to: this incarnation's megatron.startup,
+        #: then the previous block.
+        self.chain: SpanContext | None = None
+        self.launcher_link = self._launcher_link(environ)
+        return extra
+
+    def _init_tracing(self) -> None:
+        """The sampler and the TracerProvider whose ended spans go to the export queue."""
+        settings = self.settings
         self.sampler = build_sampler(
-            rank=rank,
+            rank=self.rank,
             traces_sampler=settings.otel.traces_sampler,
             traces_sampler_arg=settings.otel.traces_sampler_arg,
             rank_aware=settings.sampler_enabled,
@@ -552,6 +344,9 @@ class Runtime:
         self.tracer_provider.add_span_processor(_QueueProcessor(self.queue))
         self.tracer = self.tracer_provider.get_tracer(SCOPE_NAME, mlaunch.__version__)
 
+    def _init_metrics(self) -> None:
+        """The MeterProvider, one instrument per catalogue metric, and the collection period."""
+        settings = self.settings
         self.reader: InMemoryMetricReader | None = None
         self.meter_provider: MeterProvider | None = None
         self.instruments: dict[str, Any] = {}
@@ -578,11 +373,16 @@ class Runtime:
         interval = settings.otel.metric_export_interval_ms or default_ms
         self.metric_interval_s = max(0.05, interval / 1000)
 
+    def _init_export(self, environ: Mapping[str, str]) -> None:
+        """The sink, the spool, the encoder and the export thread's bookkeeping."""
+        settings = self.settings
         # Only a remote exporter can fail to deliver: its counts go to the end-of-run report
         # (a console run writes nothing to disk; a file run's files are the record).
         self.remote = settings.exporter == "otlp"
         try:
-            self.sink = self._build_sink(settings)
+            self.sink = build_sink(
+                settings, self.run_dir, self.rank, self.traces_on, self.metrics_on
+            )
         except Exception as exc:  # e.g. an unreadable CA file: keep the data, in the spool
             self.log_once(
                 "sink",
@@ -590,15 +390,14 @@ class Runtime:
                 settings.exporter,
                 exc,
             )
-            self.sink = _FailingSink(f"no exporter: {exc}")
-        self.spool_traces = _LineFile(envcontract.spool_file(self.run_dir, rank, "traces"))
-        self.spool_metrics = _LineFile(envcontract.spool_file(self.run_dir, rank, "metrics"))
-        self.spooled_spans = 0
-        self.spooled_metric_batches = 0
-        # Re-entrant: the spool helpers run with it held, from the export thread or shutdown.
+            self.sink = FailingSink(f"no exporter: {exc}")
+        # Re-entrant: the spool is written with it held, from the export thread or shutdown.
         self._lock = threading.RLock()
         self.encoder = SpanEncoder(
             self.resource, self.scope, Limits(), on_drop=self._on_encode_drop
+        )
+        self.spool = Spool(
+            self.run_dir, self.rank, self.encoder, BATCH_SIZE, self._drop, self.log_once
         )
         self._taken = 0  # spans taken from the queue (exported, spooled or dropped)
         self._delivered = 0
@@ -611,97 +410,22 @@ class Runtime:
         # Test-only (MLAUNCH_TEST_TEE_SPANS): a copy of every span handed to the exporter, so a
         # fault test can check that each one was delivered or spooled.
         self.tee = (
-            _LineFile(envcontract.tee_file(self.run_dir, rank))
+            LineFile(envcontract.tee_file(self.run_dir, self.rank))
             if environ.get(envcontract.TEE_SPANS)
             else None
         )
         self._stop = threading.Event()
         self._closed = False
-        self._logs_handler: logging.Handler | None = None
-        self._root_cache: tuple[int, bool] = (0, False)
 
-        # Install the span machinery (module-level state read by the span classes).
+    def _install_span_state(self) -> None:
+        """Point the span classes (module-level state they read) at this runtime."""
+        self._root_cache: tuple[int, bool] = (0, False)
         state = _spans.STATE
         state.trace_id = segment_trace_id(self.run_id, self.incarnation, STARTUP_TRACE)
         state.root_sampled = self._root_sampled
         state.start_sdk_span = self._start_sdk_span
         state.attach = self._attach
         state.detach = otel_context.detach
-
-        self.thread = threading.Thread(
-            target=self._run, name="mlaunch-telemetry-export", daemon=True
-        )
-        self.thread.start()
-        if settings.logs_enabled:
-            self._install_log_bridge(settings)
-        atexit.register(self.shutdown)
-
-    # --- construction helpers ------------------------------------------------------------------
-
-    def _build_sink(self, settings: Any) -> Sink:
-        exporter = settings.exporter
-        if exporter == "otlp":
-            return OtlpSink(settings, self.traces_on, self.metrics_on)
-        if exporter == "file":
-            return LinesSink(
-                _LineFile(envcontract.traces_file(self.run_dir, self.rank)),
-                _LineFile(envcontract.metrics_file(self.run_dir, self.rank)),
-            )
-        if exporter == "console":
-            out = _LineFile(None, sys.stdout)
-            return LinesSink(out, out)
-        return Sink()  # "none": decisions and conversion happen, nothing is written
-
-    def _install_log_bridge(self, settings: Any) -> None:
-        """Bridge Python logging to OTel logs (``LOGS_ENABLED``)."""
-        try:
-            from opentelemetry.sdk._logs import LoggerProvider, LoggingHandler
-            from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
-
-            provider = LoggerProvider(resource=self.resource, shutdown_on_exit=False)
-            if settings.exporter == "otlp":
-                otel = settings.otel
-                protocol = getattr(otel, "logs_protocol", None) or otel.protocol
-                if protocol == "grpc":
-                    from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
-
-                    endpoint = getattr(otel, "base_endpoint", None) or otel.endpoint
-                else:
-                    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
-
-                    base = (
-                        getattr(otel, "base_endpoint", None) or otel.endpoint.rsplit("/v1/", 1)[0]
-                    )
-                    endpoint = base.rstrip("/") + "/v1/logs"
-                kwargs: dict[str, Any] = {"headers": _otlp_headers(otel)}
-                if otel.timeout_s is not None:
-                    kwargs["timeout"] = otel.timeout_s
-                exporter = OTLPLogExporter(
-                    endpoint=endpoint, **_protocol_kwargs(otel, protocol, kwargs)
-                )
-                from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
-
-                provider.add_log_record_processor(BatchLogRecordProcessor(exporter))
-            elif settings.exporter == "console":
-                from opentelemetry.sdk._logs.export import ConsoleLogExporter
-
-                provider.add_log_record_processor(SimpleLogRecordProcessor(ConsoleLogExporter()))
-            else:
-                # The file/none exporters have no log output; Python logging keeps its own handlers.
-                log.info(
-                    "mlaunch telemetry: LOGS_ENABLED has no effect with exporter %r",
-                    settings.exporter,
-                )
-                return
-            self._log_provider = provider
-            with warnings.catch_warnings():
-                # Deprecated in favour of opentelemetry-instrumentation-logging, which is not a
-                # dependency; the SDK handler still works and keeps the dependency set small.
-                warnings.simplefilter("ignore", DeprecationWarning)
-                self._logs_handler = LoggingHandler(level=logging.NOTSET, logger_provider=provider)
-            logging.getLogger().addHandler(self._logs_handler)
-        except Exception as exc:  # the bridge is optional; never stop training for it
-            self.log_once("logs", "mlaunch telemetry: OTel log bridge unavailable (%s)", exc)
 
     # --- hooks used by the span classes -----------------------------------------------------------
 
@@ -831,7 +555,7 @@ class Runtime:
             return {
                 "emitted": self._taken + queued,
                 "delivered": self._delivered,
-                "spooled": self.spooled_spans,
+                "spooled": self.spool.spans,
                 "dropped": sum(dropped.values()),
                 "dropped_by": dropped,
                 "pending": queued + inflight,
@@ -845,7 +569,7 @@ class Runtime:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.tmp")
             tmp.write_text(
-                json.dumps({**counts, "rank": self.rank, "spool": str(self.spool_traces.path)})
+                json.dumps({**counts, "rank": self.rank, "spool": str(self.spool.traces.path)})
             )
             os.replace(tmp, path)
 
@@ -874,7 +598,7 @@ class Runtime:
                 pop = queue.popleft
                 old = [pop() for _ in range(excess)]
                 self._taken += excess
-                self._spool_spans(old)
+                self.spool.write_spans(old)
             n = min(len(queue), BATCH_SIZE)
             if not n:
                 return None
@@ -887,38 +611,11 @@ class Runtime:
                 self.tee.write(self.encoder.json_line(batch)[0])
         return batch
 
-    def _spool_spans(self, spans: list[Any]) -> None:
-        """Write spans to the spool file, BATCH_SIZE per line, and count them (call locked)."""
-        for i in range(0, len(spans), BATCH_SIZE):
-            chunk = spans[i : i + BATCH_SIZE]
-            try:
-                line, dropped = self.encoder.json_line(chunk)
-                self.spool_traces.write(line)
-            except Exception as exc:
-                self.log_once(
-                    "spool", "mlaunch telemetry: cannot write spool file (%s); spans lost", exc
-                )
-                self._drop(f"spool file not writable ({type(exc).__name__})", len(chunk))
-                continue
-            self.spooled_spans += len(chunk) - dropped
-            self._drop("cannot be encoded", dropped)
-
-    def _spool_metrics(self, data: Any) -> None:
-        if data is None:
-            return
-        try:
-            self.spool_metrics.write(otlp_json.encode_metrics_line(data))
-            self.spooled_metric_batches += 1
-        except Exception as exc:
-            self.log_once(
-                "spool", "mlaunch telemetry: cannot write spool file (%s); metrics lost", exc
-            )
-
     def _deliver(self, kind: str, payload: Any) -> None:
         """Export one batch (span batches come marked in flight by ``_take_batch``); on failure
         log once per cause and spool it."""
         spans = kind == "spans"
-        spool = self._spool_spans if spans else self._spool_metrics
+        spool = self.spool.write_spans if spans else self.spool.write_metrics
         if time.monotonic() < self._backoff_until:
             with self._lock:
                 if not self._abandoned:
@@ -954,7 +651,7 @@ class Runtime:
                 "mlaunch telemetry: %s export failed (%s); undelivered data goes to %s",
                 kind,
                 failed,
-                self.spool_traces.path if spans else self.spool_metrics.path,
+                self.spool.traces.path if spans else self.spool.metrics.path,
             )
             self._backoff_until = time.monotonic() + self._backoff_s
             self._backoff_s = min(FAILURE_BACKOFF_S, 2 * self._backoff_s)
@@ -1027,12 +724,12 @@ class Runtime:
                 queue = self.queue
                 rest = [queue.popleft() for _ in range(len(queue))]
                 self._taken += len(rest)
-                self._spool_spans((inflight_spans or []) + rest)
+                self.spool.write_spans((inflight_spans or []) + rest)
             if stuck:
-                self._spool_metrics(inflight_metrics)
+                self.spool.write_metrics(inflight_metrics)
                 data = self._collect_metrics()
                 if data is not None and data.resource_metrics:
-                    self._spool_metrics(data)
+                    self.spool.write_metrics(data)
                 self.log_once(
                     "deadline",
                     "mlaunch telemetry: export did not finish within %.1fs; gave up on the exporter",
@@ -1041,7 +738,7 @@ class Runtime:
             counts = self.span_counts()
             if self.remote:
                 self._write_span_counts(counts)
-            if counts["spooled"] or counts["dropped"] or self.spooled_metric_batches:
+            if counts["spooled"] or counts["dropped"] or self.spool.metric_batches:
                 reasons = ", ".join(f"{n} {why}" for why, n in counts["dropped_by"].items())
                 log.warning(
                     "mlaunch telemetry: spans could not be delivered: %d emitted = %d delivered "
@@ -1051,17 +748,16 @@ class Runtime:
                     counts["spooled"],
                     counts["dropped"],
                     f" ({reasons})" if reasons else "",
-                    self.spool_traces.path,
-                    self.spooled_metric_batches,
-                    self.spool_metrics.path,
+                    self.spool.traces.path,
+                    self.spool.metric_batches,
+                    self.spool.metrics.path,
                 )
-            if self._logs_handler is not None:
-                logging.getLogger().removeHandler(self._logs_handler)
+            if self.log_bridge is not None:
+                self.log_bridge.detach()
         except Exception as exc:
             self.log_once("shutdown", "mlaunch telemetry: shutdown error (%s)", exc)
         finally:
-            self.spool_traces.close()
-            self.spool_metrics.close()
+            self.spool.close()
             if self.tee is not None:
                 self.tee.close()
             # Closing exporters (gRPC channels) can block; never past the deadline.
@@ -1072,7 +768,7 @@ class Runtime:
     def _close_quietly(self) -> None:
         try:
             self.sink.close()
-            if getattr(self, "_log_provider", None) is not None:
-                self._log_provider.shutdown()
+            if self.log_bridge is not None:
+                self.log_bridge.shutdown()
         except Exception:
             pass

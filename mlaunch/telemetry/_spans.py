@@ -121,22 +121,27 @@ class FineSpan:
         "sampled",
         "start",
         "end",
+        "root",
     )
 
-    def __init__(self, name: str, attributes: dict[str, Any], links: Any = None) -> None:
+    def __init__(
+        self, name: str, attributes: dict[str, Any], links: Any = None, root: bool = False
+    ) -> None:
         self.name = name
         self.attributes = attributes
         self.links = links
         self.events: list[Any] | None = None
         self.status: tuple[int, str] | None = None
         self.end = 0
+        #: Parentless whatever is open on the thread (``span(..., root=True)``).
+        self.root = root
 
     def __enter__(self) -> FineSpan:
         try:
             stack = _tls.stack
         except AttributeError:
             stack = _new_stack()
-        if stack:
+        if stack and not self.root:
             parent = stack[-1]
             self.trace_id = parent.trace_id
             self.parent_id = parent.span_id
@@ -235,13 +240,18 @@ class CoarseSpan:
         "sampled",
         "token",
         "ended",
+        "root",
     )
 
-    def __init__(self, name: str, attributes: dict[str, Any], links: Any = None) -> None:
+    def __init__(
+        self, name: str, attributes: dict[str, Any], links: Any = None, root: bool = False
+    ) -> None:
         self.name = name
         self.attributes = attributes
         self.links = links
         self.ended = False
+        #: Parentless whatever is open on the thread (``span(..., root=True)``).
+        self.root = root
 
     def _start(self, parent: Any) -> None:
         span = STATE.start_sdk_span(self.name, parent, self.attributes, self.links)
@@ -253,7 +263,7 @@ class CoarseSpan:
 
     def __enter__(self) -> Any:
         stack = current_stack()
-        self._start(stack[-1] if stack else None)
+        self._start(stack[-1] if stack and not self.root else None)
         self.token = STATE.attach(self.span)
         stack.append(self)
         return self.span

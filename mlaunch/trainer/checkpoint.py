@@ -149,7 +149,7 @@ def save_checkpoint(
     tmp = root / f".tmp.{iter_dir_name(iteration)}"
     writer = topo.dp_rank == 0
     with telemetry.span(
-        SpanGroup.CHECKPOINT, SpanName.CHECKPOINT_SAVE, **{Attr.ITERATION.value: iteration}
+        SpanGroup.CHECKPOINT, SpanName.CHECKPOINT_SAVE, {Attr.ITERATION: iteration}
     ):
         with telemetry.span(SpanGroup.CHECKPOINT, SpanName.CHECKPOINT_SAVE_STATE_DICT):
             state = build_state() if writer else None

@@ -417,9 +417,7 @@ class Trainer:
     # -- one iteration ----------------------------------------------------------------------
     def train_step(self, iteration: int) -> StepResult:
         args, topo, s = self.args, self.topo, self.state
-        with telemetry.span(
-            G.STEP, SpanName.ITERATION, **{Attr.ITERATION.value: iteration}
-        ) as step_span:
+        with telemetry.span(G.STEP, SpanName.ITERATION, {Attr.ITERATION: iteration}) as step_span:
             _maybe_fail(iteration, topo.rank)
             with telemetry.span(G.DATA_LOADING, SpanName.GET_BATCH):
                 batch = self.data.batch(
@@ -438,7 +436,7 @@ class Trainer:
             with telemetry.span(
                 G.FORWARD_BACKWARD,
                 SpanName.FORWARD_BACKWARD,
-                **{Attr.NUM_MICROBATCHES.value: self.num_micro},
+                {Attr.NUM_MICROBATCHES: self.num_micro},
             ):
                 loss = forward_backward_1f1b(self.ctx, batch, self.num_micro, topo.pp_rank, topo.pp)
 
@@ -472,13 +470,11 @@ class Trainer:
                         group["lr"] = lr
                     self.optimizer.step()
                 self._update_loss_scale(skipped)
-                if opt_span is not None:
-                    opt_span.set_attribute(Attr.GRAD_NORM, grad_norm)
-                    opt_span.set_attribute(Attr.UPDATE_SUCCESSFUL, not skipped)
-            if step_span is not None:
-                step_span.set_attribute(Attr.LOSS, loss_value)
-                step_span.set_attribute(Attr.GRAD_NORM, grad_norm)
-                step_span.set_attribute(Attr.SKIPPED, skipped)
+                opt_span.set_attribute(Attr.GRAD_NORM, grad_norm)
+                opt_span.set_attribute(Attr.UPDATE_SUCCESSFUL, not skipped)
+            step_span.set_attribute(Attr.LOSS, loss_value)
+            step_span.set_attribute(Attr.GRAD_NORM, grad_norm)
+            step_span.set_attribute(Attr.SKIPPED, skipped)
         s.consumed_samples += args.global_batch_size
         return StepResult(loss_value, grad_norm, skipped, stop)
 
@@ -536,14 +532,12 @@ class Trainer:
     # -- evaluation and generation ----------------------------------------------------------
     def evaluate(self, iteration: int, progress: Progress) -> None:
         args, topo = self.args, self.topo
-        with telemetry.span(
-            G.EVALUATE, SpanName.EVALUATE, **{Attr.EVAL_ITERS.value: args.eval_iters}
-        ):
+        with telemetry.span(G.EVALUATE, SpanName.EVALUATE, {Attr.EVAL_ITERS: args.eval_iters}):
             self.model.eval()
             total = torch.zeros((), dtype=torch.float64, device=topo.device)
             for k in range(args.eval_iters):
                 with telemetry.span(
-                    G.EVALUATE, SpanName.EVALUATE_STEP, **{Attr.EVAL_ITERATION.value: k + 1}
+                    G.EVALUATE, SpanName.EVALUATE_STEP, {Attr.EVAL_ITERATION: k + 1}
                 ):
                     batch = self.data.batch(
                         k,
@@ -561,7 +555,7 @@ class Trainer:
             if topo.distributed and topo.world_size > 1:
                 dist.all_reduce(total)
             eval_loss = total.item() / (topo.dp * max(1, args.eval_iters))
-            sample = _on_fresh_thread(self.generate) if args.sample_tokens > 0 else None
+            sample = self.generate() if args.sample_tokens > 0 else None
             self.model.train()
         if topo.owns_loss:
             record: dict[str, Any] = {"iteration": iteration, "eval_loss": eval_loss}
@@ -578,33 +572,33 @@ class Trainer:
     @torch.no_grad()
     def generate(self) -> str | None:
         """Greedy completion of a held-out prompt, through the pipeline, inside a GenAI
-        ``text_completion <model>`` span. Returns the text on the last stage."""
+        ``text_completion <model>`` span: a root span of its own (GenAI convention; the catalogue
+        gives it no parent), with nothing traced below it. Returns the text on the last stage."""
         args, topo, model, p2p = self.args, self.topo, self.model, self.gen_p2p
-        if topo.device.type == "cuda":
-            torch.cuda.set_device(topo.device)  # the current device is per thread
         prompt_len = min(PROMPT_TOKENS, args.seq_length - 1)
         tokens = self.data.prompt(prompt_len).tolist()
         attrs = {
-            Attr.GEN_AI_OPERATION.value: "text_completion",
-            Attr.GEN_AI_REQUEST_MODEL.value: self.model_name,
-            Attr.GEN_AI_INPUT_TOKENS.value: prompt_len,
-            Attr.GEN_AI_OUTPUT_TOKENS.value: args.sample_tokens,
+            Attr.GEN_AI_OPERATION: "text_completion",
+            Attr.GEN_AI_REQUEST_MODEL: self.model_name,
+            Attr.GEN_AI_INPUT_TOKENS: prompt_len,
+            Attr.GEN_AI_OUTPUT_TOKENS: args.sample_tokens,
         }
-        with telemetry.span(G.INFERENCE, text_completion_name(self.model_name), **attrs):
+        name = text_completion_name(self.model_name)
+        with telemetry.span(G.INFERENCE, name, attrs, root=True), telemetry.suppressed():
             for _ in range(args.sample_tokens):
                 window = tokens[-args.seq_length :]
                 # Right-padded to the fixed shape the P2P buffers expect; causal attention keeps
                 # the padding from influencing the positions that matter.
                 x = torch.zeros((1, args.seq_length), dtype=torch.int64, device=topo.device)
                 x[0, : len(window)] = torch.tensor(window, device=topo.device)
-                h = p2p.recv_forward_untraced()
+                h = p2p.recv_forward(0)
                 with self.autocast():
-                    out = model(x if model.is_first else h, None, traced=False)
+                    out = model(x if model.is_first else h, None)
                 nxt = None
                 if model.is_last:
                     nxt = out[0, len(window) - 1].argmax().reshape(1)
                 else:
-                    p2p.send_forward_untraced(out)
+                    p2p.send_forward(out)
                 if topo.pp > 1 and (topo.is_first_stage or topo.is_last_stage):
                     nxt = p2p.exchange_token(nxt)
                 tokens.append(int(nxt.item()) if nxt is not None else 0)
@@ -616,7 +610,7 @@ class Trainer:
         args, topo = self.args, self.topo
         if args.save:
             checkpoint.check_shared(args.save, topo)  # before anything is saved or resumed
-        with telemetry.span(G.JOB, SpanName.STARTUP, **{Attr.MODEL_TYPE.value: MODEL_TYPE}):
+        with telemetry.span(G.JOB, SpanName.STARTUP, {Attr.MODEL_TYPE: MODEL_TYPE}):
             with telemetry.span(G.MODEL_INIT, SpanName.MODEL_INIT):
                 self.build_model()
             with telemetry.span(G.DATA_LOADING, SpanName.DATALOADER):
@@ -627,8 +621,7 @@ class Trainer:
                     iteration, ckpt = checkpoint.load_checkpoint(load, topo, lambda m: log(topo, m))
                     if ckpt is not None:
                         self.restore(ckpt, load)
-                    if load_span is not None:
-                        load_span.set_attribute(Attr.ITERATION, iteration)
+                    load_span.set_attribute(Attr.ITERATION, iteration)
         # No span covers the whole run (a SIGKILL would lose it): the launcher's job trace does.
         self.train_loop()
 
@@ -669,7 +662,7 @@ class Trainer:
             while stop is None and s.iteration < args.train_iters:
                 block = train_block(s.iteration + 1, self.block_iters)
                 telemetry.set_iteration(s.iteration + 1)  # the block's trace, before it opens
-                with telemetry.span(G.JOB, SpanName.TRAIN):
+                with telemetry.span(G.JOB, SpanName.TRAIN) as train_span:
                     while True:
                         stop = self.iteration(progress, first=first)
                         first = False
@@ -684,10 +677,10 @@ class Trainer:
                     ):
                         self.save()  # the final save, inside the last block
                     if stop == "signal":
-                        # The job was cut short: shutting telemetry down while this block is
-                        # open ends it with nemo.span.truncated (SPEC section 4), so a reader
-                        # can tell a preempted run from a finished one.
-                        telemetry.shutdown()
+                        # The job was cut short: the block is marked truncated, as a block still
+                        # open at shutdown is, so a reader can tell a preempted run from a
+                        # finished one.
+                        train_span.set_attribute(Attr.TRUNCATED, True)
         finally:
             progress.close()
 
@@ -698,9 +691,7 @@ class Trainer:
         iteration = s.iteration + 1
         telemetry.set_iteration(iteration)
         wrap = (
-            telemetry.span(
-                G.FIRST_ITERATION, SpanName.FIRST_ITERATION, **{Attr.ITERATION.value: iteration}
-            )
+            telemetry.span(G.FIRST_ITERATION, SpanName.FIRST_ITERATION, {Attr.ITERATION: iteration})
             if first
             else _NULL
         )
@@ -806,26 +797,6 @@ def block_iters(args: argparse.Namespace, settings: Any) -> int:
     return max(1, int(getattr(settings, "trace_segment_iters", None) or 100))
 
 
-def _on_fresh_thread(fn: Callable[[], Any]) -> Any:
-    """Run ``fn`` on a new thread and wait for it. A text-completion request is a root span of its
-    own (GenAI convention; the catalogue gives it no parent), and telemetry keeps its span stack
-    per thread, so a fresh thread starts the request without the evaluation as its parent."""
-    result: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            result["value"] = fn()
-        except BaseException as exc:  # re-raised on the calling thread
-            result["error"] = exc
-
-    worker = threading.Thread(target=target, name="mlaunch-generate")
-    worker.start()
-    worker.join()
-    if "error" in result:
-        raise result["error"]
-    return result.get("value")
-
-
 def _maybe_poison(iteration: int, flat_grads: torch.Tensor) -> None:
     """The test hook MLAUNCH_TEST_NAN_AT_ITERATION=k: a NaN gradient at iteration k, before the
     all-reduce, as a real overflow would arrive."""
@@ -858,7 +829,9 @@ def main(argv: list[str] | None = None) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     stop = StopFlag(args.preempt_signals)
     stop.install()
-    telemetry.setup(
+    # The job's telemetry: shut down (flushed, what is still open ended as truncated) on every
+    # way out of this block, after the error file is written.
+    with telemetry.setup(
         settings,
         rank=topo.rank,
         world_size=topo.world_size,
@@ -866,24 +839,21 @@ def main(argv: list[str] | None = None) -> int:
         resource=resource_attributes(args, topo),
         run_dir=run_dir,
         save_interval=args.save_interval if args.save else 0,
-    )
-    if topo.device.type == "cuda":
-        # Spans over GPU work time the GPU (events), resolved at each step's sync point.
-        telemetry.set_event_timer(telemetry.CudaEventTimer())
-    trainer = Trainer(args, topo, run_dir, stop, block_iters(args, settings))
-    try:
-        trainer.run()
-    except checkpoint.SaveDirNotShared as exc:
-        # A setup problem, not a crash: one line, exit 2, the reason in the error file too.
-        print(f"{PROG}: error: save: {exc}", file=sys.stderr, flush=True)
-        write_error_file(run_dir, topo.rank, exc, None)
-        telemetry.shutdown()
-        return 2
-    except BaseException as exc:
-        write_error_file(run_dir, topo.rank, exc, trainer.state.iteration + 1)
-        telemetry.shutdown()
-        raise
-    telemetry.shutdown()
+    ):
+        if topo.device.type == "cuda":
+            # Spans over GPU work time the GPU (events), resolved at each step's sync point.
+            telemetry.set_event_timer(telemetry.CudaEventTimer())
+        trainer = Trainer(args, topo, run_dir, stop, block_iters(args, settings))
+        try:
+            trainer.run()
+        except checkpoint.SaveDirNotShared as exc:
+            # A setup problem, not a crash: one line, exit 2, the reason in the error file too.
+            print(f"{PROG}: error: save: {exc}", file=sys.stderr, flush=True)
+            write_error_file(run_dir, topo.rank, exc, None)
+            return 2
+        except BaseException as exc:
+            write_error_file(run_dir, topo.rank, exc, trainer.state.iteration + 1)
+            raise
     if topo.distributed and dist.is_initialized():
         dist.destroy_process_group()
     return 0

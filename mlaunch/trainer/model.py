@@ -8,7 +8,6 @@ a model split over any number of stages starts bit-identical to the unsplit one.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import zlib
 
@@ -22,12 +21,6 @@ from mlaunch.model.spans import Attr, SpanName
 
 # count_parameters is re-exported for the loop, which imports it from here.
 from mlaunch.trainer.shape import GPTConfig, count_parameters  # noqa: F401
-
-_NULL_CTX = contextlib.nullcontext()
-
-
-def _no_span(*_args: object, **_kwargs: object) -> contextlib.nullcontext[None]:
-    return _NULL_CTX
 
 
 class SelfAttention(nn.Module):
@@ -69,9 +62,9 @@ class Block(nn.Module):
         # Built once: the span call sits on the per-layer hot path.
         self._span_attrs = {Attr.LAYER_NUMBER.value: layer_number}
 
-    def forward(self, x, traced: bool = True):
-        span = telemetry.device_span if traced else _no_span
-        with span(SpanGroup.LAYER, SpanName.LAYER_FORWARD, **self._span_attrs):
+    def forward(self, x):
+        span = telemetry.device_span  # one attribute lookup for the three spans
+        with span(SpanGroup.LAYER, SpanName.LAYER_FORWARD, self._span_attrs):
             with span(SpanGroup.LAYER, SpanName.LAYER_SELF_ATTENTION):
                 x = x + self.attn(self.ln1(x))
             with span(SpanGroup.LAYER, SpanName.LAYER_MLP):
@@ -133,7 +126,7 @@ class GPTStage(nn.Module):
                 value = torch.randn(p.shape, generator=g) * std
             p.copy_(value)
 
-    def forward(self, x, targets=None, traced: bool = True):
+    def forward(self, x, targets=None):
         """Stage 0 takes token ids, later stages the previous stage's hidden states. The last
         stage returns the mean cross-entropy against ``targets`` (or logits without them)."""
         if self.is_first:
@@ -142,7 +135,7 @@ class GPTStage(nn.Module):
         else:
             h = x
         for layer in self.layers:
-            h = layer(h, traced)
+            h = layer(h)
         if not self.is_last:
             return h
         h = self.norm(h)

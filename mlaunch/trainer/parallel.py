@@ -216,10 +216,11 @@ class P2P:
         ]
         return ops, act, ctx
 
-    def _send_ops(self, output: torch.Tensor, traced: bool = True) -> list[dist.P2POp]:
-        # Untraced exchanges (evaluation, generation) carry zeros: nobody links to them, and
-        # their staging rows would only be given back at the next training step's sync.
-        ctx = self._ctx_tensor() if traced else self._zero_ctx
+    def _send_ops(self, output: torch.Tensor) -> list[dist.P2POp]:
+        # Inside telemetry.suppressed() (evaluation, generation) the context is all zeros, so
+        # the shared zero tensor goes: nobody links to those exchanges, and no staging row is
+        # taken that only the next training step's sync would give back.
+        ctx = self._ctx_tensor()
         return [
             dist.P2POp(dist.isend, output.detach().float().contiguous(), self.topo.next_rank),
             dist.P2POp(dist.isend, ctx, self.topo.next_rank),
@@ -227,16 +228,17 @@ class P2P:
 
     def _linked(self, ctx: torch.Tensor, microbatch: int) -> None:
         """The receiving side of the cross-stage link: a span linked to the sender's span, its
-        link read from the received context after the step's sync point (never a sync here)."""
+        link read from the received context after the step's sync point (never a sync here).
+        Skipped when the group is off or suppressed: no staging row is taken then."""
         if not telemetry.is_enabled(COMM):
             return
         host = ctx
         if self._rows is not None:
             host = self._rows.row()
             host.copy_(ctx, non_blocking=True)  # ordered after the receive on this stream
-        attrs = {Attr.PP_RANK.value: self.topo.pp_rank, Attr.DL_MICROBATCH_ID.value: microbatch}
+        attrs = {Attr.PP_RANK: self.topo.pp_rank, Attr.DL_MICROBATCH_ID: microbatch}
         with telemetry.deferred_linked_span(
-            COMM, SpanName.PP_RECV_FORWARD_LINKED, host.tolist, **attrs
+            COMM, SpanName.PP_RECV_FORWARD_LINKED, host.tolist, attrs
         ):
             pass
 
@@ -305,18 +307,6 @@ class P2P:
                 req.wait()
         self._linked(ctx, microbatch)
         return act.requires_grad_()
-
-    # -- untraced exchanges for evaluation and generation ------------------------------------
-    def recv_forward_untraced(self) -> torch.Tensor | None:
-        if self.topo.is_first_stage:
-            return None
-        ops, act, _ = self._recv_ops()
-        self._wait(ops)
-        return act
-
-    def send_forward_untraced(self, output: torch.Tensor) -> None:
-        if not self.topo.is_last_stage:
-            self._wait(self._send_ops(output, traced=False))
 
     def exchange_token(self, token: torch.Tensor | None) -> torch.Tensor:
         """Generation: the last stage hands the next token to the first stage (PP > 1)."""

@@ -61,7 +61,7 @@ def _forward(
 ) -> _InFlight:
     model = ctx.model
     stash = ActivationStash(ctx.p2p.device, ctx.params) if ctx.offload else None
-    with telemetry.device_span(MB, SpanName.MICROBATCH_FORWARD, **{Attr.MICROBATCH_ID.value: i}):
+    with telemetry.device_span(MB, SpanName.MICROBATCH_FORWARD, {Attr.MICROBATCH_ID: i}):
         hooks = stash.hooks() if stash is not None else contextlib.nullcontext()
         with hooks, ctx.autocast():
             inp = batch.tokens[i] if model.is_first else x
@@ -84,7 +84,7 @@ def _backward(
     if job.stash is not None:
         job.stash.reload()
     with telemetry.device_span(
-        MB, SpanName.MICROBATCH_BACKWARD, **{Attr.MICROBATCH_ID.value: job.microbatch}
+        MB, SpanName.MICROBATCH_BACKWARD, {Attr.MICROBATCH_ID: job.microbatch}
     ):
         if output_grad is None:  # last stage: the output is the loss
             torch.autograd.backward(job.output * ctx.loss_scale)
@@ -141,16 +141,16 @@ def forward_only(ctx: StepContext, batch: Batch, num_micro: int) -> torch.Tensor
     ``megatron.evaluate.step`` (the P2P and layer spans belong to training iterations)."""
     model, p2p = ctx.model, ctx.p2p
     losses = []
-    for i in range(num_micro):
-        x = p2p.recv_forward_untraced()
-        with ctx.autocast():
-            out = model(
-                batch.tokens[i] if model.is_first else x,
-                batch.targets[i] if model.is_last else None,
-                traced=False,
-            )
-        if model.is_last:
-            losses.append(out.detach() / num_micro)
-        else:
-            p2p.send_forward_untraced(out)
+    with telemetry.suppressed():
+        for i in range(num_micro):
+            x = p2p.recv_forward(i)
+            with ctx.autocast():
+                out = model(
+                    batch.tokens[i] if model.is_first else x,
+                    batch.targets[i] if model.is_last else None,
+                )
+            if model.is_last:
+                losses.append(out.detach() / num_micro)
+            else:
+                p2p.send_forward(out)
     return torch.stack(losses).sum() if losses else None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 
 import pytest
 from telemetry_helpers import by_name, parent_names, read_trace_file
@@ -24,9 +25,14 @@ def test_disabled_telemetry_creates_nothing(make_settings, tmp_path):
     cm = telemetry.span(G.JOB, S.STARTUP)
     assert cm is telemetry.span(G.LAYER, S.LAYER_FORWARD)  # one preallocated null object
     with cm as s:
-        assert s is None
+        assert s is cm  # the null span: its own context manager
+        s.set_attribute(Attr.LOSS, 1.0)  # every span method is there and does nothing
+        s.set_attributes({"a": 1})
+        s.add_event("e")
+        s.set_status(None)
+        assert not s.is_recording()
     with telemetry.trace_region("x") as s:
-        assert s is None
+        assert isinstance(s, telemetry.NullSpan)
     assert telemetry.current_context_ints() == (0, 0, 0, 0)
     telemetry.record_step(1, step_ms=1.0)
     telemetry.shutdown()
@@ -39,7 +45,7 @@ def test_non_exporting_rank_has_empty_enabled_set(make_settings, tmp_path):
     assert not handle.exporting and handle.enabled_groups == frozenset()
     assert not telemetry.is_enabled(G.JOB)
     with telemetry.span(G.JOB, S.STARTUP) as s:
-        assert s is None
+        assert isinstance(s, telemetry.NullSpan)
 
 
 def test_second_setup_is_refused_until_shutdown(make_settings, tmp_path):
@@ -60,7 +66,7 @@ def test_span_groups_decide_which_spans_exist(make_settings, tmp_path):
     with telemetry.span(G.STEP, S.ITERATION):
         # a disabled parent group: the child attaches to the nearest enabled ancestor
         with telemetry.span(G.MICROBATCH, S.MICROBATCH_FORWARD) as mb:
-            assert mb is None
+            assert isinstance(mb, telemetry.NullSpan)
             with telemetry.span(G.COMMUNICATION, S.P2P_SEND_FORWARD):
                 pass
     telemetry.shutdown()
@@ -398,3 +404,82 @@ def test_a_slurm_requeue_gets_distinct_trace_ids(make_settings, tmp_path, monkey
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     second = _run_rank(make_settings, tmp_path / "b", 0, 2)
     assert {s["trace_id"] for s in first}.isdisjoint({s["trace_id"] for s in second})
+
+
+def test_attrs_mapping_takes_attr_members_as_keys(make_settings, tmp_path):
+    telemetry.setup(make_settings(), rank=0, world_size=1, run_dir=tmp_path)
+    with telemetry.span(G.JOB, S.STARTUP, {Attr.MODEL_TYPE: "gpt"}):  # coarse
+        with telemetry.span(G.MICROBATCH, S.MICROBATCH_FORWARD, {Attr.MICROBATCH_ID: 3}, x=1):
+            with telemetry.device_span(G.LAYER, S.LAYER_FORWARD, {Attr.LAYER_NUMBER: 2}):
+                pass
+    telemetry.shutdown()
+    named = by_name(read_trace_file(tmp_path))
+    assert named[S.STARTUP]["attributes"] == {Attr.MODEL_TYPE: "gpt", Attr.IS_GOODPUT: True}
+    assert named[S.MICROBATCH_FORWARD]["attributes"] == {Attr.MICROBATCH_ID: 3, "x": 1}
+    assert named[S.LAYER_FORWARD]["attributes"] == {Attr.LAYER_NUMBER: 2}
+
+
+def test_root_span_has_no_parent_whatever_is_open(make_settings, tmp_path):
+    telemetry.setup(make_settings(), rank=0, world_size=1, run_dir=tmp_path)
+    with telemetry.span(G.JOB, S.STARTUP):
+        with telemetry.span(G.INFERENCE, "text_completion m", root=True):  # coarse
+            with telemetry.span(G.LAYER, S.LAYER_FORWARD):  # a child of the root, as usual
+                pass
+        with telemetry.span(G.LAYER, S.LAYER_MLP, root=True):  # fine
+            pass
+        with telemetry.span(G.LAYER, S.LAYER_SELF_ATTENTION):  # the stack is as it was
+            pass
+    telemetry.shutdown()
+    spans = read_trace_file(tmp_path)
+    assert parent_names(spans) == {
+        S.STARTUP: None,
+        "text_completion m": None,
+        S.LAYER_FORWARD: "text_completion m",
+        S.LAYER_MLP: None,
+        S.LAYER_SELF_ATTENTION: S.STARTUP,
+    }
+    assert len({s["trace_id"] for s in spans}) == 1  # roots in the current trace
+
+
+def test_suppressed_makes_spans_null_and_hands_no_context_on(make_settings, tmp_path):
+    telemetry.setup(make_settings(), rank=0, world_size=1, run_dir=tmp_path)
+    seen_elsewhere: list[bool] = []
+    with telemetry.span(G.JOB, S.STARTUP):
+        assert telemetry.current_context_ints() != (0, 0, 0, 0)
+        with telemetry.suppressed():
+            assert not telemetry.is_enabled(G.LAYER)
+            for make in (telemetry.span, telemetry.device_span):
+                with make(G.LAYER, S.LAYER_FORWARD) as s:
+                    assert isinstance(s, telemetry.NullSpan)
+            with telemetry.suppressed():  # nests
+                pass
+            with telemetry.trace_region("r") as s:
+                assert isinstance(s, telemetry.NullSpan)
+            assert telemetry.current_context_ints() == (0, 0, 0, 0)
+            carrier: dict[str, str] = {}
+            telemetry.inject(carrier)
+            assert carrier == {}
+            # Other threads are not suppressed.
+            t = threading.Thread(
+                target=lambda: seen_elsewhere.append(telemetry.is_enabled(G.LAYER))
+            )
+            t.start()
+            t.join()
+        assert telemetry.is_enabled(G.LAYER)
+        with telemetry.span(G.LAYER, S.LAYER_MLP):
+            pass
+    telemetry.shutdown()
+    assert seen_elsewhere == [True]
+    assert sorted(s["name"] for s in read_trace_file(tmp_path)) == [S.LAYER_MLP, S.STARTUP]
+
+
+def test_the_setup_handle_shuts_telemetry_down_at_the_end_of_its_block(make_settings, tmp_path):
+    with pytest.raises(ValueError, match="boom"):
+        with telemetry.setup(make_settings(), rank=0, world_size=1, run_dir=tmp_path):
+            outer = telemetry.span(G.JOB, S.TRAIN)
+            outer.__enter__()  # still open when the job ends: truncated
+            raise ValueError("boom")
+    assert not telemetry.is_enabled(G.JOB)
+    spans = read_trace_file(tmp_path)
+    assert [s["name"] for s in spans] == [S.TRAIN]
+    assert spans[0]["attributes"][Attr.TRUNCATED] is True

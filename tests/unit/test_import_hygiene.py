@@ -162,7 +162,7 @@ def _library_imports_of(package: str) -> list[Import]:
 
 
 #: The modules that build the OpenTelemetry pipeline of an exporting rank, the only ones that may
-#: import the SDK: the runtime (providers, exporters, processors, the log bridge), the span encoder
+#: import the SDK: the runtime (providers, exporters, processors) and its log bridge, the span encoder
 #: of the file and spool exporters (it reads the SDK's ``SpanLimits``) and the samplers (SDK
 #: ``Sampler`` subclasses). The telemetry API (``mlaunch/telemetry/__init__.py``) imports the runtime
 #: only inside ``setup``, so instrumented code and every process that exports nothing pay for the API
@@ -171,6 +171,7 @@ def _library_imports_of(package: str) -> list[Import]:
 SDK_MODULES = frozenset(
     {
         "mlaunch/telemetry/_runtime.py",
+        "mlaunch/telemetry/_logbridge.py",
         "mlaunch/telemetry/_encode.py",
         "mlaunch/telemetry/samplers.py",
     }
