@@ -32,10 +32,11 @@ from mlaunch.model.spans import Attr, ResourceAttr, SpanName, text_completion_na
 from mlaunch.trainer import checkpoint
 from mlaunch.trainer.args import PROG, parse_and_validate
 from mlaunch.trainer.data import TokenData, decode, load_corpus
-from mlaunch.trainer.model import GPTConfig, GPTStage, count_parameters
+from mlaunch.trainer.model import GPTStage
 from mlaunch.trainer.offload import ParameterFilter
 from mlaunch.trainer.parallel import P2P, GradBuffer, Topology, init_distributed
 from mlaunch.trainer.pipeline import StepContext, forward_backward_1f1b, forward_only
+from mlaunch.trainer.shape import GPTConfig, count_parameters
 
 MODEL_TYPE = "gpt"
 PROMPT_TOKENS = 16  # text-completion prompt length (held-out bytes)

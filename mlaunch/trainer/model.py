@@ -18,9 +18,7 @@ from torch import nn
 from mlaunch import telemetry
 from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spans import Attr, SpanName
-
-# count_parameters is re-exported for the loop, which imports it from here.
-from mlaunch.trainer.shape import GPTConfig, count_parameters  # noqa: F401
+from mlaunch.trainer.shape import GPTConfig
 
 
 class SelfAttention(nn.Module):
