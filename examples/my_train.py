@@ -79,8 +79,7 @@ def main() -> None:
             for g in opt.param_groups:
                 g["lr"] = lr
             t0 = time.perf_counter()
-            with telemetry.span(G.STEP, SpanName.ITERATION,
-                                **{Attr.ITERATION.value: it}) as step:  # fmt: skip
+            with telemetry.span(G.STEP, SpanName.ITERATION, attrs={Attr.ITERATION: it}) as step:
                 with telemetry.span(G.DATA_LOADING, SpanName.GET_BATCH):
                     starts = torch.randint(len(data) - args.seq_length - 1,
                                            (args.micro_batch_size,), generator=gen)  # fmt: skip
@@ -99,8 +98,7 @@ def main() -> None:
                 with telemetry.span(G.OPTIMIZER, SpanName.OPTIMIZER):
                     opt.step()
                 value = loss.item()  # a sync point, once per step
-                if step is not None:
-                    step.set_attribute(Attr.LOSS.value, value)
+                step.set_attribute(Attr.LOSS.value, value)  # a no-op when the group is off
             step_ms = (time.perf_counter() - t0) * 1e3
             tokens_per_sec = args.micro_batch_size * world * args.seq_length / (step_ms / 1e3)
             telemetry.record_step(it, step_ms=step_ms, loss=value, learning_rate=lr,
