@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.launch_runs import clean_env
 from support.otlp import GrpcOtlpReceiver, HangingServer, closed_port_endpoint
 
 from mlaunch import envcontract
@@ -56,24 +57,17 @@ WORKER = textwrap.dedent(
 
 
 def _env(tmp_path: Path, endpoint: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("MEGATRON_OTEL_", "NEMO_LENS_", "OTEL_"))
-    }
-    env.update(
-        {
-            "MEGATRON_OTEL_ENABLED": "1",
-            "MEGATRON_OTEL_SPAN_GROUPS": "step,layer",
-            "MEGATRON_OTEL_RUN_ID": "counting",
-            "MEGATRON_OTEL_METRICS_ENABLED": "0",
-            "MEGATRON_OTEL_SHUTDOWN_TIMEOUT": str(DEADLINE_S),
-            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
-            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
-            "OTEL_EXPORTER_OTLP_TIMEOUT": "2",
-            "MLAUNCH_RUN_DIR": str(tmp_path),
-            "PYTHONPATH": str(REPO),
-        }
+    env = clean_env(
+        MEGATRON_OTEL_ENABLED="1",
+        MEGATRON_OTEL_SPAN_GROUPS="step,layer",
+        MEGATRON_OTEL_RUN_ID="counting",
+        MEGATRON_OTEL_METRICS_ENABLED="0",
+        MEGATRON_OTEL_SHUTDOWN_TIMEOUT=str(DEADLINE_S),
+        OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+        OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+        OTEL_EXPORTER_OTLP_TIMEOUT="2",
+        MLAUNCH_RUN_DIR=str(tmp_path),
+        PYTHONPATH=str(REPO),
     )
     return env
 
