@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from support.launch_runs import clean_env, finish, mlaunch
 from support.otlp import GrpcOtlpReceiver, closed_port_endpoint
-from typer.testing import CliRunner
+from support.trace_cli import trace_cli as cli
 
 from mlaunch import envcontract
 from mlaunch.model.spans import SpanName
@@ -35,13 +35,6 @@ def emitted(run_dir: Path) -> int:
     reports = [json.loads((run_dir / f"lens-worker-rank{r}.json").read_text()) for r in (0, 1)]
     assert all(rep.get("finished") and rep.get("exporting") for rep in reports), reports
     return sum(rep["emitted"] for rep in reports)
-
-
-def cli(*args: str | Path) -> tuple[int, str]:
-    from mlaunch.cli import app
-
-    r = CliRunner().invoke(app, ["trace", *map(str, args)], env={"COLUMNS": "200"})
-    return r.exit_code, r.output
 
 
 def receiver_stats(run_dir: Path) -> dict:
