@@ -4,6 +4,7 @@ up, and the shutdown warning states them (in subprocesses, as a worker runs)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -118,19 +120,24 @@ def _run(tmp_path: Path, endpoint: str, go: str = "-") -> subprocess.CompletedPr
     )
 
 
-@pytest.mark.slow
-def test_100k_spans_against_a_closed_port_are_all_spooled(tmp_path):
-    proc = _run(tmp_path, closed_port_endpoint())
-    counts = _parse(proc)
-    assert counts["delivered"] == 0 and counts["spooled"] == TOTAL
-    assert counts["shutdown_s"] < DEADLINE_S + 5.0
-    _check(counts, proc.stderr, tmp_path, [])
+@contextlib.contextmanager
+def _closed_port() -> Iterator[str]:
+    yield closed_port_endpoint()
 
 
-@pytest.mark.slow
-def test_100k_spans_against_a_hanging_server_are_all_spooled(tmp_path):
+@contextlib.contextmanager
+def _hanging_server() -> Iterator[str]:
     with HangingServer() as server:
-        proc = _run(tmp_path, server.endpoint)
+        yield server.endpoint
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "unreachable", [_closed_port, _hanging_server], ids=["closed-port", "hanging-server"]
+)
+def test_100k_spans_against_an_unreachable_collector_are_all_spooled(tmp_path, unreachable):
+    with unreachable() as endpoint:
+        proc = _run(tmp_path, endpoint)
     counts = _parse(proc)
     assert counts["delivered"] == 0 and counts["spooled"] == TOTAL
     assert counts["shutdown_s"] < DEADLINE_S + 5.0
