@@ -5,7 +5,6 @@ and a worker that ignores SIGTERM is force-stopped by a second Ctrl-C."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -13,13 +12,13 @@ import textwrap
 import time
 from pathlib import Path
 
+from support.launch_runs import clean_env
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MEGATRON_OTEL_"))}
-    env["PYTHONPATH"] = str(ROOT)
-    return env
+    return clean_env(PYTHONPATH=str(ROOT))
 
 
 def _train(tmp: Path, script: str, *args: str) -> list[str]:
@@ -37,6 +36,17 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
         assert proc.poll() is None, proc.communicate()[0]
         assert time.monotonic() < end, "the worker never started"
         time.sleep(0.1)
+
+
+def _interrupt_once_started(tmp: Path, script: str, marker: Path) -> subprocess.Popen:
+    """One worker running ``script``; SIGINT to the launcher once the script wrote ``marker``."""
+    proc = subprocess.Popen(
+        _train(tmp, script, "--nproc-per-node", "1"),
+        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    _wait_for(marker, proc)
+    proc.send_signal(signal.SIGINT)
+    return proc
 
 
 def test_a_failing_script_shows_each_failing_ranks_own_stderr(tmp_path: Path) -> None:
@@ -71,12 +81,7 @@ def test_ctrl_c_with_a_handled_traceback_in_a_log_is_an_interruption(tmp_path: P
         open({str(marker)!r}, "w").close()
         time.sleep(120)
     """
-    proc = subprocess.Popen(
-        _train(tmp_path, script, "--nproc-per-node", "1"),
-        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    _wait_for(marker, proc)
-    proc.send_signal(signal.SIGINT)
+    proc = _interrupt_once_started(tmp_path, script, marker)
     text, _ = proc.communicate(timeout=90)
     assert proc.returncode == 130, text
     assert "failed" not in text and "ZeroDivisionError" not in text
@@ -91,12 +96,7 @@ def test_a_second_ctrl_c_force_stops_a_worker_that_ignores_sigterm(tmp_path: Pat
         open({str(marker)!r}, "w").close()
         time.sleep(300)
     """
-    proc = subprocess.Popen(
-        _train(tmp_path, script, "--nproc-per-node", "1"),
-        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    _wait_for(marker, proc)
-    proc.send_signal(signal.SIGINT)
+    proc = _interrupt_once_started(tmp_path, script, marker)
     time.sleep(1.5)
     assert proc.poll() is None  # still waiting on the worker (torchrun's grace period)
     forced = time.monotonic()

@@ -19,12 +19,11 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from support.otlp import GrpcOtlpReceiver, closed_port_endpoint
+from support.trace_cli import trace_cli as cli
 from support.trainer_runs import TINY, clean_env
-from typer.testing import CliRunner
 
 from mlaunch.model.spans import SpanName
 from mlaunch.telemetry.otlp_json import read_metrics, read_spans
@@ -51,13 +50,6 @@ def wait_until(predicate, timeout: float, proc: subprocess.Popen) -> bool:  # ty
             return False
         time.sleep(0.05)
     return False
-
-
-def cli(*args: str | Path) -> tuple[int, str]:
-    from mlaunch.cli import app
-
-    r = CliRunner().invoke(app, ["trace", *map(str, args)], env={"COLUMNS": "200"})
-    return r.exit_code, r.output
 
 
 def test_collector_outage_spools_replays_and_never_stalls_training(tmp_path):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from support.launch_runs import clean_env, finish, mlaunch
 from support.otlp import GrpcOtlpReceiver, closed_port_endpoint
-from typer.testing import CliRunner
+from support.trace_cli import trace_cli as cli
 
 from mlaunch import envcontract
 from mlaunch.model.spans import SpanName
@@ -37,32 +37,32 @@ def emitted(run_dir: Path) -> int:
     return sum(rep["emitted"] for rep in reports)
 
 
-def cli(*args: str | Path) -> tuple[int, str]:
-    from mlaunch.cli import app
-
-    r = CliRunner().invoke(app, ["trace", *map(str, args)], env={"COLUMNS": "200"})
-    return r.exit_code, r.output
-
-
 def receiver_stats(run_dir: Path) -> dict:
     return json.loads(envcontract.receiver_stats_file(run_dir).read_text())
+
+
+def run_script(
+    script: Path, run_dir: Path, *extra: str, cwd: Path, env: dict[str, str]
+) -> tuple[int, str]:
+    """``mlaunch train --script`` with the two-rank ARGS (plus ``extra``), run to the end."""
+    return finish(
+        mlaunch("--script", str(script), "--run-dir", str(run_dir), *ARGS, *extra, cwd=cwd, env=env)
+    )
+
+
+def run_relay(
+    script: Path, run_dir: Path, endpoint: str, *, cwd: Path, env: dict[str, str]
+) -> tuple[int, str]:
+    """The same, relaying the workers' telemetry (OTLP exporter) to ``endpoint``."""
+    return run_script(script, run_dir, "--otlp-endpoint", endpoint, "--otel-exporter", "otlp",
+                      cwd=cwd, env=env)  # fmt: skip
 
 
 def test_script_with_no_collector_writes_every_span_for_every_trace_command(
     lens_worker_script: Path, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
-    code, out = finish(
-        mlaunch(
-            "--script",
-            str(lens_worker_script),
-            "--run-dir",
-            str(run_dir),
-            *ARGS,
-            cwd=tmp_path,
-            env=clean_env(),
-        )  # fmt: skip
-    )
+    code, out = run_script(lens_worker_script, run_dir, cwd=tmp_path, env=clean_env())
     assert code == 0, out
     n = emitted(run_dir)
     per_rank = {r: len(read_spans(envcontract.traces_file(run_dir, r))) for r in (0, 1)}
@@ -99,21 +99,7 @@ def test_relay_with_the_collector_down_spools_everything_and_replay_loses_nothin
     env = clean_env(
         OTEL_EXPORTER_OTLP_HEADERS=f"x-api-key={SECRET}", OTEL_EXPORTER_OTLP_TIMEOUT="2"
     )
-    code, out = finish(
-        mlaunch(
-            "--script",
-            str(lens_worker_script),
-            "--run-dir",
-            str(run_dir),
-            *ARGS,
-            "--otlp-endpoint",
-            endpoint,
-            "--otel-exporter",
-            "otlp",
-            cwd=tmp_path,
-            env=env,
-        )  # fmt: skip
-    )
+    code, out = run_relay(lens_worker_script, run_dir, endpoint, cwd=tmp_path, env=env)
     assert code == 0, out
     # The workers' spans plus the launcher's job trace (mlaunch.job + its attempt), which the
     # relay forwards (here: spools) too.
@@ -146,20 +132,8 @@ def test_relay_with_the_collector_up_forwards_the_workers_spans(
     run_dir = tmp_path / "run"
     with GrpcOtlpReceiver() as collector:
         env = clean_env(OTEL_EXPORTER_OTLP_HEADERS=f"x-api-key={SECRET}")
-        code, out = finish(
-            mlaunch(
-                "--script",
-                str(lens_worker_script),
-                "--run-dir",
-                str(run_dir),
-                *ARGS,
-                "--otlp-endpoint",
-                collector.endpoint,
-                "--otel-exporter",
-                "otlp",
-                cwd=tmp_path,
-                env=env,
-            )  # fmt: skip
+        code, out = run_relay(
+            lens_worker_script, run_dir, collector.endpoint, cwd=tmp_path, env=env
         )
         assert code == 0, out
         n = emitted(run_dir) + launcher_spans(run_dir)  # the workers' and the launcher's job trace

@@ -18,9 +18,11 @@ TIMEOUT_S = 180
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """The parent environment without telemetry/launcher variables, one thread, plus ``extra``."""
+    """The parent environment without telemetry/launcher variables, one thread, plus ``extra``
+    (which may override the thread count): the one scrub every test that starts a process uses."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(PREFIXES)}
-    env.update(OMP_NUM_THREADS="1", **extra)
+    env["OMP_NUM_THREADS"] = "1"
+    env.update(extra)
     return env
 
 

@@ -35,6 +35,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from mlaunch.telemetry import otlp_json
+from support.serving import GrpcServed, HttpServed, Served
 
 
 class _Store:
@@ -78,7 +79,7 @@ class _Store:
             return self.cond.wait_for(predicate, timeout)
 
 
-class _Receiver:
+class _Receiver(Served):
     """Shared API of the gRPC and HTTP receivers."""
 
     def __init__(self) -> None:
@@ -123,20 +124,8 @@ class _Receiver:
         """Wait until at least ``n`` log records arrived."""
         return self._store.wait(lambda: len(self._store.logs) >= n, timeout)
 
-    def start(self) -> _Receiver:
-        raise NotImplementedError
 
-    def stop(self) -> None:
-        raise NotImplementedError
-
-    def __enter__(self) -> Any:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-class GrpcOtlpReceiver(_Receiver):
+class GrpcOtlpReceiver(_Receiver, GrpcServed):
     """OTLP/gRPC TraceService + MetricsService + LogsService on 127.0.0.1:<ephemeral>, or on
     ``port`` (a collector restarting where it was)."""
 
@@ -189,14 +178,8 @@ class GrpcOtlpReceiver(_Receiver):
         self._server = server
         return self
 
-    def stop(self) -> None:
-        """Stop serving (immediately)."""
-        if self._server is not None:
-            self._server.stop(grace=None)
-            self._server = None
 
-
-class HttpOtlpReceiver(_Receiver):
+class HttpOtlpReceiver(_Receiver, HttpServed):
     """OTLP/HTTP (protobuf bodies) on 127.0.0.1:<ephemeral>."""
 
     def __init__(self) -> None:
@@ -279,15 +262,8 @@ class HttpOtlpReceiver(_Receiver):
         self._thread.start()
         return self
 
-    def stop(self) -> None:
-        """Stop serving."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
 
-
-class HangingServer:
+class HangingServer(Served):
     """Accepts TCP connections on 127.0.0.1 and never reads or answers: an OTLP endpoint that
     hangs every exporter call until its own timeout."""
 
@@ -337,12 +313,6 @@ class HangingServer:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
-
-    def __enter__(self) -> HangingServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def closed_port_endpoint() -> str:

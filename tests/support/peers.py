@@ -22,6 +22,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from support.serving import GrpcServed, HttpServed
+
 
 def self_signed_cert(directory: Path) -> tuple[Path, Path]:
     """Write ``cert.pem`` and ``key.pem`` for CN/SAN 127.0.0.1 + localhost; returns both paths.
@@ -63,7 +65,7 @@ def self_signed_cert(directory: Path) -> tuple[Path, Path]:
     return cert_path, key_path
 
 
-class _HttpPeer:
+class _HttpPeer(HttpServed):
     """A threaded HTTP server on 127.0.0.1 with start/stop and context-manager use."""
 
     scheme = "http"
@@ -92,19 +94,6 @@ class _HttpPeer:
         threading.Thread(target=server.serve_forever, daemon=True).start()
         self._server = server
         return self
-
-    def stop(self) -> None:
-        """Stop serving."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    def __enter__(self) -> Any:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -197,7 +186,7 @@ class TlsHttpOtlpServer(_HttpPeer):
         return Handler
 
 
-class _GrpcPeer:
+class _GrpcPeer(GrpcServed):
     scheme = "http"
 
     def __init__(self) -> None:
@@ -221,18 +210,6 @@ class _GrpcPeer:
         server.start()
         self._server = server
         return self
-
-    def stop(self) -> None:
-        """Stop serving (immediately)."""
-        if self._server is not None:
-            self._server.stop(grace=None)
-            self._server = None
-
-    def __enter__(self) -> Any:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 class PlainGrpcServer(_GrpcPeer):

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from support import launch_runs
 
 #: A tiny model and batch: 2 layers, width 32, 32 tokens, 2 microbatches of 2 per DP rank at DP=2.
 TINY = [
@@ -16,9 +17,6 @@ TINY = [
     "--lr", "3e-3", "--min-lr", "3e-4", "--lr-warmup-iters", "3", "--log-interval", "5",
     "--eval-iters", "0",
 ]  # fmt: skip
-
-#: Telemetry variables a test may set; scrubbed from the inherited environment first.
-_PREFIXES = ("MEGATRON_OTEL_", "NEMO_LENS_", "OTEL_", "MLAUNCH_", "SLURM_", "TORCHELASTIC_")
 
 
 @dataclass
@@ -44,10 +42,9 @@ class Run:
 
 def clean_env(run_dir: Path, **extra: str) -> dict[str, str]:
     """The parent environment without any telemetry/launcher variables, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_PREFIXES)}
-    env.update(OMP_NUM_THREADS="1", MLAUNCH_RUN_DIR=str(run_dir), PYTHONUNBUFFERED="1")
-    env.update(extra)
-    return env
+    return launch_runs.clean_env(
+        **{"MLAUNCH_RUN_DIR": str(run_dir), "PYTHONUNBUFFERED": "1", **extra}
+    )
 
 
 def run_trainer(

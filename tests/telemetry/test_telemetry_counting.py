@@ -4,6 +4,7 @@ up, and the shutdown warning states them (in subprocesses, as a worker runs)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -11,10 +12,12 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.launch_runs import clean_env
 from support.otlp import GrpcOtlpReceiver, HangingServer, closed_port_endpoint
 
 from mlaunch import envcontract
@@ -56,24 +59,17 @@ WORKER = textwrap.dedent(
 
 
 def _env(tmp_path: Path, endpoint: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("MEGATRON_OTEL_", "NEMO_LENS_", "OTEL_"))
-    }
-    env.update(
-        {
-            "MEGATRON_OTEL_ENABLED": "1",
-            "MEGATRON_OTEL_SPAN_GROUPS": "step,layer",
-            "MEGATRON_OTEL_RUN_ID": "counting",
-            "MEGATRON_OTEL_METRICS_ENABLED": "0",
-            "MEGATRON_OTEL_SHUTDOWN_TIMEOUT": str(DEADLINE_S),
-            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
-            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
-            "OTEL_EXPORTER_OTLP_TIMEOUT": "2",
-            "MLAUNCH_RUN_DIR": str(tmp_path),
-            "PYTHONPATH": str(REPO),
-        }
+    env = clean_env(
+        MEGATRON_OTEL_ENABLED="1",
+        MEGATRON_OTEL_SPAN_GROUPS="step,layer",
+        MEGATRON_OTEL_RUN_ID="counting",
+        MEGATRON_OTEL_METRICS_ENABLED="0",
+        MEGATRON_OTEL_SHUTDOWN_TIMEOUT=str(DEADLINE_S),
+        OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+        OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+        OTEL_EXPORTER_OTLP_TIMEOUT="2",
+        MLAUNCH_RUN_DIR=str(tmp_path),
+        PYTHONPATH=str(REPO),
     )
     return env
 
@@ -124,19 +120,24 @@ def _run(tmp_path: Path, endpoint: str, go: str = "-") -> subprocess.CompletedPr
     )
 
 
-@pytest.mark.slow
-def test_100k_spans_against_a_closed_port_are_all_spooled(tmp_path):
-    proc = _run(tmp_path, closed_port_endpoint())
-    counts = _parse(proc)
-    assert counts["delivered"] == 0 and counts["spooled"] == TOTAL
-    assert counts["shutdown_s"] < DEADLINE_S + 5.0
-    _check(counts, proc.stderr, tmp_path, [])
+@contextlib.contextmanager
+def _closed_port() -> Iterator[str]:
+    yield closed_port_endpoint()
 
 
-@pytest.mark.slow
-def test_100k_spans_against_a_hanging_server_are_all_spooled(tmp_path):
+@contextlib.contextmanager
+def _hanging_server() -> Iterator[str]:
     with HangingServer() as server:
-        proc = _run(tmp_path, server.endpoint)
+        yield server.endpoint
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "unreachable", [_closed_port, _hanging_server], ids=["closed-port", "hanging-server"]
+)
+def test_100k_spans_against_an_unreachable_collector_are_all_spooled(tmp_path, unreachable):
+    with unreachable() as endpoint:
+        proc = _run(tmp_path, endpoint)
     counts = _parse(proc)
     assert counts["delivered"] == 0 and counts["spooled"] == TOTAL
     assert counts["shutdown_s"] < DEADLINE_S + 5.0

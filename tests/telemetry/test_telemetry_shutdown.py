@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.launch_runs import clean_env
 from support.otlp import HangingServer, closed_port_endpoint
 
 from mlaunch import envcontract
@@ -52,23 +53,16 @@ WORKER = textwrap.dedent(
 
 
 def _run_worker(tmp_path: Path, endpoint: str, protocol: str, mode: str) -> tuple[float, dict]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("MEGATRON_OTEL_", "NEMO_LENS_", "OTEL_"))
-    }
-    env.update(
-        {
-            "MEGATRON_OTEL_ENABLED": "1",
-            "MEGATRON_OTEL_SPAN_GROUPS": "job,step,layer",
-            "MEGATRON_OTEL_RUN_ID": "deadline",
-            "MEGATRON_OTEL_SHUTDOWN_TIMEOUT": str(DEADLINE_S),
-            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
-            "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
-            "OTEL_EXPORTER_OTLP_TIMEOUT": "60",
-            "MLAUNCH_RUN_DIR": str(tmp_path),
-            "PYTHONPATH": str(REPO),
-        }
+    env = clean_env(
+        MEGATRON_OTEL_ENABLED="1",
+        MEGATRON_OTEL_SPAN_GROUPS="job,step,layer",
+        MEGATRON_OTEL_RUN_ID="deadline",
+        MEGATRON_OTEL_SHUTDOWN_TIMEOUT=str(DEADLINE_S),
+        OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+        OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
+        OTEL_EXPORTER_OTLP_TIMEOUT="60",
+        MLAUNCH_RUN_DIR=str(tmp_path),
+        PYTHONPATH=str(REPO),
     )
     t0 = time.monotonic()
     proc = subprocess.run(

@@ -7,33 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
-from support.synthetic_traces import TraceBuilder, hand_example
-from typer.testing import CliRunner
+from support.synthetic_traces import TraceBuilder
+from support.trace_cli import invoke_trace as _invoke
+from support.trace_cli import user_error as _user_error
 
 from mlaunch.model.spans import SpanName
-
-runner = CliRunner()
-
-
-def _invoke(*args: str | Path):
-    from mlaunch.cli import app
-
-    return runner.invoke(app, ["trace", *map(str, args)], env={"COLUMNS": "200"})
-
-
-def _user_error(result, *needles: str) -> str:
-    text = result.output
-    assert result.exit_code == 2, text
-    assert "Traceback" not in text
-    assert isinstance(result.exception, SystemExit)
-    for n in needles:
-        assert n in text, f"{n!r} not in {text!r}"
-    return text
-
-
-@pytest.fixture
-def run_dir(tmp_path: Path) -> Path:
-    return hand_example()[0].write_run_dir(tmp_path / "run")
 
 
 def test_summary_prints_tables_and_stragglers(run_dir: Path) -> None:

@@ -27,36 +27,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.synthetic_traces import TraceBuilder, hand_example, request_line
-from typer.testing import CliRunner
+from support.synthetic_traces import TraceBuilder, request_line
+from support.trace_cli import invoke_trace as _invoke
+from support.trace_cli import user_error
 
 from mlaunch.model.spans import SpanName
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _invoke(*args: str | Path):
-    from mlaunch.cli import app
-
-    return CliRunner().invoke(app, ["trace", *map(str, args)], env={"COLUMNS": "200"})
-
-
 def _refused(result, *needles: str) -> str:
     """Exit 2 with one ``error: FIELD PATH: message; fix: ...`` line and no traceback."""
-    text = result.output
-    assert result.exit_code == 2, text
-    assert "Traceback" not in text
-    assert isinstance(result.exception, SystemExit), repr(result.exception)
+    text = user_error(result, *needles)
     lines = [ln for ln in text.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: --output ") and "fix:" in lines[0], text
-    for n in needles:
-        assert n in text, f"{n!r} not in {text!r}"
     return text
-
-
-@pytest.fixture
-def run_dir(tmp_path: Path) -> Path:
-    return hand_example()[0].write_run_dir(tmp_path / "run")
 
 
 # ---- class 1: writing outputs ---------------------------------------------------------------

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from support.synthetic_traces import check_chrome_trace
+from support.trace_cli import invoke_trace
 from support.trainer_runs import TINY, run_trainer, telemetry_env
-from typer.testing import CliRunner
 
 from mlaunch.model.spans import ResourceAttr, SpanName
 
@@ -42,9 +42,7 @@ def reference(run_dir: Path) -> list[dict]:
 
 
 def _cli(*args: str | Path) -> str:
-    from mlaunch.cli import app
-
-    r = CliRunner().invoke(app, ["trace", *map(str, args)], env={"COLUMNS": "200"})
+    r = invoke_trace(*args)
     assert r.exit_code == 0, r.output
     return r.output
 

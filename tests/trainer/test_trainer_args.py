@@ -103,28 +103,27 @@ def problems_of(argv: list[str], world_size: int) -> list:
     return validate(build_parser().parse_args(argv), world_size)
 
 
-def test_bad_arguments_exit_2_on_every_rank_without_a_traceback(tmp_path):
-    # Exactly what a torchrun worker sees: WORLD_SIZE says 3, the layout needs a multiple of 2;
-    # no MASTER_ADDR, so reaching init_process_group would fail loudly instead.
-    env = clean_env(tmp_path, WORLD_SIZE="3", RANK="1")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mlaunch.trainer",
-            "--pipeline-model-parallel-size",
-            "2",
-            "--num-layers",
-            "3",
-            "--tensor-model-parallel-size",
-            "2",
-        ],
-        env=env,
+def trainer_process(tmp_path, args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    """``python -m mlaunch.trainer ARGS`` in ``tmp_path`` with a clean environment plus ``env``."""
+    return subprocess.run(
+        [sys.executable, "-m", "mlaunch.trainer", *args],
+        env=clean_env(tmp_path, **env),
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def test_bad_arguments_exit_2_on_every_rank_without_a_traceback(tmp_path):
+    # Exactly what a torchrun worker sees: WORLD_SIZE says 3, the layout needs a multiple of 2;
+    # no MASTER_ADDR, so reaching init_process_group would fail loudly instead.
+    proc = trainer_process(
+        tmp_path,
+        ["--pipeline-model-parallel-size", "2", "--num-layers", "3",
+         "--tensor-model-parallel-size", "2"],
+        WORLD_SIZE="3", RANK="1",
+    )  # fmt: skip
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 3, proc.stderr
@@ -134,14 +133,6 @@ def test_bad_arguments_exit_2_on_every_rank_without_a_traceback(tmp_path):
 
 
 def test_bad_telemetry_environment_exits_2(tmp_path):
-    env = clean_env(tmp_path, MEGATRON_OTEL_ENABLED="maybe")
-    proc = subprocess.run(
-        [sys.executable, "-m", "mlaunch.trainer"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = trainer_process(tmp_path, [], MEGATRON_OTEL_ENABLED="maybe")
     assert proc.returncode == 2
     assert "MEGATRON_OTEL_ENABLED" in proc.stderr and "Traceback" not in proc.stderr

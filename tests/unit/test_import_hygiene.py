@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support.launch_runs import clean_env
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "mlaunch"
@@ -39,11 +39,7 @@ print(json.dumps({{"code": code, "modules": sorted(sys.modules)}}))
 
 
 def _loaded(args: list[str]) -> tuple[int, set[str]]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("MEGATRON_OTEL_", "NEMO_LENS_", "OTEL_"))
-    }
+    env = clean_env()
     out = subprocess.run(
         [sys.executable, "-c", PROBE.format(args=args)],
         capture_output=True,
