@@ -399,8 +399,8 @@ def span(
     (:class:`NullSpan`, whose methods do nothing) when the group is off.
 
     ``attrs`` is a mapping of attributes (keys may be ``Attr`` members); keyword attributes are
-    added to it. ``root=True`` (pass it by name) starts a parentless span (a root in the current trace) whatever is
-    open on this thread; spans opened inside it are its children as usual.
+    added to it. ``root=True`` (pass it by name) starts a parentless span (a root in the current
+    trace) whatever is open on this thread; spans opened inside it are its children as usual.
 
     The spans Megatron-LM marks (``SpanDef.goodput``) carry ``is_goodput_span=true``. A span left
     by an exception gets status ERROR and an ``exception`` event; the exception propagates.
