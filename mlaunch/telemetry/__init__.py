@@ -460,17 +460,13 @@ def device_span(
     device events, and its times are resolved at the step's sync point
     (:func:`resolve_device_spans`); without one it is exactly :func:`span`. Fine-grained groups
     only (a coarse group gets a plain span)."""
-    if group not in _ENABLED:
-        return _NULL
-    if _SUPPRESSED and get_ident() in _SUPPRESSED:
+    if _devicetime.TIMER is None or group not in _FINE:
+        return span(group, name, attrs, False, **attributes)  # host-timed: exactly span()
+    if group not in _ENABLED or _suppressed_here():
         return _NULL
     if attrs is not None:
         attributes = _merged(attrs, attributes)
-    if group in _FINE:
-        if _devicetime.TIMER is None:
-            return FineSpan(name, attributes)
-        return _devicetime.DeviceTimedSpan(name, attributes)
-    return span(group, name, **attributes)
+    return _devicetime.DeviceTimedSpan(name, attributes)
 
 
 def deferred_linked_span(
