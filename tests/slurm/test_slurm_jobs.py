@@ -195,10 +195,12 @@ def test_usr1_then_requeue_resumes_from_the_checkpoint_as_a_second_incarnation(
 
 
 def test_the_time_limit_warning_saves_and_requeues_the_job_itself(slurm_cluster, tmp_path):
-    # --time 1 with a 50 s grace: SLURM warns the batch shell (USR1) about 10 s in (its timer
-    # checks limits every few tens of seconds), long before the 600 iterations are done.
+    # --time 2 with a 90 s grace: SLURM warns the batch shell (USR1) 30 s in at the earliest (its
+    # timer checks limits every few tens of seconds), after training has started even on a loaded
+    # machine (with 10 s, a slow start-up in CI was stopped before its first iteration) and long
+    # before the 5000 iterations are done.
     job_id, run_dir = submit(
-        slurm_cluster, tmp_path, "--train-iters", "600", "--time", "1", "--signal-grace", "50"
+        slurm_cluster, tmp_path, "--train-iters", "5000", "--time", "2", "--signal-grace", "90"
     )
     info = wait_until(
         lambda: (
@@ -217,7 +219,7 @@ def test_the_time_limit_warning_saves_and_requeues_the_job_itself(slurm_cluster,
     )  # fmt: skip
     assert "mlaunch: USR1: stopping the workers" in out
     stopped_at = progress_iteration(run_dir)
-    assert 1 <= stopped_at < 600
+    assert 1 <= stopped_at < 5000
     assert (run_dir / "checkpoints" / f"iter_{stopped_at:07d}").is_dir()
 
 
