@@ -10,7 +10,8 @@ from mlaunch.trainer.loop import main
 
 if __name__ == "__main__":
     # record(): torchelastic's error file gets this rank's exception and traceback.
-    code = record(main)()
+    # record() turns SystemExit(0) (argparse's --help) into a return of None.
+    code = record(main)() or 0
     # A clean end leaves without interpreter finalisation. gloo's (and NCCL's) worker threads
     # release each collective's tensors after wait() has returned, and with torch's PyObject
     # preservation that release takes the GIL; a release still pending when the interpreter

@@ -136,3 +136,11 @@ def test_bad_telemetry_environment_exits_2(tmp_path):
     proc = trainer_process(tmp_path, [], MEGATRON_OTEL_ENABLED="maybe")
     assert proc.returncode == 2
     assert "MEGATRON_OTEL_ENABLED" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_help_exits_0_with_the_usage_and_no_traceback(tmp_path):
+    # torchelastic's record() turns argparse's SystemExit(0) into a return of None; the entry
+    # point's exit must still be 0 (it once crashed on os._exit(None)).
+    proc = trainer_process(tmp_path, ["--help"])
+    assert proc.returncode == 0, proc.stderr
+    assert "--num-layers" in proc.stdout and "Traceback" not in proc.stderr
