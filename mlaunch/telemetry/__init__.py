@@ -547,7 +547,7 @@ def set_iteration(iteration: int) -> None:
 def _current_entry() -> Any:
     """The innermost open span of this thread; None inside :func:`suppressed` (nothing is handed
     on from there)."""
-    if _SUPPRESSED and get_ident() in _SUPPRESSED:
+    if _suppressed_here():
         return None
     stack = _spans.current_stack()
     return stack[-1] if stack else None

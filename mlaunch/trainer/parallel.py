@@ -410,10 +410,6 @@ class GradBuffer:
                 self._launch(bucket)
         self._pending = []
 
-    def start_all_reduce(self, group: object) -> None:
-        """Every bucket at once, after backward (no overlap); kept for callers without hooks."""
-        self.start_remaining(group)
-
     def finish_all_reduce(self, dp: int) -> None:
         """Wait for every bucket (on CUDA this makes the compute stream wait for NCCL; the host
         returns at once), then turn the sum into a mean."""
