@@ -161,8 +161,11 @@ def test_usr1_then_requeue_resumes_from_the_checkpoint_as_a_second_incarnation(
     # The controller may still report the first incarnation's end for a moment: wait until the
     # job is queued again, or wait_done below would read that stale state.
     wait_until(lambda: slurm_state(slurm_cluster, job_id) not in FINISHED, "requeue", slurm_cluster)
-    # SLURM holds a requeued job for about two minutes before it may start again; skip that.
-    slurm_cluster.run("scontrol", "update", f"jobid={job_id}", "starttime=now")
+    # SLURM holds a requeued job for about two minutes before it may start again; skip most of
+    # that, but not all: slurmd revokes the first incarnation's job credential with one-second
+    # resolution, and a start within that second is killed as "Job credential revoked" (seen
+    # once in CI). Two seconds is past it.
+    slurm_cluster.run("scontrol", "update", f"jobid={job_id}", "starttime=now+2")
     assert wait_done(slurm_cluster, job_id) == "COMPLETED"
     final = status(slurm_cluster, tmp_path, job_id)
     show("mlaunch status (after requeue)", status_text(slurm_cluster, tmp_path, job_id))
