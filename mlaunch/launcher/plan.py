@@ -23,8 +23,10 @@ from mlaunch.launcher.checkpoint_layout import checkpoint_layout_problems
 from mlaunch.launcher.configs import config_launch_keys, os_reason, resolve_config
 from mlaunch.launcher.slurm import slurm_launch_values
 from mlaunch.launcher.worker_args import (
+    MEGATRON_DATA_ARGS,
     MEGATRON_ONLY_ARGS,
     check_trainer_args,
+    megatron_data_problems,
     otel_flags,
     resolve_megatron_args,
     shadowed_settings,
@@ -377,7 +379,10 @@ def _entry(
     if launch.megatron_args:
         extra = trainer_args(settings, run_dir, megatron=True) + otel_flags(settings)
         owned = [*reference.REFERENCE_OTEL_ARGS, *(f for f, _ in MEGATRON_ONLY_ARGS.values())]
-        problems += shadowed_settings(passthrough, owned)
+        # Megatron-LM's data sources are its own (dataset prefixes, weighted lists): verbatim
+        # after '--', unless data_path gives one before it too.
+        problems += shadowed_settings(passthrough, owned, passed=MEGATRON_DATA_ARGS)
+        problems += megatron_data_problems(settings, passthrough)
     problems += reference.refusals(settings)
     return [*target, *extra, *passthrough], megatron_why
 
