@@ -231,7 +231,11 @@ def test_each_shipped_config_launches(spawned, config, expect):
     assert " ".join(expect) in joined
 
 
-def test_gpu8_and_megatron_configs(spawned, tmp_path):
+def test_gpu8_and_megatron_configs(spawned, tmp_path, monkeypatch):
+    # These configs say device = "cuda": the launch stands for one on a GPU machine.
+    from mlaunch.doctor import torch_probe
+
+    monkeypatch.setattr(torch_probe, "cuda_missing", lambda python, env: None)
     result = invoke("--config", "gpu8", "--dry-run")
     assert result.exit_code == 0, result.output
     assert "--nproc-per-node 8" in result.output and "--bf16" in result.output
@@ -253,6 +257,18 @@ def test_gpu8_and_megatron_configs(spawned, tmp_path):
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert spawned[-1][1]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://localhost:4317"
+
+
+@pytest.mark.parametrize("how", [("--device", "cuda"), ("--config", "gpu8")])
+def test_device_cuda_without_cuda_is_refused_before_anything_starts(spawned, tmp_path, how):
+    # The real probe (doctor's, in a subprocess); an empty CUDA_VISIBLE_DEVICES hides every GPU
+    # there is, so the machine has no CUDA for the workers whatever it holds.
+    result = invoke(*how, env={"CUDA_VISIBLE_DEVICES": ""})
+    assert result.exit_code == 2, result.output
+    label = "--device" if how[0] == "--device" else "gpu8.toml [launch] device"
+    assert f"{label}: cuda, but the workers would find no CUDA device" in result.output
+    assert "use --device cpu" in result.output and "Traceback" not in result.output
+    assert spawned == [] and not (tmp_path / "runs").exists()
 
 
 def test_module_target_and_passthrough(spawned):
