@@ -259,6 +259,25 @@ def test_gpu8_and_megatron_configs(spawned, tmp_path, monkeypatch):
     assert spawned[-1][1]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://localhost:4317"
 
 
+def test_the_readmes_megatron_example_runs_as_written(spawned, tmp_path, monkeypatch):
+    # README: mlaunch train --config megatron --script .../pretrain_gpt.py -- --data-path PREFIX
+    # (megatron.toml says device = "cuda": this stands for a GPU machine).
+    from mlaunch.doctor import torch_probe
+
+    monkeypatch.setattr(torch_probe, "cuda_missing", lambda python, env: None)
+    script = tmp_path / "Megatron-LM" / "pretrain_gpt.py"
+    script.parent.mkdir()
+    script.write_text("")
+    result = invoke(
+        "--config", "megatron", "--script", str(script), "--", "--data-path",
+        "/data/corpus_text_document",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    ((argv, _),) = spawned
+    assert argv[-2:] == ["--data-path", "/data/corpus_text_document"]
+    assert argv.count("--data-path") == 1
+
+
 @pytest.mark.parametrize("how", [("--device", "cuda"), ("--config", "gpu8")])
 def test_device_cuda_without_cuda_is_refused_before_anything_starts(spawned, tmp_path, how):
     # The real probe (doctor's, in a subprocess); an empty CUDA_VISIBLE_DEVICES hides every GPU
