@@ -31,8 +31,8 @@ def register(app: typer.Typer) -> None:
             None,
             "--config",
             metavar="FILE|NAME",
-            help="Also validate this run config, as `mlaunch train --config` takes it (a TOML"
-            " file or a shipped config's name). Without it: the environment and the defaults.",
+            help="The run config to check, as `mlaunch train --config` takes it (a TOML file"
+            " or a shipped config's name). Default: tiny, the one plain `mlaunch train` runs.",
         ),
         as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
         deep: bool = typer.Option(
@@ -64,19 +64,17 @@ def run(config: str | None, *, as_json: bool, deep: bool, worker_python: str | N
             print_problems([("--worker-python", f"{worker_python!r} is not an executable file")])
             return 2
         worker_python = found
-    # Without --config, the environment over the defaults: a shipped config may pin the
-    # exporter, which would hide the OTLP endpoint that doctor is there to probe.
-    config_path = None
-    if config is not None:  # the same lookup as `mlaunch train --config` (paths and names)
-        from mlaunch.cli.errors import print_problems
-        from mlaunch.launcher.configs import resolve_config
-        from mlaunch.settings import SettingsError
+    # The same lookup as `mlaunch train --config` (paths and names), and the same default
+    # (tiny): plain doctor checks what plain train would run, not the schema's bare defaults.
+    from mlaunch.cli.errors import print_problems
+    from mlaunch.launcher.configs import resolve_config
+    from mlaunch.settings import SettingsError
 
-        try:
-            config_path = resolve_config(config, Path.cwd())
-        except SettingsError as exc:
-            print_problems(exc.problems)
-            return 2
+    try:
+        config_path = resolve_config(config, Path.cwd())
+    except SettingsError as exc:
+        print_problems(exc.problems)
+        return 2
     from mlaunch.doctor import run_doctor
     from mlaunch.doctor.results import exit_code, to_json
 

@@ -8,6 +8,7 @@ gets ``--flag`` and a hidden ``--no-flag``.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import types
 import typing
@@ -84,19 +85,56 @@ def _param_name(path: str) -> str:
     return "s__" + path.replace(".", "__")
 
 
-def _default_text(info: Any) -> str:
-    """`` (default: X)`` (not ``[...]``: Rich markup would eat it) for a field with a default
-    worth showing ('' for unset ones)."""
-    default = info.default
-    if default is None or default is PydanticUndefined or callable(default):
+def _shown(value: Any) -> str:
+    """A default as ``--help`` shows it ('' for none worth showing)."""
+    if value is None or value is PydanticUndefined or callable(value):
         return ""
-    if isinstance(default, bool):
-        return f" (default: {'on' if default else 'off'})"
-    if isinstance(default, str | int | float):
-        return f" (default: {default})" if str(default) != "" else ""
-    if isinstance(default, frozenset | set | tuple | list) and default:
-        return f" (default: {','.join(sorted(map(str, default)))})"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, str | int | float):
+        return str(value)
+    if isinstance(value, frozenset | set | tuple | list) and value:
+        return ",".join(sorted(map(str, value)))
     return ""
+
+
+@functools.cache
+def default_config_values() -> tuple[str, dict[str, Any]]:
+    """(file name, {dotted path: value}) of the config plain ``mlaunch train`` runs: its values,
+    not the schema's, are the defaults a plain run uses ('', {} when it cannot be read: the run
+    itself reports that)."""
+    import tomllib
+
+    from mlaunch.launcher.configs import CONFIGS_DIR, DEFAULT_CONFIG
+
+    path = CONFIGS_DIR / f"{DEFAULT_CONFIG}.toml"
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return "", {}
+
+    def flat(prefix: str, table: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in table.items():
+            dotted = f"{prefix}.{key}" if prefix else key
+            out.update(flat(dotted, value) if isinstance(value, dict) else {dotted: value})
+        return out
+
+    return path.name, flat("", data)
+
+
+def _default_text(path: str, info: Any) -> str:
+    """`` (default: X)`` (not ``[...]``: Rich markup would eat it): the value plain ``mlaunch
+    train`` uses, its default config's where that sets it (with the schema's, for a config that
+    leaves it out); '' for unset ones."""
+    schema = _shown(info.default)
+    name, values = default_config_values()
+    if path in values:
+        plain = _shown(values[path])
+        if plain == schema:
+            return f" (default: {plain})"
+        return f" (default: {plain} from {name}" + (f", else {schema})" if schema else ")")
+    return f" (default: {schema})" if schema else ""
 
 
 def setting_parameters() -> list[inspect.Parameter]:
@@ -113,7 +151,7 @@ def setting_parameters() -> list[inspect.Parameter]:
         help_text = " ".join((info.description or "").replace("``", "").split())
         if choices := CHOICES.get(path) or _literal_choices(info.annotation):
             help_text += f" One of: {', '.join(choices)}."
-        help_text += _default_text(info)
+        help_text += _default_text(path, info)
         if is_bool:
             # One visible name per flag: a second column of --no-... names left too little
             # room at 80 columns and Rich cut option names (--otlp-traces-sa...). The negative

@@ -77,6 +77,9 @@ def run_train(
     except SettingsError as exc:
         print_problems(exc.problems)
         return USAGE_ERROR
+    if not (print_env or dry_run) and (problem := _device_problem(plan)) is not None:
+        print_problems([problem])
+        return USAGE_ERROR
     if print_env:
         # unset lines too: a stale alias left in the user's shell would conflict in the workers.
         unset = [f"unset {name}" for name in plan.removed_env]
@@ -125,6 +128,27 @@ def run_train(
             view.print_result(console, plan, result, made)
         shown.file.close()
     return result.exit_code
+
+
+def _device_problem(plan: Any) -> tuple[str, str] | None:
+    """``--device cuda`` on a machine whose workers would see no CUDA: refused before the run
+    directory exists or torchrun starts (doctor's probe, in a subprocess: the launcher never
+    imports torch). Only a real launch asks: ``--dry-run`` and ``mlaunch sbatch`` plan on
+    machines (a login node) that are not where the workers run."""
+    if plan.settings.launch.device != "cuda":
+        return None
+    import sys
+
+    from mlaunch.doctor.torch_probe import cuda_missing
+
+    why = cuda_missing([sys.executable], plan.child_env)
+    if why is None:
+        return None
+    return (
+        plan.settings.label("launch.device"),
+        f"cuda, but the workers would find no CUDA device ({why}); use --device cpu (or"
+        " auto), or run where they see a GPU",
+    )
 
 
 def _node_console(plan: Any, console: Any) -> Any:

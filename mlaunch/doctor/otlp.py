@@ -20,6 +20,7 @@ from typing import Literal
 from mlaunch.doctor.results import NET_TIMEOUT_S, CheckResult, fail, ok, warn
 from mlaunch.endpoints import bracket
 from mlaunch.endpoints import redact as redact_url
+from mlaunch.envcontract import PRIMARY_PREFIX
 from mlaunch.settings import Settings
 
 #: The OTLP/gRPC trace export method.
@@ -224,6 +225,18 @@ def _describe_peer(kind: PeerKind) -> str:
 def check_otlp(settings: Settings, timeout_s: float = NET_TIMEOUT_S) -> list[CheckResult]:
     """The OTLP endpoint: configured URL, TCP connect, then a real OTLP export probe."""
     t, o = settings.telemetry, settings.telemetry.otel
+    if t.exporter != "otlp" and o.endpoint_configured:
+        # An endpoint from the environment does not override a config's exporter: say that the
+        # run will not send there, instead of probing a collector nothing will reach.
+        return [
+            warn(
+                "otlp endpoint",
+                f"{redact_url(o.endpoint)} is configured but not used: the exporter is"
+                f" {t.exporter!r} from {settings.source('telemetry.exporter')}",
+                f"set {PRIMARY_PREFIX}EXPORTER=otlp (or pass --otel-exporter otlp) to send there;"
+                " a typed --otlp-endpoint wins over a shipped config's exporter",
+            )
+        ]
     if t.exporter != "otlp":
         what = {"file": "file exporter: no collector needed (traces go to the run directory)"}
         return [

@@ -81,6 +81,28 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
+def cuda_missing(python: Sequence[str], env: Mapping[str, str]) -> str | None:
+    """Why workers started with ``python`` in ``env`` would find no CUDA device (a few words),
+    or None (CUDA is there, or the probe could not tell: the workers then report it). The same
+    probe as doctor's ``cuda`` check, for ``mlaunch train --device cuda`` before it starts."""
+    proc = ProbeProcess([*python, "-c", _TORCH_PROBE], env)
+    rc, out, _ = proc.wait(TORCH_TIMEOUT_S)
+    if rc is None:
+        proc.kill()
+        return None
+    try:
+        info = json.loads(last_line(out))
+    except ValueError:
+        return None
+    if "error" in info or info.get("cuda"):
+        return None
+    if not info.get("cuda_build"):
+        return "this torch is a CPU-only build"
+    if env.get("CUDA_VISIBLE_DEVICES", None) == "":
+        return "CUDA_VISIBLE_DEVICES is empty"
+    return "torch sees no GPU (check `nvidia-smi`)"
+
+
 class AllReduceProbe:
     """A real ``world``-process all-reduce over ``backend`` on 127.0.0.1, in subprocesses."""
 

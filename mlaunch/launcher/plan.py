@@ -20,11 +20,13 @@ from typing import Any
 from mlaunch import envcontract as ec
 from mlaunch.launcher import reference
 from mlaunch.launcher.checkpoint_layout import checkpoint_layout_problems
-from mlaunch.launcher.configs import config_launch_keys, os_reason, resolve_config
+from mlaunch.launcher.configs import CONFIGS_DIR, config_launch_keys, os_reason, resolve_config
 from mlaunch.launcher.slurm import slurm_launch_values
 from mlaunch.launcher.worker_args import (
+    MEGATRON_DATA_ARGS,
     MEGATRON_ONLY_ARGS,
     check_trainer_args,
+    megatron_data_problems,
     otel_flags,
     resolve_megatron_args,
     shadowed_settings,
@@ -330,10 +332,53 @@ def _load(
             flags[path] = value
             from_slurm[path] = var
     settings = load_settings(flags=flags, environ=environ, config=config_path)
+    typed = _endpoint_flag_over_exporter(settings, flags, config_path)
+    if typed is not None:
+        # A flag the user typed wins over a shipped config's default: tiny.toml's exporter =
+        # "file" would otherwise leave --otlp-endpoint quietly unused.
+        shipped = f"{config_path.name}'s exporter = {settings.telemetry.exporter!r}"
+        settings = load_settings(
+            flags={**flags, "telemetry.exporter": "otlp"}, environ=environ, config=config_path
+        )
+        settings._sources["telemetry.exporter"] = Source("derived", f"{typed} over {shipped}")
     for path, var in from_slurm.items():
         # Provenance: these came from SLURM's variables, not from a flag.
         settings._sources[path] = Source("env", var)
     return settings, bool(slurm)
+
+
+#: The endpoint flags: typed, they ask for OTLP export there.
+ENDPOINT_PATHS: tuple[str, ...] = (
+    "telemetry.otel.base_endpoint",
+    "telemetry.otel.traces_endpoint",
+    "telemetry.otel.metrics_endpoint_override",
+)
+
+
+def _endpoint_flag_over_exporter(
+    settings: Settings, flags: Mapping[str, Any], config_path: Path
+) -> str | None:
+    """The endpoint flag to let win over a shipped config's exporter (None: nothing to do).
+    An exporter chosen elsewhere (a variable, the user's own config file) is not overridden:
+    the run stops with the fix instead of sending nowhere. Both typed as flags is a choice the
+    summary's exporter row spells out."""
+    typed = [flag_name(p) for p in ENDPOINT_PATHS if flags.get(p) is not None]
+    t = settings.telemetry
+    source = settings.source("telemetry.exporter")
+    if not typed or not t.enabled or t.exporter == "otlp" or source.kind == "flag":
+        return None
+    if source.kind == "file" and config_path.parent == CONFIGS_DIR:
+        return typed[0]
+    raise SettingsError(
+        [
+            Problem(
+                typed[0],
+                f"not used: the exporter is {t.exporter!r} from {source}; pass"
+                f" {flag_name('telemetry.exporter')} otlp to send there, or drop {typed[0]}",
+                "conflict",
+            )
+        ]
+    )
 
 
 def _run_dir(settings: Settings, run_id: str, cwd: Path, problems: list[Problem]) -> Path:
@@ -377,7 +422,10 @@ def _entry(
     if launch.megatron_args:
         extra = trainer_args(settings, run_dir, megatron=True) + otel_flags(settings)
         owned = [*reference.REFERENCE_OTEL_ARGS, *(f for f, _ in MEGATRON_ONLY_ARGS.values())]
-        problems += shadowed_settings(passthrough, owned)
+        # Megatron-LM's data sources are its own (dataset prefixes, weighted lists): verbatim
+        # after '--', unless data_path gives one before it too.
+        problems += shadowed_settings(passthrough, owned, passed=MEGATRON_DATA_ARGS)
+        problems += megatron_data_problems(settings, passthrough)
     problems += reference.refusals(settings)
     return [*target, *extra, *passthrough], megatron_why
 

@@ -411,10 +411,26 @@ def _frozen_flags(plan: LaunchPlan, cwd: Path) -> list[str]:
         else:
             text = str(value)
             if path in PATH_SETTINGS:
-                p = Path(text).expanduser()
-                text = str(p if p.is_absolute() else cwd / p)
+                # A script's data_path is Megatron-LM's list of prefixes (and weights): each
+                # item made absolute. mlaunch's trainer reads one path (spaces and all).
+                megatron_list = path == "training.data_path" and not s.uses_builtin_trainer
+                items = text.split() if megatron_list else [text]
+                text = " ".join(_absolute(t, cwd, weights=megatron_list) for t in items)
             out += [flag, text]
     return out
+
+
+def _absolute(text: str, cwd: Path, *, weights: bool = False) -> str:
+    """A path setting made absolute; with ``weights``, a number (a weight of Megatron-LM's
+    ``--data-path 0.3 /a 0.7 /b``) stays as it is."""
+    if weights:
+        try:
+            float(text)
+            return text
+        except ValueError:
+            pass
+    p = Path(text).expanduser()
+    return str(p if p.is_absolute() else cwd / p)
 
 
 # --------------------------------------------------------------------------------------------

@@ -27,6 +27,20 @@ MEGATRON_ONLY_ARGS: dict[str, tuple[str, Any]] = setting_args.megatron_only_args
 MEGATRON_UNKNOWN: frozenset[str] = setting_args.megatron_unknown()
 #: Where Megatron-LM spells an argument differently from mlaunch's trainer.
 MEGATRON_RENAMES: dict[str, str] = setting_args.megatron_renames()
+#: Settings a Megatron-LM script takes as a list of arguments (``--data-path 0.3 /a 0.7 /b``).
+MEGATRON_LISTS: frozenset[str] = setting_args.megatron_lists()
+#: Megatron-LM's data sources (``megatron/training/arguments.py``): at most one kind per run,
+#: and mlaunch translates none of them but ``--data-path`` (from ``data_path``), so after ``--``
+#: each passes through verbatim (weighted lists included) unless ``data_path`` is also given.
+MEGATRON_DATA_ARGS: tuple[str, ...] = (
+    "--data-path",
+    "--train-data-path",
+    "--valid-data-path",
+    "--test-data-path",
+    "--data-args-path",
+    "--per-split-data-args-path",
+    "--mock-data",
+)
 
 
 def _arg_value(path: str, value: Any) -> list[str]:
@@ -88,6 +102,8 @@ def trainer_args(settings: Settings, run_dir: Path, *, megatron: bool = False) -
         part = _arg_value(path, value)
         if megatron and part and path in MEGATRON_RENAMES:
             part[0] = MEGATRON_RENAMES[path]
+        if megatron and len(part) == 2 and path in MEGATRON_LISTS:
+            part = [part[0], *part[1].split()]  # nargs='*': one argument per prefix or weight
         args += part
     if megatron:
         for path, (flag, default) in MEGATRON_ONLY_ARGS.items():
@@ -104,11 +120,14 @@ def otel_flags(settings: Settings) -> list[str]:
     return reference.worker_args(settings)
 
 
-def shadowed_settings(passthrough: Sequence[str], extra: Sequence[str] = ()) -> list[Problem]:
+def shadowed_settings(
+    passthrough: Sequence[str], extra: Sequence[str] = (), *, passed: Sequence[str] = ()
+) -> list[Problem]:
     """A setting repeated after ``--`` would silently win in the workers (argparse keeps the last
-    value) while the summary, resolved.json and the checkpoint plan show the other one."""
+    value) while the summary, resolved.json and the checkpoint plan show the other one.
+    ``passed``: arguments the entry point owns here, which go through after ``--`` as they are."""
     owned = {flag for spelled in TRAINER_ARGS.values() for flag in spelled.split("/")}
-    owned |= set(extra)
+    owned = (owned | set(extra)) - set(passed)
     problems = []
     for token in passthrough:
         flag = token.split("=", 1)[0]
@@ -121,6 +140,25 @@ def shadowed_settings(passthrough: Sequence[str], extra: Sequence[str] = ()) -> 
                 )
             )
     return problems
+
+
+def megatron_data_problems(settings: Settings, passthrough: Sequence[str]) -> list[Problem]:
+    """``data_path`` given before ``--`` and a Megatron-LM data source after it: Megatron-LM
+    takes a single data source (its argument check asserts it), and a repeated ``--data-path``
+    would silently win over the one the summary shows."""
+    if settings.training.data_path is None:
+        return []
+    given = sorted({t.split("=", 1)[0] for t in passthrough} & set(MEGATRON_DATA_ARGS))
+    return [
+        Problem(
+            "-- ARGS",
+            f"{flag} after '--' and {settings.label('training.data_path')} before it: Megatron-LM"
+            " takes a single data source; give the prefixes once (after '--' they pass through"
+            " verbatim)",
+            "conflict",
+        )
+        for flag in given
+    ]
 
 
 def check_trainer_args(args: Sequence[str], world_size: int) -> list[Problem]:

@@ -50,6 +50,9 @@ class Arg:
     bare_default: Any = SAME
     megatron: Any = SAME
     choices: Mapping[str, str] = field(default_factory=dict)
+    megatron_list: bool = False
+    """Megatron-LM takes a list here (``nargs='*'``): the value is split on white space into
+    separate arguments for a Megatron-LM script (``--data-path 0.3 /a 0.7 /b``)."""
 
     def flags(self, name: str) -> tuple[str, ...]:
         """The trainer's argument(s) for field ``name``."""
@@ -118,6 +121,16 @@ def megatron_unknown() -> frozenset[str]:
         f"{section}.{name}"
         for section, name, _, arg in training_fields()
         if isinstance(arg, Arg) and arg.megatron is None
+    )
+
+
+def megatron_lists() -> frozenset[str]:
+    """Paths whose value a Megatron-LM script takes as a list of arguments (split on white
+    space), as Megatron-LM itself splits a ``--data-args-path`` file."""
+    return frozenset(
+        f"{section}.{name}"
+        for section, name, _, arg in training_fields()
+        if isinstance(arg, Arg) and arg.megatron_list
     )
 
 

@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from mlaunch.model.spec import quoted
 from mlaunch.settings.problems import Problem
 from mlaunch.settings.schema import MAX_WORLD_SIZE, Settings
+from mlaunch.settings.values import path_is
 
 
 def _conflict(field: str, message: str) -> Problem:
@@ -120,7 +123,56 @@ def cross_field_problems(settings: Settings) -> list[Problem]:
         )
     if settings.uses_builtin_trainer:
         problems += _trainer_protocol_problems(settings, label)
+    if (why := data_path_problem(settings)) is not None:
+        problems.append(Problem(settings.label("training.data_path"), why))
     return problems
+
+
+def data_path_problem(settings: Settings) -> str | None:
+    """Why ``data_path`` cannot be used by the run's entry point, or None. mlaunch's trainer
+    reads it as a text file or folder; a script gets it as Megatron-LM's ``--data-path``
+    (dataset prefixes, checked by Megatron-LM's rules: :func:`megatron_blend_problem`)."""
+    value = settings.training.data_path
+    if value is None:
+        return None
+    if not settings.uses_builtin_trainer:
+        return megatron_blend_problem(value.split())
+    if not path_is(Path.exists, value):
+        return f"data_path {quoted(value)} does not exist; give a text file or folder"
+    from mlaunch.model.corpus import empty_data_problem
+
+    return empty_data_problem(value)
+
+
+def _is_weight(token: str) -> bool:
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
+
+
+def megatron_blend_problem(tokens: list[str]) -> str | None:
+    """Megatron-LM's rule for a ``--data-path`` list (``get_blend_from_list`` in
+    ``megatron/core/datasets/utils.py``): an odd count is prefixes only; an even count is
+    ``WEIGHT PREFIX`` pairs when every first item of a pair is a number, else prefixes only, and
+    Megatron-LM asserts when only some are numbers. Whether the ``.bin``/``.idx`` files exist is
+    for the workers to say: they may see a file system the launcher does not (sbatch)."""
+    if not tokens:
+        return "data_path is empty; give Megatron-LM dataset prefixes"
+    if len(tokens) % 2 == 0:
+        weights = [_is_weight(t) for t in tokens[0::2]]
+        if any(weights) and not all(weights):
+            return (
+                f"data_path {quoted(' '.join(tokens))} mixes weights and prefixes: Megatron-LM"
+                " takes either prefixes only or 'WEIGHT PREFIX' pairs (0.3 /a/prefix 0.7 /b/prefix)"
+            )
+    elif len(tokens) > 1 and _is_weight(tokens[0]):
+        return (
+            f"data_path {quoted(' '.join(tokens))} starts with a weight but has an odd number of"
+            " items: Megatron-LM would read every item as a prefix; give 'WEIGHT PREFIX' pairs"
+        )
+    return None
 
 
 def _trainer_protocol_problems(settings: Settings, label: Any) -> list[Problem]:

@@ -215,7 +215,8 @@ class TelemetrySettings(_Section):
     logs_enabled: Bool = False
     """Bridge Python logging to OTel logs."""
     exporter: Literal["otlp", "console", "file", "none"] | None = None
-    """Where telemetry goes; unset = ``otlp`` when an OTLP endpoint is configured, else ``file``."""
+    """Where telemetry goes; unset = ``otlp`` when an OTLP endpoint is configured, else ``file``.
+    A typed ``--otlp-endpoint`` wins over a shipped config's exporter."""
     run_id: str | None = None
     """Shared by every rank of a run; unset = SLURM_JOB_ID, else a fresh 12-hex-digit id."""
     user_id: str = ""
@@ -472,9 +473,12 @@ class TrainingSettings(_Section):
         Arg(
             "text file or folder of text (byte-level tokens); default: Python's stdlib sources",
             group="data",
+            megatron_list=True,
         ),
     ] = None
-    """Text file or folder (byte-level tokens); unset = the built-in corpus."""
+    """mlaunch's trainer: a text file or folder (byte-level tokens; unset = the built-in corpus).
+    A Megatron-LM script: its ``--data-path``, dataset prefixes (``.bin``/``.idx`` without the
+    suffix), space separated, optionally weighted (``0.3 /a/prefix 0.7 /b/prefix``)."""
     offload_activations: Annotated[
         Bool,
         Arg(
@@ -500,14 +504,9 @@ class TrainingSettings(_Section):
     @field_validator("data_path")
     @classmethod
     def _data_path(cls, v: str | None) -> str | None:
-        if not_blank(v) is not None and not path_is(Path.exists, v):
-            raise ValueError(f"data_path {quoted(v)} does not exist; give a text file or folder")
-        if v is not None:
-            from mlaunch.model.corpus import empty_data_problem
-
-            if problem := empty_data_problem(v):
-                raise ValueError(problem)
-        return v
+        # What the value must be depends on the entry point (a text corpus for mlaunch's trainer,
+        # Megatron-LM dataset prefixes for a script): checked between sections, in checks.py.
+        return not_blank(v)
 
 
 class ParallelSettings(_Section):

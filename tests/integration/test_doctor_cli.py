@@ -36,8 +36,13 @@ def doctor(*args: str, env: dict[str, str] | None = None):
 
 def test_healthy_setup_passes_with_exit_zero() -> None:
     with GrpcOtlpReceiver() as rx:
+        # EXPORTER: plain doctor checks tiny (plain train's config), whose exporter is "file"
         result = doctor(
-            env={"MEGATRON_OTEL_ENABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": rx.endpoint}
+            env={
+                "MEGATRON_OTEL_ENABLED": "true",
+                "MEGATRON_OTEL_EXPORTER": "otlp",
+                "OTEL_EXPORTER_OTLP_ENDPOINT": rx.endpoint,
+            }
         )
     assert result.exit_code == 0, result.output
     assert "FAIL" not in result.stdout
@@ -49,6 +54,7 @@ def test_broken_environment_names_each_problem_and_its_fix() -> None:
     env = {
         "MEGATRON_OTEL_ENABLED": "true",
         "MEGATRON_OTEL_SPAN_GRUOPS": "per_step",
+        "MEGATRON_OTEL_EXPORTER": "otlp",
         "OTEL_EXPORTER_OTLP_ENDPOINT": closed_port_endpoint(),
         "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
         "OTEL_TRACES_SAMPLER_ARG": "1.5",
@@ -85,6 +91,21 @@ def test_json_shape_is_pinned() -> None:
     assert sampler["status"] == "fail" and "nope" in sampler["message"]
 
 
+def test_plain_doctor_checks_the_config_plain_train_runs() -> None:
+    # Plain `mlaunch train` runs tiny (telemetry on, all_ranks, file exporter, cpu): so does
+    # plain doctor, and an endpoint from the environment that tiny will not use is a warning.
+    data = json.loads(doctor("--json", env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}).stdout)
+    checks = {c["name"]: c for c in data["checks"]}
+    assert "tiny.toml" in checks["configuration"]["message"]
+    telemetry = checks["telemetry"]["message"]
+    assert telemetry.startswith("enabled (with tiny.toml); exporter file")
+    assert "strategy all_ranks" in telemetry
+    endpoint = checks["otlp endpoint"]
+    assert endpoint["status"] == "warn" and "is configured but not used" in endpoint["message"]
+    assert "exporter is 'file' from" in endpoint["message"]
+    assert checks["cuda"]["status"] == "pass"  # tiny's device is cpu: no CUDA needed
+
+
 def test_missing_config_file_is_a_bad_invocation(tmp_path: Path) -> None:
     result = doctor("--config", str(tmp_path / "nope.toml"))
     assert result.exit_code == 2
@@ -112,6 +133,7 @@ def test_config_file_that_fails_validation_is_a_failed_check(tmp_path: Path) -> 
 def test_otlp_headers_never_reach_the_output() -> None:
     with GrpcOtlpReceiver() as rx:
         env = {
+            "MEGATRON_OTEL_EXPORTER": "otlp",
             "OTEL_EXPORTER_OTLP_ENDPOINT": rx.endpoint,
             "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20sup3rs3cret",
         }

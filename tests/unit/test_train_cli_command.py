@@ -174,14 +174,37 @@ def test_otlp_flags_select_the_otlp_exporter_and_reach_workers(spawned):
     assert "otlp (grpc) -> http://127.0.0.1:4317" in result.output
 
 
-def test_an_endpoint_with_a_config_pinned_file_exporter_is_flagged_not_silently_dropped(spawned):
-    # tiny.toml pins exporter = "file"; an endpoint given on top is not used, and the summary
-    # says so and how to fix it.
-    result = invoke("--otlp-endpoint", "http://127.0.0.1:4317", "--dry-run")
+def test_a_typed_endpoint_flag_wins_over_the_shipped_default_configs_file_exporter(spawned):
+    # tiny.toml (plain `mlaunch train`) sets exporter = "file": the flag the user typed wins.
+    result = invoke("--otlp-endpoint", "http://127.0.0.1:4317")
     assert result.exit_code == 0, result.output
-    text = " ".join(result.output.replace("│", " ").split())
-    assert "OTLP endpoint http://127.0.0.1:4317 not used" in text
-    assert "[telemetry] exporter" in text and "pass --otel-exporter otlp" in text
+    ((_, env),) = spawned
+    assert env["MEGATRON_OTEL_EXPORTER"] == "otlp"
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://127.0.0.1:4317"
+    resolved = json.loads((only_run_dir(Path.cwd()) / "resolved.json").read_text())
+    assert resolved["settings"]["telemetry.exporter"] == {
+        "value": "otlp",
+        "source": "--otlp-endpoint over tiny.toml's exporter = 'file'",
+    }
+
+
+@pytest.mark.parametrize(
+    ("where", "args", "env"),
+    [
+        ("own-config", ("--config", "mine.toml"), None),
+        ("variable", (), {"MEGATRON_OTEL_EXPORTER": "console"}),
+    ],
+)
+def test_an_endpoint_flag_against_an_exporter_the_user_chose_stops_with_the_fix(
+    spawned, tmp_path, where, args, env
+):
+    (tmp_path / "mine.toml").write_text('[telemetry]\nenabled = true\nexporter = "file"\n')
+    result = invoke("--otlp-endpoint", "http://127.0.0.1:4317", *args, env=env)
+    assert result.exit_code == 2, result.output
+    assert "--otlp-endpoint: not used: the exporter is" in result.output
+    assert "pass --otel-exporter otlp to send there, or drop --otlp-endpoint" in result.output
+    assert "Traceback" not in result.output
+    assert spawned == [] and not (tmp_path / "runs").exists()
 
 
 def test_shipped_configs_other_than_tiny_follow_the_endpoint(spawned):
@@ -208,7 +231,11 @@ def test_each_shipped_config_launches(spawned, config, expect):
     assert " ".join(expect) in joined
 
 
-def test_gpu8_and_megatron_configs(spawned, tmp_path):
+def test_gpu8_and_megatron_configs(spawned, tmp_path, monkeypatch):
+    # These configs say device = "cuda": the launch stands for one on a GPU machine.
+    from mlaunch.doctor import torch_probe
+
+    monkeypatch.setattr(torch_probe, "cuda_missing", lambda python, env: None)
     result = invoke("--config", "gpu8", "--dry-run")
     assert result.exit_code == 0, result.output
     assert "--nproc-per-node 8" in result.output and "--bf16" in result.output
@@ -230,6 +257,37 @@ def test_gpu8_and_megatron_configs(spawned, tmp_path):
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert spawned[-1][1]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://localhost:4317"
+
+
+def test_the_readmes_megatron_example_runs_as_written(spawned, tmp_path, monkeypatch):
+    # README: mlaunch train --config megatron --script .../pretrain_gpt.py -- --data-path PREFIX
+    # (megatron.toml says device = "cuda": this stands for a GPU machine).
+    from mlaunch.doctor import torch_probe
+
+    monkeypatch.setattr(torch_probe, "cuda_missing", lambda python, env: None)
+    script = tmp_path / "Megatron-LM" / "pretrain_gpt.py"
+    script.parent.mkdir()
+    script.write_text("")
+    result = invoke(
+        "--config", "megatron", "--script", str(script), "--", "--data-path",
+        "/data/corpus_text_document",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    ((argv, _),) = spawned
+    assert argv[-2:] == ["--data-path", "/data/corpus_text_document"]
+    assert argv.count("--data-path") == 1
+
+
+@pytest.mark.parametrize("how", [("--device", "cuda"), ("--config", "gpu8")])
+def test_device_cuda_without_cuda_is_refused_before_anything_starts(spawned, tmp_path, how):
+    # The real probe (doctor's, in a subprocess); an empty CUDA_VISIBLE_DEVICES hides every GPU
+    # there is, so the machine has no CUDA for the workers whatever it holds.
+    result = invoke(*how, env={"CUDA_VISIBLE_DEVICES": ""})
+    assert result.exit_code == 2, result.output
+    label = "--device" if how[0] == "--device" else "gpu8.toml [launch] device"
+    assert f"{label}: cuda, but the workers would find no CUDA device" in result.output
+    assert "use --device cpu" in result.output and "Traceback" not in result.output
+    assert spawned == [] and not (tmp_path / "runs").exists()
 
 
 def test_module_target_and_passthrough(spawned):

@@ -222,7 +222,8 @@ def test_flag_given_otlp_settings_reach_the_workers_as_variables(tmp_path):
     )
     env = plan.worker_env
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://collector:4317"
-    assert env["MEGATRON_OTEL_EXPORTER"] == "file"  # tiny.toml names the file exporter
+    # tiny.toml names the file exporter; the endpoint flag the user typed wins over it
+    assert env["MEGATRON_OTEL_EXPORTER"] == "otlp"
     assert env["OTEL_EXPORTER_OTLP_INSECURE"] == "true"
     # Re-parsed by a worker's settings, the values are the launcher's.
     from mlaunch.settings import load_telemetry_settings
