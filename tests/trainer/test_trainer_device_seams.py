@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections import deque
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -156,6 +157,14 @@ def test_device_cuda_is_checked_against_cuda_and_the_gpu_count() -> None:
     assert "sees 2 GPU(s)" in device_problem(env, lambda: True, lambda: 2)
     assert device_problem(env, lambda: True, lambda: 4) is None
     assert device_problem({}, lambda: False, lambda: 0) is None  # auto
+    # Auto mode with more local ranks than GPUs refuses too (no fall-back to CPU) ...
+    auto = {"LOCAL_WORLD_SIZE": "4"}
+    problem = device_problem(auto, lambda: True, lambda: 2)
+    assert problem is not None and "4 processes on this node, but it sees 2 GPU(s)" in problem
+    assert "--device cpu" in problem
+    assert device_problem(auto, lambda: True, lambda: 4) is None
+    # ... and without GPUs it is CPU, any number of processes.
+    assert device_problem(auto, lambda: False, lambda: 0) is None
     assert device_problem({envcontract.DEVICE: "cpu"}, lambda: False, lambda: 0) is None
 
 
@@ -420,3 +429,64 @@ def test_host_strides_of_dense_non_dense_and_overlapping_tensors() -> None:
     stash = ActivationStash(torch.device("cpu"), [])
     big = torch.randn(4, 1, requires_grad=True).expand(4, 64)
     assert stash._pack(big) is big and stash.slots == []
+
+
+# ------------------------------------------------------------------------------------------------
+# The step's host syncs: the stop vote, batch copies (issue 28)
+
+
+def _stats_trainer():
+    from mlaunch.trainer import loop
+
+    tr = loop.Trainer.__new__(loop.Trainer)  # just what _reduce_stats reads
+    tr.topo = SimpleNamespace(distributed=False, world_size=1, dp=1)
+    tr.state = loop.TrainState()
+    grad = torch.tensor([3.0, 4.0])
+    tr.grads, tr.norm_grads = SimpleNamespace(flat=grad), [grad]
+    tr.stop = loop.StopFlag()
+    tr.ctx = SimpleNamespace(p2p=SimpleNamespace(after_sync=lambda: None))
+    tr._stop_vote = None
+    return tr
+
+
+def test_the_stop_vote_is_filled_on_the_device_not_copied_from_the_host(monkeypatch) -> None:
+    tr = _stats_trainer()
+    loss = torch.tensor(2.5)
+
+    def host_tensor(*args, **kwargs):
+        raise AssertionError("torch.tensor in the stats: on a GPU a blocking host-to-device copy")
+
+    monkeypatch.setattr(torch, "tensor", host_tensor)
+    assert tr._reduce_stats(loss) == (5.0, 2.5, False)
+    vote = tr._stop_vote
+    assert vote is not None and vote.device == loss.device and vote.dtype == torch.float64
+    tr.stop.signal = 15
+    assert tr._reduce_stats(loss)[2] is True
+    assert tr._stop_vote is vote  # made once, filled in place every step
+    assert tr._reduce_stats(None)[1] == 0.0
+
+
+def test_batches_are_pinned_before_their_non_blocking_copies_on_cuda_only(monkeypatch) -> None:
+    from mlaunch.trainer.loop import batch_to_device
+
+    pinned: set[int] = set()
+    copies: list[tuple[bool, str, bool]] = []
+
+    def pin_memory(self):
+        out = self.clone()
+        pinned.add(id(out))
+        return out
+
+    def to(self, device, non_blocking=False):
+        copies.append((id(self) in pinned, str(device), non_blocking))
+        return self
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    batch = [torch.zeros(2, 4, dtype=torch.int64), torch.ones(2, 4, dtype=torch.int64)]
+    out = batch_to_device(batch, torch.device("cuda", 1))
+    assert copies == [(True, "cuda:1", True)] * 2 and len(out) == 2
+    copies.clear()
+    pinned.clear()
+    batch_to_device(batch, torch.device("cpu"))  # no CUDA: nothing pinned (it would fail)
+    assert copies == [(False, "cpu", False)] * 2 and not pinned
