@@ -293,6 +293,7 @@ class Trainer:
             num_heads=args.num_attention_heads,
             seq_length=args.seq_length,
             tie_embeddings=not args.untie_embeddings,
+            hidden_dropout=args.hidden_dropout,
         )
         self.state = TrainState(loss_scale=2.0**16 if args.fp16 else 1.0)
         self.last_saved = -1
@@ -302,6 +303,11 @@ class Trainer:
     # -- setup ------------------------------------------------------------------------------
     def build_model(self) -> None:
         args, topo = self.args, self.topo
+        # The global RNGs (dropout draws from them; weights and data have generators of their
+        # own) from --seed, as Megatron-LM's _set_random_seed: + 100 x the pipeline rank.
+        # Unseeded, a run's dropout masks differ from the next run's, resumed or not.
+        random.seed(args.seed + 100 * topo.pp_rank)
+        torch.manual_seed(args.seed + 100 * topo.pp_rank)  # the CPU and every CUDA generator
         self.model = GPTStage(self.cfg, topo.pp_rank, topo.pp).to(topo.device)
         self.model.init_weights(args.seed)
         params = list(self.model.parameters())
@@ -730,6 +736,16 @@ class Trainer:
             cpu_ms=cpu_ms,
             skipped=result.skipped,
             time=time.time(),  # wall clock: a reader can see stalls between steps
+            # DP: how many gradient buckets the step's last backward launched itself (all of them
+            # when the all-reduce overlaps backward; a GPU test reads it).
+            **(
+                {
+                    "grad_buckets": len(self.grads.buckets),
+                    "grad_buckets_in_backward": self.grads.launched_in_backward,
+                }
+                if topo.dp > 1
+                else {}
+            ),  # fmt: skip
         )
         if topo.owns_loss and (iteration % args.log_interval == 0 or iteration == 1):
             log(
