@@ -24,8 +24,10 @@ them: ``record_stream`` refuses a CPU tensor, and a reload would move them to th
 overlapping one (a stride-0 ``expand``: a copy would materialise the expansion).
 
 Saved tensors come back with their strides: backward kernels may rely on the layout forward gave
-them (the memory-efficient attention backward reads the output's row stride), and a transposed
-view that came back contiguous could give wrong gradients. A dense tensor (some permutation of
+them, and a transposed view that came back contiguous can give wrong gradients. The
+memory-efficient attention backward does: it takes the output's row stride to be heads x head
+dim (``o_strideM()`` in PyTorch's ``mem_eff_attention/kernel_backward.h``), the layout its forward
+allocates the output in, whatever strides the saved tensor has. A dense tensor (some permutation of
 its dimensions is contiguous: a transpose, the attention output) keeps its exact strides on the
 host and on reload (``torch.empty_strided``). A non-dense view (q/k/v are slices of the fused qkv
 projection) cannot without copying the gaps: it comes back dense in the same dimension order, the
