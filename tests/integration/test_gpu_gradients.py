@@ -43,6 +43,7 @@ def _gpus() -> int:
 
 
 needs_two = pytest.mark.skipif("_gpus() < 2", reason="needs 2 CUDA GPUs")
+needs_four = pytest.mark.skipif("_gpus() < 4", reason="needs 4 CUDA GPUs")
 
 
 def ok(run: Run) -> Run:
@@ -276,6 +277,16 @@ def test_pipeline_parallel_with_bf16_matches_one_gpu(tmp_path) -> None:
     close(grad_norms(pp), grad_norms(one), rel=2e-2, what="grad_norm")
     receivers = read_spans(pp.run_dir / "telemetry" / "traces-rank1.jsonl")
     assert sum(s["name"] == SpanName.MICROBATCH_BACKWARD for s in receivers) == ITERS * 4
+
+
+@needs_four
+def test_pipeline_times_data_parallel_matches_one_gpu(tmp_path, one_gpu_fp32) -> None:
+    one, _ = one_gpu_fp32
+    args = [*ARGS, "--pipeline-model-parallel-size", "2", "--ddp-bucket-size", "5000"]
+    both = ok(run_trainer(tmp_path, args, nproc=4, env=gpus("0,1,2,3"), name="pp2-dp2"))
+    close(grad_norms(both), grad_norms(one), rel=1e-4, what="grad_norm")
+    close(both.losses(), one.losses(), rel=1e-4, what="loss")
+    assert all(r["grad_buckets_in_backward"] == r["grad_buckets"] for r in both.progress())
 
 
 @pytest.mark.parametrize(("precision", "rel"), [("fp32", 1e-5), ("bf16", 1e-2)])
