@@ -56,6 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="elements per data-parallel gradient bucket (default 40M, as Megatron-LM)",
     )
+    train.add_argument(
+        "--hidden-dropout",
+        type=float,
+        default=0.0,
+        help="dropout on each block's attention and MLP output, as Megatron-LM's (default 0 "
+        "here; Megatron-LM's is 0.1); it draws from the device RNG a checkpoint restores",
+    )
     groups["data"].add_argument(
         "--eval-fraction",
         type=float,
@@ -145,6 +152,10 @@ def _trainer_only_problems(ns: argparse.Namespace) -> list[Problem]:
             Problem(
                 "--eval-fraction", f"must be between 0 and 1 (exclusive), got {ns.eval_fraction}"
             )
+        )
+    if not 0.0 <= ns.hidden_dropout < 1.0:
+        problems.append(
+            Problem("--hidden-dropout", f"must be at least 0 and below 1, got {ns.hidden_dropout}")
         )
     if ns.bf16 and ns.fp16:
         problems.append(

@@ -293,14 +293,21 @@ class Trainer:
             num_heads=args.num_attention_heads,
             seq_length=args.seq_length,
             tie_embeddings=not args.untie_embeddings,
+            hidden_dropout=args.hidden_dropout,
         )
         self.state = TrainState(loss_scale=2.0**16 if args.fp16 else 1.0)
         self.last_saved = -1
+        self._stop_vote: torch.Tensor | None = None  # the device scalar of the stop vote
         self.model_name = f"mlaunch-gpt-{args.num_layers}l-{args.hidden_size}h"
 
     # -- setup ------------------------------------------------------------------------------
     def build_model(self) -> None:
         args, topo = self.args, self.topo
+        # The global RNGs (dropout draws from them; weights and data have generators of their
+        # own) from --seed, as Megatron-LM's _set_random_seed: + 100 x the pipeline rank.
+        # Unseeded, a run's dropout masks differ from the next run's, resumed or not.
+        random.seed(args.seed + 100 * topo.pp_rank)
+        torch.manual_seed(args.seed + 100 * topo.pp_rank)  # the CPU and every CUDA generator
         self.model = GPTStage(self.cfg, topo.pp_rank, topo.pp).to(topo.device)
         self.model.init_weights(args.seed)
         params = list(self.model.parameters())
@@ -428,8 +435,8 @@ class Trainer:
                     micro=args.micro_batch_size,
                     num_micro=self.num_micro,
                 )
-                batch.tokens = [t.to(topo.device, non_blocking=True) for t in batch.tokens]
-                batch.targets = [t.to(topo.device, non_blocking=True) for t in batch.targets]
+                batch.tokens = batch_to_device(batch.tokens, topo.device)
+                batch.targets = batch_to_device(batch.targets, topo.device)
 
             self.grads.zero()
             self.ctx.loss_scale = s.loss_scale
@@ -499,19 +506,19 @@ class Trainer:
             if loss is not None
             else torch.zeros((), dtype=torch.float64, device=sq.device)
         )
-        stats = torch.stack(
-            [
-                sq,
-                loss_t,
-                torch.tensor(float(self.stop.requested), dtype=torch.float64, device=sq.device),
-            ]
-        )
+        # The vote is filled on the device (the fill kernel takes the value as an argument):
+        # torch.tensor(..., device=cuda) would copy it from the host, a blocking copy that waits
+        # for forward-backward, a second host sync per step.
+        if self._stop_vote is None:
+            self._stop_vote = torch.zeros((), dtype=torch.float64, device=sq.device)
+        vote = self._stop_vote.fill_(float(self.stop.requested))
+        stats = torch.stack([sq, loss_t, vote])
         if topo.distributed and topo.world_size > 1:
             dist.all_reduce(stats)
         # .tolist() is the step's CPU-GPU sync point: the skip / clip decision needs the norm on
         # the host. The anchor event just before it lets device-timed spans be resolved after it.
         anchor = telemetry.device_mark()
-        total_sq, loss_sum, votes = stats.tolist()
+        total_sq, loss_sum, votes = the_step_sync(stats)
         telemetry.resolve_device_spans(anchor)
         self.ctx.p2p.after_sync()
         # Data-parallel replicas hold identical (averaged) gradients: each stage is counted dp times.
@@ -729,6 +736,16 @@ class Trainer:
             cpu_ms=cpu_ms,
             skipped=result.skipped,
             time=time.time(),  # wall clock: a reader can see stalls between steps
+            # DP: how many gradient buckets the step's last backward launched itself (all of them
+            # when the all-reduce overlaps backward; a GPU test reads it).
+            **(
+                {
+                    "grad_buckets": len(self.grads.buckets),
+                    "grad_buckets_in_backward": self.grads.launched_in_backward,
+                }
+                if topo.dp > 1
+                else {}
+            ),  # fmt: skip
         )
         if topo.owns_loss and (iteration % args.log_interval == 0 or iteration == 1):
             log(
@@ -751,6 +768,29 @@ class Trainer:
             log(topo, f"{why}: stopped after iteration {iteration}")
             return "signal" if result.stop else "exit_interval"
         return None
+
+
+def batch_to_device(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """A batch's host tensors on ``device``. For CUDA they are pinned first: a non-blocking copy
+    from pageable memory is not asynchronous (the driver stages it through its own pinned buffer
+    and may wait for the stream's earlier work, the previous step's optimizer)."""
+    if device.type != "cuda":
+        return [t.to(device) for t in tensors]
+    return [t.pin_memory().to(device, non_blocking=True) for t in tensors]
+
+
+def the_step_sync(stats: torch.Tensor) -> list[Any]:
+    """``stats.tolist()``: the step's one host sync (docs/telemetry.md). Under
+    ``torch.cuda.set_sync_debug_mode`` it is the one sync allowed, so a step run in "error" mode
+    (a GPU test) fails on any other."""
+    if stats.device.type != "cuda" or torch.cuda.get_sync_debug_mode() == 0:
+        return stats.tolist()
+    mode = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode(0)
+    try:
+        return stats.tolist()
+    finally:
+        torch.cuda.set_sync_debug_mode(mode)
 
 
 def cuda_rng_state(device: torch.device) -> torch.Tensor | None:

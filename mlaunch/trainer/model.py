@@ -57,6 +57,7 @@ class Block(nn.Module):
         self.attn = SelfAttention(cfg)
         self.ln2 = nn.LayerNorm(cfg.hidden_size)
         self.mlp = MLP(cfg)
+        self.dropout = nn.Dropout(cfg.hidden_dropout)  # identity at 0, and in eval()
         # Built once: the span call sits on the per-layer hot path.
         self._span_attrs = {Attr.LAYER_NUMBER.value: layer_number}
 
@@ -64,9 +65,9 @@ class Block(nn.Module):
         span = telemetry.device_span  # one attribute lookup for the three spans
         with span(SpanGroup.LAYER, SpanName.LAYER_FORWARD, self._span_attrs):
             with span(SpanGroup.LAYER, SpanName.LAYER_SELF_ATTENTION):
-                x = x + self.attn(self.ln1(x))
+                x = x + self.dropout(self.attn(self.ln1(x)))
             with span(SpanGroup.LAYER, SpanName.LAYER_MLP):
-                x = x + self.mlp(self.ln2(x))
+                x = x + self.dropout(self.mlp(self.ln2(x)))
         return x
 
 

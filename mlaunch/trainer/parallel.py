@@ -72,16 +72,31 @@ def device_problem(
     With ``--device cuda`` a worker without CUDA used to fall back to CPU and gloo silently while
     the summary said cuda; and ``nproc_per_node`` larger than the visible GPU count would put two
     ranks on one GPU (NCCL refuses that, late and obscurely). The CUDA probes are parameters so a
-    CPU test can fake a machine with GPUs."""
+    CPU test can fake a machine with GPUs.
+
+    Auto mode (no ``--device cuda``) uses the GPUs when the worker sees any, rank ``LOCAL_RANK``
+    on ``cuda:LOCAL_RANK``: with more local ranks than GPUs it refuses too, rather than fall back
+    to CPU. The ranks of a node would agree, but another node with enough GPUs would pick NCCL
+    where this one picked gloo, and the job would hang; ``--device cpu`` is the way to run more
+    processes than GPUs."""
+    local_world = int(environ.get("LOCAL_WORLD_SIZE", "1") or 1)
     if environ.get(envcontract.DEVICE) != "cuda":
-        return None
+        if local_world == 1 or not cuda_available():
+            return None
+        count = device_count()
+        if local_world <= count:
+            return None
+        return (
+            f"{local_world} processes on this node, but it sees {count} GPU(s) and the device is "
+            "auto (the GPUs, one process each); lower --nproc-per-node, use more GPUs, "
+            "or --device cpu"
+        )
     if not cuda_available():
         return (
             "--device cuda, but this worker sees no CUDA device (torch.cuda.is_available() is "
             f"False; torch {torch.__version__}, CUDA_VISIBLE_DEVICES="
             f"{environ.get('CUDA_VISIBLE_DEVICES', '<unset>')!r}); use --device cpu or auto"
         )
-    local_world = int(environ.get("LOCAL_WORLD_SIZE", "1") or 1)
     count = device_count()
     if local_world > count:
         return (

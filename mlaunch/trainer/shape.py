@@ -23,6 +23,7 @@ class GPTConfig:
     seq_length: int
     vocab_size: int = VOCAB_SIZE
     tie_embeddings: bool = True
+    hidden_dropout: float = 0.0  # no parameters: not part of the count
 
 
 def count_parameters(cfg: GPTConfig) -> int:

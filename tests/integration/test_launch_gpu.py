@@ -8,6 +8,8 @@ two GPUs skip on a one-GPU machine). What they pin (issue 15):
 - save on two GPUs, resume where the worker sees one (the CUDA RNG state is per device);
 - activation offload on a copy stream gives the losses of a run without it;
 - a ``torch.cuda._sleep`` of known length inside a device-timed span is that span's duration.
+
+The tests that catch gradient mistakes and hidden syncs (issue 28) are in test_gpu_gradients.py.
 """
 
 from __future__ import annotations

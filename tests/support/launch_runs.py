@@ -18,10 +18,14 @@ TIMEOUT_S = 180
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """The parent environment without telemetry/launcher variables, one thread, plus ``extra``
-    (which may override the thread count): the one scrub every test that starts a process uses."""
+    """The parent environment without telemetry/launcher variables, one thread, no GPU, plus
+    ``extra`` (which may override the thread count and give GPUs back): the one scrub every test
+    that starts a process uses. The CPU tests stay on CPU on a GPU machine: in auto mode their
+    workers would take the GPUs (two "nodes" on one machine would both take ``cuda:0``, which
+    NCCL refuses); the ``gpu`` tests set ``CUDA_VISIBLE_DEVICES`` themselves."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(PREFIXES)}
     env["OMP_NUM_THREADS"] = "1"
+    env["CUDA_VISIBLE_DEVICES"] = ""
     env.update(extra)
     return env
 

@@ -76,6 +76,8 @@ def test_valid_layout_fills_global_batch_default():
         (["--save-interval", "5"], 1, "--save-interval", "--save"),
         (["--otel-span-groups", "defualt"], 1, "--otel-span-groups", "did you mean 'default'"),
         (["--min-lr", "1", "--lr", "0.1"], 1, "--min-lr", "must be <= lr 0.1"),
+        (["--hidden-dropout", "1"], 1, "--hidden-dropout", "below 1, got 1.0"),
+        (["--hidden-dropout", "-0.1"], 1, "--hidden-dropout", "at least 0"),
     ],
 )
 def test_invalid_combinations_name_the_argument_and_the_fix(argv, world, arg, words):

@@ -6,12 +6,14 @@ the shared-save-directory check with two "nodes" on one machine."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
 from collections import deque
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,7 +22,7 @@ from support.trainer_runs import TINY, clean_env
 
 from mlaunch import envcontract, telemetry
 from mlaunch.telemetry import _devicetime, _spans
-from mlaunch.trainer.offload import ActivationStash, ParameterFilter
+from mlaunch.trainer.offload import ActivationStash, ParameterFilter, host_strides
 from mlaunch.trainer.parallel import GradBuffer, device_problem
 
 # ------------------------------------------------------------------------------------------------
@@ -155,6 +157,14 @@ def test_device_cuda_is_checked_against_cuda_and_the_gpu_count() -> None:
     assert "sees 2 GPU(s)" in device_problem(env, lambda: True, lambda: 2)
     assert device_problem(env, lambda: True, lambda: 4) is None
     assert device_problem({}, lambda: False, lambda: 0) is None  # auto
+    # Auto mode with more local ranks than GPUs refuses too (no fall-back to CPU) ...
+    auto = {"LOCAL_WORLD_SIZE": "4"}
+    problem = device_problem(auto, lambda: True, lambda: 2)
+    assert problem is not None and "4 processes on this node, but it sees 2 GPU(s)" in problem
+    assert "--device cpu" in problem
+    assert device_problem(auto, lambda: True, lambda: 4) is None
+    # ... and without GPUs it is CPU, any number of processes.
+    assert device_problem(auto, lambda: False, lambda: 0) is None
     assert device_problem({envcontract.DEVICE: "cpu"}, lambda: False, lambda: 0) is None
 
 
@@ -290,3 +300,193 @@ def test_a_save_directory_not_shared_by_every_node_stops_the_job(tmp_path, share
     assert "Traceback" not in outs[0].split("is not shared")[0][-200:]
     assert not (saves[1] / "latest_checkpointed_iteration.txt").exists()
     assert os.path.isdir(saves[0])
+
+
+# ------------------------------------------------------------------------------------------------
+# Activation offload: what stays resident, strides kept (issue 28)
+
+
+class FakeAttention(torch.autograd.Function):
+    """What the memory-efficient SDPA backend saves in fp32: its input, its output (a transposed
+    view) and its RNG seed and offset as CPU int64 scalars, whatever device the input is on."""
+
+    seeds: list[torch.Tensor] = []
+
+    @staticmethod
+    def forward(ctx, q):
+        out = (q * 3).transpose(1, 2)
+        seed = torch.tensor(1234, dtype=torch.int64)
+        offset = torch.tensor(7, dtype=torch.int64)
+        FakeAttention.seeds = [seed, offset]
+        ctx.save_for_backward(q, out, seed, offset)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, out, seed, offset = ctx.saved_tensors
+        # A real kernel would read them on the host: they must still be the CPU scalars.
+        assert (seed.device.type, int(seed), int(offset)) == ("cpu", 1234, 7)
+        assert [seed.data_ptr(), offset.data_ptr()] == [t.data_ptr() for t in FakeAttention.seeds]
+        return grad.transpose(1, 2) * 3 + q * (out.transpose(1, 2) * 0).sum()
+
+
+def _fake_attention_grad(stash: ActivationStash | None) -> tuple[torch.Tensor, ActivationStash]:
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 8, 8, requires_grad=True)
+    with stash.hooks() if stash is not None else contextlib.nullcontext():
+        out = FakeAttention.apply(q)
+        loss = (out * torch.arange(out.numel()).view_as(out)).sum()
+    if stash is not None:
+        stash.offload()
+        stash.reload()
+    loss.backward()
+    return q.grad, stash
+
+
+def test_offload_keeps_cpu_scalars_and_tensors_off_its_device_resident() -> None:
+    expected, _ = _fake_attention_grad(None)
+    # A stash for a GPU on this CPU machine: every tensor here is off its device, so none is
+    # stashed, and offload/reload make no CUDA call (they would fail on a CPU-only torch).
+    grad, stash = _fake_attention_grad(ActivationStash(torch.device("cuda", 0), []))
+    assert stash.slots == []
+    assert torch.equal(grad, expected)
+    # On its own device the big tensors go out and back; the tiny CPU scalars stay.
+    grad, stash = _fake_attention_grad(ActivationStash(torch.device("cpu"), []))
+    assert len(stash.slots) >= 2 and all(t.numel() == 2 * 4 * 8 * 8 for t in stash.slots)
+    assert torch.equal(grad, expected)
+
+
+class StrideSensitive(torch.autograd.Function):
+    """Saves a view and, in backward, reads its memory as the strides forward saw (as a kernel
+    that takes a layout for granted does), and records the strides it got back."""
+
+    seen: list[tuple[int, ...]] = []
+
+    @staticmethod
+    def forward(ctx, x, view):
+        ctx.save_for_backward(view)
+        ctx.strides = view.stride()
+        return x * view
+
+    @staticmethod
+    def backward(ctx, grad):
+        (view,) = ctx.saved_tensors
+        StrideSensitive.seen.append(view.stride())
+        if view.stride() != ctx.strides:  # a non-dense view comes back dense: read it as it is
+            return grad * view, None
+        raw = torch.as_strided(view, view.shape, ctx.strides)  # wrong values if strides changed
+        return grad * raw, None
+
+
+def _strided_run(stash: ActivationStash | None, make_view) -> tuple[torch.Tensor, tuple]:
+    torch.manual_seed(0)
+    base = torch.randn(6, 16, 12)
+    x = torch.randn(make_view(base).shape, requires_grad=True)
+    StrideSensitive.seen = []
+    with stash.hooks() if stash is not None else contextlib.nullcontext():
+        loss = StrideSensitive.apply(x, make_view(base)).sum()
+    if stash is not None:
+        assert len(stash.slots) == 1
+        stash.offload()
+        (host,) = stash.slots
+        host_strides = host.stride()
+        stash.reload()
+    else:
+        host_strides = make_view(base).stride()
+    loss.backward()
+    return x.grad, (host_strides, StrideSensitive.seen[0])
+
+
+@pytest.mark.parametrize(
+    "make_view",
+    [
+        lambda b: b.transpose(1, 2),  # a transposed view (q/k/v, the attention output)
+        lambda b: b.permute(2, 0, 1),
+        lambda b: b.transpose(1, 2)[:, :, :5],  # not dense: same dimension order, dense strides
+    ],
+    ids=["transpose", "permute", "non-dense-slice"],
+)
+def test_offload_keeps_saved_tensors_strides_and_gradients(make_view) -> None:
+    expected, (strides, _) = _strided_run(None, make_view)
+    grad, (host, reloaded) = _strided_run(ActivationStash(torch.device("cpu"), []), make_view)
+    view = make_view(torch.empty(6, 16, 12))
+    if host_strides(view) == view.stride():  # dense
+        assert host == reloaded == strides  # exact strides, on the host and back
+    else:
+        order = sorted(range(view.dim()), key=lambda i: -view.stride(i))
+        assert sorted(range(view.dim()), key=lambda i: -host[i]) == order
+        assert host == reloaded
+    assert torch.equal(grad, expected)
+
+
+def test_host_strides_of_dense_non_dense_and_overlapping_tensors() -> None:
+    t = torch.empty(4, 5, 6)
+    assert host_strides(t) == (30, 6, 1)
+    assert host_strides(t.transpose(0, 2)) == (1, 6, 30)  # dense: its own strides
+    assert host_strides(t[:, :2]) == (12, 6, 1)  # a slice: dense, same order
+    assert host_strides(t.transpose(1, 2)[:, :3]) == (15, 1, 3)
+    assert host_strides(torch.empty(4, 1).expand(4, 8)) is None  # overlapping: resident
+    stash = ActivationStash(torch.device("cpu"), [])
+    big = torch.randn(4, 1, requires_grad=True).expand(4, 64)
+    assert stash._pack(big) is big and stash.slots == []
+
+
+# ------------------------------------------------------------------------------------------------
+# The step's host syncs: the stop vote, batch copies (issue 28)
+
+
+def _stats_trainer():
+    from mlaunch.trainer import loop
+
+    tr = loop.Trainer.__new__(loop.Trainer)  # just what _reduce_stats reads
+    tr.topo = SimpleNamespace(distributed=False, world_size=1, dp=1)
+    tr.state = loop.TrainState()
+    grad = torch.tensor([3.0, 4.0])
+    tr.grads, tr.norm_grads = SimpleNamespace(flat=grad), [grad]
+    tr.stop = loop.StopFlag()
+    tr.ctx = SimpleNamespace(p2p=SimpleNamespace(after_sync=lambda: None))
+    tr._stop_vote = None
+    return tr
+
+
+def test_the_stop_vote_is_filled_on_the_device_not_copied_from_the_host(monkeypatch) -> None:
+    tr = _stats_trainer()
+    loss = torch.tensor(2.5)
+
+    def host_tensor(*args, **kwargs):
+        raise AssertionError("torch.tensor in the stats: on a GPU a blocking host-to-device copy")
+
+    monkeypatch.setattr(torch, "tensor", host_tensor)
+    assert tr._reduce_stats(loss) == (5.0, 2.5, False)
+    vote = tr._stop_vote
+    assert vote is not None and vote.device == loss.device and vote.dtype == torch.float64
+    tr.stop.signal = 15
+    assert tr._reduce_stats(loss)[2] is True
+    assert tr._stop_vote is vote  # made once, filled in place every step
+    assert tr._reduce_stats(None)[1] == 0.0
+
+
+def test_batches_are_pinned_before_their_non_blocking_copies_on_cuda_only(monkeypatch) -> None:
+    from mlaunch.trainer.loop import batch_to_device
+
+    pinned: set[int] = set()
+    copies: list[tuple[bool, str, bool]] = []
+
+    def pin_memory(self):
+        out = self.clone()
+        pinned.add(id(out))
+        return out
+
+    def to(self, device, non_blocking=False):
+        copies.append((id(self) in pinned, str(device), non_blocking))
+        return self
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    batch = [torch.zeros(2, 4, dtype=torch.int64), torch.ones(2, 4, dtype=torch.int64)]
+    out = batch_to_device(batch, torch.device("cuda", 1))
+    assert copies == [(True, "cuda:1", True)] * 2 and len(out) == 2
+    copies.clear()
+    pinned.clear()
+    batch_to_device(batch, torch.device("cpu"))  # no CUDA: nothing pinned (it would fail)
+    assert copies == [(False, "cpu", False)] * 2 and not pinned

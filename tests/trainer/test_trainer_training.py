@@ -80,6 +80,22 @@ def test_data_parallel_with_many_buckets_overlapping_backward_matches_one_proces
     args = [*ARGS, "--ddp-bucket-size", "10000"]
     dp = ok(run_trainer(workdir, args, nproc=2, name="dp2-buckets"))
     assert_close(dp.losses(), baseline.losses(), rel=1e-4)
+    records = dp.progress()
+    assert records and all(r["grad_buckets"] >= 3 for r in records)
+    assert all(r["grad_buckets_in_backward"] == r["grad_buckets"] for r in records)
+
+
+def test_resume_with_dropout_draws_the_same_masks_as_a_straight_run(workdir, baseline):
+    # Dropout draws from the RNG: a resume that restored it wrongly would change the losses.
+    args = [*TINY, "--train-iters", "6", "--hidden-dropout", "0.2"]
+    straight = ok(run_trainer(workdir, args, name="dropout"))
+    assert not math.isclose(straight.losses()[1], baseline.losses()[1], rel_tol=1e-6)  # on
+    ck = workdir / "ck-dropout"
+    save = [*args, "--save", str(ck), "--save-interval", "3", "--exit-interval", "3"]
+    ok(run_trainer(workdir, save, name="dropout-a"))
+    second = ok(run_trainer(workdir, [*args, "--load", str(ck)], name="dropout-b"))
+    assert [r["iteration"] for r in second.progress()] == [4, 5, 6]
+    assert_close(second.losses(), straight.losses()[3:], rel=1e-6)
 
 
 def test_resume_continues_the_same_loss_sequence_and_skips_a_corrupt_checkpoint(workdir, baseline):
