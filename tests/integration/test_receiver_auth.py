@@ -213,3 +213,24 @@ def test_relay_forwards_only_the_workers_spans_with_the_users_header(tmp_path: P
         assert all(h.get("x-api-key") == SECRET for h in collector.headers)
         assert all(token not in json.dumps(h) for h in collector.headers)
     assert SECRET not in out
+
+
+def test_mlaunchs_trainer_through_the_relay_sends_the_token(tmp_path: Path):
+    """mlaunch's own trainer (its telemetry runtime's exporters) with ``--otlp-relay``: its spans
+    get through the receiver (so it sends the token) and reach the collector."""
+    run_dir = tmp_path / "run"
+    with GrpcOtlpReceiver() as collector:
+        proc = mlaunch(
+            "--run-dir", str(run_dir), "--nproc-per-node", "1", "--train-iters", "2",
+            "--eval-interval", "0", "--device", "cpu", "--otel-enabled", "--otel-exporter",
+            "otlp", "--otlp-endpoint", collector.endpoint, "--otlp-relay",
+            cwd=tmp_path, env=clean_env(),
+        )  # fmt: skip
+        code, out = finish(proc)
+        assert code == 0, out
+        stats = json.loads(envcontract.receiver_stats_file(run_dir).read_text())
+        traces = stats["signals"]["traces"]
+        assert stats["mode"] == "relay" and traces["unauthenticated_requests"] == 0, stats
+        assert traces["forwarded_items"] > 0 and traces["spooled_items"] == 0, stats
+        assert collector.wait_for_spans(traces["forwarded_items"], timeout=10)
+        assert {s["resource"].get("dl.rank") for s in collector.spans} >= {0}
