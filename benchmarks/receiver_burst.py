@@ -123,6 +123,7 @@ def run_burst(
     sys.path.insert(0, str(_REPO))
     from mlaunch import envcontract
     from mlaunch.receiver import Receiver
+    from mlaunch.receiver.wiring import token_env
     from mlaunch.telemetry.otlp_json import read_spans
 
     tmp = None
@@ -135,7 +136,8 @@ def run_burst(
     endpoint = rx.grpc_endpoint if protocol == "grpc" else rx.http_endpoint
     assert endpoint, rx.stats.errors
     per = spans // workers
-    env = {**os.environ, "PYTHONPATH": str(_REPO), **(worker_env or {})}
+    # The workers authenticate as a launch's do: the token in the standard headers variable.
+    env = {**os.environ, "PYTHONPATH": str(_REPO), **token_env(rx), **(worker_env or {})}
     procs = [
         subprocess.Popen(
             [

@@ -32,6 +32,15 @@ OTLP_TARGET_VARS: tuple[str, ...] = tuple(
     for what in ("ENDPOINT", "PROTOCOL")
     for signal in ("", "TRACES_", "METRICS_", "LOGS_")
 )
+#: The OTLP exporters' header variables (base and per signal; the SDK and nemo-lens read the
+#: per-signal one first). Secrets: never printed or written. With the launcher's receiver the
+#: workers get only the receiver's token here (the user's headers stay with the launcher).
+OTLP_HEADERS_VARS: tuple[str, ...] = tuple(
+    f"OTEL_EXPORTER_OTLP_{signal}HEADERS" for signal in ("", "TRACES_", "METRICS_", "LOGS_")
+)
+#: The header that carries the launcher receiver's per-launch token (``Bearer <token>``), as the
+#: OpenTelemetry collector's ``bearertokenauth`` expects it; gRPC metadata keys are lower case.
+RECEIVER_AUTH_HEADER = "authorization"
 #: ``cuda`` when ``mlaunch train --device cuda`` asked for it (unset otherwise; ``cpu`` hides the
 #: GPUs instead): such a worker refuses to start without CUDA or with fewer GPUs than local workers.
 DEVICE = "MLAUNCH_DEVICE"

@@ -413,6 +413,17 @@ def _otlp_lines(plan: LaunchPlan, result: RunResult) -> list[str]:
     return lines
 
 
+def _strangers(result: RunResult) -> list[str]:
+    """A line when the receiver refused senders without the job's token (someone else on the
+    node tried to write into the job's telemetry: nothing of it was kept)."""
+    if result.receiver is None:
+        return []
+    n = sum(c.unauthenticated_requests for c in result.receiver.signals.values())
+    if not n:
+        return []
+    return [f"receiver: refused {n:,} request(s) without this job's token (nothing kept)"]
+
+
 def print_result(
     console: Console, plan: LaunchPlan, result: RunResult, report: Path | None = None
 ) -> None:
@@ -478,5 +489,6 @@ def print_result(
             plain.append(f"report:  mlaunch trace report {shlex.quote(str(plan.run_dir))}")
     elif t.enabled and t.exporter == "otlp":
         plain += _otlp_lines(plan, result)
+    plain += _strangers(result)
     for line in plain:
         console.print(line, soft_wrap=True, highlight=False, markup=False)

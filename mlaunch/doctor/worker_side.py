@@ -269,5 +269,12 @@ def check_worker_side(
                 "report this as an mlaunch bug (the translation table is wrong for this setting)",
             ),
         ]
-    receiver = " (endpoint: the launcher's embedded receiver)" if view["embedded_receiver"] else ""
+    # The receiver refuses anyone without the launch's token (mlaunch/receiver/core.py): say so,
+    # a user on a shared node wants to know that nobody else can write into the job's traces.
+    receiver = (
+        " (endpoint: the launcher's embedded receiver, which authenticates: it admits only this"
+        " launch's workers, by a fresh per-launch token)"
+        if view["embedded_receiver"]
+        else ""
+    )
     return [*results, ok(name, f"{who} resolves {resolved}{receiver}; matches mlaunch's plan")]

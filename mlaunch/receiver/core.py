@@ -17,6 +17,13 @@ mode it forwards the request's bytes upstream instead, and spools what cannot be
 failed delivery requests go straight to the spool for a backoff period (1 s doubling to 30 s),
 so a dead collector costs one timeout per period, not one per request.
 
+Only the job's own workers get in: every gRPC call and HTTP request must carry the launch's token
+(``authorization: Bearer <token>``, a fresh random one per receiver, handed to the workers in
+their environment only); one without it, or with a wrong one, is refused (gRPC
+``UNAUTHENTICATED``, HTTP 401) before anything is queued, counted (``unauthenticated_requests``)
+and logged once. The comparison is constant-time. The listeners are on loopback, so this is what
+keeps other users of a shared node from forging or flooding the job's telemetry.
+
 Nothing here ever raises into the launcher: a failure of the receiver's own (a port, a full disk,
 a malformed request) is logged once and counted, and training goes on.
 """
@@ -24,8 +31,10 @@ a malformed request) is logged once and counted, and training goes on.
 from __future__ import annotations
 
 import contextlib
+import hmac
 import json
 import os
+import secrets
 import sys
 import threading
 import time
@@ -68,6 +77,8 @@ class SignalCounts:
     rejected_requests: int = 0
     """Refused because the queue was full (the client was told to retry)."""
     rejected_bytes: int = 0
+    unauthenticated_requests: int = 0
+    """Refused for a missing or wrong token (not the job's workers): nothing of them kept."""
     malformed_requests: int = 0
     """Accepted but undecodable (dropped, counted)."""
     written_items: int = 0
@@ -94,6 +105,8 @@ class ReceiverStats:
     signals: dict[str, SignalCounts] = field(
         default_factory=lambda: {name: SignalCounts() for name in SIGNALS}
     )
+    authenticated: bool = True
+    """Whether the listeners required the launch's token (always, from ``mlaunch train``)."""
     peak_queued_bytes: int = 0
     errors: list[str] = field(default_factory=list)
     """Each distinct problem, once."""
@@ -114,6 +127,11 @@ class _Item:
         self.payload = payload  # serialized protobuf (bytes) or an already parsed request
         self.nbytes = nbytes
         self.local = local
+
+
+def new_token() -> str:
+    """A fresh random token (256 bits, URL-safe: it travels in an OTLP headers variable)."""
+    return secrets.token_urlsafe(32)
 
 
 def _rank_of(resource: Any) -> int | None:
@@ -158,8 +176,12 @@ class Receiver:
         node_rank: int = 0,
         max_queued_bytes: int = MAX_QUEUED_BYTES,
         log: Callable[[str], None] | None = None,
+        token: str | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
+        # The per-launch secret every request must carry; never logged, written or put in stats.
+        self._token = token or new_token()
+        self._expected = f"Bearer {self._token}".encode()
         self.node_rank = node_rank
         self.max_queued_bytes = max_queued_bytes
         self._senders = {name: Sender(u) for name, u in (relay or {}).items()}
@@ -214,6 +236,34 @@ class Receiver:
     def http_endpoint(self) -> str | None:
         """``http://127.0.0.1:PORT`` (the OTLP/HTTP base URL) of the HTTP listener, if up."""
         return self.stats.http_endpoint
+
+    @property
+    def token(self) -> str:
+        """The token clients must send (for the workers' environment only: a secret)."""
+        return self._token
+
+    @property
+    def client_headers(self) -> dict[str, str]:
+        """The headers (gRPC metadata) a client sends to be let in (a secret, as :attr:`token`)."""
+        return {envcontract.RECEIVER_AUTH_HEADER: f"Bearer {self._token}"}
+
+    def authorized(self, value: str | bytes | None) -> bool:
+        """Whether an ``authorization`` header/metadata value is ``Bearer <this token>``, compared
+        in constant time (a timing side channel must not leak the token byte by byte)."""
+        if value is None:
+            return False
+        given = value.encode("latin-1", "replace") if isinstance(value, str) else bytes(value)
+        return hmac.compare_digest(given, self._expected)
+
+    def unauthenticated(self, signal: str) -> None:
+        """Count (and log once) a request refused for a missing or wrong token."""
+        with self._lock:
+            self.stats.signals[signal].unauthenticated_requests += 1
+        self.problem(
+            "unauthenticated",
+            "refused a request without this job's token (not one of its workers; counted in"
+            f" {envcontract.receiver_stats_file(self.run_dir, self.node_rank).name})",
+        )
 
     # ---- intake -------------------------------------------------------------------------
 

@@ -2,7 +2,8 @@
 (TraceService, MetricsService, LogsService) and OTLP/HTTP (``/v1/traces``, ``/v1/metrics``,
 ``/v1/logs``; protobuf and JSON bodies, gzip or deflate).
 
-A handler reads the request, hands the raw bytes to :meth:`Receiver.submit` and answers: no
+A handler first checks the launch's token (:meth:`Receiver.authorized`; HTTP before reading the
+body), then reads the request, hands the raw bytes to :meth:`Receiver.submit` and answers: no
 parsing, no disk. Both frontends cap a request at :data:`~mlaunch.receiver.core.MAX_REQUEST_BYTES`
 (gRPC's receive limit; HTTP's body and decompressed body) and bound their threads, so a burst
 or a misbehaving client holds bounded memory; a client that disconnects mid-request, or sends
@@ -19,6 +20,7 @@ from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
+from mlaunch.envcontract import RECEIVER_AUTH_HEADER
 from mlaunch.receiver.core import MAX_REQUEST_BYTES, RETRY_AFTER_S
 from mlaunch.receiver.signals import SIGNALS
 
@@ -67,6 +69,12 @@ class GrpcFrontend:
 
         def handler(signal: str) -> Any:
             def export(body: bytes, context: Any) -> bytes:
+                auth = [v for k, v in context.invocation_metadata() if k == RECEIVER_AUTH_HEADER]
+                if len(auth) != 1 or not receiver.authorized(auth[0]):
+                    receiver.unauthenticated(signal)
+                    context.set_code(grpc.StatusCode.UNAUTHENTICATED)
+                    context.set_details("mlaunch receiver: this job's token is required")
+                    return b""
                 if not receiver.submit(signal, body, len(body)):
                     context.set_trailing_metadata(trailer)
                     context.set_code(grpc.StatusCode.RESOURCE_EXHAUSTED)
@@ -134,6 +142,14 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path.split("?", 1)[0].rstrip("/") != f"/v1/{signal}" or signal not in SIGNALS:
             self._reply(404, b"", "text/plain")
             return
+        receiver = self.server.receiver
+        auth = self.headers.get_all(RECEIVER_AUTH_HEADER) or []
+        if len(auth) != 1 or not receiver.authorized(auth[0]):
+            # Before the body is read: a stranger's request never enters memory (the connection
+            # closes, as the unread body is still on it).
+            receiver.unauthenticated(signal)
+            self._reply(401, b"", "text/plain", close=True, extra=(("WWW-Authenticate", "Bearer"),))
+            return
         try:
             length = int(self.headers.get("Content-Length", ""))
         except ValueError:
@@ -142,7 +158,6 @@ class _Handler(BaseHTTPRequestHandler):
         if not 0 <= length <= MAX_REQUEST_BYTES:
             self._reply(413, b"", "text/plain", close=True)
             return
-        receiver = self.server.receiver
         if not receiver.has_room(length):
             # Refused before reading: a body the queue cannot take never enters memory (the
             # connection closes, as the unread body is still on it).
@@ -186,8 +201,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         self.end_headers()
 
-    def _reply(self, code: int, body: bytes, ctype: str, *, close: bool = False) -> None:
+    def _reply(
+        self, code: int, body: bytes, ctype: str, *, close: bool = False,
+        extra: tuple[tuple[str, str], ...] = (),
+    ) -> None:  # fmt: skip
         self.send_response(code)
+        for name, value in extra:
+            self.send_header(name, value)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
         if close:

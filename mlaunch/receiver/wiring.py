@@ -7,12 +7,18 @@
   launcher, which forwards to the configured endpoint and spools what it cannot deliver.
 
 mlaunch's own trainer keeps its file exporter (it writes the same files itself, without a hop).
+
+The receiver admits only this launch's workers: they get its token in the standard headers
+variable (``OTEL_EXPORTER_OTLP_HEADERS``, which the SDK exporters, mlaunch's telemetry and
+nemo-lens all read) and nowhere else: not on a command line, not in ``resolved.env`` (written
+before the receiver starts, from the plan), not in any log.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Literal
+from urllib.parse import quote
 
 from mlaunch import envcontract as ec
 
@@ -25,7 +31,8 @@ Mode = Literal["embedded", "relay"]
 
 #: The OTLP exporter variables that say where and how to connect (base and per signal). In
 #: receiver modes they are replaced: workers talk plaintext to 127.0.0.1, and in relay mode the
-#: headers (secrets) and TLS files stay with the launcher, which uses them upstream.
+#: headers (secrets) and TLS files stay with the launcher, which uses them upstream; the workers'
+#: only header is the receiver's token.
 _CONNECTION_VARS = ("ENDPOINT", "PROTOCOL", "HEADERS", "CERTIFICATE", "CLIENT_KEY",
                     "CLIENT_CERTIFICATE", "INSECURE")  # fmt: skip
 _SIGNAL_WORDS = ("", "TRACES_", "METRICS_", "LOGS_")
@@ -85,7 +92,16 @@ def worker_env(receiver: Receiver, env: Mapping[str, str]) -> dict[str, str] | N
     out["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
     out["OTEL_EXPORTER_OTLP_PROTOCOL"] = protocol
     out["OTEL_EXPORTER_OTLP_INSECURE"] = "true"
+    out.update(token_env(receiver))
     return out
+
+
+def token_env(receiver: Receiver) -> dict[str, str]:
+    """The variable that hands a worker the receiver's token: the base headers variable only
+    (:func:`worker_env` removes every per-signal one, so nothing overrides it), URL-encoded as
+    the OTLP exporters parse it."""
+    text = ",".join(f"{k}={quote(v, safe='')}" for k, v in receiver.client_headers.items())
+    return {ec.OTLP_HEADERS_VARS[0]: text}
 
 
 def start(plan: LaunchPlan) -> tuple[Receiver | None, dict[str, str]]:

@@ -3,7 +3,7 @@ aliases, its standard ``OTEL_*`` variable; and which values are secrets."""
 
 from __future__ import annotations
 
-from mlaunch.envcontract import FALLBACK_PREFIX, PRIMARY_PREFIX
+from mlaunch.envcontract import FALLBACK_PREFIX, OTLP_HEADERS_VARS, PRIMARY_PREFIX
 
 #: Telemetry key (the suffix after the prefix) -> TelemetrySettings field.
 TELEMETRY_KEYS: dict[str, str] = {
@@ -51,14 +51,7 @@ OTEL_ENV: dict[str, tuple[str, str]] = {
 }
 
 #: Variables whose values are secrets: never printed, logged or written unredacted.
-SECRET_ENV: frozenset[str] = frozenset(
-    {
-        "OTEL_EXPORTER_OTLP_HEADERS",
-        "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
-        "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
-        "OTEL_EXPORTER_OTLP_LOGS_HEADERS",
-    }
-)
+SECRET_ENV: frozenset[str] = frozenset(OTLP_HEADERS_VARS)
 
 #: Flags spelled differently from their field: the OTLP base settings read as the variables do
 #: (``--otlp-endpoint`` for OTEL_EXPORTER_OTLP_ENDPOINT, not ``--otlp-base-endpoint``).

@@ -41,6 +41,8 @@ def test_the_worker_resolves_what_the_plan_says_and_doctor_shows_it(lens_python)
     assert "layer," not in result.message and "microbatch" in result.message
     assert "strategy all_ranks" in result.message and "exporting ranks 0-1" in result.message
     assert "rank-aware sampler keeps ranks" in result.message
+    # A script's workers send to the launcher's receiver, which only lets the job's workers in.
+    assert "embedded receiver, which authenticates" in result.message
 
 
 def test_a_setting_nemo_lens_raises_on_is_a_failure_with_its_error(lens_python):

@@ -35,6 +35,7 @@ from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from support.otlp import RECEIVER_HEADERS, RECEIVER_TOKEN
 
 from mlaunch import envcontract
 from mlaunch.receiver import Receiver
@@ -60,13 +61,16 @@ def emit(exporter, n: int, rank: int | None = 0, name: str = "megatron.train_ste
 
 @pytest.fixture
 def rx(tmp_path: Path):
-    r = Receiver(tmp_path, log=lambda m: None).start()
+    r = Receiver(tmp_path, token=RECEIVER_TOKEN, log=lambda m: None).start()
     yield r
     r.close()
 
 
 def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
-    req = urllib.request.Request(url, data=body, method="POST", headers=headers)
+    """POST as an authenticated client (the job's token unless ``headers`` says otherwise)."""
+    req = urllib.request.Request(
+        url, data=body, method="POST", headers={**RECEIVER_HEADERS, **headers}
+    )
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return resp.status, dict(resp.headers), resp.read()
@@ -187,7 +191,9 @@ def test_bad_requests_are_refused_or_counted_and_the_receiver_keeps_serving(
     # A gRPC client that gives up (deadline) mid-call and one sending garbage bytes.
     channel = grpc.insecure_channel(rx.grpc_endpoint.removeprefix("http://"))
     raw = channel.unary_unary(TRACE_PATH)
-    raw(b"\xff\xff\xff\xff", timeout=5)  # accepted, malformed later
+    raw(
+        b"\xff\xff\xff\xff", timeout=5, metadata=tuple(RECEIVER_HEADERS.items())
+    )  # accepted, malformed later
     channel.close()
     ids = emit(GrpcSpans(endpoint=rx.grpc_endpoint, insecure=True), 2)
     ids += emit(HttpSpans(endpoint=url + "/v1/traces"), 2)
@@ -207,13 +213,14 @@ class _SlowReceiver(Receiver):
 
 def test_full_queue_refuses_with_a_retryable_status_counted(tmp_path: Path) -> None:
     said: list[str] = []
-    rx = _SlowReceiver(tmp_path, max_queued_bytes=1, log=said.append).start()
+    rx = _SlowReceiver(tmp_path, token=RECEIVER_TOKEN, max_queued_bytes=1, log=said.append).start()
     body = ExportTraceServiceRequest().SerializeToString() + b"\x0a\x00"  # one empty resource
     channel = grpc.insecure_channel(rx.grpc_endpoint.removeprefix("http://"))
     raw = channel.unary_unary(TRACE_PATH)
-    raw(body, timeout=5)  # queue empty: accepted even over budget
+    auth = tuple(RECEIVER_HEADERS.items())
+    raw(body, timeout=5, metadata=auth)  # queue empty: accepted even over budget
     with pytest.raises(grpc.RpcError) as exc:
-        raw(body, timeout=5)  # the writer is still busy with the first one
+        raw(body, timeout=5, metadata=auth)  # the writer is still busy with the first one
     assert exc.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     trailers = dict(exc.value.trailing_metadata())
     assert "google.rpc.retryinfo-bin" in trailers  # the SDK waits as told, then retries
@@ -231,7 +238,7 @@ def test_full_queue_refuses_with_a_retryable_status_counted(tmp_path: Path) -> N
 def test_a_disk_that_refuses_writes_never_raises(tmp_path: Path) -> None:
     (tmp_path / envcontract.TELEMETRY_DIR).write_text("a file where the folder should be")
     said: list[str] = []
-    rx = Receiver(tmp_path, log=said.append).start()
+    rx = Receiver(tmp_path, token=RECEIVER_TOKEN, log=said.append).start()
     emit(GrpcSpans(endpoint=rx.grpc_endpoint, insecure=True), 3)
     stats = rx.close()
     t = stats.signals["traces"]
@@ -248,7 +255,7 @@ def test_a_listener_that_cannot_start_leaves_the_other(tmp_path: Path, monkeypat
 
     monkeypatch.setattr(frontends, "GrpcFrontend", no_port)
     said: list[str] = []
-    rx = Receiver(tmp_path, log=said.append).start()
+    rx = Receiver(tmp_path, token=RECEIVER_TOKEN, log=said.append).start()
     assert rx.grpc_endpoint is None and rx.http_endpoint
     env = wiring.worker_env(rx, {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
     assert env is not None
@@ -275,7 +282,7 @@ def test_ingest_api_goes_through_the_same_path(tmp_path: Path) -> None:
     tp.add_span_processor(SimpleSpanProcessor(Capture()))
     with tp.get_tracer("mlaunch").start_as_current_span("mlaunch.job"):
         pass
-    rx = Receiver(tmp_path, log=lambda m: None)  # no listeners needed
+    rx = Receiver(tmp_path, token=RECEIVER_TOKEN, log=lambda m: None)  # no listeners needed
     launcher_file = envcontract.launcher_traces_file(tmp_path, 0)
     assert rx.ingest_traces(encode_spans(captured), local_file=launcher_file)
     stats = rx.close()
@@ -285,7 +292,7 @@ def test_ingest_api_goes_through_the_same_path(tmp_path: Path) -> None:
 
 
 def test_close_with_requests_in_flight_flushes_everything(tmp_path: Path) -> None:
-    rx = Receiver(tmp_path, log=lambda m: None).start()
+    rx = Receiver(tmp_path, token=RECEIVER_TOKEN, log=lambda m: None).start()
     exporters = [GrpcSpans(endpoint=rx.grpc_endpoint, insecure=True) for _ in range(3)]
     threads = [threading.Thread(target=emit, args=(e, 50)) for e in exporters]
     for t in threads:
@@ -295,3 +302,47 @@ def test_close_with_requests_in_flight_flushes_everything(tmp_path: Path) -> Non
     stats = rx.close()
     assert stats.signals["traces"].written_items == 150
     assert len(read_spans(envcontract.traces_file(tmp_path, 0))) == 150
+
+
+def test_only_the_jobs_token_gets_in_grpc_and_http_every_signal(rx: Receiver, tmp_path) -> None:
+    """No token, a wrong one, a second (duplicate) header: refused (gRPC UNAUTHENTICATED, HTTP
+    401) for traces, metrics and logs, counted, logged once; nothing queued or written."""
+    said: list[str] = []
+    rx._log = said.append
+    from mlaunch.receiver.signals import SIGNALS
+
+    wrong = {"authorization": "Bearer not-the-token"}
+    body = ExportTraceServiceRequest().SerializeToString() + b"\x0a\x00"
+    channel = grpc.insecure_channel(rx.grpc_endpoint.removeprefix("http://"))
+    for name, sig in SIGNALS.items():
+        raw = channel.unary_unary(f"/{sig.service}/Export")
+        for metadata in (None, tuple(wrong.items()), (*RECEIVER_HEADERS.items(), *wrong.items())):
+            with pytest.raises(grpc.RpcError) as exc:
+                raw(body, timeout=5, metadata=metadata)
+            assert exc.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        for headers in ({"authorization": ""}, wrong, {"Authorization": RECEIVER_TOKEN}):
+            code, reply, _ = post(rx.http_endpoint + f"/v1/{name}", body, headers)
+            assert code == 401 and reply.get("WWW-Authenticate") == "Bearer"
+    channel.close()
+    # The SDK exporter a stranger would use, with no headers at all: refused, not retried.
+    stranger = GrpcSpans(endpoint=rx.grpc_endpoint, insecure=True, headers={"x": "y"})
+    emit(stranger, 1)
+    stats = rx.close()
+    for name in SIGNALS:
+        c = stats.signals[name]
+        assert c.unauthenticated_requests == 6 + (name == "traces")
+        assert (c.received_requests, c.written_items) == (0, 0)
+    assert not list((tmp_path / envcontract.TELEMETRY_DIR).glob("*.jsonl"))
+    assert sum("without this job's token" in m for m in said) == 1  # logged once
+    assert all(RECEIVER_TOKEN not in m for m in said + stats.errors)
+    assert stats.authenticated and RECEIVER_TOKEN not in json.dumps(stats.to_json())
+
+
+def test_a_receiver_without_a_given_token_makes_a_fresh_one(tmp_path: Path) -> None:
+    a, b = Receiver(tmp_path, log=lambda m: None), Receiver(tmp_path, log=lambda m: None)
+    try:
+        assert a.token != b.token and len(a.token) >= 32
+        assert a.authorized(f"Bearer {a.token}") and not a.authorized(f"Bearer {b.token}")
+        assert not a.authorized(a.token) and not a.authorized(None)
+    finally:
+        a.close(0.5), b.close(0.5)

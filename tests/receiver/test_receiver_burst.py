@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpans
+from support.otlp import RECEIVER_TOKEN
 from test_receiver import emit
 
 from mlaunch import envcontract
@@ -81,7 +82,7 @@ while True:
 def test_workers_killed_mid_export_do_not_break_the_receiver(tmp_path: Path) -> None:
     import socket
 
-    rx = Receiver(tmp_path, log=lambda m: None).start()
+    rx = Receiver(tmp_path, token=RECEIVER_TOKEN, log=lambda m: None).start()
     procs = [
         subprocess.Popen([sys.executable, "-c", _KILLED_WORKER, rx.grpc_endpoint, str(rank)])
         for rank in (0, 1)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpans
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpans
-from support.otlp import GrpcOtlpReceiver, HangingServer, HttpOtlpReceiver
+from support.otlp import RECEIVER_TOKEN, GrpcOtlpReceiver, HangingServer, HttpOtlpReceiver
 from test_receiver import emit
 from typer.testing import CliRunner
 
@@ -55,7 +55,7 @@ def test_collector_down_then_up_received_plus_spooled_equals_emitted_then_replay
         "OTEL_EXPORTER_OTLP_HEADERS": f"authorization=Bearer%20{SECRET}",
         "OTEL_EXPORTER_OTLP_TIMEOUT": "2",
     }
-    rx = Receiver(tmp_path, relay=relay_to(env), log=said.append).start()
+    rx = Receiver(tmp_path, token=RECEIVER_TOKEN, relay=relay_to(env), log=said.append).start()
     worker = GrpcSpans(endpoint=rx.grpc_endpoint, insecure=True)  # as the workers are pointed
     emitted = emit(worker, 5, rank=0)  # collector up: forwarded
     assert collector.wait_for_spans(5, timeout=10)
@@ -116,7 +116,9 @@ def test_http_relay_forwards_with_the_users_headers(tmp_path: Path) -> None:
             "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
             "OTEL_EXPORTER_OTLP_HEADERS": f"x-api-key={SECRET}",
         }
-        rx = Receiver(tmp_path, relay=relay_to(env), log=lambda m: None).start()
+        rx = Receiver(
+            tmp_path, token=RECEIVER_TOKEN, relay=relay_to(env), log=lambda m: None
+        ).start()
         ids = emit(HttpSpans(endpoint=rx.http_endpoint + "/v1/traces"), 6, rank=2)
         stats = rx.close()
         assert sorted(s["span_id"] for s in collector.spans) == sorted(ids)
@@ -136,7 +138,9 @@ def test_an_unresponsive_collector_never_holds_the_launcher_past_the_deadline(
             "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
             "OTEL_EXPORTER_OTLP_TIMEOUT": "60",  # the relay must not wait this long
         }
-        rx = Receiver(tmp_path, relay=relay_to(env), log=lambda m: None).start()
+        rx = Receiver(
+            tmp_path, token=RECEIVER_TOKEN, relay=relay_to(env), log=lambda m: None
+        ).start()
         ids = emit(GrpcSpans(endpoint=rx.grpc_endpoint, insecure=True), 4, rank=0)
         start = time.monotonic()
         stats = rx.close(deadline_s=2.0)
@@ -162,7 +166,9 @@ def test_a_relay_outage_at_volume_spools_every_queued_request(
     with HangingServer() as hanging:
         endpoint = hanging.endpoint if upstream == "hanging" else closed_port_endpoint()
         env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_TIMEOUT": "30"}
-        rx = Receiver(tmp_path, relay=relay_to(env), log=lambda m: None).start()
+        rx = Receiver(
+            tmp_path, token=RECEIVER_TOKEN, relay=relay_to(env), log=lambda m: None
+        ).start()
         tp = TracerProvider(resource=Resource.create({"dl.rank": 0}))
         tp.add_span_processor(
             BatchSpanProcessor(

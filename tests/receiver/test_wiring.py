@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+from support.otlp import RECEIVER_TOKEN
 
 from mlaunch.launcher import plan as lp
 from mlaunch.receiver import Receiver, wiring
@@ -82,7 +83,7 @@ def test_worker_env_points_at_loopback_and_keeps_secrets_in_the_launcher(tmp_pat
         "OTEL_SERVICE_NAME": "svc",
         "MEGATRON_OTEL_EXPORTER": "otlp",
     }
-    rx = Receiver(tmp_path, log=lambda m: None).start()
+    rx = Receiver(tmp_path, token=RECEIVER_TOKEN, log=lambda m: None).start()
     try:
         out = wiring.worker_env(rx, env)
     finally:
@@ -91,9 +92,12 @@ def test_worker_env_points_at_loopback_and_keeps_secrets_in_the_launcher(tmp_pat
     assert out["OTEL_EXPORTER_OTLP_ENDPOINT"] == rx.http_endpoint  # the protocol the user chose
     assert out["OTEL_EXPORTER_OTLP_PROTOCOL"] == "http/protobuf"
     assert out["OTEL_EXPORTER_OTLP_INSECURE"] == "true"
-    for gone in ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_HEADERS",
-                 "OTEL_EXPORTER_OTLP_METRICS_HEADERS", "OTEL_EXPORTER_OTLP_CERTIFICATE"):  # fmt: skip
+    for gone in ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+                 "OTEL_EXPORTER_OTLP_CERTIFICATE"):  # fmt: skip
         assert gone not in out
+    # The workers' only header is the receiver's token (the user's stay for the upstream leg).
+    assert out["OTEL_EXPORTER_OTLP_HEADERS"] == f"authorization=Bearer%20{RECEIVER_TOKEN}"
+    assert "abc" not in "".join(out.values())
     assert out["OTEL_EXPORTER_OTLP_TIMEOUT"] == "7" and out["OTEL_SERVICE_NAME"] == "svc"
     # The upstream is what the worker's own exporter would have used.
     up = Upstream.from_env(env, "traces")
@@ -116,6 +120,11 @@ def test_embedded_mode_points_the_translated_otlp_exporter_at_the_receiver(tmp_p
         assert env[wiring.EXPORTER_KEY] == "otlp"
         assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == rx.grpc_endpoint
         assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "grpc"
+        # A fresh token per launch, in the workers' environment only (resolved.env and
+        # resolved.json are written from the plan, which never has it).
+        assert env["OTEL_EXPORTER_OTLP_HEADERS"] == f"authorization=Bearer%20{rx.token}"
+        assert rx.token not in plan.resolved_env_text(True) + plan.resolved_json_text(True)
+        assert rx.token not in " ".join(plan.argv)
     finally:
         assert rx is not None
         rx.close()

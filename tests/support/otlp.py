@@ -322,3 +322,11 @@ def closed_port_endpoint() -> str:
     port = sock.getsockname()[1]
     sock.close()
     return f"http://127.0.0.1:{port}"
+
+
+#: The token tests give the launcher's embedded receiver (``Receiver(..., token=RECEIVER_TOKEN)``);
+#: its clients send it as the workers do, through the standard headers variable
+#: (:data:`RECEIVER_HEADERS_ENV`, which the SDK exporters read when given no headers).
+RECEIVER_TOKEN = "test-receiver-token"
+RECEIVER_HEADERS = {"authorization": f"Bearer {RECEIVER_TOKEN}"}
+RECEIVER_HEADERS_ENV = {"OTEL_EXPORTER_OTLP_HEADERS": f"authorization=Bearer%20{RECEIVER_TOKEN}"}
