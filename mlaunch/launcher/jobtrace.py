@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import mlaunch
 from mlaunch import envcontract as ec
 from mlaunch.launcher import attempt_entry
 from mlaunch.launcher.attempt_entry import attempt_span_id, traceparent
@@ -100,20 +101,6 @@ def signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"SIG{signum}"
-
-
-def _process_start_ns() -> int:
-    """When this process started (wall clock): the job span covers the CLI's own start-up too.
-    From ``/proc/self/stat`` (clock ticks since boot) against ``CLOCK_BOOTTIME``; now elsewhere."""
-    now = time.time_ns()
-    try:
-        with open("/proc/self/stat", "rb") as fh:
-            fields = fh.read().rsplit(b")", 1)[1].split()
-        started_s = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
-        age_s = time.clock_gettime(time.CLOCK_BOOTTIME) - started_s
-    except (OSError, ValueError, IndexError, AttributeError):
-        return now
-    return now - int(age_s * 1e9) if 0 <= age_s < 3600 else now
 
 
 # --------------------------------------------------------------------------------------------
@@ -331,7 +318,7 @@ class JobTrace:
             **identity,
         }
         self.job = _Span(SpanName.JOB.value, _hex(16, seed, "job"), parent[1] if parent else "",
-                         _process_start_ns())  # fmt: skip
+                         mlaunch.STARTED_NS)  # fmt: skip
         self.attempts: list[_Span] = []
         self._log_offset = self._size(plan.log_dir / TORCHRUN_LOG)
         self._since = time.time()

@@ -203,3 +203,32 @@ def test_the_nemo_lens_worker_sees_each_attempts_span_and_the_same_identity(
             assert report["resource"][RUN_UUID] == attempt["attributes"][RUN_UUID]
             assert report["resource"][JOB_UUID] == job["resource"][JOB_UUID]
     assert os.path.exists(run_dir / "lens-worker-rank0-attempt1.json")
+
+
+def test_the_job_span_starts_when_mlaunch_did_not_when_its_wrapper_process_was_created(tmp_path):
+    """``bash -c 'sleep 5; exec mlaunch train ...'``: the process is bash's, created 5 s before
+    mlaunch ran in it; none of those 5 s are the job's (goodput's wall is the job span)."""
+    import shlex
+    import subprocess
+    import sys
+
+    from support.trace_cli import trace_cli
+
+    run_dir = tmp_path / "run"
+    train = [sys.executable, "-m", "mlaunch", "train", "--run-dir", str(run_dir),
+             "--train-iters", "2", "--eval-interval", "0"]  # fmt: skip
+    before_ns = time.time_ns()
+    proc = subprocess.Popen(
+        ["bash", "-c", f"sleep 5; exec {shlex.join(train)}"], cwd=tmp_path, env=clean_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    code, out = finish(proc)
+    after_ns = time.time_ns()
+    assert code == 0, out
+    (job,) = by_name(run_dir)[SpanName.JOB]
+    assert job["resource"][ResourceAttr.PROCESS_PID] == proc.pid  # the very process bash was
+    assert job["start_ns"] >= before_ns + 5 * 10**9  # after the sleep: when mlaunch started
+    code, text = trace_cli("goodput", run_dir, "--json")
+    assert code == 0, text
+    wall_ms = json.loads(text)["overall"]["job_wall_ms"]
+    assert 0 < wall_ms <= (after_ns - before_ns) / 1e6 - 5000
