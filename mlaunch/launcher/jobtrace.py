@@ -67,7 +67,7 @@ SCOPE = "mlaunch.launcher"
 #: OTLP status codes.
 STATUS_UNSET, STATUS_ERROR = 0, 2
 #: torchrun's agent line for the first failed worker of a group.
-_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
+FAILED_LINE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
 _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
 #: How long closing waits for an upstream send at most (the launcher's exit is never held longer).
 UPSTREAM_CLOSE_S = 5.0
@@ -518,7 +518,7 @@ class JobTrace:
         # attempt's folder, so every failure of an attempt seen here is in the lines read after.
         numbers = self._attempt_numbers()
         for line in self._new_lines():
-            m = _FAILED.search(line)
+            m = FAILED_LINE.search(line)
             span = self._current()
             if m and span is not None:
                 code, local = int(m.group(1)), int(m.group(2))
