@@ -364,6 +364,7 @@ class Restart:
     """What ended the attempt before: ``rank 1 killed by SIGKILL``, as torchrun's agent logged."""
     rank: int | None
     time: float
+    """When torchrun made the attempt's log folder (before its workers started)."""
 
 
 class RestartWatch:
@@ -383,11 +384,12 @@ class RestartWatch:
         path = torchrun_log(self.plan)
         # The folders first: torchrun logs a group's failure before it makes the next folder,
         # so every failure behind a folder seen now is in the lines read after it.
-        numbers = sorted(
-            int(p.name.removeprefix("attempt_"))
-            for p in self.plan.log_dir.glob("*/attempt_*")
-            if p.name.removeprefix("attempt_").isdigit() and _fresh_dir(p, self.since)
-        )
+        folders: dict[int, float] = {}
+        for p in self.plan.log_dir.glob("*/attempt_*"):
+            n = p.name.removeprefix("attempt_")
+            with contextlib.suppress(OSError):
+                if n.isdigit() and p.is_dir() and (made := p.stat().st_mtime) >= self.since - 1:
+                    folders[int(n)] = made
         text = _read_from(path, self.offset)
         complete = text[: text.rfind("\n") + 1]
         self.offset += len(complete.encode())
@@ -401,23 +403,16 @@ class RestartWatch:
                 rank,
             )
         out = []
-        for n in numbers:
+        for n in sorted(folders):
             if n <= self.attempt:
                 continue
             cause, rank = self._cause or (
                 "the worker group was restarted (another node's failed)",
                 None,
             )
-            out.append(Restart(n, cause, rank, time.time()))
+            out.append(Restart(n, cause, rank, folders[n]))
             self.attempt, self._cause = n, None
         return out
-
-
-def _fresh_dir(path: Path, since: float) -> bool:
-    try:
-        return path.is_dir() and path.stat().st_mtime >= since - 1
-    except OSError:
-        return False
 
 
 class LauncherRecord:

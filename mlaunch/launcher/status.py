@@ -264,13 +264,14 @@ def node_views(run_dir: Path, since: float | None = None) -> list[NodeView]:
     return sorted(views, key=lambda v: v.node)
 
 
-def failures(run_dir: Path, since: float | None = None) -> list[Failure]:
-    """The failed ranks (``error-rank*.json`` written since ``since``), the first to fail first."""
+def failures(run_dir: Path, since: float | None = None, slack_s: float = 1.0) -> list[Failure]:
+    """The failed ranks (``error-rank*.json`` written since ``since``, less ``slack_s`` for a
+    coarse file clock), the first to fail first."""
     nproc = _nproc(run_dir)
     out = []
     for path in run_dir.glob(ec.ERROR_FILE.glob):
         try:
-            if since is not None and path.stat().st_mtime < since - 1:
+            if since is not None and path.stat().st_mtime < since - slack_s:
                 continue  # an earlier incarnation's
             data = json.loads(path.read_text(encoding="utf-8"))
             rank = int(data.get("rank", ec.ERROR_FILE.parse(path.name)))
@@ -410,7 +411,10 @@ def _apply_launch(st: JobStatus, run_dir: Path, rec: dict[str, Any] | None) -> N
     if st.attempt is None and job is not None:
         st.attempt = job["attributes"].get(Attr.ATTEMPT)
     final_since = st.restarts[-1].time if st.restarts and st.restarts[-1].time else since
-    st.failures = failures(run_dir, final_since)  # the final attempt's, not a restarted one's
+    # The final attempt's failures, not a restarted one's: that attempt's error files were written
+    # before torchrun made the next attempt's folder (the restart's time), so no slack here.
+    restarted = bool(st.restarts and st.restarts[-1].time)
+    st.failures = failures(run_dir, final_since, 0.0 if restarted else 1.0)
     if rec is not None and rec.get("ended") is None:
         st.state = "launcher_died" if st.launcher and st.launcher.alive is False else "running"
         return
@@ -429,7 +433,7 @@ def _apply_launch(st: JobStatus, run_dir: Path, rec: dict[str, Any] | None) -> N
         st.state = "preempted" if saved else "interrupted"
         return
     if code == 0:
-        st.state = "completed"
+        st.state, st.failures = "completed", []  # the final attempt succeeded
         return
     st.state = "failed"
     if st.failures:
