@@ -525,7 +525,7 @@ def status_text(st: JobStatus) -> str:
     head = f"job {st.job_id}" if st.job_id else "run"
     if s.get("name"):
         head += f" ({s['name']})"
-    head += f": {st.state}"
+    head += f": {st.state.replace('_', ' ')}"  # launcher_died: "launcher died"
     if st.state == "queued" and s.get("reason") and s["reason"] != "None":
         head += f" ({s['reason']})"
     if s.get("state") and STATES.get(s["state"]) != st.state:

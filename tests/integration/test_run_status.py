@@ -165,7 +165,8 @@ def test_a_launcher_killed_by_sigkill_is_launcher_died(tmp_path):
     st = status(run_dir)
     assert st["state"] == "launcher_died", st
     assert st["launcher"]["pid"] == proc.pid and st["launcher"]["alive"] is False
-    assert "is gone without ending the run" in status_text(run_dir)
+    text = status_text(run_dir)
+    assert text.startswith("run: launcher died") and "is gone without ending the run" in text
     # the orphan guard stops the workers; let them go before the next test (bounded)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and any(
