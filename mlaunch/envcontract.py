@@ -205,6 +205,12 @@ def run_lock_file(run_dir: str | Path, node_rank: int = 0) -> Path:
     return Path(run_dir) / f".lock-node{node_rank}"
 
 
+def launcher_record_file(run_dir: str | Path, node_rank: int = 0) -> Path:
+    """One node's launcher's record of its launch (pid, host, start, each restart, how it ended),
+    rewritten as they happen: what ``mlaunch status`` reads whatever the telemetry settings."""
+    return Path(run_dir) / f"launcher-node{node_rank}.json"
+
+
 def metrics_file(run_dir: str | Path, rank: int) -> Path:
     """The file exporter's metric output of one rank (OTLP-JSON lines)."""
     return Path(run_dir) / TELEMETRY_DIR / telemetry_file_name("metrics", rank)

@@ -103,10 +103,11 @@ def run_train(
                 f" progress view is node 0's; this node's is in {shown.file.name}"
             )
         shown.print(view.summary(plan))
+        shown.print(view.starting_text(plan), highlight=False, soft_wrap=True)
         displays.append(
-            view.BarDisplay(shown, plan.settings.training.train_iters)
+            view.BarDisplay(shown, plan.settings.training.train_iters, plan)
             if shown.is_terminal
-            else view.PlainDisplay(shown, plan.settings.training.log_interval)
+            else view.PlainDisplay(shown, plan.settings.training.log_interval, plan)
         )
         return displays[0]
 

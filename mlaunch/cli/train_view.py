@@ -279,12 +279,58 @@ def _fmt(record: dict[str, Any], key: str, spec: str) -> str:
     return format(value, spec) if isinstance(value, int | float) else "-"
 
 
+def _saves(plan: LaunchPlan) -> bool:
+    """Whether mlaunch's trainer saves checkpoints in this run (``--save`` in its arguments)."""
+    return plan.settings.uses_builtin_trainer and "--save" in plan.argv[:-1]
+
+
+def stop_text(plan: LaunchPlan) -> str:
+    """What the workers do on the forwarded SIGTERM, as far as mlaunch knows: its trainer
+    finishes the iteration, saves when checkpoints are configured and flushes telemetry when it
+    is on; a script does what it does."""
+    if not plan.settings.uses_builtin_trainer:
+        return "stop"
+    steps = ["finish the iteration"]
+    if _saves(plan):
+        steps.append("save")
+    if plan.settings.telemetry.enabled:
+        steps.append("flush telemetry")
+    return steps[0] if len(steps) == 1 else ", ".join(steps[:-1]) + " and " + steps[-1]
+
+
+def starting_text(plan: LaunchPlan) -> str:
+    """Said once torchrun runs, so the seconds before the first record (the workers import
+    torch, meet at the rendezvous and build the model) are not silent."""
+    launch = plan.settings.launch
+    where = f" on {launch.nnodes} nodes" if launch.nnodes > 1 else ""
+    first = "; iteration 1 follows" if plan.settings.uses_builtin_trainer else ""
+    return (
+        f"starting {plan.settings.world_size} worker(s){where} (torchrun): importing torch,"
+        f" rendezvous, building the model{first} ..."
+    )
+
+
+def restart_text(plan: LaunchPlan, restart: Any, max_restarts: int) -> str:
+    """A torchrun restart, as it happens: which one, what ended the attempt before, and where
+    the restarted workers resume."""
+    resume = (
+        "; resuming from the newest valid checkpoint" if _saves(plan) else "; starting over"
+    ) if plan.settings.uses_builtin_trainer else ""  # fmt: skip
+    return (
+        f"restart {restart.attempt} of {max_restarts}: {restart.cause}; torchrun started the"
+        f" workers again{resume}"
+    )
+
+
 class PlainDisplay:
     """One line per progress record (stdout is not a terminal: CI logs, files, pipes)."""
 
-    def __init__(self, console: Console, log_interval: int = 1) -> None:
+    def __init__(
+        self, console: Console, log_interval: int = 1, plan: LaunchPlan | None = None
+    ) -> None:
         self.console = console
         self.log_interval = max(1, log_interval)
+        self.plan = plan
 
     def record(self, record: dict[str, Any]) -> None:
         """Print a record at each log interval (and the first and last iterations)."""
@@ -318,12 +364,21 @@ class PlainDisplay:
         if forced:
             text = f"{signal.Signals(signum).name} again: killing the workers (SIGKILL)"
         else:
+            todo = stop_text(self.plan) if self.plan is not None else "stop"
             text = (
-                f"{signal.Signals(signum).name}: asking the workers to finish the iteration,"
-                " save and flush telemetry; waiting for workers to stop"
+                f"{signal.Signals(signum).name}: asking the workers to {todo};"
+                " waiting for workers to stop"
                 + (" (Ctrl-C again to force)" if signum == signal.SIGINT else "")
             )
         self.console.print(text, highlight=False, soft_wrap=True)
+
+    def restarted(self, restart: Any, max_restarts: int) -> None:
+        """Say that torchrun restarted the workers (the bar, if any, goes on below)."""
+        if self.plan is None:
+            text = f"restart {restart.attempt} of {max_restarts}: {restart.cause}"
+        else:
+            text = restart_text(self.plan, restart, max_restarts)
+        self.console.print(Text(text, style="yellow"), soft_wrap=True)
 
     def close(self) -> None:
         """Nothing to tear down."""
@@ -332,8 +387,8 @@ class PlainDisplay:
 class BarDisplay(PlainDisplay):
     """A Rich progress bar: iteration/total, loss, tokens/s, elapsed and ETA."""
 
-    def __init__(self, console: Console, total: int) -> None:
-        super().__init__(console, 1)
+    def __init__(self, console: Console, total: int, plan: LaunchPlan | None = None) -> None:
+        super().__init__(console, 1, plan)
         self.progress = Progress(
             TextColumn("[bold]train[/]"),
             BarColumn(),

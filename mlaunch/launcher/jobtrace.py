@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import mlaunch
 from mlaunch import envcontract as ec
 from mlaunch.launcher import attempt_entry
 from mlaunch.launcher.attempt_entry import attempt_span_id, traceparent
@@ -66,7 +67,7 @@ SCOPE = "mlaunch.launcher"
 #: OTLP status codes.
 STATUS_UNSET, STATUS_ERROR = 0, 2
 #: torchrun's agent line for the first failed worker of a group.
-_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
+FAILED_LINE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
 _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
 #: How long closing waits for an upstream send at most (the launcher's exit is never held longer).
 UPSTREAM_CLOSE_S = 5.0
@@ -100,20 +101,6 @@ def signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"SIG{signum}"
-
-
-def _process_start_ns() -> int:
-    """When this process started (wall clock): the job span covers the CLI's own start-up too.
-    From ``/proc/self/stat`` (clock ticks since boot) against ``CLOCK_BOOTTIME``; now elsewhere."""
-    now = time.time_ns()
-    try:
-        with open("/proc/self/stat", "rb") as fh:
-            fields = fh.read().rsplit(b")", 1)[1].split()
-        started_s = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
-        age_s = time.clock_gettime(time.CLOCK_BOOTTIME) - started_s
-    except (OSError, ValueError, IndexError, AttributeError):
-        return now
-    return now - int(age_s * 1e9) if 0 <= age_s < 3600 else now
 
 
 # --------------------------------------------------------------------------------------------
@@ -169,13 +156,22 @@ class ReceiverSink:
 class UpstreamSink:
     """Sends each request to the configured OTLP endpoint (gRPC or HTTP/protobuf) from a daemon
     thread: ``export`` never waits, each send has a deadline, ``close`` waits at most
-    ``timeout_s``. What cannot be delivered is still in the launcher's traces file."""
+    ``timeout_s``. What is not delivered (a failed send, a full queue, what is still queued or
+    in flight when ``close`` gives up) goes to ``spool`` (``spool-traces-launcher-node<N>.jsonl``,
+    which ``mlaunch trace replay`` sends later), once: a line is either delivered or spooled. The
+    first failure is logged at warning level, once."""
 
-    def __init__(self, otel: Any, timeout_s: float) -> None:
+    def __init__(self, otel: Any, timeout_s: float, spool: Path | None = None) -> None:
         self.otel = otel
         self.timeout_s = timeout_s
+        self.spool = spool
         self.failed = 0
+        self.spooled = 0
         self._queue: queue.Queue[str | None] = queue.Queue(maxsize=256)
+        self._lock = threading.Lock()
+        self._inflight: str | None = None
+        self._closed = False
+        self._warned = False
         self._thread = threading.Thread(target=self._run, name="mlaunch-jobtrace", daemon=True)
         self._thread.start()
 
@@ -183,24 +179,77 @@ class UpstreamSink:
         try:
             self._queue.put_nowait(line)
         except queue.Full:
-            self.failed += 1
+            self._undelivered([line], "the send queue is full")
 
     def close(self, timeout_s: float) -> None:
         with contextlib.suppress(queue.Full):
             self._queue.put_nowait(None)
         self._thread.join(min(timeout_s, self.timeout_s))  # one send's deadline, at most
+        with self._lock:  # what the thread did not get to: spooled now, never sent later
+            self._closed = True
+            left = [self._inflight] if self._inflight is not None else []
+            self._inflight = None
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    left.append(item)
+        if left:
+            self._undelivered(left, f"not sent within {min(timeout_s, self.timeout_s):g} s")
 
     def _run(self) -> None:
         send = None
-        while (line := self._queue.get()) is not None:
+        while True:
+            with self._lock:
+                if self._closed:
+                    return
+            line = self._queue.get()
+            if line is None:
+                return
+            with self._lock:
+                if self._closed:  # close gave up on us and spooled the rest: this one too?
+                    self._undelivered_locked([line], "not sent before close")
+                    return
+                self._inflight = line
+            error = None
             try:
                 from mlaunch.telemetry.otlp_json import decode_traces_line
 
                 send = send or self._sender()
                 send(decode_traces_line(line))
             except Exception as exc:  # a collector's trouble is never the launcher's
-                self.failed += 1
-                log.debug("job trace: upstream send failed: %s", exc)
+                error = exc
+            with self._lock:
+                if self._inflight is None:  # close spooled it already
+                    return
+                self._inflight = None
+                if error is not None:
+                    self._undelivered_locked([line], str(error) or type(error).__name__)
+
+    def _undelivered(self, lines: list[str], why: str) -> None:
+        with self._lock:
+            self._undelivered_locked(lines, why)
+
+    def _undelivered_locked(self, lines: list[str], why: str) -> None:
+        self.failed += len(lines)
+        where = "nowhere (no spool)"
+        if self.spool is not None:
+            try:
+                self.spool.parent.mkdir(parents=True, exist_ok=True)
+                with self.spool.open("a", encoding="utf-8") as fh:
+                    fh.write("".join(line + "\n" for line in lines))
+                self.spooled += len(lines)
+                where = str(self.spool)
+            except OSError as exc:
+                where = f"nowhere (cannot write {self.spool}: {exc})"
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "job trace: cannot deliver to %s (%s); undelivered spans go to %s (send them"
+                " later with mlaunch trace replay)", self.otel.endpoint, why, where,
+            )  # fmt: skip
 
     def _sender(self) -> Any:
         otel = self.otel
@@ -242,7 +291,8 @@ def default_sinks(plan: Any) -> list[SpanSink]:
     sinks: list[SpanSink] = [FileSink(ec.launcher_traces_file(plan.run_dir, _node(plan)))]
     t = plan.settings.telemetry
     if t.exporter == "otlp" and t.otel.endpoint_configured:
-        sinks.append(UpstreamSink(t.otel, min(t.shutdown_timeout_s, UPSTREAM_CLOSE_S)))
+        spool = ec.spooled(ec.launcher_traces_file(plan.run_dir, _node(plan)))
+        sinks.append(UpstreamSink(t.otel, min(t.shutdown_timeout_s, UPSTREAM_CLOSE_S), spool))
     return sinks
 
 
@@ -331,7 +381,7 @@ class JobTrace:
             **identity,
         }
         self.job = _Span(SpanName.JOB.value, _hex(16, seed, "job"), parent[1] if parent else "",
-                         _process_start_ns())  # fmt: skip
+                         mlaunch.STARTED_NS)  # fmt: skip
         self.attempts: list[_Span] = []
         self._log_offset = self._size(plan.log_dir / TORCHRUN_LOG)
         self._since = time.time()
@@ -468,7 +518,7 @@ class JobTrace:
         # attempt's folder, so every failure of an attempt seen here is in the lines read after.
         numbers = self._attempt_numbers()
         for line in self._new_lines():
-            m = _FAILED.search(line)
+            m = FAILED_LINE.search(line)
             span = self._current()
             if m and span is not None:
                 code, local = int(m.group(1)), int(m.group(2))

@@ -352,6 +352,116 @@ def collect_failures(
 
 
 # --------------------------------------------------------------------------------------------
+# Restarts and the launcher's record
+
+
+@dataclass
+class Restart:
+    """torchrun restarted the worker group: attempt ``attempt - 1`` ended and ``attempt`` began."""
+
+    attempt: int
+    cause: str
+    """What ended the attempt before: ``rank 1 killed by SIGKILL``, as torchrun's agent logged."""
+    rank: int | None
+    time: float
+    """When torchrun made the attempt's log folder (before its workers started)."""
+
+
+class RestartWatch:
+    """torchrun's restarts as they happen, whatever the telemetry settings: each new
+    ``<log-dir>/<id>/attempt_<N>/`` folder of this launch, with the failure torchrun's agent
+    logged for the group before it (the lines the job trace reads too)."""
+
+    def __init__(self, plan: LaunchPlan, since: float, log_offset: int) -> None:
+        self.plan = plan
+        self.since = since
+        self.offset = log_offset
+        self.attempt = 0
+        self._cause: tuple[str, int | None] | None = None
+
+    def poll(self) -> list[Restart]:
+        """The restarts since the last call (none while the first attempt runs)."""
+        path = torchrun_log(self.plan)
+        # The folders first: torchrun logs a group's failure before it makes the next folder,
+        # so every failure behind a folder seen now is in the lines read after it.
+        folders: dict[int, float] = {}
+        for p in self.plan.log_dir.glob("*/attempt_*"):
+            n = p.name.removeprefix("attempt_")
+            with contextlib.suppress(OSError):
+                if n.isdigit() and p.is_dir() and (made := p.stat().st_mtime) >= self.since - 1:
+                    folders[int(n)] = made
+        text = _read_from(path, self.offset)
+        complete = text[: text.rfind("\n") + 1]
+        self.offset += len(complete.encode())
+        for m in jobtrace.FAILED_LINE.finditer(complete):
+            code, local = int(m.group(1)), int(m.group(2))
+            one_node = self.plan.settings.launch.nnodes == 1
+            rank = local if one_node else None
+            who = f"rank {local}" if one_node else f"local rank {local} of this node"
+            self._cause = (
+                f"{who} {_exit_text(code).replace('exit code', 'exited with code')}",
+                rank,
+            )
+        out = []
+        for n in sorted(folders):
+            if n <= self.attempt:
+                continue
+            cause, rank = self._cause or (
+                "the worker group was restarted (another node's failed)",
+                None,
+            )
+            out.append(Restart(n, cause, rank, folders[n]))
+            self.attempt, self._cause = n, None
+        return out
+
+
+class LauncherRecord:
+    """This node's :func:`~mlaunch.envcontract.launcher_record_file`: written when the launch
+    starts, at each restart and when it ends (atomically: a reader never sees half). A launcher
+    killed by SIGKILL leaves it without ``ended``, its pid gone: ``mlaunch status`` tells that
+    from a run that is still going. Writing it never stops a launch."""
+
+    def __init__(self, plan: LaunchPlan, started: float) -> None:
+        self.path = ec.launcher_record_file(plan.run_dir, plan.settings.launch.node_rank)
+        self.data: dict[str, Any] = {
+            "pid": os.getpid(), "host": socket.gethostname(), "run_id": plan.run_id,
+            "node": plan.settings.launch.node_rank, "started": started, "attempt": 0,
+            "restarts": [], "ended": None, "exit_code": None, "signal": None, "failures": [],
+        }  # fmt: skip
+        self._write()
+
+    def restarted(self, restart: Restart) -> None:
+        """Attempt ``restart.attempt`` began."""
+        self.data["attempt"] = restart.attempt
+        self.data["restarts"].append(
+            {"attempt": restart.attempt, "rank": restart.rank, "cause": restart.cause,
+             "time": restart.time}
+        )  # fmt: skip
+        self._write()
+
+    def ended(
+        self, exit_code: int | None, interrupted: int | None, failures: list[RankFailure],
+        error: str | None = None,
+    ) -> None:  # fmt: skip
+        """The launch is over (``error``: the launcher itself stopped on an exception)."""
+        self.data.update(
+            ended=time.time(), exit_code=exit_code, error=error,
+            signal=jobtrace.signal_name(interrupted) if interrupted is not None else None,
+            failures=[
+                {"rank": f.rank, "local_rank": f.local_rank, "node": f.node,
+                 "exception_type": f.exc_type, "message": f.message,
+                 "log": str(f.log_path) if f.log_path else None}
+                for f in failures
+            ],
+        )  # fmt: skip
+        self._write()
+
+    def _write(self) -> None:
+        with contextlib.suppress(OSError):
+            _write_private(self.path, json.dumps(self.data, indent=1) + "\n", 0o644)
+
+
+# --------------------------------------------------------------------------------------------
 # Running
 
 
@@ -389,6 +499,8 @@ class Display(Protocol):
     def record(self, record: dict[str, Any]) -> None: ...
 
     def interrupted(self, signum: int, forced: bool = False) -> None: ...
+
+    def restarted(self, restart: Restart, max_restarts: int) -> None: ...
 
 
 #: Signals the launcher passes on as the graceful SIGTERM: Ctrl-C, SIGTERM, and SIGUSR1 (SLURM's
@@ -508,6 +620,9 @@ def _execute_locked(
     argv, env = job.wrap(plan.argv, child_env)
     log_path = torchrun_log(plan)
     log_offset = log_path.stat().st_size if log_path.exists() else 0  # earlier launches' part
+    restarts = RestartWatch(plan, start, log_offset)
+    launch_record = LauncherRecord(plan, start)
+    received: list[int] = []  # the forwarded signals (rebound to the handler's list below)
     try:
         with log_path.open("ab") as log, job.guard():
             proc = spawn_fn(argv, env, log)
@@ -530,6 +645,9 @@ def _execute_locked(
                     if code is not None:
                         break
                     job.poll()
+                    for restart in restarts.poll():  # announced while the run goes on
+                        launch_record.restarted(restart)
+                        display.restarted(restart, plan.settings.launch.max_restarts)
                     time.sleep(POLL_S)
         result = RunResult(
             code, time.time() - start, records, received[0] if received else None, started=start
@@ -543,8 +661,15 @@ def _execute_locked(
                 # torchrun reports its own signal as a failure (exit 1) even when every worker
                 # stopped cleanly; the job was interrupted, which shells spell 128 + signal.
                 result.exit_code = 128 + result.interrupted
+        for restart in restarts.poll():  # one the loop had no time to see
+            launch_record.restarted(restart)
+        launch_record.ended(result.exit_code, result.interrupted, result.failures)
         # Before the receiver closes: in relay mode the job's last spans go through it.
         job.finish(result.exit_code, result.failures, result.interrupted)
+    except BaseException as exc:
+        if launch_record.data["ended"] is None:
+            launch_record.ended(None, received[0] if received else None, [], type(exc).__name__)
+        raise
     finally:
         receiver_stats = (
             receiver.close(plan.settings.telemetry.shutdown_timeout_s) if receiver else None

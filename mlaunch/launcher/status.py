@@ -9,8 +9,10 @@ failure and from a finished run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,6 +20,9 @@ from typing import Any
 
 from mlaunch import envcontract as ec
 from mlaunch.launcher.slurm import SlurmError, SlurmJobInfo, job_info
+from mlaunch.model.spans import Attr, SpanName
+
+_JOB, _ATTEMPT = SpanName.JOB.value, SpanName.JOB_ATTEMPT.value
 
 #: SLURM state -> mlaunch's word for it.
 STATES: dict[str, str] = {
@@ -62,6 +67,30 @@ class NodeView:
 
 
 @dataclass
+class RestartView:
+    """One restart of the worker group by torchrun: attempt ``attempt`` began after ``cause``."""
+
+    attempt: int
+    rank: int | None
+    cause: str
+    time: float | None
+
+
+@dataclass
+class LauncherView:
+    """What the launcher's record (``launcher-node0.json``) says of the newest launch."""
+
+    pid: int | None
+    host: str | None
+    started: float | None
+    ended: float | None
+    exit_code: int | None
+    signal: str | None
+    alive: bool | None
+    """Whether its process still runs (None: ended, or on another host: not checked)."""
+
+
+@dataclass
 class JobStatus:
     """Everything ``mlaunch status`` shows."""
 
@@ -77,6 +106,15 @@ class JobStatus:
     """This incarnation's failed ranks, the first to fail first."""
     output: str | None = None
     note: str | None = None
+    launcher: LauncherView | None = None
+    """The newest launch in the run directory, from its launcher's record (None: none there)."""
+    attempt: int | None = None
+    """torchrun's attempt the launch is in or ended in (0, then one more per restart)."""
+    restarts: list[RestartView] = field(default_factory=list)
+    failed_rank: int | None = None
+    """With ``failed``: the rank that failed the final attempt (first to fail), when known."""
+    cause: str | None = None
+    """With ``failed``: why (its exception, or how it exited)."""
 
     def as_json(self) -> dict[str, Any]:
         """The status as a JSON object."""
@@ -226,13 +264,14 @@ def node_views(run_dir: Path, since: float | None = None) -> list[NodeView]:
     return sorted(views, key=lambda v: v.node)
 
 
-def failures(run_dir: Path, since: float | None = None) -> list[Failure]:
-    """The failed ranks (``error-rank*.json`` written since ``since``), the first to fail first."""
+def failures(run_dir: Path, since: float | None = None, slack_s: float = 1.0) -> list[Failure]:
+    """The failed ranks (``error-rank*.json`` written since ``since``, less ``slack_s`` for a
+    coarse file clock), the first to fail first."""
     nproc = _nproc(run_dir)
     out = []
     for path in run_dir.glob(ec.ERROR_FILE.glob):
         try:
-            if since is not None and path.stat().st_mtime < since - 1:
+            if since is not None and path.stat().st_mtime < since - slack_s:
                 continue  # an earlier incarnation's
             data = json.loads(path.read_text(encoding="utf-8"))
             rank = int(data.get("rank", ec.ERROR_FILE.parse(path.name)))
@@ -267,6 +306,153 @@ def _stopped_early(prog: dict[str, Any] | None) -> bool:
         and isinstance(prog.get("train_iters"), int)
         and prog["iteration"] < prog["train_iters"]
     )
+
+
+# --------------------------------------------------------------------------------------------
+# The launcher's record and job trace
+
+
+def _launcher_record(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(ec.launcher_record_file(run_dir, 0).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("started"), int | float) else None
+
+
+def _pid_alive(pid: Any) -> bool:
+    """Whether ``pid`` is a live (not zombie) mlaunch process on this host."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z" and b"mlaunch" in cmdline
+
+
+def _launcher_view(rec: dict[str, Any]) -> LauncherView:
+    ended = rec.get("ended")
+    alive = None
+    if ended is None and rec.get("host") == socket.gethostname():
+        alive = _pid_alive(rec.get("pid"))
+    return LauncherView(
+        rec.get("pid"), rec.get("host"), rec.get("started"), ended, rec.get("exit_code"),
+        rec.get("signal"), alive,
+    )  # fmt: skip
+
+
+def job_trace(run_dir: Path, since: float | None) -> list[dict[str, Any]]:
+    """The launcher's spans (``mlaunch.job``, ``mlaunch.job.attempt``, every node's) that ended
+    since ``since`` (the newest launch's start: an earlier launch had ended before it began)."""
+    from mlaunch.telemetry.otlp_json import read_spans
+
+    spans: list[dict[str, Any]] = []
+    for path in sorted(
+        (run_dir / ec.TELEMETRY_DIR).glob("traces-" + ec.LAUNCHER_SENDER.glob + ".jsonl")
+    ):
+        try:
+            spans += read_spans(path)
+        except (OSError, ValueError):
+            continue
+    if since is not None:
+        spans = [s for s in spans if s.get("end_ns", 0) >= (since - 1) * 1e9]
+    return sorted(spans, key=lambda s: s.get("start_ns", 0))
+
+
+def _restarts_from_trace(spans: list[dict[str, Any]]) -> list[RestartView]:
+    """A restart after every attempt that ended in error and has a successor."""
+    attempts = [s for s in spans if s.get("name") == _ATTEMPT]
+    numbers = {s["attributes"].get(Attr.ATTEMPT) for s in attempts}
+    out = []
+    for s in attempts:
+        n = s["attributes"].get(Attr.ATTEMPT)
+        if isinstance(n, int) and n + 1 in numbers and s.get("status_code") == 2:
+            out.append(RestartView(n + 1, s["attributes"].get(Attr.FAILED_RANK),
+                                   s.get("status_message") or "failed", s["end_ns"] / 1e9))  # fmt: skip
+    return out
+
+
+def _saved_since(run_dir: Path, since: float) -> bool:
+    """Whether a checkpoint was committed since ``since`` (the default ``checkpoints/`` or the
+    ``--save`` of ``command.txt``)."""
+    roots = [run_dir / ec.CHECKPOINTS_DIR]
+    try:
+        argv = (run_dir / ec.COMMAND_FILE).read_text(encoding="utf-8").split()
+        if "--save" in argv[:-1]:
+            roots.append(Path(argv[argv.index("--save") + 1].strip("'\"")))
+    except OSError:
+        pass
+    for root in roots:
+        with contextlib.suppress(OSError):
+            if (root / "latest_checkpointed_iteration.txt").stat().st_mtime >= since - 1:
+                return True
+    return False
+
+
+def _apply_launch(st: JobStatus, run_dir: Path, rec: dict[str, Any] | None) -> None:
+    """Outside SLURM: the state from the newest launch's record and job trace."""
+    since = rec["started"] if rec else None
+    spans = job_trace(run_dir, since)
+    jobs = [s for s in spans if s.get("name") == _JOB]
+    job = jobs[-1] if jobs else None
+    if rec is not None:
+        st.launcher = _launcher_view(rec)
+        st.attempt = rec.get("attempt") if isinstance(rec.get("attempt"), int) else None
+        st.restarts = [
+            RestartView(r.get("attempt"), r.get("rank"), str(r.get("cause")), r.get("time"))
+            for r in rec.get("restarts") or [] if isinstance(r, dict)
+        ]  # fmt: skip
+    elif job is None:
+        return  # neither: the run directory alone tells (below)
+    if not st.restarts:
+        st.restarts = _restarts_from_trace(spans)
+    if st.attempt is None and job is not None:
+        st.attempt = job["attributes"].get(Attr.ATTEMPT)
+    final_since = st.restarts[-1].time if st.restarts and st.restarts[-1].time else since
+    # The final attempt's failures, not a restarted one's: that attempt's error files were written
+    # before torchrun made the next attempt's folder (the restart's time), so no slack here.
+    restarted = bool(st.restarts and st.restarts[-1].time)
+    st.failures = failures(run_dir, final_since, 0.0 if restarted else 1.0)
+    if rec is not None and rec.get("ended") is None:
+        st.state = "launcher_died" if st.launcher and st.launcher.alive is False else "running"
+        return
+    if rec is not None:
+        code, sig = rec.get("exit_code"), rec.get("signal")
+        recorded = [f for f in rec.get("failures") or [] if isinstance(f, dict)]
+    else:
+        assert job is not None
+        code, sig = (
+            job["attributes"].get(Attr.EXIT_CODE),
+            job["attributes"].get(Attr.SIGNAL),
+        )
+        recorded = []
+    if sig is not None and not recorded and not st.failures:
+        saved = _saved_since(run_dir, since if since is not None else job["start_ns"] / 1e9)
+        st.state = "preempted" if saved else "interrupted"
+        return
+    if code == 0:
+        st.state, st.failures = "completed", []  # the final attempt succeeded
+        return
+    st.state = "failed"
+    if st.failures:
+        f = st.failures[0]
+        st.failed_rank, st.cause = f.rank, f"{f.exception_type}: {f.message}"
+    elif recorded:
+        f0 = recorded[0]
+        st.failed_rank = f0.get("rank")
+        what, msg = str(f0.get("exception_type") or "error"), str(f0.get("message") or "")
+        st.cause = f"{what}: {msg}" if msg else what
+        if isinstance(f0.get("rank"), int):
+            st.failures = [Failure(f0["rank"], f0.get("node"), what, msg, None, None,
+                                   f0.get("log"))]  # fmt: skip
+    elif job is not None:
+        attempts = [s for s in spans if s.get("name") == _ATTEMPT]
+        st.failed_rank = job["attributes"].get(Attr.FAILED_RANK)
+        st.cause = (attempts[-1].get("status_message") if attempts else None) or "failed"
+    if rec is not None and rec.get("error"):
+        st.cause = st.cause or f"launcher stopped: {rec['error']}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -314,8 +500,11 @@ def job_status(target: str, cwd: Path) -> JobStatus:
         st.slurm = info.as_json()
         st.incarnation = info.restarts + 1 if info.restarts is not None else None
         st.state = STATES.get(info.state, info.state.lower())
-    elif run_dir is not None:  # SLURM has forgotten the job: what the run directory tells
-        if st.failures:
+    elif run_dir is not None:  # no SLURM (or it forgot the job): the launch's record and trace
+        _apply_launch(st, run_dir, _launcher_record(run_dir))
+        if st.state != "unknown":
+            return st
+        if st.failures:  # a run directory with neither: what its files tell
             st.state = "failed"
         elif st.progress and not _stopped_early(st.progress):
             st.state = "completed"
@@ -336,7 +525,7 @@ def status_text(st: JobStatus) -> str:
     head = f"job {st.job_id}" if st.job_id else "run"
     if s.get("name"):
         head += f" ({s['name']})"
-    head += f": {st.state}"
+    head += f": {st.state.replace('_', ' ')}"  # launcher_died: "launcher died"
     if st.state == "queued" and s.get("reason") and s["reason"] != "None":
         head += f" ({s['reason']})"
     if s.get("state") and STATES.get(s["state"]) != st.state:
@@ -347,7 +536,21 @@ def status_text(st: JobStatus) -> str:
         head += f", exit code {s['exit_code']}, ran {s.get('elapsed')}"
     if st.incarnation and st.incarnation > 1:
         head += f"; incarnation {st.incarnation} ({st.incarnation - 1} requeue(s))"
+    if st.restarts:
+        head += f"; {len(st.restarts)} restart(s)"
     lines = [head]
+    la = st.launcher
+    if st.state == "launcher_died" and la is not None:
+        lines.append(
+            f"launcher: pid {la.pid} on {la.host} is gone without ending the run (killed, e.g."
+            " by SIGKILL or the OOM killer); its workers were stopped with it"
+        )
+    elif st.state == "running" and la is not None:
+        where = f"pid {la.pid} on {la.host}"
+        lines.append(f"launcher: {where}" + ("" if la.alive else " (not checked from this host)"))
+    if st.state == "failed" and st.cause and not st.failures:
+        who = f"rank {st.failed_rank}" if st.failed_rank is not None else "the run"
+        lines.append(f"failed:   {who}: {st.cause}")
     if st.run_dir:
         lines.append(f"run dir:  {st.run_dir}")
     if st.output:
@@ -363,9 +566,16 @@ def status_text(st: JobStatus) -> str:
         lines.append(f"failed:   rank {f.rank}{where}{at}: {f.exception_type}: {f.message}")
         if f.log:
             lines.append(f"          log: {f.log}")
+    for r in st.restarts:
+        lines.append(f"restart:  attempt {r.attempt} after {r.cause}")
     for n in st.nodes:
         lines.append(f"node {n.node}:   {n.last_line or '(nothing logged yet)'}")
-    if st.state == "preempted":
+    if st.state == "preempted" and st.job_id is None:
+        lines.append(
+            "resumable: the workers stopped on a signal and saved; `mlaunch train` with the same"
+            f" settings and --run-dir {st.run_dir} resumes from the checkpoint"
+        )
+    elif st.state == "preempted":
         lines.append(
             "resumable: the workers stopped on a signal and saved; it resumes from the checkpoint"
             f" when the job is requeued (scontrol requeue {st.job_id})"

@@ -9,6 +9,7 @@ The losses after the resume must be those of an uninterrupted run with the same 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -94,6 +95,24 @@ def test_kill_9_a_worker_restarts_the_group_and_resumes_the_same_loss_sequence(t
     killed_after = train_records(run_dir)[-1]["iteration"]
     code, out = finish(proc)
     assert code == 0, out + worker_logs(run_dir)
+
+    # The restart was announced, with its cause and where the workers resume.
+    assert (
+        "restart 1 of 1: rank 1 killed by SIGKILL; torchrun started the workers again; resuming"
+        " from the newest valid checkpoint"
+    ) in out
+    # `mlaunch status`: completed, the restart listed; rank 0's error file of attempt 0 (its
+    # peer vanished mid-collective) is not the run's failure.
+    st = subprocess.run(
+        [sys.executable, "-m", "mlaunch", "status", str(run_dir), "--json"], cwd=tmp_path,
+        env=clean_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert st.returncode == 0, st.stdout + st.stderr
+    status = json.loads(st.stdout)
+    assert status["state"] == "completed" and status["failures"] == [], status
+    assert [(r["attempt"], r["rank"], r["cause"]) for r in status["restarts"]] == [
+        (1, 1, "rank 1 killed by SIGKILL")
+    ]
 
     # The summary said where checkpoints go, with the interval mlaunch chose for restarts.
     ckpt = run_dir / "checkpoints"

@@ -203,3 +203,64 @@ def test_the_nemo_lens_worker_sees_each_attempts_span_and_the_same_identity(
             assert report["resource"][RUN_UUID] == attempt["attributes"][RUN_UUID]
             assert report["resource"][JOB_UUID] == job["resource"][JOB_UUID]
     assert os.path.exists(run_dir / "lens-worker-rank0-attempt1.json")
+
+
+def test_the_job_span_starts_when_mlaunch_did_not_when_its_wrapper_process_was_created(tmp_path):
+    """``bash -c 'sleep 5; exec mlaunch train ...'``: the process is bash's, created 5 s before
+    mlaunch ran in it; none of those 5 s are the job's (goodput's wall is the job span)."""
+    import shlex
+    import subprocess
+    import sys
+
+    from support.trace_cli import trace_cli
+
+    run_dir = tmp_path / "run"
+    train = [sys.executable, "-m", "mlaunch", "train", "--run-dir", str(run_dir),
+             "--train-iters", "2", "--eval-interval", "0"]  # fmt: skip
+    before_ns = time.time_ns()
+    proc = subprocess.Popen(
+        ["bash", "-c", f"sleep 5; exec {shlex.join(train)}"], cwd=tmp_path, env=clean_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    code, out = finish(proc)
+    after_ns = time.time_ns()
+    assert code == 0, out
+    (job,) = by_name(run_dir)[SpanName.JOB]
+    assert job["resource"][ResourceAttr.PROCESS_PID] == proc.pid  # the very process bash was
+    assert job["start_ns"] >= before_ns + 5 * 10**9  # after the sleep: when mlaunch started
+    code, text = trace_cli("goodput", run_dir, "--json")
+    assert code == 0, text
+    wall_ms = json.loads(text)["overall"]["job_wall_ms"]
+    assert 0 < wall_ms <= (after_ns - before_ns) / 1e6 - 5000
+
+
+def test_after_a_collector_outage_replay_delivers_the_launchers_job_trace(tmp_path):
+    """A collector that is down for the whole run (nothing listens on the port): the launcher
+    spools the job trace it could not send, says so once, and ``mlaunch trace replay`` delivers
+    it with the workers' spans to a collector started afterwards."""
+    from support.otlp import GrpcOtlpReceiver, closed_port_endpoint
+    from support.trace_cli import trace_cli
+
+    run_dir = tmp_path / "run"
+    proc = mlaunch(
+        "--run-dir", str(run_dir), "--train-iters", "2", "--eval-interval", "0",
+        "--otel-exporter", "otlp", "--otlp-endpoint", closed_port_endpoint(), cwd=tmp_path,
+        env=clean_env(OTEL_EXPORTER_OTLP_PROTOCOL="grpc", OTEL_EXPORTER_OTLP_TIMEOUT="2"),
+    )  # fmt: skip
+    code, out = finish(proc)
+    assert code == 0, out
+    assert out.count("job trace: cannot deliver") == 1, out  # once, at warning level
+    launcher = read_spans(ec.launcher_traces_file(run_dir, 0))
+    spool = ec.spooled(ec.launcher_traces_file(run_dir, 0))
+    assert {s["span_id"] for s in read_spans(spool)} == {s["span_id"] for s in launcher}
+    assert sorted(s["name"] for s in launcher) == [SpanName.JOB, SpanName.JOB_ATTEMPT]
+    with GrpcOtlpReceiver() as rx:  # the collector is back
+        code, text = trace_cli("replay", run_dir, "--endpoint", rx.endpoint, "--json")
+        assert code == 0, text
+        got = {s["span_id"]: s for s in rx.spans}
+        for span in launcher:
+            assert got[span["span_id"]]["name"] == span["name"]
+            assert got[span["span_id"]]["trace_id"] == span["trace_id"]
+        assert any(s["name"] == SpanName.ITERATION for s in rx.spans)  # the workers' too
+        # and a second replay sends nothing twice
+        assert "sent 0 spans" in trace_cli("replay", run_dir, "--endpoint", rx.endpoint)[1]

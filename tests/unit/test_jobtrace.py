@@ -430,7 +430,11 @@ def test_a_hanging_endpoint_costs_the_launcher_a_bounded_wait(tmp_path, protocol
         t0 = time.monotonic()
         job.finish(0)
         assert time.monotonic() - t0 < jobtrace.UPSTREAM_CLOSE_S + 1
-    assert len(otlp_json.read_spans(ec.launcher_traces_file(plan.run_dir, 0))) == 2
+    written = otlp_json.read_spans(ec.launcher_traces_file(plan.run_dir, 0))
+    assert len(written) == 2
+    # what close gave up on is spooled for `mlaunch trace replay`, each span once
+    spooled = otlp_json.read_spans(ec.spooled(ec.launcher_traces_file(plan.run_dir, 0)))
+    assert sorted(s["span_id"] for s in spooled) == sorted(s["span_id"] for s in written)
 
 
 # ---- encoding --------------------------------------------------------------------------------

@@ -308,3 +308,30 @@ def test_the_trainer_run_bare_has_the_settings_defaults():
             if arg.bare_default is not SAME:
                 own[name] = arg.bare_default
     assert own == {"global_batch_size": None, "save_interval": None, "keep_last": 0}
+
+
+# ---- what the launcher says while it runs --------------------------------------------------
+
+
+def test_the_sigterm_notice_promises_only_what_the_workers_will_do():
+    from mlaunch.cli import train_view as view
+
+    assert view.stop_text(build()) == "finish the iteration and flush telemetry"
+    saving = build({"training.save_interval": 5})
+    assert view.stop_text(saving) == "finish the iteration, save and flush telemetry"
+    assert view.stop_text(build({"telemetry.enabled": False})) == "finish the iteration"
+    restarts = build({"launch.max_restarts": 1})  # mlaunch adds a save for the restarts
+    assert view.stop_text(restarts) == "finish the iteration, save and flush telemetry"
+
+
+def test_the_starting_line_and_the_restart_notice():
+    from mlaunch.cli import train_view as view
+    from mlaunch.launcher.run import Restart
+
+    plan = build({"launch.max_restarts": 2})
+    assert view.starting_text(plan).startswith("starting 2 worker(s) (torchrun): ")
+    notice = view.restart_text(plan, Restart(1, "rank 1 killed by SIGKILL", 1, 0.0), 2)
+    assert notice == (
+        "restart 1 of 2: rank 1 killed by SIGKILL; torchrun started the workers again;"
+        " resuming from the newest valid checkpoint"
+    )
