@@ -43,6 +43,7 @@ class ExportFormat(StrEnum):
     """Output formats of ``mlaunch trace export``."""
 
     chrome = "chrome"
+    otlp_json = "otlp-json"
 
 
 def _open(path: Path, skip_invalid: bool) -> Any:
@@ -209,6 +210,9 @@ def export_cmd(
 ) -> None:
     """Write Chrome trace-event JSON that Perfetto (ui.perfetto.dev) and chrome://tracing open.
 
+    [b]--format otlp-json[/b] writes the spans back as OTLP-JSON lines (from the run's span
+    store when it has one), which any OpenTelemetry tool or `mlaunch trace` reads.
+
     One process per rank (named by rank and host), one thread per OS thread (the thread.id
     attribute, else one per rank); spans that overlap without nesting go to extra lanes. Span
     attributes are args, span events are instant events, links are flow arrows. Times are
@@ -224,6 +228,18 @@ def export_cmd(
         raise error(str(e)) from None
     reader = _open(path, skip_invalid)
     target = check_output_or_exit(output, path, reader.files)
+    if fmt is ExportFormat.otlp_json:
+        from mlaunch.trace.store import export_otlp_json
+
+        try:
+            n = export_otlp_json(reader, target)
+        except TraceInputError as e:
+            raise error(e.render()) from None
+        except OSError as e:
+            raise cannot_write(output, e) from None
+        warn_skipped(reader.stats)
+        typer.echo(f"wrote {output} ({fmt.value}): {n:,} spans")
+        return
     try:
         stats = export_chrome(reader, target)
     except TraceInputError as e:

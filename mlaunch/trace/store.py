@@ -605,3 +605,30 @@ def run_sql(store: Store, query: str) -> SqlResult:
         ) from None
     finally:
         con.close()
+
+
+def export_otlp_json(reader: TraceReader | StoreReader, out_path: Path) -> int:
+    """Write every span ``reader`` reads as OTLP-JSON lines (one ``ExportTraceServiceRequest``
+    per batch: the interchange format every OTLP tool reads) to ``out_path``, by the rule of
+    :mod:`mlaunch.outputs`; the number of spans written. The launcher's job trace keeps its
+    resource (``dl.node_rank``), so reading the output back gives the same ranks."""
+    from mlaunch.outputs import open_output
+    from mlaunch.telemetry.otlp_json import encode_attributes
+    from mlaunch.trace.summary import no_spans_error
+
+    n = 0
+    cache: dict[int, list[dict[str, Any]]] = {}
+    with open_output(out_path) as f:
+        for res, spans, _ in reader:
+            enc = cache.get(id(res))
+            if enc is None:
+                enc = cache[id(res)] = encode_attributes(res.attrs)
+            line = {"resourceSpans": [{"resource": {"attributes": enc},
+                                       "scopeSpans": [{"scope": {"name": "mlaunch"},
+                                                       "spans": spans}]}]}  # fmt: skip
+            f.write(_dumps(line).decode())
+            f.write("\n")
+            n += len(spans)
+        if not n:
+            raise no_spans_error(reader)  # type: ignore[arg-type]
+    return n
