@@ -8,9 +8,14 @@ span with attributes), then times, in one process:
   reader pays (the reader uses orjson, falling back to json); the passes are reported as a
   ratio to the orjson floor;
 * ``summary``, ``goodput``: the full streaming passes the commands run;
-* ``export``: Chrome JSON (skipped with ``--no-export``; it keeps a record per span).
+* ``export``: Chrome JSON (skipped with ``--no-export``; it keeps a record per span);
+* the span store (issue 25; ``--no-store`` skips it), each pass in a fresh process so that its
+  peak RSS is its own: ``first read`` = building the store from the JSON plus the summary on it
+  (goal: <= 1.5x the orjson decode CPU), ``summary store`` (goal: <= 3 s wall at 10^7 spans),
+  ``goodput store``, ``sql count`` (the per-name count of docs/trace.md), and the store's size
+  against the JSON's (goal: <= 1/10).
 
-Run: ``python benchmarks/trace_read.py [--spans 1000000] [--no-export]``
+Run: ``python benchmarks/trace_read.py [--spans 1000000] [--no-export] [--no-store]``
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import argparse
 import json
 import os
 import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -65,13 +71,48 @@ def _timed(label: str, fn: Callable[[], int], base: float | None) -> float:
     return rate
 
 
+def _child(what: str, run_s: str) -> None:
+    """One span-store pass in this (fresh) process: its wall, CPU (all threads) and peak RSS."""
+    from mlaunch.trace.store import StoreReader, open_store, run_sql
+    from mlaunch.trace.store_summary import summarize_store
+
+    run = Path(run_s)
+
+    def first_read() -> int:
+        store = open_store(run)
+        assert store is not None
+        return sum(s.count for s in summarize_store(store).spans)
+
+    def summary_store() -> int:
+        return sum(s.count for s in summarize_store(open_store(run, build=False)).spans)
+
+    def goodput_store() -> int:
+        r = StoreReader(open_store(run, build=False))
+        goodput(r)
+        return r.stats.spans
+
+    def sql_count() -> int:
+        res = run_sql(open_store(run, build=False), "SELECT name, count(*) FROM spans GROUP BY 1")
+        return sum(r[1] for r in res.rows)
+
+    fn = {"first-read": first_read, "summary-store": summary_store,
+          "goodput-store": goodput_store, "sql-count": sql_count}[what]  # fmt: skip
+    _timed(what, fn, None)
+
+
 def main() -> None:
     """Generate, then time each pass."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--spans", type=int, default=1_000_000, help="about how many spans to generate")
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--no-export", action="store_true", help="skip the Chrome export pass")
+    p.add_argument("--no-store", action="store_true", help="skip the span store passes")
+    p.add_argument("--no-json", action="store_true", help="skip the JSON reader's passes")
+    p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)  # one store pass, in a subprocess
     args = p.parse_args()
+    if args.child:
+        _child(*args.child)
+        return
 
     micro, layers, pp = 4, 4, 2
     steps = max(1, round(args.spans / args.ranks / spans_per_step(micro, layers)))
@@ -98,16 +139,28 @@ def main() -> None:
             r = TraceReader.open(run)
             return export_chrome(r, Path(tmp) / "trace.json").spans
 
-        _timed("decode json", lambda: _decode_only(run, json.loads), None)
+        if not args.no_json:
+            _timed("decode json", lambda: _decode_only(run, json.loads), None)
         base = _timed("decode orjson", lambda: _decode_only(run, orjson.loads), None)
-        rate = _timed("summary", summary_pass, base)
-        _timed("goodput", goodput_pass, base)
-        if not args.no_export:
-            _timed("export", export_pass, base)
-        verdict = "meets" if rate >= 200_000 else "MISSES"
+        if not args.no_json:
+            rate = _timed("summary", summary_pass, base)
+            _timed("goodput", goodput_pass, base)
+            if not args.no_export:
+                _timed("export", export_pass, base)
+            verdict = "meets" if rate >= 200_000 else "MISSES"
+            print(f"summary {verdict} the 200,000 spans/s goal ({rate:,.0f} spans per CPU "
+                  "second)")  # fmt: skip
+        if not args.no_store:
+            for what in ("first-read", "summary-store", "goodput-store", "sql-count"):
+                subprocess.run([sys.executable, __file__, "--child", what, str(run)], check=True)
+                if what == "first-read":
+                    sb = sum(f.stat().st_size for f in (run / "trace-store").rglob("*.parquet"))
+                    print(f"store {sb / 2**20:,.1f} MiB = 1/{size / sb:,.1f} of the JSON "
+                          f"({size / 2**20:,.0f} MiB); goal <= 1/10")  # fmt: skip
+            print(f"(first read: compare its CPU with decode orjson's: goal <= 1.5x; "
+                  f"decode orjson = {n / base:.2f} CPU s)")  # fmt: skip
         load = os.getloadavg()[0]
-        print(f"summary {verdict} the 200,000 spans/s goal ({rate:,.0f} spans per CPU second; "
-              f"load average {load:.1f} on {os.cpu_count()} CPUs)")  # fmt: skip
+        print(f"load average {load:.1f} on {os.cpu_count()} CPUs")
 
 
 if __name__ == "__main__":

@@ -82,8 +82,8 @@ MANIFEST = "manifest.json"
 #: Bumped when the schema changes: an older store is rebuilt, never misread.
 SCHEMA_VERSION = 1
 #: Rows per Parquet part: large enough for good compression and few files, small enough that
-#: the builder's column buffers stay around a hundred MB.
-SEGMENT_ROWS = 1_000_000
+#: the builder's column buffers (Python objects until the part is written) stay near 250 MB.
+SEGMENT_ROWS = 262_144
 
 #: Keys of an OTLP span that have their own column; everything else goes to ``extra``.
 _COLUMN_KEYS = frozenset(
