@@ -21,7 +21,8 @@ parent_id      string      OTLP ``parentSpanId``; null for a root
 name           string      the span name as written (readers canonicalise legacy names)
 group          string      the span's group in the catalogue (``mlaunch.model.spans``); null
                            for a name outside it
-rank           int32       the rank (partition key; the launcher is ``-1 - node_rank``)
+rank           int32       the rank: the partition key, in the path (``rank=<R>``), not in the
+                           file (the launcher's job trace is ``-1 - node_rank``)
 node           string      the resource's ``host.name``
 iteration      int64       ``megatron.iteration`` (``megatron.eval_iteration`` for eval steps)
 microbatch     int64       ``megatron.microbatch_id`` (or ``dl.microbatch_id``)
@@ -170,7 +171,6 @@ class _Columns:
         c = self.cols
         groups = _GROUPS
         n = len(spans)
-        c["rank"] += [res.rank] * n
         c["node"] += [node] * n
         c["resource_id"] += [rid] * n
         tid, sid, pid, nm, gr = c["trace_id"], c["span_id"], c["parent_id"], c["name"], c["group"]
@@ -206,7 +206,11 @@ class _Columns:
     def table(self) -> Any:
         import pyarrow as pa
 
-        return pa.Table.from_pydict(self.cols, schema=span_schema())
+        schema = span_schema()
+        # rank is the partition key (the directory name), not a column of the file: Spark and
+        # Polars refuse a column that is in both the file and the partition path.
+        schema = schema.remove(schema.get_field_index("rank"))
+        return pa.Table.from_pydict({k: v for k, v in self.cols.items() if k != "rank"}, schema)
 
 
 def _status_code(s: dict[str, Any]) -> int:
@@ -392,7 +396,10 @@ class Store:
         con.execute("SET preserve_insertion_order=true")
         if self.parts:
             files = ", ".join(_sql_str(p) for p in self.parts)
-            con.execute(f"CREATE VIEW spans AS SELECT * FROM read_parquet([{files}])")
+            con.execute(
+                f"CREATE VIEW spans AS SELECT {', '.join(_QUOTED)} FROM read_parquet([{files}],"
+                " hive_partitioning = true, hive_types = {'rank': INTEGER})"
+            )
         else:
             cols = ", ".join(
                 f'CAST(NULL AS {_duck_type(f.type)}) AS "{f.name}"' for f in span_schema()
@@ -401,6 +408,9 @@ class Store:
         res = _sql_str(self.root / "resources.parquet")
         con.execute(f"CREATE VIEW resources AS SELECT * FROM read_parquet({res})")
         return con
+
+
+_QUOTED = [f'"{c}"' for c in _COLUMNS]  # the view's columns in schema order (rank in place)
 
 
 def _duck_type(t: Any) -> str:
