@@ -87,7 +87,7 @@ def _child(what: str, run_s: str) -> None:
         return sum(s.count for s in summarize_store(open_store(run, build=False)).spans)
 
     def goodput_store() -> int:
-        r = StoreReader(open_store(run, build=False))
+        r = StoreReader(open_store(run, build=False), timing_only=True)
         goodput(r)
         return r.stats.spans
 

@@ -275,8 +275,14 @@ def goodput_cmd(
     so the parts add up to wall. Overall = sums over ranks.
     """
     from mlaunch.trace.goodput import goodput
+    from mlaunch.trace.store import StoreReader
 
-    _show(path, skip_invalid, goodput, as_json, _render_goodput)
+    def compute(reader: Any) -> Any:
+        if isinstance(reader, StoreReader):  # goodput needs only names and times
+            reader = StoreReader(reader.store, timing_only=True)
+        return goodput(reader)
+
+    _show(path, skip_invalid, compute, as_json, _render_goodput)
 
 
 def _render_goodput(report: Any) -> None:

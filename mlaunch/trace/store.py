@@ -501,8 +501,12 @@ class StoreReader:
     at a time (memory bounded by the batch), so every consumer of the JSON reader (goodput,
     export, report) reads the store unchanged."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, timing_only: bool = False) -> None:
         self.store = store
+        #: Spans with only their name and times (and the attributes of the launcher's job
+        #: spans): what goodput reads. Reads 3 of the columns and builds small dicts: several
+        #: times faster than whole spans.
+        self.timing_only = timing_only
         self.files = store.trace_files()
         self.skip_invalid = False
         self.stats = store.stats()
@@ -512,7 +516,7 @@ class StoreReader:
         self._resources: dict[int, Resource] | None = None
 
     def reread(self) -> StoreReader:
-        return StoreReader(self.store)
+        return StoreReader(self.store, timing_only=self.timing_only)
 
     def error_here(self, message: str, fix: str = "") -> TraceInputError:
         return TraceInputError(message, path=self.path, fix=fix or "rebuild the store: delete "
@@ -542,17 +546,51 @@ class StoreReader:
         import pyarrow.parquet as pq
 
         resources = self.resources()
+        cols = _TIMING_COLUMNS if self.timing_only else None
+        convert = _timing_batches if self.timing_only else _batches
         for part in self.store.parts:
             self.path = part
-            for batch in pq.ParquetFile(part).iter_batches(batch_size=65_536):
-                yield from _batches(batch.to_pydict(), resources)
+            for batch in pq.ParquetFile(part).iter_batches(batch_size=65_536, columns=cols):
+                yield from convert(batch, resources)
         self.path = None
 
 
+_TIMING_COLUMNS = ["name", "start_ns", "end_ns", "resource_id", "attributes"]
+#: Spans whose attributes goodput reads (the attempt number of a launcher attempt).
+_NEEDS_ATTRS = frozenset({"mlaunch.job", "mlaunch.job.attempt"})
+
+
+def _timing_batches(
+    batch: Any, resources: dict[int, Resource]
+) -> Iterator[tuple[Resource, list[dict[str, Any]], bool]]:
+    names = batch.column(0).to_pylist()
+    starts = batch.column(1).to_pylist()
+    ends = batch.column(2).to_pylist()
+    rids = batch.column(3).to_pylist()
+    attrs = batch.column(4)
+    needs = _NEEDS_ATTRS
+    n = len(rids)
+    i = 0
+    while i < n:
+        rid = rids[i]
+        j = i
+        spans: list[dict[str, Any]] = []
+        while j < n and rids[j] == rid:
+            name = names[j]
+            s = {"name": name, "startTimeUnixNano": starts[j], "endTimeUnixNano": ends[j]}
+            if name in needs and (a := attrs[j].as_py()) is not None:
+                s["attributes"] = _loads(a)
+            spans.append(s)
+            j += 1
+        yield resources[rid], spans, False
+        i = j
+
+
 def _batches(
-    c: dict[str, list[Any]], resources: dict[int, Resource]
+    batch: Any, resources: dict[int, Resource]
 ) -> Iterator[tuple[Resource, list[dict[str, Any]], bool]]:
     """Spans as the JSON reader hands them out, grouped into runs of one resource."""
+    c = batch.to_pydict()
     loads = _loads
     rids = c["resource_id"]
     n = len(rids)

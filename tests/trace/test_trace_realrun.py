@@ -114,3 +114,5 @@ def test_the_span_store_reads_the_real_run_as_the_json_reader(
     assert store is not None
     assert_same(summarize(TraceReader.open(run)).to_json(), summarize_store(store).to_json())
     assert_same(goodput(TraceReader.open(run)).to_json(), goodput(StoreReader(store)).to_json())
+    fast = goodput(StoreReader(store, timing_only=True)).to_json()
+    assert_same(goodput(TraceReader.open(run)).to_json(), fast)

@@ -54,11 +54,15 @@ def test_old_and_new_readers_agree_on_every_synthetic_trace(tmp_path: Path) -> N
         assert store is not None and (run / STORE_DIR / "manifest.json").is_file()
         assert_same(old_sum, summarize_store(store).to_json(), str(run))
         assert_same(old_gp, goodput(StoreReader(store)).to_json(), str(run))
+        assert_same(old_gp, goodput(StoreReader(store, timing_only=True)).to_json(), str(run))
         assert old_chrome == _export(StoreReader(store), tmp_path / "new.json")
         # and through the CLI (which now reads the store), the JSON the user sees
         r = invoke_trace("summary", run, "--json")
         assert r.exit_code == 0, r.output
         assert_same(old_sum, json.loads(r.output))
+        r = invoke_trace("goodput", run, "--json")
+        assert r.exit_code == 0, r.output
+        assert_same(old_gp, json.loads(r.output))
 
 
 def test_the_store_is_reused_and_smaller_than_the_json(tmp_path: Path) -> None:
