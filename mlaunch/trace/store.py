@@ -58,7 +58,7 @@ import json
 import os
 import shutil
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +130,8 @@ class Manifest:
     parts: list[str]  # relative paths of the span parts, in read order
     spans: int
     read: dict[str, Any]  # the ReadStats of the build (files, lines, torn lines, duplicates)
+    #: Per source: [bytes, lines] of its complete lines in the store (where an append resumes).
+    complete: dict[str, list[int]] = field(default_factory=dict)
 
 
 def store_dir(run_dir: Path) -> Path:
@@ -238,18 +240,28 @@ def _write_atomic(table: Any, path: Path) -> None:
 
 
 def build_store(
-    run_dir: Path, reader: TraceReader, *, segment_rows: int = SEGMENT_ROWS
+    run_dir: Path,
+    reader: TraceReader,
+    *,
+    segment_rows: int = SEGMENT_ROWS,
+    base: Manifest | None = None,
 ) -> Manifest:
     """Read every span of ``reader`` (a reader over ``run_dir``'s files) once and write the store.
 
     The new store is built beside the old one (``trace-store.new``) and swapped in only when
     complete, manifest last: an interrupted build or a full disk (``OSError``) leaves the JSON and
-    any previous store as they were, and removes what it wrote."""
+    any previous store as they were, and removes what it wrote.
+
+    With ``base`` (the current store's manifest; ``reader`` starts where it ended), the spans
+    read are appended as new parts instead, then ``resources.parquet`` and the manifest are
+    replaced (each atomically, the manifest last): until then the store is the old one."""
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
     final = store_dir(run_dir)
-    tmp = run_dir / f".{STORE_DIR}.new"
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = final if base is not None else run_dir / f".{STORE_DIR}.new"
+    if base is None:
+        shutil.rmtree(tmp, ignore_errors=True)
     sources = _sources(run_dir, reader.files)
     # One row per distinct resource (the reader makes one Resource per line): keyed by content.
     resources: dict[tuple[int, bool, bytes], int] = {}
@@ -260,6 +272,17 @@ def build_store(
     cur: _Columns | None = None
     cur_rank: int | None = None
     total = 0
+    if base is not None:
+        res_rows = pq.read_table(final / "resources.parquet").to_pydict()
+        for rid, (rank, launcher, a) in enumerate(
+            zip(res_rows["rank"], res_rows["launcher"], res_rows["attributes"], strict=True)
+        ):
+            resources[(rank, launcher, _dumps(_loads(a), default=str, option=_SORT))] = rid
+        parts = list(base.parts)
+        for rel in parts:
+            r = int(rel.split("/")[1].removeprefix("rank="))
+            per_rank[r] = per_rank.get(r, 0) + 1
+        total = base.spans
 
     def flush() -> None:
         nonlocal cur
@@ -299,12 +322,23 @@ def build_store(
             ("resource_id", pa.int32()), ("rank", pa.int32()), ("launcher", pa.bool_()),
             ("node", pa.string()), ("attributes", pa.string()),
         ])), tmp / "resources.parquet")  # fmt: skip
+        complete = {os.path.relpath(p, run_dir): list(v) for p, v in reader.complete.items()}
+        read = _read_json(reader.stats, run_dir)
+        if base is not None:
+            read = _merge_read(base, read, run_dir)
+            order = {r: i for i, r in enumerate(dict.fromkeys(_part_rank(p) for p in parts))}
+            parts.sort(key=lambda p: (order[_part_rank(p)], p))  # the order of a full read
         man = Manifest(
             version=SCHEMA_VERSION, sources=sources,
             files=[{"path": os.path.relpath(f.path, run_dir), "rank": f.rank, "spool": f.spool,
                     "launcher": f.launcher} for f in reader.files],
-            parts=parts, spans=total, read=_read_json(reader.stats, run_dir),
+            parts=parts, spans=total, read=read, complete=complete,
         )  # fmt: skip
+        if base is not None:
+            mtmp = final / f".{MANIFEST}.tmp"
+            mtmp.write_text(json.dumps(asdict(man)))
+            os.replace(mtmp, final / MANIFEST)
+            return man
         (tmp / MANIFEST).write_text(json.dumps(asdict(man)))
         old = run_dir / f".{STORE_DIR}.old"
         shutil.rmtree(old, ignore_errors=True)
@@ -313,9 +347,51 @@ def build_store(
         os.replace(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if base is None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     return man
+
+
+def _part_rank(rel: str) -> int:
+    return int(rel.split("/")[1].removeprefix("rank="))
+
+
+def _merge_read(base: Manifest, tail: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """The read stats of store + appended tail, as one full read would count them: the lines of
+    the complete part, then the tail's (which re-reads a line that was torn); torn lines kept
+    only where the store's read ended on a complete line (a torn head glued mid-file)."""
+    old = base.read
+    done = {str(run_dir / rel): v[1] for rel, v in base.complete.items()}
+    torn = [[p, n] for p, n in old["torn_lines"] if n <= done.get(p, 0)] + tail["torn_lines"]
+    return {
+        "files": tail["files"], "lines": sum(done.values()) + tail["lines"],
+        "spans": old["spans"] + tail["spans"],
+        "duplicate_spans": old["duplicate_spans"] + tail["duplicate_spans"],
+        "metric_lines": old["metric_lines"] + tail["metric_lines"], "torn_lines": torn,
+    }  # fmt: skip
+
+
+def _append_starts(
+    run_dir: Path, man: Manifest, files: Sequence[TraceFile]
+) -> dict[Path, tuple[int, int]] | None:
+    """Where to resume reading each file to bring the store up to date by appending, or None
+    when only a full rebuild is right: a spool (its spans deduplicate the traces file's, so
+    the whole read depends on it), a source gone or shorter than what the store holds."""
+    if not man.complete or any(f.spool for f in files):
+        return None
+    now = {os.path.relpath(f.path, run_dir): f for f in files}
+    if not set(man.complete) <= set(now):
+        return None
+    starts = {}
+    for rel, (nbytes, lines) in man.complete.items():
+        try:
+            if now[rel].path.stat().st_size < nbytes:
+                return None
+        except OSError:
+            return None
+        starts[now[rel].path] = (nbytes, lines)
+    return starts
 
 
 def _read_json(stats: ReadStats, run_dir: Path) -> dict[str, Any]:
@@ -459,9 +535,11 @@ def open_store(path: Path, *, build: bool = True) -> Store | None:
         if files is None:
             discover(path)  # raises the reader's "no trace files found"
         return None
-    reader = TraceReader(files)
+    # A live run (its files grew since the store was written): read only what was appended.
+    starts = _append_starts(path, man, files) if man is not None and not warnings else None
+    reader = TraceReader(files, starts=starts)
     try:
-        man = build_store(path, reader)
+        man = build_store(path, reader, base=man if starts is not None else None)
     except OSError as e:
         # A read-only run directory or a full disk: nothing was lost (the JSON stays and the
         # half-built store was removed); the caller reads the JSON instead.

@@ -32,6 +32,45 @@ FROM spans s LEFT JOIN aliases a ON a.name = s.name
 """
 
 
+#: Durations an exact-percentile pass may hold (8 bytes each: ~200 MB, under DuckDB's limit).
+#: DuckDB's quantile keeps every value of a group; past this, the names are taken in buckets
+#: of at most this many spans, one scan each, so memory stays bounded at any trace size.
+QUANTILE_BUCKET = 25_000_000
+
+_COUNTS = (
+    "count(*), sum(d), max(d), count(*) FILTER (WHERE status = 2),"
+    " count(*) FILTER (WHERE truncated)"
+)
+
+
+def _by_name(con: Any, spans: int) -> list[tuple[Any, ...]]:
+    """Per canonical name: (name, count, total, p50, p95, max, errors, truncated)."""
+    if spans <= QUANTILE_BUCKET:  # one scan
+        rows = con.execute(
+            f"SELECT cname, quantile_cont(d, [0.5, 0.95]), {_COUNTS} FROM canon GROUP BY cname"
+        ).fetchall()
+        return [(r[0], r[2], r[3], r[1][0], r[1][1], r[4], r[5], r[6]) for r in rows]
+    counts = con.execute(f"SELECT cname, {_COUNTS} FROM canon GROUP BY cname").fetchall()
+    buckets: list[list[str]] = [[]]
+    held = 0
+    for name, n, *_ in sorted(counts, key=lambda r: r[1]):
+        if held + n > QUANTILE_BUCKET and buckets[-1]:
+            buckets.append([])
+            held = 0
+        buckets[-1].append(name)
+        held += n
+    q: dict[str, list[float]] = {}
+    for names in buckets:
+        q.update(
+            con.execute(
+                "SELECT cname, quantile_cont(d, [0.5, 0.95]) FROM canon"
+                " WHERE cname IN (SELECT unnest(?::VARCHAR[])) GROUP BY cname",
+                [names],
+            ).fetchall()
+        )
+    return [(r[0], r[1], r[2], q[r[0]][0], q[r[0]][1], r[3], r[4], r[5]) for r in counts]
+
+
 def summarize_store(store: Store, *, straggler_threshold: float = 0.05) -> Summary:
     """The summary of the store's spans. Raises ``TraceInputError`` for a store without spans."""
     from mlaunch.trace.store import StoreReader
@@ -44,18 +83,17 @@ def summarize_store(store: Store, *, straggler_threshold: float = 0.05) -> Summa
         if rows:
             con.executemany("INSERT INTO aliases VALUES (?, ?)", rows)
         con.execute(_CANON)
-        by_name = con.execute(
-            "SELECT cname, count(*), sum(d), quantile_cont(d, 0.5), quantile_cont(d, 0.95),"
-            " max(d), count(*) FILTER (WHERE status = 2), count(*) FILTER (WHERE truncated)"
-            " FROM canon GROUP BY cname"
-        ).fetchall()
+        by_name = _by_name(con, store.manifest.spans)
         if not by_name:
             raise no_spans_error(StoreReader(store))  # type: ignore[arg-type]
-        steps = con.execute(
-            "SELECT rank, count(*), quantile_cont(d, 0.5), quantile_cont(d, 0.95) FROM canon"
-            " WHERE cname = ? GROUP BY rank ORDER BY rank",
-            [STEP_SPAN],
-        ).fetchall()
+        steps = [
+            (r, n, q[0], q[1])
+            for r, n, q in con.execute(
+                "SELECT rank, count(*), quantile_cont(d, [0.5, 0.95]) FROM canon"
+                " WHERE cname = ? GROUP BY rank ORDER BY rank",
+                [STEP_SPAN],
+            ).fetchall()
+        ]
         # The first (in read order) non-launcher resource of each rank, as the streaming reader.
         res = con.execute(
             "SELECT rank, attributes FROM resources WHERE NOT launcher"

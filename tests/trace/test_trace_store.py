@@ -105,12 +105,34 @@ def test_a_live_run_is_read_with_what_was_written_since(tmp_path: Path) -> None:
     with_torn = summarize_store(open_store(run)).to_json()
     assert with_torn["spans"] == before["spans"]
     assert with_torn["read"]["torn_lines"] == [f"{f}:{len(lines) + 1}"]
-    # the writer finishes the line and writes another request: both are read
+    # the writer finishes the line and writes another request: both are read, and only they
+    # (appended as a new part; the parts already written are kept as they are)
+    first = run / STORE_DIR / "spans" / "rank=0" / "part-00000.parquet"
+    kept = first.stat().st_mtime_ns
     f.write_bytes(b"".join(lines) + lines[-1] + lines[-1])
-    after = summarize_store(open_store(run)).to_json()
+    store = open_store(run)
+    after = summarize_store(store).to_json()
     n = sum(s["count"] for s in before["spans"])
     assert sum(s["count"] for s in after["spans"]) > n
     assert_same(after, summarize(TraceReader.open(run)).to_json())
+    assert first.stat().st_mtime_ns == kept
+    assert [p.name for p in store.parts] == [
+        "part-00000.parquet",
+        "part-00001.parquet",
+        "part-00000.parquet",
+    ]  # rank 0's new part, in order
+    assert goodput(StoreReader(store)).to_json() == goodput(TraceReader.open(run)).to_json()
+
+
+def test_a_malformed_line_appended_to_a_live_run_names_its_line(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    write_realistic_run(run, ranks=2, steps=4, pp=1)
+    open_store(run)
+    f = run / "telemetry" / "traces-rank1.jsonl"
+    n = len(f.read_bytes().splitlines())
+    with f.open("ab") as fh:
+        fh.write(b"not json\n")
+    user_error(invoke_trace("summary", run), f"{f}:{n + 1}: not valid JSON")
 
 
 def test_a_torn_part_is_refused_naming_it_and_rebuilt_from_the_json(tmp_path: Path) -> None:
@@ -222,3 +244,17 @@ def test_sql_errors_are_one_line_exit_2(tmp_path: Path, query: str, needle: str)
 
 def test_sql_needs_a_run_directory(tmp_path: Path) -> None:
     user_error(invoke_trace("sql", tmp_path / "nope", "SELECT 1"), "not a run directory")
+
+
+def test_percentiles_in_buckets_equal_the_one_scan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past QUANTILE_BUCKET spans the names' exact percentiles are taken a bucket at a time
+    (bounded memory); the result is the same."""
+    import mlaunch.trace.store_summary as ss
+
+    run = tmp_path / "run"
+    write_realistic_run(run, steps=10)
+    expected = summarize(TraceReader.open(run)).to_json()
+    monkeypatch.setattr(ss, "QUANTILE_BUCKET", 300)
+    assert_same(expected, ss.summarize_store(open_store(run)).to_json())
