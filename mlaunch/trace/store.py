@@ -725,8 +725,9 @@ def run_sql(store: Store, query: str) -> SqlResult:
         return SqlResult([d[0] for d in cur.description], cur.fetchall())
     except duckdb.Error as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        bad = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException)
         raise TraceInputError(
-            f"bad SQL: {first}",
+            f"{'bad SQL' if isinstance(e, bad) else 'query failed'}: {first}",
             fix="the views are `spans` and `resources`; columns: " + ", ".join(_COLUMNS),
         ) from None
     finally:
