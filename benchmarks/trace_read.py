@@ -8,9 +8,14 @@ span with attributes), then times, in one process:
   reader pays (the reader uses orjson, falling back to json); the passes are reported as a
   ratio to the orjson floor;
 * ``summary``, ``goodput``: the full streaming passes the commands run;
-* ``export``: Chrome JSON (skipped with ``--no-export``; it keeps a record per span).
+* ``export``: Chrome JSON (skipped with ``--no-export``; it keeps a record per span);
+* the span store (issue 25; ``--no-store`` skips it), each pass in a fresh process so that its
+  peak RSS is its own: ``first read`` = building the store from the JSON plus the summary on it
+  (goal: <= 1.5x the orjson decode CPU), ``summary store`` (goal: <= 3 s wall at 10^7 spans),
+  ``goodput store``, ``sql count`` (the per-name count of docs/trace.md), and the store's size
+  against the JSON's (goal: <= 1/10).
 
-Run: ``python benchmarks/trace_read.py [--spans 1000000] [--no-export]``
+Run: ``python benchmarks/trace_read.py [--spans 1000000] [--no-export] [--no-store]``
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import argparse
 import json
 import os
 import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -49,6 +55,18 @@ def _decode_only(run: Path, loads: Callable[[bytes], Any]) -> int:
     return n
 
 
+def _peak_rss_mib() -> float:
+    """This process's peak RSS: VmHWM (reset by exec, unlike ru_maxrss, which a child started by
+    subprocess inherits from its parent on Linux), else ru_maxrss."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def _timed(label: str, fn: Callable[[], int], base: float | None) -> float:
     """Run one pass; print wall and CPU rates (CPU time is the fairer number on a shared machine)
     and peak RSS; return the CPU rate."""
@@ -56,7 +74,7 @@ def _timed(label: str, fn: Callable[[], int], base: float | None) -> float:
     n = fn()
     dt, dc = time.perf_counter() - t, time.process_time() - c
     rate = n / dc
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss = _peak_rss_mib()
     ratio = f"  {base / rate:4.2f}x decode" if base else ""
     print(
         f"{label:<14} {n:>10,} spans  wall {dt:6.2f} s {n / dt:>9,.0f}/s  "
@@ -65,14 +83,119 @@ def _timed(label: str, fn: Callable[[], int], base: float | None) -> float:
     return rate
 
 
+def _child(what: str, run_s: str) -> None:
+    """One span-store pass in this (fresh) process: its wall, CPU (all threads) and peak RSS."""
+    from mlaunch.trace.store import StoreReader, open_store, run_sql
+    from mlaunch.trace.store_summary import summarize_store
+
+    run = Path(run_s)
+
+    def first_read() -> int:
+        store = open_store(run)
+        assert store is not None
+        return sum(s.count for s in summarize_store(store).spans)
+
+    def summary_store() -> int:
+        return sum(s.count for s in summarize_store(open_store(run, build=False)).spans)
+
+    def goodput_store() -> int:
+        r = StoreReader(open_store(run, build=False), timing_only=True)
+        goodput(r)
+        return r.stats.spans
+
+    def sql_count() -> int:
+        res = run_sql(open_store(run, build=False), "SELECT name, count(*) FROM spans GROUP BY 1")
+        return sum(r[1] for r in res.rows)
+
+    fn = {"first-read": first_read, "summary-store": summary_store,
+          "goodput-store": goodput_store, "sql-count": sql_count}[what]  # fmt: skip
+    _timed(what, fn, None)
+
+
+def _store_only(spans: int, ranks: int) -> None:
+    """A store of about ``spans`` spans without the JSON: a 50-step realistic run's store, each
+    rank's rows repeated with times shifted by the run's extent (and iterations by 50), written
+    part by part (memory stays at one part), then the store passes of :func:`_child`."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mlaunch.trace.store import MANIFEST, SEGMENT_ROWS, STORE_DIR, open_store
+
+    with tempfile.TemporaryDirectory(prefix="mlaunch-trace-bench-") as tmp:
+        tmpl = Path(tmp) / "template"
+        write_realistic_run(tmpl, ranks=ranks, steps=50, microbatches=4, layers=4, pp=2)
+        store = open_store(tmpl)
+        assert store is not None
+        run = Path(tmp) / "run"
+        root = run / STORE_DIR
+        root.mkdir(parents=True)
+        t = time.perf_counter()
+        parts: list[str] = []
+        written = 0
+        per_rank = spans // ranks
+        for r in range(ranks):
+            src = [p for p in store.parts if p.parent.name == f"rank={r}"]
+            t_r = pa.concat_tables(pq.read_table(p) for p in src)
+            n_t = t_r.num_rows
+            copies = max(1, SEGMENT_ROWS // n_t)
+            block = t_r.take(np.tile(np.arange(n_t), copies))
+            st = t_r.column("start_ns").to_numpy()
+            en = t_r.column("end_ns").to_numpy()
+            period = int(en.max() - st.min()) + 1
+            it = t_r.column("iteration").to_numpy(zero_copy_only=False)
+            k = 0
+            for part in range(-(-per_rank // block.num_rows)):
+                shift = np.repeat(np.arange(k, k + copies, dtype=np.int64), n_t)
+                cols = {
+                    "start_ns": np.tile(st, copies) + shift * period,
+                    "end_ns": np.tile(en, copies) + shift * period,
+                    "iteration": pa.array(np.tile(it, copies) + shift * 50,
+                                          mask=np.tile(np.isnan(it), copies)),
+                }  # fmt: skip
+                out = block
+                for name, col in cols.items():
+                    i = out.schema.get_field_index(name)
+                    out = out.set_column(i, name, pa.array(col, pa.int64()))
+                rel = f"spans/rank={r}/part-{part:05d}.parquet"
+                (root / rel).parent.mkdir(parents=True, exist_ok=True)
+                pq.write_table(out, root / rel, compression="zstd")
+                parts.append(rel)
+                written += out.num_rows
+                k += copies
+        (root / "resources.parquet").write_bytes((store.root / "resources.parquet").read_bytes())
+        man = json.loads((store.root / MANIFEST).read_text())
+        man.update(sources={}, files=[], parts=parts, spans=written)
+        man["read"].update(files=0, lines=0, spans=written)
+        (root / MANIFEST).write_text(json.dumps(man))
+        sb = sum(f.stat().st_size for f in root.rglob("*.parquet"))
+        print(f"generated {written:,} spans straight into the store: {sb / 2**20:,.0f} MiB, "
+              f"{len(parts)} parts ({time.perf_counter() - t:.0f} s)")  # fmt: skip
+        for what in ("summary-store", "goodput-store", "sql-count"):
+            subprocess.run([sys.executable, __file__, "--child", what, str(run)], check=True)
+        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+
+
 def main() -> None:
     """Generate, then time each pass."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--spans", type=int, default=1_000_000, help="about how many spans to generate")
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--no-export", action="store_true", help="skip the Chrome export pass")
+    p.add_argument("--no-store", action="store_true", help="skip the span store passes")
+    p.add_argument("--no-json", action="store_true", help="skip the JSON reader's passes")
+    p.add_argument("--store-only", action="store_true",
+                   help="generate straight into the span store (no JSON; for 10^8 spans): a "
+                   "realistic run's store tiled in time, then the store passes")  # fmt: skip
+    p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)  # one store pass, in a subprocess
     args = p.parse_args()
+    if args.child:
+        _child(*args.child)
+        return
 
+    if args.store_only:
+        _store_only(args.spans, args.ranks)
+        return
     micro, layers, pp = 4, 4, 2
     steps = max(1, round(args.spans / args.ranks / spans_per_step(micro, layers)))
     with tempfile.TemporaryDirectory(prefix="mlaunch-trace-bench-") as tmp:
@@ -98,16 +221,28 @@ def main() -> None:
             r = TraceReader.open(run)
             return export_chrome(r, Path(tmp) / "trace.json").spans
 
-        _timed("decode json", lambda: _decode_only(run, json.loads), None)
+        if not args.no_json:
+            _timed("decode json", lambda: _decode_only(run, json.loads), None)
         base = _timed("decode orjson", lambda: _decode_only(run, orjson.loads), None)
-        rate = _timed("summary", summary_pass, base)
-        _timed("goodput", goodput_pass, base)
-        if not args.no_export:
-            _timed("export", export_pass, base)
-        verdict = "meets" if rate >= 200_000 else "MISSES"
+        if not args.no_json:
+            rate = _timed("summary", summary_pass, base)
+            _timed("goodput", goodput_pass, base)
+            if not args.no_export:
+                _timed("export", export_pass, base)
+            verdict = "meets" if rate >= 200_000 else "MISSES"
+            print(f"summary {verdict} the 200,000 spans/s goal ({rate:,.0f} spans per CPU "
+                  "second)")  # fmt: skip
+        if not args.no_store:
+            for what in ("first-read", "summary-store", "goodput-store", "sql-count"):
+                subprocess.run([sys.executable, __file__, "--child", what, str(run)], check=True)
+                if what == "first-read":
+                    sb = sum(f.stat().st_size for f in (run / "trace-store").rglob("*.parquet"))
+                    print(f"store {sb / 2**20:,.1f} MiB = 1/{size / sb:,.1f} of the JSON "
+                          f"({size / 2**20:,.0f} MiB); goal <= 1/10")  # fmt: skip
+            print(f"(first read: compare its CPU with decode orjson's: goal <= 1.5x; "
+                  f"decode orjson = {n / base:.2f} CPU s)")  # fmt: skip
         load = os.getloadavg()[0]
-        print(f"summary {verdict} the 200,000 spans/s goal ({rate:,.0f} spans per CPU second; "
-              f"load average {load:.1f} on {os.cpu_count()} CPUs)")  # fmt: skip
+        print(f"load average {load:.1f} on {os.cpu_count()} CPUs")
 
 
 if __name__ == "__main__":

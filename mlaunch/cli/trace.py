@@ -43,16 +43,22 @@ class ExportFormat(StrEnum):
     """Output formats of ``mlaunch trace export``."""
 
     chrome = "chrome"
+    otlp_json = "otlp-json"
 
 
 def _open(path: Path, skip_invalid: bool) -> Any:
     """The trace reader for ``path``; an unusable path (a name too long for the file system, a
     permission error) exits 2 naming it, like every other bad input, instead of a traceback."""
     from mlaunch.model.spec import quoted
-    from mlaunch.trace.reader import TraceInputError, TraceReader
+    from mlaunch.trace.reader import TraceInputError
+    from mlaunch.trace.store import open_reader, take_warnings
 
     try:
-        return TraceReader.open(path, skip_invalid=skip_invalid)
+        # A run directory is read through its span store (built on first read; docs/trace.md).
+        reader = open_reader(path, skip_invalid=skip_invalid)
+        for w in take_warnings():
+            typer.echo(f"warning: {w}", err=True)
+        return reader
     except TraceInputError as e:
         raise error(e.render()) from None
     except OSError as e:
@@ -110,12 +116,19 @@ def summary_cmd(
     linearly between closest ranks. [b]skew[/b]: each rank's median step over the median of all
     ranks' medians.
     """
+    from mlaunch.trace.store import StoreReader
+    from mlaunch.trace.store_summary import summarize_store
     from mlaunch.trace.summary import summarize
+
+    def compute(reader: Any) -> Any:
+        if isinstance(reader, StoreReader):  # one vectorised query instead of a span loop
+            return summarize_store(reader.store, straggler_threshold=straggler_threshold)
+        return summarize(reader, straggler_threshold=straggler_threshold)
 
     _show(
         path,
         skip_invalid,
-        lambda reader: summarize(reader, straggler_threshold=straggler_threshold),
+        compute,
         as_json,
         _render_summary,
     )
@@ -197,6 +210,9 @@ def export_cmd(
 ) -> None:
     """Write Chrome trace-event JSON that Perfetto (ui.perfetto.dev) and chrome://tracing open.
 
+    [b]--format otlp-json[/b] writes the spans back as OTLP-JSON lines (from the run's span
+    store when it has one), which any OpenTelemetry tool or `mlaunch trace` reads.
+
     One process per rank (named by rank and host), one thread per OS thread (the thread.id
     attribute, else one per rank); spans that overlap without nesting go to extra lanes. Span
     attributes are args, span events are instant events, links are flow arrows. Times are
@@ -212,6 +228,18 @@ def export_cmd(
         raise error(str(e)) from None
     reader = _open(path, skip_invalid)
     target = check_output_or_exit(output, path, reader.files)
+    if fmt is ExportFormat.otlp_json:
+        from mlaunch.trace.store import export_otlp_json
+
+        try:
+            n = export_otlp_json(reader, target)
+        except TraceInputError as e:
+            raise error(e.render()) from None
+        except OSError as e:
+            raise cannot_write(output, e) from None
+        warn_skipped(reader.stats)
+        typer.echo(f"wrote {output} ({fmt.value}): {n:,} spans")
+        return
     try:
         stats = export_chrome(reader, target)
     except TraceInputError as e:
@@ -247,8 +275,14 @@ def goodput_cmd(
     so the parts add up to wall. Overall = sums over ranks.
     """
     from mlaunch.trace.goodput import goodput
+    from mlaunch.trace.store import StoreReader
 
-    _show(path, skip_invalid, goodput, as_json, _render_goodput)
+    def compute(reader: Any) -> Any:
+        if isinstance(reader, StoreReader):  # goodput needs only names and times
+            reader = StoreReader(reader.store, timing_only=True)
+        return goodput(reader)
+
+    _show(path, skip_invalid, compute, as_json, _render_goodput)
 
 
 def _render_goodput(report: Any) -> None:
@@ -275,6 +309,80 @@ def _render_goodput(report: Any) -> None:
     con.print(f"restart cost (all ranks): {split}", highlight=False)
     con.print("[dim]ckpt = checkpoint saves, eval = evaluation, unacct = unaccounted; "
               "see `mlaunch trace goodput --help` for the definitions[/dim]")  # fmt: skip
+
+
+class SqlFormat(StrEnum):
+    """Output formats of ``mlaunch trace sql``."""
+
+    table = "table"
+    json = "json"
+    csv = "csv"
+
+
+@app.command("sql", cls=PlainErrorsCommand)
+def sql_cmd(
+    run_dir: Path = typer.Argument(
+        ..., help="A run directory (runs/<run_id>).", show_default=False
+    ),
+    query: str = typer.Argument(..., help="A DuckDB SQL query.", show_default=False),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON list of row objects."),
+    as_csv: bool = typer.Option(False, "--csv", help="Print CSV with a header row."),
+) -> None:
+    """Run SQL over a run's span store: views [b]spans[/b] (one row per span) and [b]resources[/b].
+
+    The store (RUN_DIR/trace-store, Parquet) is built from the run's OTLP-JSON on first read.
+    Columns of spans: trace_id, span_id, parent_id, name, group, rank, node, iteration,
+    microbatch, start_ns, end_ns, status (2 = error), truncated, attributes (JSON), links,
+    events, extra, resource_id. Examples: docs/trace.md, "SQL over a run".
+    """
+    from mlaunch.trace.reader import TraceInputError
+    from mlaunch.trace.store import open_store, run_sql, take_warnings
+
+    if as_json and as_csv:
+        raise error("--json and --csv are exclusive; fix: pass one of them")
+    if not run_dir.is_dir():
+        raise error(f"{run_dir}: not a run directory; fix: pass a run directory (runs/<run_id>)")
+    try:
+        store = open_store(run_dir)
+        for w in take_warnings() + (store.warnings if store else []):
+            typer.echo(f"warning: {w}", err=True)
+        if store is None:
+            raise error(
+                f"{run_dir}: cannot build the span store (the run directory is not writable); "
+                "fix: copy the run directory somewhere writable"
+            )
+        result = run_sql(store, query)
+    except TraceInputError as e:
+        raise error(e.render().replace("\n  fix:", "; fix:")) from None
+    except OSError as e:
+        raise error(
+            f"{run_dir}: {e.strerror or e}; fix: check the path and its permissions"
+        ) from None
+    _print_rows(result.columns, result.rows, "json" if as_json else "csv" if as_csv else "table")
+
+
+def _print_rows(columns: list[str], rows: list[tuple[Any, ...]], fmt: str) -> None:
+    if fmt == "json":
+        typer.echo(json.dumps([dict(zip(columns, r, strict=True)) for r in rows], default=str))
+    elif fmt == "csv":
+        import csv
+        import sys
+
+        w = csv.writer(sys.stdout, lineterminator="\n")
+        w.writerow(columns)
+        w.writerows(rows)
+    else:
+        from rich import box
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        for c in columns:
+            t.add_column(c, overflow="fold")
+        for r in rows:
+            t.add_row(*("" if v is None else str(v) for v in r))
+        Console().print(t)
+        typer.echo(f"{len(rows):,} row(s)")
 
 
 class ReplayProtocol(StrEnum):

@@ -281,8 +281,14 @@ class TraceReader:
         *,
         skip_invalid: bool = False,
         limits: dict[Path, int] | None = None,
+        starts: dict[Path, tuple[int, int]] | None = None,
     ) -> None:
         self.files = list(files)
+        #: Where to start reading a file: (byte offset, lines before it). The span store's
+        #: incremental build reads only what a live run appended since the store was written.
+        self.starts: dict[Path, tuple[int, int]] = dict(starts or {})
+        #: Per file: [bytes, lines] of its complete (newline-terminated) lines read so far.
+        self.complete: dict[Path, list[int]] = {}
         self.skip_invalid = skip_invalid
         #: Bytes of each file read (its size when first opened); a second pass reuses them.
         self.limits: dict[Path, int] = dict(limits or {})
@@ -387,10 +393,17 @@ class TraceReader:
         # Read what the file held when first opened: a run still writing appends behind us, and
         # a second pass (export, report) reads exactly the bytes the first one did.
         limit = self.limits.setdefault(tf.path, size)
+        offset, self.line_no = self.starts.get(tf.path, (0, 0))
+        if offset:
+            f.seek(offset)
+        done = self.complete[tf.path] = [offset, self.line_no]
         with f:
-            for raw in self._lines(f, limit):
+            for raw in self._lines(f, limit - offset):
                 self.line_no += 1
                 self.stats.lines += 1
+                if raw.endswith(b"\n"):  # read up to here for good (a torn line may grow)
+                    done[0] += len(raw)
+                    done[1] = self.line_no
                 if not raw.strip():
                     continue
                 torn = not raw.endswith(b"\n")  # only the last line can lack its newline

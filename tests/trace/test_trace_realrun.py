@@ -93,3 +93,26 @@ def test_goodput_accounts_for_all_wall_time(run_dir: Path, reference: list[dict]
         assert 0 < r["goodput"] < 1
         assert r["checkpoint_ms"] > 0 and r["evaluation_ms"] > 0
         assert r["restart_split_ms"]["model_init"] > 0
+
+
+def test_the_span_store_reads_the_real_run_as_the_json_reader(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    """Old (streaming JSON) and new (span store) readers agree on a real run's trace."""
+    import shutil
+
+    from support.trace_compare import assert_same
+
+    from mlaunch.trace.goodput import goodput
+    from mlaunch.trace.reader import TraceReader
+    from mlaunch.trace.store import StoreReader, open_store
+    from mlaunch.trace.store_summary import summarize_store
+    from mlaunch.trace.summary import summarize
+
+    run = shutil.copytree(run_dir, tmp_path / "run")  # the module's run stays as the run left it
+    store = open_store(run)
+    assert store is not None
+    assert_same(summarize(TraceReader.open(run)).to_json(), summarize_store(store).to_json())
+    assert_same(goodput(TraceReader.open(run)).to_json(), goodput(StoreReader(store)).to_json())
+    fast = goodput(StoreReader(store, timing_only=True)).to_json()
+    assert_same(goodput(TraceReader.open(run)).to_json(), fast)

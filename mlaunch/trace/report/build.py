@@ -20,6 +20,7 @@ from mlaunch.trace.report.window import (
     collect_window,
     segments,
 )
+from mlaunch.trace.store import open_reader
 from mlaunch.trace.summary import Summary, no_spans_error
 
 
@@ -99,7 +100,8 @@ def render_report(
     window outside the trace.
     """
     run_dir = Path(run_dir)
-    reader = TraceReader.open(run_dir, skip_invalid=skip_invalid)
+    # The run's span store when it has one (built on first read), else the JSON: same batches.
+    reader = open_reader(run_dir, skip_invalid=skip_invalid)
     scan = _scan(reader)
     read_stats = reader.stats
     summary = scan.summary.finish(read_stats)

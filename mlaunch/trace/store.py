@@ -1,0 +1,761 @@
+"""The columnar span store: a run's spans as Parquet, one row per span, next to its OTLP-JSON.
+
+Layout (``RUN_DIR/trace-store/``)::
+
+    manifest.json                      what the store holds (written last: no manifest, no store)
+    resources.parquet                  one row per resource (rank, launcher, node, attributes)
+    spans/rank=<R>/part-<NNNNN>.parquet  a rank's spans in read order, SEGMENT_ROWS rows a part
+
+The launcher's job trace is rank ``-1 - node_rank`` (as :class:`~mlaunch.trace.reader.Resource`
+has it). The ``rank=<R>`` directories are Hive partitions: DuckDB, Polars and Spark read
+``trace-store/spans/**/*.parquet`` directly, and a query on one rank opens one directory.
+
+Schema of ``spans`` (:data:`SPAN_SCHEMA`; docs/trace.md, "The span store"):
+
+=============  ==========  ===============================================================
+column         type        meaning
+=============  ==========  ===============================================================
+trace_id       string      OTLP ``traceId`` (hex)
+span_id        string      OTLP ``spanId``
+parent_id      string      OTLP ``parentSpanId``; null for a root
+name           string      the span name as written (readers canonicalise legacy names)
+group          string      the span's group in the catalogue (``mlaunch.model.spans``); null
+                           for a name outside it
+rank           int32       the rank: the partition key, in the path (``rank=<R>``), not in the
+                           file (the launcher's job trace is ``-1 - node_rank``)
+node           string      the resource's ``host.name``
+iteration      int64       ``megatron.iteration`` (``megatron.eval_iteration`` for eval steps)
+microbatch     int64       ``megatron.microbatch_id`` (or ``dl.microbatch_id``)
+start_ns       int64       ``startTimeUnixNano``
+end_ns         int64       ``endTimeUnixNano`` (an end before the start is the start)
+status         int8        status code: 0 unset, 1 ok, 2 error
+truncated      bool        open at shutdown (``nemo.span.truncated`` / ``mlaunch.span.truncated``)
+attributes     string      the OTLP attribute list, as JSON (lossless; ``json_extract`` reads it)
+links          string      the OTLP links list as JSON; null when none
+events         string      the OTLP events list as JSON; null when none
+extra          string      every other key of the span (kind, status, traceState...) as JSON
+resource_id    int32       the row of ``resources`` the span came from
+=============  ==========  ===============================================================
+
+Why pyarrow writes it and DuckDB reads it: pyarrow turns the reader's Python columns into a
+Parquet file in one call with no database process or connection to manage (each part is written
+to a temporary name and renamed, so a crash or a full disk never leaves a half part under a
+final name); DuckDB runs the SQL (``mlaunch trace sql``) and the vectorised readers, streaming
+over the parts with its own bounded memory and spilling, so memory does not grow with the trace.
+
+Freshness: the manifest records every source file's size and mtime. A store whose sources are
+unchanged is used; otherwise (a live run that wrote more, a run that was restarted) it is built
+again from the JSON, which stays in place: OTLP-JSON remains the interchange format. A part that
+is torn (a copy cut short, a disk error) is refused with a message naming it; the store is then
+rebuilt from the JSON, or, when the JSON is gone, the part is skipped.
+
+Standalone like the reader: no telemetry runtime, no OTel SDK.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orjson import OPT_SORT_KEYS as _SORT
+from orjson import dumps as _dumps
+from orjson import loads as _loads
+
+from mlaunch.model.spans import SPANS, Attr, ResourceAttr
+from mlaunch.trace.reader import (
+    ReadStats,
+    Resource,
+    TraceFile,
+    TraceInputError,
+    TraceReader,
+    discover,
+    is_error,
+    is_truncated,
+)
+
+STORE_DIR = "trace-store"
+MANIFEST = "manifest.json"
+#: Bumped when the schema changes: an older store is rebuilt, never misread.
+SCHEMA_VERSION = 1
+#: Rows per Parquet part: large enough for good compression and few files, small enough that
+#: the builder's column buffers (Python objects until the part is written) stay near 250 MB.
+SEGMENT_ROWS = 262_144
+
+#: Keys of an OTLP span that have their own column; everything else goes to ``extra``.
+_COLUMN_KEYS = frozenset(
+    {"traceId", "spanId", "parentSpanId", "name", "startTimeUnixNano", "endTimeUnixNano",
+     "attributes", "links", "events"}
+)  # fmt: skip
+_GROUPS: dict[str, str] = {name: str(d.group) for name, d in SPANS.items()}
+_ITER_KEYS = (str(Attr.ITERATION), str(Attr.EVAL_ITERATION))
+_MB_KEYS = (str(Attr.MICROBATCH_ID), str(Attr.DL_MICROBATCH_ID))
+
+_COLUMNS = (
+    "trace_id", "span_id", "parent_id", "name", "group", "rank", "node", "iteration",
+    "microbatch", "start_ns", "end_ns", "status", "truncated", "attributes", "links", "events",
+    "extra", "resource_id",
+)  # fmt: skip
+
+
+def span_schema() -> Any:
+    """The pyarrow schema of the ``spans`` files (imported lazily: pyarrow is only needed here)."""
+    import pyarrow as pa
+
+    s, i64 = pa.string(), pa.int64()
+    return pa.schema([
+        ("trace_id", s), ("span_id", s), ("parent_id", s), ("name", s), ("group", s),
+        ("rank", pa.int32()), ("node", s), ("iteration", i64), ("microbatch", i64),
+        ("start_ns", i64), ("end_ns", i64), ("status", pa.int8()), ("truncated", pa.bool_()),
+        ("attributes", s), ("links", s), ("events", s), ("extra", s),
+        ("resource_id", pa.int32()),
+    ])  # fmt: skip
+
+
+class StoreError(TraceInputError):
+    """A store that cannot be used (a torn part and no JSON to rebuild it from)."""
+
+
+@dataclass
+class Manifest:
+    """What ``manifest.json`` holds."""
+
+    version: int
+    sources: dict[str, list[int]]  # file name (relative to the run dir) -> [size, mtime_ns]
+    files: list[dict[str, Any]]  # the TraceFiles, in read order
+    parts: list[str]  # relative paths of the span parts, in read order
+    spans: int
+    read: dict[str, Any]  # the ReadStats of the build (files, lines, torn lines, duplicates)
+    #: Per source: [bytes, lines] of its complete lines in the store (where an append resumes).
+    complete: dict[str, list[int]] = field(default_factory=dict)
+
+
+def store_dir(run_dir: Path) -> Path:
+    return run_dir / STORE_DIR
+
+
+def _sources(run_dir: Path, files: Sequence[TraceFile]) -> dict[str, list[int]]:
+    out = {}
+    for f in files:
+        st = f.path.stat()
+        out[os.path.relpath(f.path, run_dir)] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
+def _int_attr(attrs: list[Any], keys: tuple[str, ...]) -> int | None:
+    for kv in attrs:
+        if type(kv) is dict and kv.get("key") in keys:
+            v = kv.get("value")
+            if type(v) is dict:
+                x = v.get("intValue", v.get("doubleValue"))
+                try:
+                    return None if x is None else int(x)
+                except (TypeError, ValueError, OverflowError):
+                    return None
+    return None
+
+
+class _Columns:
+    """Column buffers of one part being built."""
+
+    def __init__(self) -> None:
+        self.cols: dict[str, list[Any]] = {c: [] for c in _COLUMNS}
+
+    def __len__(self) -> int:
+        return len(self.cols["span_id"])
+
+    def add(self, res: Resource, rid: int, node: str | None, spans: list[dict[str, Any]],
+            flagged: bool) -> None:  # fmt: skip
+        c = self.cols
+        groups = _GROUPS
+        n = len(spans)
+        c["node"] += [node] * n
+        c["resource_id"] += [rid] * n
+        tid, sid, pid, nm, gr = c["trace_id"], c["span_id"], c["parent_id"], c["name"], c["group"]
+        it, mb, st, en, stat = (
+            c["iteration"],
+            c["microbatch"],
+            c["start_ns"],
+            c["end_ns"],
+            c["status"],
+        )
+        tr, at, lk, ev, ex = c["truncated"], c["attributes"], c["links"], c["events"], c["extra"]
+        for s in spans:
+            tid.append(s.get("traceId"))
+            sid.append(s.get("spanId"))
+            pid.append(s.get("parentSpanId") or None)
+            name = s["name"]
+            nm.append(name)
+            gr.append(groups.get(name))
+            attrs = s.get("attributes") or ()
+            it.append(_int_attr(attrs, _ITER_KEYS) if attrs else None)
+            mb.append(_int_attr(attrs, _MB_KEYS) if attrs else None)
+            st.append(s["startTimeUnixNano"])
+            en.append(s["endTimeUnixNano"])
+            stat.append(2 if is_error(s) else _status_code(s))
+            tr.append(flagged and is_truncated(s))
+            at.append(_dumps(attrs).decode() if attrs else None)
+            links, events = s.get("links"), s.get("events")
+            lk.append(_dumps(links).decode() if links else None)
+            ev.append(_dumps(events).decode() if events else None)
+            rest = {k: v for k, v in s.items() if k not in _COLUMN_KEYS}
+            ex.append(_dumps(rest).decode() if rest else None)
+
+    def table(self) -> Any:
+        import pyarrow as pa
+
+        schema = span_schema()
+        # rank is the partition key (the directory name), not a column of the file: Spark and
+        # Polars refuse a column that is in both the file and the partition path.
+        schema = schema.remove(schema.get_field_index("rank"))
+        return pa.Table.from_pydict({k: v for k, v in self.cols.items() if k != "rank"}, schema)
+
+
+def _status_code(s: dict[str, Any]) -> int:
+    st = s.get("status")
+    if isinstance(st, dict):
+        code = st.get("code")
+        if code in (1, "STATUS_CODE_OK", "1"):
+            return 1
+    return 0
+
+
+def _write_atomic(table: Any, path: Path) -> None:
+    """Write a Parquet file under a temporary name, then rename: a crash or a full disk leaves
+    no file under the final name (the temporary one is removed on failure)."""
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def build_store(
+    run_dir: Path,
+    reader: TraceReader,
+    *,
+    segment_rows: int = SEGMENT_ROWS,
+    base: Manifest | None = None,
+) -> Manifest:
+    """Read every span of ``reader`` (a reader over ``run_dir``'s files) once and write the store.
+
+    The new store is built beside the old one (``trace-store.new``) and swapped in only when
+    complete, manifest last: an interrupted build or a full disk (``OSError``) leaves the JSON and
+    any previous store as they were, and removes what it wrote.
+
+    With ``base`` (the current store's manifest; ``reader`` starts where it ended), the spans
+    read are appended as new parts instead, then ``resources.parquet`` and the manifest are
+    replaced (each atomically, the manifest last): until then the store is the old one."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    final = store_dir(run_dir)
+    tmp = final if base is not None else run_dir / f".{STORE_DIR}.new"
+    if base is None:
+        shutil.rmtree(tmp, ignore_errors=True)
+    sources = _sources(run_dir, reader.files)
+    # One row per distinct resource (the reader makes one Resource per line): keyed by content.
+    resources: dict[tuple[int, bool, bytes], int] = {}
+    res_rows: dict[str, list[Any]] = {"resource_id": [], "rank": [], "launcher": [], "node": [],
+                                      "attributes": []}  # fmt: skip
+    parts: list[str] = []
+    per_rank: dict[int, int] = {}
+    cur: _Columns | None = None
+    cur_rank: int | None = None
+    total = 0
+    if base is not None:
+        res_rows = pq.read_table(final / "resources.parquet").to_pydict()
+        for rid, (rank, launcher, a) in enumerate(
+            zip(res_rows["rank"], res_rows["launcher"], res_rows["attributes"], strict=True)
+        ):
+            resources[(rank, launcher, _dumps(_loads(a), default=str, option=_SORT))] = rid
+        parts = list(base.parts)
+        for rel in parts:
+            r = int(rel.split("/")[1].removeprefix("rank="))
+            per_rank[r] = per_rank.get(r, 0) + 1
+        total = base.spans
+
+    def flush() -> None:
+        nonlocal cur
+        if cur is None or not len(cur):
+            return
+        assert cur_rank is not None
+        n = per_rank.get(cur_rank, 0)
+        per_rank[cur_rank] = n + 1
+        rel = f"spans/rank={cur_rank}/part-{n:05d}.parquet"
+        _write_atomic(cur.table(), tmp / rel)
+        parts.append(rel)
+        cur = None
+
+    try:
+        for res, spans, flagged in reader:
+            key = (res.rank, res.launcher, _dumps(res.attrs, default=str, option=_SORT))
+            rid = resources.get(key, -1)
+            if rid < 0:
+                rid = resources[key] = len(res_rows["resource_id"])
+                host = res.attrs.get(ResourceAttr.HOST_NAME)
+                res_rows["resource_id"].append(rid)
+                res_rows["rank"].append(res.rank)
+                res_rows["launcher"].append(res.launcher)
+                res_rows["node"].append(None if host is None else str(host))
+                res_rows["attributes"].append(_dumps(res.attrs, default=str).decode())
+            if res.rank != cur_rank:
+                flush()
+                cur_rank = res.rank
+            if cur is None:
+                cur = _Columns()
+            cur.add(res, rid, res_rows["node"][rid], spans, flagged)
+            total += len(spans)
+            if len(cur) >= segment_rows:
+                flush()
+        flush()
+        _write_atomic(pa.Table.from_pydict(res_rows, schema=pa.schema([
+            ("resource_id", pa.int32()), ("rank", pa.int32()), ("launcher", pa.bool_()),
+            ("node", pa.string()), ("attributes", pa.string()),
+        ])), tmp / "resources.parquet")  # fmt: skip
+        complete = {os.path.relpath(p, run_dir): list(v) for p, v in reader.complete.items()}
+        read = _read_json(reader.stats, run_dir)
+        if base is not None:
+            read = _merge_read(base, read, run_dir)
+            order = {r: i for i, r in enumerate(dict.fromkeys(_part_rank(p) for p in parts))}
+            parts.sort(key=lambda p: (order[_part_rank(p)], p))  # the order of a full read
+        man = Manifest(
+            version=SCHEMA_VERSION, sources=sources,
+            files=[{"path": os.path.relpath(f.path, run_dir), "rank": f.rank, "spool": f.spool,
+                    "launcher": f.launcher} for f in reader.files],
+            parts=parts, spans=total, read=read, complete=complete,
+        )  # fmt: skip
+        if base is not None:
+            mtmp = final / f".{MANIFEST}.tmp"
+            mtmp.write_text(json.dumps(asdict(man)))
+            os.replace(mtmp, final / MANIFEST)
+            return man
+        (tmp / MANIFEST).write_text(json.dumps(asdict(man)))
+        old = run_dir / f".{STORE_DIR}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        if final.exists():
+            os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        if base is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return man
+
+
+def _part_rank(rel: str) -> int:
+    return int(rel.split("/")[1].removeprefix("rank="))
+
+
+def _merge_read(base: Manifest, tail: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """The read stats of store + appended tail, as one full read would count them: the lines of
+    the complete part, then the tail's (which re-reads a line that was torn); torn lines kept
+    only where the store's read ended on a complete line (a torn head glued mid-file)."""
+    old = base.read
+    done = {str(run_dir / rel): v[1] for rel, v in base.complete.items()}
+    torn = [[p, n] for p, n in old["torn_lines"] if n <= done.get(p, 0)] + tail["torn_lines"]
+    return {
+        "files": tail["files"], "lines": sum(done.values()) + tail["lines"],
+        "spans": old["spans"] + tail["spans"],
+        "duplicate_spans": old["duplicate_spans"] + tail["duplicate_spans"],
+        "metric_lines": old["metric_lines"] + tail["metric_lines"], "torn_lines": torn,
+    }  # fmt: skip
+
+
+def _append_starts(
+    run_dir: Path, man: Manifest, files: Sequence[TraceFile]
+) -> dict[Path, tuple[int, int]] | None:
+    """Where to resume reading each file to bring the store up to date by appending, or None
+    when only a full rebuild is right: a spool (its spans deduplicate the traces file's, so
+    the whole read depends on it), a source gone or shorter than what the store holds."""
+    if not man.complete or any(f.spool for f in files):
+        return None
+    now = {os.path.relpath(f.path, run_dir): f for f in files}
+    if not set(man.complete) <= set(now):
+        return None
+    starts = {}
+    for rel, (nbytes, lines) in man.complete.items():
+        try:
+            if now[rel].path.stat().st_size < nbytes:
+                return None
+        except OSError:
+            return None
+        starts[now[rel].path] = (nbytes, lines)
+    return starts
+
+
+def _read_json(stats: ReadStats, run_dir: Path) -> dict[str, Any]:
+    return {
+        "files": stats.files, "lines": stats.lines, "spans": stats.spans,
+        "duplicate_spans": stats.duplicate_spans, "metric_lines": stats.metric_lines,
+        "torn_lines": [[str(p), n] for p, n in stats.torn_lines],
+    }  # fmt: skip
+
+
+def load_manifest(run_dir: Path) -> Manifest | None:
+    """The store's manifest, or None when there is no (complete, current-version) store."""
+    p = store_dir(run_dir) / MANIFEST
+    try:
+        d = json.loads(p.read_text())
+        man = Manifest(**d)
+    except (OSError, ValueError, TypeError):
+        return None
+    return man if man.version == SCHEMA_VERSION else None
+
+
+def is_fresh(run_dir: Path, man: Manifest, files: Sequence[TraceFile]) -> bool:
+    """Whether the store covers exactly the trace files there are now, unchanged."""
+    try:
+        return _sources(run_dir, files) == man.sources
+    except OSError:
+        return False
+
+
+def torn_parts(run_dir: Path, man: Manifest) -> list[Path]:
+    """The store's parts that are missing or not readable Parquet (a footer check: cheap)."""
+    import pyarrow.parquet as pq
+
+    bad = []
+    for rel in [*man.parts, "resources.parquet"]:
+        p = store_dir(run_dir) / rel
+        try:
+            pq.read_metadata(p)
+        except (OSError, ValueError, Exception):  # pyarrow raises ArrowInvalid for a torn file
+            bad.append(p)
+    return bad
+
+
+@dataclass
+class Store:
+    """An opened store: its directory, manifest and the parts to read."""
+
+    run_dir: Path
+    manifest: Manifest
+    parts: list[Path]
+    warnings: list[str]
+
+    @property
+    def root(self) -> Path:
+        return store_dir(self.run_dir)
+
+    def stats(self) -> ReadStats:
+        r = self.manifest.read
+        return ReadStats(
+            files=r["files"], lines=r["lines"], spans=r["spans"],
+            duplicate_spans=r["duplicate_spans"], metric_lines=r["metric_lines"],
+            torn_lines=[(Path(p), n) for p, n in r["torn_lines"]],
+        )  # fmt: skip
+
+    def trace_files(self) -> list[TraceFile]:
+        return [
+            TraceFile(self.run_dir / f["path"], f["rank"], f["spool"], f["launcher"])
+            for f in self.manifest.files
+        ]
+
+    def connect(self) -> Any:
+        """A DuckDB connection with the views ``spans`` and ``resources``."""
+        import duckdb
+
+        con = duckdb.connect()
+        # Bounded memory whatever the trace size: DuckDB spills beyond this (docs/trace.md).
+        con.execute("SET memory_limit='768MB'")
+        con.execute("SET preserve_insertion_order=true")
+        if self.parts:
+            files = ", ".join(_sql_str(p) for p in self.parts)
+            con.execute(
+                f"CREATE VIEW spans AS SELECT {', '.join(_QUOTED)} FROM read_parquet([{files}],"
+                " hive_partitioning = true, hive_types = {'rank': INTEGER})"
+            )
+        else:
+            cols = ", ".join(
+                f'CAST(NULL AS {_duck_type(f.type)}) AS "{f.name}"' for f in span_schema()
+            )
+            con.execute(f"CREATE VIEW spans AS SELECT {cols} WHERE false")
+        res = _sql_str(self.root / "resources.parquet")
+        con.execute(f"CREATE VIEW resources AS SELECT * FROM read_parquet({res})")
+        return con
+
+
+_QUOTED = [f'"{c}"' for c in _COLUMNS]  # the view's columns in schema order (rank in place)
+
+
+def _duck_type(t: Any) -> str:
+    return {"string": "VARCHAR", "int32": "INTEGER", "int64": "BIGINT", "int8": "TINYINT",
+            "bool": "BOOLEAN"}[str(t)]  # fmt: skip
+
+
+def _sql_str(p: Path) -> str:
+    return "'" + str(p).replace("'", "''") + "'"
+
+
+def open_store(path: Path, *, build: bool = True) -> Store | None:
+    """The store of the run directory ``path``, built (or rebuilt) from its OTLP-JSON when it is
+    missing, stale or torn. None when ``path`` is not a run directory, when the run directory
+    cannot be written (a read-only copy: the caller reads the JSON) or when building was refused
+    (``build=False``). A malformed trace raises the reader's ``TraceInputError`` as reading the
+    JSON would."""
+    if not path.is_dir():
+        return None
+    warnings: list[str] = []
+    man = load_manifest(path)
+    files: list[TraceFile] | None
+    try:
+        files = discover(path)
+    except TraceInputError:
+        files = None  # the JSON is gone (moved away after compaction): the store alone
+    if man is not None:
+        bad = torn_parts(path, man)
+        for p in bad:
+            warnings.append(f"{p}: not a readable Parquet file (torn or truncated)")
+        if not bad and (files is None or is_fresh(path, man, files)):
+            parts = [store_dir(path) / rel for rel in man.parts]
+            return Store(path, man, parts, warnings)
+        if files is None:
+            if any(p.name == "resources.parquet" for p in bad):
+                raise StoreError(
+                    "the span store's resources.parquet is torn and there is no OTLP-JSON to "
+                    "rebuild it from", path=store_dir(path),
+                    fix="restore the run's telemetry/traces-rank*.jsonl or the store from a copy",
+                )  # fmt: skip
+            warnings = [w + "; skipped" for w in warnings]
+            parts = [store_dir(path) / rel for rel in man.parts]
+            return Store(path, man, [p for p in parts if p not in bad], warnings)
+        warnings = [w + "; rebuilt from the OTLP-JSON" for w in warnings]
+    if files is None or not build:
+        if files is None:
+            discover(path)  # raises the reader's "no trace files found"
+        return None
+    # A live run (its files grew since the store was written): read only what was appended.
+    starts = _append_starts(path, man, files) if man is not None and not warnings else None
+    reader = TraceReader(files, starts=starts)
+    try:
+        man = build_store(path, reader, base=man if starts is not None else None)
+    except OSError as e:
+        # A read-only run directory or a full disk: nothing was lost (the JSON stays and the
+        # half-built store was removed); the caller reads the JSON instead.
+        warnings.append(f"{store_dir(path)}: cannot write the span store ({e.strerror or e}); "
+                        "read the OTLP-JSON instead")  # fmt: skip
+        _pending_warnings.extend(warnings)
+        return None
+    return Store(path, man, [store_dir(path) / rel for rel in man.parts], warnings)
+
+
+#: Warnings of a store that could not be opened (the caller prints them).
+_pending_warnings: list[str] = []
+
+
+def take_warnings() -> list[str]:
+    """The warnings :func:`open_store` and :func:`open_reader` left, once."""
+    out = list(_pending_warnings)
+    _pending_warnings.clear()
+    return out
+
+
+def open_reader(path: Path, *, skip_invalid: bool = False) -> TraceReader | StoreReader:
+    """The reader for ``path``: the store of a run directory (built on first read), else the
+    JSON reader. ``--skip-invalid`` reads the JSON: a store holds only what a strict read
+    accepts, so it never hides a malformed line from a later strict read."""
+    if not skip_invalid and path.is_dir():
+        store = open_store(path)
+        if store is not None:
+            _pending_warnings.extend(store.warnings)
+            return StoreReader(store)
+    return TraceReader.open(path, skip_invalid=skip_invalid)
+
+
+class StoreReader:
+    """A :class:`~mlaunch.trace.reader.TraceReader` look-alike over the store: the same
+    ``(resource, spans, maybe_truncated)`` batches, rebuilt from the Parquet rows a record batch
+    at a time (memory bounded by the batch), so every consumer of the JSON reader (goodput,
+    export, report) reads the store unchanged."""
+
+    def __init__(self, store: Store, *, timing_only: bool = False) -> None:
+        self.store = store
+        #: Spans with only their name and times (and the attributes of the launcher's job
+        #: spans): what goodput reads. Reads 3 of the columns and builds small dicts: several
+        #: times faster than whole spans.
+        self.timing_only = timing_only
+        self.files = store.trace_files()
+        self.skip_invalid = False
+        self.stats = store.stats()
+        self.path: Path | None = None
+        self.line_no = 0
+        self.limits: dict[Path, int] = {}
+        self._resources: dict[int, Resource] | None = None
+
+    def reread(self) -> StoreReader:
+        return StoreReader(self.store, timing_only=self.timing_only)
+
+    def error_here(self, message: str, fix: str = "") -> TraceInputError:
+        return TraceInputError(message, path=self.path, fix=fix or "rebuild the store: delete "
+                               f"{self.store.root} and read the run again")  # fmt: skip
+
+    def feed(self, add: Any) -> None:
+        for res, spans, flagged in self:
+            try:
+                add(res, spans, flagged)
+            except (KeyError, ValueError, TypeError, AttributeError) as e:
+                raise self.error_here(f"malformed span ({type(e).__name__}: {e})") from None
+
+    def resources(self) -> dict[int, Resource]:
+        if self._resources is None:
+            import pyarrow.parquet as pq
+
+            t = pq.read_table(self.store.root / "resources.parquet").to_pydict()
+            self._resources = {
+                rid: Resource(_loads(a), rank, launcher)
+                for rid, rank, launcher, a in zip(
+                    t["resource_id"], t["rank"], t["launcher"], t["attributes"], strict=True
+                )
+            }
+        return self._resources
+
+    def __iter__(self) -> Iterator[tuple[Resource, list[dict[str, Any]], bool]]:
+        import pyarrow.parquet as pq
+
+        resources = self.resources()
+        cols = _TIMING_COLUMNS if self.timing_only else None
+        convert = _timing_batches if self.timing_only else _batches
+        for part in self.store.parts:
+            self.path = part
+            for batch in pq.ParquetFile(part).iter_batches(batch_size=65_536, columns=cols):
+                yield from convert(batch, resources)
+        self.path = None
+
+
+_TIMING_COLUMNS = ["name", "start_ns", "end_ns", "resource_id", "attributes"]
+#: Spans whose attributes goodput reads (the attempt number of a launcher attempt).
+_NEEDS_ATTRS = frozenset({"mlaunch.job", "mlaunch.job.attempt"})
+
+
+def _timing_batches(
+    batch: Any, resources: dict[int, Resource]
+) -> Iterator[tuple[Resource, list[dict[str, Any]], bool]]:
+    names = batch.column(0).to_pylist()
+    starts = batch.column(1).to_pylist()
+    ends = batch.column(2).to_pylist()
+    rids = batch.column(3).to_pylist()
+    attrs = batch.column(4)
+    needs = _NEEDS_ATTRS
+    n = len(rids)
+    i = 0
+    while i < n:
+        rid = rids[i]
+        j = i
+        spans: list[dict[str, Any]] = []
+        while j < n and rids[j] == rid:
+            name = names[j]
+            s = {"name": name, "startTimeUnixNano": starts[j], "endTimeUnixNano": ends[j]}
+            if name in needs and (a := attrs[j].as_py()) is not None:
+                s["attributes"] = _loads(a)
+            spans.append(s)
+            j += 1
+        yield resources[rid], spans, False
+        i = j
+
+
+def _batches(
+    batch: Any, resources: dict[int, Resource]
+) -> Iterator[tuple[Resource, list[dict[str, Any]], bool]]:
+    """Spans as the JSON reader hands them out, grouped into runs of one resource."""
+    c = batch.to_pydict()
+    loads = _loads
+    rids = c["resource_id"]
+    n = len(rids)
+    i = 0
+    while i < n:
+        rid = rids[i]
+        j = i
+        spans: list[dict[str, Any]] = []
+        flagged = False
+        while j < n and rids[j] == rid:
+            s: dict[str, Any] = {}
+            if (v := c["trace_id"][j]) is not None:
+                s["traceId"] = v
+            if (v := c["span_id"][j]) is not None:
+                s["spanId"] = v
+            if (v := c["parent_id"][j]) is not None:
+                s["parentSpanId"] = v
+            s["name"] = c["name"][j]
+            s["startTimeUnixNano"] = c["start_ns"][j]
+            s["endTimeUnixNano"] = c["end_ns"][j]
+            if (v := c["attributes"][j]) is not None:
+                s["attributes"] = loads(v)
+            if (v := c["events"][j]) is not None:
+                s["events"] = loads(v)
+            if (v := c["links"][j]) is not None:
+                s["links"] = loads(v)
+            if (v := c["extra"][j]) is not None:
+                s.update(loads(v))
+            flagged = flagged or c["truncated"][j]
+            spans.append(s)
+            j += 1
+        yield resources[rid], spans, flagged
+        i = j
+
+
+@dataclass
+class SqlResult:
+    """A query's column names and rows."""
+
+    columns: list[str]
+    rows: list[tuple[Any, ...]]
+
+
+def run_sql(store: Store, query: str) -> SqlResult:
+    """Run one user query over the views ``spans`` and ``resources``. A bad query (a syntax
+    error, an unknown table or column) raises ``TraceInputError`` with DuckDB's first line."""
+    import duckdb
+
+    con = store.connect()
+    try:
+        cur = con.execute(query)
+        if cur.description is None:
+            return SqlResult([], [])
+        return SqlResult([d[0] for d in cur.description], cur.fetchall())
+    except duckdb.Error as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        bad = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException)
+        raise TraceInputError(
+            f"{'bad SQL' if isinstance(e, bad) else 'query failed'}: {first}",
+            fix="the views are `spans` and `resources`; columns: " + ", ".join(_COLUMNS),
+        ) from None
+    finally:
+        con.close()
+
+
+def export_otlp_json(reader: TraceReader | StoreReader, out_path: Path) -> int:
+    """Write every span ``reader`` reads as OTLP-JSON lines (one ``ExportTraceServiceRequest``
+    per batch: the interchange format every OTLP tool reads) to ``out_path``, by the rule of
+    :mod:`mlaunch.outputs`; the number of spans written. The launcher's job trace keeps its
+    resource (``dl.node_rank``), so reading the output back gives the same ranks."""
+    from mlaunch.outputs import open_output
+    from mlaunch.telemetry.otlp_json import encode_attributes
+    from mlaunch.trace.summary import no_spans_error
+
+    n = 0
+    cache: dict[int, list[dict[str, Any]]] = {}
+    with open_output(out_path) as f:
+        for res, spans, _ in reader:
+            enc = cache.get(id(res))
+            if enc is None:
+                enc = cache[id(res)] = encode_attributes(res.attrs)
+            line = {"resourceSpans": [{"resource": {"attributes": enc},
+                                       "scopeSpans": [{"scope": {"name": "mlaunch"},
+                                                       "spans": spans}]}]}  # fmt: skip
+            f.write(_dumps(line).decode())
+            f.write("\n")
+            n += len(spans)
+        if not n:
+            raise no_spans_error(reader)  # type: ignore[arg-type]
+    return n

@@ -1,0 +1,23 @@
+"""Comparing two readers' results (the JSON reader and the span store's)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def assert_same(a: Any, b: Any, where: str = "") -> None:
+    """Equal, floats to the last bits (DuckDB's quantile_cont and stats.percentile compute the
+    interpolation position as (n-1)*0.95 and (n-1)*95/100, which can differ in the last bit)."""
+    if isinstance(a, float) or isinstance(b, float):
+        assert math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12), (where, a, b)
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), (where, a, b)
+        for k in a:
+            assert_same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), (where, a, b)
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, (where, a, b)
