@@ -1,0 +1,149 @@
+"""The flight recorder in the real trainer: a DP=2 torchrun job on gloo where rank 0 exports
+nothing and rank 1 exports ``default``, both recording ``all``.
+
+- One rank made slow at a chosen iteration (the test hook sleeps there): both ranks write the
+  same iterations (the slow flag rides on the step's stats reduce), and the recorded spans nest
+  under the exported ``megatron.train`` span in ``mlaunch trace summary``.
+- An exception writes the ring before the error file; SIGTERM writes it with ``signal``.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from support.trace_cli import trace_cli
+from support.trainer_runs import TINY, clean_env, run_trainer
+
+from mlaunch import envcontract
+from mlaunch.model.spans import Attr, SpanName
+from mlaunch.telemetry.otlp_json import iter_spans, read_spans
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
+K = 4  # --otel-recorder-iters
+SLOW_AT = 8
+
+
+def recorder_env(**extra: str) -> dict[str, str]:
+    return {
+        "MEGATRON_OTEL_ENABLED": "1",
+        "MEGATRON_OTEL_EXPORTER": "file",
+        "MEGATRON_OTEL_SPAN_GROUPS": "default",
+        "MEGATRON_OTEL_EXPORT_STRATEGY": "single_rank",  # the last rank exports
+        "MEGATRON_OTEL_RECORDER_GROUPS": "all",
+        "MEGATRON_OTEL_RECORDER_ITERS": str(K),
+        **extra,
+    }
+
+
+def dumps(run_dir: Path, rank: int) -> list[list[dict]]:
+    """Each dump of one rank (one OTLP-JSON line each), as flat spans."""
+    path = envcontract.recorder_file(run_dir, rank)
+    return [list(iter_spans(json.loads(line))) for line in path.read_text().splitlines()]
+
+
+def iterations(spans: list[dict]) -> set[int]:
+    return {s["attributes"][Attr.ITERATION] for s in spans if s["name"] == SpanName.ITERATION}
+
+
+def test_slow_rank_makes_every_rank_dump_the_same_iterations_nested_under_the_export(tmp_path):
+    env = recorder_env(MLAUNCH_TEST_SLOW_AT_ITERATION=str(SLOW_AT), MLAUNCH_TEST_SLOW_RANK="0")
+    run = run_trainer(tmp_path, [*TINY, "--train-iters", "11"], nproc=2, env=env)
+    assert run.returncode == 0, run.output[-3000:]
+    d0, d1 = dumps(run.run_dir, 0), dumps(run.run_dir, 1)
+    # A loaded machine may see another slow iteration: every rank then dumps again, together.
+    assert len(d0) == len(d1) >= 1
+    for a, b in zip(d0, d1, strict=True):
+        assert iterations(a) == iterations(b)
+        assert {s["attributes"][Attr.RECORDER_TRIGGER] for s in a + b} == {"slow_iteration"}
+    slow = [i for i, d in enumerate(d0) if SLOW_AT in iterations(d)]
+    assert slow, [sorted(iterations(d)) for d in d0]
+    # The dump after the step whose reduce carried the flag: the ring's K iterations (the slow
+    # one and those before it) and the step just finished.
+    held = iterations(d0[slow[0]])
+    assert held <= set(range(SLOW_AT + 2 - (K + 1), SLOW_AT + 2)) and SLOW_AT in held
+
+    # Fine spans on both ranks; nothing recorded was exported.
+    for d in (d0, d1):
+        names = {s["name"] for dump in d for s in dump}
+        assert "megatron.layer.forward" in names or any("layer" in n for n in names), names
+        assert any("microbatch" in n for n in names), names
+    exported = read_spans(run.run_dir / "telemetry" / "traces-rank1.jsonl")
+    assert SpanName.ITERATION not in {s["name"] for s in exported}
+    assert not (run.run_dir / "telemetry" / "traces-rank0.jsonl").exists()
+    # Recorded iterations are children of the exported megatron.train of their block, on both
+    # ranks (the same deterministic trace ids; rank 0 records its train span too).
+    trains = {s["span_id"]: s for s in exported if s["name"] == SpanName.TRAIN}
+    for s in d1[slow[0]]:
+        if s["name"] == SpanName.ITERATION:
+            assert s["parent_span_id"] in trains
+            assert s["trace_id"] == trains[s["parent_span_id"]]["trace_id"]
+    train_traces = {s["trace_id"] for s in trains.values()}
+    assert {s["trace_id"] for s in d0[slow[0]]} <= train_traces
+    # Rank 0 exports nothing: its own megatron.train, still open at the dump, is written with it
+    # (marked open, once), so its recorded iterations nest under it.
+    rank0 = [s for d in d0 for s in d]
+    ids0 = {s["span_id"]: s for s in rank0}
+    assert len(ids0) == len(rank0)  # no span written twice
+    open_trains = [s for s in rank0 if s["attributes"].get(Attr.RECORDER_OPEN) is True]
+    assert [s["name"] for s in open_trains] == [SpanName.TRAIN]
+    for s in d0[slow[0]]:
+        if s["name"] == SpanName.ITERATION:
+            assert ids0[s["parent_span_id"]]["name"] == SpanName.TRAIN
+
+    code, out = trace_cli("summary", run.run_dir)
+    assert code == 0, out
+    assert SpanName.ITERATION in out
+
+
+def test_exception_dumps_before_the_error_file(tmp_path):
+    env = recorder_env(MLAUNCH_TEST_FAIL_AT_ITERATION="3", MLAUNCH_TEST_FAIL_RANK="1")
+    run = run_trainer(tmp_path, [*TINY, "--train-iters", "5"], nproc=2, env=env)
+    assert run.returncode != 0
+    error = run.run_dir / envcontract.ERROR_FILE.name(1)
+    recorded = envcontract.recorder_file(run.run_dir, 1)
+    assert error.is_file() and recorded.is_file()
+    assert recorded.stat().st_mtime_ns <= error.stat().st_mtime_ns
+    spans = [s for d in dumps(run.run_dir, 1) for s in d]
+    assert {s["attributes"][Attr.RECORDER_TRIGGER] for s in spans} == {"exception"}
+    assert iterations(spans) == {1, 2, 3}
+    failed = [s for s in spans if s["name"] == SpanName.ITERATION and s["status_code"] == 2]
+    assert [s["attributes"][Attr.ITERATION] for s in failed] == [3]
+
+
+def test_sigterm_dumps_with_the_signal_trigger(tmp_path):
+    run_dir = tmp_path / "run"
+    env = clean_env(run_dir, **recorder_env())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlaunch.trainer", *TINY, "--train-iters", "100000"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    progress = run_dir / "progress.jsonl"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if progress.exists() and len(progress.read_text().splitlines()) >= 3:
+                break
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    last = json.loads(progress.read_text().splitlines()[-1])["iteration"]
+    spans = [s for d in dumps(run_dir, 0) for s in d]
+    assert {s["attributes"][Attr.RECORDER_TRIGGER] for s in spans} == {"signal"}
+    held = iterations(spans)
+    # One process exports rank 0 here (world of one); what it records is step and finer.
+    assert max(held) == last and len(held) == min(K + 1, last)
