@@ -144,6 +144,10 @@ def telemetry_file_name(
 #: A rank's flight-recorder dumps (OTLP-JSON lines, read by ``mlaunch trace`` with the traces).
 RECORDER_FILE = NumberedName("recorder-rank{rank}.jsonl")
 
+#: A request to the running workers (``mlaunch trace capture``), at the top of the run directory;
+#: each worker reads it at most once a second, off its training thread.
+CAPTURE_REQUEST_FILE = "capture-request.json"
+
 #: The glob of every rank's traces file (what the file exporter writes).
 TRACES_FILE_GLOB = _telemetry_name("traces", RANK_SENDER.glob)
 

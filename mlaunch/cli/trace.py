@@ -338,6 +338,41 @@ def replay_cmd(
         raise error(f"{result.error}{retry}", RUN_FAILED)
 
 
+@app.command("capture", cls=PlainErrorsCommand)
+def capture_cmd(
+    target: str = typer.Argument(
+        ..., metavar="RUN_DIR|JOB_ID", help="A running run's directory or its SLURM job id."
+    ),
+    recorded: bool = typer.Option(
+        False, "--recorded", help="Every selected rank writes what its flight recorder holds now."
+    ),
+    ranks: str = typer.Option("all", "--ranks", help="all, or ranks as R,R,..."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON for machines."),
+) -> None:
+    """Ask a running job's workers for detail: with --recorded, each selected rank writes its
+    flight recorder (telemetry/recorder-rank<R>.jsonl, trigger "request") at its next iteration.
+
+    The request goes into the run directory, which each worker reads at most once a second; a
+    request left behind never applies to a later run or restart. Exit 2, with nothing written,
+    for a finished run, an unknown rank or nothing to capture.
+    """
+    from mlaunch.launcher.capture import CaptureInputError, request_capture
+
+    try:
+        req = request_capture(target, Path.cwd(), recorded=recorded, ranks=ranks)
+    except CaptureInputError as e:
+        raise error(str(e)) from None
+    if as_json:
+        typer.echo(json.dumps(req.as_json(), indent=2))
+        return
+    who = "every rank" if req.ranks is None else f"ranks {format_ranks(req.ranks)}"
+    typer.echo(
+        f"requested {req.id}: {who} of {req.run_dir} write their flight recorders at their next"
+        f" iteration (the run was at iteration {req.iteration}); read them with"
+        f" mlaunch trace summary {req.run_dir}"
+    )
+
+
 def _no_spool_reason(exporter: str | None) -> str:
     """Why a run has no spool, from the exporter it used."""
     if exporter in ("file", "console", "none"):

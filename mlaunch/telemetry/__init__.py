@@ -65,6 +65,7 @@ import functools
 import itertools
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from pathlib import Path
 from threading import get_ident
@@ -117,6 +118,8 @@ _FINE: frozenset[str] = frozenset()
 #: members of ``_ENABLED``, so the disabled path pays nothing more.
 _RECORDED: frozenset[str] = frozenset()
 _new = object.__new__
+#: When this process imported telemetry: a capture request written before it is not for it.
+_STARTED_NS = time.time_ns()
 #: Names that carry ``is_goodput_span=true`` (Megatron-LM's marks; none is fine-grained).
 _GOODPUT: frozenset[str] = GOODPUT_SPAN_NAMES
 _IS_GOODPUT = Attr.IS_GOODPUT.value
@@ -347,6 +350,9 @@ def _start_recorder(
             incarnation=incarnation,
             block_iters=block_iters,
         )
+        from mlaunch.telemetry._recorder import start_watcher
+
+        start_watcher(where, run_id, rank, _STARTED_NS)
     except Exception as exc:  # the recorder must never stop training from starting
         log.warning("mlaunch telemetry: flight recorder setup failed (%s); it is off", exc)
         return frozenset()

@@ -177,6 +177,9 @@ class Recorder:
         self._lock = threading.Lock()  # a signal-path dump and the loop's never interleave
         self._failed = False
         self._written_open: set[int] = set()
+        #: A trigger another thread asked for, handled at the next iteration boundary.
+        self.pending: str | None = None
+        self.watcher: RequestWatcher | None = None
 
     # --- configuration ------------------------------------------------------------------------
 
@@ -215,6 +218,10 @@ class Recorder:
 
     def stop(self) -> None:
         self.active = False
+        self.pending = None
+        if self.watcher is not None:
+            self.watcher.stop.set()
+            self.watcher = None
         self.current.clear()
         self.ring, self.ring_spans = deque(), 0
 
@@ -239,6 +246,14 @@ class Recorder:
         while ring and (len(ring) > self.iters or (self.ring_spans * SPAN_BYTES > self.max_bytes)):
             _, dropped = ring.popleft()
             self.ring_spans -= len(dropped)
+        if self.pending is not None:
+            trigger, self.pending = self.pending, None
+            self.dump(trigger)
+
+    def request_dump(self) -> None:
+        """Ask for a ``request`` dump at the next iteration boundary (from any thread: the ring
+        is only ever touched by the training thread)."""
+        self.pending = "request"
 
     def note_step(self, step_ms: float) -> bool:
         """Time of the iteration just finished; True when it is slower than ``slow_factor`` x
@@ -357,5 +372,59 @@ def recorder_resource(
     return attrs
 
 
-def recorder_path(run_dir: Path, rank: int) -> Path:
-    return envcontract.recorder_file(run_dir, rank)
+class RequestWatcher(threading.Thread):
+    """Reads the run directory's capture request at most once a second (one ``stat`` when it has
+    not changed) and hands a valid one for this rank to the recorder. A request written before
+    this process started belongs to an earlier run or incarnation and is ignored; so is one for
+    another run id or other ranks."""
+
+    INTERVAL_S = 1.0
+
+    def __init__(self, path: Path, run_id: str, rank: int, started_ns: int) -> None:
+        super().__init__(name="mlaunch-capture-watch", daemon=True)
+        self.path, self.run_id, self.rank, self.started_ns = path, run_id, rank, started_ns
+        self.stop = threading.Event()
+        self.seen: set[str] = set()
+        self._mtime = 0
+        self._warned = False
+
+    def run(self) -> None:
+        while not self.stop.wait(self.INTERVAL_S):
+            try:
+                self.poll()
+            except Exception as exc:  # a bad request never stops training or the watcher
+                if not self._warned:
+                    self._warned = True
+                    log.warning("mlaunch telemetry: ignoring capture request (%s)", exc)
+
+    def poll(self) -> None:
+        try:
+            mtime = os.stat(self.path).st_mtime_ns
+        except FileNotFoundError:
+            return
+        if mtime == self._mtime:
+            return
+        self._mtime = mtime
+        request = json.loads(self.path.read_text(encoding="utf-8"))
+        rid = str(request.get("id", ""))
+        if not rid or rid in self.seen:
+            return
+        self.seen.add(rid)
+        if int(request.get("created_ns", 0)) < self.started_ns:
+            return  # left behind by an earlier run or incarnation
+        if request.get("run_id") and request["run_id"] != self.run_id:
+            return
+        ranks = request.get("ranks")
+        if ranks is not None and self.rank not in ranks:
+            return
+        if request.get("recorded"):
+            RECORDER.request_dump()
+
+
+def start_watcher(run_dir: Path, run_id: str, rank: int, started_ns: int) -> None:
+    """Watch ``run_dir``'s capture request for this rank (the recorder's ``request`` trigger)."""
+    watcher = RequestWatcher(
+        Path(run_dir) / envcontract.CAPTURE_REQUEST_FILE, run_id, rank, started_ns
+    )
+    RECORDER.watcher = watcher
+    watcher.start()

@@ -103,7 +103,11 @@ def test_slow_rank_makes_every_rank_dump_the_same_iterations_nested_under_the_ex
 
 
 def test_exception_dumps_before_the_error_file(tmp_path):
-    env = recorder_env(MLAUNCH_TEST_FAIL_AT_ITERATION="3", MLAUNCH_TEST_FAIL_RANK="1")
+    env = recorder_env(
+        MLAUNCH_TEST_FAIL_AT_ITERATION="3",
+        MLAUNCH_TEST_FAIL_RANK="1",
+        MEGATRON_OTEL_RECORDER_SLOW_FACTOR="1000",  # only the exception writes here
+    )
     run = run_trainer(tmp_path, [*TINY, "--train-iters", "5"], nproc=2, env=env)
     assert run.returncode != 0
     error = run.run_dir / envcontract.ERROR_FILE.name(1)
@@ -119,7 +123,7 @@ def test_exception_dumps_before_the_error_file(tmp_path):
 
 def test_sigterm_dumps_with_the_signal_trigger(tmp_path):
     run_dir = tmp_path / "run"
-    env = clean_env(run_dir, **recorder_env())
+    env = clean_env(run_dir, **recorder_env(MEGATRON_OTEL_RECORDER_SLOW_FACTOR="1000"))
     proc = subprocess.Popen(
         [sys.executable, "-m", "mlaunch.trainer", *TINY, "--train-iters", "100000"],
         cwd=tmp_path,
@@ -147,3 +151,75 @@ def test_sigterm_dumps_with_the_signal_trigger(tmp_path):
     held = iterations(spans)
     # One process exports rank 0 here (world of one); what it records is step and finer.
     assert max(held) == last and len(held) == min(K + 1, last)
+
+
+def _torchrun(tmp_path: Path, run_dir: Path, args: list[str], env: dict[str, str]):
+    return subprocess.Popen(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+            "-m", "mlaunch.trainer", *args,
+        ],
+        cwd=tmp_path, env=clean_env(run_dir, **env),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def _wait_for(predicate, what: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_capture_recorded_dumps_every_rank_and_a_stale_request_is_ignored(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    request = run_dir / envcontract.CAPTURE_REQUEST_FILE
+    # Left behind by an earlier run in the same directory: never applies to this one.
+    request.write_text(json.dumps({"id": "stale", "created_ns": 1, "recorded": True}))
+    # No slow trigger on a loaded machine: only the request may write here.
+    env = recorder_env(MEGATRON_OTEL_RECORDER_SLOW_FACTOR="1000")
+    proc = _torchrun(tmp_path, run_dir, [*TINY, "--train-iters", "100000"], env)
+    progress = run_dir / "progress.jsonl"
+    try:
+        _wait_for(
+            lambda: progress.exists() and len(progress.read_text().splitlines()) >= 3, "progress"
+        )
+        time.sleep(2.5)  # both watchers have read the stale request by now
+        assert not any(envcontract.recorder_file(run_dir, r).exists() for r in (0, 1))
+
+        code, out = trace_cli("capture", str(run_dir), "--ranks", "x", "--recorded")
+        assert code == 2 and "--ranks" in out and "stale" in request.read_text()
+        code, out = trace_cli("capture", str(run_dir))
+        assert code == 2 and "--recorded" in out and "stale" in request.read_text()
+
+        code, out = trace_cli("capture", str(run_dir), "--recorded")
+        assert code == 0, out
+        assert "requested" in out and "stale" not in request.read_text()
+        _wait_for(
+            lambda: all(envcontract.recorder_file(run_dir, r).exists() for r in (0, 1)),
+            "both ranks' recorder dumps",
+        )
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            output, _ = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    for rank in (0, 1):
+        first = dumps(run_dir, rank)[0]
+        assert {s["attributes"][Attr.RECORDER_TRIGGER] for s in first} == {"request"}
+        assert SpanName.ITERATION in {s["name"] for s in first}
+
+
+def test_capture_of_a_finished_run_exits_2_and_writes_nothing(tmp_path):
+    run = run_trainer(tmp_path, [*TINY, "--train-iters", "2"], nproc=1, env=recorder_env())
+    assert run.returncode == 0, run.output[-3000:]
+    code, out = trace_cli("capture", str(run.run_dir), "--recorded")
+    assert code == 2 and "completed" in out
+    assert not (run.run_dir / envcontract.CAPTURE_REQUEST_FILE).exists()
+    code, out = trace_cli("capture", str(tmp_path / "nope"), "--recorded")
+    assert code == 2
