@@ -596,6 +596,8 @@ def deferred_linked_span(
         return _NULL
     if attrs is not None:
         attributes = _merged(attrs, attributes)
+    if group in _RECORDED:  # dumps carry no links: never read a buffer a device copy may fill
+        return new_recorded(name, attributes, None, False)
     if group not in _FINE:
         return linked_span(group, name, context_from_ints(read_ints()), **attributes)
     return _devicetime.DeviceTimedSpan(name, attributes, read_ints)

@@ -4,7 +4,9 @@ nothing and rank 1 exports ``default``, both recording ``all``.
 - One rank made slow at a chosen iteration (the test hook sleeps there): both ranks write the
   same iterations (the slow flag rides on the step's stats reduce), and the recorded spans nest
   under the exported ``megatron.train`` span in ``mlaunch trace summary``.
-- An exception writes the ring before the error file; SIGTERM writes it with ``signal``.
+- An exception (on a PP=2 job) writes the ring before the error file; SIGTERM writes it with
+  ``signal``; ``mlaunch trace capture --recorded`` makes every rank write it (``request``), a
+  request left by an earlier run is ignored, and bad requests exit 2 with nothing written.
 """
 
 from __future__ import annotations
@@ -102,13 +104,14 @@ def test_slow_rank_makes_every_rank_dump_the_same_iterations_nested_under_the_ex
     assert SpanName.ITERATION in out
 
 
-def test_exception_dumps_before_the_error_file(tmp_path):
+def test_exception_dumps_before_the_error_file_on_a_pp2_job(tmp_path):
     env = recorder_env(
         MLAUNCH_TEST_FAIL_AT_ITERATION="3",
         MLAUNCH_TEST_FAIL_RANK="1",
         MEGATRON_OTEL_RECORDER_SLOW_FACTOR="1000",  # only the exception writes here
     )
-    run = run_trainer(tmp_path, [*TINY, "--train-iters", "5"], nproc=2, env=env)
+    args = [*TINY, "--train-iters", "5", "--pipeline-model-parallel-size", "2"]
+    run = run_trainer(tmp_path, args, nproc=2, env=env)
     assert run.returncode != 0
     error = run.run_dir / envcontract.ERROR_FILE.name(1)
     recorded = envcontract.recorder_file(run.run_dir, 1)
@@ -119,6 +122,8 @@ def test_exception_dumps_before_the_error_file(tmp_path):
     assert iterations(spans) == {1, 2, 3}
     failed = [s for s in spans if s["name"] == SpanName.ITERATION and s["status_code"] == 2]
     assert [s["attributes"][Attr.ITERATION] for s in failed] == [3]
+    # The last stage's cross-stage receive spans are recorded too (without their links).
+    assert SpanName.PP_RECV_FORWARD_LINKED in {s["name"] for s in spans}
 
 
 def test_sigterm_dumps_with_the_signal_trigger(tmp_path):
