@@ -17,6 +17,8 @@ side with the reference path (an SDK span through nemo-lens's ``managed_span`` p
 BatchSpanProcessor and the official OTLP gRPC exporter, as nemo-lens builds it). Each runs in its
 own process after a warm-up.
 
+Then the flight recorder: a recorded (kept, not exported) span on a rank that exports nothing.
+
 Goals (a cheaper hot path than a plain OTel SDK span; issues 3 and 14): disabled ``with span`` <= 150 ns, ``is_enabled``
 <= 40 ns, enabled fine-grained span <= 2.5 us of training-thread time; whole-process CPU per fine
 span <= 0.15x the reference path, for the file exporter and for OTLP gRPC.
@@ -382,7 +384,58 @@ def main() -> None:
     ):
         ok = "ok" if results[label] <= goal else "OVER"
         print(f"  {label:<{width}} {results[label]:8.1f} ns  (goal <= {goal} ns) {ok}")
+    print_recorded(n_slow, repeat)
     print_whole(whole_process(n_whole))
+
+
+RECORDED_GOAL_NS = 500  # issue 23: a recorded span costs the training thread <= 0.5 us
+
+
+def print_recorded(number: int, repeat: int) -> None:
+    """The flight recorder's hot path: a span of a recorded (not exported) group on a rank that
+    exports nothing (rank 0 of 2 under single_rank), beside the same rank's disabled span. The
+    ring is emptied between repeats (an iteration boundary does that in training)."""
+    from mlaunch.telemetry import _recorder
+
+    run_dir = tempfile.mkdtemp(prefix="mlaunch-bench-rec-")
+    settings = load_telemetry_settings(
+        environ={
+            "MEGATRON_OTEL_ENABLED": "1",
+            "MEGATRON_OTEL_EXPORT_STRATEGY": "single_rank",
+            "MEGATRON_OTEL_EXPORTER": "none",
+            "MEGATRON_OTEL_RECORDER_GROUPS": "all,-activation_offload",
+            "MEGATRON_OTEL_RUN_ID": "bench",
+        }
+    )
+    telemetry.setup(settings, rank=0, world_size=2, run_dir=run_dir)
+    telemetry.set_iteration(1)
+    env = {"span": telemetry.span, "FINE": G.LAYER.value, "OFF": G.ACTIVATION_OFFLOAD.value}
+    env["LAYER_FORWARD"] = S.LAYER_FORWARD.value
+    rows = {
+        "disabled span (same rank)": "with span(OFF, LAYER_FORWARD): pass",
+        "recorded fine span": "with span(FINE, LAYER_FORWARD): pass",
+        "  the same, one attribute by attrs=": "with span(FINE, LAYER_FORWARD, {'k': 1}): pass",
+    }
+    out: dict[str, tuple[float, float]] = {}
+    for label, stmt in rows.items():
+        best_wall = best_cpu = float("inf")
+        for _ in range(repeat):
+            wall, cpu = _measure(stmt, env, number, 1)
+            best_wall, best_cpu = min(best_wall, wall), min(best_cpu, cpu)
+            _recorder.RECORDER.current.clear()
+        out[label] = (best_wall, best_cpu)
+    telemetry.shutdown(1.0)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    print()
+    print("flight recorder (rank 0 of 2 exports nothing, records all)")
+    width = max(len(label) for label in out)
+    print(f"  {'site':<{width}}  {'thread-cpu ns':>13}  {'wall ns':>9}")
+    for label, (wall, cpu) in out.items():
+        print(f"  {label:<{width}}  {cpu:13.1f}  {wall:9.1f}")
+    cpu = out["recorded fine span"][1]
+    ok = "ok" if cpu <= RECORDED_GOAL_NS else "OVER"
+    print(f"  goal: recorded span <= {RECORDED_GOAL_NS} ns thread CPU: {cpu:.1f} ns {ok}")
+    print(f"  ring bound: {_recorder.SPAN_BYTES} bytes per span estimated")
 
 
 if __name__ == "__main__":

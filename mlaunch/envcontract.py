@@ -150,6 +150,13 @@ def telemetry_file_name(
     return _telemetry_name(signal, sender, spool)
 
 
+#: A rank's flight-recorder dumps (OTLP-JSON lines, read by ``mlaunch trace`` with the traces).
+RECORDER_FILE = NumberedName("recorder-rank{rank}.jsonl")
+
+#: A request to the running workers (``mlaunch trace capture``), at the top of the run directory;
+#: each worker reads it at most once a second, off its training thread.
+CAPTURE_REQUEST_FILE = "capture-request.json"
+
 #: The glob of every rank's traces file (what the file exporter writes).
 TRACES_FILE_GLOB = _telemetry_name("traces", RANK_SENDER.glob)
 
@@ -187,6 +194,11 @@ def parse_telemetry_file(name: str) -> TelemetryFile | None:
 def spooled(path: Path) -> Path:
     """The spool next to a telemetry file: what could not be delivered to its destination."""
     return path.with_name(SPOOL_PREFIX + path.name)
+
+
+def recorder_file(run_dir: str | Path, rank: int) -> Path:
+    """Where one rank's flight recorder writes its dumps."""
+    return Path(run_dir) / TELEMETRY_DIR / RECORDER_FILE.name(rank)
 
 
 def traces_file(run_dir: str | Path, rank: int) -> Path:
@@ -268,3 +280,10 @@ PREEMPT_SIGNALS = "MLAUNCH_PREEMPT_SIGNALS"
 def tee_file(run_dir: str | Path, rank: int) -> Path:
     """Where the test-only span tee of one rank goes (see :data:`TEE_SPANS`)."""
     return Path(run_dir) / TELEMETRY_DIR / f"tee-{telemetry_file_name('traces', rank)}"
+
+
+#: Test hook: ``MLAUNCH_TEST_SLOW_AT_ITERATION=k`` makes iteration k sleep (on the rank named by
+#: ``MLAUNCH_TEST_SLOW_RANK``, else every rank), so the flight recorder's slow trigger can be
+#: tested without timing luck.
+SLOW_AT_ITERATION = "MLAUNCH_TEST_SLOW_AT_ITERATION"
+SLOW_RANK = "MLAUNCH_TEST_SLOW_RANK"

@@ -54,7 +54,7 @@ def _open(path: Path, skip_invalid: bool) -> Any:
     from mlaunch.trace.store import open_reader, take_warnings
 
     try:
-        # A run directory is read through its span store (built on first read; docs/trace.md).
+        # A run directory with a span store is read through it (trace sql builds it; docs/trace.md).
         reader = open_reader(path, skip_invalid=skip_invalid)
         for w in take_warnings():
             typer.echo(f"warning: {w}", err=True)
@@ -330,7 +330,8 @@ def sql_cmd(
 ) -> None:
     """Run SQL over a run's span store: views [b]spans[/b] (one row per span) and [b]resources[/b].
 
-    The store (RUN_DIR/trace-store, Parquet) is built from the run's OTLP-JSON on first read.
+    The store (RUN_DIR/trace-store, Parquet) is built from the run's OTLP-JSON on first use; every
+    other trace command on the run reads it from then on.
     Columns of spans: trace_id, span_id, parent_id, name, group, rank, node, iteration,
     microbatch, start_ns, end_ns, status (2 = error), truncated, attributes (JSON), links,
     events, extra, resource_id. Examples: docs/trace.md, "SQL over a run".
@@ -444,6 +445,41 @@ def replay_cmd(
             "" if mismatch else "; what was not sent is kept: run the same command again to retry"
         )
         raise error(f"{result.error}{retry}", RUN_FAILED)
+
+
+@app.command("capture", cls=PlainErrorsCommand)
+def capture_cmd(
+    target: str = typer.Argument(
+        ..., metavar="RUN_DIR|JOB_ID", help="A running run's directory or its SLURM job id."
+    ),
+    recorded: bool = typer.Option(
+        False, "--recorded", help="Every selected rank writes what its flight recorder holds now."
+    ),
+    ranks: str = typer.Option("all", "--ranks", help="all, or ranks as R,R,..."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON for machines."),
+) -> None:
+    """Ask a running job's workers for detail: with --recorded, each selected rank writes its
+    flight recorder (telemetry/recorder-rank<R>.jsonl, trigger "request") at its next iteration.
+
+    The request goes into the run directory, which each worker reads at most once a second; a
+    request left behind never applies to a later run or restart. Exit 2, with nothing written,
+    for a finished run, an unknown rank or nothing to capture.
+    """
+    from mlaunch.launcher.capture import CaptureInputError, request_capture
+
+    try:
+        req = request_capture(target, Path.cwd(), recorded=recorded, ranks=ranks)
+    except CaptureInputError as e:
+        raise error(str(e)) from None
+    if as_json:
+        typer.echo(json.dumps(req.as_json(), indent=2))
+        return
+    who = "every rank" if req.ranks is None else f"ranks {format_ranks(req.ranks)}"
+    typer.echo(
+        f"requested {req.id}: {who} of {req.run_dir} write their flight recorders at their next"
+        f" iteration (the run was at iteration {req.iteration}); read them with"
+        f" mlaunch trace summary {req.run_dir}"
+    )
 
 
 def _no_spool_reason(exporter: str | None) -> str:

@@ -522,6 +522,40 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule(
+        f"`{P}RECORDER_*` (mlaunch only)",
+        Handling.REFUSED,
+        "not written (nemo-lens has no flight recorder)",
+        "when set: the flight recorder lives in mlaunch's telemetry runtime; a Megatron-LM worker"
+        " exports through nemo-lens, which cannot record spans without exporting them",
+        paths=(
+            "telemetry.recorder_groups",
+            "telemetry.recorder_iters",
+            "telemetry.recorder_max_mib",
+            "telemetry.recorder_slow_factor",
+        ),
+        refuse=lambda s: next(
+            (
+                why
+                for path, default in (
+                    ("telemetry.recorder_groups", ""),
+                    ("telemetry.recorder_iters", 20),
+                    ("telemetry.recorder_max_mib", 64.0),
+                    ("telemetry.recorder_slow_factor", 2.0),
+                )
+                if (
+                    why := _mlaunch_only(
+                        path,
+                        "nemo-lens workers have no flight recorder (it lives in mlaunch's"
+                        " telemetry runtime: mlaunch's trainer and --script workers that use"
+                        " mlaunch.telemetry); unset it",
+                        default,
+                    )(s)
+                )
+            ),
+            None,
+        ),
+    ),
+    Rule(
         f"`{ec.FALLBACK_PREFIX}<KEY>` (fallback prefix)",
         Handling.TRANSLATED,
         f"written as `{P}<KEY>`; every `{ec.FALLBACK_PREFIX}*` variable is removed (one truth)",

@@ -111,6 +111,11 @@ class Attr(StrEnum):
     IS_GOODPUT = "is_goodput_span"
     TRUNCATED = "nemo.span.truncated"  # what nemo-lens sets on spans ended at shutdown
     LEGACY_TRUNCATED = "mlaunch.span.truncated"  # older mlaunch traces; readers accept both
+    #: On a span the flight recorder wrote out: why (one of :data:`RECORDER_TRIGGERS`).
+    RECORDER_TRIGGER = "mlaunch.recorder.trigger"
+    #: On a recorded span written while still open (the parent of what a dump holds, e.g. the
+    #: ``megatron.train`` block of a rank that exports nothing): its end is the dump's time.
+    RECORDER_OPEN = "mlaunch.recorder.open"
     TRAIN_BLOCK = "mlaunch.train.block"  # on megatron.train: the block number (an mlaunch extra)
     # On the launcher's mlaunch.job.attempt spans.
     ATTEMPT = "mlaunch.attempt"  # 0 for the first torchrun attempt, +1 per restart
@@ -443,3 +448,7 @@ def estimate_spans_per_iteration(
             total += per_repeat[d.repeat]
         out.append(total)
     return out
+
+
+#: Why the flight recorder wrote its rings out (``mlaunch.recorder.trigger``).
+RECORDER_TRIGGERS: tuple[str, ...] = ("slow_iteration", "exception", "signal", "hang", "request")

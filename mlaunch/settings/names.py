@@ -22,6 +22,10 @@ TELEMETRY_KEYS: dict[str, str] = {
     # mlaunch additions
     "SHUTDOWN_TIMEOUT": "shutdown_timeout_s",
     "TRACE_SEGMENT_ITERS": "trace_segment_iters",
+    "RECORDER_GROUPS": "recorder_groups",
+    "RECORDER_ITERS": "recorder_iters",
+    "RECORDER_MAX_MIB": "recorder_max_mib",
+    "RECORDER_SLOW_FACTOR": "recorder_slow_factor",
 }
 
 #: Names Megatron-LM's docs use that nemo-lens ignores; mlaunch honours them as aliases.

@@ -227,14 +227,24 @@ class TelemetrySettings(_Section):
     """Hard deadline for flushing telemetry at shutdown (mlaunch key ``SHUTDOWN_TIMEOUT``)."""
     trace_segment_iters: int = Field(default=100, ge=1)
     """``megatron.train`` is re-rooted into a new trace every this many iterations."""
+    recorder_groups: str = ""
+    """Flight-recorder span-group spec (``RECORDER_GROUPS``): every rank keeps the spans of these
+    groups that it does not export in memory and writes them out on a trigger; empty = off."""
+    recorder_iters: int = Field(default=20, ge=1, le=100_000)
+    """The flight recorder keeps this many last iterations."""
+    recorder_max_mib: float = Field(default=64.0, gt=0, le=65_536)
+    """The flight recorder's memory bound per rank, MiB (oldest iterations go first)."""
+    recorder_slow_factor: float = Field(default=2.0, gt=1.0, le=1000)
+    """An iteration slower than this many times the rolling median dumps the recorder."""
     otel: OtelSettings = Field(default_factory=OtelSettings)
     """The standard ``OTEL_*`` variables."""
 
     _groups: frozenset[SpanGroup] = PrivateAttr(default=frozenset())
+    _recorder_groups: frozenset[SpanGroup] = PrivateAttr(default=frozenset())
 
     # SpanSpecError and StrategyError are ValueErrors with a ``suggestion``: pydantic keeps the
     # error itself, and the problem it becomes carries that word (like UnknownName's).
-    @field_validator("span_groups")
+    @field_validator("span_groups", "recorder_groups")
     @classmethod
     def _spec(cls, v: str) -> str:
         resolve(v)
@@ -269,6 +279,7 @@ class TelemetrySettings(_Section):
     @model_validator(mode="after")
     def _derive(self) -> TelemetrySettings:
         self._groups = resolve(self.span_groups)
+        self._recorder_groups = resolve(self.recorder_groups)
         if self.exporter is None:
             self.exporter = "otlp" if self.otel.endpoint_configured else "file"
         return self
@@ -277,6 +288,11 @@ class TelemetrySettings(_Section):
     def groups(self) -> frozenset[SpanGroup]:
         """The resolved span groups."""
         return self._groups
+
+    @property
+    def recorder_group_set(self) -> frozenset[SpanGroup]:
+        """The resolved flight-recorder groups (empty: no recorder)."""
+        return self._recorder_groups
 
 
 #: The largest world mlaunch plans for: the plan visits every rank (exporting ranks), so an

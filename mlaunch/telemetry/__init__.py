@@ -65,6 +65,7 @@ import functools
 import itertools
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from pathlib import Path
 from threading import get_ident
@@ -75,6 +76,7 @@ from mlaunch.model.spans import GOODPUT_SPAN_NAMES, Attr, region_name
 from mlaunch.model.strategies import should_export
 from mlaunch.telemetry import _devicetime, _spans
 from mlaunch.telemetry._devicetime import CudaEventTimer, HostClock
+from mlaunch.telemetry._recorder import RECORDER, RecordedSpan, new_recorded
 from mlaunch.telemetry._spans import CoarseSpan, FineSpan
 
 log = logging.getLogger("mlaunch.telemetry")
@@ -103,12 +105,21 @@ __all__ = [
     "current_context_ints",
     "context_from_ints",
     "record_step",
+    "recorder_step",
+    "recorder_dump",
+    "recorder_active",
 ]
 
 # The hot-path state. Plain ``str`` members (not the StrEnum) so membership tests hash and compare
 # at C speed whether callers pass ``SpanGroup.X`` or ``"x"``.
 _ENABLED: frozenset[str] = frozenset()
 _FINE: frozenset[str] = frozenset()
+#: The flight recorder's groups this rank does not export (recorded, see ``_recorder``); also
+#: members of ``_ENABLED``, so the disabled path pays nothing more.
+_RECORDED: frozenset[str] = frozenset()
+_new = object.__new__
+#: When this process imported telemetry: a capture request written before it is not for it.
+_STARTED_NS = time.time_ns()
 #: Names that carry ``is_goodput_span=true`` (Megatron-LM's marks; none is fine-grained).
 _GOODPUT: frozenset[str] = GOODPUT_SPAN_NAMES
 _IS_GOODPUT = Attr.IS_GOODPUT.value
@@ -196,7 +207,7 @@ def setup(
     enabled set. Raises ``RuntimeError`` if telemetry is already set up in this process, and
     ``mlaunch.settings.SettingsError`` for invalid settings; exporter problems are only logged.
     """
-    global _ENABLED, _FINE, _RUNTIME, _HANDLE
+    global _ENABLED, _FINE, _RECORDED, _RUNTIME, _HANDLE
     if _HANDLE is not None:
         raise RuntimeError(
             "mlaunch telemetry is already set up in this process; call shutdown() first"
@@ -255,17 +266,107 @@ def setup(
         _RUNTIME = runtime
         _FINE = groups & frozenset(g.value for g in FINE_GRAINED_GROUPS)
         _ENABLED = groups
+    recorded = _start_recorder(
+        settings,
+        handle,
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        resource=resource,
+        run_dir=run_dir,
+        save_interval=save_interval,
+    )
+    if recorded:
+        _RECORDED = recorded
+        _ENABLED = _ENABLED | recorded
     _HANDLE = handle
     return handle
+
+
+def _start_recorder(
+    settings: Any,
+    handle: Telemetry,
+    *,
+    rank: int,
+    world_size: int,
+    local_rank: int,
+    resource: Mapping[str, Any] | None,
+    run_dir: str | Path | None,
+    save_interval: int,
+) -> frozenset[str]:
+    """Start the flight recorder on this rank (every rank, exporting or not) when telemetry is
+    on and ``recorder_groups`` names groups this rank does not export; returns those groups."""
+    spec = getattr(settings, "recorder_group_set", frozenset())
+    if not settings.enabled or settings.otel.sdk_disabled or not spec:
+        return frozenset()
+    recorded = frozenset(str(getattr(g, "value", g)) for g in spec) - handle.enabled_groups
+    if not recorded:
+        return frozenset()
+    try:
+        from mlaunch import envcontract
+        from mlaunch.model.identity import RUN_UUID, run_identity
+        from mlaunch.model.spans import ResourceAttr
+        from mlaunch.settings.run_id import choose_run_id, torchrun_shared_ids
+        from mlaunch.telemetry._recorder import recorder_resource
+
+        runtime = handle._runtime
+        if runtime is not None:
+            run_id, incarnation, block_iters = (
+                runtime.run_id,
+                runtime.incarnation,
+                runtime.block_iters,
+            )
+            where = runtime.run_dir
+        else:  # the same identity rules as the runtime's (_init_identity)
+            run_id = choose_run_id(
+                settings.run_id, os.environ, shared=torchrun_shared_ids(os.environ)
+            )
+            restart = dict(resource or {}).get(
+                ResourceAttr.RESTART_COUNT, os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            )
+            try:
+                restart = int(restart)
+            except (TypeError, ValueError):
+                restart = 0
+            incarnation = f"{restart}/{run_identity(os.environ)[RUN_UUID]}"
+            segment = max(1, int(settings.trace_segment_iters or 100))
+            block_iters = save_interval if save_interval and save_interval > 0 else segment
+            where = Path(run_dir) if run_dir else envcontract.worker_run_dir(os.environ, run_id)
+        RECORDER.start(
+            iters=int(settings.recorder_iters),
+            max_bytes=int(float(settings.recorder_max_mib) * (1 << 20)),
+            slow_factor=float(settings.recorder_slow_factor),
+            path=envcontract.recorder_file(where, rank),
+            resource=recorder_resource(
+                settings,
+                run_id=run_id,
+                rank=rank,
+                world_size=world_size,
+                local_rank=local_rank,
+                extra=resource,
+            ),
+            own_trace_ids=runtime is None,
+            run_id=run_id,
+            incarnation=incarnation,
+            block_iters=block_iters,
+        )
+        from mlaunch.telemetry._recorder import start_watcher
+
+        start_watcher(where, run_id, rank, _STARTED_NS)
+    except Exception as exc:  # the recorder must never stop training from starting
+        log.warning("mlaunch telemetry: flight recorder setup failed (%s); it is off", exc)
+        return frozenset()
+    return recorded
 
 
 def _forget_in_child() -> None:
     """A forked child (e.g. a DataLoader worker) inherits the state but not the export thread:
     make telemetry a no-op there instead of queueing spans nobody exports."""
-    global _ENABLED, _FINE, _RUNTIME, _HANDLE
+    global _ENABLED, _FINE, _RECORDED, _RUNTIME, _HANDLE
     if _RUNTIME is not None:
         _RUNTIME._closed = True  # its atexit hook must not flush the parent's data from here
-    _ENABLED = _FINE = frozenset()
+    RECORDER.stop()
+    _ENABLED = _FINE = _RECORDED = frozenset()
     _RUNTIME = _HANDLE = None
     _devicetime.reset()
 
@@ -277,9 +378,10 @@ if hasattr(os, "register_at_fork"):
 def shutdown(timeout_s: float | None = None) -> None:
     """Shut down the process's telemetry (idempotent): ends open spans as truncated, exports or
     spools everything within the hard deadline (``shutdown_timeout_s`` by default)."""
-    global _ENABLED, _FINE, _RUNTIME, _HANDLE
+    global _ENABLED, _FINE, _RECORDED, _RUNTIME, _HANDLE
     runtime = _RUNTIME
-    _ENABLED = _FINE = frozenset()  # new spans are no-ops from here on
+    _ENABLED = _FINE = _RECORDED = frozenset()  # new spans are no-ops from here on
+    RECORDER.stop()  # what was not dumped on a trigger is dropped (it was never to be exported)
     with contextlib.suppress(Exception):  # device-timed spans still pending leave, host-timed
         _devicetime.resolve(None, final=True)
     _devicetime.reset()
@@ -413,6 +515,15 @@ def span(
         attributes = _merged(attrs, attributes)
     if group in _FINE:
         return FineSpan(name, attributes, None, root)
+    if group in _RECORDED:  # new_recorded() inlined: a Python frame less per recorded span
+        rec = _new(RecordedSpan)
+        rec.name = name
+        rec.attributes = attributes
+        rec.links = None
+        rec.root = root
+        rec.end = 0
+        rec.sampled = True
+        return rec
     if name in _GOODPUT:
         attributes[_IS_GOODPUT] = True
     return CoarseSpan(name, attributes, None, root)
@@ -447,6 +558,8 @@ def linked_span(
         log.debug("mlaunch telemetry: ignoring bad link context (%s)", exc)
     if group in _FINE:
         return FineSpan(name, attributes, links)
+    if group in _RECORDED:
+        return new_recorded(name, attributes, links, False)
     if name in _GOODPUT:
         attributes[_IS_GOODPUT] = True
     return CoarseSpan(name, attributes, links)
@@ -483,6 +596,8 @@ def deferred_linked_span(
         return _NULL
     if attrs is not None:
         attributes = _merged(attrs, attributes)
+    if group in _RECORDED:  # dumps carry no links: never read a buffer a device copy may fill
+        return new_recorded(name, attributes, None, False)
     if group not in _FINE:
         return linked_span(group, name, context_from_ints(read_ints()), **attributes)
     return _devicetime.DeviceTimedSpan(name, attributes, read_ints)
@@ -535,6 +650,11 @@ def set_iteration(iteration: int) -> None:
     """Tell telemetry which training iteration starts next (the ``megatron.train`` block's trace;
     see the module docstring). Call it before each train step, outside the step's span, and
     before opening the block's ``megatron.train``."""
+    if RECORDER.active:
+        try:
+            RECORDER.set_iteration(int(iteration))
+        except Exception as exc:
+            log.warning("mlaunch telemetry: flight recorder: set_iteration failed (%s)", exc)
     runtime = _RUNTIME
     if runtime is None:
         return
@@ -542,6 +662,31 @@ def set_iteration(iteration: int) -> None:
         runtime.set_iteration(int(iteration))
     except Exception as exc:
         log.warning("mlaunch telemetry: set_iteration failed (%s)", exc)
+
+
+def recorder_active() -> bool:
+    """Whether this process's flight recorder is on (any rank, exporting or not)."""
+    return RECORDER.active
+
+
+def recorder_step(step_ms: float) -> bool:
+    """The flight recorder's slow check: the iteration that just finished took ``step_ms``;
+    True when it is slower than ``recorder_slow_factor`` x the rolling median (the trainer then
+    tells every rank through its per-step reduce, and each calls :func:`recorder_dump`)."""
+    try:
+        return RECORDER.note_step(step_ms)
+    except Exception:  # never breaks training
+        return False
+
+
+def recorder_dump(trigger: str) -> int:
+    """Write the flight recorder's ring out now (``trigger`` is one of ``RECORDER_TRIGGERS``);
+    returns the number of spans written, 0 when the recorder is off. Never raises."""
+    try:
+        return RECORDER.dump(trigger)
+    except Exception as exc:
+        log.warning("mlaunch telemetry: flight recorder dump failed (%s)", exc)
+        return 0
 
 
 def _current_entry() -> Any:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -63,6 +62,7 @@ from mlaunch.telemetry import _spans
 from mlaunch.telemetry._encode import Limits, SpanEncoder
 from mlaunch.telemetry._logbridge import LogBridge, install_log_bridge
 from mlaunch.telemetry._sinks import FailingSink, LineFile, Sink, Spool, build_sink
+from mlaunch.telemetry._spans import STARTUP_TRACE, segment_trace_id
 from mlaunch.telemetry.samplers import build_sampler
 
 log = logging.getLogger("mlaunch.telemetry")
@@ -93,17 +93,6 @@ _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 
 # ------------------------------------------------------------------------------------------------
 # Trace identity
-
-
-def segment_trace_id(run_id: str, restart: int | str, segment: int | str) -> int:
-    """The deterministic 128-bit trace id of one trace of a run (never 0): ``segment`` is
-    ``"startup"`` for the start-up trace or a ``megatron.train`` block number."""
-    digest = hashlib.sha256(f"mlaunch/{run_id}/{restart}/{segment}".encode()).hexdigest()
-    return int(digest[:32], 16) or 1
-
-
-#: The trace of a worker incarnation's ``megatron.startup`` (and anything before the first block).
-STARTUP_TRACE = "startup"
 
 
 def parse_traceparent(value: str) -> SpanContext | None:

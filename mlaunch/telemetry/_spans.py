@@ -15,6 +15,7 @@ coarse path needs into :data:`STATE`.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import threading
 import traceback
 from collections import deque
@@ -48,6 +49,18 @@ def current_stack() -> list[Any]:
         return _tls.stack
     except AttributeError:
         return _new_stack()
+
+
+def segment_trace_id(run_id: str, restart: int | str, segment: int | str) -> int:
+    """The deterministic 128-bit trace id of one trace of a run (never 0): ``segment`` is
+    ``"startup"`` for the start-up trace or a ``megatron.train`` block number. Here (not in the
+    runtime) because a non-exporting rank's flight recorder needs the same ids without the SDK."""
+    digest = hashlib.sha256(f"mlaunch/{run_id}/{restart}/{segment}".encode()).hexdigest()
+    return int(digest[:32], 16) or 1
+
+
+#: The trace of a worker incarnation's ``megatron.startup`` (and anything before the first block).
+STARTUP_TRACE = "startup"
 
 
 class _State:

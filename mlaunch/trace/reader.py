@@ -209,6 +209,8 @@ class ReadStats:
 def _run_trace_file(path: Path) -> TraceFile | None:
     """``path`` as one of a run directory's trace files (a rank's traces or their spool, or a
     launcher's job trace), or None when its name is none of those."""
+    if (recorder_rank := envcontract.RECORDER_FILE.parse(path.name)) is not None:
+        return TraceFile(path, recorder_rank)  # flight-recorder dumps are read with the rest
     named = envcontract.parse_telemetry_file(path.name)
     if named is None or named.signal != "traces":
         return None

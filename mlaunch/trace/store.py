@@ -562,11 +562,14 @@ def take_warnings() -> list[str]:
 
 
 def open_reader(path: Path, *, skip_invalid: bool = False) -> TraceReader | StoreReader:
-    """The reader for ``path``: the store of a run directory (built on first read), else the
-    JSON reader. ``--skip-invalid`` reads the JSON: a store holds only what a strict read
-    accepts, so it never hides a malformed line from a later strict read."""
+    """The reader for ``path``: the store of a run directory once it has one (brought up to date
+    with what the JSON gained since), else the JSON reader. The store is not built here: building
+    it costs about 5x the JSON decode (benchmarks/trace_read.py), against about 2x for reading
+    the JSON once, so a one-off summary of a JSON-only run would pay more than it saves.
+    ``trace sql`` builds it. ``--skip-invalid`` reads the JSON: a store holds only what a strict
+    read accepts, so it never hides a malformed line from a later strict read."""
     if not skip_invalid and path.is_dir():
-        store = open_store(path)
+        store = open_store(path, build=load_manifest(path) is not None)
         if store is not None:
             _pending_warnings.extend(store.warnings)
             return StoreReader(store)

@@ -298,6 +298,11 @@ class Trainer:
         self.state = TrainState(loss_scale=2.0**16 if args.fp16 else 1.0)
         self.last_saved = -1
         self._stop_vote: torch.Tensor | None = None  # the device scalar of the stop vote
+        self._slow_vote: torch.Tensor | None = None  # the recorder's slow flag, likewise
+        # Flight recorder: this rank's last iteration was slow (sent with the next step's stats
+        # reduce), and a dump every rank owes after the step whose reduce said some rank was.
+        self.recorder_slow = False
+        self.recorder_trigger: str | None = None
         self.model_name = f"mlaunch-gpt-{args.num_layers}l-{args.hidden_size}h"
 
     # -- setup ------------------------------------------------------------------------------
@@ -427,6 +432,7 @@ class Trainer:
         args, topo, s = self.args, self.topo, self.state
         with telemetry.span(G.STEP, SpanName.ITERATION, {Attr.ITERATION: iteration}) as step_span:
             _maybe_fail(iteration, topo.rank)
+            _maybe_slow(iteration, topo.rank)
             with telemetry.span(G.DATA_LOADING, SpanName.GET_BATCH):
                 batch = self.data.batch(
                     s.consumed_samples // args.global_batch_size,
@@ -506,20 +512,25 @@ class Trainer:
             if loss is not None
             else torch.zeros((), dtype=torch.float64, device=sq.device)
         )
-        # The vote is filled on the device (the fill kernel takes the value as an argument):
+        # The votes are filled on the device (the fill kernel takes the value as an argument):
         # torch.tensor(..., device=cuda) would copy it from the host, a blocking copy that waits
-        # for forward-backward, a second host sync per step.
+        # for forward-backward, a second host sync per step. The flight recorder's slow flag
+        # rides on the reduce every step makes anyway.
         if self._stop_vote is None:
             self._stop_vote = torch.zeros((), dtype=torch.float64, device=sq.device)
+            self._slow_vote = torch.zeros((), dtype=torch.float64, device=sq.device)
         vote = self._stop_vote.fill_(float(self.stop.requested))
-        stats = torch.stack([sq, loss_t, vote])
+        slow = self._slow_vote.fill_(float(self.recorder_slow))
+        stats = torch.stack([sq, loss_t, vote, slow])
         if topo.distributed and topo.world_size > 1:
             dist.all_reduce(stats)
         # .tolist() is the step's CPU-GPU sync point: the skip / clip decision needs the norm on
         # the host. The anchor event just before it lets device-timed spans be resolved after it.
         anchor = telemetry.device_mark()
-        total_sq, loss_sum, votes = the_step_sync(stats)
+        total_sq, loss_sum, votes, slow_votes = the_step_sync(stats)
         telemetry.resolve_device_spans(anchor)
+        if slow_votes > 0:
+            self.recorder_trigger = "slow_iteration"
         self.ctx.p2p.after_sync()
         # Data-parallel replicas hold identical (averaged) gradients: each stage is counted dp times.
         return math.sqrt(total_sq / topo.dp), loss_sum / topo.dp, votes > 0
@@ -711,6 +722,11 @@ class Trainer:
         # machine it measures this step's work far more steadily than wall time.
         cpu_ms = (time.process_time() - cpu0) * 1e3
         s.iteration = iteration
+        if self.recorder_trigger is not None:
+            # Every rank learnt from the same reduce: each writes the same iterations.
+            telemetry.recorder_dump(self.recorder_trigger)
+            self.recorder_trigger = None
+        self.recorder_slow = telemetry.recorder_active() and telemetry.recorder_step(step_s * 1e3)
 
         lr = lr_at(args, iteration)
         tokens_per_sec = self.tokens_per_iter / step_s
@@ -759,6 +775,8 @@ class Trainer:
         if args.eval_iters > 0 and iteration % args.eval_interval == 0:
             self.evaluate(iteration, progress)
         exiting = bool(args.exit_interval) and iteration % args.exit_interval == 0
+        if result.stop:
+            telemetry.recorder_dump("signal")  # before the save, which may take long
         if args.save and (
             result.stop or exiting or (args.save_interval and iteration % args.save_interval == 0)
         ):
@@ -858,6 +876,17 @@ def _maybe_fail(iteration: int, rank: int) -> None:
         )
 
 
+def _maybe_slow(iteration: int, rank: int) -> None:
+    """The test hook: MLAUNCH_TEST_SLOW_AT_ITERATION=k (and optionally MLAUNCH_TEST_SLOW_RANK=r)
+    makes iteration k sleep 2 s on that rank, for the flight recorder's slow trigger."""
+    at = os.environ.get(envcontract.SLOW_AT_ITERATION)
+    if not at or int(at) != iteration:
+        return
+    only = os.environ.get(envcontract.SLOW_RANK)
+    if not only or int(only) == rank:
+        time.sleep(2.0)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: validate, join the job, set up telemetry, train, shut down."""
     args = parse_and_validate(argv)
@@ -893,6 +922,7 @@ def main(argv: list[str] | None = None) -> int:
             write_error_file(run_dir, topo.rank, exc, None)
             return 2
         except BaseException as exc:
+            telemetry.recorder_dump("exception")  # the iterations before it, then the error file
             write_error_file(run_dir, topo.rank, exc, trainer.state.iteration + 1)
             raise
     if topo.distributed and dist.is_initialized():

@@ -328,7 +328,10 @@ def test_mlaunch_only_keys_are_never_written(script):
     p = plan(script, ON)
     assert "MEGATRON_OTEL_SHUTDOWN_TIMEOUT" not in p.worker_env
     assert "MEGATRON_OTEL_TRACE_SEGMENT_ITERS" not in p.worker_env
-    assert set(TELEMETRY_KEYS) - {"SHUTDOWN_TIMEOUT", "TRACE_SEGMENT_ITERS", "USER_ID"} <= {
+    recorder = {k for k in TELEMETRY_KEYS if k.startswith("RECORDER_")}
+    assert recorder and not {f"MEGATRON_OTEL_{k}" for k in recorder} & set(p.worker_env)
+    mlaunch_only = {"SHUTDOWN_TIMEOUT", "TRACE_SEGMENT_ITERS", "USER_ID", *recorder}
+    assert set(TELEMETRY_KEYS) - mlaunch_only <= {
         k.removeprefix("MEGATRON_OTEL_") for k in p.worker_env
     }
 
@@ -341,6 +344,16 @@ def test_mlaunch_only_keys_are_never_written(script):
             {"MEGATRON_OTEL_TRACE_SEGMENT_ITERS": "10"},
             "MEGATRON_OTEL_TRACE_SEGMENT_ITERS",
             "--save-interval",
+        ),
+        (
+            {"MEGATRON_OTEL_RECORDER_GROUPS": "all"},
+            "MEGATRON_OTEL_RECORDER_GROUPS",
+            "no flight recorder",
+        ),
+        (
+            {"MEGATRON_OTEL_RECORDER_ITERS": "5"},
+            "MEGATRON_OTEL_RECORDER_ITERS",
+            "no flight recorder",
         ),
     ],
 )

@@ -1,0 +1,430 @@
+"""The flight recorder: every rank keeps the spans of the recorder groups it does not export in an
+in-memory ring of its last K iterations, and writes the ring out on a trigger.
+
+Hot path
+    A recorded span is a :class:`RecordedSpan`: the training thread stores the same fields a fine
+    span stores (name, ids, parent, times, attributes) and appends the object to the current
+    iteration's list. Nothing is encoded, locked or counted per span; encoding happens only when a
+    trigger writes the ring out (:meth:`Recorder.dump`).
+
+Ring
+    :meth:`Recorder.set_iteration` (called by ``telemetry.set_iteration``) seals the previous
+    iteration's list into the ring; the ring keeps at most ``iters`` iterations and at most
+    ``max_bytes`` of estimated memory (``SPAN_BYTES`` per span: a slotted record plus its
+    attribute dict, measured with ``sys.getsizeof``), dropping the oldest iteration first. The
+    estimate costs one multiplication per iteration, not one call per span.
+
+Identity
+    Recorded spans share the run's trace ids (the same deterministic ids every rank derives, see
+    ``mlaunch.telemetry``), and a recorded span opened inside an exported one has that span as its
+    parent, so a dump nests under the exported iteration spans. On a rank that exports nothing the
+    recorder keeps the trace id itself (the runtime does it on an exporting rank).
+
+Dumps
+    One OTLP-JSON line per dump in ``telemetry/recorder-rank{R}.jsonl``; every span carries
+    ``mlaunch.recorder.trigger``. What was written is dropped from the ring, so two triggers never
+    write a span twice. A dump never raises (failures are logged once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import os
+import statistics
+import threading
+from collections import deque
+from pathlib import Path
+from random import getrandbits
+from time import time_ns
+from typing import Any
+
+from mlaunch import envcontract
+from mlaunch.model.spans import RECORDER_TRIGGERS, Attr, ResourceAttr, train_block
+from mlaunch.telemetry import _spans
+from mlaunch.telemetry._spans import (
+    STARTUP_TRACE,
+    FineSpan,
+    _new_stack,
+    _pop,
+    _tls,
+    error_description,
+    segment_trace_id,
+)
+from mlaunch.telemetry.otlp_json import encode_span, trace_request
+
+log = logging.getLogger("mlaunch.telemetry")
+
+#: Estimated bytes one recorded span holds (record + attribute dict + name/ids), for the bound.
+SPAN_BYTES = 512
+#: Iterations timed before the slow trigger may fire (the first ones compile, warm caches).
+SLOW_WARMUP_ITERS = 5
+_TRIGGER = Attr.RECORDER_TRIGGER.value
+_OPEN = Attr.RECORDER_OPEN.value
+_ERROR = 2
+
+
+#: Span ids of recorded spans: a counter from a random start (one C call, cheaper than
+#: ``getrandbits``); 63 random bits keep two ranks' ids apart.
+_next_id = itertools.count((getrandbits(62) << 1) | 1).__next__
+
+
+class RecordedSpan(FineSpan):
+    """A span of a recorded (not exported) group: kept in the recorder's current iteration.
+
+    Built by :func:`new_recorded` without ``__init__`` (one Python frame less on the hot path);
+    ``events`` and ``status`` stay unset until used."""
+
+    #: The stack ``__enter__`` pushed onto, so ``__exit__`` need not ask the thread-local again
+    #: (a ``threading.local`` read costs about as much as the clock read).
+    __slots__ = ("stack",)
+
+    def __enter__(self) -> RecordedSpan:
+        try:
+            stack = _tls.stack
+        except AttributeError:
+            stack = _new_stack()
+        self.stack = stack
+        if stack and not self.root:
+            parent = stack[-1]
+            self.trace_id = parent.trace_id
+            self.parent_id = parent.span_id
+        else:
+            self.trace_id = _spans.STATE.trace_id
+            self.parent_id = 0
+        self.span_id = _next_id()
+        stack.append(self)
+        self.start = time_ns()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        end = time_ns()
+        if self.end:
+            return False
+        self.end = end
+        stack = self.stack
+        if stack and stack[-1] is self:
+            stack.pop()
+        else:
+            _pop(stack, self)
+        if exc is not None:
+            self.record_exception(exc, timestamp=end)
+            self.status = (_ERROR, error_description(exc))
+        _append(self)
+        return False
+
+    def truncate(self) -> None:
+        """Shutdown with the span open: ended now, kept (not exported)."""
+        if self.end:
+            return
+        self.attributes[Attr.TRUNCATED.value] = True
+        self.end = time_ns()
+        _append(self)
+
+    def add_event(
+        self, name: str, attributes: dict[str, Any] | None = None, timestamp: int | None = None
+    ) -> None:
+        """Add a span event."""
+        if getattr(self, "events", None) is None:
+            self.events = []
+        self.events.append((name, dict(attributes or {}), timestamp or time_ns()))
+
+    def is_recording(self) -> bool:
+        """Recorded spans are kept whatever the sampler says."""
+        return not self.end
+
+
+def new_recorded(name: str, attributes: dict[str, Any], links: Any, root: bool) -> RecordedSpan:
+    """A :class:`RecordedSpan` (the caller inlines this on the hot path)."""
+    rec = _new(RecordedSpan)
+    rec.name = name
+    rec.attributes = attributes
+    rec.links = links
+    rec.root = root
+    rec.end = 0
+    rec.sampled = True
+    return rec
+
+
+_new = object.__new__
+
+
+class Recorder:
+    """One process's flight recorder (the module-level :data:`RECORDER`)."""
+
+    def __init__(self) -> None:
+        self.active = False
+        #: Spans ended in the iteration now running (the hot path appends here).
+        self.current: list[Any] = []
+        self.current_iteration = 0
+        #: Sealed iterations, oldest first: (iteration, spans).
+        self.ring: deque[tuple[int, list[Any]]] = deque()
+        self.ring_spans = 0
+        self.iters = 20
+        self.max_bytes = 64 << 20
+        self.slow_factor = 2.0
+        self.step_times: deque[float] = deque(maxlen=20)
+        self.path: Path | None = None
+        self.resource: dict[str, Any] = {}
+        self.own_trace_ids = False
+        self.run_id = ""
+        self.incarnation = ""
+        self.block_iters = 100
+        self.block: int | None = None
+        self.dumps = 0
+        self._lock = threading.Lock()  # a signal-path dump and the loop's never interleave
+        self._failed = False
+        self._written_open: set[int] = set()
+        #: A trigger another thread asked for, handled at the next iteration boundary.
+        self.pending: str | None = None
+        self.watcher: RequestWatcher | None = None
+
+    # --- configuration ------------------------------------------------------------------------
+
+    def start(
+        self,
+        *,
+        iters: int,
+        max_bytes: int,
+        slow_factor: float,
+        path: Path,
+        resource: dict[str, Any],
+        own_trace_ids: bool,
+        run_id: str,
+        incarnation: str,
+        block_iters: int,
+    ) -> None:
+        self.iters = max(1, iters)
+        self.max_bytes = max(SPAN_BYTES, max_bytes)
+        self.slow_factor = slow_factor
+        self.step_times = deque(maxlen=max(self.iters, SLOW_WARMUP_ITERS))
+        self.path = path
+        self.resource = resource
+        self.own_trace_ids = own_trace_ids
+        self.run_id, self.incarnation = run_id, incarnation
+        self.block_iters = max(1, block_iters)
+        self.block = None
+        self.current.clear()
+        self.ring, self.ring_spans = deque(), 0
+        self.current_iteration = 0
+        self.dumps = 0
+        self._failed = False
+        self._written_open = set()
+        if own_trace_ids:
+            _spans.STATE.trace_id = segment_trace_id(run_id, incarnation, STARTUP_TRACE)
+        self.active = True
+
+    def stop(self) -> None:
+        self.active = False
+        self.pending = None
+        if self.watcher is not None:
+            self.watcher.stop.set()
+            self.watcher = None
+        self.current.clear()
+        self.ring, self.ring_spans = deque(), 0
+
+    # --- iterations ---------------------------------------------------------------------------
+
+    def set_iteration(self, iteration: int) -> None:
+        """``iteration`` starts next: seal the previous one into the ring (bounded)."""
+        if not self.active or iteration == self.current_iteration:
+            return
+        if self.own_trace_ids:
+            block = train_block(iteration, self.block_iters)
+            if block != self.block:
+                self.block = block
+                _spans.STATE.trace_id = segment_trace_id(self.run_id, self.incarnation, block)
+        done = self.current[:]
+        self.current.clear()  # the same list: the hot path holds its bound append
+        if done:
+            self.ring.append((self.current_iteration, done))
+            self.ring_spans += len(done)
+        self.current_iteration = iteration
+        ring = self.ring
+        while ring and (len(ring) > self.iters or (self.ring_spans * SPAN_BYTES > self.max_bytes)):
+            _, dropped = ring.popleft()
+            self.ring_spans -= len(dropped)
+        if self.pending is not None:
+            trigger, self.pending = self.pending, None
+            self.dump(trigger)
+
+    def request_dump(self) -> None:
+        """Ask for a ``request`` dump at the next iteration boundary (from any thread: the ring
+        is only ever touched by the training thread)."""
+        self.pending = "request"
+
+    def note_step(self, step_ms: float) -> bool:
+        """Time of the iteration just finished; True when it is slower than ``slow_factor`` x
+        the rolling median of the previous ones (after a warm-up)."""
+        if not self.active:
+            return False
+        times = self.step_times
+        slow = len(times) >= SLOW_WARMUP_ITERS and step_ms > self.slow_factor * statistics.median(
+            times
+        )
+        times.append(step_ms)
+        return slow
+
+    def memory_bytes(self) -> int:
+        """The estimated memory the ring and the current iteration hold."""
+        return (self.ring_spans + len(self.current)) * SPAN_BYTES
+
+    def held_iterations(self) -> list[int]:
+        """The iterations the ring holds (and the current one, when it has spans)."""
+        out = [it for it, _ in self.ring]
+        if self.current:
+            out.append(self.current_iteration)
+        return out
+
+    # --- dumps --------------------------------------------------------------------------------
+
+    def dump(self, trigger: str) -> int:
+        """Write what the ring and the current iteration hold to the recorder file, each span
+        marked with ``trigger``; returns how many spans were written. Never raises."""
+        if not self.active or self.path is None:
+            return 0
+        if trigger not in RECORDER_TRIGGERS:
+            raise ValueError(f"unknown recorder trigger {trigger!r}")
+        if not self._lock.acquire(timeout=1.0):
+            return 0
+        try:
+            spans = [s for _, batch in self.ring for s in batch]
+            spans.extend(self.current)
+            self.current.clear()
+            self.ring, self.ring_spans = deque(), 0
+            if self._written_open:  # ended since an earlier dump wrote it open: not twice
+                spans = [s for s in spans if s.span_id not in self._written_open]
+            if not spans:
+                return 0
+            encoded = [_encode(s, trigger) for s in spans]
+            # Recorded spans still open (a non-exporting rank's megatron.train block) are the
+            # parents of what is written: written once, marked open, so the dump is a tree.
+            for entry in _spans.all_open_spans():
+                if isinstance(entry, RecordedSpan) and entry.span_id not in self._written_open:
+                    self._written_open.add(entry.span_id)
+                    encoded.append(_encode(entry, trigger, still_open=True))
+            line = json.dumps(
+                trace_request(self.resource, "mlaunch", encoded), separators=(",", ":")
+            )
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # One write of one line: a reader never sees half a dump from a finished process.
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+                f.flush()
+                with contextlib.suppress(OSError):
+                    os.fsync(f.fileno())
+            self.dumps += 1
+            log.info(
+                "mlaunch telemetry: flight recorder wrote %d spans (%s) to %s",
+                len(spans), trigger, self.path,
+            )  # fmt: skip
+            return len(spans)
+        except Exception as exc:  # telemetry never breaks training
+            if not self._failed:
+                self._failed = True
+                log.warning("mlaunch telemetry: flight recorder dump failed (%s)", exc)
+            return 0
+        finally:
+            self._lock.release()
+
+
+def _encode(rec: RecordedSpan, trigger: str, still_open: bool = False) -> dict[str, Any]:
+    attrs = {str(k): v for k, v in rec.attributes.items() if v is not None}
+    attrs[_TRIGGER] = trigger
+    if still_open:
+        attrs[_OPEN] = True
+    code, message = getattr(rec, "status", None) or (0, "")
+    return encode_span(
+        name=rec.name,
+        trace_id=f"{rec.trace_id:032x}",
+        span_id=f"{rec.span_id:016x}",
+        parent_span_id=f"{rec.parent_id:016x}" if rec.parent_id else "",
+        start_ns=rec.start,
+        end_ns=rec.end or time_ns(),
+        attributes=attrs,
+        status_code=code,
+        status_message=message,
+    )
+
+
+RECORDER = Recorder()
+#: The hot path's append to the current iteration (the list object never changes).
+_append = RECORDER.current.append
+
+
+def recorder_resource(
+    settings: Any, *, run_id: str, rank: int, world_size: int, local_rank: int, extra: Any
+) -> dict[str, Any]:
+    """The resource of a rank's dumps: what the reader needs to place them (no SDK needed)."""
+    attrs: dict[str, Any] = {
+        ResourceAttr.SERVICE_NAME.value: settings.service_name,
+        ResourceAttr.SERVICE_INSTANCE_ID.value: f"{run_id}-rank{rank}",
+        ResourceAttr.RUN_ID.value: run_id,
+        ResourceAttr.RANK.value: rank,
+        ResourceAttr.WORLD_SIZE.value: world_size,
+        ResourceAttr.LOCAL_RANK.value: local_rank,
+    }
+    for key, value in dict(extra or {}).items():
+        if value is not None and isinstance(value, str | int | float | bool):
+            attrs[str(key)] = value
+    return attrs
+
+
+class RequestWatcher(threading.Thread):
+    """Reads the run directory's capture request at most once a second (one ``stat`` when it has
+    not changed) and hands a valid one for this rank to the recorder. A request written before
+    this process started belongs to an earlier run or incarnation and is ignored; so is one for
+    another run id or other ranks."""
+
+    INTERVAL_S = 1.0
+
+    def __init__(self, path: Path, run_id: str, rank: int, started_ns: int) -> None:
+        super().__init__(name="mlaunch-capture-watch", daemon=True)
+        self.path, self.run_id, self.rank, self.started_ns = path, run_id, rank, started_ns
+        self.stop = threading.Event()
+        self.seen: set[str] = set()
+        self._mtime = 0
+        self._warned = False
+
+    def run(self) -> None:
+        while not self.stop.wait(self.INTERVAL_S):
+            try:
+                self.poll()
+            except Exception as exc:  # a bad request never stops training or the watcher
+                if not self._warned:
+                    self._warned = True
+                    log.warning("mlaunch telemetry: ignoring capture request (%s)", exc)
+
+    def poll(self) -> None:
+        try:
+            mtime = os.stat(self.path).st_mtime_ns
+        except FileNotFoundError:
+            return
+        if mtime == self._mtime:
+            return
+        self._mtime = mtime
+        request = json.loads(self.path.read_text(encoding="utf-8"))
+        rid = str(request.get("id", ""))
+        if not rid or rid in self.seen:
+            return
+        self.seen.add(rid)
+        if int(request.get("created_ns", 0)) < self.started_ns:
+            return  # left behind by an earlier run or incarnation
+        if request.get("run_id") and request["run_id"] != self.run_id:
+            return
+        ranks = request.get("ranks")
+        if ranks is not None and self.rank not in ranks:
+            return
+        if request.get("recorded"):
+            RECORDER.request_dump()
+
+
+def start_watcher(run_dir: Path, run_id: str, rank: int, started_ns: int) -> None:
+    """Watch ``run_dir``'s capture request for this rank (the recorder's ``request`` trigger)."""
+    watcher = RequestWatcher(
+        Path(run_dir) / envcontract.CAPTURE_REQUEST_FILE, run_id, rank, started_ns
+    )
+    RECORDER.watcher = watcher
+    watcher.start()
