@@ -202,7 +202,7 @@ def export_cmd(
     attributes are args, span events are instant events, links are flow arrows. Times are
     microseconds from the earliest span.
     """
-    from mlaunch.outputs import OutputError, check_output
+    from mlaunch.outputs import OutputError, check_output, is_stdout
     from mlaunch.trace.chrome import export_chrome
     from mlaunch.trace.reader import TraceInputError
 
@@ -223,8 +223,10 @@ def export_cmd(
         f", {stats.unresolved_links} links to unexported spans" if stats.unresolved_links else ""
     )
     typer.echo(
-        f"wrote {output} ({fmt.value}): {stats.spans:,} spans, {stats.processes} ranks, "
-        f"{stats.threads} threads in {stats.lanes} lanes, {stats.flows} flows{unresolved}"
+        f"wrote {'standard output' if is_stdout(output) else output} ({fmt.value}): "
+        f"{stats.spans:,} spans, {stats.processes} ranks, "
+        f"{stats.threads} threads in {stats.lanes} lanes, {stats.flows} flows{unresolved}",
+        err=is_stdout(output),  # the trace itself is on standard output: keep it clean
     )
 
 

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,7 +74,24 @@ def test_empty_directory(tmp_path: Path) -> None:
 def test_unrelated_json_file_names_file_and_line(tmp_path: Path) -> None:
     f = tmp_path / "package.json"
     f.write_text('{"name": "left-pad", "version": "1.3.0"}\n')
-    _user_error(_invoke("summary", f), f"{f}:1:", "not an OTLP/JSON ExportTraceServiceRequest")
+    _user_error(_invoke("summary", f), f"{f}: is a JSON document, not an OTLP/JSON traces file")
+
+
+def test_a_second_line_without_resource_spans_names_its_line(run_dir: Path) -> None:
+    f = run_dir / "telemetry" / "traces-rank0.jsonl"
+    f.write_text(f.read_text() + '{"name": "left-pad"}\n')
+    _user_error(_invoke("summary", f), f"{f}:", "not an OTLP/JSON ExportTraceServiceRequest")
+
+
+def test_resolved_json_is_named_and_the_run_directory_pointed_at(run_dir: Path) -> None:
+    # resolved.json is valid (pretty-printed) JSON: "not valid JSON" of it was wrong (issue 22)
+    f = run_dir / "resolved.json"
+    f.write_text(json.dumps({"run_id": "synthrun0001", "world": {"nodes": 1}}, indent=2) + "\n")
+    for cmd in ("summary", "goodput"):
+        text = _user_error(_invoke(cmd, f), f"{f}: is the run's resolved configuration",
+                           "not an OTLP/JSON traces file", f"fix: pass the run directory "
+                           f"instead: {run_dir}")  # fmt: skip
+        assert "not valid JSON" not in text
 
 
 def test_binary_file(tmp_path: Path) -> None:
@@ -125,6 +144,32 @@ def test_empty_trace_file(tmp_path: Path) -> None:
     tel.mkdir()
     (tel / "traces-rank0.jsonl").write_text("")
     _user_error(_invoke("summary", tmp_path), "no spans", "MEGATRON_OTEL_ENABLED")
+
+
+def test_export_without_output_says_what_is_missing(run_dir: Path) -> None:
+    text = _user_error(_invoke("export", run_dir), "--output/-o: a required option is missing",
+                       "mlaunch trace export --help")  # fmt: skip
+    assert not text.rstrip().endswith("--output/-o:")
+
+
+def test_export_to_dash_writes_standard_output(run_dir: Path, tmp_path: Path) -> None:
+    # a real pipe: '-' is standard output, never a file named '-' (issue 22)
+    r = subprocess.run(
+        [sys.executable, "-m", "mlaunch", "trace", "export", str(run_dir), "-o", "-"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    trace = json.loads(r.stdout)
+    assert trace["otherData"]["generator"] == "mlaunch trace export"
+    assert "wrote standard output (chrome): 21 spans, 2 ranks" in r.stderr
+    assert not (tmp_path / "-").exists() and not (run_dir / "-").exists()
+
+
+def test_export_to_dot_slash_dash_is_a_file(run_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "-"
+    r = _invoke("export", run_dir, "-o", out)
+    assert r.exit_code == 0, r.output
+    assert json.loads(out.read_text())["otherData"]["generator"] == "mlaunch trace export"
 
 
 def test_export_to_a_directory(run_dir: Path) -> None:
