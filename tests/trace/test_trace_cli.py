@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,7 @@ import pytest
 from support.synthetic_traces import TraceBuilder
 from support.trace_cli import invoke_trace as _invoke
 from support.trace_cli import user_error as _user_error
+from typer.testing import CliRunner
 
 from mlaunch.model.spans import SpanName
 
@@ -179,3 +182,75 @@ def test_export_to_a_directory(run_dir: Path) -> None:
 def test_export_format_is_validated(run_dir: Path) -> None:
     r = _invoke("export", run_dir, "--format", "svg", "-o", run_dir / "x")
     assert r.exit_code == 2 and "Traceback" not in r.output
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_COLS = ["name", "count", "total", "mean", "p50", "p95", "max", "share", "err", "trunc"]
+
+
+def _span_names(run_dir: Path) -> list[str]:
+    r = _invoke("summary", run_dir, "--json")
+    assert r.exit_code == 0, r.output
+    return [s["name"] for s in json.loads(r.output)["spans"]]
+
+
+def _ends(line: str) -> list[int]:
+    """Where each whitespace-separated word of ``line`` ends: right-aligned columns end alike."""
+    return [m.end() for m in re.finditer(r"\S+", line)]
+
+
+def test_summary_piped_is_plain_one_row_a_line(run_dir: Path, tmp_path: Path) -> None:
+    # a real pipe at 80 columns: rich used to fold names across lines here (issue 22)
+    r = subprocess.run(
+        [sys.executable, "-m", "mlaunch", "trace", "summary", str(run_dir)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "COLUMNS": "80", "TERM": "xterm-256color"},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "\x1b[" not in r.stdout  # plain: no colours or styles in a file
+    lines = r.stdout.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.split() == _COLS)
+    names = _span_names(run_dir)
+    rows = lines[head + 1 : head + 1 + len(names)]
+    assert [ln.split()[0] for ln in rows] == names  # each name whole, on its row, in order
+    for ln in rows:
+        assert len(ln.split()) == len(_COLS)
+        assert _ends(ln)[1:] == _ends(lines[head])[1:]  # numbers keep their columns
+    # grep finds a span's numbers on the line of its name
+    assert any(ln.startswith("megatron.checkpoint.save.io_write ") and ln.split()[8] == "1"
+               for ln in rows)  # fmt: skip
+
+
+def test_summary_at_80_columns_keeps_names_whole_and_numbers_in_columns(run_dir: Path) -> None:
+    # the error/truncated columns leave no room for names at 80: each name gets its own line
+    # instead of a 2-character column (issue 22)
+    from mlaunch.cli import app
+
+    r = CliRunner().invoke(
+        app, ["trace", "summary", str(run_dir)], env={"COLUMNS": "80", "FORCE_COLOR": "1"}
+    )
+    assert r.exit_code == 0, r.output
+    lines = _ANSI.sub("", r.output).splitlines()
+    assert max(map(len, lines)) <= 80
+    names = _span_names(run_dir)
+    head = lines.index("name")
+    header = lines[head + 1]
+    assert header.split() == _COLS[1:]
+    body = lines[head + 2 : head + 2 + 2 * len(names)]
+    assert body[0::2] == names  # every name whole, on its own line
+    for ln in body[1::2]:
+        assert len(ln.split()) == len(_COLS) - 1
+        assert _ends(ln) == _ends(header)
+
+
+def test_summary_on_a_wide_terminal_has_one_row_a_line(run_dir: Path) -> None:
+    from mlaunch.cli import app
+
+    r = CliRunner().invoke(
+        app, ["trace", "summary", str(run_dir)], env={"COLUMNS": "160", "FORCE_COLOR": "1"}
+    )
+    assert r.exit_code == 0, r.output
+    lines = _ANSI.sub("", r.output).splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.split() == _COLS)
+    names = _span_names(run_dir)
+    assert [ln.split()[0] for ln in lines[head + 1 : head + 1 + len(names)]] == names
