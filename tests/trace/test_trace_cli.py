@@ -254,3 +254,13 @@ def test_summary_on_a_wide_terminal_has_one_row_a_line(run_dir: Path) -> None:
     head = next(i for i, ln in enumerate(lines) if ln.split() == _COLS)
     names = _span_names(run_dir)
     assert [ln.split()[0] for ln in lines[head + 1 : head + 1 + len(names)]] == names
+
+
+def test_report_to_dash_writes_standard_output(
+    run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    r = _invoke("report", run_dir, "-o", "-")
+    assert r.exit_code == 0, r.output
+    assert r.stdout.startswith("<!DOCTYPE html>") and "wrote standard output" in r.stderr
+    assert not (tmp_path / "-").exists() and not (run_dir / "report.html").exists()
