@@ -13,7 +13,8 @@ The rule (docs/trace.md, "Output files"; each command's ``--output`` help points
   directory being read** that is not an earlier output of ``mlaunch trace export``/``report``,
   is refused (paths are compared after resolving symlinks), so ``-o progress.jsonl`` cannot
   overwrite the run's own records;
-* missing **parent directories** are created.
+* missing **parent directories** are created;
+* ``-`` is **standard output** (never a file named ``-``; ``./-`` is one).
 
 A refused target raises :class:`OutputError`; the CLI prints its one line and exits 2.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
@@ -36,6 +38,14 @@ OWN_OUTPUT_MARKERS: tuple[bytes, ...] = (
     b'<meta name="generator" content="mlaunch trace report">',
 )
 _SNIFF = 512
+
+#: The output name that means standard output, as in most Unix tools (``./-`` names a file).
+STDOUT_NAME = "-"
+
+
+def is_stdout(path: Path | str) -> bool:
+    """Whether ``path`` is :data:`STDOUT_NAME`, i.e. the output goes to standard output."""
+    return str(path) == STDOUT_NAME
 
 
 class OutputError(Exception):
@@ -65,6 +75,8 @@ def check_output(
     """Check ``path`` against the rule before any work is done; return the path to write (the
     symlink's target for a symlink). Raises :class:`OutputError` for a refused target."""
     path = Path(path)
+    if is_stdout(path):
+        return path  # nothing on disk to check or protect
     try:
         st = os.stat(path)  # follows symlinks: /dev/stdout is a link to the process's fd
     except FileNotFoundError:
@@ -100,6 +112,11 @@ def open_output(
     regular files atomically through a temporary file in the same directory, devices and FIFOs
     in place. The temporary file is removed on any failure, Ctrl-C included."""
     path = Path(path)
+    if is_stdout(path):
+        # Written through as it comes, like a FIFO; closing it is the interpreter's business.
+        yield sys.stdout
+        sys.stdout.flush()
+        return
     st = None
     with contextlib.suppress(OSError):
         st = os.stat(path)

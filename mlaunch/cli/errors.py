@@ -55,6 +55,11 @@ def usage_problem(exc: Any, command: str) -> tuple[str, str]:
         return exc.option_name, "no such option" + (f" (did you mean {close}?)" if close else "")
     if isinstance(exc, click.BadOptionUsage):
         return exc.option_name, exc.message
+    if isinstance(exc, click.MissingParameter) and exc.param is not None:
+        # Click leaves .message empty here and builds its text in format_message; say it plainly.
+        name = "/".join(getattr(exc.param, "opts", []) or [str(exc.param.name)])
+        what = "argument" if exc.param.param_type_name == "argument" else "option"
+        return name, f"a required {what} is missing; see {command} --help"
     if isinstance(exc, click.BadParameter) and exc.param is not None:
         return "/".join(getattr(exc.param, "opts", []) or [str(exc.param.name)]), exc.message
     return command, exc.format_message()

@@ -5,7 +5,7 @@ Imports only rich and the pure model, so every command can use it cheaply.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from rich.table import Table
 from rich.tree import Tree
@@ -91,6 +91,37 @@ def presets_table() -> Table:
     return table
 
 
+#: What indents a row's numbers under its name when a row does not fit on one line.
+_STACK_INDENT = "    "
+
+
+def name_table(
+    headers: Sequence[str], rows: Sequence[tuple[str, Sequence[str]]], width: int | None
+) -> list[str]:
+    """The lines of a table whose first column is a name and whose other columns are numbers.
+
+    A name is never wrapped or cut (span names are what a user greps for and types into a
+    backend's search), and the numbers are right-aligned in columns as wide as their widest
+    cell, so they line up whatever the names. One row a line when every row fits in ``width``
+    (``None``: no limit, for a pipe or a file, so each row is one greppable line); else each
+    name on its own line and its numbers under it, indented, in the same columns."""
+    num_w = [len(h) for h in headers[1:]]
+    for _, cells in rows:
+        num_w = [max(w, len(c)) for w, c in zip(num_w, cells, strict=True)]
+
+    def nums(cells: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) for c, w in zip(cells, num_w, strict=True))
+
+    name_w = max([len(headers[0]), *(len(n) for n, _ in rows)])
+    if width is None or name_w + 2 + len(nums(headers[1:])) <= width:
+        lines = [f"{headers[0].ljust(name_w)}  {nums(headers[1:])}"]
+        return lines + [f"{n.ljust(name_w)}  {nums(c)}" for n, c in rows]
+    lines = [headers[0], _STACK_INDENT + nums(headers[1:])]
+    for n, c in rows:
+        lines += [n, _STACK_INDENT + nums(c)]
+    return lines
+
+
 def estimate_line(
     enabled: frozenset[SpanGroup], *, microbatches: int, layers: int, pp: int, dp: int = 1
 ) -> str:
@@ -108,6 +139,7 @@ def estimate_line(
 __all__ = [
     "estimate_line",
     "groups_table",
+    "name_table",
     "presets_table",
     "span_placement",
     "span_tree",

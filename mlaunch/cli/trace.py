@@ -137,40 +137,51 @@ def summary_cmd(
 def _render_summary(result: Any) -> None:
     from rich import box
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
+    from mlaunch.cli.render import name_table
+
     con = Console()
+    # Written to a pipe or a file: plain lines that never wrap (rich would fold them at 80
+    # columns), so grep and awk see one row a line.
+    term = con.is_terminal
+    if not term:
+        con = Console(width=1 << 16, soft_wrap=True, no_color=True, highlight=False)
     run = ", ".join(f"{k}={v}" for k, v in result.run.items())
-    con.print(f"[b]run[/b] {run}", highlight=False)
+    con.print(f"[b]run[/b] {escape(run)}", highlight=False)
     hosts = ", ".join(result.hosts) or "-"
     con.print(
-        f"[b]ranks[/b] {format_ranks(result.rank_ids) or '-'}  [b]hosts[/b] {hosts}",
+        f"[b]ranks[/b] {format_ranks(result.rank_ids) or '-'}  [b]hosts[/b] {escape(hosts)}",
         highlight=False,
     )
 
     # Error/truncated columns only when some span has them: most runs have none.
     flags = bool(result.errors or result.truncated)
-    cols = ["count", "total", "mean", "p50", "p95", "max", "share"]
+    cols = ["name", "count", "total", "mean", "p50", "p95", "max", "share"]
     cols += ["err", "trunc"] if flags else []
-    t = Table(
-        title="spans by total time", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False
-    )
-    t.add_column("name", overflow="fold")  # the one column that may wrap on narrow terminals
-    for col in cols:
-        t.add_column(col, justify="right", no_wrap=True)
+    rows = []
     for s in result.spans:
         times = (s.total_ms, s.mean_ms, s.p50_ms, s.p95_ms, s.max_ms)
-        row = [s.name, f"{s.count:,}", *map(format_ms, times)]
-        row += ["-" if s.share is None else f"{100 * s.share:.1f}%"]
-        row += [str(s.errors or ""), str(s.truncated or "")] if flags else []
-        t.add_row(*row)
-    con.print(t)
+        cells = [f"{s.count:,}", *map(format_ms, times)]
+        cells += ["-" if s.share is None else f"{100 * s.share:.1f}%"]
+        cells += [str(s.errors or "-"), str(s.truncated or "-")] if flags else []
+        rows.append((s.name, cells))
+    con.print("spans by total time", highlight=False)
+    head, *body = name_table(cols, rows, con.width if term else None)
+    con.print(f"[b]{escape(head)}[/b]" if term else head, highlight=False)
+    for line in body:
+        con.print(line, markup=False, highlight=False)
+    con.print()
 
     if result.skew is not None:
         k = result.skew
-        t = Table(
-            title="megatron.train.iteration per rank", title_justify="left", box=box.SIMPLE_HEAD
-        )
+        title = "megatron.train.iteration per rank"
+        if term:
+            t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+        else:  # plain: no box lines or title padding around the rows
+            con.print(title)
+            t = Table(box=None, pad_edge=False, show_edge=False)
         for col in ("rank", "host", "steps", "median", "p95", "vs median", ""):
             t.add_column(col, justify="left" if col in ("host", "") else "right")
         for r in result.ranks:
@@ -218,7 +229,7 @@ def export_cmd(
     attributes are args, span events are instant events, links are flow arrows. Times are
     microseconds from the earliest span.
     """
-    from mlaunch.outputs import OutputError, check_output
+    from mlaunch.outputs import OutputError, check_output, is_stdout
     from mlaunch.trace.chrome import export_chrome
     from mlaunch.trace.reader import TraceInputError
 
@@ -251,8 +262,10 @@ def export_cmd(
         f", {stats.unresolved_links} links to unexported spans" if stats.unresolved_links else ""
     )
     typer.echo(
-        f"wrote {output} ({fmt.value}): {stats.spans:,} spans, {stats.processes} ranks, "
-        f"{stats.threads} threads in {stats.lanes} lanes, {stats.flows} flows{unresolved}"
+        f"wrote {'standard output' if is_stdout(output) else output} ({fmt.value}): "
+        f"{stats.spans:,} spans, {stats.processes} ranks, "
+        f"{stats.threads} threads in {stats.lanes} lanes, {stats.flows} flows{unresolved}",
+        err=is_stdout(output),  # the trace itself is on standard output: keep it clean
     )
 
 

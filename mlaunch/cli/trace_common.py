@@ -17,7 +17,7 @@ SKIP_HELP = (
 )
 #: The one output-file rule (mlaunch.outputs), summed up for every --output help.
 OUTPUT_RULE_HELP = (
-    "Missing directories are created; a regular file is replaced atomically, a symlink's target "
+    "- writes to standard output. Missing directories are created; a regular file is replaced atomically, a symlink's target "
     "is written, a device or FIFO (/dev/stdout) is written in place; an input trace file or a "
     "file of the run directory being read is refused (docs/trace.md, Output files)."
 )

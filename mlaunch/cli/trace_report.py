@@ -52,7 +52,7 @@ def report_cmd(
     progress.jsonl (loss, eval loss, learning rate, grad norm, tokens/s, step time); and the
     goodput split. plotly.js is embedded once, so the file is about 5 MB whatever the run.
     """
-    from mlaunch.outputs import OutputError, check_output
+    from mlaunch.outputs import OutputError, check_output, is_stdout
     from mlaunch.trace.reader import TraceInputError, discover
     from mlaunch.trace.report import default_output, parse_iterations, render_report
 
@@ -83,8 +83,9 @@ def report_cmd(
     shown = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in result.window) or "all"
     links = f", {result.links} links" if result.links else ""
     typer.echo(
-        f"wrote {out} ({len(result.html.encode()) / 1e6:.1f} MB): timeline iterations {shown}, "
-        f"{result.timeline_spans:,} spans on {result.lanes} lane(s){links}"
+        f"wrote {'standard output' if is_stdout(out) else out} ({len(result.html.encode()) / 1e6:.1f} MB): timeline iterations {shown}, "
+        f"{result.timeline_spans:,} spans on {result.lanes} lane(s){links}",
+        err=is_stdout(out),  # the report itself is on standard output: keep it clean
     )
     for note in result.notes:
         typer.echo(f"note: {note}", err=True)

@@ -60,6 +60,8 @@ MAX_SIGNAL_GRACE_S = 0xFFFF
 WARNING_SIGNAL = "USR1"
 #: The job id as the script spells it (the run directory of a requeued job keeps it).
 JOB_ID_VAR = "SLURM_JOB_ID"
+#: Prints a TCP port free on this node: the kernel's pick, released at once for the rendezvous.
+_FREE_PORT_PY = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
 #: Stands for the job id while validating, before the job exists.
 PLACEHOLDER_JOB_ID = "0"
 
@@ -519,11 +521,17 @@ def render_script(job: BatchJob) -> str:
     if plan.settings.launch.rdzv_endpoint is None or plan.settings.source(
         "launch.rdzv_endpoint"
     ).kind not in ("flag", "file"):
+        # A port derived from the job id collided when ids repeat (a second cluster, a reset
+        # controller) or anything else held it: ask this node, where the batch script runs and
+        # the rendezvous will listen, for a free one at job start; srun passes it to every node.
         lines.append(
-            "# The rendezvous is the job's first node; a port per job, so jobs sharing a node"
-            " never collide."
+            "# The rendezvous is the job's first node (this one), on a port free here at job"
+            " start, so jobs"
         )
-        lines.append(f"export MASTER_PORT=${{MASTER_PORT:-$((20000 + {JOB_ID_VAR} % 20000))}}")
+        lines.append("# sharing a node, or anything else listening on it, never collide.")
+        lines.append(
+            f"export MASTER_PORT=${{MASTER_PORT:-$({q(job.python)} -c {q(_FREE_PORT_PY)})}}"
+        )
     lines.append("")
     if job.fixed_run_dir is not None:
         lines.append(f"RUN_DIR={q(str(job.fixed_run_dir))}")

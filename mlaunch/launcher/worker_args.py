@@ -79,19 +79,21 @@ def trainer_args(settings: Settings, run_dir: Path, *, megatron: bool = False) -
         # start over. Every tenth of the run loses at most 10% of the work to one failure.
         interval = restart_save_interval(t.train_iters)
         values["training.save_interval"] = interval
+    own = run_dir / ec.CHECKPOINTS_DIR
     if interval == 0:
         values["training.save_interval"] = None
+        if t.save is None and _holds_files(own):
+            # A rerun in a run directory that saved checkpoints (with --save-interval, or by a
+            # restart or a signal) resumes from them and saves there at the end, like the run
+            # that wrote them, instead of starting over at iteration 1 because the interval was
+            # not repeated (issue 22). The summary says "resuming from".
+            values["training.save"] = str(own)
     elif t.save is None:
-        values["training.save"] = str(run_dir / ec.CHECKPOINTS_DIR)
-    if t.load is None and values["training.save"] is not None:
-        # Resume from the save directory when it already holds something: --load defaults to --save.
-        save = Path(values["training.save"])
-        try:
-            resumable = save.is_dir() and any(save.iterdir())
-        except OSError:  # unusable path: build_plan reports it under --save
-            resumable = False
-        if resumable:
-            values["training.load"] = str(save)
+        values["training.save"] = str(own)
+    # Resume from the save directory when it already holds something: --load defaults to --save.
+    save = values["training.save"]
+    if t.load is None and save is not None and _holds_files(Path(save)):
+        values["training.load"] = save
     if t.eval_interval == 0:
         values["training.eval_interval"] = None
         values["training.eval_iters"] = 0
@@ -112,6 +114,14 @@ def trainer_args(settings: Settings, run_dir: Path, *, megatron: bool = False) -
             if value != default:
                 args += [flag, str(value)]
     return args
+
+
+def _holds_files(save: Path) -> bool:
+    """Whether a save directory already holds something a resume would start from."""
+    try:
+        return save.is_dir() and any(save.iterdir())
+    except OSError:  # unusable path: build_plan reports it under --save
+        return False
 
 
 def otel_flags(settings: Settings) -> list[str]:

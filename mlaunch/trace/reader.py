@@ -61,6 +61,37 @@ def _chrome_error(path: Path) -> TraceInputError:
     )  # fmt: skip
 
 
+#: The largest file read whole to tell a JSON document (pretty-printed, one object over many
+#: lines) from a broken trace line; a bigger one keeps the plain "not valid JSON" message.
+_WHOLE_JSON_LIMIT = 16 << 20
+
+
+def _json_document_error(path: Path) -> TraceInputError | None:
+    """The error for a valid JSON document that is not OTLP/JSON lines (``resolved.json``, a
+    config dump), naming what it is and pointing at the run directory it sits in; None when the
+    file is not one JSON document (then the line's own parse error is the message)."""
+    try:
+        if path.stat().st_size > _WHOLE_JSON_LIMIT:
+            return None
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    if isinstance(doc, dict) and ("resourceSpans" in doc or "traceEvents" in doc):
+        return None  # a trace pretty-printed: the other messages say what to do
+    what = "a JSON document"
+    if path.name == envcontract.RESOLVED_JSON_FILE:
+        what = "the run's resolved configuration (a JSON document)"
+    run_dir = path.parent
+    if (run_dir / envcontract.TELEMETRY_DIR).is_dir():
+        fix = f"pass the run directory instead: {run_dir}"
+    else:
+        fix = "pass a run directory (runs/<run_id>) or an OTLP-JSON traces file"
+    return TraceInputError(
+        f"is {what}, not an OTLP/JSON traces file (one ExportTraceServiceRequest per line)",
+        path=path, fix=fix,
+    )  # fmt: skip
+
+
 #: Where an ExportTraceServiceRequest line starts (what every writer of these files writes first).
 _REQUEST_START = b'{"resourceSpans"'
 
@@ -422,6 +453,8 @@ class TraceReader:
                         continue
                     elif self.line_no == 1 and _CHROME_MARK in raw[:4096]:
                         raise _chrome_error(tf.path) from None
+                    elif self.line_no == 1 and (doc_err := _json_document_error(tf.path)):
+                        raise doc_err from None
                     else:
                         self._bad_line(f"not valid JSON ({e})")
                         continue
@@ -438,6 +471,8 @@ class TraceReader:
                         continue
                     if "traceEvents" in req:
                         raise _chrome_error(tf.path)
+                    if self.line_no == 1 and (doc_err := _json_document_error(tf.path)):
+                        raise doc_err
                     self._bad_line(
                         "not an OTLP/JSON ExportTraceServiceRequest (no 'resourceSpans' key)"
                     )

@@ -164,3 +164,22 @@ def test_sigterm_stops_workers_flushes_traces_and_leaves_a_resumable_checkpoint(
     resumed = [r["iteration"] for r in train_records(run_dir)]
     assert resumed[-2:] == [last + 1, last + 2]
     assert f"--load {ckpt}" in (run_dir / "command.txt").read_text()
+
+
+def test_a_rerun_resumes_from_the_run_dir_checkpoints_without_save_interval(tmp_path):
+    # A rerun in the same --run-dir without repeating --save-interval started over at iteration 1
+    # (issue 22): it resumes from the checkpoint the first run saved, and says so.
+    run_dir = tmp_path / "r"
+    args = ["--run-dir", str(run_dir), "--log-interval", "1"]
+    code, out = finish(mlaunch(*args, "--save-interval", "3", "--train-iters", "3", cwd=tmp_path))
+    assert code == 0, out
+    ckpt = run_dir / "checkpoints"
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
+    code, out = finish(mlaunch(*args, "--train-iters", "5", cwd=tmp_path))
+    assert code == 0, out
+    assert "resuming from" in out  # the summary's checkpoints row (the box may wrap the path)
+    assert f"--load {ckpt}" in (run_dir / "command.txt").read_text()
+    assert [r["iteration"] for r in train_records(run_dir)][-2:] == [4, 5]
+    assert (
+        ckpt / "latest_checkpointed_iteration.txt"
+    ).read_text().strip() == "5"  # saved at the end

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+# One cluster per session fixture: under pytest-xdist (`-n 2 --dist loadgroup`) every SLURM test
+# runs on one worker, so the machine never has two test clusters (and two /etc/hosts lines).
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 
 ROOT = Path(__file__).resolve().parents[2]
 #: A whole job must end within this (start-up of torch on both nodes dominates).

@@ -4,12 +4,17 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from support.synthetic_traces import TraceBuilder
 from support.trace_cli import invoke_trace as _invoke
 from support.trace_cli import user_error as _user_error
+from typer.testing import CliRunner
 
 from mlaunch.model.spans import SpanName
 
@@ -72,7 +77,24 @@ def test_empty_directory(tmp_path: Path) -> None:
 def test_unrelated_json_file_names_file_and_line(tmp_path: Path) -> None:
     f = tmp_path / "package.json"
     f.write_text('{"name": "left-pad", "version": "1.3.0"}\n')
-    _user_error(_invoke("summary", f), f"{f}:1:", "not an OTLP/JSON ExportTraceServiceRequest")
+    _user_error(_invoke("summary", f), f"{f}: is a JSON document, not an OTLP/JSON traces file")
+
+
+def test_a_second_line_without_resource_spans_names_its_line(run_dir: Path) -> None:
+    f = run_dir / "telemetry" / "traces-rank0.jsonl"
+    f.write_text(f.read_text() + '{"name": "left-pad"}\n')
+    _user_error(_invoke("summary", f), f"{f}:", "not an OTLP/JSON ExportTraceServiceRequest")
+
+
+def test_resolved_json_is_named_and_the_run_directory_pointed_at(run_dir: Path) -> None:
+    # resolved.json is valid (pretty-printed) JSON: "not valid JSON" of it was wrong (issue 22)
+    f = run_dir / "resolved.json"
+    f.write_text(json.dumps({"run_id": "synthrun0001", "world": {"nodes": 1}}, indent=2) + "\n")
+    for cmd in ("summary", "goodput"):
+        text = _user_error(_invoke(cmd, f), f"{f}: is the run's resolved configuration",
+                           "not an OTLP/JSON traces file", f"fix: pass the run directory "
+                           f"instead: {run_dir}")  # fmt: skip
+        assert "not valid JSON" not in text
 
 
 def test_binary_file(tmp_path: Path) -> None:
@@ -127,6 +149,32 @@ def test_empty_trace_file(tmp_path: Path) -> None:
     _user_error(_invoke("summary", tmp_path), "no spans", "MEGATRON_OTEL_ENABLED")
 
 
+def test_export_without_output_says_what_is_missing(run_dir: Path) -> None:
+    text = _user_error(_invoke("export", run_dir), "--output/-o: a required option is missing",
+                       "mlaunch trace export --help")  # fmt: skip
+    assert not text.rstrip().endswith("--output/-o:")
+
+
+def test_export_to_dash_writes_standard_output(run_dir: Path, tmp_path: Path) -> None:
+    # a real pipe: '-' is standard output, never a file named '-' (issue 22)
+    r = subprocess.run(
+        [sys.executable, "-m", "mlaunch", "trace", "export", str(run_dir), "-o", "-"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    trace = json.loads(r.stdout)
+    assert trace["otherData"]["generator"] == "mlaunch trace export"
+    assert "wrote standard output (chrome): 21 spans, 2 ranks" in r.stderr
+    assert not (tmp_path / "-").exists() and not (run_dir / "-").exists()
+
+
+def test_export_to_dot_slash_dash_is_a_file(run_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "-"
+    r = _invoke("export", run_dir, "-o", out)
+    assert r.exit_code == 0, r.output
+    assert json.loads(out.read_text())["otherData"]["generator"] == "mlaunch trace export"
+
+
 def test_export_to_a_directory(run_dir: Path) -> None:
     _user_error(_invoke("export", run_dir, "-o", run_dir), "is a directory")
 
@@ -134,3 +182,85 @@ def test_export_to_a_directory(run_dir: Path) -> None:
 def test_export_format_is_validated(run_dir: Path) -> None:
     r = _invoke("export", run_dir, "--format", "svg", "-o", run_dir / "x")
     assert r.exit_code == 2 and "Traceback" not in r.output
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_COLS = ["name", "count", "total", "mean", "p50", "p95", "max", "share", "err", "trunc"]
+
+
+def _span_names(run_dir: Path) -> list[str]:
+    r = _invoke("summary", run_dir, "--json")
+    assert r.exit_code == 0, r.output
+    return [s["name"] for s in json.loads(r.output)["spans"]]
+
+
+def _ends(line: str) -> list[int]:
+    """Where each whitespace-separated word of ``line`` ends: right-aligned columns end alike."""
+    return [m.end() for m in re.finditer(r"\S+", line)]
+
+
+def test_summary_piped_is_plain_one_row_a_line(run_dir: Path, tmp_path: Path) -> None:
+    # a real pipe at 80 columns: rich used to fold names across lines here (issue 22)
+    r = subprocess.run(
+        [sys.executable, "-m", "mlaunch", "trace", "summary", str(run_dir)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "COLUMNS": "80", "TERM": "xterm-256color"},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "\x1b[" not in r.stdout  # plain: no colours or styles in a file
+    lines = r.stdout.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.split() == _COLS)
+    names = _span_names(run_dir)
+    rows = lines[head + 1 : head + 1 + len(names)]
+    assert [ln.split()[0] for ln in rows] == names  # each name whole, on its row, in order
+    for ln in rows:
+        assert len(ln.split()) == len(_COLS)
+        assert _ends(ln)[1:] == _ends(lines[head])[1:]  # numbers keep their columns
+    # grep finds a span's numbers on the line of its name
+    assert any(ln.startswith("megatron.checkpoint.save.io_write ") and ln.split()[8] == "1"
+               for ln in rows)  # fmt: skip
+
+
+def test_summary_at_80_columns_keeps_names_whole_and_numbers_in_columns(run_dir: Path) -> None:
+    # the error/truncated columns leave no room for names at 80: each name gets its own line
+    # instead of a 2-character column (issue 22)
+    from mlaunch.cli import app
+
+    r = CliRunner().invoke(
+        app, ["trace", "summary", str(run_dir)], env={"COLUMNS": "80", "FORCE_COLOR": "1"}
+    )
+    assert r.exit_code == 0, r.output
+    lines = _ANSI.sub("", r.output).splitlines()
+    assert max(map(len, lines)) <= 80
+    names = _span_names(run_dir)
+    head = lines.index("name")
+    header = lines[head + 1]
+    assert header.split() == _COLS[1:]
+    body = lines[head + 2 : head + 2 + 2 * len(names)]
+    assert body[0::2] == names  # every name whole, on its own line
+    for ln in body[1::2]:
+        assert len(ln.split()) == len(_COLS) - 1
+        assert _ends(ln) == _ends(header)
+
+
+def test_summary_on_a_wide_terminal_has_one_row_a_line(run_dir: Path) -> None:
+    from mlaunch.cli import app
+
+    r = CliRunner().invoke(
+        app, ["trace", "summary", str(run_dir)], env={"COLUMNS": "160", "FORCE_COLOR": "1"}
+    )
+    assert r.exit_code == 0, r.output
+    lines = _ANSI.sub("", r.output).splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.split() == _COLS)
+    names = _span_names(run_dir)
+    assert [ln.split()[0] for ln in lines[head + 1 : head + 1 + len(names)]] == names
+
+
+def test_report_to_dash_writes_standard_output(
+    run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    r = _invoke("report", run_dir, "-o", "-")
+    assert r.exit_code == 0, r.output
+    assert r.stdout.startswith("<!DOCTYPE html>") and "wrote standard output" in r.stderr
+    assert not (tmp_path / "-").exists() and not (run_dir / "report.html").exists()

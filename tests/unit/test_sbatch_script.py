@@ -149,7 +149,21 @@ def test_settings_are_frozen_and_slurm_decides_the_nodes(tmp_path):
     assert "--untie-embeddings" in j.train_args and "--nnodes" not in script
     assert "export MEGATRON_OTEL_SPAN_GROUPS=all" in script  # telemetry: the worker env
     assert "export MEGATRON_OTEL_RUN_ID" not in script and "export MLAUNCH_RUN_DIR" not in script
-    assert "export MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}" in script
+    # a free port asked of the first node at job start, not one derived from the job id
+    # (which collided when job ids repeat); a MASTER_PORT the user exported wins
+    port_line = next(ln for ln in script.splitlines() if ln.startswith("export MASTER_PORT="))
+    assert port_line.startswith("export MASTER_PORT=${MASTER_PORT:-$(") and "SLURM_JOB_ID" not in (
+        port_line
+    )
+    for env in ({}, {"MASTER_PORT": "7777"}):
+        out = subprocess.run(
+            ["bash", "-c", f"{port_line}; echo $MASTER_PORT"],
+            text=True,
+            capture_output=True,
+            env={**{k: v for k, v in os.environ.items() if k != "MASTER_PORT"}, **env},
+            check=True,
+        ).stdout
+        assert int(out) == 7777 if env else 1024 <= int(out) <= 65535
     # With requeue and no save interval, one is chosen (and said) so a requeue can resume.
     assert j.train_args[j.train_args.index("--save-interval") + 1] == "3"
     assert any("--save-interval 3" in n for n in j.notes)

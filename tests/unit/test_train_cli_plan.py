@@ -335,3 +335,22 @@ def test_the_starting_line_and_the_restart_notice():
         "restart 1 of 2: rank 1 killed by SIGKILL; torchrun started the workers again;"
         " resuming from the newest valid checkpoint"
     )
+
+
+def test_a_rerun_in_a_run_dir_with_checkpoints_resumes_without_save_interval(tmp_path):
+    # runs/k9l/checkpoints held iteration 30 and a rerun without --save-interval started at
+    # iteration 1 (issue 22): it resumes from them, and saves there at the end again
+    run_dir = tmp_path / "run"
+    fresh = build({"launch.run_dir": str(run_dir)}, config="tiny", cwd=tmp_path)
+    assert "--load" not in fresh.argv and "--save" not in fresh.argv
+    ckpt = run_dir / "checkpoints"
+    (ckpt / "iter_0000030").mkdir(parents=True)
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("30\n")
+    again = build({"launch.run_dir": str(run_dir)}, config="tiny", cwd=tmp_path)
+    argv = again.argv
+    assert argv[argv.index("--load") + 1] == str(ckpt)
+    assert argv[argv.index("--save") + 1] == str(ckpt)
+    assert "--save-interval" not in argv  # at the end only, as the user asked
+    from mlaunch.cli.train_view import _checkpoint_text
+
+    assert f"resuming from {ckpt}" in _checkpoint_text(again)
