@@ -445,7 +445,8 @@ def _stats_trainer():
     tr.grads, tr.norm_grads = SimpleNamespace(flat=grad), [grad]
     tr.stop = loop.StopFlag()
     tr.ctx = SimpleNamespace(p2p=SimpleNamespace(after_sync=lambda: None))
-    tr._stop_vote = None
+    tr._stop_vote = tr._slow_vote = None
+    tr.recorder_slow, tr.recorder_trigger = False, None
     return tr
 
 
@@ -463,6 +464,10 @@ def test_the_stop_vote_is_filled_on_the_device_not_copied_from_the_host(monkeypa
     tr.stop.signal = 15
     assert tr._reduce_stats(loss)[2] is True
     assert tr._stop_vote is vote  # made once, filled in place every step
+    # the flight recorder's slow flag rides on the same reduce, filled on the device likewise
+    tr.recorder_slow = True
+    tr._reduce_stats(loss)
+    assert tr.recorder_trigger == "slow_iteration" and tr._slow_vote.device == loss.device
     assert tr._reduce_stats(None)[1] == 0.0
 
 
