@@ -123,6 +123,10 @@ def test_no_arguments_runs_tiny_with_exact_command_and_environment(spawned, tmp_
         "MEGATRON_OTEL_USER_ID": "",
         "MEGATRON_OTEL_SHUTDOWN_TIMEOUT": "5.0",
         "MEGATRON_OTEL_TRACE_SEGMENT_ITERS": "100",
+        "MEGATRON_OTEL_RECORDER_GROUPS": "",  # the flight recorder is off unless asked for
+        "MEGATRON_OTEL_RECORDER_ITERS": "20",
+        "MEGATRON_OTEL_RECORDER_MAX_MIB": "64.0",
+        "MEGATRON_OTEL_RECORDER_SLOW_FACTOR": "2.0",
         "MLAUNCH_RUN_DIR": str(run_dir),
         "OTEL_SERVICE_NAME": "mlaunch-tiny",
         "OTEL_TRACES_SAMPLER": "always_on",
