@@ -11,16 +11,14 @@ from typing import Any
 from orjson import loads
 
 from mlaunch.model.spans import ALIASES, STEP_SPAN, ResourceAttr
-from mlaunch.trace.stats import median
 from mlaunch.trace.store import Store
 from mlaunch.trace.summary import (
     _LAUNCHER,
     _NS_PER_MS,
     RUN_ATTRS,
     NameStats,
-    RankSkew,
-    Skew,
     Summary,
+    rank_skew,
 )
 
 #: Spans with their canonical name and duration (an end before its start counts as instant).
@@ -117,7 +115,7 @@ def summarize_store(store: Store, *, straggler_threshold: float = 0.05) -> Summa
             )
         )  # fmt: skip
     stats.sort(key=lambda s: (-s.total_ms, s.name))
-    ranks, skew = _skew(steps, resources, straggler_threshold)
+    ranks, skew = rank_skew(steps, resources, straggler_threshold)
     hosts = sorted({str(h) for r in resources.values() if (h := r.get(ResourceAttr.HOST_NAME))})
     first = resources[min(resources)] if resources else {}
     read = store.stats()
@@ -131,30 +129,4 @@ def summarize_store(store: Store, *, straggler_threshold: float = 0.05) -> Summa
         errors=sum(s.errors for s in stats), truncated=sum(s.truncated for s in stats),
         run={k: first[k] for k in RUN_ATTRS if k in first}, hosts=hosts,
         rank_ids=sorted(resources), read=read_info,
-    )  # fmt: skip
-
-
-def _skew(
-    steps: list[tuple[Any, ...]], resources: dict[int, dict[str, Any]], threshold: float
-) -> tuple[list[RankSkew], Skew | None]:
-    if not steps:
-        return [], None
-    medians = {r: float(p50) for r, _, p50, _ in steps}
-    ref = median(list(medians.values()))
-    ranks = []
-    for r, n, p50, p95 in steps:
-        ratio = medians[r] / ref if ref else 1.0
-        host = resources.get(r, {}).get(ResourceAttr.HOST_NAME)
-        ranks.append(
-            RankSkew(
-                rank=r, host=None if host is None else str(host), steps=n,
-                median_ms=float(p50) / _NS_PER_MS, p95_ms=float(p95) / _NS_PER_MS, ratio=ratio,
-                straggler=ratio > 1.0 + threshold,
-            )
-        )  # fmt: skip
-    slowest = max(ranks, key=lambda x: (x.median_ms, -x.rank))
-    return ranks, Skew(
-        reference_median_ms=ref / _NS_PER_MS, slowest_rank=slowest.rank,
-        slowest_median_ms=slowest.median_ms, slowest_ratio=slowest.ratio,
-        threshold=threshold, stragglers=[x.rank for x in ranks if x.straggler],
     )  # fmt: skip

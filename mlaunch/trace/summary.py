@@ -213,27 +213,40 @@ class SummaryAggregator:
 
     def _skew(self, threshold: float) -> tuple[list[RankSkew], Skew | None]:
         medians = {r: median(a) for r, a in self.step_by_rank.items() if len(a)}
-        if not medians:
-            return [], None
-        ref = median(list(medians.values()))
-        ranks: list[RankSkew] = []
+        per_rank = []
         for r in sorted(medians):
             vals = sorted(self.step_by_rank[r])
-            ratio = medians[r] / ref if ref else 1.0
-            host = self.resources.get(r, {}).get(ResourceAttr.HOST_NAME)
-            ranks.append(
-                RankSkew(
-                    rank=r, host=None if host is None else str(host), steps=len(vals),
-                    median_ms=medians[r] / _NS_PER_MS, p95_ms=percentile(vals, 95) / _NS_PER_MS,
-                    ratio=ratio, straggler=ratio > 1.0 + threshold,
-                )
-            )  # fmt: skip
-        slowest = max(ranks, key=lambda x: (x.median_ms, -x.rank))
-        return ranks, Skew(
-            reference_median_ms=ref / _NS_PER_MS, slowest_rank=slowest.rank,
-            slowest_median_ms=slowest.median_ms, slowest_ratio=slowest.ratio,
-            threshold=threshold, stragglers=[x.rank for x in ranks if x.straggler],
+            per_rank.append((r, len(vals), medians[r], percentile(vals, 95)))
+        return rank_skew(per_rank, self.resources, threshold)
+
+
+def rank_skew(
+    per_rank: list[tuple[int, int, float, float]],
+    resources: dict[int, dict[str, Any]],
+    threshold: float,
+) -> tuple[list[RankSkew], Skew | None]:
+    """Each rank's step-time skew against the median of the ranks' medians, from ``(rank, steps,
+    median_ns, p95_ns)`` rows in rank order: the one rule for the JSON and the store readers."""
+    if not per_rank:
+        return [], None
+    ref = median([float(p50) for _, _, p50, _ in per_rank])
+    ranks: list[RankSkew] = []
+    for r, n, p50, p95 in per_rank:
+        ratio = float(p50) / ref if ref else 1.0
+        host = resources.get(r, {}).get(ResourceAttr.HOST_NAME)
+        ranks.append(
+            RankSkew(
+                rank=r, host=None if host is None else str(host), steps=n,
+                median_ms=float(p50) / _NS_PER_MS, p95_ms=float(p95) / _NS_PER_MS,
+                ratio=ratio, straggler=ratio > 1.0 + threshold,
+            )
         )  # fmt: skip
+    slowest = max(ranks, key=lambda x: (x.median_ms, -x.rank))
+    return ranks, Skew(
+        reference_median_ms=ref / _NS_PER_MS, slowest_rank=slowest.rank,
+        slowest_median_ms=slowest.median_ms, slowest_ratio=slowest.ratio,
+        threshold=threshold, stragglers=[x.rank for x in ranks if x.straggler],
+    )  # fmt: skip
 
 
 def summarize(reader: TraceReader, *, straggler_threshold: float = 0.05) -> Summary:
