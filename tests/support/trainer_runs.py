@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,6 +80,35 @@ def run_trainer(
         timeout=timeout,
     )
     return Run(proc.returncode, proc.stdout + proc.stderr, run_dir)
+
+
+def sigterm_after_steps(
+    tmp: Path, run_dir: Path, args: list[str], env: dict[str, str], steps: int = 3
+) -> tuple[int, str]:
+    """Start ``python -m mlaunch.trainer ARGS`` (one process, no torchrun) in ``tmp``, send it
+    SIGTERM once ``run_dir/progress.jsonl`` holds ``steps`` records, and return its exit code and
+    output (stdout and stderr together). Bounded: 120 s for the steps, 120 s for the exit."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlaunch.trainer", *args],
+        cwd=tmp,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    progress = run_dir / "progress.jsonl"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if progress.exists() and len(progress.read_text().splitlines()) >= steps:
+                break
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, output
 
 
 def telemetry_env(spec: str) -> dict[str, str]:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from support.trace_cli import trace_cli
-from support.trainer_runs import TINY, clean_env, run_trainer
+from support.trainer_runs import TINY, clean_env, run_trainer, sigterm_after_steps
 
 from mlaunch import envcontract
 from mlaunch.model.spans import Attr, SpanName
@@ -129,27 +129,9 @@ def test_exception_dumps_before_the_error_file_on_a_pp2_job(tmp_path):
 def test_sigterm_dumps_with_the_signal_trigger(tmp_path):
     run_dir = tmp_path / "run"
     env = clean_env(run_dir, **recorder_env(MEGATRON_OTEL_RECORDER_SLOW_FACTOR="1000"))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlaunch.trainer", *TINY, "--train-iters", "100000"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    code, output = sigterm_after_steps(tmp_path, run_dir, [*TINY, "--train-iters", "100000"], env)
+    assert code == 0, output[-3000:]
     progress = run_dir / "progress.jsonl"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if progress.exists() and len(progress.read_text().splitlines()) >= 3:
-                break
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, output[-3000:]
     last = json.loads(progress.read_text().splitlines()[-1])["iteration"]
     spans = [s for d in dumps(run_dir, 0) for s in d]
     assert {s["attributes"][Attr.RECORDER_TRIGGER] for s in spans} == {"signal"}

@@ -4,13 +4,9 @@ SIGTERM (finish the iteration, checkpoint, flush telemetry, exit 0)."""
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
-from support.trainer_runs import TINY, clean_env, run_trainer, telemetry_env
+from support.trainer_runs import TINY, clean_env, run_trainer, sigterm_after_steps, telemetry_env
 
 from mlaunch.model.spans import Attr, SpanName
 from mlaunch.telemetry.otlp_json import read_spans
@@ -53,36 +49,10 @@ def test_sigterm_finishes_the_iteration_checkpoints_and_exits_zero(tmp_path):
     run_dir = tmp_path / "run"
     env = clean_env(run_dir, **telemetry_env("per_step"))
     ck = tmp_path / "ck"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlaunch.trainer",
-            *TINY,
-            "--train-iters",
-            "100000",
-            "--save",
-            str(ck),
-        ],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    args = [*TINY, "--train-iters", "100000", "--save", str(ck)]
+    code, output = sigterm_after_steps(tmp_path, run_dir, args, env)
+    assert code == 0, output[-3000:]
     progress = run_dir / "progress.jsonl"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if progress.exists() and len(progress.read_text().splitlines()) >= 3:
-                break
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, output[-3000:]
     assert "stop requested by signal" in output
     last = json.loads(progress.read_text().splitlines()[-1])["iteration"]
     assert (ck / "latest_checkpointed_iteration.txt").read_text().strip() == str(last)
