@@ -54,7 +54,11 @@ class Trap:
                     first = conn.recv(4096).split(b"\r\n", 1)[0]
                 except OSError:
                     first = b"?"
-                self.requests.append(first.decode("latin-1"))
+                # Chromium preconnects to its proxy and closes the socket unused when nothing
+                # needs it (seen under load, when the page outruns the speculative socket): a
+                # connection that sent no bytes carried no request.
+                if first:
+                    self.requests.append(first.decode("latin-1"))
 
     def close(self) -> None:
         self.sock.close()
