@@ -104,3 +104,49 @@ def checkpoint_layout_problems(
             f" this run cannot resume from it: {fix}, or run with that layout",
         )
     ]
+
+
+def _earlier_run(run_dir: Path, run_id: str) -> tuple[str, int] | None:
+    """(run id, iterations recorded) of another run that left its records in ``run_dir``, or
+    None. A record of this same run id is not another run: a SLURM requeue (the run id is the
+    job id) and every node of a multi-node job share it."""
+    try:
+        table = json.loads((run_dir / ec.RESOLVED_JSON_FILE).read_text(encoding="utf-8"))
+        theirs = str(table["run_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if theirs == run_id:
+        return None
+    try:
+        with (run_dir / ec.PROGRESS_FILE).open("rb") as f:
+            iterations = sum(1 for line in f if line.strip())
+    except OSError:
+        iterations = 0
+    traces = any((run_dir / ec.TELEMETRY_DIR).glob(ec.TRACES_FILE_GLOB))
+    return (theirs, iterations) if iterations or traces else None
+
+
+def rerun_problems(
+    settings: Settings, targs: Sequence[str], run_dir: Path, run_id: str
+) -> list[Problem]:
+    """Refuse a second run of mlaunch's trainer in a run directory that holds another run's
+    records and no checkpoint to resume from: it would start at iteration 1 and append to the
+    first run's ``progress.jsonl`` and traces, which every reader would then count as one run.
+    With a checkpoint the rerun resumes (``--load`` defaults to it) and continues that run."""
+    if "--load" in targs[:-1]:
+        return []
+    found = _earlier_run(run_dir, run_id)
+    if found is None:
+        return []
+    theirs, iterations = found
+    what = f"{iterations} iteration(s) in {ec.PROGRESS_FILE}" if iterations else "its traces"
+    return [
+        Problem(
+            settings.label("launch.run_dir"),
+            f"{run_dir} holds run {theirs} ({what}) and no checkpoint to resume from: this run"
+            " would start over and mix its records with that run's. Give another --run-dir (or"
+            " remove that run's files); to make runs resumable, save checkpoints"
+            " (--save-interval N)",
+            "conflict",
+        )
+    ]

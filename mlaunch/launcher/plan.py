@@ -19,7 +19,7 @@ from typing import Any
 
 from mlaunch import envcontract as ec
 from mlaunch.launcher import reference
-from mlaunch.launcher.checkpoint_layout import checkpoint_layout_problems
+from mlaunch.launcher.checkpoint_layout import checkpoint_layout_problems, rerun_problems
 from mlaunch.launcher.configs import CONFIGS_DIR, config_launch_keys, os_reason, resolve_config
 from mlaunch.launcher.slurm import slurm_launch_values
 from mlaunch.launcher.worker_args import (
@@ -288,7 +288,7 @@ def build_plan(
         )
     run_dir = _run_dir(settings, run_id, cwd, problems)
     log_dir = run_dir / ec.LOGS_DIR / ec.NODE_LOG_DIR.name(settings.launch.node_rank)
-    entry, megatron_why = _entry(settings, run_dir, passthrough, cwd, problems)
+    entry, megatron_why = _entry(settings, run_id, run_dir, passthrough, cwd, problems)
     ranks, spans = _telemetry_estimates(settings, problems)
     if problems:
         raise SettingsError(problems)
@@ -400,6 +400,7 @@ def _run_dir(settings: Settings, run_id: str, cwd: Path, problems: list[Problem]
 
 def _entry(
     settings: Settings,
+    run_id: str,
     run_dir: Path,
     passthrough: Sequence[str],
     cwd: Path,
@@ -413,6 +414,7 @@ def _entry(
         problems += shadowed_settings(passthrough)
         problems += check_trainer_args([*targs, *passthrough], settings.world_size)
         problems += checkpoint_layout_problems(settings, targs, cwd)
+        problems += rerun_problems(settings, targs, run_dir, run_id)
         return ["-m", TRAINER_MODULE, *targs, *passthrough], ""
     # One decision, stored on the settings: every later reader (the argument list, the
     # translation table, resolved.json) sees the same bool.

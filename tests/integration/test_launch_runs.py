@@ -4,6 +4,7 @@ checkpoint resume. Tiny models; each run is a few seconds of training."""
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import time
@@ -183,3 +184,25 @@ def test_a_rerun_resumes_from_the_run_dir_checkpoints_without_save_interval(tmp_
     assert (
         ckpt / "latest_checkpointed_iteration.txt"
     ).read_text().strip() == "5"  # saved at the end
+
+
+def test_a_rerun_with_no_checkpoint_is_refused_and_changes_nothing(tmp_path):
+    # A rerun in a --run-dir whose first run saved no checkpoint started over at iteration 1 and
+    # appended to that run's progress.jsonl and traces (issue 22): every reader then counted two
+    # runs as one. It is refused before anything starts; the first run's files stay as they were.
+    run_dir = tmp_path / "r"
+    args = ["--run-dir", str(run_dir), "--train-iters", "2"]
+    code, out = finish(mlaunch(*args, cwd=tmp_path))
+    assert code == 0, out
+    assert not (run_dir / "checkpoints").exists()
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    first_id = run_dir.joinpath("resolved.json").read_text()
+    code, out = finish(mlaunch(*args, cwd=tmp_path))
+    assert code == 2, out
+    assert "no checkpoint to resume from" in out and "Give another --run-dir" in out
+    assert "Traceback" not in out and "starting 2 worker(s)" not in out
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+    # The same run id (a SLURM requeue: the run id is the job id) is the same run, not another.
+    env = {**clean_env(), "MEGATRON_OTEL_RUN_ID": json.loads(first_id)["run_id"]}
+    code, out = finish(mlaunch(*args, cwd=tmp_path, env=env))
+    assert code == 0, out
