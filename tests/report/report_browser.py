@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from support.apt import apt_install
+
 #: Where screenshots go (gitignored): the repository root's test-artifacts/.
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
@@ -64,26 +66,16 @@ class Trap:
         self.sock.close()
 
 
-def find_or_install_chromium() -> tuple[str | None, str]:
-    """The chromium binary, installing Debian's package when missing: (path, why not)."""
-    found = shutil.which("chromium") or (
+def _chromium() -> str | None:
+    return shutil.which("chromium") or (
         "/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None
     )
-    if found:
-        return found, ""
-    if not shutil.which("apt-get") or os.geteuid() != 0:
-        return None, "chromium is missing and apt-get (as root) is not available to install it"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "--no-install-recommends",
-                                        "chromium"]):  # fmt: skip
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            return None, f"`{' '.join(cmd)}` failed: {e}"
-        if r.returncode != 0:
-            return None, f"`{' '.join(cmd)}` failed: {r.stderr.strip()[-300:]}"
-    found = shutil.which("chromium")
-    return (found, "") if found else (None, "apt-get installed chromium but it is not on PATH")
+
+
+def find_or_install_chromium() -> tuple[str | None, str]:
+    """The chromium binary, installing Debian's package when missing: (path, why not)."""
+    why = apt_install(["chromium"], lambda: _chromium() is not None)
+    return (_chromium(), "") if not why else (None, why)
 
 
 @dataclass

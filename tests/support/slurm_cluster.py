@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from support.apt import apt_install
+
 #: The Debian packages the cluster needs, and a binary of each that shows it is installed.
 PACKAGES: dict[str, str] = {"slurm-wlm": "slurmctld", "munge": "munged"}
 #: The two nodes (both this machine).
@@ -51,18 +53,10 @@ class SlurmUnavailable(RuntimeError):
 
 def ensure_installed() -> None:
     """Install ``slurm-wlm`` and ``munge`` with apt when a binary of theirs is missing."""
-    missing = [pkg for pkg, binary in PACKAGES.items() if not _which(binary)]
-    if not missing:
-        return
-    if os.geteuid() != 0:
-        raise SlurmUnavailable(f"{', '.join(missing)} not installed and not root to install them")
-    if not shutil.which("apt-get"):
-        raise SlurmUnavailable(f"{', '.join(missing)} not installed and no apt-get here")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for argv in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", *PACKAGES]):
-        out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
-        if out.returncode != 0:
-            raise SlurmUnavailable(f"{' '.join(argv)} failed:\n{out.stdout[-2000:]}{out.stderr}")
+    present = lambda: all(_which(binary) for binary in PACKAGES.values())  # noqa: E731
+    why = apt_install(list(PACKAGES), present, recommends=True)  # as the cluster was built with
+    if why:
+        raise SlurmUnavailable(why)
 
 
 def _which(binary: str) -> str | None:
