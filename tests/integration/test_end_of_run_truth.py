@@ -50,11 +50,21 @@ def _interrupt_once_started(tmp: Path, script: str, marker: Path) -> subprocess.
 
 
 def test_a_failing_script_shows_each_failing_ranks_own_stderr(tmp_path: Path) -> None:
-    script = """
-        import argparse, os, signal, sys
+    # Each rank must fail on its own: torchrun stops the others (SIGTERM) within its 0.1 s
+    # monitor interval of the first failure, which on a loaded machine came before the slower
+    # rank's own end. So rank 0 fails first, and rank 1 ignores that SIGTERM, waits until rank 0
+    # is on its way out (a file its atexit writes) and only then dies of SIGSEGV.
+    gone = tmp_path / "rank0-exiting"
+    script = f"""
+        import argparse, atexit, os, pathlib, signal, sys, time
         print("rank output before the end", file=sys.stderr, flush=True)
         if os.environ["LOCAL_RANK"] == "1":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            end = time.monotonic() + 60
+            while not os.path.exists({str(gone)!r}) and time.monotonic() < end:
+                time.sleep(0.01)
             os.kill(os.getpid(), signal.SIGSEGV)
+        atexit.register(pathlib.Path({str(gone)!r}).touch)
         argparse.ArgumentParser().parse_args(["--bogus"])
     """
     out = subprocess.run(
