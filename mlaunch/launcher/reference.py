@@ -600,6 +600,14 @@ RULES: tuple[Rule, ...] = (
         " argument check requires it before Blackwell",
         # It depends on the inherited environment: launch.plan applies cuda_connections().
     ),
+    Rule(
+        "`PYTHONPATH` (live capture)",
+        Handling.TRANSLATED,
+        "with traces on: mlaunch's live-capture hook first (`mlaunch/lens_hook/inject`, a folder"
+        " holding only a `sitecustomize.py`, which runs the one it shadows), then yours as it is;"
+        " it lets `mlaunch trace capture --seconds` switch nemo-lens's span groups (docs/capture.md)",
+        # It depends on the inherited environment: worker_env applies it.
+    ),
 )
 
 
