@@ -24,3 +24,7 @@ from pathlib import Path
 #: The folder put first on a nemo-lens worker's ``PYTHONPATH``: only ``sitecustomize.py`` is in it,
 #: so it shadows no other module.
 SITE_DIR = Path(__file__).resolve().parent / "inject"
+#: How far ahead of its writing a request's ``start_ns`` should be, seconds: each rank looks at the
+#: request file once a second, so with this lead every rank has read it before the start and all
+#: switch at the same instant (a rank that reads it late switches at once and still ends on time).
+START_LEAD_S = 2.0

@@ -243,7 +243,7 @@ class LensCapture:
         self.seen.add(request.id)
         if self.active is not None or self.pending is not None:
             busy = (self.active[0] if self.active is not None else self.pending).id
-            self._ack_refused(request.id, f"capture {busy} is still running on this rank")
+            self._ack_refused(request.id, f"capture {busy} is pending or running on this rank")
             return
         self.pending = request
 

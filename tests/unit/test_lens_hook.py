@@ -385,3 +385,9 @@ def test_lens_capture_ranks_with_every_rank_exporting_or_telemetry_off(tmp_path,
     ranks, why = launcher_capture.lens_capture_ranks(run)
     assert ranks == [] and set(why) == {0, 1} and "telemetry is off" in why[0]
     assert launcher_capture.lens_capture_ranks(tmp_path / "nowhere") == ([], {})
+
+
+def test_the_start_lead_leaves_every_rank_a_poll_to_read_the_request():
+    from mlaunch.lens_hook import START_LEAD_S
+
+    assert START_LEAD_S > hook.POLL_S
