@@ -49,6 +49,8 @@ CAPTURE_ACK_TEMPLATE = "capture-ack-rank{rank}-{id}.json"
 THREAD_NAME = "mlaunch-lens-capture"
 #: How often the request file is looked at (a ``stat``; read only when it changed).
 POLL_S = 1.0
+#: The longest window a request may ask for (a year: longer is a typo, or infinity).
+MAX_SECONDS = 365 * 86400.0
 #: What every log line of this module starts with (the worker's stderr, i.e. its rank log).
 LOG_PREFIX = "mlaunch lens capture: "
 
@@ -157,8 +159,12 @@ def parse_request(body: object, *, run_id: str, rank: int, started_ns: int) -> R
                 "nemo-lens workers capture by time, not by iteration (Megatron-LM's iteration"
                 " counter is not visible to mlaunch): ask with --seconds"
             )
-        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
-            raise Refused(f"seconds is {seconds!r}, not a positive number")
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not 0 < seconds <= MAX_SECONDS
+        ):
+            raise Refused(f"seconds is {seconds!r}, not a number in (0, {MAX_SECONDS:g}]")
         start = body.get("start_ns")
         start_ns = created if start is None else _int(start, "start_ns")
     except Refused as exc:
@@ -184,8 +190,9 @@ class LensCapture:
         self.lens = lens or Lens()
         self.seen: set[str] = set()
         self.pending: Request | None = None
-        #: (request, the groups restored at its end, applied_ns) while a capture runs.
-        self.active: tuple[Request, frozenset[str], int] | None = None
+        #: (request, the groups restored at its end, the groups during it, applied_ns) while a
+        #: capture runs.
+        self.active: tuple[Request, frozenset[str], frozenset[str], int] | None = None
         self._mtime: int | None = None
         self._last_poll: int | None = None
         self._logged: set[str] = set()
@@ -200,12 +207,12 @@ class LensCapture:
             self._poll()
         wait = POLL_S
         if self.active is not None:
-            request, previous, applied_ns = self.active
+            request, previous, during, applied_ns = self.active
             if now_ns >= request.end_ns:
                 self.lens.set_groups(previous)
-                ended_ns = time.time_ns()
+                ended_ns = time.time_ns()  # after the switch back: no captured span starts later
                 self.active = None
-                self._ack(request, True, None, request.groups, previous, applied_ns, ended_ns)
+                self._ack(request, True, None, during, previous, applied_ns, ended_ns)
             else:
                 wait = min(wait, (request.end_ns - now_ns) / _NS)
         if self.pending is not None and self.active is None:
@@ -272,7 +279,7 @@ class LensCapture:
         during = previous | request.groups
         applied_ns = time.time_ns()  # before the switch: every captured span starts after it
         self.lens.set_groups(during)
-        self.active = (request, previous, applied_ns)
+        self.active = (request, previous, during, applied_ns)
         self._ack(request, True, None, during, previous, applied_ns, None)
         return min(POLL_S, max(0.0, (request.end_ns - time.time_ns()) / _NS))
 

@@ -98,8 +98,11 @@ def test_a_capture_switches_at_its_start_and_back_at_its_end(tmp_path):
     assert lens.current == captured | COARSE
     w.tick(T0 + 5 * S)
     assert lens.current == COARSE and len(lens.history) == 2
-    ack = _ack(tmp_path)
-    assert ack["applied"] is True and ack["ended_ns"] >= ack["applied_ns"]
+    ended = _ack(tmp_path)
+    assert ended["applied"] is True and ended["ended_ns"] >= ended["applied_ns"]
+    assert {k: v for k, v in ended.items() if k != "ended_ns"} == {
+        k: v for k, v in ack.items() if k != "ended_ns"
+    }
 
 
 def test_the_captured_groups_are_added_to_the_workers_own(tmp_path):
@@ -108,6 +111,11 @@ def test_the_captured_groups_are_added_to_the_workers_own(tmp_path):
     _request(tmp_path, groups="layer,microbatch")
     w.tick(T0 + S)
     assert lens.current == {"job", "checkpoint", "layer", "microbatch"}
+    w.tick(T0 + 3 * S)
+    assert lens.current == {"job", "checkpoint"}
+    ack = _ack(tmp_path)
+    assert ack["groups"] == ["checkpoint", "job", "layer", "microbatch"]
+    assert ack["previous"] == ["checkpoint", "job"]
 
 
 def test_a_request_seen_late_still_ends_on_time_and_one_seen_after_its_end_is_not_applied(
@@ -165,14 +173,15 @@ def test_nemo_lens_set_up_after_the_request_still_captures_its_window(tmp_path):
     ("body", "reason"),
     [
         ({"seconds": None, "iterations": 5}, "by time"),
-        ({"seconds": 0}, "positive"),
-        ({"seconds": "3"}, "positive"),
+        ({"seconds": 0}, "not a number in"),
+        ({"seconds": "3"}, "not a number in"),
+        ({"seconds": 1e400}, "not a number in"),
         ({"groups": "all,lyaer"}, "lyaer"),
         ({"groups": 7}, "not a span-group spec"),
         ({"start_ns": "soon"}, "start_ns"),
     ],
-    ids=["iterations-only", "zero-seconds", "text-seconds", "bad-spec", "groups-not-text",
-         "bad-start"],
+    ids=["iterations-only", "zero-seconds", "text-seconds", "infinite-seconds", "bad-spec",
+         "groups-not-text", "bad-start"],
 )  # fmt: skip
 def test_a_bad_request_for_this_rank_is_answered_with_its_reason(tmp_path, capsys, body, reason):
     lens = FakeLens()
