@@ -156,6 +156,9 @@ RECORDER_FILE = NumberedName("recorder-rank{rank}.jsonl")
 #: A request to the running workers (``mlaunch trace capture``), at the top of the run directory;
 #: each worker reads it at most once a second, off its training thread.
 CAPTURE_REQUEST_FILE = "capture-request.json"
+#: A rank's answer to capture request ``{id}``, under TELEMETRY_DIR (nemo-lens workers: applied or
+#: why not, and when the groups were switched and switched back; mlaunch.lens_hook.capture).
+CAPTURE_ACK_TEMPLATE = "capture-ack-rank{rank}-{id}.json"
 
 #: The glob of every rank's traces file (what the file exporter writes).
 TRACES_FILE_GLOB = _telemetry_name("traces", RANK_SENDER.glob)
@@ -199,6 +202,11 @@ def spooled(path: Path) -> Path:
 def recorder_file(run_dir: str | Path, rank: int) -> Path:
     """Where one rank's flight recorder writes its dumps."""
     return Path(run_dir) / TELEMETRY_DIR / RECORDER_FILE.name(rank)
+
+
+def capture_ack_file(run_dir: str | Path, rank: int, request_id: str) -> Path:
+    """Where ``rank`` answers capture request ``request_id``."""
+    return Path(run_dir) / TELEMETRY_DIR / CAPTURE_ACK_TEMPLATE.format(rank=rank, id=request_id)
 
 
 def traces_file(run_dir: str | Path, rank: int) -> Path:

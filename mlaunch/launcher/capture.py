@@ -125,3 +125,41 @@ def request_capture(target: str, cwd: Path, *, recorded: bool, ranks: str) -> Ca
     tmp.write_text(json.dumps(body) + "\n", encoding="utf-8")
     os.replace(tmp, path)  # a worker never reads half a request
     return req
+
+
+def lens_capture_ranks(run_dir: Path) -> tuple[list[int], dict[int, str]]:
+    """For a run whose workers trace through nemo-lens (``--script``/``--module``): ``(the ranks
+    that will capture, {rank: why it cannot})``, from the run's ``resolved.json``.
+
+    A nemo-lens worker can switch groups only where nemo-lens built an exporter: on the ranks the
+    export strategy leaves out it installed no-op providers, so nothing traced there goes anywhere
+    (mlaunch's own trainer starts an exporter on demand instead). Both empty when the run directory
+    has no readable ``resolved.json``.
+    """
+    try:
+        data = json.loads((Path(run_dir) / ec.RESOLVED_JSON_FILE).read_text(encoding="utf-8"))
+        world = int(data["world_size"])
+        exporting = sorted(int(r) for r in data.get("exporting_ranks") or ())
+        settings = data.get("settings") or {}
+    except (OSError, ValueError, KeyError, TypeError):
+        return [], {}
+
+    def value(path: str) -> Any:
+        entry = settings.get(path)
+        return entry.get("value") if isinstance(entry, dict) else None
+
+    off = None
+    if not value("telemetry.enabled"):
+        off = "telemetry is off in this run (--otel-enabled was not given)"
+    elif value("telemetry.traces_enabled") is False:
+        off = "traces are off in this run (TRACES_ENABLED=false)"
+    elif value("telemetry.otel.sdk_disabled"):
+        off = "OTEL_SDK_DISABLED is set in this run"
+    if off is not None:
+        return [], {r: off for r in range(world)}
+    strategy = value("telemetry.export_strategy") or "single_rank"
+    why = (
+        f"it does not export under the run's export strategy {strategy!r}: nemo-lens built no"
+        " exporter there (use --otel-export-strategy all_ranks at launch to capture every rank)"
+    )
+    return exporting, {r: why for r in range(world) if r not in exporting}

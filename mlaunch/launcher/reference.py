@@ -274,6 +274,40 @@ def _exporter_applied(settings: Settings) -> str | None:
     return None
 
 
+#: The flight recorder's settings (mlaunch.telemetry's recorder; nemo-lens has none).
+RECORDER_PATHS: tuple[str, ...] = (
+    "telemetry.recorder_groups",
+    "telemetry.recorder_iters",
+    "telemetry.recorder_max_mib",
+    "telemetry.recorder_slow_factor",
+)
+
+
+def _recorder_write(settings: Settings, run_id: str) -> dict[str, str]:
+    """All four when the recorder is on, the groups resolved (the reference's language); a
+    ``mlaunch.telemetry`` script reads them, nemo-lens ignores keys it does not know."""
+    t = settings.telemetry
+    if not t.recorder_group_set:
+        return {}
+    env = {
+        _key(p.rpartition(".")[2]): env_text(getattr(t, p.rpartition(".")[2]))
+        for p in RECORDER_PATHS
+    }
+    env[_key("recorder_groups")] = format_groups(t.recorder_group_set)
+    return env
+
+
+def _recorder_applied(settings: Settings) -> str | None:
+    t = settings.telemetry
+    if not (t.enabled and t.recorder_group_set):
+        return None
+    return (
+        f"flight recorder {t.recorder_groups!r}: kept by --script workers that use"
+        " mlaunch.telemetry; a nemo-lens (Megatron-LM) worker has no flight recorder and ignores"
+        f" {P}RECORDER_*"
+    )
+
+
 def _run_id_write(settings: Settings, run_id: str) -> dict[str, str]:
     return {ec.RUN_ID: run_id}
 
@@ -522,38 +556,14 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule(
-        f"`{P}RECORDER_*` (mlaunch only)",
-        Handling.REFUSED,
-        "not written (nemo-lens has no flight recorder)",
-        "when set: the flight recorder lives in mlaunch's telemetry runtime; a Megatron-LM worker"
-        " exports through nemo-lens, which cannot record spans without exporting them",
-        paths=(
-            "telemetry.recorder_groups",
-            "telemetry.recorder_iters",
-            "telemetry.recorder_max_mib",
-            "telemetry.recorder_slow_factor",
-        ),
-        refuse=lambda s: next(
-            (
-                why
-                for path, default in (
-                    ("telemetry.recorder_groups", ""),
-                    ("telemetry.recorder_iters", 20),
-                    ("telemetry.recorder_max_mib", 64.0),
-                    ("telemetry.recorder_slow_factor", 2.0),
-                )
-                if (
-                    why := _mlaunch_only(
-                        path,
-                        "nemo-lens workers have no flight recorder (it lives in mlaunch's"
-                        " telemetry runtime: mlaunch's trainer and --script workers that use"
-                        " mlaunch.telemetry); unset it",
-                        default,
-                    )(s)
-                )
-            ),
-            None,
-        ),
+        f"`{P}RECORDER_*` (the flight recorder)",
+        Handling.PASSED,
+        f"when the recorder is on: `{P}RECORDER_GROUPS` (the resolved groups), `_ITERS`,"
+        " `_MAX_MIB`, `_SLOW_FACTOR`; a script that uses `mlaunch.telemetry` records, a nemo-lens"
+        " (Megatron-LM) worker has no flight recorder and ignores them (the summary says so)",
+        paths=RECORDER_PATHS,
+        write=_recorder_write,
+        applied=_recorder_applied,
     ),
     Rule(
         f"`{ec.FALLBACK_PREFIX}<KEY>` (fallback prefix)",
@@ -599,6 +609,14 @@ RULES: tuple[Rule, ...] = (
         "set to `1` when tensor or context parallel size > 1 and you did not set it: Megatron-LM's"
         " argument check requires it before Blackwell",
         # It depends on the inherited environment: launch.plan applies cuda_connections().
+    ),
+    Rule(
+        "`PYTHONPATH` (live capture)",
+        Handling.TRANSLATED,
+        "with traces on: mlaunch's live-capture hook first (`mlaunch/lens_hook/inject`, a folder"
+        " holding only a `sitecustomize.py`, which runs the one it shadows), then yours as it is;"
+        " it lets `mlaunch trace capture --seconds` switch nemo-lens's span groups (docs/capture.md)",
+        # It depends on the inherited environment: worker_env applies it.
     ),
 )
 

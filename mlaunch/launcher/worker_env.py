@@ -3,12 +3,14 @@ trainer, or the reference's for a ``--script``/``--module``), one truth per vari
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from mlaunch import envcontract as ec
 from mlaunch.launcher import reference
+from mlaunch.lens_hook import SITE_DIR
 from mlaunch.settings import OTEL_ENV, TELEMETRY_KEYS, Settings
 
 _env_value = reference.env_text
@@ -45,6 +47,10 @@ def worker_environment(
             and not (embedded and var in ec.OTLP_TARGET_VARS)
         ):
             env[var] = environ[var]
+    if external and lens_hook_wanted(settings):
+        env[PYTHONPATH] = os.pathsep.join(
+            [str(SITE_DIR), *([environ[PYTHONPATH]] if environ.get(PYTHONPATH) else [])]
+        )
     if settings.launch.device == "cuda":
         env[ec.DEVICE] = "cuda"  # the worker refuses to start without it (trainer/parallel.py)
     if settings.launch.device == "cpu":
@@ -63,6 +69,18 @@ def worker_environment(
     if embedded:
         removed |= {k for k in environ if k in ec.OTLP_TARGET_VARS}
     return env, tuple(sorted(removed)), tuple(notes)
+
+
+#: Where the live-capture hook for nemo-lens workers goes (first, before the user's entries).
+PYTHONPATH = "PYTHONPATH"
+
+
+def lens_hook_wanted(settings: Settings) -> bool:
+    """Whether a ``--script``/``--module`` run's workers get the live-capture hook
+    (:mod:`mlaunch.lens_hook`): only when they trace at all. It does nothing in a worker that does
+    not set nemo-lens up (a script using ``mlaunch.telemetry`` watches requests itself)."""
+    t = settings.telemetry
+    return t.enabled and t.traces_enabled and not t.otel.sdk_disabled
 
 
 def _trainer_env(settings: Settings, run_id: str, environ: Mapping[str, str]) -> dict[str, str]:

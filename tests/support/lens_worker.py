@@ -32,12 +32,16 @@ Test controls (environment):
 - ``LENS_WORKER_KILL_AT`` / ``LENS_WORKER_KILL_RANK`` (default 0): that rank SIGKILLs itself at
   the start of that iteration, in the first attempt only (so a torchrun restart then finishes).
 - ``LENS_WORKER_FAIL_AT``: every rank raises ``RuntimeError`` at that iteration.
+- ``LENS_WORKER_STOP_FILE``: iterate past ``--train-iters`` until that file exists, then
+  ``LENS_WORKER_AFTER_STOP`` (default 3) more iterations, so a test decides when the loop ends
+  whatever the machine's load; the report then carries ``iteration`` (the last one started).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -359,7 +363,25 @@ def main(argv: list[str]) -> int:
     step_hist = handle.meter.create_histogram("megatron.training.step_duration_ms", unit="ms")
     loss_gauge = handle.meter.create_gauge("megatron.training.loss")
     first = True
-    for step, iteration in enumerate(range(start_iter + 1, args.train_iters + 1)):
+    stop_file = os.environ.get("LENS_WORKER_STOP_FILE")
+    after_stop = int(os.environ.get("LENS_WORKER_AFTER_STOP", "3"))
+
+    def iterations():
+        if not stop_file:
+            yield from range(start_iter + 1, args.train_iters + 1)
+            return
+        left = None
+        for iteration in itertools.count(start_iter + 1):
+            if left is None and iteration > args.train_iters and Path(stop_file).exists():
+                left = after_stop
+            if left is not None:
+                if left == 0:
+                    return
+                left -= 1
+            report.update(iteration=iteration)
+            yield iteration
+
+    for step, iteration in enumerate(iterations()):
         if (save_interval > 0 and step % save_interval == 0) or (save_interval <= 0 and step == 0):
             reroot()
         if kill_at == iteration and rank == kill_rank and attempt == "0":

@@ -345,20 +345,30 @@ def test_mlaunch_only_keys_are_never_written(script):
             "MEGATRON_OTEL_TRACE_SEGMENT_ITERS",
             "--save-interval",
         ),
-        (
-            {"MEGATRON_OTEL_RECORDER_GROUPS": "all"},
-            "MEGATRON_OTEL_RECORDER_GROUPS",
-            "no flight recorder",
-        ),
-        (
-            {"MEGATRON_OTEL_RECORDER_ITERS": "5"},
-            "MEGATRON_OTEL_RECORDER_ITERS",
-            "no flight recorder",
-        ),
     ],
 )
 def test_mlaunch_only_keys_are_refused_when_set(script, env, field, fragment):
     assert fragment in refused(script, ON, env=env)[field]
+
+
+def test_the_recorder_reaches_script_workers_and_the_summary_says_nemo_lens_has_none(script):
+    # A --script may use mlaunch.telemetry, whose flight recorder reads these; nemo-lens ignores
+    # keys it does not know. They were refused for every script before.
+    p = plan(script, {**ON, "telemetry.recorder_groups": "all,-layer",
+                      "telemetry.recorder_iters": 7})  # fmt: skip
+    assert p.worker_env["MEGATRON_OTEL_RECORDER_GROUPS"] == format_groups(resolve("all,-layer"))
+    assert p.worker_env["MEGATRON_OTEL_RECORDER_ITERS"] == "7"
+    assert p.worker_env["MEGATRON_OTEL_RECORDER_MAX_MIB"] == "64.0"
+    assert p.worker_env["MEGATRON_OTEL_RECORDER_SLOW_FACTOR"] == "2.0"
+    [line] = [t for t in ref.translations(p.settings) if "flight recorder" in t]
+    assert "mlaunch.telemetry" in line and "nemo-lens (Megatron-LM) worker has no flight" in line
+    assert line in p.resolved_json()["reference"]["translations"]
+
+
+def test_recorder_settings_without_recorder_groups_write_nothing(script):
+    p = plan(script, ON, env={"MEGATRON_OTEL_RECORDER_ITERS": "5"})
+    assert not [k for k in p.worker_env if "RECORDER" in k]
+    assert not [t for t in ref.translations(p.settings) if "flight recorder" in t]
 
 
 def test_shutdown_timeout_of_five_seconds_is_what_the_reference_does(script):
