@@ -8,13 +8,13 @@ import json
 from pathlib import Path
 
 import pytest
+from support.synthetic_traces import TraceBuilder, resource_attributes
+from support.trace_cli import invoke_trace, user_error
 
 from mlaunch.model.spans import Attr, ResourceAttr, SpanName
 from mlaunch.trace.reader import TraceInputError, TraceReader
 from mlaunch.trace.store import open_store
 from mlaunch.trace.stragglers import find_stragglers
-from tests.support.synthetic_traces import TraceBuilder, resource_attributes
-from tests.support.trace_cli import invoke_trace, user_error
 
 S = SpanName
 DP, PP = 2, 2
