@@ -355,6 +355,10 @@ def stragglers_cmd(
     _show(path, skip_invalid, find_stragglers, as_json, _render_stragglers)
 
 
+#: Rows of the stragglers table shown as text (the rest is summed up: most are noise).
+_STRAGGLER_ROWS = 10
+
+
 def _render_stragglers(result: Any) -> None:
     from rich import box
     from rich.console import Console
@@ -381,12 +385,19 @@ def _render_stragglers(result: Any) -> None:
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("rank", "host", "phase", "caused wait", "waits", "iterations"):
         t.add_column(col, justify="right" if col in ("rank", "caused wait", "waits") else "left")
-    for c in result.ranks:
+    shown = result.ranks[:_STRAGGLER_ROWS]
+    for c in shown:
         t.add_row(
             str(c.rank), c.host or "-", c.phase, f"{c.caused_wait_s:.3f} s", str(c.waits),
             format_ranks(c.iterations) or "-",
         )  # fmt: skip
     con.print(t)
+    if rest := result.ranks[len(shown) :]:
+        con.print(
+            f"[dim]{len(rest)} more row(s), {sum(c.caused_wait_s for c in rest):.3f} s in all "
+            "(--json has every row)[/dim]",
+            highlight=False,
+        )
     top = result.ranks[0]
     con.print(
         f"rank {top.rank} made the others wait most: {top.caused_wait_s:.3f} s, late in "
