@@ -121,5 +121,7 @@ def watch(target: str, cwd: Path) -> int:
     except KeyboardInterrupt:
         console.print("stopped watching (the job goes on)")
         return 0
+    if not console.is_terminal:
+        console.line()  # Live leaves its last view without a newline off a terminal
     console.print(f"the run ended: {snap.status.state}")
     return 0
