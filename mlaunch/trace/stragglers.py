@@ -289,7 +289,7 @@ class _Charge:
 
 @dataclass
 class _P2PWait:
-    """A receive that waited for its sender (beyond what its replicas waited)."""
+    """A receive that waited for a late sender (:func:`_p2p_waits` says how much counts)."""
 
     waiter: int
     start: int
