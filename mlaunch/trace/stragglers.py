@@ -324,7 +324,13 @@ def _window(r: _Rank, arrival: int) -> tuple[int, int]:
 
 
 def _stage(r: _Rank) -> tuple[int | None, int | None]:
-    return r.attr_int(ResourceAttr.PP_RANK), r.attr_int(ResourceAttr.DP_RANK)
+    """The rank's (pipeline stage, data-parallel rank); the latter is 0 without data
+    parallelism, None when the resource does not say (its pipeline neighbours are then known
+    only through links)."""
+    dp = r.attr_int(ResourceAttr.DP_RANK)
+    if dp is None and (r.attr_int(ResourceAttr.DP_SIZE) or 1) == 1:
+        dp = 0
+    return r.attr_int(ResourceAttr.PP_RANK), dp
 
 
 def _index_of(r: _Rank, span: _Span) -> tuple[int | None, int | None]:
@@ -341,7 +347,8 @@ def _p2p_waits(ranks: dict[int, _Rank]) -> list[_P2PWait]:
     at: dict[tuple[int | None, int | None, int], _Rank] = {}
     for r in ranks.values():
         pp, dp = _stage(r)
-        at[(pp, dp, r.restart)] = r
+        if pp is not None and dp is not None:
+            at[(pp, dp, r.restart)] = r
     send_ids: dict[str, tuple[_Rank, _Span]] = {}
     for r in ranks.values():
         for s in r.spans:
@@ -359,9 +366,9 @@ def _p2p_waits(ranks: dict[int, _Rank]) -> list[_P2PWait]:
                 i = bisect_right(starts, lk.start) - 1
                 if sender is not None and i >= 0:
                     yield recvs[i], sender[0], sender[1]
-        elif pp is not None and (prev := at.get((pp - 1, dp, recv.restart))) is not None:
+        elif pp is not None and dp is not None and (prev := at.get((pp - 1, dp, recv.restart))):
             yield from _ordered(recv, prev, S.P2P_RECV_FORWARD, S.P2P_SEND_FORWARD)
-        if pp is not None and (nxt := at.get((pp + 1, dp, recv.restart))) is not None:
+        if pp is not None and dp is not None and (nxt := at.get((pp + 1, dp, recv.restart))):
             yield from _ordered(recv, nxt, S.P2P_RECV_BACKWARD, S.P2P_SEND_BACKWARD)
 
     # A receive's wait counts only as far as it is (a) longer than the shortest wait that

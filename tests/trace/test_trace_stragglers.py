@@ -170,3 +170,25 @@ def test_cli_json_sorted_by_caused_wait(tmp_path: Path) -> None:
     text = invoke_trace("stragglers", run_dir)
     assert text.exit_code == 0
     assert "rank 1 made the others wait most" in text.output
+
+
+def test_some_ranks_missing_runs_and_names_them(tmp_path: Path) -> None:
+    b = TraceBuilder(world_size=WORLD)
+    layout(b)
+    iteration(b, 1, 0.0)
+    iteration(b, 2, 1000.0, {1: ("forward", 300.0)})
+    del b.spans[2]  # e.g. the sampled strategy left rank 2 out
+    run_dir = b.write_run_dir(tmp_path / "run")
+    result = find_stragglers(TraceReader.open(run_dir))
+    assert result.missing_ranks == [2] and result.ranks_seen == [0, 1, 3]
+    assert (result.ranks[0].rank, result.ranks[0].phase) == (1, "forward")
+    text = invoke_trace("stragglers", run_dir)
+    assert text.exit_code == 0 and "no spans from ranks 2" in text.output
+
+
+def test_a_trace_without_synchronising_spans_exits_2_naming_the_group(tmp_path: Path) -> None:
+    b = TraceBuilder(world_size=2)
+    for r in range(2):
+        b.span(r, S.ITERATION, 0, 100, attrs={Attr.ITERATION: 1})
+    run_dir = b.write_run_dir(tmp_path / "run")
+    user_error(invoke_trace("stragglers", run_dir), "no synchronising spans", "per_step")
