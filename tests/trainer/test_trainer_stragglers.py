@@ -2,7 +2,9 @@
 exporting, where rank 1 (stage 0, data-parallel rank 1) sleeps in its first microbatch's forward
 at chosen iterations (the trainer's test hook). Every rank's step absorbs the sleep, so step
 times cannot tell who was slow; ``mlaunch trace stragglers`` names rank 1 and ``forward``.
-With one exporting rank it exits 2 and says how to get every rank's spans.
+With one exporting rank it exits 2 and says how to get every rank's spans; the flight
+recorders' dumps of that same one-exporter job are such spans (the slow step makes every rank
+dump) and name the rank.
 """
 
 from __future__ import annotations
@@ -59,3 +61,22 @@ def test_one_exporting_rank_exits_2_saying_how_to_get_every_rank(tmp_path):
     run = run_trainer(tmp_path, [*DP_PP[:-1], "3"], nproc=4, env=env)
     assert run.returncode == 0, run.output[-3000:]
     user_error(invoke_trace("stragglers", run.run_dir), "only rank 3 of 4", "all_ranks")
+
+
+def test_the_flight_recorders_of_a_single_rank_job_name_the_straggler(tmp_path):
+    env = {
+        **telemetry_env("default"),
+        "MEGATRON_OTEL_EXPORT_STRATEGY": "single_rank",
+        "MEGATRON_OTEL_RECORDER_GROUPS": "per_step,microbatch",
+        "MEGATRON_OTEL_RECORDER_ITERS": "4",
+        "MLAUNCH_TEST_SLOW_FORWARD_AT": "8",
+        "MLAUNCH_TEST_SLOW_RANK": str(SLOW_RANK),
+    }
+    run = run_trainer(tmp_path, [*DP_PP[:-1], "12"], nproc=4, env=env)
+    assert run.returncode == 0, run.output[-3000:]
+    for rank in range(4):  # the 1 s step is slow on every rank: every rank dumped
+        assert (run.run_dir / "telemetry" / f"recorder-rank{rank}.jsonl").is_file()
+    res = invoke_trace("stragglers", run.run_dir, "--json")
+    assert res.exit_code == 0, res.output
+    top = json.loads(res.output)["ranks"][0]
+    assert (top["rank"], top["phase"]) == (SLOW_RANK, "forward") and 8 in top["iterations"]
