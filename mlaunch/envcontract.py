@@ -295,3 +295,8 @@ def tee_file(run_dir: str | Path, rank: int) -> Path:
 #: tested without timing luck.
 SLOW_AT_ITERATION = "MLAUNCH_TEST_SLOW_AT_ITERATION"
 SLOW_RANK = "MLAUNCH_TEST_SLOW_RANK"
+#: Test hook: ``MLAUNCH_TEST_SLOW_FORWARD_AT=k,k,...`` makes the first microbatch's forward of
+#: those iterations sleep 1 s (inside its ``megatron.microbatch.forward`` span) on the rank named
+#: by ``MLAUNCH_TEST_SLOW_RANK`` (else every rank): a straggler in a known phase, for
+#: ``mlaunch trace stragglers``.
+SLOW_FORWARD_AT = "MLAUNCH_TEST_SLOW_FORWARD_AT"

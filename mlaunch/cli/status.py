@@ -1,5 +1,5 @@
-"""``mlaunch status RUN_DIR|JOB_ID [--json]``: parse, call :mod:`mlaunch.launcher.status`,
-render."""
+"""``mlaunch status RUN_DIR|JOB_ID [--json | --watch]``: parse, call
+:mod:`mlaunch.launcher.status` (:mod:`mlaunch.launcher.watch` for the live view), render."""
 
 from __future__ import annotations
 
@@ -22,12 +22,30 @@ def register(app: typer.Typer) -> None:
             ..., metavar="RUN_DIR|JOB_ID", help="A run directory or a SLURM job id."
         ),
         as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
+        watch: bool = typer.Option(
+            False,
+            "--watch",
+            help="A live view of the running job, refreshed every 2 s: per rank its iteration,"
+            " step time, tokens/s and span; rolling goodput; the current straggler; time since"
+            " the last progress against the hang timeout; captures and recorder dumps. Ends"
+            " with the run.",
+        ),
     ) -> None:
         """Queued / running / completed / failed / preempted, from SLURM and the run
         directory: how far training got, what each node last logged, which rank failed and
         why."""
         from mlaunch.launcher.status import StatusInputError, job_status, status_text
 
+        if watch and as_json:
+            raise fail([("--watch", "a live view cannot be JSON; use --json or --watch")])
+        if watch:
+            from mlaunch.cli.status_watch import watch as watch_view
+
+            try:
+                code = watch_view(target, Path.cwd())
+            except StatusInputError as exc:
+                raise fail([("RUN_DIR|JOB_ID", str(exc))]) from None
+            raise typer.Exit(code)
         try:
             st = job_status(target, Path.cwd())
         except StatusInputError as exc:

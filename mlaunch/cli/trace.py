@@ -114,7 +114,8 @@ def summary_cmd(
     [b]share[/b] = the name's total time / total megatron.train.iteration time (for spans outside
     steps, e.g. checkpoint saves, their cost relative to training). Percentiles interpolate
     linearly between closest ranks. [b]skew[/b]: each rank's median step over the median of all
-    ranks' medians.
+    ranks' medians. Synchronous collectives make step times equal; `mlaunch trace stragglers`
+    names the rank the others wait for.
     """
     from mlaunch.trace.store import StoreReader
     from mlaunch.trace.store_summary import summarize_store
@@ -201,6 +202,14 @@ def _render_summary(result: Any) -> None:
             f" ({format_ms(k.reference_median_ms)}); {verdict}",
             highlight=False,
         )
+        if len(result.ranks) > 1:
+            # Synchronous collectives make every rank's step as long as the slowest: the skew
+            # above cannot name the rank the others wait for. The waits can.
+            con.print(
+                "[dim]step times hide the rank others wait for (collectives make them equal): "
+                "`mlaunch trace stragglers` charges each wait to the rank that arrived last[/dim]",
+                highlight=False,
+            )
     style = "red" if flags else "green"
     con.print(f"[{style}]error spans: {result.errors}  truncated spans: {result.truncated}[/]")
     rd = result.read
@@ -322,6 +331,79 @@ def _render_goodput(report: Any) -> None:
     con.print(f"restart cost (all ranks): {split}", highlight=False)
     con.print("[dim]ckpt = checkpoint saves, eval = evaluation, unacct = unaccounted; "
               "see `mlaunch trace goodput --help` for the definitions[/dim]")  # fmt: skip
+
+
+@app.command("stragglers", cls=PlainErrorsCommand)
+def stragglers_cmd(
+    path: Path = typer.Argument(..., help=_PATH_HELP, show_default=False),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON for machines."),
+    skip_invalid: bool = typer.Option(False, "--skip-invalid", help=SKIP_HELP),
+) -> None:
+    """Who makes everyone wait: at every synchronising point the rank that arrived last is
+    charged the time the others waited, per rank and phase, most first.
+
+    Synchronising points: the gradient all-reduce (megatron.grad_sync.finish, per iteration and
+    pipeline stage) and pipeline P2P pairs (recv_forward joined to the sender's send_forward by
+    its link, recv_backward to send_backward). [b]phase[/b]: where the late rank lost the time
+    against its peers (forward, backward, data_loading, optimizer, checkpoint, evaluation, ...);
+    a rank late only because it waited on its pipeline neighbour passes the charge on. Needs the
+    spans of every rank (--otel-export-strategy all_ranks, or the flight recorders): with one
+    exporting rank it exits 2 and says how to get them. docs/hangs.md has the details.
+    """
+    from mlaunch.trace.stragglers import find_stragglers
+
+    _show(path, skip_invalid, find_stragglers, as_json, _render_stragglers)
+
+
+#: Rows of the stragglers table shown as text (the rest is summed up: most are noise).
+_STRAGGLER_ROWS = 10
+
+
+def _render_stragglers(result: Any) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    if not con.is_terminal:  # a pipe or a file: one row a line, never folded
+        con = Console(width=1 << 16, soft_wrap=True, no_color=True, highlight=False)
+    points = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in result.sync_points.items())
+    con.print(
+        f"[b]ranks[/b] {format_ranks(result.ranks_seen)}  [b]synchronising points[/b] {points}"
+        f"  [b]waits charged[/b] {result.total_wait_s:.3f} s",
+        highlight=False,
+    )
+    if result.missing_ranks:
+        con.print(
+            f"[yellow]warning: no spans from ranks {format_ranks(result.missing_ranks)}: waits "
+            "they caused or suffered are not counted (--otel-export-strategy all_ranks)[/]",
+            highlight=False,
+        )
+    if not result.ranks:
+        con.print("no rank made another wait")
+        return
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("rank", "host", "phase", "caused wait", "waits", "iterations"):
+        t.add_column(col, justify="right" if col in ("rank", "caused wait", "waits") else "left")
+    shown = result.ranks[:_STRAGGLER_ROWS]
+    for c in shown:
+        t.add_row(
+            str(c.rank), c.host or "-", c.phase, f"{c.caused_wait_s:.3f} s", str(c.waits),
+            format_ranks(c.iterations) or "-",
+        )  # fmt: skip
+    con.print(t)
+    if rest := result.ranks[len(shown) :]:
+        con.print(
+            f"[dim]{len(rest)} more row(s), {sum(c.caused_wait_s for c in rest):.3f} s in all "
+            "(--json has every row)[/dim]",
+            highlight=False,
+        )
+    top = result.ranks[0]
+    con.print(
+        f"rank {top.rank} made the others wait most: {top.caused_wait_s:.3f} s, late in "
+        f"{top.phase}",
+        highlight=False,
+    )
 
 
 class SqlFormat(StrEnum):

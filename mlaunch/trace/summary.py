@@ -14,7 +14,9 @@ Definitions (also in the command help and docs/trace.md):
   training time;
 * skew: the median step duration of each rank; the run's reference is the median of those
   medians; a rank is a *straggler* when its median exceeds the reference by more than the
-  threshold (default 5%);
+  threshold (default 5%). Synchronous collectives make every rank's step as long as the
+  slowest rank's, so this check cannot name the rank the others wait for: ``mlaunch trace
+  stragglers`` (:mod:`mlaunch.trace.stragglers`) charges each wait to the rank that arrived last;
 * the launcher's job trace (``mlaunch.job``, ``mlaunch.job.attempt``) is counted in the table but
   is no rank, and has no share (it spans the whole run, not a part of the steps).
 """

@@ -447,6 +447,7 @@ class Trainer:
             self.grads.zero()
             self.ctx.loss_scale = s.loss_scale
             self.ctx.before_last_backward = lambda: self._before_last_backward(iteration)
+            self.ctx.in_forward = _slow_forward_hook(iteration, topo.rank)
             with telemetry.span(
                 G.FORWARD_BACKWARD,
                 SpanName.FORWARD_BACKWARD,
@@ -885,6 +886,19 @@ def _maybe_slow(iteration: int, rank: int) -> None:
     only = os.environ.get(envcontract.SLOW_RANK)
     if not only or int(only) == rank:
         time.sleep(2.0)
+
+
+def _slow_forward_hook(iteration: int, rank: int) -> Callable[[int], None] | None:
+    """The test hook MLAUNCH_TEST_SLOW_FORWARD_AT=k,k,... (and optionally MLAUNCH_TEST_SLOW_RANK=r):
+    a 1 s sleep inside the first microbatch's forward of those iterations, so a straggler is late
+    in a known phase. None (no call per microbatch) when it does not apply."""
+    at = os.environ.get(envcontract.SLOW_FORWARD_AT)
+    if not at or iteration not in {int(k) for k in at.split(",") if k.strip()}:
+        return None
+    only = os.environ.get(envcontract.SLOW_RANK)
+    if only and int(only) != rank:
+        return None
+    return lambda microbatch: time.sleep(1.0) if microbatch == 0 else None
 
 
 def main(argv: list[str] | None = None) -> int:

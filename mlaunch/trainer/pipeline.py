@@ -41,6 +41,8 @@ class StepContext:
     params: Any = ()
     #: Called just before the step's last backward (the trainer arms the gradient buckets there).
     before_last_backward: Callable[[], None] | None = None
+    #: Called inside each microbatch's forward span with the microbatch id (a test hook's sleep).
+    in_forward: Callable[[int], None] | None = None
 
 
 @dataclass
@@ -62,6 +64,8 @@ def _forward(
     model = ctx.model
     stash = ActivationStash(ctx.p2p.device, ctx.params) if ctx.offload else None
     with telemetry.device_span(MB, SpanName.MICROBATCH_FORWARD, {Attr.MICROBATCH_ID: i}):
+        if ctx.in_forward is not None:
+            ctx.in_forward(i)
         hooks = stash.hooks() if stash is not None else contextlib.nullcontext()
         with hooks, ctx.autocast():
             inp = batch.tokens[i] if model.is_first else x

@@ -1,0 +1,583 @@
+"""``mlaunch trace stragglers``: who makes everyone wait, from the waits each rank causes.
+
+Synchronous collectives make every rank's step time equal, so step times (the summary's skew
+check) cannot name a slow rank. The spans can: at every synchronising point the ranks that
+arrived first wait, the one that arrived last does not, and the wait is charged to it.
+
+Synchronising points and how a wait is measured:
+
+* **Collectives** (``megatron.grad_sync.finish``: the data-parallel gradient all-reduce),
+  grouped by (restart, iteration, pipeline stage): the all-reduce completes for everyone when the
+  last rank joins, so each rank's wait span lasts its own wait plus the transfer. The shortest one
+  is the last arrival's; every other rank waited its span minus that one. Durations only: no
+  clock is compared across ranks, so clock offsets between nodes do not matter.
+* **Pipeline P2P pairs**: a receiver's ``megatron.p2p.recv_forward`` joined to the sender's
+  ``megatron.p2p.send_forward`` by the link of ``megatron.pp.recv_forward.linked`` (by order when
+  a trace has no links), and ``recv_backward`` to the next stage's ``send_backward`` by order
+  within the iteration. The receiver waited from the start of its receive until the sender
+  started sending (at most its receive's length), charged to the sender as far as the wait is
+  longer than the receiver's shortest at that exchange in any iteration (the pipeline's fill
+  and drain bubbles are the schedule's) and the sender was later into its step than its
+  earliest there.
+  This compares start times across ranks: on different nodes their clocks must agree
+  (NTP/PTP); the error is their offset.
+
+The phase a charge goes to is where the late rank lost its time: its time per phase since its
+previous collective ended (else since its step began) until its arrival, against the same
+window of its peers (the other members of the collective; for P2P, its data-parallel replicas
+at the same exchange), and the phase with the largest excess wins. Phases come from the
+deepest span covering each instant (:data:`PHASE_OF`): with the microbatch group off, forward
+and backward are one phase, ``forward_backward``. When that phase is ``communication`` (the late rank was
+itself waiting on a pipeline neighbour), the charge passes on to whoever those waits were
+charged to, so a stage that is late only because its upstream stage was slow does not take the
+blame.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Any
+
+from mlaunch.model.spans import ALIASES, Attr, ResourceAttr, SpanName
+from mlaunch.telemetry.otlp_json import attributes
+from mlaunch.trace.reader import Resource, TraceInputError
+
+S = SpanName
+
+#: The phases a wait is charged to, in display order.
+PHASES: tuple[str, ...] = (
+    "forward", "backward", "data_loading", "optimizer", "checkpoint", "evaluation",
+    "forward_backward", "communication", "other",
+)  # fmt: skip
+
+#: Span name -> (phase, depth): where several spans cover an instant, the deepest phase owns it
+#: (a P2P wait inside forward-backward is communication, not forward-backward). ``other`` is the
+#: step's time outside every phase span, and any time outside the step.
+PHASE_OF: dict[str, tuple[str, int]] = {
+    S.MICROBATCH_FORWARD: ("forward", 3),
+    S.LAYER_FORWARD: ("forward", 3),
+    S.LAYER_SELF_ATTENTION: ("forward", 3),
+    S.LAYER_MLP: ("forward", 3),
+    S.MICROBATCH_BACKWARD: ("backward", 3),
+    S.P2P_RECV_FORWARD: ("communication", 4),
+    S.P2P_SEND_FORWARD: ("communication", 4),
+    S.P2P_RECV_BACKWARD: ("communication", 4),
+    S.P2P_SEND_BACKWARD: ("communication", 4),
+    S.PP_RECV_FORWARD_LINKED: ("communication", 4),
+    S.GRAD_SYNC_START: ("communication", 4),
+    S.GRAD_SYNC_FINISH: ("communication", 4),
+    S.GET_BATCH: ("data_loading", 2),
+    S.DATALOADER: ("data_loading", 2),
+    S.OPTIMIZER: ("optimizer", 2),
+    S.CHECKPOINT_SAVE: ("checkpoint", 2),
+    S.CHECKPOINT_SAVE_STATE_DICT: ("checkpoint", 2),
+    S.CHECKPOINT_SAVE_IO_WRITE: ("checkpoint", 2),
+    S.CHECKPOINT_LOAD: ("checkpoint", 2),
+    S.CHECKPOINT_LOAD_IO_READ: ("checkpoint", 2),
+    S.EVALUATE: ("evaluation", 2),
+    S.EVALUATE_STEP: ("evaluation", 2),
+    S.FORWARD_BACKWARD: ("forward_backward", 1),
+    S.ITERATION: ("other", 0),
+}  # fmt: skip
+
+#: What the share of a row's wait its listed iterations cover (the rest: scattered noise).
+ITERATIONS_COVER = 0.9
+_NS = 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class Culprit:
+    """One row: the waits ``rank`` caused others by being late in ``phase``."""
+
+    rank: int
+    phase: str
+    caused_wait_s: float
+    iterations: list[int]
+    """The iterations that make up most of it (:data:`ITERATIONS_COVER`), ascending."""
+    waits: int
+    """How many waits of other ranks it caused."""
+    host: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank, "caused_wait_s": round(self.caused_wait_s, 6),
+            "phase": self.phase, "iterations": self.iterations, "waits": self.waits,
+            "host": self.host,
+        }  # fmt: skip
+
+
+@dataclass
+class Stragglers:
+    """Everything ``mlaunch trace stragglers`` prints."""
+
+    ranks: list[Culprit]
+    ranks_seen: list[int]
+    world_size: int | None
+    sync_points: dict[str, int]
+    total_wait_s: float
+    missing_ranks: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` output: ``ranks`` sorted by ``caused_wait_s``, most first."""
+        return {
+            "ranks": [c.to_json() for c in self.ranks],
+            "ranks_seen": self.ranks_seen,
+            "missing_ranks": self.missing_ranks,
+            "world_size": self.world_size,
+            "sync_points": self.sync_points,
+            "total_wait_s": round(self.total_wait_s, 6),
+        }
+
+
+@dataclass(slots=True)
+class _Span:
+    name: str
+    start: int
+    end: int
+    span_id: str | None
+    links: tuple[str, ...] = ()
+
+
+@dataclass
+class _Rank:
+    rank: int
+    attrs: dict[str, Any]
+    spans: list[_Span] = field(default_factory=list)
+    ids: set[str] = field(default_factory=set)
+    # Filled by _index():
+    steps: list[tuple[int, int, int]] = field(default_factory=list)  # (start, end, iteration)
+    seg_start: list[int] = field(default_factory=list)
+    seg_end: list[int] = field(default_factory=list)
+    seg_phase: list[str] = field(default_factory=list)
+    collective_ends: list[int] = field(default_factory=list)
+    _by_it: dict[str, dict[int, list[_Span]]] = field(default_factory=dict)
+
+    def attr_int(self, key: str) -> int | None:
+        v = self.attrs.get(key)
+        try:
+            return None if v is None else int(v)
+        except (TypeError, ValueError):
+            return None
+
+    @property
+    def restart(self) -> int:
+        return self.attr_int(ResourceAttr.RESTART_COUNT) or 0
+
+    def iteration_at(self, t: int) -> int | None:
+        i = bisect_right(self.steps, (t, 1 << 62, 0)) - 1
+        if i >= 0 and self.steps[i][0] <= t <= self.steps[i][1]:
+            return self.steps[i][2]
+        return None
+
+    def step_start(self, t: int) -> int | None:
+        i = bisect_right(self.steps, (t, 1 << 62, 0)) - 1
+        return self.steps[i][0] if i >= 0 and self.steps[i][1] >= t else None
+
+    def phase_times(self, a: int, b: int) -> dict[str, int]:
+        """Nanoseconds of each phase within [a, b] (time no span covers is ``other``)."""
+        out: dict[str, int] = defaultdict(int)
+        if b <= a:
+            return out
+        i = bisect_right(self.seg_end, a)
+        covered = 0
+        while i < len(self.seg_start) and self.seg_start[i] < b:
+            d = min(b, self.seg_end[i]) - max(a, self.seg_start[i])
+            if d > 0:
+                out[self.seg_phase[i]] += d
+                covered += d
+            i += 1
+        out["other"] += (b - a) - covered
+        return out
+
+    def by_iteration(self, name: str) -> dict[int, list[_Span]]:
+        """This rank's spans called ``name``, by the iteration whose step holds their start."""
+        out = self._by_it.get(name)
+        if out is None:
+            out = self._by_it[name] = defaultdict(list)
+            for s in self.spans:
+                if s.name == name and (it := self.iteration_at(s.start)) is not None:
+                    out[it].append(s)
+        return out
+
+
+_KEEP = frozenset(PHASE_OF) | frozenset(ALIASES)
+
+
+class StragglerAggregator:
+    """Collects the spans the analysis needs, per rank (never the whole span dicts)."""
+
+    def __init__(self) -> None:
+        self.ranks: dict[int, _Rank] = {}
+
+    def add(self, res: Resource, spans: list[dict[str, Any]], _flagged: bool) -> None:
+        if res.launcher:
+            return
+        r = self.ranks.get(res.rank)
+        if r is None:
+            r = self.ranks[res.rank] = _Rank(res.rank, res.attrs)
+        keep, canon = _KEEP, ALIASES
+        for s in spans:
+            name = s["name"]
+            if name not in keep:
+                continue
+            name = canon.get(name, name)
+            sid = s.get("spanId")
+            if sid:
+                if sid in r.ids:  # a recorder dump may repeat what the exporter wrote
+                    continue
+                r.ids.add(sid)
+            links: tuple[str, ...] = ()
+            if name == S.PP_RECV_FORWARD_LINKED:
+                links = tuple(lk.get("spanId") for lk in s.get("links") or () if lk.get("spanId"))
+            start, end = int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])
+            if name == S.ITERATION:
+                it = attributes(s.get("attributes")).get(Attr.ITERATION)
+                if it is not None:
+                    r.steps.append((start, end, int(it)))
+                continue
+            r.spans.append(_Span(name, start, end, sid, links))
+
+    def finish(self) -> Stragglers:
+        return analyse(self.ranks)
+
+
+def _index(r: _Rank) -> None:
+    """Sort the rank's spans and paint its timeline: each instant belongs to the deepest phase
+    span covering it."""
+    r.steps.sort()
+    r.spans.sort(key=lambda s: (s.start, -s.end))
+    events: list[tuple[int, int, str, int]] = []
+    for st, en, _ in r.steps:
+        if en > st:
+            events += [(st, 1, "other", 0), (en, -1, "other", 0)]
+    for s in r.spans:
+        if s.end > s.start:  # an instant span covers no time
+            phase, depth = PHASE_OF[s.name]
+            events += [(s.start, 1, phase, depth), (s.end, -1, phase, depth)]
+    events.sort(key=lambda e: (e[0], e[1]))
+    open_: dict[tuple[int, str], int] = defaultdict(int)
+    prev_t: int | None = None
+    for t, delta, phase, depth in events:
+        if prev_t is not None and t > prev_t and open_:
+            top = max(open_)[1]
+            if r.seg_phase and r.seg_phase[-1] == top and r.seg_end[-1] == prev_t:
+                r.seg_end[-1] = t
+            else:
+                r.seg_start.append(prev_t)
+                r.seg_end.append(t)
+                r.seg_phase.append(top)
+        key = (depth, phase)
+        open_[key] += delta
+        if open_[key] <= 0:
+            del open_[key]
+        prev_t = t
+    r.collective_ends = sorted(s.end for s in r.spans if s.name == S.GRAD_SYNC_FINISH)
+
+
+@dataclass
+class _Charge:
+    culprit: int
+    phase: str
+    iteration: int | None
+    wait_ns: int
+    waits: int = 1  # how many ranks' waits it stands for
+
+
+@dataclass
+class _P2PWait:
+    """A receive that waited for a late sender (:func:`_p2p_waits` says how much counts)."""
+
+    waiter: int
+    start: int
+    end: int
+    sender: _Rank
+    send: _Span
+    excess: int
+    iteration: int | None
+
+
+def _excess_phase(
+    late: _Rank, window: tuple[int, int], peers: list[tuple[_Rank, tuple[int, int]]]
+) -> str:
+    """The phase in which ``late`` spent the most time in ``window`` beyond what its peers spent
+    in theirs (its largest phase when it has no peers)."""
+    mine = late.phase_times(*window)
+    if peers:
+        theirs = [p.phase_times(*w) for p, w in peers]
+        excess = {ph: mine.get(ph, 0) - median(t.get(ph, 0) for t in theirs) for ph in PHASES}
+    else:
+        excess = {ph: mine.get(ph, 0) for ph in PHASES}
+    return max(PHASES, key=lambda ph: (excess[ph], -PHASES.index(ph)))
+
+
+def _window(r: _Rank, arrival: int) -> tuple[int, int]:
+    """Where a rank's time before ``arrival`` is looked at: since its previous collective ended
+    (so the time between steps, checkpoint, evaluation and the next batch, counts too), else
+    since the start of its step."""
+    i = bisect_right(r.collective_ends, arrival) - 1
+    a = r.collective_ends[i] if i >= 0 else r.step_start(arrival)
+    return (arrival if a is None else min(a, arrival), arrival)
+
+
+def _stage(r: _Rank) -> tuple[int | None, int | None]:
+    """The rank's (pipeline stage, data-parallel rank); the latter is 0 without data
+    parallelism, None when the resource does not say (its pipeline neighbours are then known
+    only through links)."""
+    dp = r.attr_int(ResourceAttr.DP_RANK)
+    if dp is None and (r.attr_int(ResourceAttr.DP_SIZE) or 1) == 1:
+        dp = 0
+    return r.attr_int(ResourceAttr.PP_RANK), dp
+
+
+def _index_of(r: _Rank, span: _Span) -> tuple[int | None, int | None]:
+    """The span's iteration and its index among the spans of its name in that iteration."""
+    it = r.iteration_at(span.start)
+    if it is None:
+        return None, None
+    same = r.by_iteration(span.name).get(it, [])
+    return it, next((i for i, x in enumerate(same) if x is span), None)
+
+
+def _p2p_waits(ranks: dict[int, _Rank]) -> list[_P2PWait]:
+    """Every P2P receive that waited for its sender longer than its shortest wait there."""
+    at: dict[tuple[int | None, int | None, int], _Rank] = {}
+    for r in ranks.values():
+        pp, dp = _stage(r)
+        if pp is not None and dp is not None:
+            at[(pp, dp, r.restart)] = r
+    send_ids: dict[str, tuple[_Rank, _Span]] = {}
+    for r in ranks.values():
+        for s in r.spans:
+            if s.name == S.P2P_SEND_FORWARD and s.span_id:
+                send_ids[s.span_id] = (r, s)
+
+    def pairs(recv: _Rank) -> Iterable[tuple[_Span, _Rank, _Span]]:
+        pp, dp = _stage(recv)
+        linked = [s for s in recv.spans if s.name == S.PP_RECV_FORWARD_LINKED and s.links]
+        recvs = [s for s in recv.spans if s.name == S.P2P_RECV_FORWARD]
+        if linked:  # the link names the sender's span: no guessing which send it was
+            starts = [s.start for s in recvs]
+            for lk in linked:
+                sender = send_ids.get(lk.links[0])
+                i = bisect_right(starts, lk.start) - 1
+                if sender is not None and i >= 0:
+                    yield recvs[i], sender[0], sender[1]
+        elif pp is not None and dp is not None and (prev := at.get((pp - 1, dp, recv.restart))):
+            yield from _ordered(recv, prev, S.P2P_RECV_FORWARD, S.P2P_SEND_FORWARD)
+        if pp is not None and dp is not None and (nxt := at.get((pp + 1, dp, recv.restart))):
+            yield from _ordered(recv, nxt, S.P2P_RECV_BACKWARD, S.P2P_SEND_BACKWARD)
+
+    # A receive's wait counts only as far as it is (a) longer than the shortest wait that
+    # receiver had at the same exchange in any iteration (the pipeline's fill and drain bubbles
+    # are the schedule's, not a straggler's) and (b) due to the sender being later into its
+    # step than it ever was at that exchange (a receiver that waited less because it was late
+    # itself makes no one else look slow).
+    found = []
+    floor: dict[tuple[Any, ...], int] = {}
+    for recv in ranks.values():
+        for rs, sender, ss in pairs(recv):
+            it, k = _index_of(recv, rs)
+            slot = (recv.rank, recv.restart, rs.name, k)
+            wait = max(0, min(ss.start, rs.end) - rs.start)
+            floor[slot] = min(wait, floor.get(slot, wait))
+            _, ks = _index_of(sender, ss)
+            sslot = (sender.rank, sender.restart, ss.name, ks)
+            into = ss.start - (sender.step_start(ss.start) or ss.start)
+            floor[sslot] = min(into, floor.get(sslot, into))
+            found.append((recv, rs, sender, ss, slot, wait, sslot, into, it))
+    out: list[_P2PWait] = []
+    for recv, rs, sender, ss, slot, wait, sslot, into, it in found:
+        excess = min(wait - floor[slot], into - floor[sslot])
+        if excess > 0:
+            out.append(_P2PWait(recv.rank, rs.start, rs.end, sender, ss, excess, it))
+    return out
+
+
+def _ordered(
+    recv: _Rank, peer: _Rank, recv_name: str, send_name: str
+) -> Iterable[tuple[_Span, _Rank, _Span]]:
+    """The k-th receive of an iteration with the peer's k-th send of the same iteration."""
+    mine, theirs = recv.by_iteration(recv_name), peer.by_iteration(send_name)
+    for it, rs in mine.items():
+        for a, b in zip(rs, theirs.get(it, ()), strict=False):
+            yield a, peer, b
+
+
+def _p2p_peers(
+    ranks: dict[int, _Rank], sender: _Rank, send: _Span
+) -> list[tuple[_Rank, tuple[int, int]]]:
+    """The sender's data-parallel replicas at the same exchange (same iteration, same index)."""
+    pp, _ = _stage(sender)
+    it, k = _index_of(sender, send)
+    if pp is None or it is None or k is None:
+        return []
+    out = []
+    for r in ranks.values():
+        if r is sender or _stage(r)[0] != pp or r.restart != sender.restart:
+            continue
+        theirs = r.by_iteration(send.name).get(it, [])
+        if k < len(theirs):
+            out.append((r, _window(r, theirs[k].start)))
+    return out
+
+
+#: How far a charge is passed along a chain of ranks each late because it waited on the next.
+_MAX_HOPS = 8
+
+
+class _Blame:
+    """Turns a wait into charges: the late rank's phase, or, when it was late because it was
+    itself waiting on a pipeline neighbour, whoever made it wait."""
+
+    def __init__(self, ranks: dict[int, _Rank], p2p: list[_P2PWait]) -> None:
+        self.ranks = ranks
+        self.waits_of: dict[int, list[_P2PWait]] = defaultdict(list)
+        for w in p2p:
+            self.waits_of[w.waiter].append(w)
+
+    def charge(
+        self,
+        late: _Rank,
+        window: tuple[int, int],
+        peers: list[tuple[_Rank, tuple[int, int]]],
+        amount: int,
+        iteration: int | None,
+        waits: int,
+        hops: int = 0,
+    ) -> list[_Charge]:
+        phase = _excess_phase(late, window, peers)
+        if phase == "communication" and hops < _MAX_HOPS:
+            a, b = window
+            up = [w for w in self.waits_of.get(late.rank, ()) if a <= w.start and w.end <= b]
+            owed = sum(w.excess for w in up)
+            if owed > 0:
+                out: list[_Charge] = []
+                for k, w in enumerate(up):
+                    out += self.charge(
+                        w.sender, _window(w.sender, w.send.start),
+                        _p2p_peers(self.ranks, w.sender, w.send),
+                        round(amount * w.excess / owed), iteration, waits if k == 0 else 0,
+                        hops + 1,
+                    )  # fmt: skip
+                return out
+        return [_Charge(late.rank, phase, iteration, amount, waits)]
+
+
+def analyse(ranks: dict[int, _Rank]) -> Stragglers:
+    """Charge every wait at every synchronising point to the rank that arrived last."""
+    for r in ranks.values():
+        _index(r)
+    p2p = _p2p_waits(ranks)
+    blame = _Blame(ranks, p2p)
+    charges: list[_Charge] = []
+    for w in p2p:
+        charges += blame.charge(
+            w.sender, _window(w.sender, w.send.start), _p2p_peers(ranks, w.sender, w.send),
+            w.excess, w.iteration, 1,
+        )  # fmt: skip
+
+    groups: dict[tuple[int, int, int | None], list[tuple[_Rank, _Span]]] = defaultdict(list)
+    for r in ranks.values():
+        for it, spans in r.by_iteration(S.GRAD_SYNC_FINISH).items():
+            groups[(r.restart, it, _stage(r)[0])].append((r, spans[-1]))
+    collectives = 0
+    for (_, it, _), members in sorted(groups.items(), key=lambda kv: kv[0]):
+        if len(members) < 2:
+            continue
+        collectives += 1
+        # The all-reduce completes for everyone when the last rank joins: the shortest wait is
+        # the last arrival's (its own transfer only), every other rank waited the difference.
+        last, last_span = min(members, key=lambda m: (m[1].end - m[1].start, m[0].rank))
+        shortest = last_span.end - last_span.start
+        total = sum((s.end - s.start) - shortest for _, s in members)
+        if total <= 0:
+            continue
+        peers = [(r, _window(r, s.start)) for r, s in members if r is not last]
+        n_waits = sum(1 for r, s in members if r is not last and s.end - s.start > shortest)
+        charges += blame.charge(last, _window(last, last_span.start), peers, total, it, n_waits)
+
+    return _rows(ranks, charges, {"collectives": collectives, "p2p_waits": len(p2p)})
+
+
+def _rows(ranks: dict[int, _Rank], charges: list[_Charge], points: dict[str, int]) -> Stragglers:
+    totals: dict[tuple[int, str], int] = defaultdict(int)
+    per_it: dict[tuple[int, str], dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    waits: dict[tuple[int, str], int] = defaultdict(int)
+    for c in charges:
+        if c.wait_ns <= 0:
+            continue
+        key = (c.culprit, c.phase)
+        totals[key] += c.wait_ns
+        waits[key] += c.waits
+        if c.iteration is not None:
+            per_it[key][c.iteration] += c.wait_ns
+    rows = []
+    for key, tot in totals.items():
+        rank, phase = key
+        its = sorted(per_it[key].items(), key=lambda kv: (-kv[1], kv[0]))
+        chosen, acc = [], 0
+        for it, ns in its:
+            if acc >= ITERATIONS_COVER * tot:
+                break
+            chosen.append(it)
+            acc += ns
+        host = ranks[rank].attrs.get(ResourceAttr.HOST_NAME) if rank in ranks else None
+        rows.append(
+            Culprit(rank, phase, tot / _NS, sorted(chosen), waits[key],
+                    None if host is None else str(host))
+        )  # fmt: skip
+    rows.sort(key=lambda c: (-c.caused_wait_s, c.rank, PHASES.index(c.phase)))
+    world = next(
+        (w for r in ranks.values() if (w := r.attr_int(ResourceAttr.WORLD_SIZE)) is not None), None
+    )
+    seen = sorted(ranks)
+    missing = sorted(set(range(world)) - set(seen)) if world else []
+    return Stragglers(rows, seen, world, points, sum(totals.values()) / _NS, missing)
+
+
+def single_rank_error(rank: int, world: int | None) -> TraceInputError:
+    """The error for a trace in which one rank exported: nobody to compare it with."""
+    of = f" of {world}" if world else ""
+    return TraceInputError(
+        f"only rank {rank}{of} exported spans: straggler attribution needs the spans of every "
+        "rank that synchronises (the default export strategy, single_rank, exports one)",
+        fix="rerun with --otel-export-strategy all_ranks; or, while a job runs, dump every "
+        "rank's flight recorder with `mlaunch trace capture RUN_DIR --recorded` (workers keep "
+        "their last iterations when --otel-recorder-groups is set)",
+    )
+
+
+def no_sync_error() -> TraceInputError:
+    """The error for a trace without synchronising spans (the communication group was off)."""
+    return TraceInputError(
+        "no synchronising spans (megatron.grad_sync.finish, megatron.p2p.*) in the trace: "
+        "they belong to the communication group",
+        fix="rerun with --otel-span-groups per_step,microbatch (per_step includes "
+        "communication; microbatch splits forward from backward)",
+    )
+
+
+def find_stragglers(reader: Any) -> Stragglers:
+    """Read every batch of ``reader`` (a JSON or store reader) and charge the waits. Raises
+    ``TraceInputError`` for a trace without spans, with one exporting rank, or without
+    synchronising spans."""
+    from mlaunch.trace.summary import no_spans_error
+
+    agg = StragglerAggregator()
+    reader.feed(agg.add)
+    ranks = {k: v for k, v in agg.ranks.items() if v.spans or v.steps}
+    if not ranks:
+        raise no_spans_error(reader)
+    world = next(
+        (w for r in ranks.values() if (w := r.attr_int(ResourceAttr.WORLD_SIZE)) is not None), None
+    )
+    if len(ranks) == 1 and (world is None or world > 1):
+        raise single_rank_error(next(iter(ranks)), world)
+    sync = {S.GRAD_SYNC_FINISH, S.P2P_RECV_FORWARD, S.P2P_RECV_BACKWARD}
+    if world != 1 and not any(s.name in sync for r in ranks.values() for s in r.spans):
+        raise no_sync_error()
+    return analyse(ranks)

@@ -1,0 +1,76 @@
+"""A real terminal for tests: a private tmux server (its own socket, so nothing of the user's
+tmux is touched) running one command in a pane whose screen the test reads."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+
+def find_or_install_tmux() -> tuple[str | None, str]:
+    """The tmux binary, installing Debian's package when missing: (path, why not)."""
+    found = shutil.which("tmux")
+    if found:
+        return found, ""
+    if not shutil.which("apt-get") or os.geteuid() != 0:
+        return None, "tmux is missing and apt-get (as root) is not available to install it"
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "--no-install-recommends",
+                                        "tmux"]):  # fmt: skip
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return None, f"`{' '.join(cmd)}` failed: {e}"
+        if r.returncode != 0:
+            return None, f"`{' '.join(cmd)}` failed: {r.stderr.strip()[-300:]}"
+    found = shutil.which("tmux")
+    return (found, "") if found else (None, "apt-get installed tmux but it is not on PATH")
+
+
+class Pane:
+    """One command in a detached tmux pane of ``width`` x ``height`` (a real pty), started in
+    ``cwd`` with ``env``. After the command ends the pane prints ``[exit N]`` and stays, so
+    its last screen can still be read."""
+
+    def __init__(self, tmux: str, command: str, cwd: Path, env: dict[str, str],
+                 width: int = 140, height: int = 45) -> None:  # fmt: skip
+        self.tmux = tmux
+        self.socket = f"mlaunch-test-{uuid.uuid4().hex[:8]}"
+        self.env = {**env, "TERM": "xterm-256color"}
+        shell = f'{command}; echo "[exit $?]"; sleep 600'
+        self._run("-f", "/dev/null", "new-session", "-d", "-s", "t", "-x", str(width),
+                  "-y", str(height), "-c", str(cwd), shell)  # fmt: skip
+
+    def _run(self, *args: str) -> str:
+        return subprocess.run(
+            [self.tmux, "-L", self.socket, *args], env=self.env, capture_output=True,
+            text=True, check=True, timeout=30,
+        ).stdout  # fmt: skip
+
+    def screen(self) -> str:
+        """What the pane shows now."""
+        return self._run("capture-pane", "-p", "-t", "t")
+
+    def keys(self, *keys: str) -> None:
+        """Type ``keys`` (tmux key names, e.g. ``C-c``)."""
+        self._run("send-keys", "-t", "t", *keys)
+
+    def wait_for(self, predicate: Callable[[str], bool], timeout: float, what: str) -> str:
+        """Poll the screen until ``predicate`` holds; the screen then (fails past ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        text = ""
+        while time.monotonic() < deadline:
+            text = self.screen()
+            if predicate(text):
+                return text
+            time.sleep(0.2)
+        raise AssertionError(f"the terminal never showed {what}; it shows:\n{text}")
+
+    def close(self) -> None:
+        subprocess.run([self.tmux, "-L", self.socket, "kill-server"], env=self.env,
+                       capture_output=True, timeout=30)  # fmt: skip

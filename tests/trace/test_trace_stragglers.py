@@ -1,0 +1,194 @@
+"""``mlaunch trace stragglers`` on hand-placed spans with answers computed on paper: a DP=2 x
+PP=2 layout (rank = pp_rank * dp + dp_rank, as the trainer lays ranks out) where one rank is late
+in one phase, and the charges that follow from the schedule."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from support.synthetic_traces import TraceBuilder, resource_attributes
+from support.trace_cli import invoke_trace, user_error
+
+from mlaunch.model.spans import Attr, ResourceAttr, SpanName
+from mlaunch.trace.reader import TraceInputError, TraceReader
+from mlaunch.trace.store import open_store
+from mlaunch.trace.stragglers import find_stragglers
+
+S = SpanName
+DP, PP = 2, 2
+WORLD = DP * PP
+
+
+def layout(b: TraceBuilder, ranks: range = range(WORLD)) -> None:
+    """Resources with the trainer's layout: pipeline and data-parallel ranks of each rank."""
+    for r in ranks:
+        b.resources[r] = resource_attributes(
+            r, world_size=WORLD, pp=PP,
+            extra={ResourceAttr.PP_RANK: r // DP, ResourceAttr.DP_RANK: r % DP,
+                   ResourceAttr.DP_SIZE: DP},
+        )  # fmt: skip
+
+
+def iteration(
+    b: TraceBuilder, it: int, t0: float, late: dict[int, tuple[str, float]] | None = None
+) -> float:
+    """One iteration of one microbatch on every rank (stage 0 sends forward, stage 1 sends the
+    gradient back, then each stage's all-reduce), ``late[rank] = (phase, ms)`` stretching that
+    rank's forward or data loading. Returns where the next iteration starts."""
+    late = late or {}
+
+    def extra(rank: int, phase: str) -> float:
+        p, d = late.get(rank, ("", 0.0))
+        return d if p == phase else 0.0
+
+    steps = {r: b.span(r, S.ITERATION, t0, t0, attrs={Attr.ITERATION: it}) for r in range(WORLD)}
+    arrive: dict[int, float] = {}
+    sync = {}
+    for dp in range(DP):
+        r0, r1 = dp, DP + dp  # stage 0 and stage 1 of this pipeline
+        # Stage 0: batch, forward, send the activation.
+        t = t0 + 10 + extra(r0, "data")
+        b.span(r0, S.GET_BATCH, t0, t, parent=steps[r0])
+        fb0 = t
+        f_end = t + 20 + extra(r0, "forward")
+        b.span(r0, S.MICROBATCH_FORWARD, t, f_end, attrs={Attr.MICROBATCH_ID: 0})
+        send_f = b.span(r0, S.P2P_SEND_FORWARD, f_end, f_end + 1)
+        # Stage 1: batch, wait for the activation (linked to the send), forward, backward, send.
+        t1 = t0 + 10 + extra(r1, "data")
+        b.span(r1, S.GET_BATCH, t0, t1, parent=steps[r1])
+        recv_end = max(t1, f_end) + 1
+        b.span(r1, S.P2P_RECV_FORWARD, t1, recv_end)
+        b.span(r1, S.PP_RECV_FORWARD_LINKED, recv_end, recv_end, links=[send_f],
+               attrs={Attr.PP_RANK: 1, Attr.DL_MICROBATCH_ID: 0})  # fmt: skip
+        fw1 = recv_end + 20 + extra(r1, "forward")
+        b.span(r1, S.MICROBATCH_FORWARD, recv_end, fw1)
+        b.span(r1, S.MICROBATCH_BACKWARD, fw1, fw1 + 40)
+        b.span(r1, S.P2P_SEND_BACKWARD, fw1 + 40, fw1 + 41)
+        b.span(r1, S.FORWARD_BACKWARD, t1, fw1 + 41)
+        arrive[r1] = fw1 + 41
+        # Stage 0: wait for the gradient, backward.
+        rb_end = max(f_end + 1, fw1 + 40) + 1
+        b.span(r0, S.P2P_RECV_BACKWARD, f_end + 1, rb_end)
+        b.span(r0, S.MICROBATCH_BACKWARD, rb_end, rb_end + 40)
+        b.span(r0, S.FORWARD_BACKWARD, fb0, rb_end + 40)
+        arrive[r0] = rb_end + 40
+    for stage in range(PP):
+        members = [stage * DP + d for d in range(DP)]
+        done = max(arrive[r] for r in members) + 1
+        for r in members:
+            b.span(r, S.GRAD_SYNC_FINISH, arrive[r], done)
+            sync[r] = done
+    opt = max(sync.values())  # the step's all-ranks reduce lines everyone up
+    for r in range(WORLD):
+        b.span(r, S.OPTIMIZER, opt, opt + 10)
+        step = next(s for s in b.spans[r] if s["spanId"] == steps[r].span_id)
+        step["endTimeUnixNano"] = str(int(step["startTimeUnixNano"]) + round((opt + 10 - t0) * 1e6))
+    return opt + 20
+
+
+def run(tmp_path: Path, late_at: dict[int, dict[int, tuple[str, float]]], n: int = 4) -> Path:
+    b = TraceBuilder(world_size=WORLD)
+    layout(b)
+    t = 0.0
+    for it in range(1, n + 1):
+        t = iteration(b, it, t, late_at.get(it))
+    return b.write_run_dir(tmp_path / "run")
+
+
+def test_a_rank_slow_in_forward_is_charged_every_wait_it_caused(tmp_path: Path) -> None:
+    # Rank 1 (stage 0) is 500 ms late in its forward at iterations 2 and 4: its data-parallel
+    # peer (rank 0) waits 500 ms in the all-reduce, its pipeline successor (rank 3) 500 ms more
+    # than its replica for the activation, and rank 3's all-reduce peer (rank 2) 500 ms for
+    # rank 3, which was late only because it waited for rank 1.
+    run_dir = run(tmp_path, {2: {1: ("forward", 500.0)}, 4: {1: ("forward", 500.0)}})
+    result = find_stragglers(TraceReader.open(run_dir))
+    top = result.ranks[0]
+    assert (top.rank, top.phase, top.iterations) == (1, "forward", [2, 4])
+    assert top.caused_wait_s == pytest.approx(2 * 1.5, abs=1e-6)
+    assert top.waits == 2 * 3
+    assert [(c.rank, c.phase) for c in result.ranks] == [(1, "forward")]
+    assert result.sync_points == {"collectives": 2 * 4, "p2p_waits": 2}
+    assert result.missing_ranks == []
+
+
+def test_the_phase_is_where_the_late_rank_lost_its_time(tmp_path: Path) -> None:
+    # Rank 2 (stage 1) is 300 ms late fetching its batch: its receive then never waits (its
+    # usual 20 ms bubble is absorbed), the gradient it sends back comes 280 ms late to rank 0,
+    # its all-reduce peer (rank 3) waits 280 ms for it, and so does rank 0's peer (rank 1), for
+    # rank 0 waited for rank 2's gradient. Nobody is charged for the receive rank 2 skipped.
+    run_dir = run(tmp_path, {3: {2: ("data", 300.0)}})
+    rows = find_stragglers(TraceReader.open(run_dir)).ranks
+    assert [(c.rank, c.phase, c.iterations) for c in rows] == [(2, "data_loading", [3])]
+    assert rows[0].caused_wait_s == pytest.approx(3 * 0.28, abs=1e-6)
+    assert rows[0].waits == 3
+
+
+def test_balanced_run_charges_nobody(tmp_path: Path) -> None:
+    # Pipeline bubbles are the schedule's: every replica waits the same, so nobody is charged.
+    result = find_stragglers(TraceReader.open(run(tmp_path, {})))
+    assert result.ranks == []
+    assert result.total_wait_s == 0
+
+
+def test_the_store_gives_the_same_answer_as_the_json(tmp_path: Path) -> None:
+    run_dir = run(tmp_path, {2: {3: ("forward", 200.0)}})
+    from_json = find_stragglers(TraceReader.open(run_dir)).to_json()
+    store = open_store(run_dir)
+    assert store is not None
+    from mlaunch.trace.store import StoreReader
+
+    assert find_stragglers(StoreReader(store)).to_json() == from_json
+    assert from_json["ranks"][0]["rank"] == 3
+
+
+def test_one_exporting_rank_says_how_to_get_every_rank(tmp_path: Path) -> None:
+    b = TraceBuilder(world_size=WORLD)
+    layout(b)
+    iteration(b, 1, 0.0, {1: ("forward", 100.0)})
+    for r in (0, 1, 2):  # what single_rank (the last rank) exports
+        del b.spans[r]
+    run_dir = b.write_run_dir(tmp_path / "run")
+    with pytest.raises(TraceInputError, match="only rank 3 of 4 exported spans"):
+        find_stragglers(TraceReader.open(run_dir))
+    user_error(invoke_trace("stragglers", run_dir), "only rank 3 of 4", "all_ranks", "--recorded")
+
+
+def test_cli_json_sorted_by_caused_wait(tmp_path: Path) -> None:
+    run_dir = run(
+        tmp_path, {2: {1: ("forward", 400.0)}, 3: {2: ("data", 100.0)}, 4: {1: ("forward", 400.0)}}
+    )
+    res = invoke_trace("stragglers", run_dir, "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    rows = doc["ranks"]
+    assert {"rank", "caused_wait_s", "phase", "iterations"} <= set(rows[0])
+    assert [(r["rank"], r["phase"]) for r in rows] == [(1, "forward"), (2, "data_loading")]
+    waits = [r["caused_wait_s"] for r in rows]
+    assert waits == sorted(waits, reverse=True)
+    text = invoke_trace("stragglers", run_dir)
+    assert text.exit_code == 0
+    assert "rank 1 made the others wait most" in text.output
+
+
+def test_some_ranks_missing_runs_and_names_them(tmp_path: Path) -> None:
+    b = TraceBuilder(world_size=WORLD)
+    layout(b)
+    iteration(b, 1, 0.0)
+    iteration(b, 2, 1000.0, {1: ("forward", 300.0)})
+    del b.spans[2]  # e.g. the sampled strategy left rank 2 out
+    run_dir = b.write_run_dir(tmp_path / "run")
+    result = find_stragglers(TraceReader.open(run_dir))
+    assert result.missing_ranks == [2] and result.ranks_seen == [0, 1, 3]
+    assert (result.ranks[0].rank, result.ranks[0].phase) == (1, "forward")
+    text = invoke_trace("stragglers", run_dir)
+    assert text.exit_code == 0 and "no spans from ranks 2" in text.output
+
+
+def test_a_trace_without_synchronising_spans_exits_2_naming_the_group(tmp_path: Path) -> None:
+    b = TraceBuilder(world_size=2)
+    for r in range(2):
+        b.span(r, S.ITERATION, 0, 100, attrs={Attr.ITERATION: 1})
+    run_dir = b.write_run_dir(tmp_path / "run")
+    user_error(invoke_trace("stragglers", run_dir), "no synchronising spans", "per_step")
