@@ -3,7 +3,6 @@ tmux is touched) running one command in a pane whose screen the test reads."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import time
@@ -11,25 +10,13 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from support.apt import apt_install
+
 
 def find_or_install_tmux() -> tuple[str | None, str]:
     """The tmux binary, installing Debian's package when missing: (path, why not)."""
-    found = shutil.which("tmux")
-    if found:
-        return found, ""
-    if not shutil.which("apt-get") or os.geteuid() != 0:
-        return None, "tmux is missing and apt-get (as root) is not available to install it"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "--no-install-recommends",
-                                        "tmux"]):  # fmt: skip
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            return None, f"`{' '.join(cmd)}` failed: {e}"
-        if r.returncode != 0:
-            return None, f"`{' '.join(cmd)}` failed: {r.stderr.strip()[-300:]}"
-    found = shutil.which("tmux")
-    return (found, "") if found else (None, "apt-get installed tmux but it is not on PATH")
+    why = apt_install(["tmux"], lambda: shutil.which("tmux") is not None)
+    return (shutil.which("tmux"), "") if not why else (None, why)
 
 
 class Pane:
