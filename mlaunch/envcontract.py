@@ -156,6 +156,9 @@ RECORDER_FILE = NumberedName("recorder-rank{rank}.jsonl")
 #: A request to the running workers (``mlaunch trace capture``), at the top of the run directory;
 #: each worker reads it at most once a second, off its training thread.
 CAPTURE_REQUEST_FILE = "capture-request.json"
+#: A rank's answer to the latest live capture (under :data:`TELEMETRY_DIR`): scheduled, running,
+#: done or missed, with the iterations it covered; ``mlaunch trace capture --wait`` reads it.
+CAPTURE_ACK_FILE = NumberedName("capture-ack-rank{rank}.json")
 
 #: The glob of every rank's traces file (what the file exporter writes).
 TRACES_FILE_GLOB = _telemetry_name("traces", RANK_SENDER.glob)
@@ -199,6 +202,17 @@ def spooled(path: Path) -> Path:
 def recorder_file(run_dir: str | Path, rank: int) -> Path:
     """Where one rank's flight recorder writes its dumps."""
     return Path(run_dir) / TELEMETRY_DIR / RECORDER_FILE.name(rank)
+
+
+def capture_ack_file(run_dir: str | Path, rank: int) -> Path:
+    """Where one rank acknowledges the latest live capture (:data:`CAPTURE_ACK_FILE`)."""
+    return Path(run_dir) / TELEMETRY_DIR / CAPTURE_ACK_FILE.name(rank)
+
+
+def profiler_trace_file(run_dir: str | Path, rank: int, capture_id: str) -> Path:
+    """Where a live capture's torch.profiler trace of one rank goes (Chrome trace JSON, beside
+    the spans, for HTA and Perfetto)."""
+    return Path(run_dir) / TELEMETRY_DIR / f"profiler-rank{rank}-{capture_id}.json"
 
 
 def traces_file(run_dir: str | Path, rank: int) -> Path:

@@ -41,7 +41,6 @@ from random import getrandbits
 from time import time_ns
 from typing import Any
 
-from mlaunch import envcontract
 from mlaunch.model.spans import RECORDER_TRIGGERS, Attr, ResourceAttr, train_block
 from mlaunch.telemetry import _spans
 from mlaunch.telemetry._spans import (
@@ -179,7 +178,6 @@ class Recorder:
         self._written_open: set[int] = set()
         #: A trigger another thread asked for, handled at the next iteration boundary.
         self.pending: str | None = None
-        self.watcher: RequestWatcher | None = None
 
     # --- configuration ------------------------------------------------------------------------
 
@@ -219,9 +217,6 @@ class Recorder:
     def stop(self) -> None:
         self.active = False
         self.pending = None
-        if self.watcher is not None:
-            self.watcher.stop.set()
-            self.watcher = None
         self.current.clear()
         self.ring, self.ring_spans = deque(), 0
 
@@ -370,61 +365,3 @@ def recorder_resource(
         if value is not None and isinstance(value, str | int | float | bool):
             attrs[str(key)] = value
     return attrs
-
-
-class RequestWatcher(threading.Thread):
-    """Reads the run directory's capture request at most once a second (one ``stat`` when it has
-    not changed) and hands a valid one for this rank to the recorder. A request written before
-    this process started belongs to an earlier run or incarnation and is ignored; so is one for
-    another run id or other ranks."""
-
-    INTERVAL_S = 1.0
-
-    def __init__(self, path: Path, run_id: str, rank: int, started_ns: int) -> None:
-        super().__init__(name="mlaunch-capture-watch", daemon=True)
-        self.path, self.run_id, self.rank, self.started_ns = path, run_id, rank, started_ns
-        self.stop = threading.Event()
-        self.seen: set[str] = set()
-        self._mtime = 0
-        self._warned = False
-
-    def run(self) -> None:
-        while not self.stop.wait(self.INTERVAL_S):
-            try:
-                self.poll()
-            except Exception as exc:  # a bad request never stops training or the watcher
-                if not self._warned:
-                    self._warned = True
-                    log.warning("mlaunch telemetry: ignoring capture request (%s)", exc)
-
-    def poll(self) -> None:
-        try:
-            mtime = os.stat(self.path).st_mtime_ns
-        except FileNotFoundError:
-            return
-        if mtime == self._mtime:
-            return
-        self._mtime = mtime
-        request = json.loads(self.path.read_text(encoding="utf-8"))
-        rid = str(request.get("id", ""))
-        if not rid or rid in self.seen:
-            return
-        self.seen.add(rid)
-        if int(request.get("created_ns", 0)) < self.started_ns:
-            return  # left behind by an earlier run or incarnation
-        if request.get("run_id") and request["run_id"] != self.run_id:
-            return
-        ranks = request.get("ranks")
-        if ranks is not None and self.rank not in ranks:
-            return
-        if request.get("recorded"):
-            RECORDER.request_dump()
-
-
-def start_watcher(run_dir: Path, run_id: str, rank: int, started_ns: int) -> None:
-    """Watch ``run_dir``'s capture request for this rank (the recorder's ``request`` trigger)."""
-    watcher = RequestWatcher(
-        Path(run_dir) / envcontract.CAPTURE_REQUEST_FILE, run_id, rank, started_ns
-    )
-    RECORDER.watcher = watcher
-    watcher.start()
