@@ -38,7 +38,7 @@ FINISHED_STATES = frozenset({"completed", "failed", "preempted", "cancelled", "t
 #: How far ahead of the furthest rank a capture starts, in seconds of its iterations: the
 #: watchers read the request at most a second after it is written, and a rank that exports
 #: nothing builds its exporter before arming the switch.
-LEAD_S = 3.0
+LEAD_S = 5.0
 MIN_LEAD_ITERS = 3
 #: Progress records whose step times set the lead (the newest ones).
 STEP_SAMPLES = 20
