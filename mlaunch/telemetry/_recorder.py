@@ -62,6 +62,7 @@ SPAN_BYTES = 512
 SLOW_WARMUP_ITERS = 5
 _TRIGGER = Attr.RECORDER_TRIGGER.value
 _OPEN = Attr.RECORDER_OPEN.value
+_DUMP = Attr.RECORDER_DUMP.value
 _ERROR = 2
 
 
@@ -293,13 +294,14 @@ class Recorder:
                 spans = [s for s in spans if s.span_id not in self._written_open]
             if not spans:
                 return 0
-            encoded = [_encode(s, trigger) for s in spans]
+            seq = self.dumps
+            encoded = [_encode(s, trigger, seq) for s in spans]
             # Recorded spans still open (a non-exporting rank's megatron.train block) are the
             # parents of what is written: written once, marked open, so the dump is a tree.
             for entry in _spans.all_open_spans():
                 if isinstance(entry, RecordedSpan) and entry.span_id not in self._written_open:
                     self._written_open.add(entry.span_id)
-                    encoded.append(_encode(entry, trigger, still_open=True))
+                    encoded.append(_encode(entry, trigger, seq, still_open=True))
             line = json.dumps(
                 trace_request(self.resource, "mlaunch", encoded), separators=(",", ":")
             )
@@ -325,9 +327,10 @@ class Recorder:
             self._lock.release()
 
 
-def _encode(rec: RecordedSpan, trigger: str, still_open: bool = False) -> dict[str, Any]:
+def _encode(rec: RecordedSpan, trigger: str, seq: int, still_open: bool = False) -> dict[str, Any]:
     attrs = {str(k): v for k, v in rec.attributes.items() if v is not None}
     attrs[_TRIGGER] = trigger
+    attrs[_DUMP] = seq
     if still_open:
         attrs[_OPEN] = True
     code, message = getattr(rec, "status", None) or (0, "")

@@ -6,7 +6,7 @@ exports nothing, so every capture also covers a rank whose exporter starts on de
 - ``all`` for 5 iterations (DP=2 and PP=2): layer and microbatch spans on every rank, for
   exactly the same 5 iterations (the one the command printed and the 4 after it) and none
   outside, each marked with the capture id, nested under the iteration spans of the same trace
-  ids on both ranks.
+  ids on both ranks; ``mlaunch trace report`` marks the window on its timeline.
 - ``--seconds``: every rank starts at the printed iteration and ends on its own clock; a request
   left by an earlier run is ignored; bad requests exit 2 and leave the request file as it was,
   and so does a capture while another one runs.
@@ -27,6 +27,7 @@ from mlaunch import envcontract
 from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spans import Attr, SpanName, span_def
 from mlaunch.telemetry.otlp_json import read_spans
+from mlaunch.trace.report import render_report
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -109,6 +110,17 @@ def test_capture_all_for_5_iterations_gives_fine_spans_on_every_rank_for_exactly
         trace_ids[rank] = {s["attributes"][Attr.ITERATION]: s["trace_id"] for s in iters}
     # The same deterministic trace ids on both ranks (the run's block traces).
     assert trace_ids[0] == trace_ids[1]
+
+    # The report shows the window (a band over it, named by the capture) with every rank's
+    # layer spans in it.
+    report = render_report(run_dir)
+    captures = [m for m in report.marks if m.kind == "capture"]
+    assert [(m.label, m.iterations, m.ranks) for m in captures] == [
+        (cid, (start, start + 4), (0, 1))
+    ]
+    assert f"capture:{cid}" in report.html
+    assert any(cid in note for note in report.notes)
+    assert any(start <= a <= start + 4 for a, _ in report.window), report.window
 
 
 def test_capture_seconds_stale_and_bad_requests_on_a_running_job(tmp_path):

@@ -30,6 +30,7 @@ from support.trainer_runs import (
 from mlaunch import envcontract
 from mlaunch.model.spans import Attr, SpanName
 from mlaunch.telemetry.otlp_json import iter_spans, read_spans
+from mlaunch.trace.report import render_report
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -107,6 +108,12 @@ def test_slow_rank_makes_every_rank_dump_the_same_iterations_nested_under_the_ex
     code, out = trace_cli("summary", run.run_dir)
     assert code == 0, out
     assert SpanName.ITERATION in out
+    # The report marks each dump on its timeline, over the iterations it holds.
+    marks = [m for m in render_report(run.run_dir).marks if m.kind == "recorder"]
+    assert len(marks) == len(d0), marks
+    assert {m.label for m in marks} == {"slow_iteration"}
+    assert any(m.iterations and m.iterations[0] <= SLOW_AT <= m.iterations[1] for m in marks)
+    assert all(m.ranks == (0, 1) for m in marks)
 
 
 def test_exception_dumps_before_the_error_file_on_a_pp2_job(tmp_path):
