@@ -186,3 +186,29 @@ def test_capture_seconds_stale_and_bad_requests_on_a_running_job(tmp_path):
         window = set(range(start, outcome[rank]["last_iteration"] + 1))
         assert {iteration_of(s, by_id) for s in ours} == window, rank
         assert not [s for s in spans if s["attributes"].get(Attr.CAPTURE_ID) == "stale"]
+
+
+def test_capture_with_profiler_writes_a_readable_trace_tagged_with_the_run_trace_ids(tmp_path):
+    run_dir = tmp_path / "run"
+    with trainer_in_background(tmp_path, run_dir, LONG, ENV):
+        wait_for(lambda: progress_lines(run_dir) >= 3, "progress")
+        code, out = capture(
+            run_dir, "--groups", "step", "--iterations", "2", "--profiler", "--wait", "--json"
+        )
+        assert code == 0, out
+    result = json.loads(out)
+    cid, start = result["id"], result["start_iteration"]
+    spans = spans_by_rank(run_dir)
+    for rank in (0, 1):
+        ack = result["outcome"][str(rank)]
+        path = Path(ack["profiler_file"])
+        assert path == envcontract.profiler_trace_file(run_dir, rank, cid) and ack["note"] == ""
+        doc = json.loads(path.read_text())
+        assert doc["traceEvents"], rank
+        assert doc["distributedInfo"]["rank"] == rank
+        meta = doc["mlaunch"]
+        assert (meta["mlaunch.capture.id"], meta["rank"]) == (cid, rank)
+        assert (meta["first_iteration"], meta["last_iteration"]) == (start, start + 1)
+        # The trace ids of the captured iteration spans: the profile sits beside them.
+        steps = [s for s in spans[rank] if s["attributes"].get(Attr.CAPTURE_ID) == cid]
+        assert steps and {s["trace_id"] for s in steps} <= set(meta["trace_ids"])
