@@ -77,6 +77,7 @@ from mlaunch.model.strategies import should_export
 from mlaunch.telemetry import _capture, _devicetime, _spans
 from mlaunch.telemetry._devicetime import CudaEventTimer, HostClock
 from mlaunch.telemetry._recorder import RECORDER, RecordedSpan, new_recorded
+from mlaunch.telemetry._recorder import RootRecordedSpan as _RootRecorded
 from mlaunch.telemetry._spans import CoarseSpan, FineSpan
 
 log = logging.getLogger("mlaunch.telemetry")
@@ -424,7 +425,6 @@ def _start_capture_watch(
         "block_iters": block_iters,
     }
     try:
-        _capture.CONTROL.prepare = _prepare_capture
         _capture.start_watcher(
             where,
             run_id,
@@ -433,6 +433,10 @@ def _start_capture_watch(
             RECORDER.request_dump,
             world_size=world_size,
             exporting=_HANDLE is not None and _HANDLE.exporting,
+            # A console or "none" run leaves no files unasked (the CLI still learns its world
+            # size from resolved.json).
+            announce=settings.exporter not in ("console", "none"),
+            prepare=_prepare_capture,
         )
     except Exception as exc:  # captures are optional; never stop training for them
         log.warning("mlaunch telemetry: capture requests are off (%s)", exc)
@@ -781,19 +785,18 @@ def span(
         return _NULL
     if _SUPPRESSED and get_ident() in _SUPPRESSED:
         return _NULL
+    # Recorded before fine: the recorded path is the one with the tighter budget (an exported
+    # fine span costs its export many times over anyway); a rank's two sets never overlap.
+    if group in _RECORDED:  # new_recorded() inlined: a Python frame less per recorded span
+        rec = _new(_RootRecorded if root else RecordedSpan)
+        rec.name = name
+        # A copy in C: keys stay as given (Attr members); a dump converts them when it encodes.
+        rec.attributes = attributes if attrs is None else {**attrs, **attributes}
+        return rec
     if attrs is not None:
         attributes = _merged(attrs, attributes)
     if group in _FINE:
         return FineSpan(name, attributes, None, root)
-    if group in _RECORDED:  # new_recorded() inlined: a Python frame less per recorded span
-        rec = _new(RecordedSpan)
-        rec.name = name
-        rec.attributes = attributes
-        rec.links = None
-        rec.root = root
-        rec.end = 0
-        rec.sampled = True
-        return rec
     if group in _CAPTURED:  # a live capture added the group: exported, marked with its id
         attributes[_CAPTURE_ID] = _CAPTURE_VALUE
         if group in _ALL_FINE:
@@ -833,7 +836,7 @@ def linked_span(
     if group in _FINE:
         return FineSpan(name, attributes, links)
     if group in _RECORDED:
-        return new_recorded(name, attributes, links, False)
+        return new_recorded(name, attributes)
     if group in _CAPTURED:
         attributes[_CAPTURE_ID] = _CAPTURE_VALUE
         if group in _ALL_FINE:
@@ -875,7 +878,7 @@ def deferred_linked_span(
     if attrs is not None:
         attributes = _merged(attrs, attributes)
     if group in _RECORDED:  # dumps carry no links: never read a buffer a device copy may fill
-        return new_recorded(name, attributes, None, False)
+        return new_recorded(name, attributes)
     if group not in _FINE:
         return linked_span(group, name, context_from_ints(read_ints()), **attributes)
     return _devicetime.DeviceTimedSpan(name, attributes, read_ints)

@@ -147,6 +147,7 @@ class Controller:
         global AT
         AT = NEVER
         self.capture = None
+        self.prepare = None
         self._acked = None
         if self.watcher is not None:
             self.watcher.halt()
@@ -174,11 +175,12 @@ class Controller:
         if watcher is not None:
             watcher.wake.set()
 
-    def write_ack(self) -> None:
-        """Write the capture's acknowledgement when its state changed since the last one. Never
-        raises (an unwritable run directory only loses the ack)."""
+    def write_ack(self, listening: bool = False) -> None:
+        """Write the capture's acknowledgement when its state changed since the last one (with
+        no capture yet: the ``listening`` ack, when ``listening``). Never raises (an unwritable
+        run directory only loses the ack)."""
         capture, run_dir = self.capture, self.run_dir
-        if run_dir is None:
+        if run_dir is None or (capture is None and not listening):
             return
         with self._ack_lock:
             key = (capture.id, capture.state) if capture is not None else ("", "listening")
@@ -216,8 +218,10 @@ class RequestWatcher(threading.Thread):
         rank: int,
         started_ns: int,
         on_recorded: Callable[[], None],
+        announce: bool = True,
     ) -> None:
         super().__init__(name="mlaunch-capture-watch", daemon=True)
+        self.announce = announce
         self.path, self.run_id, self.rank, self.started_ns = path, run_id, rank, started_ns
         self.on_recorded = on_recorded
         self.wake = threading.Event()
@@ -231,7 +235,8 @@ class RequestWatcher(threading.Thread):
         self.wake.set()
 
     def run(self) -> None:
-        CONTROL.write_ack()  # "listening": this rank takes requests
+        if self.announce:
+            CONTROL.write_ack(listening=True)  # this rank takes requests
         while True:
             self.wake.wait(self.INTERVAL_S)
             self.wake.clear()
@@ -280,10 +285,15 @@ def start_watcher(
     *,
     world_size: int,
     exporting: bool,
+    announce: bool = True,
+    prepare: Callable[[Capture], None] | None = None,
 ) -> None:
-    """Watch ``run_dir``'s request file for this rank (and write its capture acks there)."""
+    """Watch ``run_dir``'s request file for this rank (and write its capture acks there).
+    ``announce``: write the ``listening`` ack now (a run that keeps no files, the console or
+    ``none`` exporter, writes acks only once a request came)."""
     CONTROL.reset()
     CONTROL.rank, CONTROL.run_dir = rank, Path(run_dir)
+    CONTROL.prepare = prepare
     CONTROL.identity = {
         "run_id": run_id,
         "world_size": world_size,
@@ -292,7 +302,12 @@ def start_watcher(
         "pid": os.getpid(),
     }
     watcher = RequestWatcher(
-        Path(run_dir) / envcontract.CAPTURE_REQUEST_FILE, run_id, rank, started_ns, on_recorded
+        Path(run_dir) / envcontract.CAPTURE_REQUEST_FILE,
+        run_id,
+        rank,
+        started_ns,
+        on_recorded,
+        announce,
     )
     CONTROL.watcher = watcher
     watcher.start()

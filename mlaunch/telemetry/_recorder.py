@@ -71,15 +71,33 @@ _ERROR = 2
 _next_id = itertools.count((getrandbits(62) << 1) | 1).__next__
 
 
-class RecordedSpan(FineSpan):
+class RecordedSpan:
     """A span of a recorded (not exported) group: kept in the recorder's current iteration.
 
-    Built by :func:`new_recorded` without ``__init__`` (one Python frame less on the hot path);
-    ``events`` and ``status`` stay unset until used."""
+    Built by the span factories without ``__init__`` (one Python frame less on the hot path),
+    which set only ``name`` and ``attributes``: what every recorded span has alike (no links,
+    kept whatever the sampler says, not a root) are class attributes, not per-span stores;
+    ``events``, ``status`` and ``end`` stay unset until used. Not a :class:`FineSpan` subclass,
+    so those names need no slot; it shares FineSpan's span API methods."""
 
-    #: The stack ``__enter__`` pushed onto, so ``__exit__`` need not ask the thread-local again
-    #: (a ``threading.local`` read costs about as much as the clock read).
-    __slots__ = ("stack",)
+    __slots__ = (
+        "name",
+        "attributes",
+        "events",
+        "status",
+        "trace_id",
+        "span_id",
+        "parent_id",
+        "start",
+        "end",
+        #: The stack ``__enter__`` pushed onto, so ``__exit__`` need not ask the thread-local
+        #: again; None once the span has ended (by ``__exit__`` or a shutdown's ``truncate``).
+        "stack",
+    )
+    #: Dumps carry no links (never read a buffer a device copy may fill).
+    links = None
+    sampled = True
+    root = False
 
     def __enter__(self) -> RecordedSpan:
         try:
@@ -101,10 +119,11 @@ class RecordedSpan(FineSpan):
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         end = time_ns()
-        if self.end:
+        stack = self.stack
+        if stack is None:  # already ended by shutdown (truncated)
             return False
         self.end = end
-        stack = self.stack
+        self.stack = None
         if stack and stack[-1] is self:
             stack.pop()
         else:
@@ -117,8 +136,9 @@ class RecordedSpan(FineSpan):
 
     def truncate(self) -> None:
         """Shutdown with the span open: ended now, kept (not exported)."""
-        if self.end:
+        if getattr(self, "stack", None) is None:
             return
+        self.stack = None
         self.attributes[Attr.TRUNCATED.value] = True
         self.end = time_ns()
         _append(self)
@@ -133,18 +153,27 @@ class RecordedSpan(FineSpan):
 
     def is_recording(self) -> bool:
         """Recorded spans are kept whatever the sampler says."""
-        return not self.end
+        return not getattr(self, "end", 0)
+
+    set_attribute = FineSpan.set_attribute
+    set_attributes = FineSpan.set_attributes
+    record_exception = FineSpan.record_exception
+    set_status = FineSpan.set_status
+    get_span_context = FineSpan.get_span_context
 
 
-def new_recorded(name: str, attributes: dict[str, Any], links: Any, root: bool) -> RecordedSpan:
+class RootRecordedSpan(RecordedSpan):
+    """A recorded ``span(..., root=True)``: parentless whatever is open on the thread."""
+
+    __slots__ = ()
+    root = True
+
+
+def new_recorded(name: str, attributes: dict[str, Any], root: bool = False) -> RecordedSpan:
     """A :class:`RecordedSpan` (the caller inlines this on the hot path)."""
-    rec = _new(RecordedSpan)
+    rec = _new(RootRecordedSpan if root else RecordedSpan)
     rec.name = name
     rec.attributes = attributes
-    rec.links = links
-    rec.root = root
-    rec.end = 0
-    rec.sampled = True
     return rec
 
 
@@ -340,7 +369,7 @@ def _encode(rec: RecordedSpan, trigger: str, seq: int, still_open: bool = False)
         span_id=f"{rec.span_id:016x}",
         parent_span_id=f"{rec.parent_id:016x}" if rec.parent_id else "",
         start_ns=rec.start,
-        end_ns=rec.end or time_ns(),
+        end_ns=getattr(rec, "end", 0) or time_ns(),
         attributes=attrs,
         status_code=code,
         status_message=message,
