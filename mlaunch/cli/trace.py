@@ -552,9 +552,11 @@ def _capture_text(req: Any) -> str:
         + ("; flight recorders written now" if req.recorded else "")
     ]
     if req.exporter_started:
+        one = len(req.exporter_started) == 1
         lines.append(
-            f"ranks {format_ranks(req.exporter_started)} export nothing under the run's strategy:"
-            " their exporter starts for the capture"
+            f"rank{'' if one else 's'} {format_ranks(req.exporter_started)}"
+            f" export{'s' if one else ''} nothing under the run's strategy:"
+            f" {'its' if one else 'their'} exporter starts for the capture"
         )
     lines.append(f"read it with: mlaunch trace report {req.run_dir}")
     return "\n".join(lines)
