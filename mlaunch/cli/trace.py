@@ -569,7 +569,10 @@ def _capture_outcome_text(req: Any) -> str:
     for rank in req.expected_ranks or sorted(outcome):
         ack = outcome.get(rank)
         if ack is None:
-            lines.append(f"rank {rank}: no answer (not started, or its telemetry is off)")
+            lines.append(
+                f"rank {rank}: no answer (stopped, or its node does not share the run"
+                " directory: then run the same command on that node)"
+            )
             continue
         first, last = ack.get("first_iteration"), ack.get("last_iteration")
         span = f"iterations {first}-{last}" if first is not None else "no iteration"

@@ -147,13 +147,19 @@ def _resolved(run_dir: Path) -> dict[str, Any]:
 
 
 def _world_size(run_dir: Path, acks: dict[int, dict[str, Any]]) -> int | None:
-    try:
-        launch = _resolved(run_dir)["settings"]["launch"]
-        return int(launch["nproc_per_node"]) * int(launch["nnodes"])
-    except (KeyError, TypeError, ValueError):
-        pass
+    """The run's world size: ``resolved.json``'s (an ``mlaunch train`` run), else the largest
+    one a rank's ack names (a worker started some other way)."""
+    value = _resolved(run_dir).get("world_size")
+    if isinstance(value, int) and value > 0:
+        return value
     sizes = [a["world_size"] for a in acks.values() if isinstance(a.get("world_size"), int)]
     return max(sizes) if sizes else None
+
+
+def _setting(run_dir: Path, key: str) -> Any:
+    """One setting's value from ``resolved.json`` (``telemetry.enabled``), None when unknown."""
+    entry = (_resolved(run_dir).get("settings") or {}).get(key)
+    return entry.get("value") if isinstance(entry, dict) else None
 
 
 def _run_id(run_dir: Path) -> str | None:
@@ -299,6 +305,11 @@ def request_capture(
     if wanted is not None and world is not None and (bad := [r for r in wanted if r >= world]):
         raise CaptureInputError(
             f"--ranks: rank {bad[0]} is not in this run (world size {world}: ranks 0-{world - 1})"
+        )
+    if _setting(run_dir, "telemetry.enabled") is False:
+        raise CaptureInputError(
+            f"{run_dir}: telemetry is off in this run (telemetry.enabled = false): no worker"
+            " watches for requests; start the run with --otel-enabled"
         )
     run_id = _run_id(run_dir)
     if (busy := running_capture(run_dir, run_id)) is not None:
