@@ -127,6 +127,7 @@ _CAPTURE_KEY = Attr.CAPTURE_ID.value
 _TRIGGER_KEY = Attr.RECORDER_TRIGGER.value
 _OPEN_KEY = Attr.RECORDER_OPEN.value
 _DUMP_KEY = Attr.RECORDER_DUMP.value
+_MARK_KEYS = frozenset({_CAPTURE_KEY, _TRIGGER_KEY, _DUMP_KEY, _OPEN_KEY})
 
 
 def _mark_value(raw: Any) -> tuple[str | None, str | None, Any, bool]:
@@ -139,15 +140,21 @@ def _mark_value(raw: Any) -> tuple[str | None, str | None, Any, bool]:
         )  # fmt: skip
     capture = trigger = dump = None
     still_open = False
-    for kv in raw or ():
+    for kv in raw if isinstance(raw, list) else ():
+        if not isinstance(kv, dict):
+            continue  # a malformed attribute: the readers tolerate it, so does this
         key = kv.get("key")
+        if key not in _MARK_KEYS:
+            continue
+        value = kv.get("value")
+        value = value if isinstance(value, dict) else {}
         if key == _CAPTURE_KEY:
-            capture = kv.get("value", {}).get("stringValue")
+            capture = value.get("stringValue")
         elif key == _TRIGGER_KEY:
-            trigger = kv.get("value", {}).get("stringValue")
+            trigger = value.get("stringValue")
         elif key == _DUMP_KEY:
-            dump = kv.get("value", {}).get("intValue")
-        elif key == _OPEN_KEY:
+            dump = value.get("intValue")
+        else:
             still_open = True
     return capture, trigger, dump, still_open
 
