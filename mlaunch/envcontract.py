@@ -159,6 +159,10 @@ CAPTURE_REQUEST_FILE = "capture-request.json"
 #: A rank's answer to the latest live capture (under :data:`TELEMETRY_DIR`): scheduled, running,
 #: done or missed, with the iterations it covered; ``mlaunch trace capture --wait`` reads it.
 CAPTURE_ACK_FILE = NumberedName("capture-ack-rank{rank}.json")
+#: The states an ack names, in order: the rank takes requests, has armed a capture, is in its
+#: window, has ended it, or got to it too late. The last two are final.
+CAPTURE_ACK_STATES = ("listening", "scheduled", "running", "done", "missed")
+CAPTURE_FINAL_STATES = frozenset({"done", "missed"})
 
 #: The glob of every rank's traces file (what the file exporter writes).
 TRACES_FILE_GLOB = _telemetry_name("traces", RANK_SENDER.glob)

@@ -45,8 +45,6 @@ STEP_SAMPLES = 20
 #: After its expected end, how long a capture without every ack still counts as running (a
 #: slow rank may be behind), and how long ``--wait`` waits for the last acks.
 GRACE_S = 60.0
-#: An ack's states that end a capture on that rank (``mlaunch.telemetry._capture``).
-FINAL_STATES = ("done", "missed")
 
 
 class CaptureInputError(ValueError):
@@ -120,7 +118,8 @@ class CaptureRequest:
         if self.outcome is None or not self.expected_ranks:
             return False
         return all(
-            self.outcome.get(r, {}).get("state") in FINAL_STATES for r in self.expected_ranks
+            self.outcome.get(r, {}).get("state") in ec.CAPTURE_FINAL_STATES
+            for r in self.expected_ranks
         )
 
 
@@ -260,7 +259,8 @@ def running_capture(run_dir: Path, run_id: str | None) -> str | None:
     wanted = request.get("ranks")
     expected = [r for r in listening if wanted is None or r in wanted]
     if expected and all(
-        acks[r].get("id") == rid and acks[r].get("state") in FINAL_STATES for r in expected
+        acks[r].get("id") == rid and acks[r].get("state") in ec.CAPTURE_FINAL_STATES
+        for r in expected
     ):
         return None
     if time.time_ns() > int(request.get("expires_ns") or 0):

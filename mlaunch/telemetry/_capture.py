@@ -48,9 +48,7 @@ NEVER = sys.maxsize
 #: (scheduling) and the training thread (transitions); one int assignment each, atomic.
 AT = NEVER
 
-#: A capture's states, in order; the last two are final.
-STATES = ("scheduled", "running", "done", "missed")
-FINAL_STATES = frozenset({"done", "missed"})
+FINAL_STATES = envcontract.CAPTURE_FINAL_STATES
 
 
 @dataclass
