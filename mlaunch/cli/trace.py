@@ -558,6 +558,14 @@ def _capture_text(req: Any) -> str:
             f" export{'s' if one else ''} nothing under the run's strategy:"
             f" {'its' if one else 'their'} exporter starts for the capture"
         )
+    if req.expected_ranks is not None and req.ranks is not None:
+        silent = sorted(set(req.ranks) - set(req.expected_ranks))
+        if silent:
+            lines.append(
+                f"rank{'s' if len(silent) > 1 else ''} {format_ranks(silent)}: no worker there"
+                " has said it listens (telemetry off, not started yet, or its node does not"
+                " share the run directory: then run the same command on that node)"
+            )
     lines.append(f"read it with: mlaunch trace report {req.run_dir}")
     return "\n".join(lines)
 
