@@ -161,8 +161,14 @@ class Controller:
                 capture.id, current.id, current.state,
             )  # fmt: skip
             return
-        if self.prepare is not None:
-            self.prepare(capture)
+        try:
+            if self.prepare is not None:
+                self.prepare(capture)
+        except Exception as exc:  # no exporter here (e.g. no SDK): this rank cannot take part
+            capture.state, capture.note = "missed", f"cannot export here: {exc}"
+            self.capture = capture
+            self.write_ack()
+            return
         self.capture = capture
         AT = capture.start
         self.write_ack()

@@ -138,3 +138,23 @@ def test_watcher_ignores_stale_foreign_and_other_ranks_requests(tmp_path):
         assert _capture.CONTROL.capture is not None and _capture.CONTROL.capture.id == "ok"
     finally:
         _capture.CONTROL.reset()
+
+
+def test_a_rank_that_cannot_build_its_exporter_acks_missed(make_settings, tmp_path, monkeypatch):
+    telemetry.setup(
+        make_settings(EXPORT_STRATEGY="single_rank", SPAN_GROUPS="default"),
+        rank=0, world_size=2, run_dir=tmp_path,
+    )  # fmt: skip
+    from mlaunch.telemetry import _runtime
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no exporter")
+
+    monkeypatch.setattr(_runtime, "Runtime", broken)
+    capture = _capture_request()
+    _capture.CONTROL.schedule(capture)
+    assert capture.state == "missed" and "no exporter" in capture.note
+    assert _capture.AT == _capture.NEVER
+    assert _ack(tmp_path, 0)["state"] == "missed"
+    _iterations(1, 8)  # training goes on untouched
+    assert not telemetry.is_enabled(G.LAYER)
