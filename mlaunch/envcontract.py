@@ -156,9 +156,16 @@ RECORDER_FILE = NumberedName("recorder-rank{rank}.jsonl")
 #: A request to the running workers (``mlaunch trace capture``), at the top of the run directory;
 #: each worker reads it at most once a second, off its training thread.
 CAPTURE_REQUEST_FILE = "capture-request.json"
+#: A rank's answer to the latest live capture (under :data:`TELEMETRY_DIR`): scheduled, running,
+#: done or missed, with the iterations it covered; ``mlaunch trace capture --wait`` reads it.
+CAPTURE_ACK_FILE = NumberedName("capture-ack-rank{rank}.json")
+#: The states an ack names, in order: the rank takes requests, has armed a capture, is in its
+#: window, has ended it, or got to it too late. The last two are final.
+CAPTURE_ACK_STATES = ("listening", "scheduled", "running", "done", "missed")
+CAPTURE_FINAL_STATES = frozenset({"done", "missed"})
 #: A rank's answer to capture request ``{id}``, under TELEMETRY_DIR (nemo-lens workers: applied or
 #: why not, and when the groups were switched and switched back; mlaunch.lens_hook.capture).
-CAPTURE_ACK_TEMPLATE = "capture-ack-rank{rank}-{id}.json"
+LENS_CAPTURE_ACK_TEMPLATE = "capture-ack-rank{rank}-{id}.json"
 
 #: The glob of every rank's traces file (what the file exporter writes).
 TRACES_FILE_GLOB = _telemetry_name("traces", RANK_SENDER.glob)
@@ -204,9 +211,22 @@ def recorder_file(run_dir: str | Path, rank: int) -> Path:
     return Path(run_dir) / TELEMETRY_DIR / RECORDER_FILE.name(rank)
 
 
-def capture_ack_file(run_dir: str | Path, rank: int, request_id: str) -> Path:
+def capture_ack_file(run_dir: str | Path, rank: int) -> Path:
+    """Where one rank acknowledges the latest live capture (:data:`CAPTURE_ACK_FILE`)."""
+    return Path(run_dir) / TELEMETRY_DIR / CAPTURE_ACK_FILE.name(rank)
+
+
+def profiler_trace_file(run_dir: str | Path, rank: int, capture_id: str) -> Path:
+    """Where a live capture's torch.profiler trace of one rank goes (Chrome trace JSON, beside
+    the spans, for HTA and Perfetto)."""
+    return Path(run_dir) / TELEMETRY_DIR / f"profiler-rank{rank}-{capture_id}.json"
+
+
+def lens_capture_ack_file(run_dir: str | Path, rank: int, request_id: str) -> Path:
     """Where ``rank`` answers capture request ``request_id``."""
-    return Path(run_dir) / TELEMETRY_DIR / CAPTURE_ACK_TEMPLATE.format(rank=rank, id=request_id)
+    return (
+        Path(run_dir) / TELEMETRY_DIR / LENS_CAPTURE_ACK_TEMPLATE.format(rank=rank, id=request_id)
+    )
 
 
 def traces_file(run_dir: str | Path, rank: int) -> Path:

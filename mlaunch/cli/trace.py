@@ -547,34 +547,143 @@ def capture_cmd(
     target: str = typer.Argument(
         ..., metavar="RUN_DIR|JOB_ID", help="A running run's directory or its SLURM job id."
     ),
+    groups: str | None = typer.Option(
+        None,
+        "--groups",
+        metavar="SPEC",
+        help="Span groups to turn on for the window (presets and groups, e.g. all or layer,microbatch).",
+    ),
+    iterations: int | None = typer.Option(
+        None, "--iterations", metavar="N", help="Keep them on for N iterations."
+    ),
+    seconds: float | None = typer.Option(
+        None, "--seconds", metavar="S", help="Keep them on for S seconds (instead of --iterations)."
+    ),
+    ranks: str = typer.Option("all", "--ranks", help="all, or ranks as R,R,..."),
+    profiler: bool = typer.Option(
+        False,
+        "--profiler",
+        help="Also run torch.profiler for the window (telemetry/profiler-rank<R>-<id>.json).",
+    ),
     recorded: bool = typer.Option(
         False, "--recorded", help="Every selected rank writes what its flight recorder holds now."
     ),
-    ranks: str = typer.Option("all", "--ranks", help="all, or ranks as R,R,..."),
+    wait: bool = typer.Option(
+        False, "--wait", help="Wait until every selected rank has applied and ended the capture."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON for machines."),
 ) -> None:
-    """Ask a running job's workers for detail: with --recorded, each selected rank writes its
-    flight recorder (telemetry/recorder-rank<R>.jsonl, trigger "request") at its next iteration.
+    """Turn on detail in a running job: with --groups, every selected rank switches those span
+    groups on at the same iteration (printed), keeps them for --iterations N (or --seconds S)
+    and switches back; ranks that export nothing export for the window. With --recorded, each
+    selected rank writes its flight recorder (telemetry/recorder-rank<R>.jsonl).
 
     The request goes into the run directory, which each worker reads at most once a second; a
     request left behind never applies to a later run or restart. Exit 2, with nothing written,
-    for a finished run, an unknown rank or nothing to capture.
+    for a finished run, an unknown rank, a bad spec or window, or while another capture runs.
     """
-    from mlaunch.launcher.capture import CaptureInputError, request_capture
+    from mlaunch.launcher.capture import CaptureInputError, request_capture, wait_for_capture
 
     try:
-        req = request_capture(target, Path.cwd(), recorded=recorded, ranks=ranks)
+        req = request_capture(
+            target,
+            Path.cwd(),
+            recorded=recorded,
+            ranks=ranks,
+            groups=groups,
+            iterations=iterations,
+            seconds=seconds,
+            profiler=profiler,
+        )
     except CaptureInputError as e:
         raise error(str(e)) from None
+    if not as_json:
+        typer.echo(_capture_text(req))
+    if wait and req.live:
+        req = wait_for_capture(req)
     if as_json:
         typer.echo(json.dumps(req.as_json(), indent=2))
-        return
+    elif req.waited:
+        typer.echo(_capture_outcome_text(req))
+    if req.waited and not req.complete:
+        raise typer.Exit(RUN_FAILED)
+
+
+def _capture_text(req: Any) -> str:
+    """What was asked, in one or two lines."""
     who = "every rank" if req.ranks is None else f"ranks {format_ranks(req.ranks)}"
-    typer.echo(
-        f"requested {req.id}: {who} of {req.run_dir} write their flight recorders at their next"
-        f" iteration (the run was at iteration {req.iteration}); read them with"
-        f" mlaunch trace summary {req.run_dir}"
-    )
+    if not req.live:
+        return (
+            f"requested {req.id}: {who} of {req.run_dir} write their flight recorders at their"
+            f" next iteration (the run was at iteration {req.iteration}); read them with"
+            f" mlaunch trace summary {req.run_dir}"
+        )
+    if req.iterations is not None:
+        window = (
+            f"iterations {req.start_iteration}-{req.start_iteration + req.iterations - 1}"
+            if req.iterations > 1
+            else f"iteration {req.start_iteration}"
+        )
+    else:
+        window = f"{req.seconds:g} s from iteration {req.start_iteration}"
+    what = req.groups or "no extra groups"
+    lines = [
+        f"capture {req.id}: {what} on {who} of {req.run_dir} for {window}"
+        f" (the run was at iteration {req.iteration})"
+        + ("; torch.profiler too" if req.profiler else "")
+        + ("; flight recorders written now" if req.recorded else "")
+    ]
+    if req.exporter_started:
+        one = len(req.exporter_started) == 1
+        lines.append(
+            f"rank{'' if one else 's'} {format_ranks(req.exporter_started)}"
+            f" export{'s' if one else ''} nothing under the run's strategy:"
+            f" {'its' if one else 'their'} exporter starts for the capture"
+        )
+    if req.expected_ranks is not None and req.ranks is not None:
+        silent = sorted(set(req.ranks) - set(req.expected_ranks))
+        if silent:
+            lines.append(
+                f"rank{'s' if len(silent) > 1 else ''} {format_ranks(silent)}: no worker there"
+                " has said it listens (telemetry off, not started yet, or its node does not"
+                " share the run directory: then run the same command on that node)"
+            )
+    if req.lens_ranks is not None:
+        lines.append(
+            "nemo-lens workers (a time window; they cannot see iterations): "
+            + (
+                f"ranks {format_ranks(req.lens_ranks)} capture"
+                if req.lens_ranks
+                else "none capture"
+            )
+        )
+        lines += [f"  rank {r}: {why}" for r, why in sorted(req.lens_cannot.items())][:8]
+    lines.append(f"read it with: mlaunch trace report {req.run_dir}")
+    return "\n".join(lines)
+
+
+def _capture_outcome_text(req: Any) -> str:
+    """Each rank's outcome after --wait."""
+    outcome = req.outcome or {}
+    lines = []
+    for rank in req.expected_ranks or sorted(outcome):
+        ack = outcome.get(rank)
+        if ack is None:
+            lines.append(
+                f"rank {rank}: no answer (stopped, or its node does not share the run"
+                " directory: then run the same command on that node)"
+            )
+            continue
+        first, last = ack.get("first_iteration"), ack.get("last_iteration")
+        span = f"iterations {first}-{last}" if first is not None else "no iteration"
+        if ack.get("applied_ns") and ack.get("ended_ns"):  # a nemo-lens worker's time window
+            span = f"{(ack['ended_ns'] - ack['applied_ns']) / 1e9:.1f} s of nemo-lens spans"
+        extra = f"; profiler trace {ack['profiler_file']}" if ack.get("profiler_file") else ""
+        note = f" ({ack['note']})" if ack.get("note") else ""
+        lines.append(f"rank {rank}: {ack.get('state')}, {span}{extra}{note}")
+    if not lines:
+        lines.append("no rank answered: is telemetry on in this run?")
+    return "\n".join(lines)
 
 
 def _no_spool_reason(exporter: str | None) -> str:

@@ -116,6 +116,11 @@ class Attr(StrEnum):
     #: On a recorded span written while still open (the parent of what a dump holds, e.g. the
     #: ``megatron.train`` block of a rank that exports nothing): its end is the dump's time.
     RECORDER_OPEN = "mlaunch.recorder.open"
+    #: On a span the flight recorder wrote out: which of its rank's dumps (0, 1, ...), so a
+    #: reader can tell two dumps of consecutive iterations apart.
+    RECORDER_DUMP = "mlaunch.recorder.dump"
+    #: On a span a live capture added (``mlaunch trace capture --groups``): the capture's id.
+    CAPTURE_ID = "mlaunch.capture.id"
     TRAIN_BLOCK = "mlaunch.train.block"  # on megatron.train: the block number (an mlaunch extra)
     # On the launcher's mlaunch.job.attempt spans.
     ATTEMPT = "mlaunch.attempt"  # 0 for the first torchrun attempt, +1 per restart

@@ -74,9 +74,10 @@ from typing import Any
 from mlaunch.model.groups import FINE_GRAINED_GROUPS, SpanGroup
 from mlaunch.model.spans import GOODPUT_SPAN_NAMES, Attr, region_name
 from mlaunch.model.strategies import should_export
-from mlaunch.telemetry import _devicetime, _spans
+from mlaunch.telemetry import _capture, _devicetime, _spans
 from mlaunch.telemetry._devicetime import CudaEventTimer, HostClock
 from mlaunch.telemetry._recorder import RECORDER, RecordedSpan, new_recorded
+from mlaunch.telemetry._recorder import RootRecordedSpan as _RootRecorded
 from mlaunch.telemetry._spans import CoarseSpan, FineSpan
 
 log = logging.getLogger("mlaunch.telemetry")
@@ -108,6 +109,7 @@ __all__ = [
     "recorder_step",
     "recorder_dump",
     "recorder_active",
+    "set_profiler_hooks",
 ]
 
 # The hot-path state. Plain ``str`` members (not the StrEnum) so membership tests hash and compare
@@ -117,6 +119,21 @@ _FINE: frozenset[str] = frozenset()
 #: The flight recorder's groups this rank does not export (recorded, see ``_recorder``); also
 #: members of ``_ENABLED``, so the disabled path pays nothing more.
 _RECORDED: frozenset[str] = frozenset()
+#: The groups a running live capture adds (exported, each span marked with the capture's id
+#: :data:`_CAPTURE_VALUE`); checked after the fine and recorded paths, so outside a capture
+#: they pay nothing for it.
+_CAPTURED: frozenset[str] = frozenset()
+_CAPTURE_VALUE = ""
+_CAPTURE_ID = Attr.CAPTURE_ID.value
+_ALL_FINE: frozenset[str] = frozenset(g.value for g in FINE_GRAINED_GROUPS)
+#: What ``setup`` was given (the on-demand exporter of a live capture is built from it).
+_SETUP: dict[str, Any] | None = None
+#: A live capture's exporter on a rank that exports nothing (built on demand, then idle).
+_CAPTURE_RUNTIME: Any = None
+#: The enabled sets and runtime from before a running capture (restored when it ends).
+_SAVED: tuple[Any, ...] | None = None
+#: ``set_profiler_hooks``: (start, stop), or None.
+_PROFILER_HOOKS: tuple[Callable[..., Any], Callable[..., Any]] | None = None
 _new = object.__new__
 #: When this process imported telemetry: a capture request written before it is not for it.
 _STARTED_NS = time.time_ns()
@@ -266,72 +283,94 @@ def setup(
         _RUNTIME = runtime
         _FINE = groups & frozenset(g.value for g in FINE_GRAINED_GROUPS)
         _ENABLED = groups
+    _HANDLE = handle
+    if not settings.enabled or settings.otel.sdk_disabled:
+        return handle
+    try:
+        identity = _identity(settings, handle, resource, run_dir, save_interval)
+    except Exception as exc:  # the recorder and captures are optional; never stop training
+        log.warning("mlaunch telemetry: run identity unavailable (%s); no recorder", exc)
+        return handle
     recorded = _start_recorder(
         settings,
         handle,
+        identity,
         rank=rank,
         world_size=world_size,
         local_rank=local_rank,
         resource=resource,
-        run_dir=run_dir,
-        save_interval=save_interval,
     )
     if recorded:
         _RECORDED = recorded
         _ENABLED = _ENABLED | recorded
-    _HANDLE = handle
+    _start_capture_watch(
+        settings,
+        identity,
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        resource=resource,
+        save_interval=save_interval,
+    )
     return handle
+
+
+def _identity(
+    settings: Any,
+    handle: Telemetry,
+    resource: Mapping[str, Any] | None,
+    run_dir: str | Path | None,
+    save_interval: int,
+) -> tuple[str, str, int, Path]:
+    """This rank's run id, incarnation, block size and run directory: the runtime's on an
+    exporting rank, else derived by the same rules (``Runtime._init_identity``), so a rank that
+    exports nothing still names the same traces and reads the same request file."""
+    runtime = handle._runtime
+    if runtime is not None:
+        return runtime.run_id, runtime.incarnation, runtime.block_iters, runtime.run_dir
+    from mlaunch import envcontract
+    from mlaunch.model.identity import RUN_UUID, run_identity
+    from mlaunch.model.spans import ResourceAttr
+    from mlaunch.settings.run_id import choose_run_id, torchrun_shared_ids
+
+    run_id = choose_run_id(settings.run_id, os.environ, shared=torchrun_shared_ids(os.environ))
+    restart = dict(resource or {}).get(
+        ResourceAttr.RESTART_COUNT, os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    )
+    try:
+        restart = int(restart)
+    except (TypeError, ValueError):
+        restart = 0
+    incarnation = f"{restart}/{run_identity(os.environ)[RUN_UUID]}"
+    segment = max(1, int(settings.trace_segment_iters or 100))
+    block_iters = save_interval if save_interval and save_interval > 0 else segment
+    where = Path(run_dir) if run_dir else envcontract.worker_run_dir(os.environ, run_id)
+    return run_id, incarnation, block_iters, where
 
 
 def _start_recorder(
     settings: Any,
     handle: Telemetry,
+    identity: tuple[str, str, int, Path],
     *,
     rank: int,
     world_size: int,
     local_rank: int,
     resource: Mapping[str, Any] | None,
-    run_dir: str | Path | None,
-    save_interval: int,
 ) -> frozenset[str]:
     """Start the flight recorder on this rank (every rank, exporting or not) when telemetry is
     on and ``recorder_groups`` names groups this rank does not export; returns those groups."""
     spec = getattr(settings, "recorder_group_set", frozenset())
-    if not settings.enabled or settings.otel.sdk_disabled or not spec:
+    if not spec:
         return frozenset()
     recorded = frozenset(str(getattr(g, "value", g)) for g in spec) - handle.enabled_groups
     if not recorded:
         return frozenset()
     try:
         from mlaunch import envcontract
-        from mlaunch.model.identity import RUN_UUID, run_identity
-        from mlaunch.model.spans import ResourceAttr
-        from mlaunch.settings.run_id import choose_run_id, torchrun_shared_ids
         from mlaunch.telemetry._recorder import recorder_resource
 
-        runtime = handle._runtime
-        if runtime is not None:
-            run_id, incarnation, block_iters = (
-                runtime.run_id,
-                runtime.incarnation,
-                runtime.block_iters,
-            )
-            where = runtime.run_dir
-        else:  # the same identity rules as the runtime's (_init_identity)
-            run_id = choose_run_id(
-                settings.run_id, os.environ, shared=torchrun_shared_ids(os.environ)
-            )
-            restart = dict(resource or {}).get(
-                ResourceAttr.RESTART_COUNT, os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-            )
-            try:
-                restart = int(restart)
-            except (TypeError, ValueError):
-                restart = 0
-            incarnation = f"{restart}/{run_identity(os.environ)[RUN_UUID]}"
-            segment = max(1, int(settings.trace_segment_iters or 100))
-            block_iters = save_interval if save_interval and save_interval > 0 else segment
-            where = Path(run_dir) if run_dir else envcontract.worker_run_dir(os.environ, run_id)
+        run_id, incarnation, block_iters, where = identity
         RECORDER.start(
             iters=int(settings.recorder_iters),
             max_bytes=int(float(settings.recorder_max_mib) * (1 << 20)),
@@ -345,18 +384,241 @@ def _start_recorder(
                 local_rank=local_rank,
                 extra=resource,
             ),
-            own_trace_ids=runtime is None,
+            own_trace_ids=handle._runtime is None,
             run_id=run_id,
             incarnation=incarnation,
             block_iters=block_iters,
         )
-        from mlaunch.telemetry._recorder import start_watcher
-
-        start_watcher(where, run_id, rank, _STARTED_NS)
     except Exception as exc:  # the recorder must never stop training from starting
         log.warning("mlaunch telemetry: flight recorder setup failed (%s); it is off", exc)
         return frozenset()
     return recorded
+
+
+# ------------------------------------------------------------------------------------------------
+# Live capture (``mlaunch trace capture --groups``; the request channel is ``_capture``)
+
+
+def _start_capture_watch(
+    settings: Any,
+    identity: tuple[str, str, int, Path],
+    *,
+    rank: int,
+    world_size: int,
+    local_rank: int,
+    resource: Mapping[str, Any] | None,
+    save_interval: int,
+) -> None:
+    """Watch the run directory's request file on this rank (any rank with telemetry on)."""
+    global _SETUP
+    run_id, incarnation, block_iters, where = identity
+    _SETUP = {
+        "settings": settings,
+        "rank": rank,
+        "world_size": world_size,
+        "local_rank": local_rank,
+        "resource": resource,
+        "run_dir": where,
+        "save_interval": save_interval,
+        "run_id": run_id,
+        "incarnation": incarnation,
+        "block_iters": block_iters,
+    }
+    try:
+        _capture.start_watcher(
+            where,
+            run_id,
+            rank,
+            _STARTED_NS,
+            RECORDER.request_dump,
+            world_size=world_size,
+            exporting=_HANDLE is not None and _HANDLE.exporting,
+            # A console or "none" run leaves no files unasked (the CLI still learns its world
+            # size from resolved.json).
+            announce=settings.exporter not in ("console", "none"),
+            prepare=_prepare_capture,
+        )
+    except Exception as exc:  # captures are optional; never stop training for them
+        log.warning("mlaunch telemetry: capture requests are off (%s)", exc)
+
+
+def _prepare_capture(capture: _capture.Capture) -> None:
+    """Before a capture is armed (the watcher thread): on a rank that exports nothing, build
+    the exporter now, off the training thread, with the run's settings (the same sink: file,
+    OTLP or the embedded receiver), traces only and no rank sampling; the training thread
+    installs it at the switch. It stays, idle, for later captures until shutdown."""
+    global _CAPTURE_RUNTIME
+    setup_args = _SETUP
+    if setup_args is None:
+        raise RuntimeError("telemetry is not set up")
+    if _HANDLE is not None and _HANDLE._runtime is not None:
+        return  # this rank exports: its runtime takes the captured spans
+    capture.exporter_started = True
+    if _CAPTURE_RUNTIME is not None:
+        return
+    from mlaunch.telemetry._runtime import Runtime
+
+    settings = setup_args["settings"].model_copy(
+        update={
+            "traces_enabled": True,
+            "metrics_enabled": False,
+            "logs_enabled": False,
+            "sampler_enabled": False,
+        }
+    )
+    _CAPTURE_RUNTIME = Runtime(
+        settings,
+        rank=setup_args["rank"],
+        world_size=setup_args["world_size"],
+        local_rank=setup_args["local_rank"],
+        resource=setup_args["resource"],
+        run_dir=setup_args["run_dir"],
+        environ=os.environ,
+        save_interval=setup_args["save_interval"],
+        install_now=False,
+    )
+
+
+def _capture_boundary(iteration: int) -> None:
+    """The training thread reached :data:`_capture.AT`: start, continue or end the capture.
+    While a capture runs this is called at every iteration (it notes how far the window got, so
+    a run that ends inside it acks the right last iteration); outside one, never."""
+    capture = _capture.CONTROL.capture
+    try:
+        if capture is None or capture.state in _capture.FINAL_STATES:
+            _capture.AT = _capture.NEVER
+            return
+        if capture.state == "scheduled":
+            if capture.end is not None and iteration >= capture.end:
+                capture.state, capture.note = "missed", f"this rank was at iteration {iteration}"
+                _capture.AT = _capture.NEVER
+                _capture.CONTROL.changed()
+                return
+            _switch_on(capture, iteration)
+            capture.last = iteration
+            _capture.AT = iteration + 1
+            _capture.CONTROL.changed()
+            return
+        if iteration == capture.last:  # set_iteration again for the same iteration
+            return
+        if capture.end is not None:
+            over = iteration >= capture.end
+        else:
+            over = time.time_ns() >= capture.switched_ns + int(capture.seconds * 1e9)  # type: ignore[operator]
+        if not over:
+            capture.last = iteration
+            _capture.AT = iteration + 1
+            return
+        _switch_off(capture)
+        _capture.AT = _capture.NEVER
+        _capture.CONTROL.changed()
+    except Exception as exc:  # telemetry never breaks training: the capture ends here
+        log.warning("mlaunch telemetry: live capture failed (%s)", exc)
+        _capture.AT = _capture.NEVER
+        if capture is not None and capture.state == "running":
+            with contextlib.suppress(Exception):
+                _switch_off(capture)
+        if capture is not None:
+            capture.state, capture.note = "done", f"ended early: {exc}"
+        _capture.CONTROL.changed()
+
+
+def _switch_on(capture: _capture.Capture, iteration: int) -> None:
+    global _ENABLED, _FINE, _RECORDED, _CAPTURED, _CAPTURE_VALUE, _RUNTIME, _SAVED
+    _SAVED = (_ENABLED, _FINE, _RECORDED, _RUNTIME)
+    exported = _HANDLE.enabled_groups if _HANDLE is not None else frozenset()
+    if _RUNTIME is None and _CAPTURE_RUNTIME is not None:
+        _CAPTURE_RUNTIME.install_spans(iteration)
+        _RUNTIME = _CAPTURE_RUNTIME  # its set_iteration keeps the block trace ids during it
+    added = capture.groups - exported
+    _CAPTURE_VALUE = capture.id
+    _CAPTURED = added
+    _RECORDED = _RECORDED - added  # exported, not recorded, while the capture runs
+    _ENABLED = _ENABLED | added
+    capture.state, capture.first, capture.switched_ns = "running", iteration, time.time_ns()
+    if capture.profiler:
+        _start_profiler(capture)
+
+
+def _switch_off(capture: _capture.Capture) -> None:
+    global _ENABLED, _FINE, _RECORDED, _CAPTURED, _RUNTIME, _SAVED
+    if _SAVED is not None:
+        _ENABLED, _FINE, _RECORDED, _RUNTIME = _SAVED
+        _SAVED = None
+    _CAPTURED = frozenset()
+    capture.state = "done"
+    if capture.profiler_handle is not None:
+        _stop_profiler(capture)
+
+
+def _start_profiler(capture: _capture.Capture) -> None:
+    hooks = _PROFILER_HOOKS
+    if hooks is None or _SETUP is None:
+        capture.note = "no profiler here: the worker registered none (mlaunch's trainer does)"
+        return
+    from mlaunch import envcontract
+
+    path = envcontract.profiler_trace_file(_SETUP["run_dir"], _SETUP["rank"], capture.id)
+    try:
+        capture.profiler_handle = hooks[0](path)
+        capture.profiler_file = str(path)
+    except Exception as exc:
+        capture.note = f"profiler did not start: {exc}"
+
+
+def _stop_profiler(capture: _capture.Capture) -> None:
+    handle, capture.profiler_handle = capture.profiler_handle, None
+    try:
+        _PROFILER_HOOKS[1](handle, _profiler_metadata(capture))  # type: ignore[index]
+    except Exception as exc:
+        capture.note = f"profiler trace not written: {exc}"
+        capture.profiler_file = None
+
+
+def _profiler_metadata(capture: _capture.Capture) -> dict[str, Any]:
+    """What a profiler trace carries to tie it to the run's spans: the capture, the rank and
+    the trace ids of the ``megatron.train`` blocks the window covers."""
+    from mlaunch.model.spans import train_block
+
+    s = _SETUP or {}
+    first = capture.first or capture.start
+    last = capture.last if capture.last is not None else first
+    blocks = sorted({train_block(it, s.get("block_iters", 100)) for it in range(first, last + 1)})
+    return {
+        "mlaunch.capture.id": capture.id,
+        "mlaunch.run_id": s.get("run_id"),
+        "rank": s.get("rank"),
+        "first_iteration": first,
+        "last_iteration": last,
+        "trace_ids": [
+            f"{_spans.segment_trace_id(s.get('run_id', ''), s.get('incarnation', ''), b):032x}"
+            for b in blocks
+        ],
+    }
+
+
+def _end_capture_at_shutdown() -> None:
+    """A capture still running when the job ends (its last iteration was the run's) ends here,
+    and its ack is written before the watcher stops."""
+    capture = _capture.CONTROL.capture
+    _capture.AT = _capture.NEVER
+    if capture is None:
+        return
+    if capture.state == "running":
+        _switch_off(capture)
+    elif capture.state == "scheduled":
+        capture.state, capture.note = "missed", "the run ended before the capture started"
+
+
+def set_profiler_hooks(
+    start: Callable[[Path], Any] | None, stop: Callable[[Any, dict[str, Any]], None] | None = None
+) -> None:
+    """Install the profiler a live capture with ``--profiler`` runs (mlaunch's trainer installs
+    torch.profiler; telemetry never imports torch): ``start(path)`` starts it and returns a
+    handle, ``stop(handle, metadata)`` stops it and writes the trace to ``path`` with
+    ``metadata`` (capture id, rank, the run's trace ids) in it. None removes them."""
+    global _PROFILER_HOOKS
+    _PROFILER_HOOKS = (start, stop) if start is not None and stop is not None else None
 
 
 def _forget_in_child() -> None:
@@ -365,9 +627,13 @@ def _forget_in_child() -> None:
     global _ENABLED, _FINE, _RECORDED, _RUNTIME, _HANDLE
     if _RUNTIME is not None:
         _RUNTIME._closed = True  # its atexit hook must not flush the parent's data from here
+    global _CAPTURED, _CAPTURE_RUNTIME, _SAVED, _SETUP
+    if _CAPTURE_RUNTIME is not None:
+        _CAPTURE_RUNTIME._closed = True
     RECORDER.stop()
-    _ENABLED = _FINE = _RECORDED = frozenset()
-    _RUNTIME = _HANDLE = None
+    _capture.CONTROL.reset()
+    _ENABLED = _FINE = _RECORDED = _CAPTURED = frozenset()
+    _RUNTIME = _HANDLE = _CAPTURE_RUNTIME = _SAVED = _SETUP = None
     _devicetime.reset()
 
 
@@ -379,17 +645,25 @@ def shutdown(timeout_s: float | None = None) -> None:
     """Shut down the process's telemetry (idempotent): ends open spans as truncated, exports or
     spools everything within the hard deadline (``shutdown_timeout_s`` by default)."""
     global _ENABLED, _FINE, _RECORDED, _RUNTIME, _HANDLE
+    global _CAPTURED, _CAPTURE_RUNTIME, _SAVED, _SETUP
+    with contextlib.suppress(Exception):
+        _end_capture_at_shutdown()
+    _capture.stop_watcher()
     runtime = _RUNTIME
-    _ENABLED = _FINE = _RECORDED = frozenset()  # new spans are no-ops from here on
+    extra = _CAPTURE_RUNTIME if _CAPTURE_RUNTIME is not runtime else None
+    _ENABLED = _FINE = _RECORDED = _CAPTURED = frozenset()  # new spans are no-ops from here on
+    _CAPTURE_RUNTIME = _SAVED = _SETUP = None
     RECORDER.stop()  # what was not dumped on a trigger is dropped (it was never to be exported)
     with contextlib.suppress(Exception):  # device-timed spans still pending leave, host-timed
         _devicetime.resolve(None, final=True)
     _devicetime.reset()
     _RUNTIME = None
     _HANDLE = None
-    if runtime is not None:
+    for rt in (runtime, extra):
+        if rt is None:
+            continue
         try:
-            runtime.shutdown(timeout_s)
+            rt.shutdown(timeout_s)
         except Exception as exc:  # never raise into training
             log.warning("mlaunch telemetry: shutdown failed (%s)", exc)
 
@@ -511,19 +785,22 @@ def span(
         return _NULL
     if _SUPPRESSED and get_ident() in _SUPPRESSED:
         return _NULL
+    # Recorded before fine: the recorded path is the one with the tighter budget (an exported
+    # fine span costs its export many times over anyway); a rank's two sets never overlap.
+    if group in _RECORDED:  # new_recorded() inlined: a Python frame less per recorded span
+        rec = _new(_RootRecorded if root else RecordedSpan)
+        rec.name = name
+        # A copy in C: keys stay as given (Attr members); a dump converts them when it encodes.
+        rec.attributes = attributes if attrs is None else {**attrs, **attributes}
+        return rec
     if attrs is not None:
         attributes = _merged(attrs, attributes)
     if group in _FINE:
         return FineSpan(name, attributes, None, root)
-    if group in _RECORDED:  # new_recorded() inlined: a Python frame less per recorded span
-        rec = _new(RecordedSpan)
-        rec.name = name
-        rec.attributes = attributes
-        rec.links = None
-        rec.root = root
-        rec.end = 0
-        rec.sampled = True
-        return rec
+    if group in _CAPTURED:  # a live capture added the group: exported, marked with its id
+        attributes[_CAPTURE_ID] = _CAPTURE_VALUE
+        if group in _ALL_FINE:
+            return FineSpan(name, attributes, None, root)
     if name in _GOODPUT:
         attributes[_IS_GOODPUT] = True
     return CoarseSpan(name, attributes, None, root)
@@ -559,7 +836,11 @@ def linked_span(
     if group in _FINE:
         return FineSpan(name, attributes, links)
     if group in _RECORDED:
-        return new_recorded(name, attributes, links, False)
+        return new_recorded(name, attributes)
+    if group in _CAPTURED:
+        attributes[_CAPTURE_ID] = _CAPTURE_VALUE
+        if group in _ALL_FINE:
+            return FineSpan(name, attributes, links)
     if name in _GOODPUT:
         attributes[_IS_GOODPUT] = True
     return CoarseSpan(name, attributes, links)
@@ -597,7 +878,7 @@ def deferred_linked_span(
     if attrs is not None:
         attributes = _merged(attrs, attributes)
     if group in _RECORDED:  # dumps carry no links: never read a buffer a device copy may fill
-        return new_recorded(name, attributes, None, False)
+        return new_recorded(name, attributes)
     if group not in _FINE:
         return linked_span(group, name, context_from_ints(read_ints()), **attributes)
     return _devicetime.DeviceTimedSpan(name, attributes, read_ints)
@@ -649,7 +930,12 @@ def trace_fn(group: str, name: str) -> Callable[[Callable[..., Any]], Callable[.
 def set_iteration(iteration: int) -> None:
     """Tell telemetry which training iteration starts next (the ``megatron.train`` block's trace;
     see the module docstring). Call it before each train step, outside the step's span, and
-    before opening the block's ``megatron.train``."""
+    before opening the block's ``megatron.train``.
+
+    A live capture switches here: this compare is all it costs the loop outside its
+    boundaries (see ``_capture``)."""
+    if iteration >= _capture.AT:
+        _capture_boundary(iteration)
     if RECORDER.active:
         try:
             RECORDER.set_iteration(int(iteration))

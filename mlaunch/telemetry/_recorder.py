@@ -41,7 +41,6 @@ from random import getrandbits
 from time import time_ns
 from typing import Any
 
-from mlaunch import envcontract
 from mlaunch.model.spans import RECORDER_TRIGGERS, Attr, ResourceAttr, train_block
 from mlaunch.telemetry import _spans
 from mlaunch.telemetry._spans import (
@@ -63,6 +62,7 @@ SPAN_BYTES = 512
 SLOW_WARMUP_ITERS = 5
 _TRIGGER = Attr.RECORDER_TRIGGER.value
 _OPEN = Attr.RECORDER_OPEN.value
+_DUMP = Attr.RECORDER_DUMP.value
 _ERROR = 2
 
 
@@ -71,15 +71,33 @@ _ERROR = 2
 _next_id = itertools.count((getrandbits(62) << 1) | 1).__next__
 
 
-class RecordedSpan(FineSpan):
+class RecordedSpan:
     """A span of a recorded (not exported) group: kept in the recorder's current iteration.
 
-    Built by :func:`new_recorded` without ``__init__`` (one Python frame less on the hot path);
-    ``events`` and ``status`` stay unset until used."""
+    Built by the span factories without ``__init__`` (one Python frame less on the hot path),
+    which set only ``name`` and ``attributes``: what every recorded span has alike (no links,
+    kept whatever the sampler says, not a root) are class attributes, not per-span stores;
+    ``events``, ``status`` and ``end`` stay unset until used. Not a :class:`FineSpan` subclass,
+    so those names need no slot; it shares FineSpan's span API methods."""
 
-    #: The stack ``__enter__`` pushed onto, so ``__exit__`` need not ask the thread-local again
-    #: (a ``threading.local`` read costs about as much as the clock read).
-    __slots__ = ("stack",)
+    __slots__ = (
+        "name",
+        "attributes",
+        "events",
+        "status",
+        "trace_id",
+        "span_id",
+        "parent_id",
+        "start",
+        "end",
+        #: The stack ``__enter__`` pushed onto, so ``__exit__`` need not ask the thread-local
+        #: again; None once the span has ended (by ``__exit__`` or a shutdown's ``truncate``).
+        "stack",
+    )
+    #: Dumps carry no links (never read a buffer a device copy may fill).
+    links = None
+    sampled = True
+    root = False
 
     def __enter__(self) -> RecordedSpan:
         try:
@@ -101,10 +119,11 @@ class RecordedSpan(FineSpan):
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         end = time_ns()
-        if self.end:
+        stack = self.stack
+        if stack is None:  # already ended by shutdown (truncated)
             return False
         self.end = end
-        stack = self.stack
+        self.stack = None
         if stack and stack[-1] is self:
             stack.pop()
         else:
@@ -117,8 +136,9 @@ class RecordedSpan(FineSpan):
 
     def truncate(self) -> None:
         """Shutdown with the span open: ended now, kept (not exported)."""
-        if self.end:
+        if getattr(self, "stack", None) is None:
             return
+        self.stack = None
         self.attributes[Attr.TRUNCATED.value] = True
         self.end = time_ns()
         _append(self)
@@ -133,18 +153,27 @@ class RecordedSpan(FineSpan):
 
     def is_recording(self) -> bool:
         """Recorded spans are kept whatever the sampler says."""
-        return not self.end
+        return not getattr(self, "end", 0)
+
+    set_attribute = FineSpan.set_attribute
+    set_attributes = FineSpan.set_attributes
+    record_exception = FineSpan.record_exception
+    set_status = FineSpan.set_status
+    get_span_context = FineSpan.get_span_context
 
 
-def new_recorded(name: str, attributes: dict[str, Any], links: Any, root: bool) -> RecordedSpan:
+class RootRecordedSpan(RecordedSpan):
+    """A recorded ``span(..., root=True)``: parentless whatever is open on the thread."""
+
+    __slots__ = ()
+    root = True
+
+
+def new_recorded(name: str, attributes: dict[str, Any], root: bool = False) -> RecordedSpan:
     """A :class:`RecordedSpan` (the caller inlines this on the hot path)."""
-    rec = _new(RecordedSpan)
+    rec = _new(RootRecordedSpan if root else RecordedSpan)
     rec.name = name
     rec.attributes = attributes
-    rec.links = links
-    rec.root = root
-    rec.end = 0
-    rec.sampled = True
     return rec
 
 
@@ -179,7 +208,6 @@ class Recorder:
         self._written_open: set[int] = set()
         #: A trigger another thread asked for, handled at the next iteration boundary.
         self.pending: str | None = None
-        self.watcher: RequestWatcher | None = None
 
     # --- configuration ------------------------------------------------------------------------
 
@@ -219,9 +247,6 @@ class Recorder:
     def stop(self) -> None:
         self.active = False
         self.pending = None
-        if self.watcher is not None:
-            self.watcher.stop.set()
-            self.watcher = None
         self.current.clear()
         self.ring, self.ring_spans = deque(), 0
 
@@ -298,13 +323,14 @@ class Recorder:
                 spans = [s for s in spans if s.span_id not in self._written_open]
             if not spans:
                 return 0
-            encoded = [_encode(s, trigger) for s in spans]
+            seq = self.dumps
+            encoded = [_encode(s, trigger, seq) for s in spans]
             # Recorded spans still open (a non-exporting rank's megatron.train block) are the
             # parents of what is written: written once, marked open, so the dump is a tree.
             for entry in _spans.all_open_spans():
                 if isinstance(entry, RecordedSpan) and entry.span_id not in self._written_open:
                     self._written_open.add(entry.span_id)
-                    encoded.append(_encode(entry, trigger, still_open=True))
+                    encoded.append(_encode(entry, trigger, seq, still_open=True))
             line = json.dumps(
                 trace_request(self.resource, "mlaunch", encoded), separators=(",", ":")
             )
@@ -330,9 +356,10 @@ class Recorder:
             self._lock.release()
 
 
-def _encode(rec: RecordedSpan, trigger: str, still_open: bool = False) -> dict[str, Any]:
+def _encode(rec: RecordedSpan, trigger: str, seq: int, still_open: bool = False) -> dict[str, Any]:
     attrs = {str(k): v for k, v in rec.attributes.items() if v is not None}
     attrs[_TRIGGER] = trigger
+    attrs[_DUMP] = seq
     if still_open:
         attrs[_OPEN] = True
     code, message = getattr(rec, "status", None) or (0, "")
@@ -342,7 +369,7 @@ def _encode(rec: RecordedSpan, trigger: str, still_open: bool = False) -> dict[s
         span_id=f"{rec.span_id:016x}",
         parent_span_id=f"{rec.parent_id:016x}" if rec.parent_id else "",
         start_ns=rec.start,
-        end_ns=rec.end or time_ns(),
+        end_ns=getattr(rec, "end", 0) or time_ns(),
         attributes=attrs,
         status_code=code,
         status_message=message,
@@ -370,61 +397,3 @@ def recorder_resource(
         if value is not None and isinstance(value, str | int | float | bool):
             attrs[str(key)] = value
     return attrs
-
-
-class RequestWatcher(threading.Thread):
-    """Reads the run directory's capture request at most once a second (one ``stat`` when it has
-    not changed) and hands a valid one for this rank to the recorder. A request written before
-    this process started belongs to an earlier run or incarnation and is ignored; so is one for
-    another run id or other ranks."""
-
-    INTERVAL_S = 1.0
-
-    def __init__(self, path: Path, run_id: str, rank: int, started_ns: int) -> None:
-        super().__init__(name="mlaunch-capture-watch", daemon=True)
-        self.path, self.run_id, self.rank, self.started_ns = path, run_id, rank, started_ns
-        self.stop = threading.Event()
-        self.seen: set[str] = set()
-        self._mtime = 0
-        self._warned = False
-
-    def run(self) -> None:
-        while not self.stop.wait(self.INTERVAL_S):
-            try:
-                self.poll()
-            except Exception as exc:  # a bad request never stops training or the watcher
-                if not self._warned:
-                    self._warned = True
-                    log.warning("mlaunch telemetry: ignoring capture request (%s)", exc)
-
-    def poll(self) -> None:
-        try:
-            mtime = os.stat(self.path).st_mtime_ns
-        except FileNotFoundError:
-            return
-        if mtime == self._mtime:
-            return
-        self._mtime = mtime
-        request = json.loads(self.path.read_text(encoding="utf-8"))
-        rid = str(request.get("id", ""))
-        if not rid or rid in self.seen:
-            return
-        self.seen.add(rid)
-        if int(request.get("created_ns", 0)) < self.started_ns:
-            return  # left behind by an earlier run or incarnation
-        if request.get("run_id") and request["run_id"] != self.run_id:
-            return
-        ranks = request.get("ranks")
-        if ranks is not None and self.rank not in ranks:
-            return
-        if request.get("recorded"):
-            RECORDER.request_dump()
-
-
-def start_watcher(run_dir: Path, run_id: str, rank: int, started_ns: int) -> None:
-    """Watch ``run_dir``'s capture request for this rank (the recorder's ``request`` trigger)."""
-    watcher = RequestWatcher(
-        Path(run_dir) / envcontract.CAPTURE_REQUEST_FILE, run_id, rank, started_ns
-    )
-    RECORDER.watcher = watcher
-    watcher.start()

@@ -244,6 +244,7 @@ class Runtime:
         run_dir: str | Path | None,
         environ: Mapping[str, str],
         save_interval: int = 0,
+        install_now: bool = True,
     ) -> None:
         self.settings = settings
         self.rank = rank
@@ -273,7 +274,8 @@ class Runtime:
         self._init_tracing()
         self._init_metrics()
         self._init_export(environ)
-        self._install_span_state()
+        if install_now:  # else the training thread calls install_spans (a live capture)
+            self._install_span_state()
         self.thread = threading.Thread(
             target=self._run, name="mlaunch-telemetry-export", daemon=True
         )
@@ -415,6 +417,16 @@ class Runtime:
         state.start_sdk_span = self._start_sdk_span
         state.attach = self._attach
         state.detach = otel_context.detach
+
+    def install_spans(self, iteration: int) -> None:
+        """Point the span classes at this runtime now, in ``iteration``'s block trace: a runtime
+        built off the training thread for a live capture on a rank that exports nothing
+        (``install_now=False``) is installed by the training thread at the switch, so no span
+        ever sees a half-installed state."""
+        self._install_span_state()
+        _spans.STATE.queue = self.queue
+        self.block = None
+        self.set_iteration(iteration)
 
     # --- hooks used by the span classes -----------------------------------------------------------
 

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from mlaunch import envcontract, telemetry
 from mlaunch.model.groups import SpanGroup as G
 from mlaunch.model.spans import Attr, ResourceAttr, SpanName, text_completion_name, train_block
-from mlaunch.trainer import checkpoint
+from mlaunch.trainer import checkpoint, profiling
 from mlaunch.trainer.args import PROG, parse_and_validate
 from mlaunch.trainer.data import TokenData, decode, load_corpus
 from mlaunch.trainer.model import GPTStage
@@ -927,6 +927,7 @@ def main(argv: list[str] | None = None) -> int:
         if topo.device.type == "cuda":
             # Spans over GPU work time the GPU (events), resolved at each step's sync point.
             telemetry.set_event_timer(telemetry.CudaEventTimer())
+        profiling.install()  # torch.profiler for `mlaunch trace capture --profiler`
         trainer = Trainer(args, topo, run_dir, stop, block_iters(args, settings))
         try:
             trainer.run()

@@ -2,8 +2,8 @@
 nemo-lens 0.1.0 worker switched to ``all`` for a time window and back, and a worker without
 nemo-lens (it traces through ``mlaunch.telemetry``) that the hook leaves alone.
 
-Two ranks under real torchrun; the requests are written from the test (the process that is not
-the run), with the keys ``mlaunch trace capture`` writes. Each worker loops until the test's stop
+Two ranks under real torchrun; the live request comes from the real ``mlaunch trace capture``
+command, other requests are written from the test with the keys the command writes. Each worker loops until the test's stop
 file exists, so how long the run lasts never depends on the machine's load.
 """
 
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from support.launch_runs import clean_env, finish, mlaunch, progress
 
 from mlaunch import envcontract as ec
 from mlaunch.launcher.capture import lens_capture_ranks
-from mlaunch.lens_hook import SITE_DIR
+from mlaunch.lens_hook import SITE_DIR, START_LEAD_S
 from mlaunch.lens_hook.capture import LOG_PREFIX, THREAD_NAME
 from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spans import CATALOGUE, SpanName
@@ -92,7 +94,6 @@ def test_a_nemo_lens_worker_is_switched_to_all_for_a_time_window_and_back(
         env=clean_env(LENS_WORKER_ITER_SECONDS="0.02", LENS_WORKER_STOP_FILE=str(stop)),
     )  # fmt: skip
     reports = [run_dir / f"lens-worker-rank{r}.json" for r in range(2)]
-    acks = [ec.capture_ack_file(run_dir, r, "live1") for r in range(2)]
     try:
         wait_for(
             lambda: (
@@ -108,14 +109,22 @@ def test_a_nemo_lens_worker_is_switched_to_all_for_a_time_window_and_back(
             lambda: all(f"{LOG_PREFIX}ignoring" in _rank_stderr(run_dir, r) for r in range(2)),
             "the bad file logged by both ranks",
         )
-        request = _live_request(run_dir, "live1", groups="all", start_in_s=1.5, seconds=1.5)
-        wait_for(
-            lambda: (
-                (_read_json(acks[1]) or {}).get("ended_ns") is not None
-                and _read_json(acks[0]) is not None
-            ),
-            "both acks, rank 1's capture ended",
-        )
+        # The real command, as a user would type it in a second terminal.
+        cmd = subprocess.run(
+            [sys.executable, "-m", "mlaunch", "trace", "capture", str(run_dir),
+             "--groups", "all", "--seconds", "1.5", "--wait", "--json"],
+            capture_output=True, text=True, timeout=120, env=clean_env(), cwd=tmp_path,
+        )  # fmt: skip
+        assert cmd.returncode == 0, cmd.stdout + cmd.stderr
+        told = json.loads(cmd.stdout)
+        assert told["nemo_lens"]["ranks"] == [1]
+        assert "built no exporter" in told["nemo_lens"]["cannot"]["0"]
+        assert told["complete"] is True and told["outcome"]["1"]["state"] == "done", told
+        request = _read_json(run_dir / ec.CAPTURE_REQUEST_FILE)
+        assert request["start_ns"] - request["created_ns"] == int(START_LEAD_S * 1e9)
+        rid = told["id"]
+        acks = [ec.lens_capture_ack_file(run_dir, r, rid) for r in range(2)]
+        wait_for(lambda: _read_json(acks[0]) is not None, "rank 0's refusal")
     finally:
         stop.touch()  # a few more iterations, all after the window, then the end
     code, out = finish(proc)
@@ -189,4 +198,4 @@ def test_a_worker_without_nemo_lens_keeps_training_through_bad_and_live_requests
         if r == 0:  # progress.jsonl is rank 0's (the ranks share no collective here)
             assert report["iterations"] >= seen + 40
         assert _rank_stderr(run_dir, r).count(LOG_PREFIX) == 1
-        assert not ec.capture_ack_file(run_dir, r, "live2").exists()
+        assert not ec.lens_capture_ack_file(run_dir, r, "live2").exists()

@@ -63,6 +63,17 @@ def test_default_window_is_the_first_and_last_three_iterations() -> None:
     assert choose_iterations([], None) == []  # no steps: the whole trace
 
 
+def test_default_window_also_shows_captures_and_recorder_dumps() -> None:
+    # A capture in the middle of a long run is shown, not hidden in the gap.
+    got = choose_iterations(range(1, 1001), None, include=[(500, 504)])
+    assert got == [(1, 3), (500, 504), (998, 1000)]
+    # One next to an edge merges with it; one outside the trace adds nothing.
+    assert choose_iterations(range(1, 1001), None, include=[(4, 6), (2000, 2001)]) == [
+        (1, 6),
+        (998, 1000),
+    ]
+
+
 def test_requested_window_is_clipped_to_the_trace_or_refused() -> None:
     assert choose_iterations(range(1, 11), (0, 2)) == [(1, 2)]
     assert choose_iterations(range(1, 11), (4, 400)) == [(4, 10)]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,6 +111,49 @@ def sigterm_after_steps(
         if proc.poll() is None:
             proc.kill()
     return proc.returncode, output
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
+    """Poll ``predicate`` every 0.1 s until it holds; AssertionError naming ``what`` after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def progress_lines(run_dir: Path) -> int:
+    """How many records ``run_dir/progress.jsonl`` holds (0 before it exists)."""
+    path = run_dir / "progress.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+@contextlib.contextmanager
+def trainer_in_background(
+    tmp: Path, run_dir: Path, args: list[str], env: dict[str, str], nproc: int = 2
+) -> Iterator[subprocess.Popen]:
+    """A torchrun job of ``nproc`` trainer processes running in the background while the block
+    runs; SIGTERM (the trainer stops after its iteration and shuts telemetry down) when it is
+    left, bounded: 120 s, then kill. The output is on ``proc.output`` afterwards."""
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={nproc}", "-m", "mlaunch.trainer", *args,
+        ],
+        cwd=tmp, env=clean_env(run_dir, **env),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.output, _ = proc.communicate(timeout=120)  # type: ignore[attr-defined]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
 
 
 def telemetry_env(spec: str) -> dict[str, str]:

@@ -12,19 +12,25 @@ nothing and rank 1 exports ``default``, both recording ``all``.
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from support.trace_cli import trace_cli
-from support.trainer_runs import TINY, clean_env, run_trainer, sigterm_after_steps
+from support.trainer_runs import (
+    TINY,
+    clean_env,
+    progress_lines,
+    run_trainer,
+    sigterm_after_steps,
+    trainer_in_background,
+    wait_for,
+)
 
 from mlaunch import envcontract
 from mlaunch.model.spans import Attr, SpanName
 from mlaunch.telemetry.otlp_json import iter_spans, read_spans
+from mlaunch.trace.report import render_report
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -102,6 +108,12 @@ def test_slow_rank_makes_every_rank_dump_the_same_iterations_nested_under_the_ex
     code, out = trace_cli("summary", run.run_dir)
     assert code == 0, out
     assert SpanName.ITERATION in out
+    # The report marks each dump on its timeline, over the iterations it holds.
+    marks = [m for m in render_report(run.run_dir).marks if m.kind == "recorder"]
+    assert len(marks) == len(d0), marks
+    assert {m.label for m in marks} == {"slow_iteration"}
+    assert any(m.iterations and m.iterations[0] <= SLOW_AT <= m.iterations[1] for m in marks)
+    assert all(m.ranks == (0, 1) for m in marks)
 
 
 def test_exception_dumps_before_the_error_file_on_a_pp2_job(tmp_path):
@@ -140,26 +152,6 @@ def test_sigterm_dumps_with_the_signal_trigger(tmp_path):
     assert max(held) == last and len(held) == min(K + 1, last)
 
 
-def _torchrun(tmp_path: Path, run_dir: Path, args: list[str], env: dict[str, str]):
-    return subprocess.Popen(
-        [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-            "-m", "mlaunch.trainer", *args,
-        ],
-        cwd=tmp_path, env=clean_env(run_dir, **env),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-
-
-def _wait_for(predicate, what: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_capture_recorded_dumps_every_rank_and_a_stale_request_is_ignored(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -168,12 +160,8 @@ def test_capture_recorded_dumps_every_rank_and_a_stale_request_is_ignored(tmp_pa
     request.write_text(json.dumps({"id": "stale", "created_ns": 1, "recorded": True}))
     # No slow trigger on a loaded machine: only the request may write here.
     env = recorder_env(MEGATRON_OTEL_RECORDER_SLOW_FACTOR="1000")
-    proc = _torchrun(tmp_path, run_dir, [*TINY, "--train-iters", "100000"], env)
-    progress = run_dir / "progress.jsonl"
-    try:
-        _wait_for(
-            lambda: progress.exists() and len(progress.read_text().splitlines()) >= 3, "progress"
-        )
+    with trainer_in_background(tmp_path, run_dir, [*TINY, "--train-iters", "100000"], env):
+        wait_for(lambda: progress_lines(run_dir) >= 3, "progress")
         time.sleep(2.5)  # both watchers have read the stale request by now
         assert not any(envcontract.recorder_file(run_dir, r).exists() for r in (0, 1))
 
@@ -185,17 +173,10 @@ def test_capture_recorded_dumps_every_rank_and_a_stale_request_is_ignored(tmp_pa
         code, out = trace_cli("capture", str(run_dir), "--recorded")
         assert code == 0, out
         assert "requested" in out and "stale" not in request.read_text()
-        _wait_for(
+        wait_for(
             lambda: all(envcontract.recorder_file(run_dir, r).exists() for r in (0, 1)),
             "both ranks' recorder dumps",
         )
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            output, _ = proc.communicate(timeout=120)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
     for rank in (0, 1):
         first = dumps(run_dir, rank)[0]
         assert {s["attributes"][Attr.RECORDER_TRIGGER] for s in first} == {"request"}

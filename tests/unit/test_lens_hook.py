@@ -68,7 +68,7 @@ def _write(path: Path, text: str) -> None:
 
 
 def _ack(tmp_path: Path, rid: str = "c1", rank: int = 1) -> dict:
-    return json.loads(ec.capture_ack_file(tmp_path, rank, rid).read_text())
+    return json.loads(ec.lens_capture_ack_file(tmp_path, rank, rid).read_text())
 
 
 def test_the_hooks_copies_of_the_environment_names_are_the_contracts():
@@ -76,7 +76,7 @@ def test_the_hooks_copies_of_the_environment_names_are_the_contracts():
     assert hook.RUN_ID == ec.RUN_ID
     assert hook.CAPTURE_REQUEST_FILE == ec.CAPTURE_REQUEST_FILE
     assert hook.TELEMETRY_DIR == ec.TELEMETRY_DIR
-    assert hook.CAPTURE_ACK_TEMPLATE == ec.CAPTURE_ACK_TEMPLATE
+    assert hook.CAPTURE_ACK_TEMPLATE == ec.LENS_CAPTURE_ACK_TEMPLATE
 
 
 def test_a_capture_switches_at_its_start_and_back_at_its_end(tmp_path):

@@ -13,8 +13,9 @@ from mlaunch.trace.reader import ReadStats, TraceReader
 from mlaunch.trace.report.charts import curves, goodput_figure, skew_figure
 from mlaunch.trace.report.page import page
 from mlaunch.trace.report.rundir import default_output, read_progress, read_resolved, run_directory
-from mlaunch.trace.report.timeline import Timeline, build_timeline
+from mlaunch.trace.report.timeline import Timeline, build_timeline, mark_text
 from mlaunch.trace.report.window import (
+    Mark,
     Scan,
     choose_iterations,
     collect_window,
@@ -34,6 +35,8 @@ class ReportResult:
     lanes: int
     links: int
     notes: list[str] = field(default_factory=list)
+    #: The live captures and recorder dumps the timeline marks.
+    marks: list[Mark] = field(default_factory=list)
 
     def write(self, out: Path) -> Path:
         """Write atomically (never a half-written report that looks complete); return ``out``."""
@@ -108,27 +111,35 @@ def render_report(
     gp = scan.goodput.finish()
 
     present = scan.iterations()
-    ranges = choose_iterations(present, iterations)
+    marks = scan.marks()
+    ranges = choose_iterations(
+        present, iterations, include=[m.iterations for m in marks if m.iterations is not None]
+    )
     segs = segments(scan, ranges, present)
     window = collect_window(reader.reread(), segs)
     focus = scan.first_start(ranges[0][0]) if ranges else None
-    timeline = build_timeline(window, segs, scan.run_start(), scan.summary.resources, ranges, focus)
+    timeline = build_timeline(
+        window, segs, scan.run_start(), scan.summary.resources, ranges, focus, marks
+    )
 
     base_dir = run_directory(run_dir)
     progress, bad_progress = read_progress(base_dir)
     first_res = scan.summary.resources[min(scan.summary.resources)]
     curve_figs, curve_source = curves(progress, scan, first_res)
     notes = _notes(read_stats, bad_progress, timeline, ranges)
+    notes.extend(f"marked on the timeline: {mark_text(m)}" for m in marks)
     meta = {
         "timeline": {"spans": timeline.spans, "lanes": timeline.lanes, "links": timeline.links,
                      "window": ranges},
+        "marks": [{"kind": m.kind, "label": m.label, "ranks": list(m.ranks),
+                   "iterations": list(m.iterations) if m.iterations else None} for m in marks],
         "charts": {k: [len(t["x"]) for t in f["data"]] for k, f in curve_figs.items()},
     }  # fmt: skip
     html = page(
         run_dir, summary, gp, read_resolved(base_dir), timeline, ranges, curve_figs, curve_source,
         notes, _figures(timeline, curve_figs, summary, gp), meta,
     )  # fmt: skip
-    return ReportResult(html, ranges, timeline.spans, timeline.lanes, timeline.links, notes)
+    return ReportResult(html, ranges, timeline.spans, timeline.lanes, timeline.links, notes, marks)
 
 
 def write_report(

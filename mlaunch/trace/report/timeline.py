@@ -19,7 +19,7 @@ from mlaunch.trace.report.style import (
     group_order,
     hover_value,
 )
-from mlaunch.trace.report.window import WSpan
+from mlaunch.trace.report.window import Mark, WSpan
 
 #: The width of a "hidden iterations" gap on the timeline, as a share of the shown time.
 _GAP_SHARE = 0.04
@@ -232,6 +232,48 @@ def _gap_marks(
     return shapes, annotations
 
 
+#: Band colours of the marks: live captures and flight-recorder dumps.
+_MARK_STYLE = {
+    "capture": ("rgba(255,150,0,0.13)", "rgba(230,120,0,0.9)"),
+    "recorder": ("rgba(150,60,200,0.11)", "rgba(130,40,180,0.9)"),
+}
+
+
+def mark_text(mark: Mark) -> str:
+    """A mark's label: what it is, its iterations and ranks."""
+    its = ""
+    if mark.iterations is not None:
+        a, b = mark.iterations
+        its = f", iteration {a}" if a == b else f", iterations {a}-{b}"
+    ranks = ",".join(map(str, mark.ranks))
+    what = f"capture {mark.label}" if mark.kind == "capture" else f"recorder dump ({mark.label})"
+    return f"{what}{its}, rank{'s' if len(mark.ranks) != 1 else ''} {ranks}"
+
+
+def _mark_bands(
+    axis: _XAxis, marks: Sequence[Mark]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A coloured band over each live capture and recorder dump in the window, labelled."""
+    shapes: list[dict[str, Any]] = []
+    annotations: list[dict[str, Any]] = []
+    for k, mark in enumerate(marks):
+        x0, x1 = axis.start(mark.start), axis.end(mark.end)
+        if x1 <= x0:
+            continue  # outside the window (hidden in a gap)
+        fill, line = _MARK_STYLE[mark.kind]
+        shapes.append({
+            "type": "rect", "xref": "x", "yref": "paper", "x0": x0, "x1": x1, "y0": 0, "y1": 1,
+            "fillcolor": fill, "line": {"width": 1, "color": line, "dash": "dot"},
+            "layer": "below", "name": f"{mark.kind}:{mark.label}",
+        })  # fmt: skip
+        annotations.append({
+            "x": x0, "y": 1.0 - 0.06 * (k % 3), "xref": "x", "yref": "paper", "xanchor": "left",
+            "yanchor": "top", "showarrow": False, "font": {"size": 11, "color": line},
+            "text": html.escape(mark_text(mark)), "bgcolor": "rgba(255,255,255,0.8)",
+        })  # fmt: skip
+    return shapes, annotations
+
+
 def _x_axis(axis: _XAxis, focus: int | None) -> dict[str, Any]:
     """The x axis, opening on the steps (``focus``) when set-up fills most of the window."""
     x_axis: dict[str, Any] = {
@@ -254,10 +296,12 @@ def build_timeline(
     resources_by_rank: dict[int, dict[str, Any]],
     ranges: list[tuple[int, int]],
     focus: int | None = None,
+    marks: Sequence[Mark] = (),
 ) -> Timeline:
     """One lane per rank (rows = nesting depth, plus extra rows for spans that overlap without
     nesting), one bar trace per group, one arrow trace for the links, the omitted middle of the
-    run collapsed into a marked gap. ``focus``: where the view opens when set-up is long."""
+    run collapsed into a marked gap, and a band over each live capture and recorder dump
+    (``marks``). ``focus``: where the view opens when set-up is long."""
     axis = _XAxis(segs)
     lanes = _Lanes(axis, t0)
     ranks = sorted(r for r, sp in window.items() if sp)
@@ -268,6 +312,7 @@ def build_timeline(
     if links_trace is not None:
         data.append(links_trace)
     gap_shapes, annotations = _gap_marks(axis, ranges)
+    mark_shapes, mark_notes = _mark_bands(axis, marks)
     rows = max(lanes.rows - 1, 1)
     layout = {
         "height": int(min(max(260, rows * 18 + 140), 3000)),
@@ -277,7 +322,7 @@ def build_timeline(
         "yaxis": {"autorange": "reversed", "tickmode": "array", "tickvals": lanes.tickvals,
                   "ticktext": lanes.ticktext, "showgrid": False, "zeroline": False},
         "legend": {"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom"},
-        "hoverlabel": {"align": "left"}, "shapes": lanes.shapes + gap_shapes,
-        "annotations": annotations,
+        "hoverlabel": {"align": "left"}, "shapes": lanes.shapes + gap_shapes + mark_shapes,
+        "annotations": annotations + mark_notes,
     }  # fmt: skip
     return Timeline({"data": data, "layout": layout}, lanes.spans, len(ranks), links, unresolved)

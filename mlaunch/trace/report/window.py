@@ -49,11 +49,16 @@ def parse_iterations(text: str) -> tuple[int, int]:
 
 
 def choose_iterations(
-    present: Sequence[int], requested: tuple[int, int] | None, edge: int = EDGE_ITERATIONS
+    present: Sequence[int],
+    requested: tuple[int, int] | None,
+    edge: int = EDGE_ITERATIONS,
+    include: Sequence[tuple[int, int]] = (),
 ) -> list[tuple[int, int]]:
     """The iteration ranges the timeline shows, given the sorted distinct iterations the trace
     holds: ``requested`` clipped to the trace, or the first and last ``edge`` iterations (all of
-    them when the run is short). Raises ``TraceInputError`` when ``requested`` misses the trace."""
+    them when the run is short) plus the ``include`` ranges (live captures and recorder dumps:
+    the detail the user asked for is never hidden in the gap). Raises ``TraceInputError`` when
+    ``requested`` misses the trace."""
     if requested is not None:
         a, b = requested
         inside = [i for i in present if a <= i <= b]
@@ -69,7 +74,116 @@ def choose_iterations(
         return []
     if len(present) <= 2 * edge + 1:
         return [(present[0], present[-1])]
-    return [(present[0], present[edge - 1]), (present[-edge], present[-1])]
+    ranges = [(present[0], present[edge - 1]), (present[-edge], present[-1])]
+    for a, b in include:
+        inside = [i for i in present if a <= i <= b]
+        if inside:
+            ranges.append((inside[0], inside[-1]))
+    return _merge_ranges(ranges, present)
+
+
+def _merge_ranges(ranges: list[tuple[int, int]], present: Sequence[int]) -> list[tuple[int, int]]:
+    """Sorted ranges, those that overlap or have no present iteration between them merged."""
+    merged: list[tuple[int, int]] = []
+    for a, b in sorted(ranges):
+        if merged and not any(merged[-1][1] < i < a for i in present):
+            merged[-1] = (merged[-1][0], max(b, merged[-1][1]))
+        else:
+            merged.append((a, b))
+    return merged
+
+
+class Mark(NamedTuple):
+    """A band on the timeline: a live capture's window or a flight-recorder dump."""
+
+    kind: str  # "capture" or "recorder"
+    label: str  # the capture id, or the recorder trigger
+    start: int
+    end: int
+    ranks: tuple[int, ...]
+    #: The iterations it covers (from its step spans); None when it holds none.
+    iterations: tuple[int, int] | None
+
+
+class _MarkAcc:
+    """What one capture (or one rank's recorder dump) has shown so far in pass 1."""
+
+    __slots__ = ("lo", "hi", "step_lo", "step_hi", "it_lo", "it_hi", "ranks")
+
+    def __init__(self) -> None:
+        self.lo = self.step_lo = self.it_lo = 1 << 62
+        self.hi = self.step_hi = self.it_hi = -1
+        self.ranks: set[int] = set()
+
+    def span(self) -> tuple[int, int]:
+        """Its time range: over its step spans when it has them."""
+        return (self.step_lo, self.step_hi) if self.step_hi >= 0 else (self.lo, self.hi)
+
+    def iterations(self) -> tuple[int, int] | None:
+        return (self.it_lo, self.it_hi) if self.it_hi >= 0 else None
+
+
+_CAPTURE_KEY = Attr.CAPTURE_ID.value
+_TRIGGER_KEY = Attr.RECORDER_TRIGGER.value
+_OPEN_KEY = Attr.RECORDER_OPEN.value
+_DUMP_KEY = Attr.RECORDER_DUMP.value
+_MARK_KEYS = frozenset({_CAPTURE_KEY, _TRIGGER_KEY, _DUMP_KEY, _OPEN_KEY})
+
+
+def _mark_value(raw: Any) -> tuple[str | None, str | None, Any, bool]:
+    """The capture id, recorder trigger and dump number of a span's raw OTLP attributes, and
+    whether the recorder wrote it open; a plain loop over the few attributes, no decoding."""
+    if isinstance(raw, dict):  # already decoded
+        return (
+            raw.get(_CAPTURE_KEY), raw.get(_TRIGGER_KEY), raw.get(_DUMP_KEY),
+            bool(raw.get(_OPEN_KEY)),
+        )  # fmt: skip
+    capture = trigger = dump = None
+    still_open = False
+    for kv in raw if isinstance(raw, list) else ():
+        if not isinstance(kv, dict):
+            continue  # a malformed attribute: the readers tolerate it, so does this
+        key = kv.get("key")
+        if key not in _MARK_KEYS:
+            continue
+        value = kv.get("value")
+        value = value if isinstance(value, dict) else {}
+        if key == _CAPTURE_KEY:
+            capture = value.get("stringValue")
+        elif key == _TRIGGER_KEY:
+            trigger = value.get("stringValue")
+        elif key == _DUMP_KEY:
+            dump = value.get("intValue")
+        else:
+            still_open = True
+    return capture, trigger, dump, still_open
+
+
+def _recorder_marks(trigger: str, dumps: list[_MarkAcc]) -> list[Mark]:
+    """One mark per dump event of ``trigger``: the ranks' dumps that hold the same iterations
+    (every rank writes the same ones on a slow trigger; without step spans: that overlap in
+    time) are one band; one rank's dumps never share an iteration (each holds those after the
+    last), so two dumps stay two bands even when their iterations follow each other."""
+    out: list[Mark] = []
+    for acc in sorted(dumps, key=lambda a: a.span()):
+        lo, hi = acc.span()
+        its = acc.iterations()
+        last = out[-1] if out else None
+        if last is not None and last.iterations is not None and its is not None:
+            same = its[0] <= last.iterations[1] and last.iterations[0] <= its[1]
+        else:
+            same = last is not None and lo < last.end
+        if last is not None and same:
+            merged = last.iterations
+            if its is not None:
+                merged = its if merged is None else (min(merged[0], its[0]), max(merged[1], its[1]))
+            out[-1] = last._replace(
+                end=max(last.end, hi), ranks=tuple(sorted({*last.ranks, *acc.ranks})),
+                iterations=merged,
+            )  # fmt: skip
+        else:
+            out.append(Mark("recorder", trigger, lo, hi, tuple(sorted(acc.ranks)), its))
+    return out
 
 
 class Step(NamedTuple):
@@ -90,6 +204,8 @@ class Scan:
         self.summary = SummaryAggregator()
         self.goodput = GoodputAggregator()
         self.steps: dict[int, list[Step]] = {}
+        self._captures: dict[str, _MarkAcc] = {}
+        self._dumps: dict[tuple[str, int, Any], _MarkAcc] = {}  # (trigger, rank, dump)
 
     def add(self, res: Resource, spans: list[dict[str, Any]], flagged: bool) -> None:
         """Fold one batch in."""
@@ -101,7 +217,11 @@ class Scan:
         canon = ALIASES
         for s in spans:
             name = s["name"]
-            if canon.get(name, name) != _STEP:
+            is_step = canon.get(name, name) == _STEP
+            capture, trigger, dump, still_open = _mark_value(s.get("attributes"))
+            if capture is not None or (trigger is not None and not still_open):
+                self._note_mark(res.rank, s, capture, trigger, dump, is_step)
+            if not is_step:
                 continue
             a = attributes(s.get("attributes"))
             it = a.get(Attr.ITERATION)
@@ -115,6 +235,49 @@ class Scan:
                 Step(it, s["startTimeUnixNano"], s["endTimeUnixNano"],
                      _float(a.get(Attr.LOSS)), _float(a.get(Attr.GRAD_NORM)))
             )  # fmt: skip
+
+    def _note_mark(
+        self,
+        rank: int,
+        s: dict[str, Any],
+        capture: str | None,
+        trigger: str | None,
+        dump: Any,
+        step: bool,
+    ) -> None:
+        start, end = int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])
+        it: int | None = None
+        if step:
+            try:
+                it = int(attributes(s.get("attributes")).get(Attr.ITERATION))  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                it = None
+        accs: list[_MarkAcc] = []
+        if capture is not None:
+            accs.append(self._captures.setdefault(capture, _MarkAcc()))
+        if trigger is not None:
+            accs.append(self._dumps.setdefault((trigger, rank, dump), _MarkAcc()))
+        for acc in accs:
+            acc.ranks.add(rank)
+            acc.lo, acc.hi = min(acc.lo, start), max(acc.hi, end)
+            if step:
+                acc.step_lo, acc.step_hi = min(acc.step_lo, start), max(acc.step_hi, end)
+                if it is not None:
+                    acc.it_lo, acc.it_hi = min(acc.it_lo, it), max(acc.it_hi, it)
+
+    def marks(self) -> list[Mark]:
+        """The live captures (one band each, over their step spans when they have them) and
+        the recorder dumps (one band per dump event), in time order."""
+        out: list[Mark] = []
+        for cid, acc in self._captures.items():
+            lo, hi = acc.span()
+            out.append(Mark("capture", cid, lo, hi, tuple(sorted(acc.ranks)), acc.iterations()))
+        by_trigger: dict[str, list[_MarkAcc]] = {}
+        for (trigger, _, _), acc in self._dumps.items():
+            by_trigger.setdefault(trigger, []).append(acc)
+        for trigger, dumps in by_trigger.items():
+            out.extend(_recorder_marks(trigger, dumps))
+        return sorted(out, key=lambda m: (m.start, m.kind, m.label))
 
     def extent(self, rank: int) -> tuple[int, int]:
         """Earliest start and latest end of any span of ``rank``."""

@@ -1,0 +1,324 @@
+"""Live capture and the request channel: what ``mlaunch trace capture`` asks of a running worker.
+
+Delivery
+    ``mlaunch trace capture`` writes one JSON object to ``RUN_DIR/capture-request.json``
+    (``envcontract.CAPTURE_REQUEST_FILE``). Every rank with telemetry on runs a
+    :class:`RequestWatcher` thread that reads it at most once a second (one ``stat`` when it has
+    not changed), off the training thread. A request created before this process started (an
+    earlier run or incarnation), for another run id, or for other ranks is ignored. Keys: ``id``,
+    ``created_ns``, ``run_id``, ``ranks`` (None: all), ``recorded`` (dump the flight recorder),
+    and for a live capture ``groups`` (a span spec), ``iterations`` or ``seconds``,
+    ``start_iteration`` and ``profiler``. Unknown keys are ignored.
+
+Switching at the same iteration
+    The command picks ``start_iteration`` a few seconds' worth of iterations ahead of the
+    furthest rank, so every rank reads the request before it gets there. The watcher prepares the
+    capture (a :class:`Capture`; on a rank that exports nothing it also builds the exporter) and
+    then sets :data:`AT` to the start. The training thread's ``telemetry.set_iteration`` compares
+    the iteration with :data:`AT` (the one integer compare the hot path pays) and only at the
+    boundary calls in, which switches the enabled groups on, and ``iterations`` later back off.
+    ``seconds`` ends the window at the first iteration boundary that many seconds after the
+    switch (each rank on its own clock, so ranks may end an iteration apart). A rank that reads
+    the request only after the start (a stalled rank) captures what is left of the window; past
+    it, the capture is ``missed``. Acknowledgements (:func:`envcontract.capture_ack_file`) are
+    written by the watcher thread, never by the training thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlaunch import envcontract
+from mlaunch.model.spec import SpanSpecError, resolve
+
+log = logging.getLogger("mlaunch.telemetry")
+
+NEVER = sys.maxsize
+#: The iteration at which ``telemetry.set_iteration`` next calls :func:`boundary`: the start of
+#: a scheduled capture, the end of a running one, else :data:`NEVER`. Written by the watcher
+#: (scheduling) and the training thread (transitions); one int assignment each, atomic.
+AT = NEVER
+
+FINAL_STATES = envcontract.CAPTURE_FINAL_STATES
+
+
+@dataclass
+class Capture:
+    """One live capture on this rank, from the request to its end."""
+
+    id: str
+    groups: frozenset[str]
+    spec: str
+    start: int
+    #: The first iteration after the window (``iterations`` form); None for ``seconds``.
+    end: int | None
+    seconds: float | None
+    profiler: bool
+    state: str = "scheduled"
+    first: int | None = None
+    last: int | None = None
+    switched_ns: int = 0
+    #: Whether this rank's exporter was started for the capture (it exports nothing otherwise).
+    exporter_started: bool = False
+    profiler_file: str | None = None
+    note: str = ""
+    #: What the profiler hook's start returned (handed to its stop).
+    profiler_handle: Any = None
+
+    def ack(self, rank: int) -> dict[str, Any]:
+        """The acknowledgement written for ``mlaunch trace capture --wait``."""
+        return {
+            "id": self.id,
+            "rank": rank,
+            "state": self.state,
+            "groups": self.spec,
+            "start_iteration": self.start,
+            "end_iteration": None if self.end is None else self.end - 1,
+            "seconds": self.seconds,
+            "first_iteration": self.first,
+            "last_iteration": self.last,
+            "exporter_started": self.exporter_started,
+            "profiler": self.profiler,
+            "profiler_file": self.profiler_file,
+            "note": self.note,
+        }
+
+
+def parse_capture(request: dict[str, Any]) -> Capture:
+    """The :class:`Capture` a request asks for; raises ``ValueError`` for a malformed one (the
+    command validates first, so this only guards against hand-written files)."""
+    spec = str(request.get("groups") or "")
+    try:
+        groups = frozenset(g.value for g in resolve(spec)) if spec else frozenset()
+    except SpanSpecError as exc:
+        raise ValueError(str(exc)) from None
+    iterations, seconds = request.get("iterations"), request.get("seconds")
+    if (iterations is None) == (seconds is None):
+        raise ValueError("a capture needs exactly one of iterations and seconds")
+    start = int(request["start_iteration"])
+    if iterations is not None:
+        if int(iterations) < 1:
+            raise ValueError("iterations must be at least 1")
+        end, secs = start + int(iterations), None
+    else:
+        if float(seconds) <= 0:
+            raise ValueError("seconds must be positive")
+        end, secs = None, float(seconds)
+    return Capture(
+        id=str(request["id"]),
+        groups=groups,
+        spec=spec,
+        start=start,
+        end=end,
+        seconds=secs,
+        profiler=bool(request.get("profiler")),
+    )
+
+
+class Controller:
+    """This process's live-capture state (the module-level :data:`CONTROL`)."""
+
+    def __init__(self) -> None:
+        self.capture: Capture | None = None
+        self.rank = 0
+        self.run_dir: Path | None = None
+        #: Called by the watcher thread before a capture is armed (``telemetry`` installs it:
+        #: it starts the exporter on a rank that has none). Raises to refuse the capture.
+        self.prepare: Callable[[Capture], None] | None = None
+        self.watcher: RequestWatcher | None = None
+        #: Who this rank is, in every ack (the command learns the world size and which ranks
+        #: listen from the ``listening`` ack each rank writes when it starts).
+        self.identity: dict[str, Any] = {}
+        self._acked: tuple[str, str] | None = None
+        self._ack_lock = threading.Lock()
+
+    def reset(self) -> None:
+        global AT
+        AT = NEVER
+        self.capture = None
+        self.prepare = None
+        self._acked = None
+        if self.watcher is not None:
+            self.watcher.halt()
+            self.watcher = None
+
+    def schedule(self, capture: Capture) -> None:
+        """Arm ``capture`` (watcher thread). A capture still running here is never replaced."""
+        global AT
+        current = self.capture
+        if current is not None and current.state not in FINAL_STATES:
+            log.warning(
+                "mlaunch telemetry: capture %s ignored: capture %s is still %s",
+                capture.id, current.id, current.state,
+            )  # fmt: skip
+            return
+        try:
+            if self.prepare is not None:
+                self.prepare(capture)
+        except Exception as exc:  # no exporter here (e.g. no SDK): this rank cannot take part
+            capture.state, capture.note = "missed", f"cannot export here: {exc}"
+            self.capture = capture
+            self.write_ack()
+            return
+        self.capture = capture
+        AT = capture.start
+        self.write_ack()
+
+    def changed(self) -> None:
+        """The training thread moved the capture on: the watcher writes the ack soon."""
+        watcher = self.watcher
+        if watcher is not None:
+            watcher.wake.set()
+
+    def write_ack(self, listening: bool = False) -> None:
+        """Write the capture's acknowledgement when its state changed since the last one (with
+        no capture yet: the ``listening`` ack, when ``listening``). Never raises (an unwritable
+        run directory only loses the ack)."""
+        capture, run_dir = self.capture, self.run_dir
+        if run_dir is None or (capture is None and not listening):
+            return
+        with self._ack_lock:
+            key = (capture.id, capture.state) if capture is not None else ("", "listening")
+            if key == self._acked:
+                return
+            body = {"state": "listening", "id": None, "rank": self.rank}
+            if capture is not None:
+                body = capture.ack(self.rank)
+            body.update(self.identity)
+            try:
+                path = envcontract.capture_ack_file(run_dir, self.rank)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(f".{path.name}.tmp")
+                tmp.write_text(json.dumps(body) + "\n", encoding="utf-8")
+                os.replace(tmp, path)
+                self._acked = key
+            except OSError as exc:
+                log.warning("mlaunch telemetry: cannot write the capture ack (%s)", exc)
+
+
+CONTROL = Controller()
+
+
+class RequestWatcher(threading.Thread):
+    """Reads the run directory's request at most once a second and hands it on: ``recorded`` to
+    ``on_recorded`` (the flight recorder's dump), a live capture to :data:`CONTROL`. Also writes
+    the capture's acknowledgements when the training thread wakes it."""
+
+    INTERVAL_S = 1.0
+
+    def __init__(
+        self,
+        path: Path,
+        run_id: str,
+        rank: int,
+        started_ns: int,
+        on_recorded: Callable[[], None],
+        announce: bool = True,
+    ) -> None:
+        super().__init__(name="mlaunch-capture-watch", daemon=True)
+        self.announce = announce
+        self.path, self.run_id, self.rank, self.started_ns = path, run_id, rank, started_ns
+        self.on_recorded = on_recorded
+        self.wake = threading.Event()
+        self.stopped = False
+        self.seen: set[str] = set()
+        self._mtime = 0
+        self._warned = False
+
+    def halt(self) -> None:
+        self.stopped = True
+        self.wake.set()
+
+    def run(self) -> None:
+        if self.announce:
+            CONTROL.write_ack(listening=True)  # this rank takes requests
+        while True:
+            self.wake.wait(self.INTERVAL_S)
+            self.wake.clear()
+            if self.stopped:
+                return
+            try:
+                self.poll()
+            except Exception as exc:  # a bad request never stops training or the watcher
+                if not self._warned:
+                    self._warned = True
+                    log.warning("mlaunch telemetry: ignoring capture request (%s)", exc)
+            CONTROL.write_ack()
+
+    def poll(self) -> None:
+        try:
+            mtime = os.stat(self.path).st_mtime_ns
+        except FileNotFoundError:
+            return
+        if mtime == self._mtime:
+            return
+        self._mtime = mtime
+        request = json.loads(self.path.read_text(encoding="utf-8"))
+        rid = str(request.get("id", ""))
+        if not rid or rid in self.seen:
+            return
+        self.seen.add(rid)
+        if int(request.get("created_ns", 0)) < self.started_ns:
+            return  # left behind by an earlier run or incarnation
+        if request.get("run_id") and request["run_id"] != self.run_id:
+            return
+        ranks = request.get("ranks")
+        if ranks is not None and self.rank not in ranks:
+            return
+        if request.get("recorded"):
+            self.on_recorded()
+        if request.get("groups") or request.get("profiler"):
+            CONTROL.schedule(parse_capture(request))
+
+
+def start_watcher(
+    run_dir: Path,
+    run_id: str,
+    rank: int,
+    started_ns: int,
+    on_recorded: Callable[[], None],
+    *,
+    world_size: int,
+    exporting: bool,
+    announce: bool = True,
+    prepare: Callable[[Capture], None] | None = None,
+) -> None:
+    """Watch ``run_dir``'s request file for this rank (and write its capture acks there).
+    ``announce``: write the ``listening`` ack now (a run that keeps no files, the console or
+    ``none`` exporter, writes acks only once a request came)."""
+    CONTROL.reset()
+    CONTROL.rank, CONTROL.run_dir = rank, Path(run_dir)
+    CONTROL.prepare = prepare
+    CONTROL.identity = {
+        "run_id": run_id,
+        "world_size": world_size,
+        "exporting": exporting,
+        "started_ns": started_ns,
+        "pid": os.getpid(),
+    }
+    watcher = RequestWatcher(
+        Path(run_dir) / envcontract.CAPTURE_REQUEST_FILE,
+        run_id,
+        rank,
+        started_ns,
+        on_recorded,
+        announce,
+    )
+    CONTROL.watcher = watcher
+    watcher.start()
+
+
+def stop_watcher() -> None:
+    """Stop the watcher (shutdown, or a forked child); the last ack is written first."""
+    with contextlib.suppress(Exception):
+        CONTROL.write_ack()
+    CONTROL.reset()
