@@ -280,7 +280,33 @@ def setup(
         _RECORDED = recorded
         _ENABLED = _ENABLED | recorded
     _HANDLE = handle
+    _start_beat(settings, handle, rank=rank, run_dir=run_dir)
     return handle
+
+
+def _start_beat(settings: Any, handle: Telemetry, *, rank: int, run_dir: str | Path | None) -> None:
+    """Under ``mlaunch train`` (``MLAUNCH_RUN_DIR`` set), every rank, telemetry on or off, keeps
+    a progress beat and answers the launcher's hang requests (the request watcher's thread, one
+    ``stat`` a second); the recorder may have started it already."""
+    from mlaunch import envcontract
+
+    if RECORDER.watcher is not None or not os.environ.get(envcontract.RUN_DIR, "").strip():
+        return
+    try:
+        from mlaunch.settings.run_id import choose_run_id, torchrun_shared_ids
+        from mlaunch.telemetry._recorder import start_watcher
+
+        runtime = handle._runtime
+        if runtime is not None:
+            run_id, where = runtime.run_id, runtime.run_dir
+        else:
+            run_id = choose_run_id(
+                settings.run_id, os.environ, shared=torchrun_shared_ids(os.environ)
+            )
+            where = Path(run_dir) if run_dir else envcontract.worker_run_dir(os.environ, run_id)
+        start_watcher(where, run_id, rank, _STARTED_NS)
+    except Exception as exc:  # never stops training from starting
+        log.warning("mlaunch telemetry: progress beat not started (%s)", exc)
 
 
 def _start_recorder(
@@ -650,6 +676,7 @@ def set_iteration(iteration: int) -> None:
     """Tell telemetry which training iteration starts next (the ``megatron.train`` block's trace;
     see the module docstring). Call it before each train step, outside the step's span, and
     before opening the block's ``megatron.train``."""
+    RECORDER.mark = (iteration, time.time())  # the progress beat the hang watchdog reads
     if RECORDER.active:
         try:
             RECORDER.set_iteration(int(iteration))

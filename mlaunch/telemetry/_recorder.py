@@ -177,6 +177,9 @@ class Recorder:
         self._lock = threading.Lock()  # a signal-path dump and the loop's never interleave
         self._failed = False
         self._written_open: set[int] = set()
+        #: (iteration, time.time()) of the latest ``telemetry.set_iteration``: the progress beat
+        #: the request watcher writes for the launcher's hang watchdog (one tuple store per step).
+        self.mark: tuple[int, float] | None = None
         #: A trigger another thread asked for, handled at the next iteration boundary.
         self.pending: str | None = None
         self.watcher: RequestWatcher | None = None
@@ -219,6 +222,7 @@ class Recorder:
     def stop(self) -> None:
         self.active = False
         self.pending = None
+        self.mark = None
         if self.watcher is not None:
             self.watcher.stop.set()
             self.watcher = None
@@ -290,9 +294,12 @@ class Recorder:
         if not self._lock.acquire(timeout=1.0):
             return 0
         try:
-            spans = [s for _, batch in self.ring for s in batch]
-            spans.extend(self.current)
-            self.current.clear()
+            # Copies first (each one C call under the GIL): a ``hang`` dump runs on the watcher
+            # thread, and a training thread that is not stuck after all may append meanwhile.
+            spans = [s for _, batch in list(self.ring) for s in batch]
+            current = self.current[:]
+            del self.current[: len(current)]
+            spans.extend(current)
             self.ring, self.ring_spans = deque(), 0
             if self._written_open:  # ended since an earlier dump wrote it open: not twice
                 spans = [s for s in spans if s.span_id not in self._written_open]
@@ -376,26 +383,55 @@ class RequestWatcher(threading.Thread):
     """Reads the run directory's capture request at most once a second (one ``stat`` when it has
     not changed) and hands a valid one for this rank to the recorder. A request written before
     this process started belongs to an earlier run or incarnation and is ignored; so is one for
-    another run id or other ranks."""
+    another run id or other ranks.
+
+    It also writes this rank's progress beat (:data:`~mlaunch.envcontract.HEARTBEAT_FILE`) when
+    the iteration changed, and answers a ``trigger: "hang"`` request itself, on this thread: the
+    training thread is presumed stuck, so the open-span stack (``open_spans``) and the recorder's
+    ring are written from here rather than at an iteration boundary that may never come."""
 
     INTERVAL_S = 1.0
 
-    def __init__(self, path: Path, run_id: str, rank: int, started_ns: int) -> None:
+    def __init__(
+        self, path: Path, run_id: str, rank: int, started_ns: int, heartbeat: Path | None = None
+    ) -> None:
         super().__init__(name="mlaunch-capture-watch", daemon=True)
         self.path, self.run_id, self.rank, self.started_ns = path, run_id, rank, started_ns
+        self.heartbeat = heartbeat
         self.stop = threading.Event()
         self.seen: set[str] = set()
         self._mtime = 0
         self._warned = False
+        self._beat: tuple[int, float] | None = None
+        self._beat_fd: int | None = None
 
     def run(self) -> None:
         while not self.stop.wait(self.INTERVAL_S):
             try:
+                self.beat()
                 self.poll()
             except Exception as exc:  # a bad request never stops training or the watcher
                 if not self._warned:
                     self._warned = True
                     log.warning("mlaunch telemetry: ignoring capture request (%s)", exc)
+        if self._beat_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._beat_fd)
+
+    def beat(self) -> None:
+        """Write the progress beat when the iteration moved: one ``pwrite`` of a fixed-width
+        line into a file opened once (no rename, no new inode: cheap on a shared file system)."""
+        mark = RECORDER.mark
+        if self.heartbeat is None or mark is None or mark == self._beat:
+            return
+        if self._beat_fd is None:
+            self.heartbeat.parent.mkdir(parents=True, exist_ok=True)
+            self._beat_fd = os.open(self.heartbeat, os.O_WRONLY | os.O_CREAT, 0o644)
+        body = json.dumps(
+            {"rank": self.rank, "iteration": mark[0], "time": mark[1], "pid": os.getpid()}
+        )
+        os.pwrite(self._beat_fd, body.ljust(HEARTBEAT_WIDTH).encode() + b"\n", 0)
+        self._beat = mark
 
     def poll(self) -> None:
         try:
@@ -417,14 +453,70 @@ class RequestWatcher(threading.Thread):
         ranks = request.get("ranks")
         if ranks is not None and self.rank not in ranks:
             return
+        if request.get("trigger", "request") == "hang":
+            if request.get("open_spans"):
+                write_open_spans(
+                    self.path.parent / envcontract.HANG_DIR
+                    / envcontract.HANG_SPANS_FILE.name(self.rank),
+                    self.rank, rid,
+                )  # fmt: skip
+            RECORDER.dump("hang")  # no-op when the recorder is off
+            return
         if request.get("recorded"):
             RECORDER.request_dump()
 
 
+#: Bytes of a progress beat's JSON (space padded, so a shorter rewrite leaves no stale tail).
+HEARTBEAT_WIDTH = 160
+
+
+def open_span_stacks() -> list[dict[str, Any]]:
+    """Every thread's open spans (outermost first): name, attributes, start, per thread."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out = []
+    for ident, spans in _spans.open_stacks_by_thread():
+        entries = []
+        for entry in spans:
+            start = getattr(entry, "start", None)
+            if not start:  # a coarse span: the SDK span holds its start
+                start = getattr(getattr(entry, "span", None), "start_time", None)
+            attrs = {
+                str(k): v
+                for k, v in dict(getattr(entry, "attributes", None) or {}).items()
+                if isinstance(v, str | int | float | bool)
+            }
+            entries.append({"name": entry.name, "attributes": attrs, "start_ns": start})
+        out.append({"thread": names.get(ident, str(ident)), "thread_id": ident, "spans": entries})
+    return out
+
+
+def write_open_spans(path: Path, rank: int, request_id: str) -> None:
+    """Write this process's open-span stacks for a hang report (atomically: the launcher reads
+    the file once it appears)."""
+    mark = RECORDER.mark
+    body = {
+        "rank": rank,
+        "pid": os.getpid(),
+        "request": request_id,
+        "time_ns": time_ns(),
+        "iteration": mark[0] if mark else None,
+        "iteration_started": mark[1] if mark else None,
+        "threads": open_span_stacks(),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(body) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def start_watcher(run_dir: Path, run_id: str, rank: int, started_ns: int) -> None:
-    """Watch ``run_dir``'s capture request for this rank (the recorder's ``request`` trigger)."""
+    """Watch ``run_dir``'s capture request for this rank (the recorder's ``request`` trigger, the
+    launcher's ``hang`` one) and keep this rank's progress beat; once per process."""
+    if RECORDER.watcher is not None:
+        return
     watcher = RequestWatcher(
-        Path(run_dir) / envcontract.CAPTURE_REQUEST_FILE, run_id, rank, started_ns
-    )
+        Path(run_dir) / envcontract.CAPTURE_REQUEST_FILE, run_id, rank, started_ns,
+        envcontract.heartbeat_file(run_dir, rank),
+    )  # fmt: skip
     RECORDER.watcher = watcher
     watcher.start()
