@@ -668,6 +668,9 @@ def _execute_locked(
                         break
                     job.poll()
                     for restart in restarts.poll():  # announced while the run goes on
+                        if stopped_hung:  # the exits torchrun saw were the watchdog's stop
+                            restart.cause = "the hang watchdog stopped the hung workers"
+                            restart.rank = None
                         launch_record.restarted(restart)
                         display.restarted(restart, plan.settings.launch.max_restarts)
                         watchdog.attempt_started(restart.attempt, restart.time)

@@ -25,9 +25,13 @@ HANG_ATTEMPTS = int(os.environ.get("HANG_WORKER_ATTEMPTS", "1000"))
 
 
 def main() -> None:
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    # torchrun's store outlives a restart; a per-attempt prefix keeps the new group from reading
+    # the old one's addresses (as mlaunch's trainer does, trainer/parallel.py).
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    store, rank, world = next(dist.rendezvous("env://"))
+    dist.init_process_group(
+        "gloo", store=dist.PrefixStore(f"attempt_{attempt}", store), rank=rank, world_size=world
+    )
     checkpoint = Path(os.environ["MLAUNCH_RUN_DIR"]) / "hang-worker-checkpoint.txt"
     done = int(checkpoint.read_text()) if checkpoint.exists() else 0
     if done:
