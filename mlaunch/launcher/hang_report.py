@@ -82,6 +82,9 @@ class RankView:
     """Wall time of its ``py-spy dump``."""
     error: str | None = None
     """Why its stacks could not be read."""
+    process: str | None = None
+    """What the kernel says the process is doing when that matters to the verdict: ``stopped``
+    (SIGSTOP, a debugger) or ``in uninterruptible I/O``; None otherwise."""
 
 
 def _frame_text(frame: dict[str, Any]) -> str:
@@ -118,28 +121,56 @@ def stacks_text(threads: list[dict[str, Any]], rank: int, pid: int) -> str:
     return "\n".join(lines)
 
 
+def _py_spy_dump(exe: str, pid: int, *extra: str) -> tuple[list[dict[str, Any]] | None, str]:
+    """One ``py-spy dump --json`` (``extra``: more options); ``(threads, error)``."""
+    try:
+        out = subprocess.run(
+            [exe, "dump", "--pid", str(pid), "--json", *extra], capture_output=True, text=True,
+            timeout=PY_SPY_TIMEOUT_S, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return None, f"py-spy took over {PY_SPY_TIMEOUT_S:g} s"
+    if out.returncode == 0:
+        with contextlib.suppress(ValueError):
+            data = json.loads(out.stdout)
+            if isinstance(data, list):
+                return data, ""
+        return None, "py-spy printed no JSON"
+    lines = [ln.strip() for ln in out.stderr.splitlines() if ln.strip()]
+    # Its message is the first line; a Rust backtrace may follow.
+    return None, "py-spy: " + next(
+        (ln for ln in lines if ln.startswith("Error")), lines[0] if lines else "failed"
+    )
+
+
 def dump_stacks(pid: int) -> tuple[list[dict[str, Any]] | None, str | None, float]:
-    """``(threads, error, seconds)`` of one ``py-spy dump --json`` of ``pid``."""
+    """``(threads, error, seconds)`` of ``pid``'s stacks. py-spy first pauses the process for a
+    consistent read; a process it cannot pause (stopped by SIGSTOP, traced) is read without
+    pausing (``--nonblocking``: a hung process's stacks do not move)."""
     exe = py_spy()
     if exe is None:
         return None, "py-spy is not installed (pip install py-spy)", 0.0
     t0 = time.perf_counter()
+    threads, error = _py_spy_dump(exe, pid)
+    if threads is None:
+        threads, again = _py_spy_dump(exe, pid, "--nonblocking")
+        error = error if threads is None else ""
+        if threads is None and again != error:
+            error = f"{error}; {again}"
+    return threads, error or None, time.perf_counter() - t0
+
+
+#: /proc states worth saying in a verdict.
+_PROCESS_STATES = {"T": "stopped", "t": "stopped", "D": "in uninterruptible I/O"}
+
+
+def process_state(pid: int) -> str | None:
+    """``stopped`` / ``in uninterruptible I/O`` from ``/proc/<pid>/stat``, else None."""
     try:
-        out = subprocess.run(
-            [exe, "dump", "--pid", str(pid), "--json"], capture_output=True, text=True,
-            timeout=PY_SPY_TIMEOUT_S, check=False,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired:
-        return None, f"py-spy took over {PY_SPY_TIMEOUT_S:g} s", time.perf_counter() - t0
-    took = time.perf_counter() - t0
-    if out.returncode != 0:
-        why = (out.stderr.strip().splitlines() or ["failed"])[-1]
-        return None, f"py-spy: {why}", took
-    try:
-        data = json.loads(out.stdout)
-    except ValueError:
-        return None, "py-spy printed no JSON", took
-    return (data if isinstance(data, list) else None), None, took
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+    return _PROCESS_STATES.get(state)
 
 
 def _span_facts(view: RankView, spans_body: dict[str, Any], now_ns: int) -> None:
@@ -178,17 +209,24 @@ def _where(v: RankView, stuck_s: float | None = None) -> str:
     """Where a rank is, as the verdict says it (ranks saying the same are grouped); ``stuck_s``:
     how long it has been there, said of the odd one out."""
     if v.error and v.frame is None and v.span is None:
-        return f"stacks not read ({v.error})"
+        return f"{v.process + ', ' if v.process else ''}stacks not read ({v.error})"
     text = f"in {v.span}" if v.span else (f"at {v.frame}" if v.frame else "somewhere unknown")
+    if v.process:
+        text = f"{v.process}, {text}"
     if v.iteration is not None:
         text += f" (iteration {v.iteration})"
     if stuck_s is not None:
         text += f" for {stuck_s:.0f} s"
-    if v.in_collective:
+    if _waits(v):
         text += ", waiting in a collective"
     elif v.span and v.frame:
         text += f", at {v.frame}"
     return text
+
+
+def _waits(v: RankView) -> bool:
+    """Whether a rank waits for others (a stopped process waits for nothing: it is the hang)."""
+    return v.in_collective and v.process != "stopped"
 
 
 def _ranks_text(ranks: list[int]) -> str:
@@ -207,12 +245,14 @@ def judge(views: Iterable[RankView]) -> str:
     groups: dict[str, list[RankView]] = {}
     for v in views:
         groups.setdefault(_where(v), []).append(v)
-    unread = {k for k in groups if k.startswith("stacks not read")}
-    waiting = {k for k, g in groups.items() if all(v.in_collective for v in g)}
+    unread = {k for k in groups if "stacks not read" in k}
+    waiting = {k for k, g in groups.items() if all(_waits(v) for v in g)}
     odd: set[str] = set()
     why = ""
     if waiting and len(waiting) + len(unread) < len(groups):
         odd, why = set(groups) - waiting - unread, "the rank the others wait for"
+    elif waiting and unread:  # every rank that could be read waits: the others are suspects
+        odd, why = unread, "the rank the others wait for"
     elif len(groups) > 1:
         lowest = {
             k: min((v.iteration for v in g if v.iteration is not None), default=None)
@@ -340,7 +380,8 @@ def collect(
     now_ns = time.time_ns()
     views = []
     for w, (threads, error, took) in zip(workers, dumps, strict=True):
-        v = RankView(w.rank, w.local_rank, w.pid, collect_s=round(took, 3), error=error)
+        v = RankView(w.rank, w.local_rank, w.pid, collect_s=round(took, 3), error=error,
+                     process=process_state(w.pid))  # fmt: skip
         if threads is not None:
             path = hang / ec.HANG_STACKS_FILE.name(w.rank)
             path.write_text(stacks_text(threads, w.rank, w.pid), encoding="utf-8")
@@ -354,7 +395,7 @@ def collect(
     # The open spans: the watchers answer within a second or so; a worker whose watcher is
     # stuck too (a main thread holding the GIL in C code) leaves only its stacks.
     deadline = time.monotonic() + SPANS_WAIT_S
-    pending = {v.rank: v for v in views if v.rank in mlaunch_ranks}
+    pending = {v.rank: v for v in views if v.rank in mlaunch_ranks and v.process != "stopped"}
     while pending and time.monotonic() < deadline:
         for rank, v in list(pending.items()):
             path = hang / ec.HANG_SPANS_FILE.name(rank)

@@ -169,3 +169,41 @@ def test_a_nemo_lens_worker_that_hangs_gets_a_verdict_from_its_stacks(
     assert (run_dir / "hang" / "stacks-rank1.txt").read_text().count("lens_worker.py") >= 1
     assert node["verdict"].startswith(f"rank 1: at {ranks[1]['frame']}"), node["verdict"]
     assert "hung (attempt 0, no restart left): rank 1: at " in out
+
+
+def test_a_trainer_rank_stopped_by_sigstop_is_named_by_the_watchdog(tmp_path: Path) -> None:
+    """mlaunch's own trainer: progress from its beats and progress.jsonl; rank 1 is frozen for
+    real (SIGSTOP) once it has trained a few iterations; py-spy reads the frozen process without
+    pausing it, and the watchdog's SIGKILL ends it."""
+    import os
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    proc = mlaunch(
+        "--run-dir", str(run_dir), "--train-iters", "100000", "--eval-interval", "0",
+        "--hang-timeout", "10", cwd=tmp_path, env=clean_env(),
+    )  # fmt: skip
+    beat = run_dir / "telemetry" / "heartbeat-rank1.json"
+    deadline = time.monotonic() + 120
+    pid = None
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            body = json.loads(beat.read_bytes())
+        except (OSError, ValueError):
+            body = {}
+        if body.get("iteration", 0) >= 3:
+            pid = body["pid"]
+            break
+        time.sleep(0.2)
+    assert pid is not None, "rank 1 never reached iteration 3"
+    os.kill(pid, signal.SIGSTOP)
+    code, out = finish(proc)
+    assert code != 0, out[-3000:]
+    node = json.loads((run_dir / "hang" / "report-node0.json").read_text())
+    assert {"mlaunch.telemetry progress beats", "progress.jsonl"} <= set(node["source"].split(", "))
+    ranks = {r["rank"]: r for r in node["ranks"]}
+    assert ranks[1]["process"] == "stopped" and ranks[1]["frame"], ranks[1]
+    assert node["verdict"].startswith("rank 0: in "), node["verdict"]
+    assert "; rank 1: stopped, " in node["verdict"]
+    assert node["verdict"].endswith("\N{EM DASH} the rank the others wait for")

@@ -127,3 +127,11 @@ def test_a_bad_config_value_names_the_file_key(tmp_path: Path) -> None:
     )  # fmt: skip
     assert out.returncode == 2
     assert f"{cfg} [launch] hang_timeout: 'soon' is not a hang timeout" in out.stderr + out.stdout
+
+
+def test_a_stopped_rank_waits_for_nothing_it_is_the_one_the_others_wait_for() -> None:
+    stopped = RankView(1, frame="c10d.py:3245 all_reduce", in_collective=True, process="stopped")
+    assert judge([_waiting(0), stopped]) == (
+        "rank 0: in megatron.grad_sync.finish (iteration 1204), waiting in a collective;"
+        " rank 1: stopped, at c10d.py:3245 all_reduce \N{EM DASH} the rank the others wait for"
+    )
