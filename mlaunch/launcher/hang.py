@@ -193,6 +193,7 @@ class Watchdog:
         self._last_progress = when
         self._iterated = False
         self._iterations = 0
+        self._first: dict[tuple[str, int], int] = {}
         self._reported = False
         self._sources: set[str] = set()
         self._workers = []
@@ -210,8 +211,10 @@ class Watchdog:
             self._reported = False
             self._iterated = True
             self._sources.add(source)
-            if prev is not None and iteration > prev.iteration:
-                self._iterations = max(self._iterations, 0) + (iteration - prev.iteration)
+            # Iterations run in this attempt, as the source that saw most says (not summed
+            # over ranks: two ranks' beats of one iteration are one iteration).
+            first = self._first.setdefault(key, iteration if prev is None else prev.iteration)
+            self._iterations = max(self._iterations, iteration - first)
 
     def _local_workers(self, torchrun_pid: int, now: float, force: bool = False) -> list[Worker]:
         if force or not self._workers or now - self._workers_at > 5 * CHECK_S:
