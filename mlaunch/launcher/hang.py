@@ -50,6 +50,9 @@ STARTUP_MIN_S = 600.0
 CHECK_S = 1.0
 #: How long stopped workers get between SIGTERM and SIGKILL.
 STOP_GRACE_S = 10.0
+#: Multi-node ``stop``: how long a node waits for the other nodes' reports before it stops its
+#: workers (their watchdogs look once a second and collect in about a second).
+PEER_WAIT_S = 15.0
 
 
 def local_workers(torchrun_pid: int) -> list[Worker]:
@@ -178,18 +181,41 @@ class Watchdog:
         )  # fmt: skip
         mlaunch_ranks = {w.rank for w in workers if w.rank in self._beats}
         collect(report, self.plan.run_dir, self.plan.run_id, workers, mlaunch_ranks,
-                self.nccl_env, detected)  # fmt: skip
+                self.nccl_env, detected, self._began)  # fmt: skip
         self.reports.append(report)
         self._reported = True
         return report
 
     def stop(self, torchrun_pid: int) -> None:
-        """Stop the hung attempt's workers (``stop``)."""
+        """Stop the hung attempt's workers (``stop``), once every node has written its report
+        (or :data:`PEER_WAIT_S` has passed): stopping this node's workers breaks the others'
+        collectives, and a peer node whose workers died before it looked would have nothing
+        left to inspect."""
+        self._await_peers()
         stop_workers(self._local_workers(torchrun_pid, time.time(), force=True))
+
+    def _await_peers(self) -> None:
+        nnodes = self.plan.settings.launch.nnodes
+        if nnodes <= 1 or not self.reports:
+            return
+        mine = self.reports[-1]
+        hang = ec.hang_dir(self.plan.run_dir)
+        deadline = time.monotonic() + PEER_WAIT_S
+        while time.monotonic() < deadline:
+            done = 0
+            for node in range(nnodes):
+                with contextlib.suppress(OSError, ValueError):
+                    body = json.loads((hang / ec.HANG_NODE_REPORT.name(node)).read_text())
+                    fresh = body.get("detected_at", 0) >= mine.detected_at - mine.timeout_s
+                    done += bool(fresh and body.get("attempt") == mine.attempt)
+            if done >= nnodes:
+                return
+            time.sleep(0.2)
 
     # ---- internals --------------------------------------------------------------------------
 
     def _attempt_start(self, when: float) -> None:
+        self._began = when
         self._last_progress = when
         self._iterated = False
         self._iterations = 0

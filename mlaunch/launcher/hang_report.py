@@ -327,6 +327,22 @@ def request_hang_spans(run_dir: Path, run_id: str) -> str:
     return rid
 
 
+#: A hang request younger than this is the current hang's (nodes detect within seconds).
+HANG_REQUEST_FRESH_S = 30.0
+
+
+def _fresh_hang_request(run_dir: Path, since: float) -> str | None:
+    """The id of the hang request in the run directory when one was written in the last
+    :data:`HANG_REQUEST_FRESH_S` (by this or another node's launcher) and after ``since`` (the
+    attempt's start: older ones its workers ignore), else None."""
+    body = _read_json(run_dir / ec.CAPTURE_REQUEST_FILE)
+    if body is None or body.get("trigger") != "hang" or not isinstance(body.get("created_ns"), int):
+        return None
+    if body["created_ns"] < max(time.time_ns() - HANG_REQUEST_FRESH_S * 1e9, since * 1e9):
+        return None
+    return str(body.get("id") or "") or None
+
+
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -363,17 +379,19 @@ def nccl_dump(run_dir: Path, ranks: list[int], nccl_env: bool) -> dict[str, Any]
 
 def collect(
     report: HangReport, run_dir: Path, run_id: str, workers: list[Worker],
-    mlaunch_ranks: set[int], nccl_env: bool, detected_mono: float,
+    mlaunch_ranks: set[int], nccl_env: bool, detected_mono: float, since: float = 0.0,
 ) -> HangReport:  # fmt: skip
     """Collect every local worker's stacks (in parallel), the mlaunch workers' open spans, the
     NCCL dump; judge; write the stack files and this node's report. Never raises on a worker
     that cannot be read (its rank says why)."""
     hang = ec.hang_dir(run_dir)
     hang.mkdir(parents=True, exist_ok=True)
-    for w in workers:  # an earlier hang's files must not be read as this one's
-        with contextlib.suppress(OSError):
-            (hang / ec.HANG_SPANS_FILE.name(w.rank)).unlink()
-    rid = request_hang_spans(run_dir, run_id) if mlaunch_ranks else ""
+    rid = _fresh_hang_request(run_dir, since) or ""  # another node asked already: its answers count
+    if not rid and mlaunch_ranks:
+        for w in workers:  # an earlier hang's files must not be read as this one's
+            with contextlib.suppress(OSError):
+                (hang / ec.HANG_SPANS_FILE.name(w.rank)).unlink()
+        rid = request_hang_spans(run_dir, run_id)
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(workers)))) as pool:
         dumps = list(pool.map(lambda w: dump_stacks(w.pid), workers))
     report.nccl = nccl_dump(run_dir, [w.rank for w in workers], nccl_env)
@@ -397,10 +415,12 @@ def collect(
     deadline = time.monotonic() + SPANS_WAIT_S
     pending = {v.rank: v for v in views if v.rank in mlaunch_ranks and v.process != "stopped"}
     while pending and time.monotonic() < deadline:
+        # Nodes writing the one request file at once: the workers answer whichever landed.
+        asked = {rid, _fresh_hang_request(run_dir, since)}
         for rank, v in list(pending.items()):
             path = hang / ec.HANG_SPANS_FILE.name(rank)
             body = _read_json(path)
-            if body is not None and body.get("request") == rid:
+            if body is not None and body.get("request") in asked:
                 _span_facts(v, body, now_ns)
                 v.spans_file = str(path)
                 del pending[rank]
@@ -454,6 +474,8 @@ def merged_report(run_dir: Path, since: float | None = None) -> dict[str, Any] |
         nodes.append(data)
     if not nodes:
         return None
+    latest = max(int(n.get("attempt") or 0) for n in nodes)
+    nodes = [n for n in nodes if int(n.get("attempt") or 0) == latest]  # one hang, not two
     views = [_view(r) for n in nodes for r in n.get("ranks") or [] if isinstance(r, dict)]
     first = min(nodes, key=lambda n: n["detected_at"])
     return {

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.launch_runs import clean_env, finish, mlaunch
+from support.launch_runs import clean_env, finish, free_port, mlaunch
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -207,3 +207,30 @@ def test_a_trainer_rank_stopped_by_sigstop_is_named_by_the_watchdog(tmp_path: Pa
     assert node["verdict"].startswith("rank 0: in "), node["verdict"]
     assert "; rank 1: stopped, " in node["verdict"]
     assert node["verdict"].endswith("\N{EM DASH} the rank the others wait for")
+
+
+def test_two_nodes_each_report_their_rank_and_status_merges_them(tmp_path: Path) -> None:
+    """Two launchers (two "nodes" of one process each) sharing one run directory: each writes its
+    own rank's report, waits for the other's before stopping, and status judges both together."""
+    run_dir = tmp_path / "run"
+    common = [
+        "--script", str(WORKER), "--nnodes", "2", "--nproc-per-node", "1", "--device", "cpu",
+        "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "hangnodes",
+        "--otel-run-id", "hangnodes", "--run-dir", str(run_dir), "--otel-enabled",
+        "--otel-export-strategy", "all_ranks", "--hang-timeout", "10",
+    ]  # fmt: skip
+    procs = [mlaunch(*common, "--node-rank", str(n), cwd=tmp_path) for n in (0, 1)]
+    results = [finish(p) for p in procs]
+    for code, out in results:
+        assert code != 0, out[-3000:]
+    nodes = [json.loads((run_dir / "hang" / f"report-node{n}.json").read_text()) for n in (0, 1)]
+    assert sorted(r["rank"] for n in nodes for r in n["ranks"]) == [0, 1]
+    assert all(len(n["ranks"]) == 1 for n in nodes)
+    st = _status(run_dir)
+    verdict = st["hang"]["verdict"]
+    assert verdict.startswith("rank 0: in megatron.grad_sync.finish (iteration 5), waiting in a")
+    assert "; rank 1: in megatron.data.get_batch (iteration 5) for " in verdict
+    assert verdict.endswith("\N{EM DASH} the rank the others wait for")
+    assert [r["rank"] for r in st["hang"]["ranks"]] == [0, 1]
+    merged = json.loads((run_dir / "hang" / "report.json").read_text())
+    assert merged["verdict"] == verdict and sorted(merged["nodes"]) == [0, 1]
