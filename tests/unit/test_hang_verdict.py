@@ -135,3 +135,27 @@ def test_a_stopped_rank_waits_for_nothing_it_is_the_one_the_others_wait_for() ->
         "rank 0: in megatron.grad_sync.finish (iteration 1204), waiting in a collective;"
         " rank 1: stopped, at c10d.py:3245 all_reduce \N{EM DASH} the rank the others wait for"
     )
+
+
+@pytest.mark.parametrize("device", ["auto", "cuda", "cpu"])
+def test_jobs_that_may_use_nccl_get_its_flight_recorder_and_the_users_values_win(
+    tmp_path: Path, device: str
+) -> None:
+    from mlaunch import envcontract as ec
+    from mlaunch.launcher.worker_env import worker_environment
+    from mlaunch.settings import load_settings
+
+    settings = load_settings(flags={"launch.device": device}, environ={})
+    user = {ec.NCCL_TRACE_BUFFER_SIZE: "50"}
+    env, _, _ = worker_environment(settings, "r1", tmp_path, user)
+    nccl = {k: v for k, v in env.items() if k.startswith("TORCH_NCCL_")}
+    if device == "cpu":
+        assert nccl == {}  # gloo: there is no NCCL flight recorder
+        return
+    assert nccl == {  # the user's buffer size is theirs: not in what mlaunch sets
+        ec.NCCL_DUMP_ON_TIMEOUT: "1",
+        ec.NCCL_DEBUG_INFO_TEMP_FILE: str(tmp_path / "hang" / "nccl-trace-rank"),
+        ec.NCCL_DEBUG_INFO_PIPE_FILE: str(tmp_path / "hang" / "nccl-pipe-rank"),
+    }
+    env, _, _ = worker_environment(settings, "r1", tmp_path, {})
+    assert env[ec.NCCL_TRACE_BUFFER_SIZE] == "2000"
