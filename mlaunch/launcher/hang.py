@@ -186,6 +186,18 @@ class Watchdog:
         self._reported = True
         return report
 
+    def state(self) -> dict[str, Any]:
+        """What the watchdog is watching now (the launcher's record carries it, so ``mlaunch
+        status`` and a live view can show the time since progress against the bound)."""
+        return {
+            "setting": self.plan.settings.launch.hang_timeout,
+            "timeout_s": round(self.timeout_s(), 1) if self.enabled else None,
+            "last_progress": round(self._last_progress, 3),
+            "starting": not self._iterated,
+            "source": self._source() if self._sources else None,
+            "attempt": self.attempt,
+        }
+
     def stop(self, torchrun_pid: int) -> None:
         """Stop the hung attempt's workers (``stop``), once every node has written its report
         (or :data:`PEER_WAIT_S` has passed): stopping this node's workers breaks the others'

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 LOG_TAIL_LINES = 15
 #: How often the follower looks at the progress file and the torchrun process.
 POLL_S = 0.2
+#: How often at most the launcher's record is rewritten with the hang watchdog's state.
+WATCHDOG_RECORD_S = 5.0
 
 
 class Process(Protocol):
@@ -432,6 +434,7 @@ class LauncherRecord:
             "node": plan.settings.launch.node_rank, "started": started, "attempt": 0,
             "restarts": [], "ended": None, "exit_code": None, "signal": None, "failures": [],
         }  # fmt: skip
+        self._watch_written = float("-inf")
         self._write()
 
     def restarted(self, restart: Restart) -> None:
@@ -441,6 +444,18 @@ class LauncherRecord:
             {"attempt": restart.attempt, "rank": restart.rank, "cause": restart.cause,
              "time": restart.time}
         )  # fmt: skip
+        self._write()
+
+    def watching(self, state: dict[str, Any], *, now: bool = False) -> None:
+        """The hang watchdog's state (:meth:`~mlaunch.launcher.hang.Watchdog.state`), written
+        when it changed, at most every :data:`WATCHDOG_RECORD_S` (``now``: at once)."""
+        t = time.monotonic()
+        if state == self.data.get("watchdog"):
+            return
+        if not now and t - self._watch_written < WATCHDOG_RECORD_S:
+            return
+        self._watch_written = t
+        self.data["watchdog"] = state
         self._write()
 
     def hung(self, report: HangReport) -> None:
@@ -675,7 +690,10 @@ def _execute_locked(
                         display.restarted(restart, plan.settings.launch.max_restarts)
                         watchdog.attempt_started(restart.attempt, restart.time)
                         stopped_hung = False
-                    if not received and (hang := watchdog.check(proc.pid)) is not None:
+                    hang = watchdog.check(proc.pid) if not received else None
+                    if watchdog.enabled:
+                        launch_record.watching(watchdog.state())
+                    if hang is not None:
                         job.hung()
                         launch_record.hung(hang)
                         display.hang(hang)
@@ -702,6 +720,8 @@ def _execute_locked(
                 result.exit_code = 128 + result.interrupted
         for restart in restarts.poll():  # one the loop had no time to see
             launch_record.restarted(restart)
+        if watchdog.enabled:
+            launch_record.watching(watchdog.state(), now=True)
         launch_record.ended(
             result.exit_code, result.interrupted, result.failures,
             hang=result.hang.verdict if result.hang else None,

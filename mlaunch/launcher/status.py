@@ -116,6 +116,10 @@ class JobStatus:
     """With ``failed``: the rank that failed the final attempt (first to fail), when known."""
     cause: str | None = None
     """With ``failed``: why (its exception, or how it exited)."""
+    watchdog: dict[str, Any] | None = None
+    """Node 0's hang watchdog as its launcher last wrote it (``setting``, ``timeout_s``: the bound
+    in force, ``last_progress``: epoch seconds, ``starting``, ``source``, ``attempt``); None
+    without a record or with the watchdog off."""
     hang: dict[str, Any] | None = None
     """The newest hang the launchers' watchdogs reported for this launch (every node's ranks
     merged): ``detected_at``, ``verdict``, ``ranks`` (rank, span, iteration, frame), ``attempt``,
@@ -506,6 +510,8 @@ def job_status(target: str, cwd: Path) -> JobStatus:
         st.incarnation = info.restarts + 1 if info.restarts is not None else None
         st.state = STATES.get(info.state, info.state.lower())
     rec = _launcher_record(run_dir) if run_dir is not None else None
+    if rec is not None and isinstance(rec.get("watchdog"), dict):
+        st.watchdog = rec["watchdog"]
     if run_dir is not None:
         st.hang = hang_status(run_dir, since if since is not None else (rec or {}).get("started"))
     if info is None and run_dir is not None:  # no SLURM (or it forgot it): the launch's record
