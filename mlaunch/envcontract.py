@@ -167,6 +167,41 @@ CAPTURE_FINAL_STATES = frozenset({"done", "missed"})
 #: why not, and when the groups were switched and switched back; mlaunch.lens_hook.capture).
 LENS_CAPTURE_ACK_TEMPLATE = "capture-ack-rank{rank}-{id}.json"
 
+#: A rank's progress beat, under :data:`TELEMETRY_DIR`: the iteration it last started and when,
+#: rewritten in place (at most once a second, off the training thread) by every process that set
+#: up ``mlaunch.telemetry`` under ``mlaunch train``; the launcher's hang watchdog reads it.
+HEARTBEAT_FILE = NumberedName("heartbeat-rank{rank}.json")
+
+#: What a hang leaves (``mlaunch train --hang-timeout``), under the run directory's ``hang/``:
+#: each node's launcher writes its ranks' report, the merge of every node's, one file of Python
+#: stacks per rank (py-spy, every thread), and each mlaunch worker's open spans.
+HANG_DIR = "hang"
+HANG_REPORT_FILE = "report.json"
+HANG_NODE_REPORT = NumberedName("report-node{node}.json")
+HANG_STACKS_FILE = NumberedName("stacks-rank{rank}.txt")
+HANG_SPANS_FILE = NumberedName("spans-rank{rank}.json")
+#: torch's NCCL flight recorder, set for the workers of a job that may use NCCL unless the user
+#: set them: ring size, dump when NCCL's own timeout fires, where dumps go (``<prefix><rank>``),
+#: and the prefix of the named pipe (``<prefix><rank>.pipe``) a write to which dumps the ring now.
+NCCL_TRACE_BUFFER_SIZE = "TORCH_NCCL_TRACE_BUFFER_SIZE"
+NCCL_DUMP_ON_TIMEOUT = "TORCH_NCCL_DUMP_ON_TIMEOUT"
+NCCL_DEBUG_INFO_TEMP_FILE = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
+NCCL_DEBUG_INFO_PIPE_FILE = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
+#: The file-name prefixes mlaunch gives those two (under :data:`HANG_DIR`; torch appends the rank).
+NCCL_TRACE_PREFIX = "nccl-trace-rank"
+NCCL_PIPE_PREFIX = "nccl-pipe-rank"
+
+
+def heartbeat_file(run_dir: str | Path, rank: int) -> Path:
+    """Where one rank's progress beat is (:data:`HEARTBEAT_FILE`)."""
+    return Path(run_dir) / TELEMETRY_DIR / HEARTBEAT_FILE.name(rank)
+
+
+def hang_dir(run_dir: str | Path) -> Path:
+    """The run directory's ``hang/`` folder (:data:`HANG_DIR`)."""
+    return Path(run_dir) / HANG_DIR
+
+
 #: The glob of every rank's traces file (what the file exporter writes).
 TRACES_FILE_GLOB = _telemetry_name("traces", RANK_SENDER.glob)
 

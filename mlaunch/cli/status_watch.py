@@ -72,7 +72,7 @@ def render(snap: Any) -> Any:
     if since is not None or snap.hang_timeout is not None:
         msg = f"last progress {_age(since)}"
         if snap.hang_timeout is not None:
-            unit = " s" if snap.hang_timeout.replace(".", "", 1).isdigit() else ""
+            unit = " s" if snap.hang_timeout.replace(".", "", 1).isdigit() else ""  # a bare number
             msg += f"; hang timeout {snap.hang_timeout}{unit}"
         lines.append(Text(f"hang: {msg}"))
     if snap.hang:

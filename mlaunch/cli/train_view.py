@@ -28,6 +28,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from mlaunch import envcontract as ec
 from mlaunch.cli.render import span_tree
 from mlaunch.launcher import reference
 from mlaunch.launcher.plan import LaunchPlan
@@ -322,6 +323,20 @@ def restart_text(plan: LaunchPlan, restart: Any, max_restarts: int) -> str:
     )
 
 
+def hang_lines(report: Any, plan: LaunchPlan | None) -> list[str]:
+    """A hang as the terminal shows it: what was silent, each group of ranks, the report."""
+    lines = [
+        f"hang: no progress for {report.silent_s:.0f} s (timeout {report.timeout_s:g} s;"
+        f" watched: {report.source}); verdict after {report.collect_s:.1f} s:"
+    ]
+    lines += [f"  {part}" for part in report.verdict.split("; ")]
+    if plan is not None:
+        lines.append(f"  report: {ec.hang_dir(plan.run_dir) / ec.HANG_REPORT_FILE}")
+    if report.action == "stop":
+        lines.append("  stopping the workers (SIGTERM, then SIGKILL)")
+    return lines
+
+
 class PlainDisplay:
     """One line per progress record (stdout is not a terminal: CI logs, files, pipes)."""
 
@@ -379,6 +394,11 @@ class PlainDisplay:
         else:
             text = restart_text(self.plan, restart, max_restarts)
         self.console.print(Text(text, style="yellow"), soft_wrap=True)
+
+    def hang(self, report: Any) -> None:
+        """The watchdog's verdict, one line per group of ranks, and what happens next."""
+        self.console.print(Text("\n".join(hang_lines(report, self.plan)), style="bold red"),
+                           soft_wrap=True)  # fmt: skip
 
     def close(self) -> None:
         """Nothing to tear down."""
@@ -502,7 +522,16 @@ def print_result(
                 console.print(Text("  " + line), soft_wrap=True)
         elif f.log_path is None:
             console.print(Text("  (its log is on the node that ran it)"), soft_wrap=True)
-    if result.exit_code != 0 and not result.failures and result.interrupted is None:
+    if result.hang is not None:
+        h = result.hang
+        console.print(
+            Text(f"hung (attempt {h.attempt}, no restart left): {h.verdict}", style="bold red"),
+            soft_wrap=True,
+        )
+        console.print(
+            Text(f"hang report: {ec.hang_dir(plan.run_dir) / ec.HANG_REPORT_FILE}"), soft_wrap=True
+        )
+    elif result.exit_code != 0 and not result.failures and result.interrupted is None:
         console.print(
             Text(
                 f"torchrun exited with {result.exit_code}; last lines of {torchrun_log(plan)}:",

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from mlaunch.doctor.configuration import check_configuration
+from mlaunch.doctor.hang_stacks import check_hang_stacks
 from mlaunch.doctor.host import (
     check_hostname,
     check_kubernetes,
@@ -100,6 +101,7 @@ def run_doctor(
         results += _guard("hostname", check_hostname)
         results += _guard("rendezvous port", lambda: check_rendezvous(settings, net_timeout_s))
         results += _guard("run directory", lambda: check_run_dir(settings, cwd))
+        results += _guard("hang stacks", lambda: check_hang_stacks(settings))
         results += _guard("slurm", lambda: check_slurm(environ, settings))
         results += _guard("kubernetes", lambda: check_kubernetes(environ))
         device = settings.launch.device

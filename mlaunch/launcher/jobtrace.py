@@ -417,6 +417,16 @@ class JobTrace:
         """Look at torchrun's new log lines and attempt folders; end/start attempt spans."""
         self._guard(self._poll)
 
+    def hung(self) -> None:
+        """The hang watchdog declared the current attempt hung: ``mlaunch.hang=true`` on it."""
+
+        def mark() -> None:
+            span = self._current()
+            if span is not None:
+                span.attributes[Attr.HANG.value] = True
+
+        self._guard(mark)
+
     def finish(
         self, exit_code: int, failures: Sequence[Any] = (), interrupted: int | None = None
     ) -> None:
@@ -636,6 +646,8 @@ class _NoJobTrace:
     def interrupted(self, signum: int) -> None: ...
 
     def poll(self) -> None: ...
+
+    def hung(self) -> None: ...
 
     def finish(
         self, exit_code: int, failures: Sequence[Any] = (), interrupted: int | None = None

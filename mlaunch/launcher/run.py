@@ -24,6 +24,8 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from mlaunch import envcontract as ec
 from mlaunch.launcher import jobtrace, orphan_guard
+from mlaunch.launcher.hang import Watchdog
+from mlaunch.launcher.hang_report import HangReport
 from mlaunch.launcher.plan import TORCHRUN_LOG, TORCHRUN_MODULE, LaunchPlan
 from mlaunch.receiver import wiring as receiver_wiring
 
@@ -34,6 +36,8 @@ if TYPE_CHECKING:
 LOG_TAIL_LINES = 15
 #: How often the follower looks at the progress file and the torchrun process.
 POLL_S = 0.2
+#: How often at most the launcher's record is rewritten with the hang watchdog's state.
+WATCHDOG_RECORD_S = 5.0
 
 
 class Process(Protocol):
@@ -113,6 +117,8 @@ def create_run_dir(plan: LaunchPlan, *, show_secrets: bool = False) -> None:
     ``command.txt``. Several nodes may share one run directory: each writes the same files."""
     plan.log_dir.mkdir(parents=True, exist_ok=True)
     (plan.run_dir / ec.TELEMETRY_DIR).mkdir(exist_ok=True)
+    if ec.NCCL_DEBUG_INFO_PIPE_FILE in plan.child_env:  # torch makes its dump pipes in hang/
+        ec.hang_dir(plan.run_dir).mkdir(exist_ok=True)
     _write_private(plan.run_dir / ec.RESOLVED_ENV_FILE, plan.resolved_env_text(show_secrets))
     _write_private(plan.run_dir / ec.RESOLVED_JSON_FILE, plan.resolved_json_text(show_secrets))
     _write_private(plan.run_dir / ec.COMMAND_FILE, plan.command_text(), 0o644)
@@ -428,6 +434,7 @@ class LauncherRecord:
             "node": plan.settings.launch.node_rank, "started": started, "attempt": 0,
             "restarts": [], "ended": None, "exit_code": None, "signal": None, "failures": [],
         }  # fmt: skip
+        self._watch_written = float("-inf")
         self._write()
 
     def restarted(self, restart: Restart) -> None:
@@ -439,13 +446,34 @@ class LauncherRecord:
         )  # fmt: skip
         self._write()
 
+    def watching(self, state: dict[str, Any], *, now: bool = False) -> None:
+        """The hang watchdog's state (:meth:`~mlaunch.launcher.hang.Watchdog.state`), written
+        when it changed, at most every :data:`WATCHDOG_RECORD_S` (``now``: at once)."""
+        t = time.monotonic()
+        if state == self.data.get("watchdog"):
+            return
+        if not now and t - self._watch_written < WATCHDOG_RECORD_S:
+            return
+        self._watch_written = t
+        self.data["watchdog"] = state
+        self._write()
+
+    def hung(self, report: HangReport) -> None:
+        """The hang watchdog declared attempt ``report.attempt`` hung."""
+        self.data.setdefault("hangs", []).append(
+            {"attempt": report.attempt, "detected_at": report.detected_at,
+             "verdict": report.verdict, "action": report.action}
+        )  # fmt: skip
+        self._write()
+
     def ended(
         self, exit_code: int | None, interrupted: int | None, failures: list[RankFailure],
-        error: str | None = None,
+        error: str | None = None, hang: str | None = None,
     ) -> None:  # fmt: skip
-        """The launch is over (``error``: the launcher itself stopped on an exception)."""
+        """The launch is over (``error``: the launcher itself stopped on an exception; ``hang``:
+        the verdict of the hang that ended it)."""
         self.data.update(
-            ended=time.time(), exit_code=exit_code, error=error,
+            ended=time.time(), exit_code=exit_code, error=error, hang=hang,
             signal=jobtrace.signal_name(interrupted) if interrupted is not None else None,
             failures=[
                 {"rank": f.rank, "local_rank": f.local_rank, "node": f.node,
@@ -486,6 +514,10 @@ class RunResult:
     delivered, spooled, dropped, ranks; :func:`read_span_counts`), or None when none did."""
     trace_files: list[Path] = field(default_factory=list)
     """The run directory's trace files (``traces-rank{R}.jsonl``, the file exporter's)."""
+    hang: HangReport | None = None
+    """The hang that ended the final attempt (``--on-hang stop``), or None."""
+    hangs: list[HangReport] = field(default_factory=list)
+    """Every hang the watchdog reported during the launch."""
 
     @property
     def train_records(self) -> list[dict[str, Any]]:
@@ -501,6 +533,8 @@ class Display(Protocol):
     def interrupted(self, signum: int, forced: bool = False) -> None: ...
 
     def restarted(self, restart: Restart, max_restarts: int) -> None: ...
+
+    def hang(self, report: HangReport) -> None: ...
 
 
 #: Signals the launcher passes on as the graceful SIGTERM: Ctrl-C, SIGTERM, and SIGUSR1 (SLURM's
@@ -622,6 +656,8 @@ def _execute_locked(
     log_offset = log_path.stat().st_size if log_path.exists() else 0  # earlier launches' part
     restarts = RestartWatch(plan, start, log_offset)
     launch_record = LauncherRecord(plan, start)
+    watchdog = Watchdog(plan, start, receiver, nccl_env=ec.NCCL_DEBUG_INFO_PIPE_FILE in child_env)
+    stopped_hung = False  # the current attempt was stopped by the watchdog
     received: list[int] = []  # the forwarded signals (rebound to the handler's list below)
     try:
         with log_path.open("ab") as log, job.guard():
@@ -642,17 +678,38 @@ def _execute_locked(
                     for record in tail.read():
                         records.append(record)
                         display.record(record)
+                        watchdog.record(record)
                     if code is not None:
                         break
                     job.poll()
                     for restart in restarts.poll():  # announced while the run goes on
+                        if stopped_hung:  # the exits torchrun saw were the watchdog's stop
+                            restart.cause = "the hang watchdog stopped the hung workers"
+                            restart.rank = None
                         launch_record.restarted(restart)
                         display.restarted(restart, plan.settings.launch.max_restarts)
+                        watchdog.attempt_started(restart.attempt, restart.time)
+                        stopped_hung = False
+                    hang = watchdog.check(proc.pid) if not received else None
+                    if watchdog.enabled:
+                        launch_record.watching(watchdog.state())
+                    if hang is not None:
+                        job.hung()
+                        launch_record.hung(hang)
+                        display.hang(hang)
+                        if hang.action == "stop":
+                            watchdog.stop(proc.pid)
+                            stopped_hung = True
                     time.sleep(POLL_S)
         result = RunResult(
             code, time.time() - start, records, received[0] if received else None, started=start
         )
-        if code != 0:
+        result.hangs = watchdog.reports
+        if code != 0 and stopped_hung and watchdog.reports:
+            # The workers' exits are the watchdog's doing: the hang is what failed.
+            result.hang = watchdog.reports[-1]
+            result.torchrun_tail = _tail(torchrun_log(plan))
+        elif code != 0:
             result.failures = collect_failures(
                 plan, start, _read_from(log_path, log_offset), result.interrupted
             )
@@ -663,7 +720,12 @@ def _execute_locked(
                 result.exit_code = 128 + result.interrupted
         for restart in restarts.poll():  # one the loop had no time to see
             launch_record.restarted(restart)
-        launch_record.ended(result.exit_code, result.interrupted, result.failures)
+        if watchdog.enabled:
+            launch_record.watching(watchdog.state(), now=True)
+        launch_record.ended(
+            result.exit_code, result.interrupted, result.failures,
+            hang=result.hang.verdict if result.hang else None,
+        )  # fmt: skip
         # Before the receiver closes: in relay mode the job's last spans go through it.
         job.finish(result.exit_code, result.failures, result.interrupted)
     except BaseException as exc:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mlaunch import envcontract as ec
+from mlaunch.launcher.hang_report import hang_status
 from mlaunch.launcher.slurm import SlurmError, SlurmJobInfo, job_info
 from mlaunch.model.spans import Attr, SpanName
 
@@ -115,6 +116,14 @@ class JobStatus:
     """With ``failed``: the rank that failed the final attempt (first to fail), when known."""
     cause: str | None = None
     """With ``failed``: why (its exception, or how it exited)."""
+    watchdog: dict[str, Any] | None = None
+    """Node 0's hang watchdog as its launcher last wrote it (``setting``, ``timeout_s``: the bound
+    in force, ``last_progress``: epoch seconds, ``starting``, ``source``, ``attempt``); None
+    without a record or with the watchdog off."""
+    hang: dict[str, Any] | None = None
+    """The newest hang the launchers' watchdogs reported for this launch (every node's ranks
+    merged): ``detected_at``, ``verdict``, ``ranks`` (rank, span, iteration, frame), ``attempt``,
+    ``action``, ``report``; None when none hung."""
 
     def as_json(self) -> dict[str, Any]:
         """The status as a JSON object."""
@@ -500,19 +509,36 @@ def job_status(target: str, cwd: Path) -> JobStatus:
         st.slurm = info.as_json()
         st.incarnation = info.restarts + 1 if info.restarts is not None else None
         st.state = STATES.get(info.state, info.state.lower())
-    elif run_dir is not None:  # no SLURM (or it forgot the job): the launch's record and trace
-        _apply_launch(st, run_dir, _launcher_record(run_dir))
+    rec = _launcher_record(run_dir) if run_dir is not None else None
+    if rec is not None and isinstance(rec.get("watchdog"), dict):
+        st.watchdog = rec["watchdog"]
+    if run_dir is not None:
+        st.hang = hang_status(run_dir, since if since is not None else (rec or {}).get("started"))
+    if info is None and run_dir is not None:  # no SLURM (or it forgot it): the launch's record
+        _apply_launch(st, run_dir, rec)
         if st.state != "unknown":
+            _hang_cause(st)
             return st
         if st.failures:  # a run directory with neither: what its files tell
             st.state = "failed"
         elif st.progress and not _stopped_early(st.progress):
             st.state = "completed"
+    _hang_cause(st)
     if st.state in ("completed", "failed") and not st.failures and _stopped_early(st.progress):
         # The workers stopped on a signal (preemption, the time-limit warning, scancel
         # --signal) and saved: the job can resume from its checkpoint.
         st.state = "preempted"
     return st
+
+
+def _hang_cause(st: JobStatus) -> None:
+    """A run that failed after its watchdog stopped a hung attempt failed of the hang (the
+    workers' exits were the watchdog's SIGTERM/SIGKILL)."""
+    if st.state == "failed" and st.hang and st.hang.get("action") == "stop":
+        last = st.restarts[-1].attempt if st.restarts else 0
+        if st.hang.get("attempt") == (st.attempt if st.attempt is not None else last):
+            st.cause = f"hang: {st.hang['verdict']}"
+            st.failed_rank, st.failures = None, []
 
 
 # --------------------------------------------------------------------------------------------
@@ -548,7 +574,8 @@ def status_text(st: JobStatus) -> str:
     elif st.state == "running" and la is not None:
         where = f"pid {la.pid} on {la.host}"
         lines.append(f"launcher: {where}" + ("" if la.alive else " (not checked from this host)"))
-    if st.state == "failed" and st.cause and not st.failures:
+    hung = bool(st.hang and st.cause and st.cause.startswith("hang:"))
+    if st.state == "failed" and st.cause and not st.failures and not hung:
         who = f"rank {st.failed_rank}" if st.failed_rank is not None else "the run"
         lines.append(f"failed:   {who}: {st.cause}")
     if st.run_dir:
@@ -566,6 +593,9 @@ def status_text(st: JobStatus) -> str:
         lines.append(f"failed:   rank {f.rank}{where}{at}: {f.exception_type}: {f.message}")
         if f.log:
             lines.append(f"          log: {f.log}")
+    if st.hang:
+        lines.append(f"hang:     attempt {st.hang.get('attempt')}: {st.hang['verdict']}")
+        lines.append(f"          report: {st.hang['report']}")
     for r in st.restarts:
         lines.append(f"restart:  attempt {r.attempt} after {r.cause}")
     for n in st.nodes:

@@ -254,6 +254,12 @@ def snapshot(target: str, cwd: Path, state: WatchState, now: float | None = None
     ends += [now - r.step_age_s for r in snap.ranks if r.step_age_s is not None]
     snap.since_progress_s = max(0.0, now - max(ends)) if ends else None
     snap.hang_timeout = hang_timeout(run_dir)
+    wd = st.as_json().get("watchdog")
+    if isinstance(wd, dict) and isinstance(wd.get("timeout_s"), int | float):
+        # The bound the launcher's watchdog applies now (auto's 10x median, or the start-up
+        # bound before the first iteration), not only the setting as written.
+        phase = "start-up, " if wd.get("starting") else ""
+        snap.hang_timeout = f"{wd['timeout_s']:g} s ({phase}{wd.get('setting')})"
     snap.straggler = _straggler(agg)
     snap.capture = _capture(run_dir, started)
     snap.recorder_writing, snap.recorder_dumps = _recorders(run_dir, state)

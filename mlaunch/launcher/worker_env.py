@@ -55,6 +55,7 @@ def worker_environment(
         env[ec.DEVICE] = "cuda"  # the worker refuses to start without it (trainer/parallel.py)
     if settings.launch.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""  # the only way to keep a CUDA-capable worker on CPU
+    env.update(nccl_flight_recorder_env(settings, run_dir, environ))
     notes: list[str] = []
     value, note = reference.cuda_connections(settings, environ)
     if value is not None:
@@ -102,3 +103,26 @@ def _trainer_env(settings: Settings, run_id: str, environ: Mapping[str, str]) ->
             obj: Any = t.otel if section == "telemetry.otel" else t
             env[var] = _env_value(getattr(obj, fld))
     return env
+
+
+#: The NCCL flight recorder's ring (entries per process group): torch's own default size.
+NCCL_TRACE_ENTRIES = 2000
+
+
+def nccl_flight_recorder_env(
+    settings: Settings, run_dir: Path, environ: Mapping[str, str]
+) -> dict[str, str]:
+    """torch's NCCL flight recorder for a job that may use NCCL (``--device`` cuda or auto): a
+    ring of the last collectives per process group, dumped to the run directory's ``hang/`` when
+    NCCL's own timeout fires or when the hang watchdog writes the dump pipe. A variable the user
+    set is left as it is; a CPU job (gloo) gets none."""
+    if settings.launch.device == "cpu":
+        return {}
+    hang = ec.hang_dir(run_dir)
+    wanted = {
+        ec.NCCL_TRACE_BUFFER_SIZE: str(NCCL_TRACE_ENTRIES),
+        ec.NCCL_DUMP_ON_TIMEOUT: "1",
+        ec.NCCL_DEBUG_INFO_TEMP_FILE: str(hang / ec.NCCL_TRACE_PREFIX),
+        ec.NCCL_DEBUG_INFO_PIPE_FILE: str(hang / ec.NCCL_PIPE_PREFIX),
+    }
+    return {k: v for k, v in wanted.items() if not environ.get(k, "").strip()}

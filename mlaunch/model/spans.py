@@ -127,6 +127,7 @@ class Attr(StrEnum):
     EXIT_CODE = "mlaunch.exit_code"  # the attempt's exit code (absent when ended by a signal)
     SIGNAL = "mlaunch.signal"  # e.g. "SIGKILL" when a worker or the attempt died by a signal
     FAILED_RANK = "mlaunch.failed_rank"  # the first failing global rank, when one is known
+    HANG = "mlaunch.hang"  # true on an attempt the hang watchdog declared hung
 
 
 #: Attribute keys that mark a span as ended at shutdown, the current one first.

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from mlaunch import envcontract
-from mlaunch.model.spans import ResourceAttr
+from mlaunch.model.spans import STEP_SPAN, Attr, ResourceAttr
 from mlaunch.receiver.signals import SIGNALS, Signal
 from mlaunch.receiver.upstream import Sender, Upstream
 
@@ -129,6 +129,10 @@ class _Item:
         self.local = local
 
 
+_STEP_SPAN = STEP_SPAN
+_ITERATION_ATTR = Attr.ITERATION.value
+
+
 def new_token() -> str:
     """A fresh random token (256 bits, URL-safe: it travels in an OTLP headers variable)."""
     return secrets.token_urlsafe(32)
@@ -193,6 +197,8 @@ class Receiver:
         self._cond = threading.Condition(self._lock)
         self._queue: deque[_Item] = deque()
         self._queued_bytes = 0
+        #: Iteration spans seen, for the hang watchdog (bounded: an unread deque cannot grow).
+        self._iterations: deque[tuple[int | None, int, int, int]] = deque(maxlen=4096)
         self._closing = False
         self._done = False  # the writer has stopped: nothing more can be accepted
         self._deadline: float | None = None
@@ -383,6 +389,8 @@ class Receiver:
             return
         n = sig.items(request)
         counts.received_items += n
+        if sig.name == "traces":
+            self._note_iterations(request)
         if sig.name in self._senders:
             if self._forward(sig, item, request):
                 counts.forwarded_items += n
@@ -390,6 +398,33 @@ class Receiver:
             self._write(sig, request, item.local, spool=True)
             return
         self._write(sig, request, item.local, spool=False)
+
+    def _note_iterations(self, request: Any) -> None:
+        """Keep the ``megatron.train.iteration`` spans a request carries (rank, iteration, start,
+        end): the launcher's hang watchdog reads them as Megatron-LM workers' progress."""
+        for rs in request.resource_spans:
+            rank = None
+            for ss in rs.scope_spans:
+                for span in ss.spans:
+                    if span.name != _STEP_SPAN:
+                        continue
+                    if rank is None:
+                        rank = _rank_of(rs.resource)
+                    iteration = next(
+                        (int(kv.value.int_value) for kv in span.attributes
+                         if kv.key == _ITERATION_ATTR), None,
+                    )  # fmt: skip
+                    if iteration is not None:
+                        self._iterations.append(
+                            (rank, iteration, span.start_time_unix_nano, span.end_time_unix_nano)
+                        )
+
+    def take_iterations(self) -> list[tuple[int | None, int, int, int]]:
+        """The iteration spans seen since the last call (rank, iteration, start_ns, end_ns)."""
+        out = []
+        while self._iterations:
+            out.append(self._iterations.popleft())
+        return out
 
     def _forward(self, sig: Signal, item: _Item, request: Any) -> bool:
         now = time.monotonic()

@@ -302,6 +302,14 @@ MAX_WORLD_SIZE = 2**20
 MAX_NPROC_PER_NODE = 1024
 
 
+#: The words ``hang_timeout`` takes besides a number of seconds.
+HANG_TIMEOUT_WORDS: tuple[str, ...] = ("auto", "off")
+#: A hang timeout below this would fire between two healthy iterations' progress checks (the
+#: launcher looks once a second); above it (a week) is a typo.
+HANG_TIMEOUT_MIN_S = 1.0
+HANG_TIMEOUT_MAX_S = 7 * 86400.0
+
+
 class LaunchSettings(_Section):
     """How ``mlaunch train`` starts torchrun."""
 
@@ -336,6 +344,35 @@ class LaunchSettings(_Section):
     ``--otel-*`` flags as Megatron-LM arguments (false: only the environment and ``-- ARGS``).
     Unset = on only for a Megatron-LM entry point (a ``pretrain_*.py`` script, a script beside a
     ``megatron/`` package, a ``megatron.*`` module); any other script gets none."""
+    hang_timeout: str = "auto"
+    """Hang watchdog (SECONDS|auto|off): no training progress on this node for this long is a
+    hang. ``auto`` = the larger of 300 s and 10x the median time between iterations once 5 have
+    run; start-up (before the first iteration of each attempt) has a longer bound."""
+    on_hang: Literal["report", "stop"] = "stop"
+    """What a hang does: ``report`` writes the verdict and the stacks and lets the job go on;
+    ``stop`` also stops the workers (torchrun restarts them while restarts are left)."""
+
+    @field_validator("hang_timeout", mode="before")
+    @classmethod
+    def _hang_timeout(cls, v: Any) -> str:
+        text = str(v).strip().lower()
+        if text in HANG_TIMEOUT_WORDS:
+            return text
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = float("nan")
+        if not (HANG_TIMEOUT_MIN_S <= seconds <= HANG_TIMEOUT_MAX_S):
+            raise ValueError(
+                f"{v!r} is not a hang timeout: use a number of seconds from"
+                f" {HANG_TIMEOUT_MIN_S:g} to {HANG_TIMEOUT_MAX_S:g}, auto or off"
+            )
+        return f"{seconds:g}"
+
+    @property
+    def hang_timeout_s(self) -> float | None:
+        """The fixed hang timeout in seconds; None for ``auto`` and ``off``."""
+        return None if self.hang_timeout in HANG_TIMEOUT_WORDS else float(self.hang_timeout)
 
     @field_validator("rdzv_endpoint")
     @classmethod

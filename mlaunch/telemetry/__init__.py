@@ -285,6 +285,7 @@ def setup(
         _ENABLED = groups
     _HANDLE = handle
     if not settings.enabled or settings.otel.sdk_disabled:
+        _start_beat(settings, rank=rank, run_dir=run_dir)
         return handle
     try:
         identity = _identity(settings, handle, resource, run_dir, save_interval)
@@ -437,9 +438,53 @@ def _start_capture_watch(
             # size from resolved.json).
             announce=settings.exporter not in ("console", "none"),
             prepare=_prepare_capture,
+            **_hang_watch(where, rank),
         )
     except Exception as exc:  # captures are optional; never stop training for them
         log.warning("mlaunch telemetry: capture requests are off (%s)", exc)
+
+
+def _hang_watch(where: Path, rank: int) -> dict[str, Any]:
+    """The request watcher's part for the launcher's hang watchdog: its answer to a hang
+    request and, under ``mlaunch train`` (``MLAUNCH_RUN_DIR`` set), this rank's progress beat."""
+    from mlaunch import envcontract
+
+    def on_hang(request_id: str, open_spans: bool) -> None:
+        from mlaunch.telemetry._recorder import write_open_spans
+
+        if open_spans:
+            path = where / envcontract.HANG_DIR / envcontract.HANG_SPANS_FILE.name(rank)
+            write_open_spans(path, rank, request_id)
+        RECORDER.dump("hang")  # no-op when the recorder is off
+
+    under_launcher = bool(os.environ.get(envcontract.RUN_DIR, "").strip())
+    return {
+        "heartbeat": envcontract.heartbeat_file(where, rank) if under_launcher else None,
+        "mark": lambda: RECORDER.mark,
+        "on_hang": on_hang,
+    }
+
+
+def _start_beat(settings: Any, *, rank: int, run_dir: str | Path | None) -> None:
+    """Under ``mlaunch train``, a rank with telemetry off still keeps a progress beat and
+    answers the launcher's hang requests (the request watcher's thread, one ``stat`` a second);
+    it takes no captures (the command refuses them on such a run)."""
+    from mlaunch import envcontract
+
+    if not os.environ.get(envcontract.RUN_DIR, "").strip():
+        return
+    try:
+        from mlaunch.settings.run_id import choose_run_id, torchrun_shared_ids
+
+        run_id = choose_run_id(settings.run_id, os.environ, shared=torchrun_shared_ids(os.environ))
+        where = Path(run_dir) if run_dir else envcontract.worker_run_dir(os.environ, run_id)
+        _capture.start_watcher(
+            where, run_id, rank, _STARTED_NS, RECORDER.request_dump,
+            world_size=0, exporting=False, announce=False, captures=False,
+            **_hang_watch(where, rank),
+        )  # fmt: skip
+    except Exception as exc:  # never stops training from starting
+        log.warning("mlaunch telemetry: progress beat not started (%s)", exc)
 
 
 def _prepare_capture(capture: _capture.Capture) -> None:
@@ -934,6 +979,7 @@ def set_iteration(iteration: int) -> None:
 
     A live capture switches here: this compare is all it costs the loop outside its
     boundaries (see ``_capture``)."""
+    RECORDER.mark = (iteration, time.time())  # the progress beat the hang watchdog reads
     if iteration >= _capture.AT:
         _capture_boundary(iteration)
     if RECORDER.active:

@@ -211,7 +211,12 @@ CONTROL = Controller()
 class RequestWatcher(threading.Thread):
     """Reads the run directory's request at most once a second and hands it on: ``recorded`` to
     ``on_recorded`` (the flight recorder's dump), a live capture to :data:`CONTROL`. Also writes
-    the capture's acknowledgements when the training thread wakes it."""
+    the capture's acknowledgements when the training thread wakes it.
+
+    Under ``mlaunch train`` it also keeps this rank's progress beat (``heartbeat``, rewritten
+    when ``mark()`` moved) and answers a ``trigger: "hang"`` request itself, on this thread
+    (``on_hang``): the training thread is presumed stuck, so what the launcher's hang watchdog
+    asks for cannot wait for an iteration boundary that may never come."""
 
     INTERVAL_S = 1.0
 
@@ -223,16 +228,25 @@ class RequestWatcher(threading.Thread):
         started_ns: int,
         on_recorded: Callable[[], None],
         announce: bool = True,
+        *,
+        captures: bool = True,
+        heartbeat: Path | None = None,
+        mark: Callable[[], tuple[int, float] | None] | None = None,
+        on_hang: Callable[[str, bool], None] | None = None,
     ) -> None:
         super().__init__(name="mlaunch-capture-watch", daemon=True)
         self.announce = announce
         self.path, self.run_id, self.rank, self.started_ns = path, run_id, rank, started_ns
         self.on_recorded = on_recorded
+        self.captures = captures
+        self.heartbeat, self.mark, self.on_hang = heartbeat, mark, on_hang
         self.wake = threading.Event()
         self.stopped = False
         self.seen: set[str] = set()
         self._mtime = 0
         self._warned = False
+        self._beat: tuple[int, float] | None = None
+        self._beat_fd: int | None = None
 
     def halt(self) -> None:
         self.stopped = True
@@ -241,18 +255,40 @@ class RequestWatcher(threading.Thread):
     def run(self) -> None:
         if self.announce:
             CONTROL.write_ack(listening=True)  # this rank takes requests
-        while True:
-            self.wake.wait(self.INTERVAL_S)
-            self.wake.clear()
-            if self.stopped:
-                return
-            try:
-                self.poll()
-            except Exception as exc:  # a bad request never stops training or the watcher
-                if not self._warned:
-                    self._warned = True
-                    log.warning("mlaunch telemetry: ignoring capture request (%s)", exc)
-            CONTROL.write_ack()
+        try:
+            while True:
+                self.wake.wait(self.INTERVAL_S)
+                self.wake.clear()
+                if self.stopped:
+                    return
+                try:
+                    self.beat()
+                    self.poll()
+                except Exception as exc:  # a bad request never stops training or the watcher
+                    if not self._warned:
+                        self._warned = True
+                        log.warning("mlaunch telemetry: ignoring capture request (%s)", exc)
+                if self.captures:
+                    CONTROL.write_ack()
+        finally:
+            if self._beat_fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(self._beat_fd)
+
+    def beat(self) -> None:
+        """Write the progress beat when the iteration moved: one ``pwrite`` of a fixed-width
+        line into a file opened once (no rename, no new inode: cheap on a shared file system)."""
+        mark = self.mark() if self.mark is not None else None
+        if self.heartbeat is None or mark is None or mark == self._beat:
+            return
+        if self._beat_fd is None:
+            self.heartbeat.parent.mkdir(parents=True, exist_ok=True)
+            self._beat_fd = os.open(self.heartbeat, os.O_WRONLY | os.O_CREAT, 0o644)
+        body = json.dumps(
+            {"rank": self.rank, "iteration": mark[0], "time": mark[1], "pid": os.getpid()}
+        )
+        os.pwrite(self._beat_fd, body.ljust(HEARTBEAT_WIDTH).encode() + b"\n", 0)
+        self._beat = mark
 
     def poll(self) -> None:
         try:
@@ -274,10 +310,18 @@ class RequestWatcher(threading.Thread):
         ranks = request.get("ranks")
         if ranks is not None and self.rank not in ranks:
             return
+        if request.get("trigger", "request") == "hang":
+            if self.on_hang is not None:
+                self.on_hang(rid, bool(request.get("open_spans")))
+            return
         if request.get("recorded"):
             self.on_recorded()
-        if request.get("groups") or request.get("profiler"):
+        if self.captures and (request.get("groups") or request.get("profiler")):
             CONTROL.schedule(parse_capture(request))
+
+
+#: Bytes of a progress beat's JSON (space padded, so a shorter rewrite leaves no stale tail).
+HEARTBEAT_WIDTH = 160
 
 
 def start_watcher(
@@ -291,10 +335,15 @@ def start_watcher(
     exporting: bool,
     announce: bool = True,
     prepare: Callable[[Capture], None] | None = None,
+    captures: bool = True,
+    heartbeat: Path | None = None,
+    mark: Callable[[], tuple[int, float] | None] | None = None,
+    on_hang: Callable[[str, bool], None] | None = None,
 ) -> None:
     """Watch ``run_dir``'s request file for this rank (and write its capture acks there).
     ``announce``: write the ``listening`` ack now (a run that keeps no files, the console or
-    ``none`` exporter, writes acks only once a request came)."""
+    ``none`` exporter, writes acks only once a request came). ``captures`` False (telemetry
+    off): only the progress beat and the hang watchdog's requests."""
     CONTROL.reset()
     CONTROL.rank, CONTROL.run_dir = rank, Path(run_dir)
     CONTROL.prepare = prepare
@@ -312,6 +361,10 @@ def start_watcher(
         started_ns,
         on_recorded,
         announce,
+        captures=captures,
+        heartbeat=heartbeat,
+        mark=mark,
+        on_hang=on_hang,
     )
     CONTROL.watcher = watcher
     watcher.start()

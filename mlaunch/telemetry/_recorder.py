@@ -206,6 +206,9 @@ class Recorder:
         self._lock = threading.Lock()  # a signal-path dump and the loop's never interleave
         self._failed = False
         self._written_open: set[int] = set()
+        #: (iteration, time.time()) of the latest ``telemetry.set_iteration``: the progress beat
+        #: the request watcher writes for the launcher's hang watchdog (one tuple store per step).
+        self.mark: tuple[int, float] | None = None
         #: A trigger another thread asked for, handled at the next iteration boundary.
         self.pending: str | None = None
 
@@ -247,6 +250,7 @@ class Recorder:
     def stop(self) -> None:
         self.active = False
         self.pending = None
+        self.mark = None
         self.current.clear()
         self.ring, self.ring_spans = deque(), 0
 
@@ -315,9 +319,12 @@ class Recorder:
         if not self._lock.acquire(timeout=1.0):
             return 0
         try:
-            spans = [s for _, batch in self.ring for s in batch]
-            spans.extend(self.current)
-            self.current.clear()
+            # Copies first (each one C call under the GIL): a ``hang`` dump runs on the watcher
+            # thread, and a training thread that is not stuck after all may append meanwhile.
+            spans = [s for _, batch in list(self.ring) for s in batch]
+            current = self.current[:]
+            del self.current[: len(current)]
+            spans.extend(current)
             self.ring, self.ring_spans = deque(), 0
             if self._written_open:  # ended since an earlier dump wrote it open: not twice
                 spans = [s for s in spans if s.span_id not in self._written_open]
@@ -397,3 +404,42 @@ def recorder_resource(
         if value is not None and isinstance(value, str | int | float | bool):
             attrs[str(key)] = value
     return attrs
+
+
+def open_span_stacks() -> list[dict[str, Any]]:
+    """Every thread's open spans (outermost first): name, attributes, start, per thread."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out = []
+    for ident, spans in _spans.open_stacks_by_thread():
+        entries = []
+        for entry in spans:
+            start = getattr(entry, "start", None)
+            if not start:  # a coarse span: the SDK span holds its start
+                start = getattr(getattr(entry, "span", None), "start_time", None)
+            attrs = {
+                str(k): v
+                for k, v in dict(getattr(entry, "attributes", None) or {}).items()
+                if isinstance(v, str | int | float | bool)
+            }
+            entries.append({"name": entry.name, "attributes": attrs, "start_ns": start})
+        out.append({"thread": names.get(ident, str(ident)), "thread_id": ident, "spans": entries})
+    return out
+
+
+def write_open_spans(path: Path, rank: int, request_id: str) -> None:
+    """Write this process's open-span stacks for a hang report (atomically: the launcher reads
+    the file once it appears)."""
+    mark = RECORDER.mark
+    body = {
+        "rank": rank,
+        "pid": os.getpid(),
+        "request": request_id,
+        "time_ns": time_ns(),
+        "iteration": mark[0] if mark else None,
+        "iteration_started": mark[1] if mark else None,
+        "threads": open_span_stacks(),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(body) + "\n", encoding="utf-8")
+    os.replace(tmp, path)

@@ -33,6 +33,8 @@ _tls = threading.local()
 _ALL_STACKS: list[list[Any]] = []
 # Re-entrant: shutdown may run from a signal handler that interrupted this very thread.
 _STACKS_LOCK = threading.RLock()
+#: ``id(stack)`` -> the ident of the thread that owns it: a hang report names each stack's thread.
+_STACK_THREADS: dict[int, int] = {}
 
 
 def _new_stack() -> list[Any]:
@@ -40,6 +42,7 @@ def _new_stack() -> list[Any]:
     _tls.stack = stack
     with _STACKS_LOCK:
         _ALL_STACKS.append(stack)
+        _STACK_THREADS[id(stack)] = threading.get_ident()
     return stack
 
 
@@ -332,6 +335,14 @@ def all_open_spans() -> list[Any]:
     for stack in stacks:
         out.extend(reversed(list(stack)))
     return out
+
+
+def open_stacks_by_thread() -> list[tuple[int, list[Any]]]:
+    """``(thread ident, its open spans outermost first)`` for every thread with an open span (a
+    copy: safe to read from another thread while the owner runs on)."""
+    with _STACKS_LOCK:
+        stacks = [(_STACK_THREADS.get(id(s), 0), list(s)) for s in _ALL_STACKS]
+    return [(ident, spans) for ident, spans in stacks if spans]
 
 
 def clear_stacks() -> None:

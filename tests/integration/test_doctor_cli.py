@@ -85,7 +85,7 @@ def test_json_shape_is_pinned() -> None:
     names = [c["name"] for c in data["checks"]]
     for expected in ("python", "torch", "torch import", "gloo", "sampler", "otlp endpoint",
                      "hostname", "rendezvous port", "run directory", "disk space", "slurm",
-                     "kubernetes"):  # fmt: skip
+                     "kubernetes", "hang stacks"):  # fmt: skip
         assert expected in names
     sampler = next(c for c in data["checks"] if c["name"] == "sampler")
     assert sampler["status"] == "fail" and "nope" in sampler["message"]

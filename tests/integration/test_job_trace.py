@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import time
 from pathlib import Path
 
 import pytest
-from support.launch_runs import TIMEOUT_S, clean_env, finish, mlaunch
+from support.launch_runs import TIMEOUT_S, clean_env, finish, free_port, mlaunch
 
 from mlaunch import envcontract as ec
 from mlaunch.model.identity import JOB_UUID, RUN_UUID, run_identity
@@ -144,12 +143,6 @@ def test_sigterm_to_the_launcher_ends_and_writes_the_spans_truncated(tmp_path):
         assert span["attributes"][Attr.SIGNAL] == "SIGTERM"
         assert span["status_code"] == 2 and "SIGTERM" in span["status_message"]
     assert attempt["end_ns"] <= job["end_ns"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_nodes_write_one_trace_with_one_root(tmp_path):

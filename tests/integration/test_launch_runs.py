@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import time
 from pathlib import Path
 
 import pytest
-from support.launch_runs import TIMEOUT_S, clean_env, finish, mlaunch, train_records
+from support.launch_runs import TIMEOUT_S, clean_env, finish, free_port, mlaunch, train_records
 
 from mlaunch.telemetry.otlp_json import read_spans
 
@@ -22,12 +21,6 @@ def the_run_dir(cwd: Path) -> Path:
     runs = list((cwd / "runs").iterdir())
     assert len(runs) == 1, runs
     return runs[0]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_no_arguments_runs_tiny_end_to_end(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -63,3 +64,10 @@ def progress(run_dir: Path) -> list[dict]:
 def train_records(run_dir: Path) -> list[dict]:
     """The training-iteration records (not the evaluation ones)."""
     return [r for r in progress(run_dir) if "loss" in r and "eval_loss" not in r]
+
+
+def free_port() -> int:
+    """A free TCP port on loopback (for a rendezvous endpoint)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -35,6 +35,8 @@ Test controls (environment):
 - ``LENS_WORKER_STOP_FILE``: iterate past ``--train-iters`` until that file exists, then
   ``LENS_WORKER_AFTER_STOP`` (default 3) more iterations, so a test decides when the loop ends
   whatever the machine's load; the report then carries ``iteration`` (the last one started).
+- ``LENS_WORKER_HANG_AT`` / ``LENS_WORKER_HANG_RANK`` (default 0): that rank sleeps for an hour
+  inside that iteration's ``megatron.train.iteration`` span, in the first attempt only (a hang).
 """
 
 from __future__ import annotations
@@ -304,6 +306,8 @@ def main(argv: list[str]) -> int:
     kill_at = int(os.environ.get("LENS_WORKER_KILL_AT", "0"))
     kill_rank = int(os.environ.get("LENS_WORKER_KILL_RANK", "0"))
     fail_at = int(os.environ.get("LENS_WORKER_FAIL_AT", "0"))
+    hang_at = int(os.environ.get("LENS_WORKER_HANG_AT", "0"))
+    hang_rank = int(os.environ.get("LENS_WORKER_HANG_RANK", "0"))
     microbatches = max(
         1, (args.global_batch_size or args.micro_batch_size) // args.micro_batch_size
     )
@@ -398,6 +402,8 @@ def main(argv: list[str]) -> int:
             "step", "megatron.train.iteration", tracer, is_goodput_span=True,
             **{"megatron.iteration": iteration},
         ) as step_span:  # fmt: skip
+            if hang_at == iteration and rank == hang_rank and attempt == "0":
+                time.sleep(3600)  # the hang: a rank stuck inside its iteration
             if first and burst:
                 for _ in range(burst):
                     tracer.start_span("lens_worker.burst").end()

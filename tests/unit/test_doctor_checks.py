@@ -430,3 +430,16 @@ def test_a_crashing_check_becomes_a_failed_result() -> None:
     [result] = _guard("broken", broken)
     assert result.status == "fail"
     assert result.message == "the check itself crashed: RuntimeError: boom"
+
+
+def test_hang_stacks_are_checked_by_reading_a_real_process(monkeypatch) -> None:  # noqa: ANN001
+    from mlaunch.doctor import hang_stacks
+
+    settings = load_settings(environ={})
+    (result,) = hang_stacks.check_hang_stacks(settings)
+    assert result.status == "pass" and "py-spy reads a worker's stacks" in result.message
+    off = load_settings(flags={"launch.hang_timeout": "off"}, environ={})
+    assert hang_stacks.check_hang_stacks(off)[0].message.startswith("the hang watchdog is off")
+    monkeypatch.setattr(hang_stacks, "py_spy", lambda: None)
+    (missing,) = hang_stacks.check_hang_stacks(settings)
+    assert missing.status == "warn" and missing.fix == "pip install py-spy"
