@@ -641,30 +641,37 @@ _TIMING_COLUMNS = ["name", "start_ns", "end_ns", "resource_id", "attributes"]
 _NEEDS_ATTRS = frozenset({"mlaunch.job", "mlaunch.job.attempt"})
 
 
+def _runs(rids: list[int]) -> Iterator[tuple[int, int, int]]:
+    """``(resource id, first row, end row)`` of each run of consecutive rows from one resource:
+    the JSON reader hands out one resource's spans at a time, so the store's readers do too."""
+    n = len(rids)
+    i = 0
+    while i < n:
+        rid = rids[i]
+        j = i + 1
+        while j < n and rids[j] == rid:
+            j += 1
+        yield rid, i, j
+        i = j
+
+
 def _timing_batches(
     batch: Any, resources: dict[int, Resource]
 ) -> Iterator[tuple[Resource, list[dict[str, Any]], bool]]:
     names = batch.column(0).to_pylist()
     starts = batch.column(1).to_pylist()
     ends = batch.column(2).to_pylist()
-    rids = batch.column(3).to_pylist()
     attrs = batch.column(4)
     needs = _NEEDS_ATTRS
-    n = len(rids)
-    i = 0
-    while i < n:
-        rid = rids[i]
-        j = i
+    for rid, i, j in _runs(batch.column(3).to_pylist()):
         spans: list[dict[str, Any]] = []
-        while j < n and rids[j] == rid:
-            name = names[j]
-            s = {"name": name, "startTimeUnixNano": starts[j], "endTimeUnixNano": ends[j]}
-            if name in needs and (a := attrs[j].as_py()) is not None:
+        for k in range(i, j):
+            name = names[k]
+            s = {"name": name, "startTimeUnixNano": starts[k], "endTimeUnixNano": ends[k]}
+            if name in needs and (a := attrs[k].as_py()) is not None:
                 s["attributes"] = _loads(a)
             spans.append(s)
-            j += 1
         yield resources[rid], spans, False
-        i = j
 
 
 def _batches(
@@ -673,38 +680,31 @@ def _batches(
     """Spans as the JSON reader hands them out, grouped into runs of one resource."""
     c = batch.to_pydict()
     loads = _loads
-    rids = c["resource_id"]
-    n = len(rids)
-    i = 0
-    while i < n:
-        rid = rids[i]
-        j = i
+    for rid, i, j in _runs(c["resource_id"]):
         spans: list[dict[str, Any]] = []
         flagged = False
-        while j < n and rids[j] == rid:
+        for k in range(i, j):
             s: dict[str, Any] = {}
-            if (v := c["trace_id"][j]) is not None:
+            if (v := c["trace_id"][k]) is not None:
                 s["traceId"] = v
-            if (v := c["span_id"][j]) is not None:
+            if (v := c["span_id"][k]) is not None:
                 s["spanId"] = v
-            if (v := c["parent_id"][j]) is not None:
+            if (v := c["parent_id"][k]) is not None:
                 s["parentSpanId"] = v
-            s["name"] = c["name"][j]
-            s["startTimeUnixNano"] = c["start_ns"][j]
-            s["endTimeUnixNano"] = c["end_ns"][j]
-            if (v := c["attributes"][j]) is not None:
+            s["name"] = c["name"][k]
+            s["startTimeUnixNano"] = c["start_ns"][k]
+            s["endTimeUnixNano"] = c["end_ns"][k]
+            if (v := c["attributes"][k]) is not None:
                 s["attributes"] = loads(v)
-            if (v := c["events"][j]) is not None:
+            if (v := c["events"][k]) is not None:
                 s["events"] = loads(v)
-            if (v := c["links"][j]) is not None:
+            if (v := c["links"][k]) is not None:
                 s["links"] = loads(v)
-            if (v := c["extra"][j]) is not None:
+            if (v := c["extra"][k]) is not None:
                 s.update(loads(v))
-            flagged = flagged or c["truncated"][j]
+            flagged = flagged or c["truncated"][k]
             spans.append(s)
-            j += 1
         yield resources[rid], spans, flagged
-        i = j
 
 
 @dataclass
