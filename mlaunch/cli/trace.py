@@ -54,7 +54,7 @@ def _open(path: Path, skip_invalid: bool) -> Any:
     from mlaunch.trace.store import open_reader, take_warnings
 
     try:
-        # A run directory with a span store is read through it (trace sql builds it; docs/trace.md).
+        # A run directory is read through its span store, built on first read (docs/trace.md).
         reader = open_reader(path, skip_invalid=skip_invalid)
         for w in take_warnings():
             typer.echo(f"warning: {w}", err=True)

@@ -54,6 +54,7 @@ Standalone like the reader: no telemetry runtime, no OTel SDK.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -696,9 +697,11 @@ def open_store(path: Path, *, build: bool = True) -> Store | None:
         man = build_store(path, reader, base=man if starts is not None else None)
     except OSError as e:
         # A read-only run directory or a full disk: nothing was lost (the JSON stays and the
-        # half-built store was removed); the caller reads the JSON instead.
-        warnings.append(f"{store_dir(path)}: cannot write the span store ({e.strerror or e}); "
-                        "read the OTLP-JSON instead")  # fmt: skip
+        # half-built store was removed); the caller reads the JSON instead. A directory the user
+        # may not write (an archive, someone else's run) is no news: only the rest is warned of.
+        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            warnings.append(f"{store_dir(path)}: cannot write the span store "
+                            f"({e.strerror or e}); read the OTLP-JSON instead")  # fmt: skip
         _pending_warnings.extend(warnings)
         return None
     return Store(path, man, [store_dir(path) / rel for rel in man.parts], warnings)
@@ -716,14 +719,15 @@ def take_warnings() -> list[str]:
 
 
 def open_reader(path: Path, *, skip_invalid: bool = False) -> TraceReader | StoreReader:
-    """The reader for ``path``: the store of a run directory once it has one (brought up to date
-    with what the JSON gained since), else the JSON reader. The store is not built here: building
-    it costs about 5x the JSON decode (benchmarks/trace_read.py), against about 2x for reading
-    the JSON once, so a one-off summary of a JSON-only run would pay more than it saves.
-    ``trace sql`` builds it. ``--skip-invalid`` reads the JSON: a store holds only what a strict
-    read accepts, so it never hides a malformed line from a later strict read."""
+    """The reader for ``path``: a run directory's store, built on its first read and brought up
+    to date with what the JSON gained since; else (a single file, a directory that cannot be
+    written) the JSON reader. Building costs about one JSON decode (the column-wise decoder,
+    benchmarks/trace_read.py), so even a one-off summary of a JSON-only run pays little more
+    than a read of the JSON, and every later command reads Parquet. ``--skip-invalid`` reads the
+    JSON: a store holds only what a strict read accepts, so it never hides a malformed line
+    from a later strict read."""
     if not skip_invalid and path.is_dir():
-        store = open_store(path, build=load_manifest(path) is not None)
+        store = open_store(path)
         if store is not None:
             _pending_warnings.extend(store.warnings)
             return StoreReader(store)

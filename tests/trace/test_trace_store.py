@@ -187,7 +187,8 @@ def test_disk_full_while_building_loses_nothing(
     assert not (run / STORE_DIR).exists()
     assert [p.name for p in run.iterdir() if "store" in p.name] == []  # nothing half-built left
     assert {p: p.read_bytes() for p in (run / "telemetry").iterdir()} == json_before
-    # summary still answers, from the JSON (it builds no store itself), and leaves none behind
+    # summary still answers, from the JSON (its own build meets the full disk too, and warns),
+    # and leaves no store behind
     calls.clear()
     r = invoke_trace("summary", run, "--json")
     assert r.exit_code == 0, r.output
