@@ -266,6 +266,35 @@ def _truncated(kv: Any, kv_span: Any, n: int) -> Any:
     return pa.array(out)
 
 
+#: Rows from which an object column is written per distinct value (below, directly).
+_MEMO_ROWS = 4096
+
+
+def _distinct(a: Any) -> tuple[Any, Any]:
+    """Per row of the struct array ``a`` (of scalar members, or structs of them): the index of
+    its distinct value; and the first row of each distinct value. Each member is hashed
+    (dictionary-encoded, null a value of its own) and its codes folded into the row's code."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def leaves(x: Any) -> list[Any]:
+        if pa.types.is_struct(x.type):
+            return [x.is_valid()] + [leaf for c in x.flatten() for leaf in leaves(c)]
+        return [x]
+
+    codes = np.zeros(len(a), np.int64)
+    for leaf in leaves(a):
+        enc = pc.dictionary_encode(leaf, null_encoding="encode")
+        folded = codes * len(enc.dictionary) + enc.indices.to_numpy().astype(np.int64)
+        codes = pc.dictionary_encode(pa.array(folded)).indices.to_numpy().astype(np.int64)
+    k = int(codes.max()) + 1 if len(codes) else 0
+    first = np.empty(k, np.int64)
+    rows = np.arange(len(a), dtype=np.int64)
+    first[codes[::-1]] = rows[::-1]  # repeated indices: the last write, the first row, wins
+    return codes, first
+
+
 def _nonempty(lists: Any, escaped: bool) -> Any:
     """A list column as JSON text; None where the list is absent or empty (as the reader's
     columns have it)."""
@@ -278,11 +307,13 @@ def _nonempty(lists: Any, escaped: bool) -> Any:
     )  # fmt: skip
 
 
-def _text(a: Any, escaped: bool, pre: str = "", post: str = "") -> Any:
+def _text(a: Any, escaped: bool, pre: str = "", post: str = "", *, memo: bool = True) -> Any:
     """Each value of ``a`` as JSON text between ``pre`` and ``post`` (null where it is null):
     strings quoted, numbers as decimal (a double keeps a fraction or exponent, so it decodes back
     to a float), objects with their members that are not null, lists with their elements. Each
-    level is one or two passes of a string kernel: the cost is the columns', not the spans'."""
+    level is one or two passes of a string kernel: the cost is the columns', not the spans'. An
+    object column of few distinct values (the attribute entries, ``extra``) is written once per
+    distinct value and copied: hashing its members is cheaper than building its text."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -307,6 +338,12 @@ def _text(a: Any, escaped: bool, pre: str = "", post: str = "") -> Any:
     if pa.types.is_boolean(t):
         return pc.if_else(a, pre + "true" + post, pre + "false" + post)
     if pa.types.is_struct(t):
+        if memo and len(a) >= _MEMO_ROWS:
+            codes, first = _distinct(a)
+            if len(first) * 4 <= len(a):  # text for each distinct value once, then copies
+                return _text(a.take(pa.array(first)), escaped, pre, post, memo=False).take(
+                    pa.array(codes)
+                )
         children = [(n, c) for n, c in zip(t.names, a.flatten(), strict=True)
                     if c.null_count < len(c)]  # fmt: skip
         if t == _VALUE:  # a oneof: one member at most, so no separators to place
