@@ -260,3 +260,30 @@ def test_percentiles_in_buckets_equal_the_one_scan(
     expected = summarize(TraceReader.open(run)).to_json()
     monkeypatch.setattr(ss, "QUANTILE_BUCKET", 300)
     assert_same(expected, ss.summarize_store(open_store(run)).to_json())
+
+
+@pytest.mark.parametrize("bucket", [None, 5])
+def test_a_name_written_both_ways_is_summarised_as_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bucket: int | None
+) -> None:
+    """Old and new traces in one run (the store groups on the stored names, then merges an older
+    trace's documented name into the code name): the same summary as the JSON reader's, in one
+    scan and in buckets."""
+    import mlaunch.trace.store_summary as ss
+
+    run = hand_example()[0].write_run_dir(tmp_path / "run")
+    old = hand_example(legacy=True)[0].write_run_dir(tmp_path / "old")
+    for f in (old / "telemetry").glob("traces-rank*.jsonl"):
+        with open(run / "telemetry" / f.name, "a") as out:
+            out.write(f.read_text())
+    expected = summarize(TraceReader.open(run)).to_json()
+    if bucket is not None:
+        monkeypatch.setattr(ss, "QUANTILE_BUCKET", bucket)
+    got = ss.summarize_store(open_store(run)).to_json()
+    assert_same(expected, got)
+    from mlaunch.model.spans import ALIASES, STEP_SPAN
+
+    assert not {s["name"] for s in got["spans"]} & set(ALIASES)  # merged into the code names
+    alone = summarize(TraceReader.open(old)).to_json()["spans"]
+    step = next(s["count"] for s in alone if s["name"] == STEP_SPAN)
+    assert next(s["count"] for s in got["spans"] if s["name"] == STEP_SPAN) == 2 * step
