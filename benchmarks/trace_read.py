@@ -92,7 +92,8 @@ def _child(what: str, run_s: str) -> None:
     if what == "decode":  # the floor, as a whole process: no pyarrow, no DuckDB
         _timed(what, lambda: _decode_only(run, orjson.loads), None)
         return
-    from mlaunch.trace.store import StoreReader, open_store, run_sql
+    from mlaunch.trace.store import open_store, run_sql
+    from mlaunch.trace.store_goodput import goodput_store as goodput_of_store
     from mlaunch.trace.store_summary import summarize_store
 
     def first_read() -> int:
@@ -104,9 +105,9 @@ def _child(what: str, run_s: str) -> None:
         return sum(s.count for s in summarize_store(open_store(run, build=False)).spans)
 
     def goodput_store() -> int:
-        r = StoreReader(open_store(run, build=False), timing_only=True)
-        goodput(r)
-        return r.stats.spans
+        store = open_store(run, build=False)
+        goodput_of_store(store)
+        return store.manifest.spans
 
     def sql_count() -> int:
         res = run_sql(open_store(run, build=False), "SELECT name, count(*) FROM spans GROUP BY 1")

@@ -289,10 +289,11 @@ def goodput_cmd(
     """
     from mlaunch.trace.goodput import goodput
     from mlaunch.trace.store import StoreReader
+    from mlaunch.trace.store_goodput import goodput_store
 
     def compute(reader: Any) -> Any:
-        if isinstance(reader, StoreReader):  # goodput needs only names and times
-            reader = StoreReader(reader.store, timing_only=True)
+        if isinstance(reader, StoreReader):  # a few queries instead of a span loop
+            return goodput_store(reader.store)
         return goodput(reader)
 
     _show(path, skip_invalid, compute, as_json, _render_goodput)

@@ -106,6 +106,7 @@ def test_the_span_store_reads_the_real_run_as_the_json_reader(
     from mlaunch.trace.goodput import goodput
     from mlaunch.trace.reader import TraceReader
     from mlaunch.trace.store import StoreReader, open_store
+    from mlaunch.trace.store_goodput import goodput_store
     from mlaunch.trace.store_summary import summarize_store
     from mlaunch.trace.summary import summarize
 
@@ -116,6 +117,7 @@ def test_the_span_store_reads_the_real_run_as_the_json_reader(
     assert_same(goodput(TraceReader.open(run)).to_json(), goodput(StoreReader(store)).to_json())
     fast = goodput(StoreReader(store, timing_only=True)).to_json()
     assert_same(goodput(TraceReader.open(run)).to_json(), fast)
+    assert_same(goodput(TraceReader.open(run)).to_json(), goodput_store(store).to_json())
 
 
 def test_a_store_of_the_receivers_files_equals_the_store_of_the_workers_files(

@@ -25,6 +25,7 @@ from mlaunch.trace.store import (
     open_store,
     take_warnings,
 )
+from mlaunch.trace.store_goodput import goodput_store
 from mlaunch.trace.store_summary import summarize_store
 from mlaunch.trace.summary import summarize
 
@@ -55,6 +56,7 @@ def test_old_and_new_readers_agree_on_every_synthetic_trace(tmp_path: Path) -> N
         assert_same(old_sum, summarize_store(store).to_json(), str(run))
         assert_same(old_gp, goodput(StoreReader(store)).to_json(), str(run))
         assert_same(old_gp, goodput(StoreReader(store, timing_only=True)).to_json(), str(run))
+        assert_same(old_gp, goodput_store(store).to_json(), str(run))
         assert old_chrome == _export(StoreReader(store), tmp_path / "new.json")
         # and through the CLI (which now reads the store), the JSON the user sees
         r = invoke_trace("summary", run, "--json")

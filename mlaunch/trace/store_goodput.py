@@ -1,0 +1,106 @@
+"""``mlaunch trace goodput`` on the span store: the streaming aggregator's state
+(:class:`~mlaunch.trace.goodput.GoodputAggregator`) filled by a few DuckDB queries instead of a
+loop over every span, then the same :meth:`~mlaunch.trace.goodput.GoodputAggregator.finish`.
+
+What goodput reads of a span is its name and times: the extents come from one aggregate per
+resource, and only the spans goodput keeps (steps: 16 bytes each, the rare phase spans, the
+launcher's job spans) leave DuckDB, as arrays. Every use of those lists in ``finish`` is
+independent of their order, and they are fetched in read order anyway.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+from orjson import loads
+
+from mlaunch.model.spans import ALIASES, ResourceAttr
+from mlaunch.trace.goodput import (
+    _INCARNATION_KEYS,
+    _LAUNCHER,
+    _STEP,
+    _TRACKED,
+    GoodputAggregator,
+    GoodputReport,
+    _RankState,
+)
+from mlaunch.trace.store import Store
+
+
+def _names(canon: frozenset[str] | set[str]) -> list[str]:
+    """The stored names the stream reads as one of ``canon`` (its rule: the alias table's name,
+    else the name as written): the code names and older traces' documented ones."""
+    return sorted(n for n in {*canon, *ALIASES} if ALIASES.get(n, n) in canon)
+
+
+def goodput_store(store: Store) -> GoodputReport:
+    """The goodput of the store's spans. Raises ``TraceInputError`` for a store without spans."""
+    from mlaunch.trace.store import StoreReader
+    from mlaunch.trace.summary import no_spans_error
+
+    launcher_names = sorted(_LAUNCHER)
+    con = store.connect()
+    try:
+        res = con.execute(
+            "SELECT resource_id, rank, launcher, attributes FROM resources ORDER BY resource_id"
+        ).fetchall()
+        extents = con.execute(
+            "SELECT resource_id, min(start_ns), max(end_ns) FROM spans"
+            " WHERE name NOT IN (SELECT unnest(?::VARCHAR[])) GROUP BY resource_id",
+            [launcher_names],
+        ).fetchall()
+        job_spans = con.execute(
+            "SELECT name, start_ns, end_ns, attributes FROM spans"
+            " WHERE name IN (SELECT unnest(?::VARCHAR[]))",
+            [launcher_names],
+        ).fetchall()
+        # Every span of a worker resource that goodput keeps (the launcher's own ones: above).
+        worker = "resource_id IN (SELECT resource_id FROM resources WHERE NOT launcher)"
+        steps = con.execute(
+            f"SELECT rank, start_ns, end_ns FROM spans WHERE {worker}"
+            " AND name IN (SELECT unnest(?::VARCHAR[]))",
+            [_names({_STEP})],
+        ).fetchnumpy()
+        tracked = con.execute(
+            f"SELECT rank, name, start_ns, end_ns FROM spans WHERE {worker}"
+            " AND name IN (SELECT unnest(?::VARCHAR[]))",
+            [_names(_TRACKED)],
+        ).fetchall()
+    finally:
+        con.close()
+
+    agg = GoodputAggregator()
+    for name, start, end, attrs in job_spans:
+        s = {"name": name} if attrs is None else {"name": name, "attributes": loads(attrs)}
+        agg._launcher_span(s, start, end)
+    resources = {rid: (rank, launcher, loads(a)) for rid, rank, launcher, a in res}
+    extent = {rid: (lo, hi) for rid, lo, hi in extents}
+    # A rank's state is made by its first resource in read order (its host), as the stream has it.
+    for rid, (rank, launcher, attrs) in resources.items():
+        if launcher:
+            continue
+        st = agg.ranks.get(rank)
+        if st is None:
+            host = attrs.get(ResourceAttr.HOST_NAME)
+            st = agg.ranks[rank] = _RankState(None if host is None else str(host))
+        if rid not in extent:
+            continue
+        lo, hi = extent[rid]
+        key = next((str(attrs[k]) for k in _INCARNATION_KEYS if k in attrs), "")
+        ext = st.incarnations.get(key)
+        if ext is None:
+            st.incarnations[key] = [lo, hi]
+        else:
+            ext[0], ext[1] = min(ext[0], lo), max(ext[1], hi)
+        st.lo, st.hi = min(st.lo, lo), max(st.hi, hi)
+    ranks, starts, ends = steps["rank"], steps["start_ns"], steps["end_ns"]
+    for r in sorted(set(ranks.tolist())):
+        mine = ranks == r
+        st = agg.ranks[int(r)]
+        st.step_starts = array("q", starts[mine].tolist())
+        st.step_ends = array("q", ends[mine].tolist())
+    for rank, name, start, end in tracked:
+        agg.ranks[rank].spans.setdefault(ALIASES.get(name, name), []).append((start, end))
+    if not any(st.hi >= st.lo for st in agg.ranks.values()):
+        raise no_spans_error(StoreReader(store))  # type: ignore[arg-type]
+    return agg.finish()
