@@ -508,6 +508,56 @@ def build_store(
     return man
 
 
+#: Parts a rank may have beyond the fewest its rows need before the store is compacted: each
+#: append of a live run adds a small part per rank, and a reader opens every part.
+MAX_EXTRA_PARTS = 8
+
+
+def _fragmented(run_dir: Path, man: Manifest) -> bool:
+    """Whether appends left some rank with many more parts than its rows need."""
+    import pyarrow.parquet as pq
+
+    per_rank: dict[int, list[str]] = {}
+    for rel in man.parts:
+        per_rank.setdefault(_part_rank(rel), []).append(rel)
+    if all(len(v) <= MAX_EXTRA_PARTS + 1 for v in per_rank.values()):
+        return False  # cheap: no part's footer read
+    for v in per_rank.values():
+        rows = sum(pq.read_metadata(store_dir(run_dir) / rel).num_rows for rel in v)
+        if len(v) > -(-rows // SEGMENT_ROWS) + MAX_EXTRA_PARTS:
+            return True
+    return False
+
+
+def compact_store(run_dir: Path, man: Manifest, *, segment_rows: int = SEGMENT_ROWS) -> Manifest:
+    """Rewrite the store's parts, in read order, ``segment_rows`` rows a part (a live run's
+    appends leave many small ones). Built beside the store and swapped in whole, manifest last,
+    as a full build is: an interruption or a full disk leaves the store as it was. Memory: one
+    part's rows."""
+    import pyarrow.parquet as pq
+
+    final = store_dir(run_dir)
+    tmp = run_dir / f".{STORE_DIR}.new"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        parts = _Parts(tmp, [], segment_rows)
+        for rel in man.parts:
+            parts.add_table(_part_rank(rel), pq.ParquetFile(final / rel).read())
+        parts.flush()
+        shutil.copyfile(final / "resources.parquet", tmp / "resources.parquet")
+        out = Manifest(**{**asdict(man), "parts": parts.parts})
+        (tmp / MANIFEST).write_text(json.dumps(asdict(out)))
+        old = run_dir / f".{STORE_DIR}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
 def _part_rank(rel: str) -> int:
     return int(rel.split("/")[1].removeprefix("rank="))
 
@@ -695,6 +745,8 @@ def open_store(path: Path, *, build: bool = True) -> Store | None:
     reader = TraceReader(files, starts=starts)
     try:
         man = build_store(path, reader, base=man if starts is not None else None)
+        if starts is not None and _fragmented(path, man):
+            man = compact_store(path, man)
     except OSError as e:
         # A read-only run directory or a full disk: nothing was lost (the JSON stays and the
         # half-built store was removed); the caller reads the JSON instead. A directory the user

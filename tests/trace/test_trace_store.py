@@ -126,6 +126,40 @@ def test_a_live_run_is_read_with_what_was_written_since(tmp_path: Path) -> None:
     assert goodput(StoreReader(store)).to_json() == goodput(TraceReader.open(run)).to_json()
 
 
+def test_a_live_runs_many_appends_are_compacted(tmp_path: Path) -> None:
+    """Read after every flush of a live run: each read appends a small part per rank; past
+    MAX_EXTRA_PARTS extra parts the store is rewritten, a part per SEGMENT_ROWS, rows unchanged."""
+    from mlaunch.trace.store import MAX_EXTRA_PARTS
+
+    run = tmp_path / "run"
+    write_realistic_run(run, ranks=2, steps=10, pp=1, batch=20)
+    files = sorted((run / "telemetry").glob("traces-rank*.jsonl"))
+    full = {f: f.read_bytes().splitlines(keepends=True) for f in files}
+    counts = []
+    for i in range(1, MAX_EXTRA_PARTS + 4):
+        for f in files:  # the run has written i lines of each rank so far
+            f.write_bytes(b"".join(full[f][:i]))
+        store = open_store(run)
+        assert store is not None
+        counts.append(len(store.parts))
+    assert max(counts) > 2 * MAX_EXTRA_PARTS  # the appends did fragment it
+    assert counts[-1] < max(counts)  # and it was compacted
+    for f in files:
+        f.write_bytes(b"".join(full[f]))
+    store = open_store(run)
+    assert_same(summarize(TraceReader.open(run)).to_json(), summarize_store(store).to_json())
+    rows = [r for p in store.parts for r in pq_rows(p)]
+    fresh = tmp_path / "fresh"
+    write_realistic_run(fresh, ranks=2, steps=10, pp=1, batch=20)
+    assert rows == [r for p in open_store(fresh).parts for r in pq_rows(p)]
+
+
+def pq_rows(part: Path) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    return [{**r, "rank": part.parent.name} for r in pq.ParquetFile(part).read().to_pylist()]
+
+
 def test_a_malformed_line_appended_to_a_live_run_names_its_line(tmp_path: Path) -> None:
     run = tmp_path / "run"
     write_realistic_run(run, ranks=2, steps=4, pp=1)
