@@ -325,21 +325,29 @@ def _first_steps(
     ``megatron.pretrain``) start, or the rank's earliest."""
     if not steps:
         return []
+    # Sorted once, each window is a bisection (a run of many restarts has many windows; a scan
+    # of every step per window was quadratic). The smallest step of a window is the first one
+    # in this order that it holds.
+    ordered = sorted(steps)
     firsts = spans.get(_FIRST)
     if firsts:
         out = []
         for fs, fe in firsts:
-            inside = [(s, e) for s, e in steps if s >= fs and e <= fe]
-            if inside:
-                out.append(min(inside))
+            for i in range(bisect_left(ordered, (fs, -(2**63))), len(ordered)):
+                s, e = ordered[i]
+                if s > fe:
+                    break
+                if e <= fe:
+                    out.append((s, e))
+                    break
         return out
     starts = sorted(s for s, _ in spans.get(_STARTUP) or spans.get(_PRETRAIN) or []) or [lo]
     out = []
     for i, ps in enumerate(starts):
         pe = starts[i + 1] if i + 1 < len(starts) else 2**63
-        inside = [(s, e) for s, e in steps if ps <= s < pe]
-        if inside:
-            out.append(min(inside))
+        j = bisect_left(ordered, (ps, -(2**63)))
+        if j < len(ordered) and ordered[j][0] < pe:
+            out.append(ordered[j])
     return out
 
 

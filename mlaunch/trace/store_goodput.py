@@ -33,38 +33,37 @@ def _names(canon: frozenset[str] | set[str]) -> list[str]:
     return sorted(n for n in {*canon, *ALIASES} if ALIASES.get(n, n) in canon)
 
 
+def _in(names: list[str]) -> str:
+    return ", ".join("'" + n.replace("'", "''") + "'" for n in names)
+
+
 def goodput_store(store: Store) -> GoodputReport:
     """The goodput of the store's spans. Raises ``TraceInputError`` for a store without spans."""
     from mlaunch.trace.store import StoreReader
     from mlaunch.trace.summary import no_spans_error
 
-    launcher_names = sorted(_LAUNCHER)
+    launcher_names = _in(sorted(_LAUNCHER))
     con = store.connect()
     try:
         res = con.execute(
             "SELECT resource_id, rank, launcher, attributes FROM resources ORDER BY resource_id"
         ).fetchall()
+        # Literal lists, not subqueries: constant filters DuckDB pushes into the Parquet scan.
         extents = con.execute(
             "SELECT resource_id, min(start_ns), max(end_ns) FROM spans"
-            " WHERE name NOT IN (SELECT unnest(?::VARCHAR[])) GROUP BY resource_id",
-            [launcher_names],
+            f" WHERE name NOT IN ({launcher_names}) GROUP BY resource_id"
         ).fetchall()
         job_spans = con.execute(
-            "SELECT name, start_ns, end_ns, attributes FROM spans"
-            " WHERE name IN (SELECT unnest(?::VARCHAR[]))",
-            [launcher_names],
+            f"SELECT name, start_ns, end_ns, attributes FROM spans WHERE name IN ({launcher_names})"
         ).fetchall()
         # Every span of a worker resource that goodput keeps (the launcher's own ones: above).
-        worker = "resource_id IN (SELECT resource_id FROM resources WHERE NOT launcher)"
+        workers = ", ".join(str(rid) for rid, _, launcher, _ in res if not launcher) or "NULL"
+        keep = f"resource_id IN ({workers}) AND name IN"
         steps = con.execute(
-            f"SELECT rank, start_ns, end_ns FROM spans WHERE {worker}"
-            " AND name IN (SELECT unnest(?::VARCHAR[]))",
-            [_names({_STEP})],
+            f"SELECT rank, start_ns, end_ns FROM spans WHERE {keep} ({_in(_names({_STEP}))})"
         ).fetchnumpy()
         tracked = con.execute(
-            f"SELECT rank, name, start_ns, end_ns FROM spans WHERE {worker}"
-            " AND name IN (SELECT unnest(?::VARCHAR[]))",
-            [_names(_TRACKED)],
+            f"SELECT rank, name, start_ns, end_ns FROM spans WHERE {keep} ({_in(_names(_TRACKED))})"
         ).fetchall()
     finally:
         con.close()
