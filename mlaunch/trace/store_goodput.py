@@ -14,16 +14,9 @@ from array import array
 
 from orjson import loads
 
-from mlaunch.model.spans import ALIASES, ResourceAttr
-from mlaunch.trace.goodput import (
-    _INCARNATION_KEYS,
-    _LAUNCHER,
-    _STEP,
-    _TRACKED,
-    GoodputAggregator,
-    GoodputReport,
-    _RankState,
-)
+from mlaunch.model.spans import ALIASES, STEP_SPAN
+from mlaunch.trace.goodput import LAUNCHER_SPANS, TRACKED, GoodputAggregator, GoodputReport
+from mlaunch.trace.reader import Resource
 from mlaunch.trace.store import Store
 
 
@@ -42,7 +35,7 @@ def goodput_store(store: Store) -> GoodputReport:
     from mlaunch.trace.store import StoreReader
     from mlaunch.trace.summary import no_spans_error
 
-    launcher_names = _in(sorted(_LAUNCHER))
+    launcher_names = _in(sorted(LAUNCHER_SPANS))
     con = store.connect()
     try:
         res = con.execute(
@@ -60,10 +53,10 @@ def goodput_store(store: Store) -> GoodputReport:
         workers = ", ".join(str(rid) for rid, _, launcher, _ in res if not launcher) or "NULL"
         keep = f"resource_id IN ({workers}) AND name IN"
         steps = con.execute(
-            f"SELECT rank, start_ns, end_ns FROM spans WHERE {keep} ({_in(_names({_STEP}))})"
+            f"SELECT rank, start_ns, end_ns FROM spans WHERE {keep} ({_in(_names({STEP_SPAN}))})"
         ).fetchnumpy()
         tracked = con.execute(
-            f"SELECT rank, name, start_ns, end_ns FROM spans WHERE {keep} ({_in(_names(_TRACKED))})"
+            f"SELECT rank, name, start_ns, end_ns FROM spans WHERE {keep} ({_in(_names(TRACKED))})"
         ).fetchall()
     finally:
         con.close()
@@ -71,27 +64,15 @@ def goodput_store(store: Store) -> GoodputReport:
     agg = GoodputAggregator()
     for name, start, end, attrs in job_spans:
         s = {"name": name} if attrs is None else {"name": name, "attributes": loads(attrs)}
-        agg._launcher_span(s, start, end)
-    resources = {rid: (rank, launcher, loads(a)) for rid, rank, launcher, a in res}
+        agg.launcher_span(s, start, end)
     extent = {rid: (lo, hi) for rid, lo, hi in extents}
-    # A rank's state is made by its first resource in read order (its host), as the stream has it.
-    for rid, (rank, launcher, attrs) in resources.items():
+    for rid, rank, launcher, attrs in res:  # in read order, as the stream meets them
         if launcher:
             continue
-        st = agg.ranks.get(rank)
-        if st is None:
-            host = attrs.get(ResourceAttr.HOST_NAME)
-            st = agg.ranks[rank] = _RankState(None if host is None else str(host))
-        if rid not in extent:
-            continue
-        lo, hi = extent[rid]
-        key = next((str(attrs[k]) for k in _INCARNATION_KEYS if k in attrs), "")
-        ext = st.incarnations.get(key)
-        if ext is None:
-            st.incarnations[key] = [lo, hi]
-        else:
-            ext[0], ext[1] = min(ext[0], lo), max(ext[1], hi)
-        st.lo, st.hi = min(st.lo, lo), max(st.hi, hi)
+        r = Resource(loads(attrs), rank)
+        st = agg.state(r)
+        if rid in extent:
+            agg.widen(st, r, *extent[rid])
     ranks, starts, ends = steps["rank"], steps["start_ns"], steps["end_ns"]
     for r in sorted(set(ranks.tolist())):
         mine = ranks == r
