@@ -105,6 +105,11 @@ def parse(data: bytes, lines: int) -> Chunk | None:
     import pyarrow.compute as pc
     import pyarrow.json as pj
 
+    if not data.isascii():  # (a check that costs about nothing for the usual ASCII lines)
+        try:
+            data.decode("utf-8")  # pyarrow keeps bytes that are no UTF-8; the reader refuses them
+        except UnicodeDecodeError:
+            return None
     try:
         table = pj.read_json(
             pa.BufferReader(data),

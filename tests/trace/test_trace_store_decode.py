@@ -220,3 +220,19 @@ def test_a_malformed_span_is_named_by_the_readers_message(tmp_path: Path) -> Non
     assert messages[0] == messages[1]
     assert f"{path}:3: malformed span: a span without a 'name'" in messages[0]
     assert not (run / STORE_DIR).exists()
+
+
+def test_bytes_that_are_no_utf8_are_refused_as_the_reader_refuses_them(tmp_path: Path) -> None:
+    """pyarrow's parser keeps such bytes in a string; the reader calls the line invalid JSON."""
+    run = tmp_path / "run"
+    write_realistic_run(run, ranks=1, steps=2, pp=1, batch=5)
+    path = run / "telemetry" / "traces-rank0.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[1] = lines[1].replace(b"megatron.", b"megatron\xff.", 1)
+    path.write_bytes(b"".join(lines))
+    messages = []
+    for columnar in (True, False):
+        with pytest.raises(TraceInputError) as e:
+            build_store(run, TraceReader.open(run), columnar=columnar)
+        messages.append(e.value.render())
+    assert messages[0] == messages[1] and f"{path}:2: not valid JSON" in messages[0]
