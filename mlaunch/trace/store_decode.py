@@ -73,8 +73,9 @@ def json_schema() -> Any:
                            ("droppedAttributesCount", i64)])  # fmt: skip
         scope_spans = pa.struct([("scope", scope), ("spans", pa.list_(span)), ("schemaUrl", s)])
         resource = pa.struct([("attributes", kvs), ("droppedAttributesCount", i64)])
-        resource_spans = pa.struct([("resource", resource),
-                                    ("scopeSpans", pa.list_(scope_spans)), ("schemaUrl", s)])  # fmt: skip
+        resource_spans = pa.struct(
+            [("resource", resource), ("scopeSpans", pa.list_(scope_spans)), ("schemaUrl", s)]
+        )
         _SCHEMA = pa.schema([("resourceSpans", pa.list_(resource_spans))])
     return _SCHEMA
 
@@ -145,8 +146,9 @@ def _flat(lists: Any) -> Any:
 
 def span_table(chunk: Chunk, resource_ids: Any, nodes: list[str | None], schema: Any) -> Any:
     """The chunk's spans as a table of ``schema`` (the store's span schema less ``rank``, the
-    partition key); ``resource_ids`` and ``nodes`` are per ``resourceSpans`` entry. None when a span is one the
-    reader refuses (no name, a time that is no integer...): the reader then reads the chunk."""
+    partition key); ``resource_ids`` and ``nodes`` are per ``resourceSpans`` entry. None when a
+    span is one the reader refuses (no name, a time that is no integer...): the reader then
+    reads the chunk."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc

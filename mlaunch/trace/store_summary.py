@@ -1,7 +1,8 @@
 """``mlaunch trace summary`` on the span store: the same :class:`~mlaunch.trace.summary.Summary`
 as the streaming reader, computed by vectorised DuckDB aggregates over the Parquet parts, grouped
-on the stored names (memory bounded by DuckDB's limit, not by the trace). Percentiles are DuckDB's ``quantile_cont``,
-the same linear interpolation between closest ranks as :func:`mlaunch.trace.stats.percentile`.
+on the stored names (memory bounded by DuckDB's limit, not by the trace). Percentiles are
+DuckDB's ``quantile_cont``, the same linear interpolation between closest ranks as
+:func:`mlaunch.trace.stats.percentile`.
 """
 
 from __future__ import annotations

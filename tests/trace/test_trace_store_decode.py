@@ -160,8 +160,9 @@ def test_hard_values_and_lines_left_to_the_reader_give_the_readers_store(
     odd_int = _span("n", "06" * 8, 1, 2, attributes=[{"key": "k", "value": {"intValue": 5}}])
     array = _span("a", "07" * 8, 1, 2, attributes=encode_attributes({"xs": [1, "two"]}))
     control = _span("c", "08" * 8, 1, 2, attributes=encode_attributes({"s": "bell\x07"}))
+    old_scope = {"instrumentationLibrarySpans": [{"spans": [_span("i", "09" * 8, 1, 2)]}]}
     ils = json.dumps({"resourceSpans": [{"resource": {"attributes": encode_attributes(res2)},
-                      "instrumentationLibrarySpans": [{"spans": [_span("i", "09" * 8, 1, 2)]}]}]})  # fmt: skip
+                                         **old_scope}]})  # fmt: skip
     # rank 0: the hard values (column-wise), a metric line, a blank line, a torn last line
     lines0 = [request_line(res0, hard[:3]), json.dumps({"resourceMetrics": []}), "",
               request_line(res0, hard[3:])]  # fmt: skip
