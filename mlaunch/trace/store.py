@@ -887,32 +887,44 @@ def _timing_batches(
 def _batches(
     batch: Any, resources: dict[int, Resource]
 ) -> Iterator[tuple[Resource, list[dict[str, Any]], bool]]:
-    """Spans as the JSON reader hands them out, grouped into runs of one resource."""
+    """Spans as the JSON reader hands them out, grouped into runs of one resource. An attribute
+    list or ``extra`` text repeated in the batch (most are: the part stores them dictionary-
+    encoded) is decoded once: each span gets its own list of the same entries, to read."""
     c = batch.to_pydict()
     loads = _loads
+    tid, sid, pid, names = c["trace_id"], c["span_id"], c["parent_id"], c["name"]
+    starts, ends, trunc = c["start_ns"], c["end_ns"], c["truncated"]
+    attrs, events, links, extra = c["attributes"], c["events"], c["links"], c["extra"]
+    decoded: dict[str, Any] = {}
     for rid, i, j in _runs(c["resource_id"]):
         spans: list[dict[str, Any]] = []
         flagged = False
         for k in range(i, j):
             s: dict[str, Any] = {}
-            if (v := c["trace_id"][k]) is not None:
+            if (v := tid[k]) is not None:
                 s["traceId"] = v
-            if (v := c["span_id"][k]) is not None:
+            if (v := sid[k]) is not None:
                 s["spanId"] = v
-            if (v := c["parent_id"][k]) is not None:
+            if (v := pid[k]) is not None:
                 s["parentSpanId"] = v
-            s["name"] = c["name"][k]
-            s["startTimeUnixNano"] = c["start_ns"][k]
-            s["endTimeUnixNano"] = c["end_ns"][k]
-            if (v := c["attributes"][k]) is not None:
-                s["attributes"] = loads(v)
-            if (v := c["events"][k]) is not None:
+            s["name"] = names[k]
+            s["startTimeUnixNano"] = starts[k]
+            s["endTimeUnixNano"] = ends[k]
+            if (v := attrs[k]) is not None:
+                a = decoded.get(v)
+                if a is None:
+                    a = decoded[v] = loads(v)
+                s["attributes"] = list(a)
+            if (v := events[k]) is not None:
                 s["events"] = loads(v)
-            if (v := c["links"][k]) is not None:
+            if (v := links[k]) is not None:
                 s["links"] = loads(v)
-            if (v := c["extra"][k]) is not None:
-                s.update(loads(v))
-            flagged = flagged or c["truncated"][k]
+            if (v := extra[k]) is not None:
+                x = decoded.get(v)
+                if x is None:
+                    x = decoded[v] = loads(v)
+                s.update(x)
+            flagged = flagged or trunc[k]
             spans.append(s)
         yield resources[rid], spans, flagged
 
