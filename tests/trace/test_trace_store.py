@@ -323,3 +323,27 @@ def test_a_name_written_both_ways_is_summarised_as_one(
     alone = summarize(TraceReader.open(old)).to_json()["spans"]
     step = next(s["count"] for s in alone if s["name"] == STEP_SPAN)
     assert next(s["count"] for s in got["spans"] if s["name"] == STEP_SPAN) == 2 * step
+
+
+def test_a_run_directory_the_user_may_not_write_is_read_as_json_without_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Someone else's run or an archive (the store cannot be written there: EACCES): the command
+    answers from the JSON, says nothing about the store, and leaves nothing behind. (Simulated:
+    the tests run as root, whom permissions do not stop.)"""
+    import mlaunch.trace.store as st
+
+    run = tmp_path / "run"
+    write_realistic_run(run, ranks=2, steps=5, pp=1)
+    expected = summarize(TraceReader.open(run)).to_json()
+
+    def refused(run_dir: Path, reader: Any, **kw: Any) -> Any:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(st, "build_store", refused)
+    take_warnings()
+    r = invoke_trace("summary", run, "--json")
+    assert r.exit_code == 0, r.output
+    assert_same(expected, json.loads(r.stdout))
+    assert "warning" not in r.stderr and take_warnings() == []
+    assert not (run / STORE_DIR).exists()
