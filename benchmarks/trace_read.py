@@ -18,7 +18,9 @@ span with attributes), then times, in one process:
   that only decodes with orjson, run before and after it: their ratio (A/A) is printed beside
   it, the noise of the machine the ratio is read against (``--repeat N`` runs the trio N times).
 
-Run: ``python benchmarks/trace_read.py [--spans 1000000] [--no-export] [--no-store]``
+Run: ``python benchmarks/trace_read.py [--spans 1000000] [--no-json] [--no-export] [--no-store]
+[--repeat N]``; ``--store-only --spans 100000000`` for the store passes at 10^8 spans (generated
+straight into the store: no JSON).
 """
 
 from __future__ import annotations
