@@ -54,7 +54,7 @@ def _open(path: Path, skip_invalid: bool) -> Any:
     from mlaunch.trace.store import open_reader, take_warnings
 
     try:
-        # A run directory with a span store is read through it (trace sql builds it; docs/trace.md).
+        # A run directory is read through its span store, built on first read (docs/trace.md).
         reader = open_reader(path, skip_invalid=skip_invalid)
         for w in take_warnings():
             typer.echo(f"warning: {w}", err=True)
@@ -298,10 +298,11 @@ def goodput_cmd(
     """
     from mlaunch.trace.goodput import goodput
     from mlaunch.trace.store import StoreReader
+    from mlaunch.trace.store_goodput import goodput_store
 
     def compute(reader: Any) -> Any:
-        if isinstance(reader, StoreReader):  # goodput needs only names and times
-            reader = StoreReader(reader.store, timing_only=True)
+        if isinstance(reader, StoreReader):  # a few queries instead of a span loop
+            return goodput_store(reader.store)
         return goodput(reader)
 
     _show(path, skip_invalid, compute, as_json, _render_goodput)

@@ -75,9 +75,10 @@ _SAVE = SpanName.CHECKPOINT_SAVE.value
 _EVAL = SpanName.EVALUATE.value
 _JOB = SpanName.JOB.value
 _ATTEMPT = SpanName.JOB_ATTEMPT.value
-_LAUNCHER = frozenset({SpanName.JOB.value, SpanName.JOB_ATTEMPT.value})
-#: Names whose intervals are kept (all others only widen the rank's extent).
-_TRACKED = frozenset({_PRETRAIN, _SAVE, _EVAL, *RESTART_SPANS})
+#: The launcher's span names (wherever they appear, they are the launcher's, not a rank's).
+LAUNCHER_SPANS = frozenset({SpanName.JOB.value, SpanName.JOB_ATTEMPT.value})
+#: Names whose intervals are kept besides the steps (all others only widen the rank's extent).
+TRACKED = frozenset({_PRETRAIN, _SAVE, _EVAL, *RESTART_SPANS})
 
 
 @dataclass
@@ -170,11 +171,30 @@ class GoodputAggregator:
         #: Where a later incarnation starts: each mlaunch.job after the first, each attempt > 0.
         self.restarts: list[Interval] = []
 
-    def _launcher_span(self, s: dict[str, Any], start: int, end: int) -> None:
+    def launcher_span(self, s: dict[str, Any], start: int, end: int) -> None:
+        """Fold in one of the launcher's spans (``s``: its name, and attributes for an attempt)."""
         if s["name"] == _JOB:
             self.job.append((start, end))
         elif s["name"] == _ATTEMPT and _attempt_number(s) > 0:
             self.restarts.append((start, end))
+
+    def state(self, res: Resource) -> _RankState:
+        """The state of ``res``'s rank, made by the first resource of the rank (its host)."""
+        st = self.ranks.get(res.rank)
+        if st is None:
+            host = res.attrs.get(ResourceAttr.HOST_NAME)
+            st = self.ranks[res.rank] = _RankState(None if host is None else str(host))
+        return st
+
+    def widen(self, st: _RankState, res: Resource, lo: int, hi: int) -> None:
+        """Widen a rank's extent, and its incarnation's, by spans of ``res`` from lo to hi."""
+        key = next((str(res.attrs[k]) for k in _INCARNATION_KEYS if k in res.attrs), "")
+        ext = st.incarnations.get(key)
+        if ext is None:
+            st.incarnations[key] = [lo, hi]
+        else:
+            ext[0], ext[1] = min(ext[0], lo), max(ext[1], hi)
+        st.lo, st.hi = min(st.lo, lo), max(st.hi, hi)
 
     def add(
         self, res: Resource, spans: list[dict[str, Any]], maybe_truncated: bool = False
@@ -182,20 +202,17 @@ class GoodputAggregator:
         """Fold one batch in."""
         if res.launcher:
             for s in spans:
-                self._launcher_span(s, int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"]))
+                self.launcher_span(s, int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"]))
             return
-        st = self.ranks.get(res.rank)
-        if st is None:
-            host = res.attrs.get(ResourceAttr.HOST_NAME)
-            st = self.ranks[res.rank] = _RankState(None if host is None else str(host))
+        st = self.state(res)
         lo, hi = 2**63 - 1, -(2**63)  # this batch's extent
         canon = ALIASES
         for s in spans:
             start = int(s["startTimeUnixNano"])
             end = int(s["endTimeUnixNano"])
             name = s["name"]
-            if name in _LAUNCHER:  # a collector file that mixes the launcher's spans in
-                self._launcher_span(s, start, end)
+            if name in LAUNCHER_SPANS:  # a collector file that mixes the launcher's spans in
+                self.launcher_span(s, start, end)
                 continue
             if start < lo:
                 lo = start
@@ -205,17 +222,10 @@ class GoodputAggregator:
             if name == _STEP:
                 st.step_starts.append(start)
                 st.step_ends.append(end)
-            elif name in _TRACKED:
+            elif name in TRACKED:
                 st.spans.setdefault(name, []).append((start, end))
-        if lo > hi:
-            return
-        key = next((str(res.attrs[k]) for k in _INCARNATION_KEYS if k in res.attrs), "")
-        ext = st.incarnations.get(key)
-        if ext is None:
-            st.incarnations[key] = [lo, hi]
-        else:
-            ext[0], ext[1] = min(ext[0], lo), max(ext[1], hi)
-        st.lo, st.hi = min(st.lo, lo), max(st.hi, hi)
+        if lo <= hi:
+            self.widen(st, res, lo, hi)
 
     def finish(self) -> GoodputReport:
         """Attribute every rank's wall time."""
@@ -325,21 +335,29 @@ def _first_steps(
     ``megatron.pretrain``) start, or the rank's earliest."""
     if not steps:
         return []
+    # Sorted once, each window is a bisection (a run of many restarts has many windows; a scan
+    # of every step per window was quadratic). The smallest step of a window is the first one
+    # in this order that it holds.
+    ordered = sorted(steps)
     firsts = spans.get(_FIRST)
     if firsts:
         out = []
         for fs, fe in firsts:
-            inside = [(s, e) for s, e in steps if s >= fs and e <= fe]
-            if inside:
-                out.append(min(inside))
+            for i in range(bisect_left(ordered, (fs, -(2**63))), len(ordered)):
+                s, e = ordered[i]
+                if s > fe:
+                    break
+                if e <= fe:
+                    out.append((s, e))
+                    break
         return out
     starts = sorted(s for s, _ in spans.get(_STARTUP) or spans.get(_PRETRAIN) or []) or [lo]
     out = []
     for i, ps in enumerate(starts):
         pe = starts[i + 1] if i + 1 < len(starts) else 2**63
-        inside = [(s, e) for s, e in steps if ps <= s < pe]
-        if inside:
-            out.append(min(inside))
+        j = bisect_left(ordered, (ps, -(2**63)))
+        if j < len(ordered) and ordered[j][0] < pe:
+            out.append(ordered[j])
     return out
 
 

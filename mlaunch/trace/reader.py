@@ -329,6 +329,10 @@ class TraceReader:
         self.path: Path | None = None
         self.line_no = 0
         self._process_ranks: dict[Any, int] = {}
+        #: Called with each complete, non-blank line before it is decoded; a line it returns
+        #: True for is the caller's (counted as read, not decoded here): the span store's
+        #: column-wise decoder takes the lines it can decode exactly this way.
+        self.take_raw: Callable[[TraceFile, bytes], bool] | None = None
 
     @classmethod
     def open(cls, path: str | Path, *, skip_invalid: bool = False) -> TraceReader:
@@ -421,7 +425,6 @@ class TraceReader:
 
     def _read_file(self, tf: TraceFile) -> Iterator[tuple[Resource, list[dict[str, Any]], bool]]:
         self.path, self.line_no = tf.path, 0
-        loads = loads_line
         f, size = self._open(tf.path)
         # Read what the file held when first opened: a run still writing appends behind us, and
         # a second pass (export, report) reads exactly the bytes the first one did.
@@ -430,72 +433,81 @@ class TraceReader:
         if offset:
             f.seek(offset)
         done = self.complete[tf.path] = [offset, self.line_no]
+        take = self.take_raw
         with f:
             for raw in self._lines(f, limit - offset):
                 self.line_no += 1
                 self.stats.lines += 1
-                if raw.endswith(b"\n"):  # read up to here for good (a torn line may grow)
-                    done[0] += len(raw)
-                    done[1] = self.line_no
-                if not raw.strip():
+                if raw.isspace() or not raw:  # (not raw.strip(): that copies the line)
+                    if raw.endswith(b"\n"):
+                        done[0] += len(raw)
+                        done[1] = self.line_no
                     continue
-                torn = not raw.endswith(b"\n")  # only the last line can lack its newline
-                try:
-                    req = loads(raw)
-                except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
-                    req = None if torn else _after_torn_prefix(raw)
-                    if req is not None:
-                        # A writer that crashed mid-line, then one that appended (a restart):
-                        # the torn head is skipped like a torn last line, the request kept.
-                        self.stats.torn_lines.append((tf.path, self.line_no))
-                    elif torn:
-                        self.stats.torn_lines.append((tf.path, self.line_no))
-                        continue
-                    elif self.line_no == 1 and _CHROME_MARK in raw[:4096]:
-                        raise _chrome_error(tf.path) from None
-                    elif self.line_no == 1 and (doc_err := _json_document_error(tf.path)):
-                        raise doc_err from None
-                    else:
-                        self._bad_line(f"not valid JSON ({e})")
-                        continue
-                if not isinstance(req, dict):
-                    if torn:
-                        self.stats.torn_lines.append((tf.path, self.line_no))
-                    else:
-                        self._bad_line("not an OTLP/JSON ExportTraceServiceRequest (not an object)")
+                if not raw.endswith(b"\n"):
+                    # only the last line can lack its newline: torn (a writer mid-line)
+                    yield from self.decode_line(tf, raw, torn=True)
                     continue
-                rss = req.get("resourceSpans")
-                if rss is None:
-                    if "resourceMetrics" in req or "resourceLogs" in req:
-                        self.stats.metric_lines += 1
-                        continue
-                    if "traceEvents" in req:
-                        raise _chrome_error(tf.path)
-                    if self.line_no == 1 and (doc_err := _json_document_error(tf.path)):
-                        raise doc_err
-                    self._bad_line(
-                        "not an OTLP/JSON ExportTraceServiceRequest (no 'resourceSpans' key)"
-                    )
-                    continue
-                flagged = TRUNCATED_MARKER in raw
-                try:
-                    batches = []
-                    for rs in rss:
-                        res = self._resource(rs.get("resource"), tf)
-                        for ss in (
-                            rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or ()
-                        ):
-                            spans = ss.get("spans")
-                            if spans:
-                                batches.append((res, self._checked(spans)))
-                except TraceInputError:
-                    raise
-                except (AttributeError, TypeError, KeyError, ValueError) as e:
-                    self._bad_line(f"malformed OTLP/JSON structure ({type(e).__name__}: {e})")
-                    continue
-                for res, spans in batches:
+                done[0] += len(raw)  # read up to here for good (a torn line may grow)
+                done[1] = self.line_no
+                if take is None or not take(tf, raw):
+                    yield from self.decode_line(tf, raw)
+
+    def decode_line(
+        self, tf: TraceFile, raw: bytes, *, torn: bool = False
+    ) -> list[tuple[Resource, list[dict[str, Any]], bool]]:
+        """The batches of one line of ``tf`` (the line :attr:`line_no` names): a torn line and
+        metric lines give none; a line that is not a trace request raises, or under
+        ``skip_invalid`` is counted and gives none."""
+        try:
+            req = loads_line(raw)
+        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+            req = None if torn else _after_torn_prefix(raw)
+            if req is not None:
+                # A writer that crashed mid-line, then one that appended (a restart):
+                # the torn head is skipped like a torn last line, the request kept.
+                self.stats.torn_lines.append((tf.path, self.line_no))
+            elif torn:
+                self.stats.torn_lines.append((tf.path, self.line_no))
+                return []
+            elif self.line_no == 1 and _CHROME_MARK in raw[:4096]:
+                raise _chrome_error(tf.path) from None
+            elif self.line_no == 1 and (doc_err := _json_document_error(tf.path)):
+                raise doc_err from None
+            else:
+                self._bad_line(f"not valid JSON ({e})")
+                return []
+        if not isinstance(req, dict):
+            if torn:
+                self.stats.torn_lines.append((tf.path, self.line_no))
+            else:
+                self._bad_line("not an OTLP/JSON ExportTraceServiceRequest (not an object)")
+            return []
+        rss = req.get("resourceSpans")
+        if rss is None:
+            if "resourceMetrics" in req or "resourceLogs" in req:
+                self.stats.metric_lines += 1
+                return []
+            if "traceEvents" in req:
+                raise _chrome_error(tf.path)
+            if self.line_no == 1 and (doc_err := _json_document_error(tf.path)):
+                raise doc_err
+            self._bad_line("not an OTLP/JSON ExportTraceServiceRequest (no 'resourceSpans' key)")
+            return []
+        flagged = TRUNCATED_MARKER in raw
+        try:
+            batches = []
+            for rs in rss:
+                res = self.resource(rs.get("resource"), tf)
+                for ss in rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or ():
+                    spans = ss.get("spans")
                     if spans:
-                        yield res, spans, flagged
+                        batches.append((res, self._checked(spans)))
+        except TraceInputError:
+            raise
+        except (AttributeError, TypeError, KeyError, ValueError) as e:
+            self._bad_line(f"malformed OTLP/JSON structure ({type(e).__name__}: {e})")
+            return []
+        return [(res, spans, flagged) for res, spans in batches if spans]
 
     def _checked(self, spans: Any) -> list[dict[str, Any]]:
         """``spans`` with the malformed ones refused (or, under ``--skip-invalid``, dropped and
@@ -516,7 +528,7 @@ class TraceReader:
             return [s for i, s in enumerate(spans) if i not in bad]
         return spans
 
-    def _resource(self, resource: dict[str, Any] | None, tf: TraceFile) -> Resource:
+    def resource(self, resource: dict[str, Any] | None, tf: TraceFile) -> Resource:
         """The batch's resource with its rank: ``dl.rank``; else the file name's ``rank<R>``;
         else one number per distinct process (``service.instance.id``, or host and pid) in
         order of appearance, so a collector file from a foreign trainer still splits by

@@ -54,6 +54,7 @@ Standalone like the reader: no telemetry runtime, no OTel SDK.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -66,7 +67,7 @@ from orjson import OPT_SORT_KEYS as _SORT
 from orjson import dumps as _dumps
 from orjson import loads as _loads
 
-from mlaunch.model.spans import SPANS, Attr, ResourceAttr
+from mlaunch.model.spans import ResourceAttr
 from mlaunch.trace.reader import (
     ReadStats,
     Resource,
@@ -76,6 +77,15 @@ from mlaunch.trace.reader import (
     discover,
     is_error,
     is_truncated,
+)
+from mlaunch.trace.store_decode import (
+    CHUNK_BYTES,
+    GROUPS,
+    ITER_KEYS,
+    LINE_START,
+    MB_KEYS,
+    parse,
+    span_table,
 )
 
 STORE_DIR = "trace-store"
@@ -91,9 +101,6 @@ _COLUMN_KEYS = frozenset(
     {"traceId", "spanId", "parentSpanId", "name", "startTimeUnixNano", "endTimeUnixNano",
      "attributes", "links", "events"}
 )  # fmt: skip
-_GROUPS: dict[str, str] = {name: str(d.group) for name, d in SPANS.items()}
-_ITER_KEYS = (str(Attr.ITERATION), str(Attr.EVAL_ITERATION))
-_MB_KEYS = (str(Attr.MICROBATCH_ID), str(Attr.DL_MICROBATCH_ID))
 
 _COLUMNS = (
     "trace_id", "span_id", "parent_id", "name", "group", "rank", "node", "iteration",
@@ -114,6 +121,13 @@ def span_schema() -> Any:
         ("attributes", s), ("links", s), ("events", s), ("extra", s),
         ("resource_id", pa.int32()),
     ])  # fmt: skip
+
+
+def file_schema() -> Any:
+    """The schema of a part file: :func:`span_schema` less ``rank``, the partition key (in the
+    path; Spark and Polars refuse a column that is in both the file and the partition path)."""
+    schema = span_schema()
+    return schema.remove(schema.get_field_index("rank"))
 
 
 class StoreError(TraceInputError):
@@ -168,10 +182,9 @@ class _Columns:
     def __len__(self) -> int:
         return len(self.cols["span_id"])
 
-    def add(self, res: Resource, rid: int, node: str | None, spans: list[dict[str, Any]],
-            flagged: bool) -> None:  # fmt: skip
+    def add(self, rid: int, node: str | None, spans: list[dict[str, Any]], flagged: bool) -> None:
         c = self.cols
-        groups = _GROUPS
+        groups = GROUPS
         n = len(spans)
         c["node"] += [node] * n
         c["resource_id"] += [rid] * n
@@ -192,8 +205,8 @@ class _Columns:
             nm.append(name)
             gr.append(groups.get(name))
             attrs = s.get("attributes") or ()
-            it.append(_int_attr(attrs, _ITER_KEYS) if attrs else None)
-            mb.append(_int_attr(attrs, _MB_KEYS) if attrs else None)
+            it.append(_int_attr(attrs, ITER_KEYS) if attrs else None)
+            mb.append(_int_attr(attrs, MB_KEYS) if attrs else None)
             st.append(s["startTimeUnixNano"])
             en.append(s["endTimeUnixNano"])
             stat.append(2 if is_error(s) else _status_code(s))
@@ -208,11 +221,9 @@ class _Columns:
     def table(self) -> Any:
         import pyarrow as pa
 
-        schema = span_schema()
-        # rank is the partition key (the directory name), not a column of the file: Spark and
-        # Polars refuse a column that is in both the file and the partition path.
-        schema = schema.remove(schema.get_field_index("rank"))
-        return pa.Table.from_pydict({k: v for k, v in self.cols.items() if k != "rank"}, schema)
+        return pa.Table.from_pydict(
+            {k: v for k, v in self.cols.items() if k != "rank"}, file_schema()
+        )
 
 
 def _status_code(s: dict[str, Any]) -> int:
@@ -224,6 +235,11 @@ def _status_code(s: dict[str, Any]) -> int:
     return 0
 
 
+#: Columns written dictionary-encoded: the repetitive ones. Span ids are unique and parent ids
+#: nearly so: a dictionary there costs about 3x the whole part's write time and saves nothing.
+_DICTIONARY = ["trace_id", "name", "group", "node", "attributes", "links", "events", "extra"]
+
+
 def _write_atomic(table: Any, path: Path) -> None:
     """Write a Parquet file under a temporary name, then rename: a crash or a full disk leaves
     no file under the final name (the temporary one is removed on failure)."""
@@ -232,11 +248,188 @@ def _write_atomic(table: Any, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        pq.write_table(table, tmp, compression="zstd")
+        pq.write_table(table, tmp, compression="zstd", use_dictionary=_DICTIONARY)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+class _Resources:
+    """The rows of ``resources.parquet``: one per distinct resource (the reader makes one
+    :class:`Resource` per line), keyed by content, numbered in order of first span."""
+
+    def __init__(self, rows: dict[str, list[Any]] | None = None) -> None:
+        self.rows: dict[str, list[Any]] = rows or {
+            "resource_id": [], "rank": [], "launcher": [], "node": [], "attributes": []
+        }  # fmt: skip
+        self.ids: dict[tuple[int, bool, bytes], int] = {}
+        for rid, (rank, launcher, a) in enumerate(
+            zip(self.rows["rank"], self.rows["launcher"], self.rows["attributes"], strict=True)
+        ):
+            self.ids[(rank, launcher, _dumps(_loads(a), default=str, option=_SORT))] = rid
+
+    def id_of(self, res: Resource) -> int:
+        key = (res.rank, res.launcher, _dumps(res.attrs, default=str, option=_SORT))
+        rid = self.ids.get(key, -1)
+        if rid < 0:
+            rows = self.rows
+            rid = self.ids[key] = len(rows["resource_id"])
+            host = res.attrs.get(ResourceAttr.HOST_NAME)
+            rows["resource_id"].append(rid)
+            rows["rank"].append(res.rank)
+            rows["launcher"].append(res.launcher)
+            rows["node"].append(None if host is None else str(host))
+            rows["attributes"].append(_dumps(res.attrs, default=str).decode())
+        return rid
+
+    def table(self) -> Any:
+        import pyarrow as pa
+
+        return pa.Table.from_pydict(self.rows, schema=pa.schema([
+            ("resource_id", pa.int32()), ("rank", pa.int32()), ("launcher", pa.bool_()),
+            ("node", pa.string()), ("attributes", pa.string()),
+        ]))  # fmt: skip
+
+
+class _Parts:
+    """Span rows of one rank at a time, written ``segment_rows`` a part (the reader's spans:
+    or up to one batch more)."""
+
+    def __init__(self, root: Path, parts: list[str], segment_rows: int) -> None:
+        self.root, self.parts, self.segment_rows = root, parts, segment_rows
+        self.per_rank: dict[int, int] = {}
+        for rel in parts:
+            r = _part_rank(rel)
+            self.per_rank[r] = self.per_rank.get(r, 0) + 1
+        self.rank: int | None = None
+        self.cols: _Columns | None = None  # the rows decoded by the reader, span by span
+        self.tables: list[Any] = []  # rows decoded column-wise, and the reader's before them
+        self.rows = 0
+
+    def _to(self, rank: int) -> None:
+        if rank != self.rank:
+            self.flush()
+            self.rank = rank
+
+    def add_spans(self, rank: int, rid: int, node: str | None, spans: list[dict[str, Any]],
+                  flagged: bool) -> None:  # fmt: skip
+        self._to(rank)
+        if self.cols is None:
+            self.cols = _Columns()
+        self.cols.add(rid, node, spans, flagged)
+        self.rows += len(spans)
+        if self.rows >= self.segment_rows:
+            self.flush()
+
+    def add_table(self, rank: int, table: Any) -> None:
+        self._to(rank)
+        if self.cols is not None:
+            self.tables.append(self.cols.table())
+            self.cols = None
+        while table.num_rows:
+            room = self.segment_rows - self.rows
+            self.tables.append(table.slice(0, room))
+            self.rows += min(room, table.num_rows)
+            table = table.slice(room)
+            if self.rows >= self.segment_rows:
+                self.flush()
+
+    def flush(self) -> None:
+        import pyarrow as pa
+
+        if self.cols is not None:
+            self.tables.append(self.cols.table())
+            self.cols = None
+        if not self.rows:
+            self.tables = []
+            return
+        assert self.rank is not None
+        n = self.per_rank.get(self.rank, 0)
+        self.per_rank[self.rank] = n + 1
+        rel = f"spans/rank={self.rank}/part-{n:05d}.parquet"
+        table = self.tables[0] if len(self.tables) == 1 else pa.concat_tables(self.tables)
+        _write_atomic(table, self.root / rel)
+        self.parts.append(rel)
+        self.tables, self.rows = [], 0
+
+
+class _ColumnLines:
+    """The lines the column-wise decoder (:mod:`mlaunch.trace.store_decode`) takes from the
+    reader (its ``take_raw``), decoded a chunk at a time into ``parts``. A chunk it refuses is
+    decoded by the reader line by line, as if never taken. The files of a rank that has a spool
+    stay with the reader: their spans are deduplicated against the spool's there."""
+
+    def __init__(self, reader: TraceReader, resources: _Resources, parts: _Parts) -> None:
+        self.reader, self.resources, self.parts = reader, resources, parts
+        self.spooled = {f.rank for f in reader.files if f.spool}
+        self.schema = file_schema()
+        self.tf: TraceFile | None = None
+        self.lines: list[bytes] = []
+        self.line_nos: list[int] = []
+        self.nbytes = 0
+
+    def take(self, tf: TraceFile, raw: bytes) -> bool:
+        if tf.spool or (not tf.launcher and tf.rank in self.spooled):
+            return False
+        if not raw.startswith(LINE_START):
+            return False  # a metric line, a torn head glued to a request...: the reader's
+        if tf is not self.tf:
+            self.flush()
+            self.tf = tf
+        self.lines.append(raw)
+        self.line_nos.append(self.reader.line_no)
+        self.nbytes += len(raw)
+        if self.nbytes >= CHUNK_BYTES:
+            self.flush()
+        return True
+
+    def add(self, res: Resource, spans: list[dict[str, Any]], flagged: bool) -> None:
+        """One batch the reader decoded."""
+        rid = self.resources.id_of(res)
+        self.parts.add_spans(res.rank, rid, self.resources.rows["node"][rid], spans, flagged)
+
+    def flush(self) -> None:
+        import numpy as np
+
+        if not self.lines:
+            return
+        tf, lines, nos = self.tf, self.lines, self.line_nos
+        assert tf is not None
+        self.lines, self.line_nos, self.nbytes = [], [], 0
+        reader = self.reader
+        chunk = parse(b"".join(lines), len(lines))
+        table = None
+        if chunk is not None:
+            # The reader's rank rule for each resource, in order of appearance (the numbering
+            # of ranks by process depends on it); its id only where it has spans.
+            seen: dict[str | None, Resource] = {}
+            res = []
+            for text in chunk.resources:
+                r = seen.get(text)
+                if r is None:
+                    r = seen[text] = reader.resource(None if text is None else _loads(text), tf)
+                res.append(r)
+            rids = [self.resources.id_of(r) if n else -1 for r, n in zip(res, chunk.span_counts,
+                                                                        strict=True)]  # fmt: skip
+            nodes = [self.resources.rows["node"][i] if i >= 0 else None for i in rids]
+            table = span_table(chunk, rids, nodes, self.schema)
+        if table is None:
+            path, line_no = reader.path, reader.line_no
+            reader.path = tf.path
+            for no, raw in zip(nos, lines, strict=True):
+                reader.line_no = no
+                for r, spans, flagged in reader.decode_line(tf, raw):
+                    reader.stats.spans += len(spans)
+                    self.add(r, spans, flagged)
+            reader.path, reader.line_no = path, line_no
+            return
+        assert chunk is not None
+        reader.stats.spans += table.num_rows
+        ranks = np.asarray([r.rank for r in res])[chunk.span_entry]
+        cuts = [0, *(np.flatnonzero(ranks[1:] != ranks[:-1]) + 1).tolist(), len(ranks)]
+        for a, b in zip(cuts, cuts[1:], strict=False):
+            self.parts.add_table(int(ranks[a]), table.slice(a, b - a))
 
 
 def build_store(
@@ -245,8 +438,13 @@ def build_store(
     *,
     segment_rows: int = SEGMENT_ROWS,
     base: Manifest | None = None,
+    columnar: bool = True,
 ) -> Manifest:
     """Read every span of ``reader`` (a reader over ``run_dir``'s files) once and write the store.
+
+    The lines the column-wise decoder takes exactly never become Python dicts (see
+    :mod:`mlaunch.trace.store_decode`); the reader decodes the rest, in the same order
+    (``columnar=False``: all of them, the reference the tests compare with).
 
     The new store is built beside the old one (``trace-store.new``) and swapped in only when
     complete, manifest last: an interrupted build or a full disk (``OSError``) leaves the JSON and
@@ -255,7 +453,6 @@ def build_store(
     With ``base`` (the current store's manifest; ``reader`` starts where it ended), the spans
     read are appended as new parts instead, then ``resources.parquet`` and the manifest are
     replaced (each atomically, the manifest last): until then the store is the old one."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     final = store_dir(run_dir)
@@ -263,76 +460,32 @@ def build_store(
     if base is None:
         shutil.rmtree(tmp, ignore_errors=True)
     sources = _sources(run_dir, reader.files)
-    # One row per distinct resource (the reader makes one Resource per line): keyed by content.
-    resources: dict[tuple[int, bool, bytes], int] = {}
-    res_rows: dict[str, list[Any]] = {"resource_id": [], "rank": [], "launcher": [], "node": [],
-                                      "attributes": []}  # fmt: skip
-    parts: list[str] = []
-    per_rank: dict[int, int] = {}
-    cur: _Columns | None = None
-    cur_rank: int | None = None
-    total = 0
-    if base is not None:
-        res_rows = pq.read_table(final / "resources.parquet").to_pydict()
-        for rid, (rank, launcher, a) in enumerate(
-            zip(res_rows["rank"], res_rows["launcher"], res_rows["attributes"], strict=True)
-        ):
-            resources[(rank, launcher, _dumps(_loads(a), default=str, option=_SORT))] = rid
-        parts = list(base.parts)
-        for rel in parts:
-            r = int(rel.split("/")[1].removeprefix("rank="))
-            per_rank[r] = per_rank.get(r, 0) + 1
-        total = base.spans
-
-    def flush() -> None:
-        nonlocal cur
-        if cur is None or not len(cur):
-            return
-        assert cur_rank is not None
-        n = per_rank.get(cur_rank, 0)
-        per_rank[cur_rank] = n + 1
-        rel = f"spans/rank={cur_rank}/part-{n:05d}.parquet"
-        _write_atomic(cur.table(), tmp / rel)
-        parts.append(rel)
-        cur = None
-
+    resources = _Resources(
+        pq.read_table(final / "resources.parquet").to_pydict() if base is not None else None
+    )
+    parts = _Parts(tmp, list(base.parts) if base is not None else [], segment_rows)
+    lines = _ColumnLines(reader, resources, parts)
+    reader.take_raw = lines.take if columnar else None
     try:
         for res, spans, flagged in reader:
-            key = (res.rank, res.launcher, _dumps(res.attrs, default=str, option=_SORT))
-            rid = resources.get(key, -1)
-            if rid < 0:
-                rid = resources[key] = len(res_rows["resource_id"])
-                host = res.attrs.get(ResourceAttr.HOST_NAME)
-                res_rows["resource_id"].append(rid)
-                res_rows["rank"].append(res.rank)
-                res_rows["launcher"].append(res.launcher)
-                res_rows["node"].append(None if host is None else str(host))
-                res_rows["attributes"].append(_dumps(res.attrs, default=str).decode())
-            if res.rank != cur_rank:
-                flush()
-                cur_rank = res.rank
-            if cur is None:
-                cur = _Columns()
-            cur.add(res, rid, res_rows["node"][rid], spans, flagged)
-            total += len(spans)
-            if len(cur) >= segment_rows:
-                flush()
-        flush()
-        _write_atomic(pa.Table.from_pydict(res_rows, schema=pa.schema([
-            ("resource_id", pa.int32()), ("rank", pa.int32()), ("launcher", pa.bool_()),
-            ("node", pa.string()), ("attributes", pa.string()),
-        ])), tmp / "resources.parquet")  # fmt: skip
+            lines.flush()  # the lines taken before this batch come before it
+            lines.add(res, spans, flagged)
+        lines.flush()
+        parts.flush()
+        _write_atomic(resources.table(), tmp / "resources.parquet")
+        total = (base.spans if base is not None else 0) + reader.stats.spans
+        parts_list = parts.parts
         complete = {os.path.relpath(p, run_dir): list(v) for p, v in reader.complete.items()}
         read = _read_json(reader.stats, run_dir)
         if base is not None:
             read = _merge_read(base, read, run_dir)
-            order = {r: i for i, r in enumerate(dict.fromkeys(_part_rank(p) for p in parts))}
-            parts.sort(key=lambda p: (order[_part_rank(p)], p))  # the order of a full read
+            order = {r: i for i, r in enumerate(dict.fromkeys(_part_rank(p) for p in parts_list))}
+            parts_list.sort(key=lambda p: (order[_part_rank(p)], p))  # the order of a full read
         man = Manifest(
             version=SCHEMA_VERSION, sources=sources,
             files=[{"path": os.path.relpath(f.path, run_dir), "rank": f.rank, "spool": f.spool,
                     "launcher": f.launcher} for f in reader.files],
-            parts=parts, spans=total, read=read, complete=complete,
+            parts=parts_list, spans=total, read=read, complete=complete,
         )  # fmt: skip
         if base is not None:
             mtmp = final / f".{MANIFEST}.tmp"
@@ -350,7 +503,59 @@ def build_store(
         if base is None:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        reader.take_raw = None
     return man
+
+
+#: Parts a rank may have beyond the fewest its rows need before the store is compacted: each
+#: append of a live run adds a small part per rank, and a reader opens every part.
+MAX_EXTRA_PARTS = 8
+
+
+def _fragmented(run_dir: Path, man: Manifest) -> bool:
+    """Whether appends left some rank with many more parts than its rows need."""
+    import pyarrow.parquet as pq
+
+    per_rank: dict[int, list[str]] = {}
+    for rel in man.parts:
+        per_rank.setdefault(_part_rank(rel), []).append(rel)
+    if all(len(v) <= MAX_EXTRA_PARTS + 1 for v in per_rank.values()):
+        return False  # cheap: no part's footer read
+    for v in per_rank.values():
+        rows = sum(pq.read_metadata(store_dir(run_dir) / rel).num_rows for rel in v)
+        if len(v) > -(-rows // SEGMENT_ROWS) + MAX_EXTRA_PARTS:
+            return True
+    return False
+
+
+def compact_store(run_dir: Path, man: Manifest, *, segment_rows: int = SEGMENT_ROWS) -> Manifest:
+    """Rewrite the store's parts, in read order, ``segment_rows`` rows a part (a live run's
+    appends leave many small ones). Built beside the store and swapped in whole, manifest last,
+    as a full build is: an interruption or a full disk leaves the store as it was. Memory: one
+    part's rows."""
+    import pyarrow.parquet as pq
+
+    final = store_dir(run_dir)
+    tmp = run_dir / f".{STORE_DIR}.new"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        parts = _Parts(tmp, [], segment_rows)
+        for rel in man.parts:
+            parts.add_table(_part_rank(rel), pq.ParquetFile(final / rel).read())
+        parts.flush()
+        shutil.copyfile(final / "resources.parquet", tmp / "resources.parquet")
+        out = Manifest(**{**asdict(man), "parts": parts.parts})
+        (tmp / MANIFEST).write_text(json.dumps(asdict(out)))
+        old = run_dir / f".{STORE_DIR}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
 
 
 def _part_rank(rel: str) -> int:
@@ -540,11 +745,15 @@ def open_store(path: Path, *, build: bool = True) -> Store | None:
     reader = TraceReader(files, starts=starts)
     try:
         man = build_store(path, reader, base=man if starts is not None else None)
+        if starts is not None and _fragmented(path, man):
+            man = compact_store(path, man)
     except OSError as e:
         # A read-only run directory or a full disk: nothing was lost (the JSON stays and the
-        # half-built store was removed); the caller reads the JSON instead.
-        warnings.append(f"{store_dir(path)}: cannot write the span store ({e.strerror or e}); "
-                        "read the OTLP-JSON instead")  # fmt: skip
+        # half-built store was removed); the caller reads the JSON instead. A directory the user
+        # may not write (an archive, someone else's run) is no news: only the rest is warned of.
+        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            warnings.append(f"{store_dir(path)}: cannot write the span store "
+                            f"({e.strerror or e}); read the OTLP-JSON instead")  # fmt: skip
         _pending_warnings.extend(warnings)
         return None
     return Store(path, man, [store_dir(path) / rel for rel in man.parts], warnings)
@@ -562,14 +771,15 @@ def take_warnings() -> list[str]:
 
 
 def open_reader(path: Path, *, skip_invalid: bool = False) -> TraceReader | StoreReader:
-    """The reader for ``path``: the store of a run directory once it has one (brought up to date
-    with what the JSON gained since), else the JSON reader. The store is not built here: building
-    it costs about 5x the JSON decode (benchmarks/trace_read.py), against about 2x for reading
-    the JSON once, so a one-off summary of a JSON-only run would pay more than it saves.
-    ``trace sql`` builds it. ``--skip-invalid`` reads the JSON: a store holds only what a strict
-    read accepts, so it never hides a malformed line from a later strict read."""
+    """The reader for ``path``: a run directory's store, built on its first read and brought up
+    to date with what the JSON gained since; else (a single file, a directory that cannot be
+    written) the JSON reader. Building costs about one JSON decode (the column-wise decoder,
+    benchmarks/trace_read.py), so even a one-off summary of a JSON-only run pays little more
+    than a read of the JSON, and every later command reads Parquet. ``--skip-invalid`` reads the
+    JSON: a store holds only what a strict read accepts, so it never hides a malformed line
+    from a later strict read."""
     if not skip_invalid and path.is_dir():
-        store = open_store(path, build=load_manifest(path) is not None)
+        store = open_store(path)
         if store is not None:
             _pending_warnings.extend(store.warnings)
             return StoreReader(store)
@@ -641,70 +851,82 @@ _TIMING_COLUMNS = ["name", "start_ns", "end_ns", "resource_id", "attributes"]
 _NEEDS_ATTRS = frozenset({"mlaunch.job", "mlaunch.job.attempt"})
 
 
+def _runs(rids: list[int]) -> Iterator[tuple[int, int, int]]:
+    """``(resource id, first row, end row)`` of each run of consecutive rows from one resource:
+    the JSON reader hands out one resource's spans at a time, so the store's readers do too."""
+    n = len(rids)
+    i = 0
+    while i < n:
+        rid = rids[i]
+        j = i + 1
+        while j < n and rids[j] == rid:
+            j += 1
+        yield rid, i, j
+        i = j
+
+
 def _timing_batches(
     batch: Any, resources: dict[int, Resource]
 ) -> Iterator[tuple[Resource, list[dict[str, Any]], bool]]:
     names = batch.column(0).to_pylist()
     starts = batch.column(1).to_pylist()
     ends = batch.column(2).to_pylist()
-    rids = batch.column(3).to_pylist()
     attrs = batch.column(4)
     needs = _NEEDS_ATTRS
-    n = len(rids)
-    i = 0
-    while i < n:
-        rid = rids[i]
-        j = i
+    for rid, i, j in _runs(batch.column(3).to_pylist()):
         spans: list[dict[str, Any]] = []
-        while j < n and rids[j] == rid:
-            name = names[j]
-            s = {"name": name, "startTimeUnixNano": starts[j], "endTimeUnixNano": ends[j]}
-            if name in needs and (a := attrs[j].as_py()) is not None:
+        for k in range(i, j):
+            name = names[k]
+            s = {"name": name, "startTimeUnixNano": starts[k], "endTimeUnixNano": ends[k]}
+            if name in needs and (a := attrs[k].as_py()) is not None:
                 s["attributes"] = _loads(a)
             spans.append(s)
-            j += 1
         yield resources[rid], spans, False
-        i = j
 
 
 def _batches(
     batch: Any, resources: dict[int, Resource]
 ) -> Iterator[tuple[Resource, list[dict[str, Any]], bool]]:
-    """Spans as the JSON reader hands them out, grouped into runs of one resource."""
+    """Spans as the JSON reader hands them out, grouped into runs of one resource. An attribute
+    list or ``extra`` text repeated in the batch (most are: the part stores them dictionary-
+    encoded) is decoded once: each span gets its own list of the same entries, to read."""
     c = batch.to_pydict()
     loads = _loads
-    rids = c["resource_id"]
-    n = len(rids)
-    i = 0
-    while i < n:
-        rid = rids[i]
-        j = i
+    tid, sid, pid, names = c["trace_id"], c["span_id"], c["parent_id"], c["name"]
+    starts, ends, trunc = c["start_ns"], c["end_ns"], c["truncated"]
+    attrs, events, links, extra = c["attributes"], c["events"], c["links"], c["extra"]
+    decoded: dict[str, Any] = {}
+    for rid, i, j in _runs(c["resource_id"]):
         spans: list[dict[str, Any]] = []
         flagged = False
-        while j < n and rids[j] == rid:
+        for k in range(i, j):
             s: dict[str, Any] = {}
-            if (v := c["trace_id"][j]) is not None:
+            if (v := tid[k]) is not None:
                 s["traceId"] = v
-            if (v := c["span_id"][j]) is not None:
+            if (v := sid[k]) is not None:
                 s["spanId"] = v
-            if (v := c["parent_id"][j]) is not None:
+            if (v := pid[k]) is not None:
                 s["parentSpanId"] = v
-            s["name"] = c["name"][j]
-            s["startTimeUnixNano"] = c["start_ns"][j]
-            s["endTimeUnixNano"] = c["end_ns"][j]
-            if (v := c["attributes"][j]) is not None:
-                s["attributes"] = loads(v)
-            if (v := c["events"][j]) is not None:
+            s["name"] = names[k]
+            s["startTimeUnixNano"] = starts[k]
+            s["endTimeUnixNano"] = ends[k]
+            if (v := attrs[k]) is not None:
+                a = decoded.get(v)
+                if a is None:
+                    a = decoded[v] = loads(v)
+                s["attributes"] = list(a)
+            if (v := events[k]) is not None:
                 s["events"] = loads(v)
-            if (v := c["links"][j]) is not None:
+            if (v := links[k]) is not None:
                 s["links"] = loads(v)
-            if (v := c["extra"][j]) is not None:
-                s.update(loads(v))
-            flagged = flagged or c["truncated"][j]
+            if (v := extra[k]) is not None:
+                x = decoded.get(v)
+                if x is None:
+                    x = decoded[v] = loads(v)
+                s.update(x)
+            flagged = flagged or trunc[k]
             spans.append(s)
-            j += 1
         yield resources[rid], spans, flagged
-        i = j
 
 
 @dataclass

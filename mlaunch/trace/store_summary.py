@@ -1,7 +1,8 @@
 """``mlaunch trace summary`` on the span store: the same :class:`~mlaunch.trace.summary.Summary`
-as the streaming reader, computed by two vectorised DuckDB aggregates over the Parquet parts
-(memory bounded by DuckDB's limit, not by the trace). Percentiles are DuckDB's ``quantile_cont``,
-the same linear interpolation between closest ranks as :func:`mlaunch.trace.stats.percentile`.
+as the streaming reader, computed by vectorised DuckDB aggregates over the Parquet parts, grouped
+on the stored names (memory bounded by DuckDB's limit, not by the trace). Percentiles are
+DuckDB's ``quantile_cont``, the same linear interpolation between closest ranks as
+:func:`mlaunch.trace.stats.percentile`.
 """
 
 from __future__ import annotations
@@ -21,13 +22,8 @@ from mlaunch.trace.summary import (
     rank_skew,
 )
 
-#: Spans with their canonical name and duration (an end before its start counts as instant).
-_CANON = """
-CREATE TEMP VIEW canon AS
-SELECT coalesce(a.canon, s.name) AS cname, s.rank, greatest(s.end_ns - s.start_ns, 0) AS d,
-       s.status, s.truncated
-FROM spans s LEFT JOIN aliases a ON a.name = s.name
-"""
+#: A span's duration (an end before its start counts as instant).
+_D = "greatest(end_ns - start_ns, 0)"
 
 
 #: Durations an exact-percentile pass may hold (8 bytes each: ~200 MB, under DuckDB's limit).
@@ -36,37 +32,77 @@ FROM spans s LEFT JOIN aliases a ON a.name = s.name
 QUANTILE_BUCKET = 25_000_000
 
 _COUNTS = (
-    "count(*), sum(d), max(d), count(*) FILTER (WHERE status = 2),"
+    f"count(*), sum({_D}), max({_D}), count(*) FILTER (WHERE status = 2),"
     " count(*) FILTER (WHERE truncated)"
 )
 
 
+def _canon_sql(names: list[str]) -> str:
+    """The canonical name of a row as SQL, for rows whose raw name is one of ``names``: the raw
+    name itself unless one of them is an older trace's documented name (then a CASE, no join:
+    every query filters and groups on the stored ``name`` column, which the Parquet scan can
+    push the filter into)."""
+    legacy = [n for n in names if n in ALIASES]
+    if not legacy:
+        return "name"
+    cases = " ".join(f"WHEN {_lit(n)} THEN {_lit(ALIASES[n])}" for n in legacy)
+    return f"CASE name {cases} ELSE name END"
+
+
+def _lit(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def _in(names: list[str]) -> str:
+    """A literal IN list (a constant filter DuckDB pushes into the Parquet scan; a subquery
+    would be a join)."""
+    return ", ".join(_lit(n) for n in names)
+
+
 def _by_name(con: Any, spans: int) -> list[tuple[Any, ...]]:
-    """Per canonical name: (name, count, total, p50, p95, max, errors, truncated)."""
-    if spans <= QUANTILE_BUCKET:  # one scan
-        rows = con.execute(
-            f"SELECT cname, quantile_cont(d, [0.5, 0.95]), {_COUNTS} FROM canon GROUP BY cname"
-        ).fetchall()
-        return [(r[0], r[2], r[3], r[1][0], r[1][1], r[4], r[5], r[6]) for r in rows]
-    counts = con.execute(f"SELECT cname, {_COUNTS} FROM canon GROUP BY cname").fetchall()
-    buckets: list[list[str]] = [[]]
-    held = 0
-    for name, n, *_ in sorted(counts, key=lambda r: r[1]):
-        if held + n > QUANTILE_BUCKET and buckets[-1]:
-            buckets.append([])
-            held = 0
-        buckets[-1].append(name)
-        held += n
+    """Per canonical name: (name, count, total, p50, p95, max, errors, truncated). Up to
+    QUANTILE_BUCKET spans, one scan; past it, one for the counts and one per bucket of names."""
+    one_scan = spans <= QUANTILE_BUCKET
+    quantiles = f"quantile_cont({_D}, [0.5, 0.95]), " if one_scan else ""
+    raw = con.execute(f"SELECT name, {quantiles}{_COUNTS} FROM spans GROUP BY name").fetchall()
+    merged: dict[str, list[Any]] = {}
+    members: dict[str, list[str]] = {}
     q: dict[str, list[float]] = {}
-    for names in buckets:
-        q.update(
-            con.execute(
-                "SELECT cname, quantile_cont(d, [0.5, 0.95]) FROM canon"
-                " WHERE cname IN (SELECT unnest(?::VARCHAR[])) GROUP BY cname",
-                [names],
-            ).fetchall()
-        )
-    return [(r[0], r[1], r[2], q[r[0]][0], q[r[0]][1], r[3], r[4], r[5]) for r in counts]
+    for name, *row in raw:
+        if one_scan:
+            q[name] = row.pop(0)
+        c = ALIASES.get(name, name)
+        members.setdefault(c, []).append(name)
+        m = merged.get(c)
+        if m is None:
+            merged[c] = row
+        else:
+            m[0] += row[0]
+            m[1] += row[1]
+            m[2] = max(m[2], row[2])
+            m[3] += row[3]
+            m[4] += row[4]
+    if one_scan:  # a name written both ways (old and new traces in one run) needs its union
+        buckets = [[c for c, ms in members.items() if len(ms) > 1]]
+    else:
+        buckets = [[]]
+        held = 0
+        for c, m in sorted(merged.items(), key=lambda kv: kv[1][0]):
+            if held + m[0] > QUANTILE_BUCKET and buckets[-1]:
+                buckets.append([])
+                held = 0
+            buckets[-1].append(c)
+            held += m[0]
+    for canon in buckets:
+        names = [n for c in canon for n in members[c]]
+        if names:
+            q.update(
+                con.execute(
+                    f"SELECT {_canon_sql(names)}, quantile_cont({_D}, [0.5, 0.95]) FROM spans"
+                    f" WHERE name IN ({_in(names)}) GROUP BY 1"
+                ).fetchall()
+            )
+    return [(c, m[0], m[1], q[c][0], q[c][1], m[2], m[3], m[4]) for c, m in merged.items()]
 
 
 def summarize_store(store: Store, *, straggler_threshold: float = 0.05) -> Summary:
@@ -76,20 +112,16 @@ def summarize_store(store: Store, *, straggler_threshold: float = 0.05) -> Summa
 
     con = store.connect()
     try:
-        rows = [[k, v] for k, v in ALIASES.items()]
-        con.execute("CREATE TEMP TABLE aliases (name VARCHAR, canon VARCHAR)")
-        if rows:
-            con.executemany("INSERT INTO aliases VALUES (?, ?)", rows)
-        con.execute(_CANON)
         by_name = _by_name(con, store.manifest.spans)
         if not by_name:
             raise no_spans_error(StoreReader(store))  # type: ignore[arg-type]
+        step_names = [STEP_SPAN, *(legacy for legacy, c in ALIASES.items() if c == STEP_SPAN)]
         steps = [
             (r, n, q[0], q[1])
             for r, n, q in con.execute(
-                "SELECT rank, count(*), quantile_cont(d, [0.5, 0.95]) FROM canon"
-                " WHERE cname = ? GROUP BY rank ORDER BY rank",
-                [STEP_SPAN],
+                f"SELECT rank, count(*), quantile_cont({_D}, [0.5, 0.95]) FROM spans"
+                " WHERE name IN (SELECT unnest(?::VARCHAR[])) GROUP BY rank ORDER BY rank",
+                [step_names],
             ).fetchall()
         ]
         # The first (in read order) non-launcher resource of each rank, as the streaming reader.

@@ -7,17 +7,29 @@ from pathlib import Path
 
 import pytest
 from support.synthetic_traces import TraceBuilder, hand_example
+from support.trace_compare import assert_same
 
 from mlaunch.model.spans import LegacyName, SpanName
 from mlaunch.trace.goodput import GoodputReport, goodput
 from mlaunch.trace.reader import TraceReader
+from mlaunch.trace.store import open_store
+from mlaunch.trace.store_goodput import goodput_store
 
 S = SpanName
 
 
 def _report(tmp_path: Path, b: TraceBuilder) -> GoodputReport:
+    """The goodput of ``b``'s run, checked to be the same from the JSON and the span store."""
     b.write_run_dir(tmp_path)
-    return goodput(TraceReader.open(tmp_path))
+    return _both(tmp_path)
+
+
+def _both(run: Path) -> GoodputReport:
+    streamed = goodput(TraceReader.open(run))
+    store = open_store(run)
+    assert store is not None
+    assert_same(streamed.to_json(), goodput_store(store).to_json())
+    return streamed
 
 
 @pytest.mark.parametrize("legacy", [False, True], ids=["code-names", "documented-names"])
@@ -176,7 +188,7 @@ def test_without_a_launcher_trace_incarnations_come_from_the_run_uuid(tmp_path: 
     (tel / "traces-rank0.jsonl").write_text(
         "".join(line + "\n" for line in [*b1.lines(0), *b2.lines(0)])
     )
-    bd = goodput(TraceReader.open(tmp_path)).ranks[0].breakdown
+    bd = _both(tmp_path).ranks[0].breakdown
     assert bd.wall_ms == pytest.approx(1300)
     assert bd.restart_split_ms["requeue"] == pytest.approx(700)
     assert bd.productive_ms == pytest.approx(400)

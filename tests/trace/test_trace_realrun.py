@@ -106,6 +106,7 @@ def test_the_span_store_reads_the_real_run_as_the_json_reader(
     from mlaunch.trace.goodput import goodput
     from mlaunch.trace.reader import TraceReader
     from mlaunch.trace.store import StoreReader, open_store
+    from mlaunch.trace.store_goodput import goodput_store
     from mlaunch.trace.store_summary import summarize_store
     from mlaunch.trace.summary import summarize
 
@@ -116,3 +117,57 @@ def test_the_span_store_reads_the_real_run_as_the_json_reader(
     assert_same(goodput(TraceReader.open(run)).to_json(), goodput(StoreReader(store)).to_json())
     fast = goodput(StoreReader(store, timing_only=True)).to_json()
     assert_same(goodput(TraceReader.open(run)).to_json(), fast)
+    assert_same(goodput(TraceReader.open(run)).to_json(), goodput_store(store).to_json())
+
+
+def test_a_store_of_the_receivers_files_equals_the_store_of_the_workers_files(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    """The same real run's spans through the launcher's embedded receiver (the workers' requests
+    handed to it in-process, in the order they were written): the receiver writes its own
+    OTLP-JSON (from protobuf), and the store built from it holds what the store of the workers'
+    files holds, row for row."""
+    import shutil
+
+    import orjson
+    import pyarrow.parquet as pq
+    from support.otlp import RECEIVER_TOKEN
+
+    from mlaunch.receiver import Receiver
+    from mlaunch.telemetry.otlp_json import decode_traces_line
+    from mlaunch.trace.store import open_store
+
+    workers = shutil.copytree(run_dir, tmp_path / "workers")
+    shutil.rmtree(workers / "trace-store", ignore_errors=True)  # built from the JSON below
+    received = tmp_path / "received"
+    rx = Receiver(received, token=RECEIVER_TOKEN, log=lambda m: None)  # no listeners needed
+    files = sorted((workers / "telemetry").glob("traces-rank*.jsonl"))
+    for f in files:
+        for line in f.read_text().splitlines():
+            assert rx.ingest_traces(decode_traces_line(line))
+    stats = rx.close()
+    assert stats.signals["traces"].written_items == sum(
+        len(ss["spans"]) for f in files for line in f.read_text().splitlines()
+        for rs in json.loads(line)["resourceSpans"] for ss in rs["scopeSpans"]
+    )  # fmt: skip
+    assert sorted(p.name for p in (received / "telemetry").glob("traces-*")) == [
+        f.name for f in files
+    ]
+
+    def rows(run: Path) -> tuple[list[dict], list[dict]]:
+        store = open_store(run)
+        assert store is not None
+        out = []
+        for part in store.parts:
+            for row in pq.ParquetFile(part).read().to_pylist():
+                for c in ("attributes", "links", "events", "extra"):
+                    row[c] = None if row[c] is None else orjson.loads(row[c])
+                out.append((part.parent.name, row))
+        res = pq.read_table(store.root / "resources.parquet").to_pylist()
+        for r in res:
+            r["attributes"] = orjson.loads(r["attributes"])
+        return out, res
+
+    mine, theirs = rows(workers), rows(received)
+    assert len(mine[0]) == len(theirs[0]) > 0
+    assert mine == theirs

@@ -25,6 +25,7 @@ from mlaunch.trace.store import (
     open_store,
     take_warnings,
 )
+from mlaunch.trace.store_goodput import goodput_store
 from mlaunch.trace.store_summary import summarize_store
 from mlaunch.trace.summary import summarize
 
@@ -55,6 +56,7 @@ def test_old_and_new_readers_agree_on_every_synthetic_trace(tmp_path: Path) -> N
         assert_same(old_sum, summarize_store(store).to_json(), str(run))
         assert_same(old_gp, goodput(StoreReader(store)).to_json(), str(run))
         assert_same(old_gp, goodput(StoreReader(store, timing_only=True)).to_json(), str(run))
+        assert_same(old_gp, goodput_store(store).to_json(), str(run))
         assert old_chrome == _export(StoreReader(store), tmp_path / "new.json")
         # and through the CLI (which now reads the store), the JSON the user sees
         r = invoke_trace("summary", run, "--json")
@@ -124,6 +126,40 @@ def test_a_live_run_is_read_with_what_was_written_since(tmp_path: Path) -> None:
     assert goodput(StoreReader(store)).to_json() == goodput(TraceReader.open(run)).to_json()
 
 
+def test_a_live_runs_many_appends_are_compacted(tmp_path: Path) -> None:
+    """Read after every flush of a live run: each read appends a small part per rank; past
+    MAX_EXTRA_PARTS extra parts the store is rewritten, a part per SEGMENT_ROWS, rows unchanged."""
+    from mlaunch.trace.store import MAX_EXTRA_PARTS
+
+    run = tmp_path / "run"
+    write_realistic_run(run, ranks=2, steps=10, pp=1, batch=20)
+    files = sorted((run / "telemetry").glob("traces-rank*.jsonl"))
+    full = {f: f.read_bytes().splitlines(keepends=True) for f in files}
+    counts = []
+    for i in range(1, MAX_EXTRA_PARTS + 4):
+        for f in files:  # the run has written i lines of each rank so far
+            f.write_bytes(b"".join(full[f][:i]))
+        store = open_store(run)
+        assert store is not None
+        counts.append(len(store.parts))
+    assert max(counts) > 2 * MAX_EXTRA_PARTS  # the appends did fragment it
+    assert counts[-1] < max(counts)  # and it was compacted
+    for f in files:
+        f.write_bytes(b"".join(full[f]))
+    store = open_store(run)
+    assert_same(summarize(TraceReader.open(run)).to_json(), summarize_store(store).to_json())
+    rows = [r for p in store.parts for r in pq_rows(p)]
+    fresh = tmp_path / "fresh"
+    write_realistic_run(fresh, ranks=2, steps=10, pp=1, batch=20)
+    assert rows == [r for p in open_store(fresh).parts for r in pq_rows(p)]
+
+
+def pq_rows(part: Path) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    return [{**r, "rank": part.parent.name} for r in pq.ParquetFile(part).read().to_pylist()]
+
+
 def test_a_malformed_line_appended_to_a_live_run_names_its_line(tmp_path: Path) -> None:
     run = tmp_path / "run"
     write_realistic_run(run, ranks=2, steps=4, pp=1)
@@ -187,7 +223,8 @@ def test_disk_full_while_building_loses_nothing(
     assert not (run / STORE_DIR).exists()
     assert [p.name for p in run.iterdir() if "store" in p.name] == []  # nothing half-built left
     assert {p: p.read_bytes() for p in (run / "telemetry").iterdir()} == json_before
-    # summary still answers, from the JSON (it builds no store itself), and leaves none behind
+    # summary still answers, from the JSON (its own build meets the full disk too, and warns),
+    # and leaves no store behind
     calls.clear()
     r = invoke_trace("summary", run, "--json")
     assert r.exit_code == 0, r.output
@@ -259,3 +296,54 @@ def test_percentiles_in_buckets_equal_the_one_scan(
     expected = summarize(TraceReader.open(run)).to_json()
     monkeypatch.setattr(ss, "QUANTILE_BUCKET", 300)
     assert_same(expected, ss.summarize_store(open_store(run)).to_json())
+
+
+@pytest.mark.parametrize("bucket", [None, 5])
+def test_a_name_written_both_ways_is_summarised_as_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bucket: int | None
+) -> None:
+    """Old and new traces in one run (the store groups on the stored names, then merges an older
+    trace's documented name into the code name): the same summary as the JSON reader's, in one
+    scan and in buckets."""
+    import mlaunch.trace.store_summary as ss
+
+    run = hand_example()[0].write_run_dir(tmp_path / "run")
+    old = hand_example(legacy=True)[0].write_run_dir(tmp_path / "old")
+    for f in (old / "telemetry").glob("traces-rank*.jsonl"):
+        with open(run / "telemetry" / f.name, "a") as out:
+            out.write(f.read_text())
+    expected = summarize(TraceReader.open(run)).to_json()
+    if bucket is not None:
+        monkeypatch.setattr(ss, "QUANTILE_BUCKET", bucket)
+    got = ss.summarize_store(open_store(run)).to_json()
+    assert_same(expected, got)
+    from mlaunch.model.spans import ALIASES, STEP_SPAN
+
+    assert not {s["name"] for s in got["spans"]} & set(ALIASES)  # merged into the code names
+    alone = summarize(TraceReader.open(old)).to_json()["spans"]
+    step = next(s["count"] for s in alone if s["name"] == STEP_SPAN)
+    assert next(s["count"] for s in got["spans"] if s["name"] == STEP_SPAN) == 2 * step
+
+
+def test_a_run_directory_the_user_may_not_write_is_read_as_json_without_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Someone else's run or an archive (the store cannot be written there: EACCES): the command
+    answers from the JSON, says nothing about the store, and leaves nothing behind. (Simulated:
+    the tests run as root, whom permissions do not stop.)"""
+    import mlaunch.trace.store as st
+
+    run = tmp_path / "run"
+    write_realistic_run(run, ranks=2, steps=5, pp=1)
+    expected = summarize(TraceReader.open(run)).to_json()
+
+    def refused(run_dir: Path, reader: Any, **kw: Any) -> Any:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(st, "build_store", refused)
+    take_warnings()
+    r = invoke_trace("summary", run, "--json")
+    assert r.exit_code == 0, r.output
+    assert_same(expected, json.loads(r.stdout))
+    assert "warning" not in r.stderr and take_warnings() == []
+    assert not (run / STORE_DIR).exists()
