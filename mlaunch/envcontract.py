@@ -167,10 +167,12 @@ CAPTURE_FINAL_STATES = frozenset({"done", "missed"})
 #: why not, and when the groups were switched and switched back; mlaunch.lens_hook.capture).
 LENS_CAPTURE_ACK_TEMPLATE = "capture-ack-rank{rank}-{id}.json"
 
-#: A rank's progress beat, under :data:`TELEMETRY_DIR`: the iteration it last started and when,
+#: A rank's progress beat, under :data:`HEARTBEAT_DIR`: the iteration it last started and when,
 #: rewritten in place (at most once a second, off the training thread) by every process that set
-#: up ``mlaunch.telemetry`` under ``mlaunch train``; the launcher's hang watchdog reads it.
-HEARTBEAT_FILE = NumberedName("heartbeat-rank{rank}.json")
+#: up ``mlaunch.telemetry`` under ``mlaunch train``; the launcher's hang watchdog reads it. Not under
+#: TELEMETRY_DIR: a run with telemetry off keeps its beat too, and writes no telemetry.
+HEARTBEAT_DIR = "heartbeat"
+HEARTBEAT_FILE = NumberedName("rank{rank}.json")
 
 #: What a hang leaves (``mlaunch train --hang-timeout``), under the run directory's ``hang/``:
 #: each node's launcher writes its ranks' report, the merge of every node's, one file of Python
@@ -194,7 +196,7 @@ NCCL_PIPE_PREFIX = "nccl-pipe-rank"
 
 def heartbeat_file(run_dir: str | Path, rank: int) -> Path:
     """Where one rank's progress beat is (:data:`HEARTBEAT_FILE`)."""
-    return Path(run_dir) / TELEMETRY_DIR / HEARTBEAT_FILE.name(rank)
+    return Path(run_dir) / HEARTBEAT_DIR / HEARTBEAT_FILE.name(rank)
 
 
 def hang_dir(run_dir: str | Path) -> Path:

@@ -3,7 +3,7 @@
 Progress, in the order the watchdog trusts it (any one moving is progress):
 
 - the progress beats of every process that set up ``mlaunch.telemetry`` under ``mlaunch train``
-  (``telemetry/heartbeat-rank{R}.json``: the iteration each rank last started; written off the
+  (``heartbeat/rank{R}.json``: the iteration each rank last started; written off the
   training thread at most once a second, telemetry on or off): mlaunch's trainer and
   ``mlaunch.telemetry`` scripts;
 - ``progress.jsonl`` (mlaunch's trainer, every log interval);

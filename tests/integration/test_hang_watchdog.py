@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from support.launch_runs import clean_env, finish, free_port, mlaunch
 
+from mlaunch import envcontract as ec
+
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 WORKER = Path(__file__).resolve().parents[1] / "support" / "hang_worker.py"
@@ -184,7 +186,7 @@ def test_a_trainer_rank_stopped_by_sigstop_is_named_by_the_watchdog(tmp_path: Pa
         "--run-dir", str(run_dir), "--train-iters", "100000", "--eval-interval", "0",
         "--hang-timeout", "10", cwd=tmp_path, env=clean_env(),
     )  # fmt: skip
-    beat = run_dir / "telemetry" / "heartbeat-rank1.json"
+    beat = ec.heartbeat_file(run_dir, 1)
     deadline = time.monotonic() + 120
     pid = None
     while proc.poll() is None and time.monotonic() < deadline:
