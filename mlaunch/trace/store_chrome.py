@@ -275,7 +275,9 @@ class _Pass2:
         dict_names = name_col.dictionary.to_pylist()
         named = [self._name(x) for x in dict_names]
         name_idx = name_col.indices
-        head_name = pa.array(['{"name":' + j + ',"cat":"' + c + '","ph":"X","pid":' for j, c in named])
+        head_name = pa.array(
+            ['{"name":' + j + ',"cat":"' + c + '","ph":"X","pid":' for j, c in named]
+        )
         gids = self.attrs.of(t.column("attributes"), np)
         span_ids = t.column("span_id")
         uniq, local = np.unique(gids, return_inverse=True)
@@ -291,11 +293,19 @@ class _Pass2:
         sid_text = pc.fill_null(span_ids, "")
         x = pc.binary_join_element_wise(
             pc.take(head_name, name_idx),
-            pa.array(pids).cast(pa.string()), ',"tid":',
-            pa.array(tids).cast(pa.string()), ',"ts":', _us_text(rel, np, pa),
-            ',"dur":', _us_text(dur, np, pa), ',"args":',
+            pa.array(pids).cast(pa.string()),
+            ',"tid":',
+            pa.array(tids).cast(pa.string()),
+            ',"ts":',
+            _us_text(rel, np, pa),
+            ',"dur":',
+            _us_text(dur, np, pa),
+            ',"args":',
             heads.take(pa.array(local.reshape(-1))),
-            '"span_id":"', sid_text, '"}}', "",
+            '"span_id":"',
+            sid_text,
+            '"}}',
+            "",
         )
         special = np.nonzero(
             slow
