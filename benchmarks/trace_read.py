@@ -16,7 +16,10 @@ span with attributes), then times, in one process:
   against the JSON's (goal: <= 1/10). The first-read ratio is of whole processes (interpreter,
   imports and all threads: what a user's ``mlaunch trace summary`` pays), against a process
   that only decodes with orjson, run before and after it: their ratio (A/A) is printed beside
-  it, the noise of the machine the ratio is read against (``--repeat N`` runs the trio N times).
+  it, the noise of the machine the ratio is read against (``--repeat N`` runs the trio N times);
+  and Chrome export from the store (column-wise) against export from the JSON, whole processes,
+  with the JSON export run before and after it (A/A), then from the store read back as span
+  dicts; the three outputs are checked to be the same bytes (``--no-export`` skips these).
 
 Run: ``python benchmarks/trace_read.py [--spans 1000000] [--no-json] [--no-export] [--no-store]
 [--repeat N]``; ``--store-only --spans 100000000`` for the store passes at 10^8 spans (generated
@@ -94,7 +97,7 @@ def _child(what: str, run_s: str) -> None:
     if what == "decode":  # the floor, as a whole process: no pyarrow, no DuckDB
         _timed(what, lambda: _decode_only(run, orjson.loads), None)
         return
-    from mlaunch.trace.store import open_store, run_sql
+    from mlaunch.trace.store import StoreReader, open_store, run_sql
     from mlaunch.trace.store_goodput import goodput_store as goodput_of_store
     from mlaunch.trace.store_summary import summarize_store
 
@@ -115,8 +118,25 @@ def _child(what: str, run_s: str) -> None:
         res = run_sql(open_store(run, build=False), "SELECT name, count(*) FROM spans GROUP BY 1")
         return sum(r[1] for r in res.rows)
 
+    def export_json() -> int:
+        return export_chrome(TraceReader.open(run), run.parent / "export-json.json").spans
+
+    def export_store() -> int:  # the column-wise export (mlaunch/trace/store_chrome.py)
+        reader = StoreReader(open_store(run, build=False))
+        return export_chrome(reader, run.parent / "export-store.json").spans
+
+    def export_store_rows() -> int:  # the store read back as span dicts, as before store_chrome
+        from mlaunch.outputs import open_output
+        from mlaunch.trace.chrome import ChromeExporter
+
+        reader, ex = StoreReader(open_store(run, build=False)), ChromeExporter()
+        reader.feed(lambda res, spans, _: ex.scan(res, spans))
+        with open_output(run.parent / "export-store-rows.json") as f:
+            return ex.write(reader.reread(), f, ex.layout()).spans
+
     fn = {"first-read": first_read, "summary-store": summary_store,
-          "goodput-store": goodput_store, "sql-count": sql_count}[what]  # fmt: skip
+          "goodput-store": goodput_store, "sql-count": sql_count, "export-json": export_json,
+          "export-store": export_store, "export-store-rows": export_store_rows}[what]  # fmt: skip
     _timed(what, fn, None)
 
 
@@ -144,6 +164,30 @@ def _first_read(run: Path, repeat: int) -> None:
         print(f"first read (whole process) {first:.2f} CPU-s = {2 * first / (a + b):.2f}x "
               f"decode (whole process {a:.2f} / {b:.2f} CPU-s, A/A {b / a:.2f}); "
               "goal <= 1.5x")  # fmt: skip
+
+
+def _export_compare(run: Path, repeat: int) -> None:
+    """Chrome export, whole processes: from the JSON, from the store (column-wise), from the
+    JSON again (the A/A control), ``repeat`` times; then once from the store read back as span
+    dicts (the path before store_chrome). The outputs must be the same bytes."""
+    for _ in range(repeat):
+        a = _process_cpu("export-json", run)
+        new = _process_cpu("export-store", run)
+        b = _process_cpu("export-json", run)
+        print(f"export from the store (whole process) {new:.2f} CPU-s = {2 * new / (a + b):.3f}x "
+              f"export from the JSON (whole process {a:.2f} / {b:.2f} CPU-s, A/A {b / a:.2f})")  # fmt: skip
+    rows = _process_cpu("export-store-rows", run)
+    print(f"export from the store as span dicts (whole process) {rows:.2f} CPU-s")
+    same = all(
+        (run.parent / f"export-{k}.json").read_bytes()
+        == (run.parent / "export-json.json").read_bytes()
+        for k in ("store", "store-rows")
+    )
+    print(f"the three exports are {'the same bytes' if same else 'DIFFERENT'}")
+    for k in ("json", "store", "store-rows"):
+        (run.parent / f"export-{k}.json").unlink()
+    if not same:
+        raise SystemExit("the exports differ")
 
 
 def _store_only(spans: int, ranks: int) -> None:
@@ -279,6 +323,8 @@ def main() -> None:
                   f"({size / 2**20:,.0f} MiB); goal <= 1/10")  # fmt: skip
             for what in ("summary-store", "goodput-store", "sql-count"):
                 subprocess.run([sys.executable, __file__, "--child", what, str(run)], check=True)
+            if not args.no_export:
+                _export_compare(run, args.repeat)
         load = os.getloadavg()[0]
         print(f"load average {load:.1f} on {os.cpu_count()} CPUs")
 
