@@ -3,18 +3,19 @@
 
 Pass 1 reads six columns of every part (times, ids, resource, attributes as a dictionary) into
 numpy arrays: span ids are decoded from hex in one ``bytes.fromhex`` per part, the thread of a
-span comes from its attribute list, decoded once per distinct list (the parts store them
-dictionary-encoded), and lanes are assigned per thread by the JSON path's own
+span comes from its attribute list, decoded once per dictionary entry of the part (the parts
+store them dictionary-encoded; nothing is cached across parts, so memory does not grow with the
+number of distinct lists), and lanes are assigned per thread by the JSON path's own
 :func:`~mlaunch.trace.chrome.assign_lanes_columns`. Pass 2 writes each part's complete events as
 one Arrow string array (``binary_join_element_wise`` of per-span columns: name and args texts
-taken from per-distinct tables, times formatted from integer nanoseconds) and writes its bytes in
+taken from per-entry tables, times formatted from integer nanoseconds) and writes its bytes in
 one call. Only the few spans the columns cannot say exactly are written by the JSON path's code,
 span by span: spans with an ERROR status (their message is in ``extra``), attribute lists with a
 key the exporter itself sets (``span_id``, ``status``, ``status_message``), ids that are not 16 hex
 digits; and the span events and links that follow a span.
 
-Memory: 4 int64s and 2 int32s per span for the layout (as the JSON path's pass 1), plus one part
-at a time.
+Memory: 5 int64s and 2 int32s per span for the layout (the JSON path's pass 1 keeps 4 int64s),
+plus one part at a time.
 """
 
 from __future__ import annotations
@@ -74,42 +75,36 @@ def _hex_ids(col: Any, np: Any) -> Any:
     return np.array([_sid(v) for v in col.to_pylist()], dtype=np.int64)
 
 
-class _Attrs:
-    """Per distinct attribute list (its stored JSON text): the thread key, thread label, and
-    the ``args`` text up to where the exporter's own keys go."""
+def _entries(col: Any, decode: Any, np: Any) -> tuple[list[Any], Any]:
+    """``decode`` of each distinct attribute list of a column (its JSON text, or None), once
+    per dictionary entry (the parts store them dictionary-encoded), and each row's entry."""
+    import pyarrow as pa
 
-    def __init__(self) -> None:
-        self.ids: dict[str | None, int] = {}
-        self.tkey: list[Any] = []
-        self.tname: list[Any] = []
-        self.head: list[str] = []  # '{' or '{...,' : args less the exporter's keys and '}'
-        self.slow: list[bool] = []
+    if pa.types.is_dictionary(col.type):
+        values = [decode(v) for v in col.dictionary.to_pylist()]
+        idx = col.indices.fill_null(len(values)).to_numpy(zero_copy_only=False)
+        values.append(decode(None))  # the null entry: a span without attributes
+        return values, idx.astype(np.int64)
+    values = [decode(v) for v in col.to_pylist()]
+    return values, np.arange(len(values), dtype=np.int64)
 
-    def add(self, text: str | None) -> int:
-        gid = self.ids.get(text)
-        if gid is None:
-            gid = self.ids[text] = len(self.head)
-            args = attributes(loads(text)) if text is not None else {}
-            self.tkey.append(args.get(THREAD_ID_ATTR))
-            self.tname.append(args.get(THREAD_NAME_ATTR))
-            body = _dumps(args)
-            self.head.append("{" if body == "{}" else body[:-1] + ",")
-            self.slow.append(not _OWN_KEYS.isdisjoint(args))
-        return gid
 
-    def of(self, col: Any, np: Any) -> Any:
-        """Global ids of a dictionary-encoded (or plain) attributes column."""
-        import pyarrow as pa
+def _args(text: str | None) -> dict[str, Any]:
+    return attributes(loads(text)) if text is not None else {}
 
-        if isinstance(col, pa.ChunkedArray):
-            parts = [self.of(c, np) for c in col.chunks]
-            return np.concatenate(parts) if parts else np.zeros(0, np.int32)
-        if pa.types.is_dictionary(col.type):
-            table = np.array([self.add(v) for v in col.dictionary.to_pylist()] or [0], np.int32)
-            idx = col.indices.fill_null(-1).to_numpy(zero_copy_only=False)
-            null = self.add(None)
-            return np.where(idx < 0, null, table[np.maximum(idx, 0)]).astype(np.int32)
-        return np.array([self.add(v) for v in col.to_pylist()], np.int32)
+
+def _thread_of(text: str | None) -> tuple[Any, Any]:
+    """(thread key, thread name) of an attribute list, as the JSON path's ``_thread_key``."""
+    a = _args(text)
+    return a.get(THREAD_ID_ATTR), a.get(THREAD_NAME_ATTR)
+
+
+def _head(text: str | None) -> tuple[str, bool]:
+    """The ``args`` text of an attribute list up to where the exporter's own keys go ('{' or
+    '{...,'), and whether it has one of those keys (then its spans go span by span)."""
+    a = _args(text)
+    body = _dumps(a)
+    return ("{" if body == "{}" else body[:-1] + ","), not _OWN_KEYS.isdisjoint(a)
 
 
 def export_chrome_store(store: Store, out: TextIO) -> ChromeStats:
@@ -124,7 +119,7 @@ def export_chrome_store(store: Store, out: TextIO) -> ChromeStats:
     reader = StoreReader(store)
     resources = reader.resources()
     pid_of = {rid: _pid(r) for rid, r in resources.items()}
-    attrs = _Attrs()
+    tkeys: dict[Any, int] = {}  # the distinct thread keys (few), numbered
     hosts: dict[int, str | None] = {}
     run_id: Any = None
     threads: dict[tuple[int, Any], int] = {}  # (pid, thread key) -> index, first seen first
@@ -146,18 +141,23 @@ def export_chrome_store(store: Store, out: TextIO) -> ChromeStats:
                 run_id = run_id or res.attrs.get(ResourceAttr.RUN_ID)
         lut = np.array([pid_of.get(r, 0) for r in range(int(rids.max()) + 1)], np.int64)
         pids = lut[rids]
-        gids = attrs.of(t.column("attributes"), np)
         # thread of each span: its (pid, thread key), numbered in order of first appearance
-        pair = pids * (len(attrs.head) + 1) + gids
+        ents, rows = [], []
+        for chunk in t.column("attributes").chunks:
+            e, r = _entries(chunk, _thread_of, np)
+            rows.append(r + len(ents))
+            ents += e
+        ent = np.concatenate(rows)
+        tk_of = np.array([tkeys.setdefault(k, len(tkeys)) for k, _ in ents], np.int64)
+        pair = pids * (len(tkeys) + 1) + tk_of[ent]
         upair, ufirst, inv = np.unique(pair, return_index=True, return_inverse=True)
         tmap = np.empty(len(upair), np.int32)
         for k in np.argsort(ufirst, kind="stable").tolist():
-            pid, gid = divmod(int(upair[k]), len(attrs.head) + 1)
-            key = (pid, attrs.tkey[gid])
+            tk, tn = ents[int(ent[ufirst[k]])]  # the thread's first span names it
+            key = (int(pids[ufirst[k]]), tk)
             ti = threads.get(key)
             if ti is None:
                 ti = threads[key] = len(labels)
-                tk, tn = attrs.tkey[gid], attrs.tname[gid]
                 labels.append(f"{tn} ({tk})" if tn else ("main" if tk is None else f"thread {tk}"))
             tmap[k] = ti
         tix_parts.append(tmap[inv.reshape(-1)])
@@ -232,7 +232,7 @@ def export_chrome_store(store: Store, out: TextIO) -> ChromeStats:
             meta.append(_dumps({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
                                 "args": {"sort_index": tid}}))  # fmt: skip
     out.write(",\n".join(meta))
-    writer = _Pass2(out, attrs, sources, t0, st)
+    writer = _Pass2(out, sources, t0, st)
     row = 0
     for part in store.parts:
         t = pq.read_table(part, columns=_PASS2, read_dictionary=["name", "attributes"])
@@ -249,9 +249,9 @@ def export_chrome_store(store: Store, out: TextIO) -> ChromeStats:
 class _Pass2:
     """Pass 2 over one part at a time: complete events column-wise, the rest span by span."""
 
-    def __init__(self, out: TextIO, attrs: _Attrs, sources: dict[int, tuple[int, int, int]],
-                 t0: int, st: ChromeStats) -> None:  # fmt: skip
-        self.out, self.attrs, self.sources, self.t0, self.st = out, attrs, sources, t0, st
+    def __init__(self, out: TextIO, sources: dict[int, tuple[int, int, int]], t0: int,
+                 st: ChromeStats) -> None:  # fmt: skip
+        self.out, self.sources, self.t0, self.st = out, sources, t0, st
         self.names: dict[str, tuple[str, str]] = {}  # name -> (its JSON text, category)
         self.flow_id = 0
 
@@ -278,13 +278,11 @@ class _Pass2:
         head_name = pa.array(
             ['{"name":' + j + ',"cat":"' + c + '","ph":"X","pid":' for j, c in named]
         )
-        gids = self.attrs.of(t.column("attributes"), np)
+        heads, ent = _entries(t.column("attributes"), _head, np)
         span_ids = t.column("span_id")
-        uniq, local = np.unique(gids, return_inverse=True)
-        heads = pa.array([self.attrs.head[g] for g in uniq.tolist()], pa.string())
         sid_ok = pc.fill_null(pc.match_substring_regex(span_ids, _HEX16.pattern), False)
         slow = (
-            np.asarray(self.attrs.slow, bool)[gids]
+            np.array([own for _, own in heads], bool)[ent]
             | (t.column("status").to_numpy(zero_copy_only=False) == 2)
             | ~sid_ok.to_numpy(zero_copy_only=False)
         )
@@ -301,7 +299,7 @@ class _Pass2:
             ',"dur":',
             _us_text(dur, np, pa),
             ',"args":',
-            heads.take(pa.array(local.reshape(-1))),
+            pa.array([h for h, _ in heads], pa.string()).take(pa.array(ent)),
             '"span_id":"',
             sid_text,
             '"}}',
