@@ -45,6 +45,8 @@ from mlaunch.trace.store import Store, StoreReader
 _OWN_KEYS = frozenset({"span_id", "status", "status_message"})
 _HEX16 = re.compile(r"^[0-9a-fA-F]{16}$")
 _PASS1 = ["span_id", "parent_id", "start_ns", "end_ns", "resource_id", "attributes", "links"]
+#: Rows whose event texts are built at once (about 8 MB of text).
+_SLICE = 32_768
 _PASS2 = ["name", "span_id", "status", "attributes", "links", "events", "extra"]
 #: ``_us`` of the 1000 sub-microsecond remainders, as text after the point.
 #: From here on (10^11 us) the text of an exact 3-decimal value may not be what repr prints.
@@ -286,39 +288,43 @@ class _Pass2:
             | (t.column("status").to_numpy(zero_copy_only=False) == 2)
             | ~sid_ok.to_numpy(zero_copy_only=False)
         )
-        rel = starts - self.t0
-        dur = ends - starts
-        sid_text = pc.fill_null(span_ids, "")
-        x = pc.binary_join_element_wise(
-            pc.take(head_name, name_idx),
-            pa.array(pids).cast(pa.string()),
-            ',"tid":',
-            pa.array(tids).cast(pa.string()),
-            ',"ts":',
-            _us_text(rel, np, pa),
-            ',"dur":',
-            _us_text(dur, np, pa),
-            ',"args":',
-            pa.array([h for h, _ in heads], pa.string()).take(pa.array(ent)),
-            '"span_id":"',
-            sid_text,
-            '"}}',
-            "",
-        )
+        head_args = pa.array([h for h, _ in heads], pa.string())
         special = np.nonzero(
             slow
             | t.column("links").is_valid().to_numpy(zero_copy_only=False)
             | t.column("events").is_valid().to_numpy(zero_copy_only=False)
         )[0].tolist()
-        lo = 0
-        for i in special:
-            self._bulk(x, lo, i + (0 if slow[i] else 1))
-            if slow[i]:
-                self.out.write(",\n" + self._x_line(t, i, int(pids[i]), int(tids[i]),
-                                                   int(starts[i]), int(ends[i])))  # fmt: skip
-            self._after(t, i, int(pids[i]), int(tids[i]), int(starts[i]))
-            lo = i + 1
-        self._bulk(x, lo, n)
+        sid_text = pc.fill_null(span_ids, "")
+        sp = 0
+        for a in range(0, n, _SLICE):  # slices: the texts of a whole part would be ~100 MB
+            b = min(a + _SLICE, n)
+            x = pc.binary_join_element_wise(
+                pc.take(head_name, name_idx.slice(a, b - a)),
+                pa.array(pids[a:b]).cast(pa.string()),
+                ',"tid":',
+                pa.array(tids[a:b]).cast(pa.string()),
+                ',"ts":',
+                _us_text(starts[a:b] - self.t0, np, pa),
+                ',"dur":',
+                _us_text(ends[a:b] - starts[a:b], np, pa),
+                ',"args":',
+                head_args.take(pa.array(ent[a:b])),
+                '"span_id":"',
+                sid_text.slice(a, b - a),
+                '"}}',
+                "",
+            )
+            lo = 0
+            while sp < len(special) and special[sp] < b:
+                i = special[sp]
+                self._bulk(x, lo, i - a + (0 if slow[i] else 1))
+                if slow[i]:
+                    self.out.write(",\n" + self._x_line(t, i, int(pids[i]), int(tids[i]),
+                                                        int(starts[i]), int(ends[i])))  # fmt: skip
+                self._after(t, i, int(pids[i]), int(tids[i]), int(starts[i]))
+                lo = i - a + 1
+                sp += 1
+            self._bulk(x, lo, b - a)
 
     def _bulk(self, x: Any, lo: int, hi: int) -> None:
         """Rows ``lo:hi`` of the complete-event column, each after ',\\n', in one write."""

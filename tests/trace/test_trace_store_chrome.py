@@ -75,7 +75,13 @@ def _both(run: Path, tmp_path: Path, **build: int) -> tuple[bytes, bytes]:
     return old.read_bytes(), new.read_bytes()
 
 
-def test_chrome_export_from_the_store_is_byte_for_byte_the_json_paths(tmp_path: Path) -> None:
+@pytest.mark.parametrize("rows", [32_768, 3])
+def test_chrome_export_from_the_store_is_byte_for_byte_the_json_paths(
+    tmp_path: Path, rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlaunch.trace import store_chrome
+
+    monkeypatch.setattr(store_chrome, "_SLICE", rows)  # the texts of a part built in slices
     for run in _runs(tmp_path):
         old, new = _both(run, tmp_path)
         assert old == new, run.name
@@ -91,8 +97,11 @@ def test_chrome_export_from_the_store_is_byte_for_byte_the_json_paths(tmp_path: 
 
 @pytest.mark.parametrize("segment_rows", [1, 3])
 def test_a_store_of_many_small_parts_exports_the_same_bytes(
-    tmp_path: Path, segment_rows: int
+    tmp_path: Path, segment_rows: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from mlaunch.trace import store_chrome
+
+    monkeypatch.setattr(store_chrome, "_SLICE", 2)  # and a part's texts built 2 rows at a time
     run = _hostile().write_run_dir(tmp_path / "run", batch=2)
     old, new = _both(run, tmp_path, segment_rows=segment_rows)
     assert old == new
