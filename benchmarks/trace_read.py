@@ -16,11 +16,17 @@ span with attributes), then times, in one process:
   against the JSON's (goal: <= 1/10). The first-read ratio is of whole processes (interpreter,
   imports and all threads: what a user's ``mlaunch trace summary`` pays), against a process
   that only decodes with orjson, run before and after it: their ratio (A/A) is printed beside
-  it, the noise of the machine the ratio is read against (``--repeat N`` runs the trio N times).
+  it, the noise of the machine the ratio is read against (``--repeat N`` runs the trio N times);
+  and Chrome export from the store (column-wise) against export from the JSON, whole processes,
+  with the JSON export run before and after it (A/A), then from the store read back as span
+  dicts; the three outputs are checked to be the same bytes (``--no-export`` skips these);
+  ``trace report`` likewise, store (column-wise) against JSON with the A/A beside it, then the
+  store read back as span dicts (``--no-report`` skips these).
 
-Run: ``python benchmarks/trace_read.py [--spans 1000000] [--no-json] [--no-export] [--no-store]
-[--repeat N]``; ``--store-only --spans 100000000`` for the store passes at 10^8 spans (generated
-straight into the store: no JSON).
+Run: ``python benchmarks/trace_read.py [--spans 1000000] [--no-json] [--no-export]
+[--no-report] [--no-store] [--repeat N]``; ``--store-only --spans 100000000`` for the store
+passes at 10^8 spans (generated straight into the store: no JSON); ``--run DIR`` for only the
+export and report comparisons on an existing run directory (its store built first).
 """
 
 from __future__ import annotations
@@ -94,7 +100,7 @@ def _child(what: str, run_s: str) -> None:
     if what == "decode":  # the floor, as a whole process: no pyarrow, no DuckDB
         _timed(what, lambda: _decode_only(run, orjson.loads), None)
         return
-    from mlaunch.trace.store import open_store, run_sql
+    from mlaunch.trace.store import StoreReader, open_store, run_sql
     from mlaunch.trace.store_goodput import goodput_store as goodput_of_store
     from mlaunch.trace.store_summary import summarize_store
 
@@ -115,8 +121,57 @@ def _child(what: str, run_s: str) -> None:
         res = run_sql(open_store(run, build=False), "SELECT name, count(*) FROM spans GROUP BY 1")
         return sum(r[1] for r in res.rows)
 
+    def export_json() -> int:
+        return export_chrome(TraceReader.open(run), run.parent / "export-json.json").spans
+
+    def export_store() -> int:  # the column-wise export (mlaunch/trace/store_chrome.py)
+        reader = StoreReader(open_store(run, build=False))
+        return export_chrome(reader, run.parent / "export-store.json").spans
+
+    def export_store_rows() -> int:  # the store read back as span dicts, as before store_chrome
+        from mlaunch.outputs import open_output
+        from mlaunch.trace.chrome import ChromeExporter
+
+        reader, ex = StoreReader(open_store(run, build=False)), ChromeExporter()
+        reader.feed(lambda res, spans, _: ex.scan(res, spans))
+        with open_output(run.parent / "export-store-rows.json") as f:
+            return ex.write(reader.reread(), f, ex.layout()).spans
+
+    def report(reader: Any) -> int:
+        from mlaunch.trace.report.build import prepare, render
+
+        html = render(prepare(run, reader)).html
+        (run.parent / f"{what}.html").write_text(html)
+        return store_spans()
+
+    def store_spans() -> int:
+        return open_store(run, build=False).manifest.spans
+
+    class _Rows:  # the store read back as span dicts (the report's path before window_store)
+        def __init__(self, r: Any) -> None:
+            self.r = r
+
+        def __getattr__(self, k: str) -> Any:
+            return getattr(self.r, k)
+
+        def __iter__(self) -> Any:
+            return iter(self.r)
+
+        def reread(self) -> Any:
+            return _Rows(self.r.reread())
+
+    if what.startswith("report-"):
+        reader = {
+            "report-json": lambda: TraceReader.open(run),
+            "report-store": lambda: StoreReader(open_store(run, build=False)),
+            "report-store-rows": lambda: _Rows(StoreReader(open_store(run, build=False))),
+        }
+        _timed(what, lambda: report(reader[what]()), None)  # fmt: skip
+        return
+
     fn = {"first-read": first_read, "summary-store": summary_store,
-          "goodput-store": goodput_store, "sql-count": sql_count}[what]  # fmt: skip
+          "goodput-store": goodput_store, "sql-count": sql_count, "export-json": export_json,
+          "export-store": export_store, "export-store-rows": export_store_rows}[what]  # fmt: skip
     _timed(what, fn, None)
 
 
@@ -144,6 +199,46 @@ def _first_read(run: Path, repeat: int) -> None:
         print(f"first read (whole process) {first:.2f} CPU-s = {2 * first / (a + b):.2f}x "
               f"decode (whole process {a:.2f} / {b:.2f} CPU-s, A/A {b / a:.2f}); "
               "goal <= 1.5x")  # fmt: skip
+
+
+def _export_compare(run: Path, repeat: int) -> None:
+    """Chrome export, whole processes: from the JSON, from the store (column-wise), from the
+    JSON again (the A/A control), ``repeat`` times; then once from the store read back as span
+    dicts (the path before store_chrome). The outputs must be the same bytes."""
+    for _ in range(repeat):
+        a = _process_cpu("export-json", run)
+        new = _process_cpu("export-store", run)
+        b = _process_cpu("export-json", run)
+        print(f"export from the store (whole process) {new:.2f} CPU-s = {2 * new / (a + b):.3f}x "
+              f"export from the JSON (whole process {a:.2f} / {b:.2f} CPU-s, A/A {b / a:.2f})")  # fmt: skip
+    rows = _process_cpu("export-store-rows", run)
+    print(f"export from the store as span dicts (whole process) {rows:.2f} CPU-s")
+    same = all(
+        (run.parent / f"export-{k}.json").read_bytes()
+        == (run.parent / "export-json.json").read_bytes()
+        for k in ("store", "store-rows")
+    )
+    print(f"the three exports are {'the same bytes' if same else 'DIFFERENT'}")
+    for k in ("json", "store", "store-rows"):
+        (run.parent / f"export-{k}.json").unlink()
+    if not same:
+        raise SystemExit("the exports differ")
+
+
+def _report_compare(run: Path, repeat: int) -> None:
+    """``trace report`` (data and page), whole processes: from the JSON, from the store
+    (column-wise), from the JSON again (A/A), ``repeat`` times; then once from the store read
+    back as span dicts. (That the data agree is tests/report/test_report_store.py's.)"""
+    for _ in range(repeat):
+        a = _process_cpu("report-json", run)
+        new = _process_cpu("report-store", run)
+        b = _process_cpu("report-json", run)
+        print(f"report from the store (whole process) {new:.2f} CPU-s = {2 * new / (a + b):.3f}x "
+              f"report from the JSON (whole process {a:.2f} / {b:.2f} CPU-s, A/A {b / a:.2f})")  # fmt: skip
+    rows = _process_cpu("report-store-rows", run)
+    print(f"report from the store as span dicts (whole process) {rows:.2f} CPU-s")
+    for k in ("json", "store", "store-rows"):
+        (run.parent / f"report-{k}.html").unlink(missing_ok=True)
 
 
 def _store_only(spans: int, ranks: int) -> None:
@@ -218,6 +313,7 @@ def main() -> None:
     p.add_argument("--no-export", action="store_true", help="skip the Chrome export pass")
     p.add_argument("--no-store", action="store_true", help="skip the span store passes")
     p.add_argument("--no-json", action="store_true", help="skip the JSON reader's passes")
+    p.add_argument("--no-report", action="store_true", help="skip the report comparison")
     p.add_argument("--store-only", action="store_true",
                    help="generate straight into the span store (no JSON; for 10^8 spans): a "
                    "realistic run's store tiled in time, then the store passes")  # fmt: skip
@@ -227,12 +323,22 @@ def main() -> None:
         default=1,
         help="how many times to run the first-read trio (decode, first read, decode)",
     )
+    p.add_argument("--run", help="an existing run directory: only the export/report comparisons")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)  # one store pass, in a subprocess
     args = p.parse_args()
     if args.child:
         _child(*args.child)
         return
 
+    if args.run:
+        run = Path(args.run)
+        _process_cpu("first-read", run)  # the store exists before the comparisons
+        if not args.no_export:
+            _export_compare(run, args.repeat)
+        if not args.no_report:
+            _report_compare(run, args.repeat)
+        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+        return
     if args.store_only:
         _store_only(args.spans, args.ranks)
         return
@@ -279,6 +385,10 @@ def main() -> None:
                   f"({size / 2**20:,.0f} MiB); goal <= 1/10")  # fmt: skip
             for what in ("summary-store", "goodput-store", "sql-count"):
                 subprocess.run([sys.executable, __file__, "--child", what, str(run)], check=True)
+            if not args.no_export:
+                _export_compare(run, args.repeat)
+            if not args.no_report:
+                _report_compare(run, args.repeat)
         load = os.getloadavg()[0]
         print(f"load average {load:.1f} on {os.cpu_count()} CPUs")
 

@@ -317,7 +317,16 @@ def export_chrome(reader: TraceReader, out_path: Path) -> ChromeStats:
     over its files; the second reads exactly the bytes the first did, so a run still writing can
     be exported). ``out_path`` is written by the rule of :mod:`mlaunch.outputs` (checked by the
     caller). Raises ``TraceInputError`` for a malformed span (naming its file and line) or a
-    trace without spans; ``OSError`` when the output cannot be written."""
+    trace without spans; ``OSError`` when the output cannot be written. A run's span store
+    (``StoreReader``) is exported column-wise (:mod:`mlaunch.trace.store_chrome`), to the same
+    bytes."""
+    from mlaunch.trace.store import StoreReader
+
+    if isinstance(reader, StoreReader):
+        from mlaunch.trace.store_chrome import export_chrome_store
+
+        with open_output(out_path) as f:
+            return export_chrome_store(reader.store, f)
     ex = ChromeExporter()
     reader.feed(lambda res, spans, _: ex.scan(res, spans))
     if ex.t0 is None:

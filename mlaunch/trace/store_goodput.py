@@ -32,6 +32,13 @@ def _in(names: list[str]) -> str:
 
 def goodput_store(store: Store) -> GoodputReport:
     """The goodput of the store's spans. Raises ``TraceInputError`` for a store without spans."""
+    return goodput_aggregate(store).finish()
+
+
+def goodput_aggregate(store: Store) -> GoodputAggregator:
+    """The streaming aggregator's state after every span of the store, filled by the queries
+    (``mlaunch trace report`` reads the ranks' extents from it). Raises ``TraceInputError`` for
+    a store without spans."""
     from mlaunch.trace.store import StoreReader
     from mlaunch.trace.summary import no_spans_error
 
@@ -83,4 +90,4 @@ def goodput_store(store: Store) -> GoodputReport:
         agg.ranks[rank].spans.setdefault(ALIASES.get(name, name), []).append((start, end))
     if not any(st.hi >= st.lo for st in agg.ranks.values()):
         raise no_spans_error(StoreReader(store))  # type: ignore[arg-type]
-    return agg.finish()
+    return agg

@@ -69,9 +69,9 @@ def _by_name(con: Any, spans: int) -> list[tuple[Any, ...]]:
     members: dict[str, list[str]] = {}
     q: dict[str, list[float]] = {}
     for name, *row in raw:
-        if one_scan:
-            q[name] = row.pop(0)
         c = ALIASES.get(name, name)
+        if one_scan:  # by the canonical name (a name written both ways: its union, below)
+            q[c] = row.pop(0)
         members.setdefault(c, []).append(name)
         m = merged.get(c)
         if m is None:

@@ -122,20 +122,28 @@ def test_a_file_of_the_run_directory_is_refused_but_earlier_outputs_are_replaced
         assert r.exit_code == 0, r.output
 
 
+@pytest.mark.parametrize("source", ["store", "json"])
 def test_full_disk_leaves_no_temporary_file_and_the_old_output(
-    run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str
 ) -> None:
-    from mlaunch.trace import chrome
+    from mlaunch.trace import chrome, store_chrome
 
     out = tmp_path / "trace.json"
     out.write_text("previous export")
 
-    def full(self: Any, reader: Any, f: Any, st: Any) -> None:
+    def full_store(self: Any, *_: Any) -> None:  # a part's events, half written
+        self.out.write('{"displayTimeUnit":"ms"')
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def full_json(self: Any, reader: Any, f: Any, st: Any) -> None:
         f.write('{"displayTimeUnit":"ms"')
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(chrome.ChromeExporter, "write", full)
-    r = _invoke("export", run_dir, "-o", out)
+    # the run directory's export reads its span store (store_chrome); --skip-invalid, the JSON
+    monkeypatch.setattr(store_chrome._Pass2, "part", full_store)
+    monkeypatch.setattr(chrome.ChromeExporter, "write", full_json)
+    extra = ["--skip-invalid"] if source == "json" else []
+    r = _invoke("export", run_dir, "-o", out, *extra)
     assert r.exit_code == 2 and "No space left on device" in r.output, r.output
     assert "Traceback" not in r.output
     assert out.read_text() == "previous export"

@@ -171,3 +171,51 @@ def test_a_store_of_the_receivers_files_equals_the_store_of_the_workers_files(
     mine, theirs = rows(workers), rows(received)
     assert len(mine[0]) == len(theirs[0]) > 0
     assert mine == theirs
+
+
+def test_chrome_export_from_the_store_is_the_json_paths_bytes(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    """The column-wise export from the span store (store_chrome.py) writes exactly the bytes the
+    JSON path writes for the real run's trace."""
+    import shutil
+
+    from mlaunch.trace.chrome import export_chrome
+    from mlaunch.trace.reader import TraceReader
+    from mlaunch.trace.store import StoreReader, open_store
+
+    run = shutil.copytree(run_dir, tmp_path / "run")
+    old = export_chrome(TraceReader.open(run), tmp_path / "old.json")
+    store = open_store(run)
+    assert store is not None
+    new = export_chrome(StoreReader(store), tmp_path / "new.json")
+    assert old == new and new.spans > 0
+    assert (tmp_path / "old.json").read_bytes() == (tmp_path / "new.json").read_bytes()
+
+
+def test_the_report_from_the_store_prepares_the_json_paths_data(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    """The report's data from the span store (report/window_store.py) equals the JSON path's on
+    the real run (the summary within the store's DuckDB percentile rounding)."""
+    import shutil
+    from dataclasses import replace
+
+    from support.trace_compare import assert_same
+
+    from mlaunch.trace.reader import TraceReader
+    from mlaunch.trace.report.build import prepare, render
+    from mlaunch.trace.store import StoreReader, open_store
+
+    run = shutil.copytree(run_dir, tmp_path / "run")
+    old = prepare(run, TraceReader.open(run))
+    store = open_store(run)
+    assert store is not None
+    new = prepare(run, StoreReader(store))
+    assert_same(old.summary.to_json(), new.summary.to_json())
+    assert old.goodput.to_json() == new.goodput.to_json()
+    assert old.timeline == new.timeline and old.timeline.spans > 0
+    assert (old.ranges, old.notes, old.marks, old.meta, old.curve_figs) == (
+        new.ranges, new.notes, new.marks, new.meta, new.curve_figs
+    )  # fmt: skip
+    assert render(old).html == render(replace(new, summary=old.summary)).html

@@ -347,3 +347,14 @@ def test_a_run_directory_the_user_may_not_write_is_read_as_json_without_a_warnin
     assert_same(expected, json.loads(r.stdout))
     assert "warning" not in r.stderr and take_warnings() == []
     assert not (run / STORE_DIR).exists()
+
+
+def test_a_legacy_named_trace_is_summarised_from_the_store_as_from_the_json(
+    tmp_path: Path,
+) -> None:
+    """Documented (older) names, each the only spelling of its name: percentiles are found by
+    the canonical name (a KeyError before)."""
+    run = hand_example(legacy=True, job=(0, 1))[0].write_run_dir(tmp_path / "legacy")
+    store = open_store(run)
+    assert store is not None
+    assert_same(summarize(TraceReader.open(run)).to_json(), summarize_store(store).to_json())

@@ -27,7 +27,8 @@ plotly is used only for its JavaScript bundle: figures are written as plain JSON
 ``Plotly.newPlot``, which keeps the Python side free of plotly's (slow) figure validation.
 
 The package, in the order the data flows: :mod:`.window` (the iteration window and the two
-passes over the trace), :mod:`.rundir` (the files beside the traces), :mod:`.timeline` and
+passes over the trace; :mod:`.window_store` the same passes on the span store, column-wise),
+:mod:`.rundir` (the files beside the traces), :mod:`.timeline` and
 :mod:`.charts` (the figures), :mod:`.page` (the HTML; :mod:`.style` holds the names, colours and
 number formats they share) and :mod:`.build` (all of it for one run directory).
 """

@@ -21,7 +21,7 @@ from mlaunch.trace.report.window import (
     collect_window,
     segments,
 )
-from mlaunch.trace.store import open_reader
+from mlaunch.trace.store import StoreReader, open_reader
 from mlaunch.trace.summary import Summary, no_spans_error
 
 
@@ -103,11 +103,50 @@ def render_report(
     window outside the trace.
     """
     run_dir = Path(run_dir)
-    # The run's span store when it has one (built on first read), else the JSON: same batches.
-    reader = open_reader(run_dir, skip_invalid=skip_invalid)
-    scan = _scan(reader)
+    # The run's span store when it has one (built on first read), else the JSON.
+    return render_from(run_dir, open_reader(run_dir, skip_invalid=skip_invalid), iterations)
+
+
+@dataclass
+class ReportData:
+    """Everything the page shows, before it is written as HTML (the JSON and the store paths
+    must prepare the same)."""
+
+    run_dir: Path
+    summary: Summary
+    goodput: GoodputReport
+    resolved: dict[str, Any]
+    timeline: Timeline
+    ranges: list[tuple[int, int]]
+    curve_figs: dict[str, dict[str, Any]]
+    curve_source: str
+    notes: list[str]
+    marks: list[Mark]
+    meta: dict[str, Any]
+
+
+def render_from(
+    run_dir: Path, reader: TraceReader | StoreReader, iterations: tuple[int, int] | None = None
+) -> ReportResult:
+    """:func:`render_report` of what ``reader`` reads."""
+    return render(prepare(run_dir, reader, iterations))
+
+
+def prepare(
+    run_dir: Path, reader: TraceReader | StoreReader, iterations: tuple[int, int] | None = None
+) -> ReportData:
+    """The report's data: a store is read column-wise (:mod:`.window_store`), the JSON span by
+    span."""
     read_stats = reader.stats
-    summary = scan.summary.finish(read_stats)
+    if isinstance(reader, StoreReader):
+        from mlaunch.trace.report.window_store import StoreScan, collect_window_store
+
+        store_scan = StoreScan(reader.store)
+        scan: Scan = store_scan
+        summary = store_scan.result
+    else:
+        scan = _scan(reader)
+        summary = scan.summary.finish(read_stats)
     gp = scan.goodput.finish()
 
     present = scan.iterations()
@@ -116,15 +155,16 @@ def render_report(
         present, iterations, include=[m.iterations for m in marks if m.iterations is not None]
     )
     segs = segments(scan, ranges, present)
-    window = collect_window(reader.reread(), segs)
+    if isinstance(reader, StoreReader):
+        window = collect_window_store(reader.store, segs)
+    else:
+        window = collect_window(reader.reread(), segs)
     focus = scan.first_start(ranges[0][0]) if ranges else None
-    timeline = build_timeline(
-        window, segs, scan.run_start(), scan.summary.resources, ranges, focus, marks
-    )
+    timeline = build_timeline(window, segs, scan.run_start(), scan.resources, ranges, focus, marks)
 
     base_dir = run_directory(run_dir)
     progress, bad_progress = read_progress(base_dir)
-    first_res = scan.summary.resources[min(scan.summary.resources)]
+    first_res = scan.resources[min(scan.resources)]
     curve_figs, curve_source = curves(progress, scan, first_res)
     notes = _notes(read_stats, bad_progress, timeline, ranges)
     notes.extend(f"marked on the timeline: {mark_text(m)}" for m in marks)
@@ -135,11 +175,18 @@ def render_report(
                    "iterations": list(m.iterations) if m.iterations else None} for m in marks],
         "charts": {k: [len(t["x"]) for t in f["data"]] for k, f in curve_figs.items()},
     }  # fmt: skip
+    return ReportData(run_dir, summary, gp, read_resolved(base_dir), timeline, ranges,
+                      curve_figs, curve_source, notes, marks, meta)  # fmt: skip
+
+
+def render(d: ReportData) -> ReportResult:
+    """The page of prepared data."""
     html = page(
-        run_dir, summary, gp, read_resolved(base_dir), timeline, ranges, curve_figs, curve_source,
-        notes, _figures(timeline, curve_figs, summary, gp), meta,
+        d.run_dir, d.summary, d.goodput, d.resolved, d.timeline, d.ranges, d.curve_figs,
+        d.curve_source, d.notes, _figures(d.timeline, d.curve_figs, d.summary, d.goodput), d.meta,
     )  # fmt: skip
-    return ReportResult(html, ranges, timeline.spans, timeline.lanes, timeline.links, notes, marks)
+    t = d.timeline
+    return ReportResult(html, d.ranges, t.spans, t.lanes, t.links, d.notes, d.marks)
 
 
 def write_report(

@@ -213,14 +213,24 @@ class Scan:
         self.goodput.add(res, spans, flagged)
         if res.launcher:  # the launcher's job trace: in the aggregates, no lane of its own
             return
-        steps = self.steps.setdefault(res.rank, [])
+        self.note(res.rank, spans)
+
+    @property
+    def resources(self) -> dict[int, dict[str, Any]]:
+        """The attributes of each rank's first (worker) resource."""
+        return self.summary.resources
+
+    def note(self, rank: int, spans: list[dict[str, Any]]) -> None:
+        """Fold in the steps and marks of one worker batch (the span store hands only the
+        spans that can be either)."""
+        steps = self.steps.setdefault(rank, [])
         canon = ALIASES
         for s in spans:
             name = s["name"]
             is_step = canon.get(name, name) == _STEP
             capture, trigger, dump, still_open = _mark_value(s.get("attributes"))
             if capture is not None or (trigger is not None and not still_open):
-                self._note_mark(res.rank, s, capture, trigger, dump, is_step)
+                self._note_mark(rank, s, capture, trigger, dump, is_step)
             if not is_step:
                 continue
             a = attributes(s.get("attributes"))

@@ -1,0 +1,93 @@
+"""``mlaunch trace report`` from the span store (mlaunch/trace/report/window_store.py: Arrow
+filters, only steps, marks and the window's spans become dicts) prepares the data the JSON path
+prepares: the same timeline, curves, goodput, notes, marks and window; the summary equal within
+the float rounding of the store's DuckDB percentiles (store_summary.py, as `trace summary`); and
+the page built from either is the same HTML once it is given the same summary."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from report_synth import write_per_step_run
+from support.synthetic_traces import TraceBuilder, hand_example, write_realistic_run
+from support.trace_compare import assert_same
+
+from mlaunch.model.spans import Attr, SpanName
+from mlaunch.trace.reader import TraceInputError, TraceReader
+from mlaunch.trace.report import window
+from mlaunch.trace.report.build import prepare, render
+from mlaunch.trace.store import StoreReader, open_store
+
+S = SpanName
+
+
+def _marked(run: Path) -> Path:
+    """Steps on two ranks, a live capture over iterations 4-5, one over no step, a recorder
+    dump on rank 1, a span outside every step."""
+    b = TraceBuilder()
+    for r in (0, 1):
+        for it in range(1, 11):
+            a: dict[str, object] = {Attr.ITERATION: it, Attr.LOSS: 10.0 / it}
+            if it in (4, 5):
+                a[Attr.CAPTURE_ID] = "cap-1"
+            if r == 1 and it == 8:
+                a.update({Attr.RECORDER_TRIGGER: "slow_iteration", Attr.RECORDER_DUMP: 1})
+            step = b.span(r, S.ITERATION, it * 100, it * 100 + 90 + r, attrs=a)
+            b.span(r, S.FORWARD_BACKWARD, it * 100 + 5, it * 100 + 80, parent=step)
+    b.span(0, "custom.after", 2000, 2001)
+    b.span(1, "custom.captured", 2100, 2200, attrs={Attr.CAPTURE_ID: "cap-2"})  # no step in it
+    return b.write_run_dir(run)
+
+
+def _runs(tmp_path: Path) -> list[Path]:
+    hand = hand_example()[0].write_run_dir(tmp_path / "hand")
+    a = tmp_path / "real4"
+    write_realistic_run(a, steps=30, seed=1)
+    b = tmp_path / "real2"
+    write_realistic_run(b, ranks=2, steps=12, pp=1, microbatches=2, layers=2, batch=7, seed=3)
+    per_step = write_per_step_run(tmp_path / "perstep", iterations=40)
+    return [hand, a, b, per_step, _marked(tmp_path / "marked")]
+
+
+def _agree(run: Path, iterations: tuple[int, int] | None = None) -> None:
+    old = prepare(run, TraceReader.open(run), iterations)
+    store = open_store(run)
+    assert store is not None
+    new = prepare(run, StoreReader(store), iterations)
+    assert_same(old.summary.to_json(), new.summary.to_json(), str(run))
+    assert old.goodput.to_json() == new.goodput.to_json()
+    assert old.timeline == new.timeline
+    assert (old.ranges, old.notes, old.marks, old.meta) == (new.ranges, new.notes, new.marks,
+                                                            new.meta)  # fmt: skip
+    assert (old.curve_figs, old.curve_source) == (new.curve_figs, new.curve_source)
+    assert render(old).html == render(replace(new, summary=old.summary)).html
+
+
+def test_the_report_from_the_store_prepares_the_json_paths_data(tmp_path: Path) -> None:
+    for run in _runs(tmp_path):
+        _agree(run)
+    marked = prepare(tmp_path / "marked", StoreReader(open_store(tmp_path / "marked")))
+    assert sorted((m.kind, m.label) for m in marked.marks) == [
+        ("capture", "cap-1"),
+        ("capture", "cap-2"),
+        ("recorder", "slow_iteration"),
+    ]
+
+
+@pytest.mark.parametrize("iterations", [(2, 3), (30, 40)])
+def test_a_chosen_window_from_the_store_equals_the_json_paths(
+    tmp_path: Path, iterations: tuple[int, int]
+) -> None:
+    _agree(write_per_step_run(tmp_path / "run", iterations=40), iterations)
+
+
+def test_a_window_too_large_is_refused_from_the_store_too(tmp_path: Path, monkeypatch) -> None:
+    run = write_per_step_run(tmp_path / "run", iterations=10)
+    monkeypatch.setattr(window, "MAX_TIMELINE_SPANS", 5)  # one limit: the store's reads it too
+    for reader in (TraceReader.open(run), StoreReader(open_store(run))):
+        with pytest.raises(TraceInputError, match="more than 5 spans"):
+            prepare(run, reader)
+    shutil.rmtree(run)

@@ -1,0 +1,117 @@
+"""``trace export --format chrome`` from the span store (mlaunch/trace/store_chrome.py, column-wise)
+writes byte for byte what the JSON path (ChromeExporter over the OTLP-JSON) writes, on the suite's
+synthetic runs and on a trace made of every case the column-wise path hands to the span-by-span
+code: threads and lanes, the launcher's trace, errors, events (one before the first span), links
+(resolved and not), attributes named like the exporter's own args, non-ASCII text, ids that are not
+16 hex digits, a run longer than a day, an end before its start, several parts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from support.synthetic_traces import TraceBuilder, hand_example, write_realistic_run
+from support.trace_cli import invoke_trace
+
+from mlaunch.model.spans import SpanName
+from mlaunch.trace.chrome import export_chrome
+from mlaunch.trace.reader import TraceReader
+from mlaunch.trace.store import StoreReader, build_store, open_store
+
+S = SpanName
+LONG_NS = 123_456_789_012_345_678
+DAY_MS = 30 * 3600 * 1000.0  # past 10^11 us (27.8 h) from the earliest span: the repr fallback
+
+
+def _hostile() -> TraceBuilder:
+    b = TraceBuilder(world_size=3)
+    step = b.span(0, S.ITERATION, 0, 100, attrs={"megatron.iteration": 1})
+    fb = b.span(0, S.FORWARD_BACKWARD, 5, 90, parent=step)
+    send = b.span(0, S.P2P_SEND_FORWARD, 10, 50, parent=fb)
+    b.span(0, S.P2P_RECV_FORWARD, 30, 70, parent=fb)  # overlaps the send: a second lane
+    b.span(0, S.P2P_RECV_BACKWARD, 40, 60, parent=fb)
+    b.span(0, S.DATALOADER, 20, 130, thread=7)
+    b.span(0, S.DATALOADER, 25, 27, thread=7, attrs={"thread.name": "loader"})
+    b.span(1, S.ITERATION, 1, 101, error="disk full")
+    b.span(1, S.OPTIMIZER, 2, 3, error="")
+    b.span(1, S.PP_RECV_FORWARD_LINKED, 15, 30, links=[send])
+    b.span(1, S.OPTIMIZER, 60, 70, links=[type(send)("ff" * 16, "ee" * 8, 0)])  # not exported
+    b.span(1, S.EVALUATE_STEP, 80, 90, events=[(-5, "early", {"k": 1}), (85, "exception", {})])
+    b.span(1, "custom.span.äöü", 3, 4, attrs={"span_id": "mine", "note": "naïve ✓"})
+    b.span(1, "custom.other", 4, 5, attrs={"status": "own"})
+    b.span(2, S.ITERATION, 0, DAY_MS, attrs={"f": 0.1, "b": True, "l": [1, "x"]})
+    b.span(2, S.OPTIMIZER, DAY_MS - 1.234567, DAY_MS - 0.5)
+    b.span(2, S.OPTIMIZER, 50, 40)  # ends before it starts
+    b.span(2, "custom.noattrs", 7, 8)
+    b.span(TraceBuilder.LAUNCHER, "mlaunch.job", -1, DAY_MS + 1)
+    odd = b.span(2, S.DATALOADER, 9, 10)
+    for s in b.spans[2]:
+        if s["spanId"] == odd.span_id:
+            s["spanId"] = "xyz-not-hex"  # odd ids are kept and exported as written
+    b.span(2, "custom.clock", 11, 12)  # a clock jump: 1.2e14 us, more digits than repr keeps
+    b.spans[2][-1]["endTimeUnixNano"] = str(int(b.spans[2][-1]["startTimeUnixNano"]) + LONG_NS)
+    return b
+
+
+def _runs(tmp_path: Path) -> list[Path]:
+    hand = hand_example()[0].write_run_dir(tmp_path / "hand")
+    a = tmp_path / "real4"
+    write_realistic_run(a, steps=30, seed=1)
+    b = tmp_path / "real2"
+    write_realistic_run(b, ranks=2, steps=12, pp=1, microbatches=2, layers=2, batch=7, seed=3)
+    return [hand, a, b, _hostile().write_run_dir(tmp_path / "hostile", batch=2)]
+
+
+def _both(run: Path, tmp_path: Path, **build: int) -> tuple[bytes, bytes]:
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    s_old = export_chrome(TraceReader.open(run), old)
+    if build:
+        build_store(run, TraceReader.open(run), **build)
+    store = open_store(run)
+    assert store is not None
+    s_new = export_chrome(StoreReader(store), new)
+    assert s_old == s_new, run
+    return old.read_bytes(), new.read_bytes()
+
+
+@pytest.mark.parametrize("rows", [32_768, 3])
+def test_chrome_export_from_the_store_is_byte_for_byte_the_json_paths(
+    tmp_path: Path, rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlaunch.trace import store_chrome
+
+    monkeypatch.setattr(store_chrome, "_SLICE", rows)  # the texts of a part built in slices
+    for run in _runs(tmp_path):
+        old, new = _both(run, tmp_path)
+        assert old == new, run.name
+    doc = json.loads(new)  # the hostile run: the cases were really there
+    xs = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert any(e["args"].get("status") == "ERROR" for e in xs)
+    assert any(e["args"]["span_id"] == "xyz-not-hex" for e in xs)
+    assert any(e["ts"] >= 1e11 for e in xs)
+    assert any(e["dur"] > 1e14 for e in xs)
+    assert any(e["ph"] == "i" and e["ts"] < 0 for e in doc["traceEvents"])
+    assert sum(e["ph"] == "s" for e in doc["traceEvents"]) == 1
+
+
+@pytest.mark.parametrize("segment_rows", [1, 3])
+def test_a_store_of_many_small_parts_exports_the_same_bytes(
+    tmp_path: Path, segment_rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlaunch.trace import store_chrome
+
+    monkeypatch.setattr(store_chrome, "_SLICE", 2)  # and a part's texts built 2 rows at a time
+    run = _hostile().write_run_dir(tmp_path / "run", batch=2)
+    old, new = _both(run, tmp_path, segment_rows=segment_rows)
+    assert old == new
+
+
+def test_the_cli_exports_a_run_directory_from_its_store(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    write_realistic_run(run, ranks=2, steps=4, seed=5)
+    export_chrome(TraceReader.open(run), tmp_path / "old.json")
+    r = invoke_trace("export", run, "-o", tmp_path / "cli.json")
+    assert r.exit_code == 0, r.output
+    assert (run / "trace-store" / "manifest.json").is_file()  # it read the store
+    assert (tmp_path / "cli.json").read_bytes() == (tmp_path / "old.json").read_bytes()
