@@ -1,0 +1,140 @@
+"""A recorded span's training-thread cost, this tree against a git revision, interleaved in time.
+
+    python benchmarks/recorded_span_ab.py [--base REV] [--rounds N]
+
+Extracts ``REV`` (default ``HEAD``) twice into temporary directories and starts three long-lived
+worker processes: the base, a second copy of the base (the A/A control: the same code in another
+process, so its ratio to the base is the noise floor), and this working tree. The workers take
+turns, one chunk of 20,000 spans each, the order rotated every round, so a load change on a shared
+machine hits all three alike. Each chunk is timed in thread CPU time (``time.thread_time``, GC off
+as ``timeit`` runs it) on a rank that exports nothing and records ``all`` (the flight recorder's
+hot path, as ``span_overhead.py``'s recorder rows). Prints the median and the minimum ns per span
+of each, with the A/A and new/base ratios of the medians. Rows: a disabled span, a recorded span,
+one with an ``attrs=`` mapping, and a recorded span nested in another (ns per pair).
+
+Goal (issue 23): a recorded span <= 500 ns of training-thread CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import timeit
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CHUNK = 20_000
+ROWS = {
+    "disabled": "with span(OFF, NAME): pass",
+    "recorded": "with span(FINE, NAME): pass",
+    "recorded, attrs=": "with span(FINE, NAME, {'k': 1}): pass",
+    "recorded, nested (pair)": "with span(FINE, NAME):\n with span(FINE, NAME): pass",
+}
+
+
+def worker(root: str) -> None:
+    """Serve chunks: read a row label per line, print its ns per span (code from ``root``)."""
+    sys.path.insert(0, root)
+    from mlaunch import telemetry
+    from mlaunch.model.groups import SpanGroup as G
+    from mlaunch.model.spans import SpanName as S
+    from mlaunch.settings import load_telemetry_settings
+    from mlaunch.telemetry import _recorder
+
+    if not telemetry.__file__.startswith(root):
+        raise SystemExit(f"worker imported {telemetry.__file__}, not the code under {root}")
+    settings = load_telemetry_settings(
+        environ={
+            "MEGATRON_OTEL_ENABLED": "1",
+            "MEGATRON_OTEL_EXPORT_STRATEGY": "single_rank",
+            "MEGATRON_OTEL_EXPORTER": "none",
+            "MEGATRON_OTEL_RECORDER_GROUPS": "all,-activation_offload",
+            "MEGATRON_OTEL_RUN_ID": "bench",
+        }
+    )
+    # As span_overhead.py's recorder rows: rank 0 of 2 under single_rank exports nothing.
+    telemetry.setup(settings, rank=0, world_size=2, run_dir=tempfile.mkdtemp(prefix="mlaunch-ab-"))
+    telemetry.set_iteration(1)
+    env = {
+        "span": telemetry.span,
+        "FINE": G.LAYER.value,
+        "OFF": G.ACTIVATION_OFFLOAD.value,
+        "NAME": S.LAYER_FORWARD.value,
+    }
+    timers = {k: timeit.Timer(v, timer=time.thread_time, globals=env) for k, v in ROWS.items()}
+    print("ready", flush=True)
+    for line in sys.stdin:
+        ns = timers[line.strip()].timeit(CHUNK) / CHUNK * 1e9
+        _recorder.RECORDER.current.clear()  # an iteration boundary does this in training
+        print(f"{ns:.2f}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", default="HEAD", help="the git revision to compare against")
+    parser.add_argument("--rounds", type=int, default=30, help="chunks per worker and row")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker)
+        return
+    tmp = Path(tempfile.mkdtemp(prefix="mlaunch-ab-"))
+    roots = {"base": tmp / "base", "base2": tmp / "base2", "new": ROOT}
+    for name in ("base", "base2"):
+        roots[name].mkdir()
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", args.base, "mlaunch"],
+            check=True,
+            capture_output=True,
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(roots[name])], input=archive, check=True)
+    workers = {
+        k: subprocess.Popen(
+            [sys.executable, __file__, "--worker", str(r)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for k, r in roots.items()
+    }
+    for w in workers.values():
+        if w.stdout.readline().strip() != "ready":
+            raise SystemExit("a worker failed to start")
+    names = list(roots)
+    res: dict[tuple[str, str], list[float]] = {(k, row): [] for k in names for row in ROWS}
+    for r in range(args.rounds):
+        order = names[r % 3 :] + names[: r % 3]
+        for row in ROWS:
+            for k in order:
+                workers[k].stdin.write(row + "\n")
+                workers[k].stdin.flush()
+                res[(k, row)].append(float(workers[k].stdout.readline()))
+    for w in workers.values():
+        w.stdin.close()
+        w.wait(30)
+    print(
+        f"recorded span, this tree vs {args.base} (base2: a second copy of it, the A/A control); "
+        f"{args.rounds} rounds x {CHUNK} spans per chunk, thread CPU ns per span"
+    )
+    width = max(len(row) for row in ROWS)
+    print(f"  {'':<{width}}  {'median: base':>12} {'base2':>7} {'new':>7}   {'min: base':>9} "
+          f"{'base2':>7} {'new':>7}   {'A/A':>5} {'new/base':>8}")  # fmt: skip
+    for row in ROWS:
+        med = {k: statistics.median(res[(k, row)]) for k in names}
+        low = {k: min(res[(k, row)]) for k in names}
+        print(
+            f"  {row:<{width}}  {med['base']:12.1f} {med['base2']:7.1f} {med['new']:7.1f}"
+            f"   {low['base']:9.1f} {low['base2']:7.1f} {low['new']:7.1f}"
+            f"   {med['base2'] / med['base']:5.3f} {med['new'] / med['base']:8.3f}"
+        )
+    new = statistics.median(res[("new", "recorded")])
+    verdict = "ok" if new <= 500 else "OVER"
+    print(f"  goal: recorded span <= 500 ns (median, this tree): {new:.1f} ns {verdict}")
+
+
+if __name__ == "__main__":
+    main()
