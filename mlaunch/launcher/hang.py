@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from mlaunch import envcontract as ec
-from mlaunch.launcher.hang_report import HangReport, Worker, collect
+from mlaunch.launcher.hang_report import HangReport, Worker, collect, write_merged
 
 #: ``auto``'s floor, and its multiple of the median iteration time.
 AUTO_MIN_S = 300.0
@@ -203,8 +203,16 @@ class Watchdog:
         (or :data:`PEER_WAIT_S` has passed): stopping this node's workers breaks the others'
         collectives, and a peer node whose workers died before it looked would have nothing
         left to inspect."""
-        self._await_peers()
+        self.settle()
         stop_workers(self._local_workers(torchrun_pid, time.time(), force=True))
+
+    def settle(self) -> None:
+        """On a multi-node job, wait for every node's report (at most :data:`PEER_WAIT_S`), then
+        rewrite the merged ``report.json`` from all of them: each node merged what was there when
+        it wrote its own report, and the node that wrote last may have seen only itself."""
+        if self.plan.settings.launch.nnodes > 1 and self.reports:
+            self._await_peers()
+            write_merged(self.plan.run_dir)
 
     def _await_peers(self) -> None:
         nnodes = self.plan.settings.launch.nnodes

@@ -441,9 +441,14 @@ def write_report(run_dir: Path, report: HangReport) -> None:
     """This node's report, then the merge of every node's report present (``report.json``)."""
     hang = ec.hang_dir(run_dir)
     _write_atomic(hang / ec.HANG_NODE_REPORT.name(report.node), report.as_json())
+    write_merged(run_dir)
+
+
+def write_merged(run_dir: Path) -> None:
+    """``report.json``: the merge of every node's report present now."""
     merged = merged_report(run_dir)
     if merged is not None:
-        _write_atomic(hang / ec.HANG_REPORT_FILE, merged)
+        _write_atomic(ec.hang_dir(run_dir) / ec.HANG_REPORT_FILE, merged)
 
 
 def _write_atomic(path: Path, body: dict[str, Any]) -> None:

@@ -698,8 +698,10 @@ def _execute_locked(
                         launch_record.hung(hang)
                         display.hang(hang)
                         if hang.action == "stop":
-                            watchdog.stop(proc.pid)
+                            watchdog.stop(proc.pid)  # settles with the other nodes first
                             stopped_hung = True
+                        else:
+                            watchdog.settle()
                     time.sleep(POLL_S)
         result = RunResult(
             code, time.time() - start, records, received[0] if received else None, started=start
