@@ -52,19 +52,33 @@ def _interrupt_once_started(tmp: Path, script: str, marker: Path) -> subprocess.
 def test_a_failing_script_shows_each_failing_ranks_own_stderr(tmp_path: Path) -> None:
     # Each rank must fail on its own: torchrun stops the others (SIGTERM) within its 0.1 s
     # monitor interval of the first failure, which on a loaded machine came before the slower
-    # rank's own end. So rank 0 fails first, and rank 1 ignores that SIGTERM, waits until rank 0
-    # is on its way out (a file its atexit writes) and only then dies of SIGSEGV.
-    gone = tmp_path / "rank0-exiting"
+    # rank's own end. So rank 0 fails first, and rank 1 ignores that SIGTERM, waits until rank 0's
+    # process has ended (a zombie or gone: its pid from a file), and only then dies of SIGSEGV.
+    pid_file = tmp_path / "rank0.pid"
     script = f"""
-        import argparse, atexit, os, pathlib, signal, sys, time
+        import argparse, os, signal, sys, time
         print("rank output before the end", file=sys.stderr, flush=True)
+        def ended(pid):
+            try:
+                with open(f"/proc/{{pid}}/stat") as f:
+                    return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+            except OSError:
+                return True
         if os.environ["LOCAL_RANK"] == "1":
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             end = time.monotonic() + 60
-            while not os.path.exists({str(gone)!r}) and time.monotonic() < end:
+            while time.monotonic() < end:
+                try:
+                    pid = int(open({str(pid_file)!r}).read())
+                except (OSError, ValueError):
+                    pid = None
+                if pid is not None and ended(pid):
+                    break
                 time.sleep(0.01)
             os.kill(os.getpid(), signal.SIGSEGV)
-        atexit.register(pathlib.Path({str(gone)!r}).touch)
+        tmp = {str(pid_file)!r} + ".tmp"
+        open(tmp, "w").write(str(os.getpid()))
+        os.replace(tmp, {str(pid_file)!r})
         argparse.ArgumentParser().parse_args(["--bogus"])
     """
     out = subprocess.run(
