@@ -5,14 +5,39 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 _TESTS = Path(__file__).resolve().parent
 if str(_TESTS) not in sys.path:
     sys.path.insert(0, str(_TESTS))
 
 
+#: Module- or session-scoped fixtures that start a real run (a torchrun job, a nemo-lens worker):
+#: a pytest-xdist worker builds such a fixture for itself, so the tests sharing one are sent to
+#: one worker (one xdist group per fixture) and the run is made once, not once per worker.
+SHARED_RUN_FIXTURES = ("traced", "off_run", "baseline", "real_run", "run_dir", "lens_trace")
+
+
+def _shared_run_group(item) -> str | None:
+    """The xdist group of a test that uses a shared-run fixture (the first one it uses)."""
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    for name in SHARED_RUN_FIXTURES:
+        fixture = defs.get(name)
+        if fixture and fixture[-1].scope in ("module", "session"):
+            return f"{fixture[-1].baseid or '.'}::{name}"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist names the groups in the node ids
 def pytest_collection_modifyitems(config, items) -> None:
-    """``gpu`` tests need a CUDA device: skipped, with the reason, where there is none."""
-    import pytest
+    """Tests sharing a real run go to one xdist worker; ``gpu`` tests need a CUDA device:
+    skipped, with the reason, where there is none."""
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        group = _shared_run_group(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
 
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
@@ -27,7 +52,6 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 
 def _lens_python_or_skip():
-    import pytest
     from support.nemo_lens import LensUnavailable, lens_python
 
     try:
@@ -41,9 +65,6 @@ def pytest_configure(config) -> None:
         "markers",
         "nemo_lens: runs a worker under the real nemo-lens 0.1.0 (a cached Python >= 3.13 venv)",
     )
-
-
-import pytest  # noqa: E402 - fixtures below; the hooks above keep imports lazy
 
 
 @pytest.fixture(scope="session")

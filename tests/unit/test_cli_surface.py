@@ -98,12 +98,39 @@ def check(name: str, text: str) -> None:
     assert text == path.read_text(), f"{name} changed (MLAUNCH_REGEN_GOLDEN=1 to accept)"
 
 
+#: Prints every ``mlaunch PATH --help`` page of the paths given as JSON on stdin, each exactly as
+#: the command line would (``mlaunch.cli.main`` with that argv), in one process: forty process
+#: starts cost more than the rest of the unit tests together.
+HELP_PAGES = """
+import contextlib, io, json, sys
+from mlaunch.cli import main
+# As ``python -m mlaunch`` (click names the program from the __main__ module and argv[0]).
+sys.modules["__main__"].__package__ = "mlaunch"
+pages = []
+for path in json.load(sys.stdin):
+    sys.argv = ["__main__.py", *path, "--help"]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code or 0
+    pages.append({"path": path, "code": code, "out": out.getvalue(), "err": err.getvalue()})
+json.dump(pages, sys.__stdout__)
+"""
+
+
 def test_every_help_text_is_unchanged() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", HELP_PAGES], input=json.dumps(command_paths()),
+        capture_output=True, text=True, timeout=180, env=env(),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
     pages = []
-    for path in command_paths():
-        proc = mlaunch(*path, "--help")
-        assert proc.returncode == 0, (path, proc.stderr)
-        pages.append(f"=== mlaunch {' '.join(path)} --help\n{proc.stdout}")
+    for page in json.loads(proc.stdout):
+        assert page["code"] == 0, (page["path"], page["err"])
+        pages.append(f"=== mlaunch {' '.join(page['path'])} --help\n{page['out']}")
     check("help.txt", "\n".join(pages))
 
 
