@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.full_disk import full_disk_site
 from support.launch_runs import clean_env, finish, mlaunch, progress
 from support.trace_compare import json_store_rows, store_rows
 
@@ -45,3 +46,29 @@ def test_the_receivers_run_has_its_store_when_train_returns(tmp_path: Path) -> N
     assert man.spans >= stats["signals"]["traces"]["written_items"]  # + the launcher's job trace
     assert "span store" not in out
     assert store_rows(open_store(run_dir)) == json_store_rows(run_dir, tmp_path / "fresh")
+
+
+def test_a_full_disk_at_the_run_end_build_keeps_the_exit_code_and_the_json(
+    tmp_path: Path,
+) -> None:
+    """mlaunch's trainer (file exporter, no receiver): the launcher's run-end build meets a full
+    disk (every Parquet write of its store process fails with ENOSPC): the run still exits 0,
+    says so in one line, leaves every span in the JSON, and the next read builds the store."""
+    from support.trace_cli import invoke_trace
+
+    from mlaunch.telemetry.otlp_json import read_spans
+
+    site = full_disk_site(tmp_path)
+    run_dir = tmp_path / "run"
+    code, out = finish(mlaunch("--train-iters", "3", "--run-dir", str(run_dir), cwd=tmp_path,
+                               env=clean_env(PYTHONPATH=str(site))))  # fmt: skip
+    assert code == 0, out[-4000:]
+    lines = [line for line in out.splitlines() if "span store" in line]
+    assert len(lines) == 1 and "No space left on device" in lines[0], lines
+    assert load_manifest(run_dir) is None
+    steps = [s for r in (0, 1) for s in read_spans(ec.traces_file(run_dir, r))
+             if s["name"] == "megatron.train.iteration"]  # fmt: skip
+    assert len(steps) == 6
+    r = invoke_trace("summary", run_dir, "--json")
+    assert r.exit_code == 0, r.output
+    assert load_manifest(run_dir) is not None

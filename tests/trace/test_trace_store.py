@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.full_disk import full_disk_site
 from support.synthetic_traces import hand_example, write_realistic_run
 from support.trace_cli import invoke_trace, user_error
 from support.trace_compare import assert_same
@@ -358,3 +359,57 @@ def test_a_legacy_named_trace_is_summarised_from_the_store_as_from_the_json(
     store = open_store(run)
     assert store is not None
     assert_same(summarize(TraceReader.open(run)).to_json(), summarize_store(store).to_json())
+
+
+def test_disk_full_at_the_run_end_build_is_one_line_and_the_next_read_rebuilds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mlaunch.launcher.run import finish_store
+
+    run = tmp_path / "run"
+    write_realistic_run(run, ranks=2, steps=6, pp=1)
+    json_before = {p: p.read_bytes() for p in (run / "telemetry").iterdir()}
+    monkeypatch.setenv("PYTHONPATH", str(full_disk_site(tmp_path)))
+    finish_store(run)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "span store not written" in err[0], err
+    assert "No space left on device" in err[0] and "first read" in err[0]
+    assert [p.name for p in run.iterdir() if "store" in p.name] == []  # nothing half-built
+    assert {p: p.read_bytes() for p in (run / "telemetry").iterdir()} == json_before
+    monkeypatch.delenv("PYTHONPATH")
+    r = invoke_trace("summary", run, "--json")  # the next read builds it
+    assert r.exit_code == 0, r.output
+    assert (run / STORE_DIR / "manifest.json").exists()
+    assert json.loads(r.stdout) == json.loads(
+        json.dumps(summarize(TraceReader.open(run)).to_json())
+    )
+
+
+def test_disk_full_in_the_receivers_append_is_logged_once_and_ends_the_appends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from mlaunch.receiver.store_append import StoreAppender
+
+    run = tmp_path / "run"
+    write_realistic_run(run, ranks=2, steps=6, pp=1)
+    json_before = {p: p.read_bytes() for p in (run / "telemetry").iterdir()}
+    monkeypatch.setenv("PYTHONPATH", str(full_disk_site(tmp_path)))
+    said: list[tuple[str, str]] = []
+    appender = StoreAppender(run, lambda key, msg: said.append((key, msg)), min_bytes=1)
+    try:
+        appender.note(100)
+        deadline = time.monotonic() + 120
+        while not appender.failed:
+            assert time.monotonic() < deadline, "the append never ended"
+            time.sleep(0.05)
+        appender.note(10**9)  # due again: no second attempt once one failed
+        time.sleep(1.5)
+    finally:
+        appender.close()
+    assert len(said) == 1 and said[0][0] == "store", said
+    assert "No space left on device" in said[0][1] and "rebuilds" in said[0][1]
+    assert appender.appends == 0
+    assert [p.name for p in run.iterdir() if "store" in p.name] == []
+    assert {p: p.read_bytes() for p in (run / "telemetry").iterdir()} == json_before
