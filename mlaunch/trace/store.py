@@ -43,6 +43,17 @@ to a temporary name and renamed, so a crash or a full disk never leaves a half p
 final name); DuckDB runs the SQL (``mlaunch trace sql``) and the vectorised readers, streaming
 over the parts with its own bounded memory and spilling, so memory does not grow with the trace.
 
+Where it is written: where the spans arrive, beside the job and never in it. The embedded
+receiver appends it as its JSON grows (``mlaunch.receiver.store_append``), and the launcher brings
+it up to date once the workers have exited (``mlaunch.launcher.run.finish_store``), both through
+:func:`update_store` in a process of their own (:func:`spawn_update`); the first read builds it
+for a run that has only JSON. Measured (``benchmarks/trace_read.py --writers``): a worker
+writing Parquet in its file exporter would spend about 11x the CPU per span of its JSON encoding
+on the training host, while the run-end build costs training nothing (about 1.7x a JSON decode,
+after the workers exit) and the receiver's appends a small multiple of one build, off the path
+that receives spans. One writer at a time: :func:`open_store` builds under a ``flock`` of the
+run directory.
+
 Freshness: the manifest records every source file's size and mtime. A store whose sources are
 unchanged is used; otherwise (a live run that wrote more, a run that was restarted) it is built
 again from the JSON, which stays in place: OTLP-JSON remains the interchange format. A part that
