@@ -771,7 +771,9 @@ def finish_store(run_dir: Path, wait_s: float = STORE_WAIT_S) -> None:
         return
     try:
         _, err = proc.communicate(timeout=wait_s)
-    except subprocess.TimeoutExpired:
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        # Past the wait, or Ctrl-C while waiting: the job is over either way, and the store's
+        # process (a session of its own) finishes without the launcher.
         print(f"mlaunch: the span store is still being written, in the background ({run_dir})",
               file=sys.stderr)  # fmt: skip
         return
