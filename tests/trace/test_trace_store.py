@@ -413,3 +413,20 @@ def test_disk_full_in_the_receivers_append_is_logged_once_and_ends_the_appends(
     assert appender.appends == 0
     assert [p.name for p in run.iterdir() if "store" in p.name] == []
     assert {p: p.read_bytes() for p in (run / "telemetry").iterdir()} == json_before
+
+
+def test_a_run_end_build_past_its_wait_goes_on_beside_a_reader(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The launcher stops waiting (here at once): the build goes on in its own process while a
+    reader opens the run; the store's lock makes them take turns (two builds at once would
+    remove each other's half-built store), and the reader gets every span."""
+    from mlaunch.launcher.run import finish_store
+
+    run = tmp_path / "run"
+    write_realistic_run(run, ranks=2, steps=8, pp=1)
+    finish_store(run, wait_s=0.0)
+    assert "still being written, in the background" in capsys.readouterr().err
+    store = open_store(run)
+    assert store is not None
+    assert_same(summarize(TraceReader.open(run)).to_json(), summarize_store(store).to_json())
