@@ -47,11 +47,11 @@ Where it is written: where the spans arrive, beside the job and never in it. The
 receiver appends it as its JSON grows (``mlaunch.receiver.store_append``), and the launcher brings
 it up to date once the workers have exited (``mlaunch.launcher.run.finish_store``), both through
 :func:`update_store` in a process of their own (:func:`spawn_update`); the first read builds it
-for a run that has only JSON. Measured (``benchmarks/trace_read.py --writers``): a worker
-writing Parquet in its file exporter would spend about 11x the CPU per span of its JSON encoding
-on the training host, while the run-end build costs training nothing (about 1.7x a JSON decode,
-after the workers exit) and the receiver's appends a small multiple of one build, off the path
-that receives spans. One writer at a time: :func:`open_store` builds under a ``flock`` of the
+for a run that has only JSON. Measured (``benchmarks/trace_read.py --writers``, 10^6 spans): a
+worker writing Parquet in its file exporter would spend about 10x the CPU per span of its JSON
+encoding (4.5 us against 0.47) on the training host, while the run-end build costs training
+nothing (the workers have exited; 4.7 s at the end of the run, 2x a JSON decode) and the
+receiver's appends 1.6x one build in all, in a niced process off the path that receives spans. One writer at a time: :func:`open_store` builds under a ``flock`` of the
 run directory.
 
 Freshness: the manifest records every source file's size and mtime. A store whose sources are
