@@ -23,8 +23,11 @@ span with attributes), then times, in one process:
   ``trace report`` likewise, store (column-wise) against JSON with the A/A beside it, then the
   store read back as span dicts (``--no-report`` skips these).
 
+* ``--writers``: only where the store is written (the run-end build, the receiver's appends,
+  a worker writing Parquet in its exporter), each against its A/A control (see ``_writers``).
+
 Run: ``python benchmarks/trace_read.py [--spans 1000000] [--no-json] [--no-export]
-[--no-report] [--no-store] [--repeat N]``; ``--store-only --spans 100000000`` for the store
+[--no-report] [--no-store] [--repeat N] [--writers [--append-min-mib 64]]``; ``--store-only --spans 100000000`` for the store
 passes at 10^8 spans (generated straight into the store: no JSON); ``--run DIR`` for only the
 export and report comparisons on an existing run directory (its store built first).
 """
@@ -431,12 +434,19 @@ def main() -> None:
         help="how many times to run the first-read trio (decode, first read, decode)",
     )
     p.add_argument("--run", help="an existing run directory: only the export/report comparisons")
-    p.add_argument("--writers", action="store_true",
-                   help="only where the store is written: the run-end build, the receiver's "
-                   "appends, a worker writing Parquet (each against its A/A control)")
-    p.add_argument("--append-min-mib", type=float, default=8.0,
-                   help="--writers: the receiver's first append after this much JSON (the "
-                   "receiver's own is 64 MiB; smaller here to see several steps)")
+    p.add_argument(
+        "--writers",
+        action="store_true",
+        help="only where the store is written: the run-end build, the receiver's "
+        "appends, a worker writing Parquet (each against its A/A control)",
+    )
+    p.add_argument(
+        "--append-min-mib",
+        type=float,
+        default=64.0,
+        help="--writers: the receiver's first append after this much JSON (the "
+        "receiver's own step; smaller to see more steps on a small run)",
+    )
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)  # one store pass, in a subprocess
     args = p.parse_args()
     if args.child:
