@@ -27,8 +27,8 @@ span with attributes), then times, in one process:
   a worker writing Parquet in its exporter), each against its A/A control (see ``_writers``).
 
 Run: ``python benchmarks/trace_read.py [--spans 1000000] [--no-json] [--no-export]
-[--no-report] [--no-store] [--repeat N] [--writers [--append-min-mib 64]]``; ``--store-only --spans 100000000`` for the store
-passes at 10^8 spans (generated straight into the store: no JSON); ``--run DIR`` for only the
+[--no-report] [--no-store] [--repeat N] [--writers [--append-min-mib 64]]``; ``--store-only
+--spans 100000000`` for the store passes at 10^8 spans (generated straight into the store: no JSON); ``--run DIR`` for only the
 export and report comparisons on an existing run directory (its store built first).
 """
 
