@@ -23,9 +23,12 @@ span with attributes), then times, in one process:
   ``trace report`` likewise, store (column-wise) against JSON with the A/A beside it, then the
   store read back as span dicts (``--no-report`` skips these).
 
+* ``--writers``: only where the store is written (the run-end build, the receiver's appends,
+  a worker writing Parquet in its exporter), each against its A/A control (see ``_writers``).
+
 Run: ``python benchmarks/trace_read.py [--spans 1000000] [--no-json] [--no-export]
-[--no-report] [--no-store] [--repeat N]``; ``--store-only --spans 100000000`` for the store
-passes at 10^8 spans (generated straight into the store: no JSON); ``--run DIR`` for only the
+[--no-report] [--no-store] [--repeat N] [--writers [--append-min-mib 64]]``; ``--store-only
+--spans 100000000`` for the store passes at 10^8 spans (generated straight into the store: no JSON); ``--run DIR`` for only the
 export and report comparisons on an existing run directory (its store built first).
 """
 
@@ -305,6 +308,113 @@ def _store_only(spans: int, ranks: int) -> None:
         print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
 
+def _update_cpu(run: Path) -> tuple[float, float]:
+    """One ``python -m mlaunch.trace.store RUN`` (the receiver's append and the launcher's
+    run-end build, as they run it, niced): (wall seconds, CPU seconds of the process)."""
+    t = time.perf_counter()
+    p = subprocess.Popen([sys.executable, "-m", "mlaunch.trace.store", str(run)])
+    _, status, ru = os.wait4(p.pid, 0)
+    if status:
+        raise SystemExit(f"store update failed ({status})")
+    return time.perf_counter() - t, ru.ru_utime + ru.ru_stime
+
+
+def _writers(run: Path, spans: int, min_mib: float, repeat: int) -> None:
+    """Where the store is written, measured (docs/trace.md, "The span store"):
+
+    * the run-end build (what ``mlaunch train`` adds after the workers exit, for the file
+      exporter's runs): wall and CPU of the store process, against an orjson decode process run
+      before and after it (A/A);
+    * the receiver's appends as the files grow (StoreAppender's geometric steps, first after
+      ``min_mib``), plus the run-end tail: their CPU per span, against a full build before and
+      after (A/A);
+    * a worker writing Parquet itself in its file exporter: the CPU per span of turning span
+      dicts into Parquet parts, against the exporter's JSON encoding of the same batches (the
+      floor of what the file exporter pays now), measured twice (A/A).
+    """
+    import shutil
+
+    from mlaunch.receiver.store_append import APPEND_GROWTH
+    from mlaunch.trace.store import STORE_DIR
+
+    for _ in range(repeat):
+        shutil.rmtree(run / STORE_DIR, ignore_errors=True)
+        a = _process_cpu("decode", run)
+        wall, cpu = _update_cpu(run)
+        b = _process_cpu("decode", run)
+        print(f"run-end build: {wall:.2f} s wall, {cpu:.2f} CPU-s = {1e6 * cpu / spans:.2f} "
+              f"us/span = {2 * cpu / (a + b):.2f}x decode ({a:.2f} / {b:.2f} CPU-s, "
+              f"A/A {b / a:.2f})")  # fmt: skip
+
+    # The receiver: the same files grown line by line, the store appended at the appender's
+    # steps, then the tail at the end (the launcher's build).
+    files = sorted((run / "telemetry").glob("traces-*.jsonl"))
+    lines = [(f.name, line) for f in files for line in f.read_bytes().splitlines(keepends=True)]
+    live = run.parent / "live"
+    for _ in range(repeat):
+        shutil.rmtree(run / STORE_DIR, ignore_errors=True)
+        _, full_a = _update_cpu(run)
+        shutil.rmtree(live, ignore_errors=True)
+        (live / "telemetry").mkdir(parents=True)
+        out = {f.name: (live / "telemetry" / f.name).open("ab") for f in files}
+        written = stored = appends = 0
+        cpu = 0.0
+        for name, line in lines:
+            out[name].write(line)
+            written += len(line)
+            new = written - stored
+            if new >= max(min_mib * 2**20, APPEND_GROWTH * stored):
+                for fh in out.values():
+                    fh.flush()
+                stored = written
+                cpu += _update_cpu(live)[1]
+                appends += 1
+        for fh in out.values():
+            fh.close()
+        tail_wall, tail_cpu = _update_cpu(live)
+        cpu += tail_cpu
+        shutil.rmtree(run / STORE_DIR, ignore_errors=True)
+        _, full_b = _update_cpu(run)
+        print(f"receiver appends: {appends} + the run-end tail ({tail_wall:.2f} s wall): "
+              f"{cpu:.2f} CPU-s = {1e6 * cpu / spans:.2f} us/span = "
+              f"{2 * cpu / (full_a + full_b):.2f}x one build ({full_a:.2f} / {full_b:.2f} CPU-s, "
+              f"A/A {full_b / full_a:.2f})")  # fmt: skip
+
+    # The worker's side: its exporter's batches (one OTLP line each) as JSON, and as Parquet.
+    from mlaunch.trace.store import SEGMENT_ROWS, _Columns, _write_atomic
+
+    batches = []
+    reader = TraceReader.open(run)
+    for res, batch, flagged in reader:
+        batches.append((res, batch, flagged))
+
+    def json_encode() -> float:
+        t = time.process_time()
+        for res, batch, _ in batches:
+            orjson.dumps({"resourceSpans": [{"resource": {"attributes": res.attrs},
+                                             "scopeSpans": [{"spans": batch}]}]})  # fmt: skip
+        return time.process_time() - t
+
+    def parquet_write() -> float:
+        t = time.process_time()
+        cols, n, k = _Columns(), 0, 0
+        for _res, batch, flagged in batches:
+            cols.add(0, None, batch, flagged)
+            n += len(batch)
+            if n >= SEGMENT_ROWS:
+                _write_atomic(cols.table(), run.parent / "worker" / f"part-{k:05d}.parquet")
+                cols, n, k = _Columns(), 0, k + 1
+        if n:
+            _write_atomic(cols.table(), run.parent / "worker" / f"part-{k:05d}.parquet")
+        return time.process_time() - t
+
+    for _ in range(repeat):
+        a, pq_s, b = json_encode(), parquet_write(), json_encode()
+        print(f"worker exporter: Parquet {1e6 * pq_s / spans:.2f} us/span = "
+              f"{2 * pq_s / (a + b):.2f}x its JSON encoding ({1e6 * a / spans:.2f} / "
+              f"{1e6 * b / spans:.2f} us/span, A/A {b / a:.2f})")  # fmt: skip
+
+
 def main() -> None:
     """Generate, then time each pass."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
@@ -324,6 +434,19 @@ def main() -> None:
         help="how many times to run the first-read trio (decode, first read, decode)",
     )
     p.add_argument("--run", help="an existing run directory: only the export/report comparisons")
+    p.add_argument(
+        "--writers",
+        action="store_true",
+        help="only where the store is written: the run-end build, the receiver's "
+        "appends, a worker writing Parquet (each against its A/A control)",
+    )
+    p.add_argument(
+        "--append-min-mib",
+        type=float,
+        default=64.0,
+        help="--writers: the receiver's first append after this much JSON (the "
+        "receiver's own step; smaller to see more steps on a small run)",
+    )
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)  # one store pass, in a subprocess
     args = p.parse_args()
     if args.child:
@@ -367,6 +490,10 @@ def main() -> None:
             r = TraceReader.open(run)
             return export_chrome(r, Path(tmp) / "trace.json").spans
 
+        if args.writers:
+            _writers(run, n, args.append_min_mib, args.repeat)
+            print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+            return
         if not args.no_json:
             _timed("decode json", lambda: _decode_only(run, json.loads), None)
         base = _timed("decode orjson", lambda: _decode_only(run, orjson.loads), None)

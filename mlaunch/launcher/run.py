@@ -741,7 +741,46 @@ def _execute_locked(
     result.receiver = receiver_stats
     result.span_counts = read_span_counts(plan, start)
     result.trace_files = sorted((plan.run_dir / ec.TELEMETRY_DIR).glob(ec.TRACES_FILE_GLOB))
+    # The workers have exited: the store costs training nothing now. An interrupted launch
+    # (Ctrl-C, SLURM's SIGTERM) is on its way out and leaves it to the first read. One node
+    # writes it (see mlaunch.receiver.wiring).
+    if result.trace_files and result.interrupted is None and plan.settings.launch.node_rank == 0:
+        finish_store(plan.run_dir)
     return result
+
+
+#: How long the end of a run waits for its span store (built from the workers' JSON, or the
+#: receiver's last tail appended); past it the build goes on in the background and a read of
+#: the run waits for it (the store's lock) instead of building it again.
+STORE_WAIT_S = 60.0
+
+
+def finish_store(run_dir: Path, wait_s: float = STORE_WAIT_S) -> None:
+    """Build the run's columnar span store (or append what it lacks) from its OTLP-JSON, in a
+    process of its own, waiting at most ``wait_s``. Never raises and never changes the run's
+    outcome: a failure is one line on stderr, and the JSON, complete, stays where it is."""
+    import sys
+
+    from mlaunch.trace.store import spawn_update
+
+    later = "`mlaunch trace` builds it from the OTLP-JSON on the first read"
+    try:
+        proc = spawn_update(run_dir)
+    except OSError as exc:
+        print(f"mlaunch: span store not written ({exc}); {later}", file=sys.stderr)
+        return
+    try:
+        _, err = proc.communicate(timeout=wait_s)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        # Past the wait, or Ctrl-C while waiting: the job is over either way, and the store's
+        # process (a session of its own) finishes without the launcher.
+        print(f"mlaunch: the span store is still being written, in the background ({run_dir})",
+              file=sys.stderr)  # fmt: skip
+        return
+    if proc.returncode:
+        lines = (err or "").strip().splitlines()
+        why = lines[-1] if lines else f"exit status {proc.returncode}"
+        print(f"mlaunch: span store not written ({why}); {later}", file=sys.stderr)
 
 
 def read_span_counts(plan: LaunchPlan, since: float) -> dict[str, int] | None:

@@ -47,6 +47,7 @@ from typing import IO, Any
 from mlaunch import envcontract
 from mlaunch.model.spans import STEP_SPAN, Attr, ResourceAttr
 from mlaunch.receiver.signals import SIGNALS, Signal
+from mlaunch.receiver.store_append import StoreAppender
 from mlaunch.receiver.upstream import Sender, Upstream
 
 #: The queue's budget in request bytes (serialized protobuf); beyond it requests are refused.
@@ -113,6 +114,8 @@ class ReceiverStats:
     closed_in_s: float | None = None
     unsent_at_deadline: int = 0
     """Requests still queued when the close deadline passed (spooled or written without retry)."""
+    store_appends: int = 0
+    """Embedded mode: appends of the run's span store made while the run went on."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -181,6 +184,7 @@ class Receiver:
         max_queued_bytes: int = MAX_QUEUED_BYTES,
         log: Callable[[str], None] | None = None,
         token: str | None = None,
+        store_min_bytes: int | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         # The per-launch secret every request must carry; never logged, written or put in stats.
@@ -207,6 +211,11 @@ class Receiver:
         self._down_until: dict[str, float] = {}
         self._backoff: dict[str, float] = {}
         self._frontends: list[Any] = []
+        # Embedded mode with ``store_min_bytes``: the span store is appended as the trace
+        # files grow (mlaunch.receiver.store_append), after that many bytes at first.
+        self._store: StoreAppender | None = None
+        if store_min_bytes is not None and not relay:
+            self._store = StoreAppender(self.run_dir, self.problem, min_bytes=store_min_bytes)
         self._thread = threading.Thread(target=self._run, name="mlaunch-receiver", daemon=True)
         self._thread.start()
 
@@ -472,6 +481,8 @@ class Receiver:
                     fh = self._files[path] = open(path, "ab")  # noqa: SIM115 - kept open
                 fh.write(line)
                 self._dirty = True
+                if self._store is not None and sig.name == "traces" and not spool:
+                    self._store.note(len(line))
             except Exception as exc:
                 counts.lost_items += n
                 with contextlib.suppress(Exception):
@@ -535,6 +546,9 @@ class Receiver:
         for sender in self._senders.values():
             with contextlib.suppress(Exception):
                 sender.close()
+        if self._store is not None:
+            self._store.close()
+            self.stats.store_appends = self._store.appends
         self.stats.closed_in_s = round(time.monotonic() - start, 3)
         self._write_stats()
         return self.stats

@@ -112,6 +112,7 @@ def start(plan: LaunchPlan) -> tuple[Receiver | None, dict[str, str]]:
         return None, plan.child_env
     from mlaunch.receiver.core import Receiver
     from mlaunch.receiver.signals import SIGNALS
+    from mlaunch.receiver.store_append import MIN_APPEND_BYTES
     from mlaunch.receiver.upstream import Upstream
 
     receiver = None
@@ -121,9 +122,13 @@ def start(plan: LaunchPlan) -> tuple[Receiver | None, dict[str, str]]:
             if mode == "relay"
             else None
         )
+        node_rank = plan.settings.launch.node_rank
+        # One node writes the store (its lock is a local one: shared file systems do not all
+        # honour it); the other nodes' files are in it from the run-end build or the first read.
         receiver = Receiver(
-            plan.run_dir, relay=relay, node_rank=plan.settings.launch.node_rank
-        ).start()
+            plan.run_dir, relay=relay, node_rank=node_rank,
+            store_min_bytes=MIN_APPEND_BYTES if mode == "embedded" and node_rank == 0 else None,
+        ).start()  # fmt: skip
         env = worker_env(receiver, plan.child_env)
         if env is None:
             receiver.problem("down", "no listener could start; workers export as configured")

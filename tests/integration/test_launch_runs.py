@@ -38,6 +38,17 @@ def test_no_arguments_runs_tiny_end_to_end(tmp_path):
         assert {s["resource"]["nemo.run.id"] for s in spans} == {run_dir.name}
     env_text = (run_dir / "resolved.env").read_text()
     assert f"export MEGATRON_OTEL_RUN_ID={run_dir.name}" in env_text
+    # The launcher wrote the span store from the workers' files once they had exited: it is
+    # there, fresh, before any `mlaunch trace` command, and holds what a build afresh holds.
+    from support.trace_compare import json_store_rows, store_rows
+
+    from mlaunch.trace.reader import discover
+    from mlaunch.trace.store import is_fresh, load_manifest, open_store
+
+    man = load_manifest(run_dir)
+    assert man is not None and is_fresh(run_dir, man, discover(run_dir)), "no store at the end"
+    assert "span store" not in out
+    assert store_rows(open_store(run_dir)) == json_store_rows(run_dir, tmp_path / "fresh")
 
 
 def test_pipeline_parallel_run_exports_over_otlp_grpc(tmp_path):

@@ -346,3 +346,56 @@ def test_a_receiver_without_a_given_token_makes_a_fresh_one(tmp_path: Path) -> N
         assert not a.authorized(a.token) and not a.authorized(None)
     finally:
         a.close(0.5), b.close(0.5)
+
+
+def test_the_store_appends_come_at_geometric_steps(tmp_path: Path) -> None:
+    """The first append after ``min_bytes`` of trace lines, then once the new bytes reach
+    ``growth`` times what the store holds: few appends (and compactions) however long the run."""
+    from mlaunch.receiver.store_append import StoreAppender
+
+    a = StoreAppender(tmp_path, lambda key, msg: None, min_bytes=100, growth=0.25)
+    a.close()  # the schedule alone: no watcher thread acting on it
+    a.note(99)
+    assert not a.due()
+    a.note(1)
+    assert a.due()
+    a.stored = a.written = 1000
+    assert not a.due()
+    a.note(249)
+    assert not a.due()
+    a.note(1)
+    assert a.due()
+
+
+def test_only_embedded_trace_lines_count_towards_the_store(tmp_path: Path) -> None:
+    """The receiver counts the bytes of the trace lines it writes (its metrics and logs are not
+    in the span store); a relay (nothing of the workers' spans written locally) has no appender."""
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+        ExportMetricsServiceRequest,
+    )
+
+    from mlaunch.receiver import Upstream
+
+    rx = Receiver(tmp_path, token=RECEIVER_TOKEN, log=lambda m: None, store_min_bytes=1 << 62)
+    assert rx._store is not None
+    metrics = ExportMetricsServiceRequest()
+    rm = metrics.resource_metrics.add()
+    kv = rm.resource.attributes.add()
+    kv.key, kv.value.int_value = "dl.rank", 0
+    rm.scope_metrics.add().metrics.add().name = "m"
+    assert rx.ingest_metrics(metrics)
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    kv = rs.resource.attributes.add()
+    kv.key, kv.value.int_value = "dl.rank", 0
+    span = rs.scope_spans.add().spans.add()
+    span.name, span.trace_id, span.span_id = "megatron.train_step", b"\1" * 16, b"\2" * 8
+    assert rx.ingest_traces(req)
+    stats = rx.close()
+    assert envcontract.received_file(tmp_path, "metrics", 0).stat().st_size > 0
+    assert stats.store_appends == 0
+    assert rx._store.written == envcontract.traces_file(tmp_path, 0).stat().st_size > 0
+    relay = Receiver(tmp_path / "relay", token=RECEIVER_TOKEN, log=lambda m: None,
+                     relay={"traces": Upstream.from_env({}, "traces")}, store_min_bytes=1)  # fmt: skip
+    assert relay._store is None
+    relay.close(0.5)

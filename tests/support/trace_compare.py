@@ -21,3 +21,35 @@ def assert_same(a: Any, b: Any, where: str = "") -> None:
             assert_same(x, y, f"{where}[{i}]")
     else:
         assert a == b, (where, a, b)
+
+
+def store_rows(store: Any) -> tuple[list[tuple[str, dict]], list[dict]]:
+    """An opened span store's rows, comparable across stores: every span row (its rank
+    directory, its JSON columns decoded) in read order, and the resources. Two stores of the
+    same spans are equal here however their parts were cut (one build, appends, a compaction)."""
+    import orjson
+    import pyarrow.parquet as pq
+
+    out = []
+    for part in store.parts:
+        for row in pq.ParquetFile(part).read().to_pylist():
+            for c in ("attributes", "links", "events", "extra"):
+                row[c] = None if row[c] is None else orjson.loads(row[c])
+            out.append((part.parent.name, row))
+    res = pq.read_table(store.root / "resources.parquet").to_pylist()
+    for r in res:
+        r["attributes"] = orjson.loads(r["attributes"])
+    return out, res
+
+
+def json_store_rows(run_dir: Any, scratch: Any) -> tuple[list[tuple[str, dict]], list[dict]]:
+    """:func:`store_rows` of a store built afresh from a copy of ``run_dir``'s OTLP-JSON (its
+    ``telemetry/`` only) in ``scratch``: the reference a store written during the run equals."""
+    import shutil
+
+    from mlaunch.trace.store import open_store
+
+    shutil.copytree(run_dir / "telemetry", scratch / "telemetry")
+    store = open_store(scratch)
+    assert store is not None
+    return store_rows(store)

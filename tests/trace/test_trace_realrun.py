@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -125,50 +126,74 @@ def test_a_store_of_the_receivers_files_equals_the_store_of_the_workers_files(
 ) -> None:
     """The same real run's spans through the launcher's embedded receiver (the workers' requests
     handed to it in-process, in the order they were written): the receiver writes its own
-    OTLP-JSON (from protobuf), and the store built from it holds what the store of the workers'
-    files holds, row for row."""
+    OTLP-JSON (from protobuf) and appends the span store from it as the spans arrive. A read in
+    the middle sees the store's parts plus the JSON tail not yet in them; once the receiver has
+    closed and the run-end build has run, the store holds what a store built afresh from the
+    workers' files holds, row for row."""
     import shutil
+    import time
 
-    import orjson
-    import pyarrow.parquet as pq
     from support.otlp import RECEIVER_TOKEN
+    from support.trace_compare import assert_same, json_store_rows, store_rows
 
     from mlaunch.receiver import Receiver
     from mlaunch.telemetry.otlp_json import decode_traces_line
-    from mlaunch.trace.store import open_store
+    from mlaunch.trace.reader import TraceReader
+    from mlaunch.trace.store import load_manifest, open_store, update_store
+    from mlaunch.trace.store_summary import summarize_store
+    from mlaunch.trace.summary import summarize
+
+    def spans_in(text: str) -> int:
+        return sum(len(ss["spans"]) for line in text.splitlines()
+                   for rs in json.loads(line)["resourceSpans"] for ss in rs["scopeSpans"])  # fmt: skip
+
+    def until(what: str, ok: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 120
+        while not ok():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.05)
 
     workers = shutil.copytree(run_dir, tmp_path / "workers")
     shutil.rmtree(workers / "trace-store", ignore_errors=True)  # built from the JSON below
     received = tmp_path / "received"
-    rx = Receiver(received, token=RECEIVER_TOKEN, log=lambda m: None)  # no listeners needed
+    # Appends from the first byte on (the receiver's default waits for 64 MiB).
+    rx = Receiver(received, token=RECEIVER_TOKEN, log=lambda m: None, store_min_bytes=1)
     files = sorted((workers / "telemetry").glob("traces-rank*.jsonl"))
-    for f in files:
-        for line in f.read_text().splitlines():
-            assert rx.ingest_traces(decode_traces_line(line))
+    lines = [line for f in files for line in f.read_text().splitlines()]
+    total = spans_in("\n".join(lines))
+    half = len(lines) // 2
+    first = spans_in("\n".join(lines[:half]))
+    for line in lines[:half]:
+        assert rx.ingest_traces(decode_traces_line(line))
+
+    def stored() -> int:
+        man = load_manifest(received)
+        return man.spans if man is not None else 0
+
+    until("the receiver's append", lambda: stored() == first)
+    assert rx._store is not None
+    rx._store.min_bytes = 1 << 62  # no more appends: the rest stays a JSON tail
+    for line in lines[half:]:
+        assert rx.ingest_traces(decode_traces_line(line))
+
+    def on_disk() -> int:  # the complete lines the receiver has written out
+        texts = [f.read_text() for f in (received / "telemetry").glob("traces-*.jsonl")]
+        return sum(spans_in(t[: t.rfind("\n") + 1]) for t in texts)
+
+    until("the receiver's files", lambda: on_disk() == total)
+    assert stored() == first < total
+    live = open_store(received)  # a read while the run is written: store parts + the JSON tail
+    assert live is not None and live.manifest.spans == total
+    assert_same(summarize(TraceReader.open(received)).to_json(), summarize_store(live).to_json())
+
     stats = rx.close()
-    assert stats.signals["traces"].written_items == sum(
-        len(ss["spans"]) for f in files for line in f.read_text().splitlines()
-        for rs in json.loads(line)["resourceSpans"] for ss in rs["scopeSpans"]
-    )  # fmt: skip
+    assert stats.store_appends >= 1
+    assert stats.signals["traces"].written_items == sum(spans_in(f.read_text()) for f in files)
     assert sorted(p.name for p in (received / "telemetry").glob("traces-*")) == [
         f.name for f in files
     ]
-
-    def rows(run: Path) -> tuple[list[dict], list[dict]]:
-        store = open_store(run)
-        assert store is not None
-        out = []
-        for part in store.parts:
-            for row in pq.ParquetFile(part).read().to_pylist():
-                for c in ("attributes", "links", "events", "extra"):
-                    row[c] = None if row[c] is None else orjson.loads(row[c])
-                out.append((part.parent.name, row))
-        res = pq.read_table(store.root / "resources.parquet").to_pylist()
-        for r in res:
-            r["attributes"] = orjson.loads(r["attributes"])
-        return out, res
-
-    mine, theirs = rows(workers), rows(received)
+    assert update_store(received) is None  # what the launcher runs at the end of the run
+    mine, theirs = json_store_rows(workers, tmp_path / "fresh"), store_rows(open_store(received))
     assert len(mine[0]) == len(theirs[0]) > 0
     assert mine == theirs
 

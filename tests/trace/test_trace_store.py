@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.full_disk import full_disk_site
 from support.synthetic_traces import hand_example, write_realistic_run
 from support.trace_cli import invoke_trace, user_error
 from support.trace_compare import assert_same
@@ -355,6 +356,77 @@ def test_a_legacy_named_trace_is_summarised_from_the_store_as_from_the_json(
     """Documented (older) names, each the only spelling of its name: percentiles are found by
     the canonical name (a KeyError before)."""
     run = hand_example(legacy=True, job=(0, 1))[0].write_run_dir(tmp_path / "legacy")
+    store = open_store(run)
+    assert store is not None
+    assert_same(summarize(TraceReader.open(run)).to_json(), summarize_store(store).to_json())
+
+
+def test_disk_full_at_the_run_end_build_is_one_line_and_the_next_read_rebuilds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mlaunch.launcher.run import finish_store
+
+    run = tmp_path / "run"
+    write_realistic_run(run, ranks=2, steps=6, pp=1)
+    json_before = {p: p.read_bytes() for p in (run / "telemetry").iterdir()}
+    monkeypatch.setenv("PYTHONPATH", str(full_disk_site(tmp_path)))
+    finish_store(run)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "span store not written" in err[0], err
+    assert "No space left on device" in err[0] and "first read" in err[0]
+    assert [p.name for p in run.iterdir() if "store" in p.name] == []  # nothing half-built
+    assert {p: p.read_bytes() for p in (run / "telemetry").iterdir()} == json_before
+    monkeypatch.delenv("PYTHONPATH")
+    r = invoke_trace("summary", run, "--json")  # the next read builds it
+    assert r.exit_code == 0, r.output
+    assert (run / STORE_DIR / "manifest.json").exists()
+    assert json.loads(r.stdout) == json.loads(
+        json.dumps(summarize(TraceReader.open(run)).to_json())
+    )
+
+
+def test_disk_full_in_the_receivers_append_is_logged_once_and_ends_the_appends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from mlaunch.receiver.store_append import StoreAppender
+
+    run = tmp_path / "run"
+    write_realistic_run(run, ranks=2, steps=6, pp=1)
+    json_before = {p: p.read_bytes() for p in (run / "telemetry").iterdir()}
+    monkeypatch.setenv("PYTHONPATH", str(full_disk_site(tmp_path)))
+    said: list[tuple[str, str]] = []
+    appender = StoreAppender(run, lambda key, msg: said.append((key, msg)), min_bytes=1)
+    try:
+        appender.note(100)
+        deadline = time.monotonic() + 120
+        while not appender.failed:
+            assert time.monotonic() < deadline, "the append never ended"
+            time.sleep(0.05)
+        appender.note(10**9)  # due again: no second attempt once one failed
+        time.sleep(1.5)
+    finally:
+        appender.close()
+    assert len(said) == 1 and said[0][0] == "store", said
+    assert "No space left on device" in said[0][1] and "rebuilds" in said[0][1]
+    assert appender.appends == 0
+    assert [p.name for p in run.iterdir() if "store" in p.name] == []
+    assert {p: p.read_bytes() for p in (run / "telemetry").iterdir()} == json_before
+
+
+def test_a_run_end_build_past_its_wait_goes_on_beside_a_reader(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The launcher stops waiting (here at once): the build goes on in its own process while a
+    reader opens the run; the store's lock makes them take turns (two builds at once would
+    remove each other's half-built store), and the reader gets every span."""
+    from mlaunch.launcher.run import finish_store
+
+    run = tmp_path / "run"
+    write_realistic_run(run, ranks=2, steps=8, pp=1)
+    finish_store(run, wait_s=0.0)
+    assert "still being written, in the background" in capsys.readouterr().err
     store = open_store(run)
     assert store is not None
     assert_same(summarize(TraceReader.open(run)).to_json(), summarize_store(store).to_json())
