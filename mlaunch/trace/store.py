@@ -51,8 +51,8 @@ for a run that has only JSON. Measured (``benchmarks/trace_read.py --writers``, 
 worker writing Parquet in its file exporter would spend about 10x the CPU per span of its JSON
 encoding (4.5 us against 0.47) on the training host, while the run-end build costs training
 nothing (the workers have exited; 4.7 s at the end of the run, 2x a JSON decode) and the
-receiver's appends 1.6x one build in all, in a niced process off the path that receives spans. One writer at a time: :func:`open_store` builds under a ``flock`` of the
-run directory.
+receiver's appends 1.6x one build in all, in a niced process off the path that receives
+spans. One writer at a time, and none under a reader (:class:`_RunLock`).
 
 Freshness: the manifest records every source file's size and mtime. A store whose sources are
 unchanged is used; otherwise (a live run that wrote more, a run that was restarted) it is built
@@ -663,6 +663,18 @@ class Store:
     manifest: Manifest
     parts: list[Path]
     warnings: list[str]
+    #: The run's lock, held shared while this store is open (set by :func:`open_store`).
+    lock: _RunLock | None = field(default=None, repr=False, compare=False)
+
+    def close(self) -> None:
+        """Let writers (the receiver's appends, a compaction) replace the parts read here."""
+        lock, self.lock = self.lock, None
+        if lock is not None:
+            lock.release()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # at interpreter exit the fd goes anyway
+            self.close()
 
     @property
     def root(self) -> Path:
@@ -718,21 +730,56 @@ def _sql_str(p: Path) -> str:
     return "'" + str(p).replace("'", "''") + "'"
 
 
-@contextlib.contextmanager
-def _writer_lock(run_dir: Path) -> Iterator[None]:
-    """Hold the run's store lock, a ``flock`` of the run directory itself (no file to leave
-    behind, and a read-only copy can take it too): the receiver's appends, the launcher's run-end
-    build and a reader catching up on a live run would otherwise number their new parts alike."""
-    try:
-        fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        yield
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+class _RunLock:
+    """This process's ``flock`` of a run directory (the directory itself: no file to leave
+    behind, and a read-only copy can take it too), shared by every :class:`Store` of that
+    directory it has open, and released when the last of them goes.
+
+    Readers hold it shared for as long as they read; whoever builds, appends or compacts holds it
+    exclusive. So a compaction never deletes the parts a reader of a live run is reading (its
+    manifest names them), and the receiver's appends, the launcher's run-end build and a reader
+    catching up never number their new parts alike. One descriptor per process: ``flock``
+    converts a lock held on the same descriptor, where a second descriptor would wait for this
+    process's own shared lock."""
+
+    _open: dict[str, _RunLock] = {}
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.users = 0
+
+    @classmethod
+    def take(cls, run_dir: Path) -> _RunLock | None:
+        """The run's lock, held shared; None where the directory cannot be opened."""
+        key = os.path.realpath(run_dir)
+        lock = cls._open.get(key)
+        if lock is None:
+            try:
+                fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+            except OSError:
+                return None
+            lock = cls._open[key] = cls(fd)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        lock.users += 1
+        return lock
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Held exclusive inside, shared again after (a conversion: not atomic, so the caller
+        looks at the store again once it has the lock)."""
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_SH)
+
+    def release(self) -> None:
+        self.users -= 1
+        if self.users == 0:
+            for key, lock in list(self._open.items()):
+                if lock is self:
+                    del self._open[key]
+            os.close(self.fd)  # releases the lock
 
 
 def open_store(path: Path, *, build: bool = True) -> Store | None:
@@ -740,16 +787,27 @@ def open_store(path: Path, *, build: bool = True) -> Store | None:
     missing, stale or torn. None when ``path`` is not a run directory, when the run directory
     cannot be written (a read-only copy: the caller reads the JSON) or when building was refused
     (``build=False``). A malformed trace raises the reader's ``TraceInputError`` as reading the
-    JSON would. Building holds the run's store lock; a store that is fresh is read without it
-    (the manifest, replaced last, always names a complete set of parts)."""
+    JSON would. The store returned holds the run's lock shared (:class:`_RunLock`) until it is
+    closed or collected; building holds it exclusive."""
     if not path.is_dir():
         return None
-    store = _open_store(path, build=False)
-    if store is not None or not build:
-        return store
-    with _writer_lock(path):
-        # Whoever held the lock may have just brought the store up to date.
-        return _open_store(path, build=True)
+    lock = _RunLock.take(path)
+    try:
+        store = _open_store(path, build=False)
+        if store is None and build:
+            with lock.exclusive() if lock else contextlib.nullcontext():
+                # Whoever held the lock before may have just brought the store up to date.
+                store = _open_store(path, build=True)
+    except BaseException:
+        if lock:
+            lock.release()
+        raise
+    if store is None:
+        if lock:
+            lock.release()
+        return None
+    store.lock = lock
+    return store
 
 
 def _open_store(path: Path, *, build: bool) -> Store | None:

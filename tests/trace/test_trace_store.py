@@ -430,3 +430,42 @@ def test_a_run_end_build_past_its_wait_goes_on_beside_a_reader(
     store = open_store(run)
     assert store is not None
     assert_same(summarize(TraceReader.open(run)).to_json(), summarize_store(store).to_json())
+
+
+def _waiting_for_a_lock(pid: int) -> bool:
+    """``pid`` is blocked in ``flock`` (``/proc/locks`` lists a waiter as ``-> FLOCK ... pid``)."""
+    for line in Path("/proc/locks").read_text().splitlines():
+        words = line.split()
+        if words[1:3] == ["->", "FLOCK"] and words[5] == str(pid):
+            return True
+    return False
+
+
+def test_a_compaction_waits_for_a_reader_of_the_parts_it_replaces(tmp_path: Path) -> None:
+    """A reader of a live run holds its parts: a writer that would replace them (here a rebuild,
+    since the JSON was rewritten as a restart does) waits until the reader has closed the store,
+    then writes; the reader never meets a part taken away under it."""
+    import time
+
+    from mlaunch.trace.store import spawn_update
+
+    run = tmp_path / "run"
+    write_realistic_run(run, ranks=2, steps=10, pp=1)
+    store = open_store(run)
+    assert store is not None
+    parts = list(store.parts)
+    before = summarize_store(store).to_json()
+    write_realistic_run(run, ranks=2, steps=6, pp=1, seed=9)  # the JSON rewritten
+    writer = spawn_update(run)
+    deadline = time.monotonic() + 120
+    while not _waiting_for_a_lock(writer.pid):
+        assert writer.poll() is None, "the writer did not wait for the reader"
+        assert time.monotonic() < deadline, "the writer never reached the store's lock"
+        time.sleep(0.05)
+    assert all(p.is_file() for p in parts)
+    assert summarize_store(store).to_json() == before  # still readable, unchanged
+    store.close()
+    assert writer.wait(120) == 0, writer.stderr.read()
+    after = open_store(run)
+    assert after is not None
+    assert_same(summarize(TraceReader.open(run)).to_json(), summarize_store(after).to_json())
