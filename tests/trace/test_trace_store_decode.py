@@ -160,6 +160,10 @@ def test_hard_values_and_lines_left_to_the_reader_give_the_readers_store(
     odd_int = _span("n", "06" * 8, 1, 2, attributes=[{"key": "k", "value": {"intValue": 5}}])
     array = _span("a", "07" * 8, 1, 2, attributes=encode_attributes({"xs": [1, "two"]}))
     control = _span("c", "08" * 8, 1, 2, attributes=encode_attributes({"s": "bell\x07"}))
+    # a member the decoder infers (not in its parse schema) that comes back as a timestamp, and
+    # a span key outside the OTLP schema: both refused, the reader keeps the text and the key
+    dated = _span("d", "0d" * 8, 1, 2, status={"message": "2024-01-01", "code": 2})
+    unknown = _span("u", "0e" * 8, 1, 2, sampled=True)
     old_scope = {"instrumentationLibrarySpans": [{"spans": [_span("i", "09" * 8, 1, 2)]}]}
     ils = json.dumps({"resourceSpans": [{"resource": {"attributes": encode_attributes(res2)},
                                          **old_scope}]})  # fmt: skip
@@ -173,6 +177,9 @@ def test_hard_values_and_lines_left_to_the_reader_give_the_readers_store(
     refused = [request_line(res2, [odd_int]), request_line(res2, [array]), ils,
                request_line(res2, [control])]  # fmt: skip
     (tel / "traces-rank2.jsonl").write_text("\n".join(refused) + "\n")
+    for rank, span in ((3, dated), (4, unknown)):  # each alone: its own chunk
+        res = resource_attributes(rank, world_size=5)
+        (tel / f"traces-rank{rank}.jsonl").write_text(request_line(res, [span]) + "\n")
     # rank 1: a spool whose spans the traces file repeats (deduplicated), a second scope
     spooled = [_span("s", "0a" * 8, 1, 2), _span("t", "0b" * 8, 3, 4)]
     (tel / "spool-traces-rank1.jsonl").write_text(request_line(res1, spooled[:1]) + "\n")
@@ -200,8 +207,9 @@ def test_hard_values_and_lines_left_to_the_reader_give_the_readers_store(
     assert built[0][0] == ["spans/rank=0/part-00000.parquet", "spans/rank=1/part-00000.parquet",
                            "spans/rank=0/part-00001.parquet"]  # fmt: skip
     assert built[0][1] == built[1][1] and built[0][2].equals(built[1][2])
-    # the reader decoded: the metric and the torn line, the 4 refused lines, the spooled rank's 2
-    assert _decoded_by_reader(run, monkeypatch) == 2 + 4 + 2
+    # the reader decoded: the metric and the torn line, the 4 refused lines, the dated and the
+    # unknown key's, the spooled rank's 2
+    assert _decoded_by_reader(run, monkeypatch) == 2 + 4 + 2 + 2
 
 
 def test_a_malformed_span_is_named_by_the_readers_message(tmp_path: Path) -> None:
