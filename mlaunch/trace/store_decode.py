@@ -332,24 +332,43 @@ _MEMO_ROWS = 4096
 def _distinct(a: Any) -> tuple[Any, Any]:
     """Per row of the struct array ``a`` (of scalar members, or structs of them): the index of
     its distinct value; and the first row of each distinct value. Each member is hashed
-    (dictionary-encoded, null a value of its own) and its codes folded into the row's code."""
+    (dictionary-encoded, null a value of its own) and its codes folded into the row's code; a
+    member of one value (all null, say) adds nothing, and the codes are made dense again only
+    when their product nears int64's range (a hash pass each: the cost of this)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
     def leaves(x: Any) -> list[Any]:
         if pa.types.is_struct(x.type):
-            return [x.is_valid()] + [leaf for c in x.flatten() for leaf in leaves(c)]
+            valid = [x.is_valid()] if x.null_count else []
+            return valid + [leaf for c in x.flatten() for leaf in leaves(c)]
         return [x]
 
-    codes = np.zeros(len(a), np.int64)
+    def dense(codes: Any) -> tuple[Any, int]:
+        enc = pc.dictionary_encode(pa.array(codes))
+        return enc.indices.to_numpy().astype(np.int64), len(enc.dictionary)
+
+    n = len(a)
+    codes, size = np.zeros(n, np.int64), 1
     for leaf in leaves(a):
         enc = pc.dictionary_encode(leaf, null_encoding="encode")
-        folded = codes * len(enc.dictionary) + enc.indices.to_numpy().astype(np.int64)
-        codes = pc.dictionary_encode(pa.array(folded)).indices.to_numpy().astype(np.int64)
-    k = int(codes.max()) + 1 if len(codes) else 0
+        m = len(enc.dictionary)
+        if m <= 1:
+            continue
+        if size * m >= 1 << 62:
+            codes, size = dense(codes)
+        codes = codes * m + enc.indices.to_numpy().astype(np.int64)
+        size *= m
+    if size <= 4 * n:  # dense by a lookup table: cheaper than a hash pass
+        seen = np.zeros(size, bool)
+        seen[codes] = True
+        remap = np.cumsum(seen) - 1
+        codes, k = remap[codes], int(remap[-1]) + 1
+    else:
+        codes, k = dense(codes)
     first = np.empty(k, np.int64)
-    rows = np.arange(len(a), dtype=np.int64)
+    rows = np.arange(n, dtype=np.int64)
     first[codes[::-1]] = rows[::-1]  # repeated indices: the last write, the first row, wins
     return codes, first
 
@@ -360,6 +379,8 @@ def _nonempty(lists: Any, escaped: bool) -> Any:
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    if lists.null_count == len(lists):  # a member no span of the chunk has (events, links...)
+        return pa.nulls(len(lists), pa.string())
     return pc.if_else(
         pc.greater(pc.list_value_length(lists), 0), _text(lists, escaped),
         pa.scalar(None, pa.string()),
