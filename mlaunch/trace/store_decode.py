@@ -329,6 +329,15 @@ def _truncated(kv: Any, kv_span: Any, n: int) -> Any:
 _MEMO_ROWS = 4096
 
 
+def _hashable(t: Any) -> bool:
+    """Whether :func:`_distinct` takes a struct of type ``t``: scalars, or structs of them (a
+    list member, as a resource's or a link's attributes, has no hash kernel)."""
+    import pyarrow as pa
+
+    return all(_hashable(f.type) if pa.types.is_struct(f.type) else not pa.types.is_nested(f.type)
+               for f in t)  # fmt: skip
+
+
 def _distinct(a: Any) -> tuple[Any, Any]:
     """Per row of the struct array ``a`` (of scalar members, or structs of them): the index of
     its distinct value; and the first row of each distinct value. Each member is hashed
@@ -352,6 +361,8 @@ def _distinct(a: Any) -> tuple[Any, Any]:
     n = len(a)
     codes, size = np.zeros(n, np.int64), 1
     for leaf in leaves(a):
+        if leaf.null_count == n:
+            continue
         enc = pc.dictionary_encode(leaf, null_encoding="encode")
         m = len(enc.dictionary)
         if m <= 1:
@@ -371,6 +382,38 @@ def _distinct(a: Any) -> tuple[Any, Any]:
     rows = np.arange(n, dtype=np.int64)
     first[codes[::-1]] = rows[::-1]  # repeated indices: the last write, the first row, wins
     return codes, first
+
+
+def _distinct_lists(a: Any) -> tuple[Any, Any] | None:
+    """:func:`_distinct` for a list array of structs (the attributes): each list's key is the
+    bytes of its entries' codes, hashed once. None when the lists are mostly distinct."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    values = a.flatten()
+    if len(values) < _MEMO_ROWS or not _hashable(values.type):
+        return None
+    codes, first = _distinct(values)
+    if len(first) * 4 > len(values):
+        return None
+    offsets = _offsets(a).to_numpy().astype(np.int64) * 4
+    if offsets[-1] >= 1 << 31:
+        return None
+    keys = pa.Array.from_buffers(pa.binary(), len(a), [
+        None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(codes.astype(np.int32)),
+    ])  # fmt: skip
+    if a.null_count:  # a null list: a key of its own, not the empty list's
+        keys = pc.if_else(a.is_valid(), keys, pa.scalar(None, pa.binary()))
+    enc = pc.dictionary_encode(keys, null_encoding="encode")
+    k = len(enc.dictionary)
+    if k * 4 > len(a):
+        return None
+    lcodes = enc.indices.to_numpy().astype(np.int64)
+    lfirst = np.empty(k, np.int64)
+    rows = np.arange(len(a), dtype=np.int64)
+    lfirst[lcodes[::-1]] = rows[::-1]
+    return pa.array(lcodes), pa.array(lfirst)
 
 
 def _nonempty(lists: Any, escaped: bool) -> Any:
@@ -418,7 +461,7 @@ def _text(a: Any, escaped: bool, pre: str = "", post: str = "", *, memo: bool = 
     if pa.types.is_boolean(t):
         return pc.if_else(a, pre + "true" + post, pre + "false" + post)
     if pa.types.is_struct(t):
-        if memo and len(a) >= _MEMO_ROWS:
+        if memo and len(a) >= _MEMO_ROWS and _hashable(t):
             codes, first = _distinct(a)
             if len(first) * 4 <= len(a):  # text for each distinct value once, then copies
                 return _text(a.take(pa.array(first)), escaped, pre, post, memo=False).take(
@@ -449,6 +492,13 @@ def _text(a: Any, escaped: bool, pre: str = "", post: str = "", *, memo: bool = 
             pc.if_else(a.is_valid(), text, pa.scalar(None, pa.string())) if a.null_count else text
         )
     if pa.types.is_list(t):
+        if memo and len(a) >= _MEMO_ROWS and pa.types.is_struct(t.value_type):
+            distinct = _distinct_lists(a)
+            if distinct is not None:  # text for each distinct list once, then copies
+                codes, first = distinct
+                text = _text(a.take(first), escaped, pre, post, memo=False).take(codes)
+                return (pc.if_else(a.is_valid(), text, pa.scalar(None, pa.string()))
+                        if a.null_count else text)  # fmt: skip
         items = pa.ListArray.from_arrays(_offsets(a), _text(a.flatten(), escaped))
         text = pc.binary_join_element_wise(pre + "[", pc.binary_join(items, ","), "]" + post, "")
         return (

@@ -21,6 +21,7 @@ from support.synthetic_traces import (
 )
 
 from mlaunch.trace.reader import TraceInputError, TraceReader
+from mlaunch.trace import store_decode
 from mlaunch.trace.store import STORE_DIR, build_store
 
 _JSON_COLUMNS = ("attributes", "links", "events", "extra")
@@ -72,6 +73,42 @@ def test_the_column_wise_store_equals_the_readers_on_synthetic_runs(
         assert _store(run, columnar=True) == _store(run, columnar=False), run.name
     # not vacuous: the realistic run's lines never became Python dicts
     assert _decoded_by_reader(real, monkeypatch) == 0
+
+
+def test_values_written_once_per_distinct_value_give_the_readers_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The JSON text of a column of few distinct values (whole attribute lists, attribute
+    entries, ``extra``) is written once per value and copied; at the usual threshold only big
+    chunks take that path, so here it is lowered until these small runs take it everywhere
+    (resources and links hold lists: no hash for those, their text is built row by row)."""
+    monkeypatch.setattr(store_decode, "_MEMO_ROWS", 8)
+    memo = []
+    real = store_decode._distinct_lists
+    monkeypatch.setattr(store_decode, "_distinct_lists",
+                        lambda a: memo.append(r := real(a)) or r)  # fmt: skip
+    hand = hand_example()[0].write_run_dir(tmp_path / "hand")
+    real_run = tmp_path / "real"
+    write_realistic_run(real_run, steps=30, seed=1, batch=37)
+    for run in (hand, real_run):
+        assert _store(run, columnar=True) == _store(run, columnar=False), run.name
+    assert any(r is not None for r in memo)  # not vacuous: whole lists were copied
+    assert _decoded_by_reader(real_run, monkeypatch) == 0
+
+
+def test_a_chunk_of_many_small_requests_gives_the_readers_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request a span (an exporter that batches little): thousands of resources in one chunk,
+    whose text is built row by row (a resource holds a list: no hash for it)."""
+    run = tmp_path / "run"
+    (run / "telemetry").mkdir(parents=True)
+    res = resource_attributes(0, world_size=1)
+    lines = [request_line(res, [_span("megatron.iteration", f"{i:016x}", i, i + 1)])
+             for i in range(5000)]  # fmt: skip
+    (run / "telemetry" / "traces-rank0.jsonl").write_text("\n".join(lines) + "\n")
+    assert _store(run, columnar=True) == _store(run, columnar=False)
+    assert _decoded_by_reader(run, monkeypatch) == 0
 
 
 def _span(name: str, sid: str, start: int, end: int, **extra: Any) -> dict[str, Any]:
