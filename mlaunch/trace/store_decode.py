@@ -2,15 +2,17 @@
 
 Building the store through the JSON reader makes a Python dict per span (orjson), then walks
 each span in Python to fill the columns: about 5x the bare decode (benchmarks/trace_read.py).
-Here pyarrow's JSON parser (C++) reads a chunk of lines against an explicit schema of the OTLP
-span, and Arrow compute derives every column of :data:`mlaunch.trace.store.SPAN_SCHEMA` from the
+Here pyarrow's JSON parser (C++) reads a chunk of lines against the schema of the OTLP span (the
+members most spans have explicit, the rare ones inferred, then checked against the schema), and
+Arrow compute derives every column of :data:`mlaunch.trace.store.SPAN_SCHEMA` from the
 parsed arrays, the JSON-text columns (``attributes``, ``links``, ``events``, ``extra``) included:
 no Python object per span.
 
 The JSON reader stays the reference. A chunk this decoder cannot take exactly is refused
 (:func:`parse` returns None) and its lines go through the reader, which accepts or refuses them
 with its own message: a key outside the schema (``instrumentationLibrarySpans``, an
-``arrayValue``...), a value of another JSON type (an ``intValue`` written as a number), invalid
+``arrayValue``...), a value of another JSON type (an ``intValue`` written as a number, a rare
+member's string that pyarrow infers as a timestamp: a status message "2024-01-01"), invalid
 JSON, a line holding two objects, a null where the reader needs a value, a control character
 in a string. What it takes, it writes as the reader's path would, value for value: the JSON
 text of a column may differ in key order or number spelling (``1e+20`` for ``1e20``), never in

@@ -20,8 +20,8 @@ from support.synthetic_traces import (
     write_realistic_run,
 )
 
-from mlaunch.trace.reader import TraceInputError, TraceReader
 from mlaunch.trace import store_decode
+from mlaunch.trace.reader import TraceInputError, TraceReader
 from mlaunch.trace.store import STORE_DIR, build_store
 
 _JSON_COLUMNS = ("attributes", "links", "events", "extra")
