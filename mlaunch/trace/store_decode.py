@@ -2,15 +2,17 @@
 
 Building the store through the JSON reader makes a Python dict per span (orjson), then walks
 each span in Python to fill the columns: about 5x the bare decode (benchmarks/trace_read.py).
-Here pyarrow's JSON parser (C++) reads a chunk of lines against an explicit schema of the OTLP
-span, and Arrow compute derives every column of :data:`mlaunch.trace.store.SPAN_SCHEMA` from the
+Here pyarrow's JSON parser (C++) reads a chunk of lines against the schema of the OTLP span (the
+members most spans have explicit, the rare ones inferred, then checked against the schema), and
+Arrow compute derives every column of :data:`mlaunch.trace.store.SPAN_SCHEMA` from the
 parsed arrays, the JSON-text columns (``attributes``, ``links``, ``events``, ``extra``) included:
 no Python object per span.
 
 The JSON reader stays the reference. A chunk this decoder cannot take exactly is refused
 (:func:`parse` returns None) and its lines go through the reader, which accepts or refuses them
 with its own message: a key outside the schema (``instrumentationLibrarySpans``, an
-``arrayValue``...), a value of another JSON type (an ``intValue`` written as a number), invalid
+``arrayValue``...), a value of another JSON type (an ``intValue`` written as a number, a rare
+member's string that pyarrow infers as a timestamp: a status message "2024-01-01"), invalid
 JSON, a line holding two objects, a null where the reader needs a value, a control character
 in a string. What it takes, it writes as the reader's path would, value for value: the JSON
 text of a column may differ in key order or number spelling (``1e+20`` for ``1e20``), never in
@@ -44,6 +46,7 @@ _EXTRA_KEYS = ("traceState", "flags", "kind", "droppedAttributesCount", "dropped
 
 _SCHEMA: Any = None
 _VALUE: Any = None  # the AnyValue struct type of the schema
+_PARSE_SCHEMA: Any = None
 
 
 def json_schema() -> Any:
@@ -84,6 +87,57 @@ class _Refused(Exception):
     """The chunk holds something this decoder does not take exactly: the reader reads it."""
 
 
+def parse_schema() -> Any:
+    """The schema pyarrow is given: :func:`json_schema` less the members of a span (and of its
+    children) that most spans lack. pyarrow fills every member of an explicit schema that a
+    row lacks with a null, and for the span's rare members (events, links, the dropped counts,
+    traceState, flags) that costs about a fifth of its parse; a member not given is inferred
+    from what the chunk holds, and :func:`_conform` then checks it against :func:`json_schema`.
+    The members of the resource and scope stay explicit: they come once a line, so cost nothing,
+    and an inferred string can come back as a timestamp (an ISO date in an attribute value)."""
+    global _PARSE_SCHEMA
+    if _PARSE_SCHEMA is None:
+        import pyarrow as pa
+
+        def keep(t: Any, names: tuple[str, ...]) -> Any:
+            return pa.struct([f for f in t if f.name in names])
+
+        full = json_schema().field(0).type.value_type  # a resourceSpans entry
+        scope_spans = full.field("scopeSpans").type.value_type
+        span = keep(scope_spans.field("spans").type.value_type,
+                    ("traceId", "spanId", "parentSpanId", "name", "kind", "startTimeUnixNano",
+                     "endTimeUnixNano", "attributes"))  # fmt: skip
+        scope_spans = pa.struct([f if f.name != "spans" else pa.field("spans", pa.list_(span))
+                                 for f in scope_spans])  # fmt: skip
+        entry = pa.struct([f if f.name != "scopeSpans" else
+                           pa.field("scopeSpans", pa.list_(scope_spans)) for f in full])  # fmt: skip
+        _PARSE_SCHEMA = pa.schema([("resourceSpans", pa.list_(entry))])
+    return _PARSE_SCHEMA
+
+
+def _conform(a: Any, t: Any) -> Any:
+    """The parsed array ``a`` as type ``t`` (of :func:`json_schema`): members it lacks added as
+    nulls, a member all null (pyarrow infers the type null) typed; refused where ``a`` holds a
+    member ``t`` has not, or a value of another type (what the explicit schema refuses)."""
+    import pyarrow as pa
+
+    if a.type == t:
+        return a
+    if pa.types.is_null(a.type):
+        return pa.nulls(len(a), t)
+    mask = a.is_null() if a.null_count else None
+    if pa.types.is_struct(t) and pa.types.is_struct(a.type):
+        have = {f.name: i for i, f in enumerate(a.type)}
+        if any(n not in t.names for n in have):
+            raise _Refused  # a key outside the schema
+        kids = [_conform(a.field(have[f.name]), f.type) if f.name in have
+                else pa.nulls(len(a), f.type) for f in t]  # fmt: skip
+        return pa.StructArray.from_arrays(kids, fields=list(t), mask=mask)
+    if pa.types.is_list(t) and pa.types.is_list(a.type):
+        return pa.ListArray.from_arrays(a.offsets, _conform(a.values, t.value_type), t, mask=mask)
+    raise _Refused  # another type: a number for a string, a timestamp inferred from a string...
+
+
 @dataclass
 class Chunk:
     """A parsed chunk of request lines."""
@@ -115,12 +169,12 @@ def parse(data: bytes, lines: int) -> Chunk | None:
         table = pj.read_json(
             pa.BufferReader(data),
             read_options=pj.ReadOptions(use_threads=False, block_size=max(len(data) + 1, 1 << 20)),
-            parse_options=pj.ParseOptions(explicit_schema=json_schema(),
-                                          unexpected_field_behavior="error"),
+            parse_options=pj.ParseOptions(explicit_schema=parse_schema(),
+                                          unexpected_field_behavior="infer"),
         )  # fmt: skip
-        if table.num_rows != lines:  # two objects on one line: the reader refuses that line
-            return None
-        per_line = table.column(0).combine_chunks()
+        if table.num_rows != lines or table.num_columns != 1:
+            return None  # two objects on one line, or a key beside resourceSpans: the reader's
+        per_line = _conform(table.column(0).combine_chunks(), json_schema().field(0).type)
         entries = _flat(per_line)
         scopes_of = entries.field("scopeSpans")
         scopes = _flat(scopes_of)
@@ -277,29 +331,91 @@ def _truncated(kv: Any, kv_span: Any, n: int) -> Any:
 _MEMO_ROWS = 4096
 
 
+def _hashable(t: Any) -> bool:
+    """Whether :func:`_distinct` takes a struct of type ``t``: scalars, or structs of them (a
+    list member, as a resource's or a link's attributes, has no hash kernel)."""
+    import pyarrow as pa
+
+    return all(_hashable(f.type) if pa.types.is_struct(f.type) else not pa.types.is_nested(f.type)
+               for f in t)  # fmt: skip
+
+
 def _distinct(a: Any) -> tuple[Any, Any]:
     """Per row of the struct array ``a`` (of scalar members, or structs of them): the index of
     its distinct value; and the first row of each distinct value. Each member is hashed
-    (dictionary-encoded, null a value of its own) and its codes folded into the row's code."""
+    (dictionary-encoded, null a value of its own) and its codes folded into the row's code; a
+    member of one value (all null, say) adds nothing, and the codes are made dense again only
+    when their product nears int64's range (a hash pass each: the cost of this)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
     def leaves(x: Any) -> list[Any]:
         if pa.types.is_struct(x.type):
-            return [x.is_valid()] + [leaf for c in x.flatten() for leaf in leaves(c)]
+            valid = [x.is_valid()] if x.null_count else []
+            return valid + [leaf for c in x.flatten() for leaf in leaves(c)]
         return [x]
 
-    codes = np.zeros(len(a), np.int64)
+    def dense(codes: Any) -> tuple[Any, int]:
+        enc = pc.dictionary_encode(pa.array(codes))
+        return enc.indices.to_numpy().astype(np.int64), len(enc.dictionary)
+
+    n = len(a)
+    codes, size = np.zeros(n, np.int64), 1
     for leaf in leaves(a):
+        if leaf.null_count == n:
+            continue
         enc = pc.dictionary_encode(leaf, null_encoding="encode")
-        folded = codes * len(enc.dictionary) + enc.indices.to_numpy().astype(np.int64)
-        codes = pc.dictionary_encode(pa.array(folded)).indices.to_numpy().astype(np.int64)
-    k = int(codes.max()) + 1 if len(codes) else 0
+        m = len(enc.dictionary)
+        if m <= 1:
+            continue
+        if size * m >= 1 << 62:
+            codes, size = dense(codes)
+        codes = codes * m + enc.indices.to_numpy().astype(np.int64)
+        size *= m
+    if size <= 4 * n:  # dense by a lookup table: cheaper than a hash pass
+        seen = np.zeros(size, bool)
+        seen[codes] = True
+        remap = np.cumsum(seen) - 1
+        codes, k = remap[codes], int(remap[-1]) + 1
+    else:
+        codes, k = dense(codes)
     first = np.empty(k, np.int64)
-    rows = np.arange(len(a), dtype=np.int64)
+    rows = np.arange(n, dtype=np.int64)
     first[codes[::-1]] = rows[::-1]  # repeated indices: the last write, the first row, wins
     return codes, first
+
+
+def _distinct_lists(a: Any) -> tuple[Any, Any] | None:
+    """:func:`_distinct` for a list array of structs (the attributes): each list's key is the
+    bytes of its entries' codes, hashed once. None when the lists are mostly distinct."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    values = a.flatten()
+    if len(values) < _MEMO_ROWS or not _hashable(values.type):
+        return None
+    codes, first = _distinct(values)
+    if len(first) * 4 > len(values):
+        return None
+    offsets = _offsets(a).to_numpy().astype(np.int64) * 4
+    if offsets[-1] >= 1 << 31:
+        return None
+    keys = pa.Array.from_buffers(pa.binary(), len(a), [
+        None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(codes.astype(np.int32)),
+    ])  # fmt: skip
+    if a.null_count:  # a null list: a key of its own, not the empty list's
+        keys = pc.if_else(a.is_valid(), keys, pa.scalar(None, pa.binary()))
+    enc = pc.dictionary_encode(keys, null_encoding="encode")
+    k = len(enc.dictionary)
+    if k * 4 > len(a):
+        return None
+    lcodes = enc.indices.to_numpy().astype(np.int64)
+    lfirst = np.empty(k, np.int64)
+    rows = np.arange(len(a), dtype=np.int64)
+    lfirst[lcodes[::-1]] = rows[::-1]
+    return pa.array(lcodes), pa.array(lfirst)
 
 
 def _nonempty(lists: Any, escaped: bool) -> Any:
@@ -308,6 +424,8 @@ def _nonempty(lists: Any, escaped: bool) -> Any:
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    if lists.null_count == len(lists):  # a member no span of the chunk has (events, links...)
+        return pa.nulls(len(lists), pa.string())
     return pc.if_else(
         pc.greater(pc.list_value_length(lists), 0), _text(lists, escaped),
         pa.scalar(None, pa.string()),
@@ -345,7 +463,7 @@ def _text(a: Any, escaped: bool, pre: str = "", post: str = "", *, memo: bool = 
     if pa.types.is_boolean(t):
         return pc.if_else(a, pre + "true" + post, pre + "false" + post)
     if pa.types.is_struct(t):
-        if memo and len(a) >= _MEMO_ROWS:
+        if memo and len(a) >= _MEMO_ROWS and _hashable(t):
             codes, first = _distinct(a)
             if len(first) * 4 <= len(a):  # text for each distinct value once, then copies
                 return _text(a.take(pa.array(first)), escaped, pre, post, memo=False).take(
@@ -376,6 +494,13 @@ def _text(a: Any, escaped: bool, pre: str = "", post: str = "", *, memo: bool = 
             pc.if_else(a.is_valid(), text, pa.scalar(None, pa.string())) if a.null_count else text
         )
     if pa.types.is_list(t):
+        if memo and len(a) >= _MEMO_ROWS and pa.types.is_struct(t.value_type):
+            distinct = _distinct_lists(a)
+            if distinct is not None:  # text for each distinct list once, then copies
+                codes, first = distinct
+                text = _text(a.take(first), escaped, pre, post, memo=False).take(codes)
+                return (pc.if_else(a.is_valid(), text, pa.scalar(None, pa.string()))
+                        if a.null_count else text)  # fmt: skip
         items = pa.ListArray.from_arrays(_offsets(a), _text(a.flatten(), escaped))
         text = pc.binary_join_element_wise(pre + "[", pc.binary_join(items, ","), "]" + post, "")
         return (

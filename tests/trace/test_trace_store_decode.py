@@ -20,6 +20,7 @@ from support.synthetic_traces import (
     write_realistic_run,
 )
 
+from mlaunch.trace import store_decode
 from mlaunch.trace.reader import TraceInputError, TraceReader
 from mlaunch.trace.store import STORE_DIR, build_store
 
@@ -72,6 +73,42 @@ def test_the_column_wise_store_equals_the_readers_on_synthetic_runs(
         assert _store(run, columnar=True) == _store(run, columnar=False), run.name
     # not vacuous: the realistic run's lines never became Python dicts
     assert _decoded_by_reader(real, monkeypatch) == 0
+
+
+def test_values_written_once_per_distinct_value_give_the_readers_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The JSON text of a column of few distinct values (whole attribute lists, attribute
+    entries, ``extra``) is written once per value and copied; at the usual threshold only big
+    chunks take that path, so here it is lowered until these small runs take it everywhere
+    (resources and links hold lists: no hash for those, their text is built row by row)."""
+    monkeypatch.setattr(store_decode, "_MEMO_ROWS", 8)
+    memo = []
+    real = store_decode._distinct_lists
+    monkeypatch.setattr(store_decode, "_distinct_lists",
+                        lambda a: memo.append(r := real(a)) or r)  # fmt: skip
+    hand = hand_example()[0].write_run_dir(tmp_path / "hand")
+    real_run = tmp_path / "real"
+    write_realistic_run(real_run, steps=30, seed=1, batch=37)
+    for run in (hand, real_run):
+        assert _store(run, columnar=True) == _store(run, columnar=False), run.name
+    assert any(r is not None for r in memo)  # not vacuous: whole lists were copied
+    assert _decoded_by_reader(real_run, monkeypatch) == 0
+
+
+def test_a_chunk_of_many_small_requests_gives_the_readers_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request a span (an exporter that batches little): thousands of resources in one chunk,
+    whose text is built row by row (a resource holds a list: no hash for it)."""
+    run = tmp_path / "run"
+    (run / "telemetry").mkdir(parents=True)
+    res = resource_attributes(0, world_size=1)
+    lines = [request_line(res, [_span("megatron.iteration", f"{i:016x}", i, i + 1)])
+             for i in range(5000)]  # fmt: skip
+    (run / "telemetry" / "traces-rank0.jsonl").write_text("\n".join(lines) + "\n")
+    assert _store(run, columnar=True) == _store(run, columnar=False)
+    assert _decoded_by_reader(run, monkeypatch) == 0
 
 
 def _span(name: str, sid: str, start: int, end: int, **extra: Any) -> dict[str, Any]:
@@ -160,6 +197,10 @@ def test_hard_values_and_lines_left_to_the_reader_give_the_readers_store(
     odd_int = _span("n", "06" * 8, 1, 2, attributes=[{"key": "k", "value": {"intValue": 5}}])
     array = _span("a", "07" * 8, 1, 2, attributes=encode_attributes({"xs": [1, "two"]}))
     control = _span("c", "08" * 8, 1, 2, attributes=encode_attributes({"s": "bell\x07"}))
+    # a member the decoder infers (not in its parse schema) that comes back as a timestamp, and
+    # a span key outside the OTLP schema: both refused, the reader keeps the text and the key
+    dated = _span("d", "0d" * 8, 1, 2, status={"message": "2024-01-01", "code": 2})
+    unknown = _span("u", "0e" * 8, 1, 2, sampled=True)
     old_scope = {"instrumentationLibrarySpans": [{"spans": [_span("i", "09" * 8, 1, 2)]}]}
     ils = json.dumps({"resourceSpans": [{"resource": {"attributes": encode_attributes(res2)},
                                          **old_scope}]})  # fmt: skip
@@ -173,6 +214,9 @@ def test_hard_values_and_lines_left_to_the_reader_give_the_readers_store(
     refused = [request_line(res2, [odd_int]), request_line(res2, [array]), ils,
                request_line(res2, [control])]  # fmt: skip
     (tel / "traces-rank2.jsonl").write_text("\n".join(refused) + "\n")
+    for rank, span in ((3, dated), (4, unknown)):  # each alone: its own chunk
+        res = resource_attributes(rank, world_size=5)
+        (tel / f"traces-rank{rank}.jsonl").write_text(request_line(res, [span]) + "\n")
     # rank 1: a spool whose spans the traces file repeats (deduplicated), a second scope
     spooled = [_span("s", "0a" * 8, 1, 2), _span("t", "0b" * 8, 3, 4)]
     (tel / "spool-traces-rank1.jsonl").write_text(request_line(res1, spooled[:1]) + "\n")
@@ -200,8 +244,9 @@ def test_hard_values_and_lines_left_to_the_reader_give_the_readers_store(
     assert built[0][0] == ["spans/rank=0/part-00000.parquet", "spans/rank=1/part-00000.parquet",
                            "spans/rank=0/part-00001.parquet"]  # fmt: skip
     assert built[0][1] == built[1][1] and built[0][2].equals(built[1][2])
-    # the reader decoded: the metric and the torn line, the 4 refused lines, the spooled rank's 2
-    assert _decoded_by_reader(run, monkeypatch) == 2 + 4 + 2
+    # the reader decoded: the metric and the torn line, the 4 refused lines, the dated and the
+    # unknown key's, the spooled rank's 2
+    assert _decoded_by_reader(run, monkeypatch) == 2 + 4 + 2 + 2
 
 
 def test_a_malformed_span_is_named_by_the_readers_message(tmp_path: Path) -> None:
