@@ -742,11 +742,31 @@ def _execute_locked(
     result.span_counts = read_span_counts(plan, start)
     result.trace_files = sorted((plan.run_dir / ec.TELEMETRY_DIR).glob(ec.TRACES_FILE_GLOB))
     # The workers have exited: the store costs training nothing now. An interrupted launch
-    # (Ctrl-C, SLURM's SIGTERM) is on its way out and leaves it to the first read. One node
-    # writes it (see mlaunch.receiver.wiring).
-    if result.trace_files and result.interrupted is None and plan.settings.launch.node_rank == 0:
+    # (Ctrl-C, SLURM's SIGTERM) is on its way out and leaves it to the first read, as does a
+    # small trace (its first read builds it in under a second). One node writes it (see
+    # mlaunch.receiver.wiring).
+    if (
+        result.interrupted is None
+        and plan.settings.launch.node_rank == 0
+        and _store_due(result.trace_files)
+    ):
         finish_store(plan.run_dir)
     return result
+
+
+def _store_due(trace_files: list[Path]) -> bool:
+    """The run's JSON is big enough for its store to be written at its end (the receiver's first
+    append's floor; the test hook MLAUNCH_TEST_STORE_MIN_BYTES lowers it for a tiny run)."""
+    from mlaunch.receiver.store_append import MIN_APPEND_BYTES
+
+    if not trace_files:
+        return False
+    floor = int(os.environ.get("MLAUNCH_TEST_STORE_MIN_BYTES", MIN_APPEND_BYTES))
+    size = 0
+    for f in trace_files:
+        with contextlib.suppress(OSError):
+            size += f.stat().st_size
+    return size >= floor
 
 
 #: How long the end of a run waits for its span store (built from the workers' JSON, or the

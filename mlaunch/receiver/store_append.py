@@ -25,8 +25,10 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-#: New trace bytes (OTLP-JSON) before the first append: a small run's store is written once, at
-#: its end; a big one's starts early enough that the end has only a tail left.
+#: New trace bytes (OTLP-JSON) before the first append: a small run's store is left to its end
+#: or its first read; a big one's starts early enough that the end has only a tail left. Also the
+#: launcher's floor for the run-end build: below it (about 200,000 spans) the first read builds
+#: the store in under a second, and a small run's end need not wait for it.
 MIN_APPEND_BYTES = 64 * 1024 * 1024
 #: An append once the new bytes reach this fraction of those already in the store.
 APPEND_GROWTH = 0.25

@@ -45,7 +45,8 @@ over the parts with its own bounded memory and spilling, so memory does not grow
 
 Where it is written: where the spans arrive, beside the job and never in it. The embedded
 receiver appends it as its JSON grows (``mlaunch.receiver.store_append``), and the launcher brings
-it up to date once the workers have exited (``mlaunch.launcher.run.finish_store``), both through
+it up to date once the workers have exited (``mlaunch.launcher.run.finish_store``; from 64 MiB
+of JSON: a smaller trace's first read builds it in under a second), both through
 :func:`update_store` in a process of their own (:func:`spawn_update`); the first read builds it
 for a run that has only JSON. Measured (``benchmarks/trace_read.py --writers``, 10^6 spans): a
 worker writing Parquet in its file exporter would spend about 10x the CPU per span of its JSON

@@ -28,7 +28,7 @@ def test_the_receivers_run_has_its_store_when_train_returns(tmp_path: Path) -> N
     proc = mlaunch(
         "--script", str(SCRIPT), "--nproc-per-node", "2", "--device", "cpu",
         "--run-dir", str(run_dir), "--otel-enabled", "--otel-export-strategy", "all_ranks",
-        cwd=tmp_path, env=clean_env(SCRIPT_STOP_FILE=str(stop)),
+        cwd=tmp_path, env=clean_env(SCRIPT_STOP_FILE=str(stop), MLAUNCH_TEST_STORE_MIN_BYTES="0"),
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 120
@@ -61,7 +61,8 @@ def test_a_full_disk_at_the_run_end_build_keeps_the_exit_code_and_the_json(
     site = full_disk_site(tmp_path)
     run_dir = tmp_path / "run"
     code, out = finish(mlaunch("--train-iters", "3", "--run-dir", str(run_dir), cwd=tmp_path,
-                               env=clean_env(PYTHONPATH=str(site))))  # fmt: skip
+                               env=clean_env(PYTHONPATH=str(site),
+                                             MLAUNCH_TEST_STORE_MIN_BYTES="0")))  # fmt: skip
     assert code == 0, out[-4000:]
     lines = [line for line in out.splitlines() if "span store" in line]
     assert len(lines) == 1 and "No space left on device" in lines[0], lines

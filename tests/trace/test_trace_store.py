@@ -469,3 +469,23 @@ def test_a_compaction_waits_for_a_reader_of_the_parts_it_replaces(tmp_path: Path
     after = open_store(run)
     assert after is not None
     assert_same(summarize(TraceReader.open(run)).to_json(), summarize_store(after).to_json())
+
+
+def test_the_run_end_writes_the_store_of_a_trace_from_64_mib(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Below the receiver's first-append floor the run's end leaves the store to the first read
+    (it builds in under a second); from it, the end writes it; the test hook lowers the floor."""
+    from mlaunch.launcher.run import _store_due
+    from mlaunch.receiver.store_append import MIN_APPEND_BYTES
+
+    monkeypatch.delenv("MLAUNCH_TEST_STORE_MIN_BYTES", raising=False)
+    small, big = tmp_path / "traces-rank0.jsonl", tmp_path / "traces-rank1.jsonl"
+    small.write_bytes(b"x" * 1000)
+    with open(big, "wb") as f:  # sparse: the size, not the disk
+        f.truncate(MIN_APPEND_BYTES - 1000)
+    assert not _store_due([])
+    assert not _store_due([big])
+    assert _store_due([small, big])
+    monkeypatch.setenv("MLAUNCH_TEST_STORE_MIN_BYTES", "0")
+    assert _store_due([small])
