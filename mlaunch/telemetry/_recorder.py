@@ -2,10 +2,11 @@
 in-memory ring of its last K iterations, and writes the ring out on a trigger.
 
 Hot path
-    A recorded span is a :class:`RecordedSpan`: the training thread stores the same fields a fine
-    span stores (name, ids, parent, times, attributes) and appends the object to the current
-    iteration's list. Nothing is encoded, locked or counted per span; encoding happens only when a
-    trigger writes the ring out (:meth:`Recorder.dump`).
+    A recorded span is a :class:`RecordedSpan`: the training thread stores its name, attributes,
+    times and one reference to what was open below it, and appends the object to the current
+    iteration's list. Nothing is encoded, locked or counted per span, and no id is made: ids and
+    parents are worked out when something reads them, in practice when a trigger writes the ring
+    out (:meth:`Recorder.dump`), which also encodes.
 
 Ring
     :meth:`Recorder.set_iteration` (called by ``telemetry.set_iteration``) seals the previous
@@ -18,7 +19,10 @@ Identity
     Recorded spans share the run's trace ids (the same deterministic ids every rank derives, see
     ``mlaunch.telemetry``), and a recorded span opened inside an exported one has that span as its
     parent, so a dump nests under the exported iteration spans. On a rank that exports nothing the
-    recorder keeps the trace id itself (the runtime does it on an exporting rank).
+    recorder keeps the trace id itself (the runtime does it on an exporting rank). An exported
+    ``megatron.train`` changes its ids when a new block re-roots it, so at each block change the
+    recorder first fixes the ids of the exported parents of what it holds (one pass over the ring
+    every block, not a cost per span).
 
 Dumps
     One OTLP-JSON line per dump in ``telemetry/recorder-rank{R}.jsonl``; every span carries
@@ -110,7 +114,7 @@ class RecordedSpan:
     sampled = True
     root = False
 
-    # Every line of ``__enter__``/``__exit__`` is on the training thread's hot path (issue 23:
+    # Every line of ``__enter__``/``__exit__`` is on the training thread's hot path (the goal:
     # <= 0.5 us per recorded span; each ``time_ns()`` alone is 60-85 ns here). The root case has
     # its own ``__enter__`` (RootRecordedSpan), so this one reads no class attribute
     # (``self.root``) per span.
