@@ -2,10 +2,11 @@
 in-memory ring of its last K iterations, and writes the ring out on a trigger.
 
 Hot path
-    A recorded span is a :class:`RecordedSpan`: the training thread stores the same fields a fine
-    span stores (name, ids, parent, times, attributes) and appends the object to the current
-    iteration's list. Nothing is encoded, locked or counted per span; encoding happens only when a
-    trigger writes the ring out (:meth:`Recorder.dump`).
+    A recorded span is a :class:`RecordedSpan`: the training thread stores its name, attributes,
+    times and one reference to what was open below it, and appends the object to the current
+    iteration's list. Nothing is encoded, locked or counted per span, and no id is made: ids and
+    parents are worked out when something reads them, in practice when a trigger writes the ring
+    out (:meth:`Recorder.dump`), which also encodes.
 
 Ring
     :meth:`Recorder.set_iteration` (called by ``telemetry.set_iteration``) seals the previous
@@ -18,7 +19,10 @@ Identity
     Recorded spans share the run's trace ids (the same deterministic ids every rank derives, see
     ``mlaunch.telemetry``), and a recorded span opened inside an exported one has that span as its
     parent, so a dump nests under the exported iteration spans. On a rank that exports nothing the
-    recorder keeps the trace id itself (the runtime does it on an exporting rank).
+    recorder keeps the trace id itself (the runtime does it on an exporting rank). An exported
+    ``megatron.train`` changes its ids when a new block re-roots it, so at each block change the
+    recorder first fixes the ids of the exported parents of what it holds (one pass over the ring
+    every block, not a cost per span).
 
 Dumps
     One OTLP-JSON line per dump in ``telemetry/recorder-rank{R}.jsonl``; every span carries
@@ -82,20 +86,27 @@ class RecordedSpan:
     which set only ``name`` and ``attributes``: what every recorded span has alike (no links,
     kept whatever the sampler says, not a root) are class attributes, not per-span stores;
     ``events``, ``status`` and ``end`` stay unset until used. Not a :class:`FineSpan` subclass,
-    so those names need no slot; it shares FineSpan's span API methods."""
+    so those names need no slot; it shares FineSpan's span API methods.
+
+    Ids are not made on the training thread: ``__enter__`` stores one reference, ``parent`` (the
+    span open below it, or the trace id when none is), and ``trace_id``, ``span_id`` and
+    ``parent_id`` are properties worked out when something reads them, which is almost always a
+    dump. A span id, once made, stays (a span written open by one dump keeps its id in the next)."""
 
     __slots__ = (
         "name",
         "attributes",
         "events",
         "status",
-        "trace_id",
-        "span_id",
-        "parent_id",
+        #: The span open on the thread when this one began (any kind), or, when none was, the
+        #: trace id root spans had then (an int); an ``(trace_id, span_id)`` pair once
+        #: :func:`freeze_parents` has fixed an exported parent's ids.
+        "parent",
+        "_span_id",
         "start",
         "end",
         #: The stack ``__enter__`` pushed onto, so ``__exit__`` need not ask the thread-local
-        #: again; None once the span has ended (by ``__exit__`` or a shutdown's ``truncate``).
+        #: again; None once a shutdown's ``truncate`` has ended it.
         "stack",
     )
     #: Dumps carry no links (never read a buffer a device copy may fill).
@@ -103,7 +114,7 @@ class RecordedSpan:
     sampled = True
     root = False
 
-    # Every line of ``__enter__``/``__exit__`` is on the training thread's hot path (issue 23:
+    # Every line of ``__enter__``/``__exit__`` is on the training thread's hot path (the goal:
     # <= 0.5 us per recorded span; each ``time_ns()`` alone is 60-85 ns here). The root case has
     # its own ``__enter__`` (RootRecordedSpan), so this one reads no class attribute
     # (``self.root``) per span.
@@ -113,14 +124,7 @@ class RecordedSpan:
         except AttributeError:
             stack = _new_stack()
         self.stack = stack
-        if stack:
-            parent = stack[-1]
-            self.trace_id = parent.trace_id
-            self.parent_id = parent.span_id
-        else:
-            self.trace_id = _STATE.trace_id
-            self.parent_id = 0
-        self.span_id = next(_ids)
+        self.parent = stack[-1] if stack else _STATE.trace_id
         stack.append(self)
         self.start = time_ns()
         return self
@@ -131,10 +135,13 @@ class RecordedSpan:
         if stack is None:  # already ended by shutdown (truncated)
             return
         self.end = end
-        self.stack = None
-        if stack and stack[-1] is self:
-            stack.pop()
-        else:
+        # Pop first and look after: one call when spans end innermost first, as they do.
+        try:
+            top = stack.pop()
+        except IndexError:  # the stack was cleared under it
+            top = self
+        if top is not self:  # ended out of order (generators, threads)
+            stack.append(top)
             _pop(stack, self)
         if exc is not None:
             self.record_exception(exc, timestamp=end)
@@ -142,9 +149,28 @@ class RecordedSpan:
         _CURRENT.append(self)
         # None (falsy): the exception, if any, propagates.
 
+    @property
+    def span_id(self) -> int:
+        """This span's id, made on first read."""
+        try:
+            return self._span_id
+        except AttributeError:
+            self._span_id = sid = next(_ids)
+            return sid
+
+    @property
+    def trace_id(self) -> int:
+        """The trace id: the parent's, or the root trace id when this span began."""
+        return _trace_and_parent(self)[0]
+
+    @property
+    def parent_id(self) -> int:
+        """The parent's span id (0: a root)."""
+        return _trace_and_parent(self)[1]
+
     def truncate(self) -> None:
         """Shutdown with the span open: ended now, kept (not exported)."""
-        if getattr(self, "stack", None) is None:
+        if getattr(self, "stack", None) is None or getattr(self, "end", 0):
             return
         self.stack = None
         self.attributes[Attr.TRUNCATED.value] = True
@@ -182,12 +208,32 @@ class RootRecordedSpan(RecordedSpan):
         except AttributeError:
             stack = _new_stack()
         self.stack = stack
-        self.trace_id = _STATE.trace_id
-        self.parent_id = 0
-        self.span_id = next(_ids)
+        self.parent = _STATE.trace_id
         stack.append(self)
         self.start = time_ns()
         return self
+
+
+def _trace_and_parent(rec: RecordedSpan) -> tuple[int, int]:
+    """``(trace_id, parent span id)`` of a recorded span, from its ``parent`` reference."""
+    parent = rec.parent
+    if type(parent) is int:
+        return parent, 0
+    if type(parent) is tuple:
+        return parent
+    return parent.trace_id, parent.span_id
+
+
+def freeze_parents(spans: Any) -> None:
+    """Fix the ids of the exported parents of ``spans`` now: an exported span's ids can change
+    later (a ``megatron.train`` span re-rooted into the next block's trace in place), and a
+    recorded span keeps the parent it had when it began."""
+    for rec in spans:
+        parent = getattr(rec, "parent", None)
+        while isinstance(parent, RecordedSpan):  # up to the chain's first exported span or root
+            rec, parent = parent, getattr(parent, "parent", None)
+        if parent is not None and not isinstance(parent, int | tuple):
+            rec.parent = (parent.trace_id, parent.span_id)
 
 
 def new_recorded(name: str, attributes: dict[str, Any], root: bool = False) -> RecordedSpan:
@@ -278,10 +324,15 @@ class Recorder:
         """``iteration`` starts next: seal the previous one into the ring (bounded)."""
         if not self.active or iteration == self.current_iteration:
             return
-        if self.own_trace_ids:
-            block = train_block(iteration, self.block_iters)
-            if block != self.block:
-                self.block = block
+        block = train_block(iteration, self.block_iters)
+        if block != self.block:
+            self.block = block
+            # Before the runtime re-roots its megatron.train span into the new block's trace
+            # (telemetry.set_iteration calls the recorder first): what was recorded under it
+            # keeps the ids it had.
+            freeze_parents(itertools.chain(self.current, *(b for _, b in self.ring)))
+            freeze_parents(s for s in _spans.all_open_spans() if isinstance(s, RecordedSpan))
+            if self.own_trace_ids:
                 _spans.STATE.trace_id = segment_trace_id(self.run_id, self.incarnation, block)
         done = self.current[:]
         self.current.clear()  # the same list: the hot path holds its bound append
@@ -388,11 +439,12 @@ def _encode(rec: RecordedSpan, trigger: str, seq: int, still_open: bool = False)
     if still_open:
         attrs[_OPEN] = True
     code, message = getattr(rec, "status", None) or (0, "")
+    trace_id, parent_id = _trace_and_parent(rec)
     return encode_span(
         name=rec.name,
-        trace_id=f"{rec.trace_id:032x}",
+        trace_id=f"{trace_id:032x}",
         span_id=f"{rec.span_id:016x}",
-        parent_span_id=f"{rec.parent_id:016x}" if rec.parent_id else "",
+        parent_span_id=f"{parent_id:016x}" if parent_id else "",
         start_ns=rec.start,
         end_ns=getattr(rec, "end", 0) or time_ns(),
         attributes=attrs,

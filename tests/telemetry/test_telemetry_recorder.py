@@ -107,6 +107,56 @@ def test_exporting_rank_records_only_what_it_does_not_export_nested_under_export
         assert s["trace_id"] == steps[s["parent_span_id"]]["trace_id"]
 
 
+def test_recorded_spans_keep_the_exported_train_span_they_began_under_across_a_block_change(
+    make_settings, tmp_path
+):
+    # Blocks of 2 iterations: set_iteration(3) re-roots the exported megatron.train in place
+    # (new ids); the iterations recorded before it stay children of the block-0 train span.
+    settings = make_settings(
+        SPAN_GROUPS="job", RECORDER_GROUPS="all", RECORDER_ITERS="10", TRACE_SEGMENT_ITERS="2"
+    )
+    assert telemetry.setup(settings, rank=0, world_size=1, run_dir=tmp_path).exporting
+    telemetry.set_iteration(1)
+    with telemetry.span(G.JOB, SpanName.TRAIN):
+        _iterations(1, 4)
+        telemetry.set_iteration(5)
+        assert telemetry.recorder_dump("request") == 4 * (1 + LAYERS)
+    telemetry.shutdown()
+    trains = [s for s in read_trace_file(tmp_path, 0) if s["name"] == SpanName.TRAIN]
+    assert len(trains) == 3  # blocks 0, 1 and 2 (re-rooted at iterations 3 and 5)
+    train_of_block = {
+        t["attributes"][Attr.TRAIN_BLOCK]: (t["trace_id"], t["span_id"]) for t in trains
+    }
+    recorded = _dumped(tmp_path, 0)
+    by_id = {s["span_id"]: s for s in recorded}
+    assert len(by_id) == len(recorded)  # unique ids
+    for s in recorded:
+        if s["name"] == SpanName.ITERATION:
+            block = (s["attributes"][Attr.ITERATION] - 1) // 2
+            assert (s["trace_id"], s["parent_span_id"]) == train_of_block[block]
+        else:  # a layer, under its recorded iteration
+            parent = by_id[s["parent_span_id"]]
+            assert parent["name"] == SpanName.ITERATION and parent["trace_id"] == s["trace_id"]
+
+
+def test_ids_read_from_an_open_recorded_span_are_the_ones_its_dump_writes(make_settings, tmp_path):
+    # A recorded span makes its ids when first read (here by current_context_ints, as the
+    # stage-to-stage exchange does), and they stay: the dump writes the same ones.
+    settings = make_settings(EXPORT_STRATEGY="single_rank", RECORDER_GROUPS="all")
+    telemetry.setup(settings, rank=0, world_size=2, run_dir=tmp_path)
+    telemetry.set_iteration(1)
+    with (
+        telemetry.span(G.STEP, SpanName.ITERATION, {Attr.ITERATION: 1}),
+        telemetry.span(G.LAYER, SpanName.LAYER_FORWARD),
+    ):
+        hi, lo, sid, sampled = telemetry.current_context_ints()
+    telemetry.set_iteration(2)
+    assert telemetry.recorder_dump("request") == 2
+    (layer,) = [s for s in _dumped(tmp_path, 0) if s["name"] == SpanName.LAYER_FORWARD]
+    as_hex = f"{((hi % (1 << 64)) << 64) | (lo % (1 << 64)):032x}"
+    assert (layer["trace_id"], layer["span_id"], sampled) == (as_hex, f"{sid % (1 << 64):016x}", 1)
+
+
 def test_slow_check_uses_the_rolling_median_after_warm_up(make_settings, tmp_path):
     settings = make_settings(
         EXPORT_STRATEGY="single_rank", RECORDER_GROUPS="layer", RECORDER_SLOW_FACTOR="3"
