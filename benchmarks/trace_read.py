@@ -241,6 +241,67 @@ def _report_compare(run: Path, repeat: int) -> None:
         (run.parent / f"report-{k}.html").unlink(missing_ok=True)
 
 
+#: Every reader of the store, as the user runs it: (label, ``mlaunch trace`` arguments after the
+#: run directory; ``{out}`` is a scratch file). The goal: each whole process <= 1 GiB at any size.
+READERS = (
+    ("summary", ["summary", "{run}", "--json"]),
+    ("goodput", ["goodput", "{run}", "--json"]),
+    ("stragglers", ["stragglers", "{run}", "--json"]),
+    (
+        "sql",
+        ["sql", "{run}", "SELECT name, count(*), avg(end_ns - start_ns) FROM spans GROUP BY 1"],
+    ),
+    ("report", ["report", "{run}", "-o", "{out}.html"]),
+    ("export chrome", ["export", "{run}", "-o", "{out}.json"]),
+    ("export otlp-json", ["export", "{run}", "--format", "otlp-json", "-o", "{out}.jsonl"]),
+)
+GIB = 1024.0
+
+
+def _cli_child(out: str, argv: list[str]) -> None:
+    """One ``mlaunch trace`` command in this (fresh) process, its output to /dev/null; then its
+    peak RSS (VmHWM: the whole process, every thread, DuckDB's and Arrow's memory included) and
+    CPU (all threads) to the file ``out``."""
+    import contextlib
+
+    from mlaunch.cli import build_app
+
+    sys.argv = ["mlaunch", "trace", *argv]
+    code = 0
+    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
+        try:
+            build_app("trace")()
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    Path(out).write_text(json.dumps({"rss_mib": _peak_rss_mib(), "code": code,
+                                     "cpu_s": ru.ru_utime + ru.ru_stime}))  # fmt: skip
+
+
+def _readers(run: Path, spans: int) -> None:
+    """Each reader of :data:`READERS` on ``run``'s store, a fresh process each: wall, CPU and peak
+    RSS (whole process), against the 1 GiB goal."""
+    scratch = run.parent / "reader-out"
+    print(f"readers on the store of {spans:,} spans (whole processes; goal: peak RSS <= 1 GiB)")
+    worst = 0.0
+    for label, args in READERS:
+        argv = [a.format(run=run, out=scratch) for a in args]
+        res = run.parent / "reader.json"
+        t = time.perf_counter()
+        subprocess.run([sys.executable, __file__, "--cli-child", str(res), *argv], check=True)
+        wall = time.perf_counter() - t
+        got = json.loads(res.read_text())
+        worst = max(worst, got["rss_mib"])
+        flag = "" if got["rss_mib"] <= GIB else "  OVER 1 GiB"
+        failed = f"  EXIT {got['code']}" if got["code"] else ""
+        print(f"  {label:<17} wall {wall:8.1f} s  CPU {got['cpu_s']:8.1f} s  "
+              f"peak RSS {got['rss_mib']:7,.0f} MiB{flag}{failed}")  # fmt: skip
+        for f in run.parent.glob("reader-out*"):
+            f.unlink()
+    print(f"  largest peak RSS {worst:,.0f} MiB: {'meets' if worst <= GIB else 'MISSES'} the "
+          "1 GiB goal")  # fmt: skip
+
+
 def _store_only(spans: int, ranks: int) -> None:
     """A store of about ``spans`` spans without the JSON: a 50-step realistic run's store, each
     rank's rows repeated with times shifted by the run's extent (and iterations by 50), written
@@ -300,8 +361,8 @@ def _store_only(spans: int, ranks: int) -> None:
         sb = sum(f.stat().st_size for f in root.rglob("*.parquet"))
         print(f"generated {written:,} spans straight into the store: {sb / 2**20:,.0f} MiB, "
               f"{len(parts)} parts ({time.perf_counter() - t:.0f} s)")  # fmt: skip
-        for what in ("summary-store", "goodput-store", "sql-count"):
-            subprocess.run([sys.executable, __file__, "--child", what, str(run)], check=True)
+        del store, block, t_r, out
+        _readers(run, written)
         print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
 
@@ -325,6 +386,12 @@ def main() -> None:
     )
     p.add_argument("--run", help="an existing run directory: only the export/report comparisons")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)  # one store pass, in a subprocess
+    p.add_argument("--readers", action="store_true",
+                   help="with the store passes: every reader of the store as a whole process "
+                   "(wall, CPU, peak RSS; --store-only always runs them)")  # fmt: skip
+    if len(sys.argv) > 2 and sys.argv[1] == "--cli-child":  # one reader, in a subprocess
+        _cli_child(sys.argv[2], sys.argv[3:])
+        return
     args = p.parse_args()
     if args.child:
         _child(*args.child)
@@ -385,6 +452,8 @@ def main() -> None:
                   f"({size / 2**20:,.0f} MiB); goal <= 1/10")  # fmt: skip
             for what in ("summary-store", "goodput-store", "sql-count"):
                 subprocess.run([sys.executable, __file__, "--child", what, str(run)], check=True)
+            if args.readers:
+                _readers(run, n)
             if not args.no_export:
                 _export_compare(run, args.repeat)
             if not args.no_report:

@@ -138,8 +138,9 @@ def summarize_store(store: Store, *, straggler_threshold: float = 0.05) -> Summa
         step_names = [STEP_SPAN, *(legacy for legacy, c in ALIASES.items() if c == STEP_SPAN)]
         where = f"WHERE name IN ({_in(step_names)})"
         step_counts = dict(
-            con.execute(f"SELECT rank, count(*) FROM spans {where} GROUP BY rank ORDER BY rank")
-            .fetchall()
+            con.execute(
+                f"SELECT rank, count(*) FROM spans {where} GROUP BY rank ORDER BY rank"
+            ).fetchall()
         )
         sq = _percentiles(con, "rank", "INTEGER", where, step_counts)
         steps = [(r, n, sq[r][0], sq[r][1]) for r, n in step_counts.items()]

@@ -365,9 +365,9 @@ def test_store_percentiles_are_the_json_paths_to_the_last_bit(tmp_path: Path) ->
     quantile_cont gives 173.49999999999997 (it interpolates as lo*(1-f) + hi*f), so the summary
     printed 173 ms from the store and 174 ms from the JSON. Exact equality, per name (the
     checkpoints) and per rank (the steps), in one scan and in buckets."""
-    import mlaunch.trace.store_summary as ss
     from support.synthetic_traces import TraceBuilder
 
+    import mlaunch.trace.store_summary as ss
     from mlaunch.model.spans import STEP_SPAN, SpanName
 
     b = TraceBuilder(world_size=2)
