@@ -64,28 +64,58 @@ def _in(names: list[str]) -> str:
 
 #: The percentiles the summary shows: p50, p95.
 _QS = (50.0, 95.0)
+#: Distinct group sizes one percentile query serves (4 positions each, all computed for every
+#: group of the query: more would multiply the work on the large groups).
+_SIZES_PER_QUERY = 8
 
 
-def _percentiles(con: Any, key_sql: str, key_type: str, where: str,
+def _nearest_rank(con: Any) -> bool:
+    """Whether this DuckDB's ``quantile_disc(x, q)`` is the value at index ``ceil(n*q) - 1``
+    (recent DuckDB), else at ``floor((n-1)*q)``: which position picks a given index."""
+    return con.execute("SELECT quantile_disc(x, 0.55) FROM range(10) t(x)").fetchone()[0] == 5
+
+
+def _position(n: int, i: int, nearest_rank: bool) -> float:
+    """The ``quantile_disc`` position that picks index ``i`` of ``n`` sorted values: half a rank
+    from either edge, so rounding cannot move it to a neighbour."""
+    if nearest_rank:
+        return (i + 0.5) / n
+    return 1.0 if i >= n - 1 else (i + 0.5) / (n - 1)
+
+
+def _percentiles(con: Any, key_sql: str, where_of: Any,
                  counts: dict[Any, int]) -> dict[Any, list[float]]:  # fmt: skip
-    """Per group (``key_sql`` of the rows ``where`` selects; ``counts``: each group's rows) its
-    p50 and p95 durations: the closest ranks of each, picked from the group's sorted durations
-    in DuckDB, interpolated here as :func:`~mlaunch.trace.stats.percentile` does."""
+    """Per group (``key_sql``; ``counts``: each group's rows; ``where_of(keys)``: the filter
+    that selects those groups' rows) its p50 and p95 durations, as
+    :func:`~mlaunch.trace.stats.percentile` gives them: DuckDB's ``quantile_disc`` picks the two
+    closest ranks of each (exact values, no interpolation), interpolated here."""
     if not counts:
         return {}
-    keys = list(counts)
-    ranks = {k: [closest_ranks(counts[k], q) for q in _QS] for k in keys}
-    picks = [[i + 1 for lo, hi, _ in ranks[k] for i in (lo, hi)] for k in keys]  # 1-based
-    rows = con.execute(
-        f"SELECT g.k, list_select(g.l, p.ix) FROM (SELECT {key_sql} AS k, list({_D} ORDER BY"
-        f" {_D}) AS l FROM spans {where} GROUP BY 1) g JOIN (SELECT unnest(?::{key_type}[]) AS k,"
-        " unnest(?::INTEGER[][]) AS ix) p ON g.k = p.k",
-        [keys, picks],
-    ).fetchall()
-    return {
-        k: [interpolate(v[2 * j], v[2 * j + 1], frac) for j, (_, _, frac) in enumerate(ranks[k])]
-        for k, v in rows
-    }
+    nearest = _nearest_rank(con)
+    ranks = {k: [closest_ranks(n, q) for q in _QS] for k, n in counts.items()}
+    by_size: dict[int, list[Any]] = {}
+    for k, n in counts.items():
+        by_size.setdefault(n, []).append(k)
+    sizes = list(by_size)
+    out: dict[Any, list[float]] = {}
+    for a in range(0, len(sizes), _SIZES_PER_QUERY):
+        chunk = sizes[a : a + _SIZES_PER_QUERY]
+        pos = {(n, i): _position(n, i, nearest) for n in chunk
+               for lo, hi, _ in ranks[by_size[n][0]] for i in (lo, hi)}  # fmt: skip
+        qs = sorted(set(pos.values()))
+        col = {q: j for j, q in enumerate(qs)}
+        rows = con.execute(
+            f"SELECT {key_sql} AS k, quantile_disc({_D}, ?::DOUBLE[]) FROM spans"
+            f" {where_of([k for n in chunk for k in by_size[n]])} GROUP BY 1",
+            [qs],
+        ).fetchall()
+        for k, v in rows:
+            n = counts[k]
+            out[k] = [
+                interpolate(v[col[pos[(n, lo)]]], v[col[pos[(n, hi)]]], frac)
+                for lo, hi, frac in ranks[k]
+            ]
+    return out
 
 
 def _by_name(con: Any, spans: int) -> list[tuple[Any, ...]]:
@@ -119,9 +149,11 @@ def _by_name(con: Any, spans: int) -> list[tuple[Any, ...]]:
     for canon in buckets:
         names = [n for c in canon for n in members[c]]
         if names:
-            where = "" if len(buckets) == 1 else f"WHERE name IN ({_in(names)})"
-            q.update(_percentiles(con, _canon_sql(names), "VARCHAR", where,
-                                  {c: merged[c][0] for c in canon}))  # fmt: skip
+            q.update(_percentiles(
+                con, _canon_sql(names),
+                lambda cs: f"WHERE name IN ({_in([n for c in cs for n in members[c]])})",
+                {c: merged[c][0] for c in canon},
+            ))  # fmt: skip
     return [(c, m[0], m[1], q[c][0], q[c][1], m[2], m[3], m[4]) for c, m in merged.items()]
 
 
@@ -142,7 +174,9 @@ def summarize_store(store: Store, *, straggler_threshold: float = 0.05) -> Summa
                 f"SELECT rank, count(*) FROM spans {where} GROUP BY rank ORDER BY rank"
             ).fetchall()
         )
-        sq = _percentiles(con, "rank", "INTEGER", where, step_counts)
+        sq = _percentiles(
+            con, "rank", lambda rs: f"{where} AND rank IN ({', '.join(map(str, rs))})", step_counts
+        )
         steps = [(r, n, sq[r][0], sq[r][1]) for r, n in step_counts.items()]
         # The first (in read order) non-launcher resource of each rank, as the streaming reader.
         res = con.execute(
