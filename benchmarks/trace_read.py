@@ -251,7 +251,7 @@ READERS = (
         "sql",
         ["sql", "{run}", "SELECT name, count(*), avg(end_ns - start_ns) FROM spans GROUP BY 1"],
     ),
-    ("report", ["report", "{run}", "-o", "{out}.html"]),
+    ("report", ["report", "{run}", "-o", "{out}.html", "--iterations", "10:12"]),
     ("export chrome", ["export", "{run}", "-o", "{out}.json"]),
     ("export otlp-json", ["export", "{run}", "--format", "otlp-json", "-o", "{out}.jsonl"]),
 )
@@ -278,13 +278,15 @@ def _cli_child(out: str, argv: list[str]) -> None:
                                      "cpu_s": ru.ru_utime + ru.ru_stime}))  # fmt: skip
 
 
-def _readers(run: Path, spans: int) -> None:
+def _readers(run: Path, spans: int, skip: set[str] = frozenset()) -> None:
     """Each reader of :data:`READERS` on ``run``'s store, a fresh process each: wall, CPU and peak
     RSS (whole process), against the 1 GiB goal."""
     scratch = run.parent / "reader-out"
     print(f"readers on the store of {spans:,} spans (whole processes; goal: peak RSS <= 1 GiB)")
     worst = 0.0
     for label, args in READERS:
+        if label in skip:
+            continue
         argv = [a.format(run=run, out=scratch) for a in args]
         res = run.parent / "reader.json"
         t = time.perf_counter()
@@ -302,7 +304,28 @@ def _readers(run: Path, spans: int) -> None:
           "1 GiB goal")  # fmt: skip
 
 
-def _store_only(spans: int, ranks: int) -> None:
+def _hex_u64(col: Any) -> Any:
+    """A column of 16-hex-digit ids (null: 0) as uint64s."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    text = "".join(pc.fill_null(col, "0" * 16).to_pylist())
+    return np.frombuffer(bytes.fromhex(text), dtype=">u8").astype(np.uint64)
+
+
+def _u64_hex(ids: Any, null: Any) -> Any:
+    """uint64s as an Arrow column of 16-hex-digit ids (null where ``null``)."""
+    import numpy as np
+    import pyarrow as pa
+
+    n = len(ids)
+    data = pa.py_buffer(ids.astype(">u8").tobytes().hex().encode())
+    offsets = pa.py_buffer(np.arange(0, 16 * (n + 1), 16, dtype=np.int32).tobytes())
+    valid = None if null is None else pa.array(~null).buffers()[1]
+    return pa.StringArray.from_buffers(n, offsets, data, valid)
+
+
+def _store_only(spans: int, ranks: int, skip: set[str]) -> None:
     """A store of about ``spans`` spans without the JSON: a 50-step realistic run's store, each
     rank's rows repeated with times shifted by the run's extent (and iterations by 50), written
     part by part (memory stays at one part), then the store passes of :func:`_child`."""
@@ -334,6 +357,9 @@ def _store_only(spans: int, ranks: int) -> None:
             en = t_r.column("end_ns").to_numpy()
             period = int(en.max() - st.min()) + 1
             it = t_r.column("iteration").to_numpy(zero_copy_only=False)
+            ids = _hex_u64(block.column("span_id"))
+            parents = _hex_u64(block.column("parent_id"))
+            roots = block.column("parent_id").is_null().to_numpy(zero_copy_only=False)
             k = 0
             for part in range(-(-per_rank // block.num_rows)):
                 shift = np.repeat(np.arange(k, k + copies, dtype=np.int64), n_t)
@@ -347,6 +373,12 @@ def _store_only(spans: int, ranks: int) -> None:
                 for name, col in cols.items():
                     i = out.schema.get_field_index(name)
                     out = out.set_column(i, name, pa.array(col, pa.int64()))
+                # each copy its own span ids (a copy's parents stay its own; links still point
+                # into the first copy): readers that index spans by id see 10^8 distinct ones
+                tag = shift.astype(np.uint64) << np.uint64(32)
+                for name, col, null in (("span_id", ids, None), ("parent_id", parents, roots)):
+                    i = out.schema.get_field_index(name)
+                    out = out.set_column(i, name, _u64_hex(col ^ tag, null))
                 rel = f"spans/rank={r}/part-{part:05d}.parquet"
                 (root / rel).parent.mkdir(parents=True, exist_ok=True)
                 pq.write_table(out, root / rel, compression="zstd")
@@ -362,7 +394,7 @@ def _store_only(spans: int, ranks: int) -> None:
         print(f"generated {written:,} spans straight into the store: {sb / 2**20:,.0f} MiB, "
               f"{len(parts)} parts ({time.perf_counter() - t:.0f} s)")  # fmt: skip
         del store, block, t_r, out
-        _readers(run, written)
+        _readers(run, written, skip)
         print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
 
@@ -389,6 +421,12 @@ def main() -> None:
     p.add_argument("--readers", action="store_true",
                    help="with the store passes: every reader of the store as a whole process "
                    "(wall, CPU, peak RSS; --store-only always runs them)")  # fmt: skip
+    p.add_argument(
+        "--skip-readers",
+        default="",
+        metavar="A,B",
+        help="readers not to run (labels as printed: summary, export chrome, ...)",
+    )
     if len(sys.argv) > 2 and sys.argv[1] == "--cli-child":  # one reader, in a subprocess
         _cli_child(sys.argv[2], sys.argv[3:])
         return
@@ -407,7 +445,7 @@ def main() -> None:
         print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
         return
     if args.store_only:
-        _store_only(args.spans, args.ranks)
+        _store_only(args.spans, args.ranks, set(filter(None, args.skip_readers.split(","))))
         return
     micro, layers, pp = 4, 4, 2
     steps = max(1, round(args.spans / args.ranks / spans_per_step(micro, layers)))

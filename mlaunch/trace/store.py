@@ -675,16 +675,17 @@ class Store:
         when the store cannot be written (a read-only copy)."""
         return self.root if os.access(self.root, os.W_OK) else Path(tempfile.gettempdir())
 
-    def connect(self) -> Any:
+    def connect(self, memory_limit: str | None = None) -> Any:
         """A DuckDB connection with the views ``spans`` and ``resources``: every store reader's
-        (the one place DuckDB's memory and spill directory are set)."""
+        (the one place DuckDB's memory and spill directory are set). ``memory_limit``: less
+        than :data:`DUCKDB_MEMORY`, for a reader that holds more of its own meanwhile."""
         import duckdb
 
         con = duckdb.connect()
         # Bounded memory whatever the trace size: DuckDB spills beyond this (docs/trace.md), to
         # a directory of its own (it removes it on close; its default is ./.tmp, wherever the
         # user happens to be).
-        con.execute(f"SET memory_limit='{DUCKDB_MEMORY}'")
+        con.execute(f"SET memory_limit='{memory_limit or DUCKDB_MEMORY}'")
         if DUCKDB_THREADS is not None:
             con.execute(f"SET threads={int(DUCKDB_THREADS)}")
         spill = self.scratch_dir() / f".duckdb-spill-{os.getpid()}-{next(_SPILLS)}"

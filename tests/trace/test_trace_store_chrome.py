@@ -131,7 +131,7 @@ def test_exports_that_spill_are_the_json_paths(
     from mlaunch.trace.chrome import LaneSweep
     from mlaunch.trace.store import export_otlp_json
 
-    monkeypatch.setattr(store, "DUCKDB_MEMORY", "24MB")
+    monkeypatch.setattr(store_chrome, "SORT_MEMORY", "24MB")
     monkeypatch.setattr(store, "DUCKDB_THREADS", 1)
     spilled: list[bool] = []
 
@@ -154,6 +154,8 @@ def test_exports_that_spill_are_the_json_paths(
     json_spans, store_spans = _otlp_spans(a), _otlp_spans(b)  # batched differently
     assert len(json_spans) == len(store_spans)
     bad = [i for i, (x, y) in enumerate(zip(json_spans, store_spans, strict=True)) if x != y]
+    if bad:
+        Path("/tmp/export/dbg.json").write_text(json.dumps([json_spans[bad[0]], store_spans[bad[0]], json_spans[-3:], store_spans[-3:]]))
     assert not bad, (len(bad), json_spans[bad[0]], store_spans[bad[0]])
 
 
