@@ -23,10 +23,16 @@ span with attributes), then times, in one process:
   ``trace report`` likewise, store (column-wise) against JSON with the A/A beside it, then the
   store read back as span dicts (``--no-report`` skips these).
 
+Every reader of the store (:data:`READERS`: summary, goodput, stragglers, sql, report, export in
+both formats) is also run as the user runs it, ``mlaunch trace ...`` in a fresh process each,
+printing its wall, CPU and peak RSS (the whole process) against the goal of 1 GiB at any size
+(``--store-only`` always; ``--readers`` after the other store passes).
+
 Run: ``python benchmarks/trace_read.py [--spans 1000000] [--no-json] [--no-export]
-[--no-report] [--no-store] [--repeat N]``; ``--store-only --spans 100000000`` for the store
-passes at 10^8 spans (generated straight into the store: no JSON); ``--run DIR`` for only the
-export and report comparisons on an existing run directory (its store built first).
+[--no-report] [--no-store] [--readers] [--repeat N]``; ``--store-only --spans 100000000`` for the
+store passes at 10^8 spans (generated straight into the store: no JSON; ``--skip-readers
+stragglers,...`` leaves readers out); ``--run DIR`` for only the export and report comparisons
+on an existing run directory (its store built first).
 """
 
 from __future__ import annotations
@@ -252,16 +258,16 @@ READERS = (
         ["sql", "{run}", "SELECT name, count(*), avg(end_ns - start_ns) FROM spans GROUP BY 1"],
     ),
     ("report", ["report", "{run}", "-o", "{out}.html", "--iterations", "10:12"]),
-    ("export chrome", ["export", "{run}", "-o", "{out}.json"]),
-    ("export otlp-json", ["export", "{run}", "--format", "otlp-json", "-o", "{out}.jsonl"]),
+    ("export chrome", ["export", "{run}", "-o", "-"]),  # to /dev/null: 30 GB at 10^8 spans
+    ("export otlp-json", ["export", "{run}", "--format", "otlp-json", "-o", "-"]),
 )
 GIB = 1024.0
 
 
 def _cli_child(out: str, argv: list[str]) -> None:
-    """One ``mlaunch trace`` command in this (fresh) process, its output to /dev/null; then its
-    peak RSS (VmHWM: the whole process, every thread, DuckDB's and Arrow's memory included) and
-    CPU (all threads) to the file ``out``."""
+    """One ``mlaunch trace`` command in this (fresh) process, its standard output (where the
+    exports write) to /dev/null; then its peak RSS (VmHWM: the whole process, every thread,
+    DuckDB's and Arrow's memory included) and CPU (all threads) to the file ``out``."""
     import contextlib
 
     from mlaunch.cli import build_app
@@ -325,12 +331,39 @@ def _u64_hex(ids: Any, null: Any) -> Any:
     return pa.StringArray.from_buffers(n, offsets, data, valid)
 
 
+_ITERATION_TEXT = '{"key":"megatron.iteration","value":{"intValue":"'
+
+
+def _split_iteration(col: Any) -> tuple[Any, Any, Any]:
+    """Each attribute text cut around its ``megatron.iteration`` number: (text before, text
+    after, whether it has one); a text without one is all "before"."""
+    import re
+
+    import pyarrow as pa
+
+    pat = re.compile(re.escape(_ITERATION_TEXT) + r"-?\d+")
+    pre, post, has = [], [], []
+    for text in col.to_pylist():
+        m = pat.search(text) if text is not None else None
+        if m is None:
+            pre.append(text)
+            post.append(None if text is None else "")
+            has.append(False)
+        else:
+            pre.append(text[: m.start()] + _ITERATION_TEXT)
+            post.append(text[m.end() :])
+            has.append(True)
+    return pa.array(pre, pa.string()), pa.array(post, pa.string()), pa.array(has)
+
+
 def _store_only(spans: int, ranks: int, skip: set[str]) -> None:
     """A store of about ``spans`` spans without the JSON: a 50-step realistic run's store, each
-    rank's rows repeated with times shifted by the run's extent (and iterations by 50), written
+    rank's rows repeated with times shifted by the run's extent (iterations by 50, in the column
+    and the attribute text; span ids made distinct per copy), written
     part by part (memory stays at one part), then the store passes of :func:`_child`."""
     import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     from mlaunch.trace.store import MANIFEST, SEGMENT_ROWS, STORE_DIR, open_store
@@ -360,6 +393,7 @@ def _store_only(spans: int, ranks: int, skip: set[str]) -> None:
             ids = _hex_u64(block.column("span_id"))
             parents = _hex_u64(block.column("parent_id"))
             roots = block.column("parent_id").is_null().to_numpy(zero_copy_only=False)
+            pre, post, has_it = _split_iteration(block.column("attributes"))
             k = 0
             for part in range(-(-per_rank // block.num_rows)):
                 shift = np.repeat(np.arange(k, k + copies, dtype=np.int64), n_t)
@@ -375,6 +409,12 @@ def _store_only(spans: int, ranks: int, skip: set[str]) -> None:
                     out = out.set_column(i, name, pa.array(col, pa.int64()))
                 # each copy its own span ids (a copy's parents stay its own; links still point
                 # into the first copy): readers that index spans by id see 10^8 distinct ones
+                # and its own iteration numbers in the attribute text too (what report reads)
+                num = pc.if_else(has_it, pa.array(cols["iteration"]).cast(pa.string()), "")
+                i = out.schema.get_field_index("attributes")
+                out = out.set_column(
+                    i, "attributes", pc.binary_join_element_wise(pre, num, post, "")
+                )
                 tag = shift.astype(np.uint64) << np.uint64(32)
                 for name, col, null in (("span_id", ids, None), ("parent_id", parents, roots)):
                     i = out.schema.get_field_index(name)

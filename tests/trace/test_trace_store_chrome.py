@@ -154,20 +154,20 @@ def test_exports_that_spill_are_the_json_paths(
     json_spans, store_spans = _otlp_spans(a), _otlp_spans(b)  # batched differently
     assert len(json_spans) == len(store_spans)
     bad = [i for i, (x, y) in enumerate(zip(json_spans, store_spans, strict=True)) if x != y]
-    if bad:
-        Path("/tmp/export/dbg.json").write_text(json.dumps([json_spans[bad[0]], store_spans[bad[0]], json_spans[-3:], store_spans[-3:]]))
     assert not bad, (len(bad), json_spans[bad[0]], store_spans[bad[0]])
 
 
 def _otlp_spans(path: Path) -> list[tuple[Any, Any]]:
-    """(resource, span) of every span of an OTLP-JSON file, in order (a root's empty parent id as
-    none: the store keeps no parent for a root)."""
+    """(resource, span) of every span of an OTLP-JSON file, in order: a resource as its attribute
+    map (the store keeps one row per distinct resource, in the order of its first line's
+    attributes), a root's empty parent id as none (the store keeps no parent for a root)."""
     out = []
     for line in path.read_text().splitlines():
         for rs in json.loads(line)["resourceSpans"]:
+            res = {kv["key"]: kv["value"] for kv in rs["resource"]["attributes"]}
             for ss in rs["scopeSpans"]:
                 for s in ss["spans"]:
                     if s.get("parentSpanId") == "":
                         del s["parentSpanId"]
-                    out.append((rs["resource"], s))
+                    out.append((res, s))
     return out
