@@ -288,22 +288,28 @@ def _readers(run: Path, spans: int, skip: set[str] = frozenset()) -> None:
     """Each reader of :data:`READERS` on ``run``'s store, a fresh process each: wall, CPU and peak
     RSS (whole process), against the 1 GiB goal."""
     scratch = run.parent / "reader-out"
-    print(f"readers on the store of {spans:,} spans (whole processes; goal: peak RSS <= 1 GiB)")
+    print(f"readers on the store of {spans:,} spans (whole processes; goal: peak RSS <= 1 GiB)",
+          flush=True)  # fmt: skip
     worst = 0.0
     for label, args in READERS:
         if label in skip:
             continue
         argv = [a.format(run=run, out=scratch) for a in args]
         res = run.parent / "reader.json"
+        res.unlink(missing_ok=True)
         t = time.perf_counter()
-        subprocess.run([sys.executable, __file__, "--cli-child", str(res), *argv], check=True)
+        rc = subprocess.run([sys.executable, __file__, "--cli-child", str(res), *argv]).returncode
         wall = time.perf_counter() - t
+        if not res.exists():  # it crashed (the traceback is above): no figures
+            print(f"  {label:<17} wall {wall:8.1f} s  FAILED (exit {rc})", flush=True)
+            worst = float("inf")
+            continue
         got = json.loads(res.read_text())
         worst = max(worst, got["rss_mib"])
         flag = "" if got["rss_mib"] <= GIB else "  OVER 1 GiB"
         failed = f"  EXIT {got['code']}" if got["code"] else ""
         print(f"  {label:<17} wall {wall:8.1f} s  CPU {got['cpu_s']:8.1f} s  "
-              f"peak RSS {got['rss_mib']:7,.0f} MiB{flag}{failed}")  # fmt: skip
+              f"peak RSS {got['rss_mib']:7,.0f} MiB{flag}{failed}", flush=True)  # fmt: skip
         for f in run.parent.glob("reader-out*"):
             f.unlink()
     print(f"  largest peak RSS {worst:,.0f} MiB: {'meets' if worst <= GIB else 'MISSES'} the "
@@ -432,7 +438,7 @@ def _store_only(spans: int, ranks: int, skip: set[str]) -> None:
         (root / MANIFEST).write_text(json.dumps(man))
         sb = sum(f.stat().st_size for f in root.rglob("*.parquet"))
         print(f"generated {written:,} spans straight into the store: {sb / 2**20:,.0f} MiB, "
-              f"{len(parts)} parts ({time.perf_counter() - t:.0f} s)")  # fmt: skip
+              f"{len(parts)} parts ({time.perf_counter() - t:.0f} s)", flush=True)  # fmt: skip
         del store, block, t_r, out
         _readers(run, written, skip)
         print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")

@@ -711,7 +711,7 @@ class Store:
 #: DuckDB's memory for a store reader's queries; past it DuckDB spills to disk. With the Python
 #: side (the interpreter, pyarrow, one part's rows) a reader's whole process stays under 1 GiB
 #: at any trace size (``benchmarks/trace_read.py --store-only`` measures each reader).
-DUCKDB_MEMORY = "512MB"
+DUCKDB_MEMORY = "768MB"
 #: DuckDB's threads (None: one per CPU, its default).
 DUCKDB_THREADS: int | None = None
 _SPILLS = itertools.count()
