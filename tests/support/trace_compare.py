@@ -7,7 +7,7 @@ from typing import Any
 
 
 def assert_same(a: Any, b: Any, where: str = "") -> None:
-    """Equal, floats to the last bits (DuckDB's sums and the JSON path's may round differently;
+    """Equal, floats to the last bits (two paths may add the same floats in another order;
     the store's percentiles are exact: tests/trace/test_trace_store.py pins them with ==)."""
     if isinstance(a, float) or isinstance(b, float):
         assert math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12), (where, a, b)
