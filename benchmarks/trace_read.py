@@ -26,10 +26,16 @@ span with attributes), then times, in one process:
 * ``--writers``: only where the store is written (the run-end build, the receiver's appends,
   a worker writing Parquet in its exporter), each against its A/A control (see ``_writers``).
 
+Every reader of the store (:data:`READERS`: summary, goodput, stragglers, sql, report, export in
+both formats) is also run as the user runs it, ``mlaunch trace ...`` in a fresh process each,
+printing its wall, CPU and peak RSS (the whole process) against the goal of 1 GiB at any size
+(``--store-only`` always; ``--readers`` after the other store passes).
+
 Run: ``python benchmarks/trace_read.py [--spans 1000000] [--no-json] [--no-export]
-[--no-report] [--no-store] [--repeat N] [--writers [--append-min-mib 64]]``; ``--store-only
---spans 100000000`` for the store passes at 10^8 spans (generated straight into the store: no JSON); ``--run DIR`` for only the
-export and report comparisons on an existing run directory (its store built first).
+[--no-report] [--no-store] [--readers] [--repeat N] [--writers [--append-min-mib 64]]``;
+``--store-only --spans 100000000`` for the store passes at 10^8 spans (generated straight into
+the store: no JSON; ``--skip-readers stragglers,...`` leaves readers out); ``--run DIR`` for
+only the export and report comparisons on an existing run directory (its store built first).
 """
 
 from __future__ import annotations
@@ -253,12 +259,129 @@ def _report_compare(run: Path, repeat: int) -> None:
         (run.parent / f"report-{k}.html").unlink(missing_ok=True)
 
 
-def _store_only(spans: int, ranks: int) -> None:
+#: Every reader of the store, as the user runs it: (label, ``mlaunch trace`` arguments after the
+#: run directory; ``{out}`` is a scratch file). The goal: each whole process <= 1 GiB at any size.
+READERS = (
+    ("summary", ["summary", "{run}", "--json"]),
+    ("goodput", ["goodput", "{run}", "--json"]),
+    ("stragglers", ["stragglers", "{run}", "--json"]),
+    (
+        "sql",
+        ["sql", "{run}", "SELECT name, count(*), avg(end_ns - start_ns) FROM spans GROUP BY 1"],
+    ),
+    ("report", ["report", "{run}", "-o", "{out}.html", "--iterations", "10:12"]),
+    ("export chrome", ["export", "{run}", "-o", "-"]),  # to /dev/null: 30 GB at 10^8 spans
+    ("export otlp-json", ["export", "{run}", "--format", "otlp-json", "-o", "-"]),
+)
+GIB = 1024.0
+
+
+def _cli_child(out: str, argv: list[str]) -> None:
+    """One ``mlaunch trace`` command in this (fresh) process, its standard output (where the
+    exports write) to /dev/null; then its peak RSS (VmHWM: the whole process, every thread,
+    DuckDB's and Arrow's memory included) and CPU (all threads) to the file ``out``."""
+    import contextlib
+
+    from mlaunch.cli import build_app
+
+    sys.argv = ["mlaunch", "trace", *argv]
+    code = 0
+    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
+        try:
+            build_app("trace")()
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    Path(out).write_text(json.dumps({"rss_mib": _peak_rss_mib(), "code": code,
+                                     "cpu_s": ru.ru_utime + ru.ru_stime}))  # fmt: skip
+
+
+def _readers(run: Path, spans: int, skip: set[str] = frozenset()) -> None:
+    """Each reader of :data:`READERS` on ``run``'s store, a fresh process each: wall, CPU and peak
+    RSS (whole process), against the 1 GiB goal."""
+    scratch = run.parent / "reader-out"
+    print(f"readers on the store of {spans:,} spans (whole processes; goal: peak RSS <= 1 GiB)",
+          flush=True)  # fmt: skip
+    worst = 0.0
+    for label, args in READERS:
+        if label in skip:
+            continue
+        argv = [a.format(run=run, out=scratch) for a in args]
+        res = run.parent / "reader.json"
+        res.unlink(missing_ok=True)
+        t = time.perf_counter()
+        rc = subprocess.run([sys.executable, __file__, "--cli-child", str(res), *argv]).returncode
+        wall = time.perf_counter() - t
+        if not res.exists():  # it crashed (the traceback is above): no figures
+            print(f"  {label:<17} wall {wall:8.1f} s  FAILED (exit {rc})", flush=True)
+            worst = float("inf")
+            continue
+        got = json.loads(res.read_text())
+        worst = max(worst, got["rss_mib"])
+        flag = "" if got["rss_mib"] <= GIB else "  OVER 1 GiB"
+        failed = f"  EXIT {got['code']}" if got["code"] else ""
+        print(f"  {label:<17} wall {wall:8.1f} s  CPU {got['cpu_s']:8.1f} s  "
+              f"peak RSS {got['rss_mib']:7,.0f} MiB{flag}{failed}", flush=True)  # fmt: skip
+        for f in run.parent.glob("reader-out*"):
+            f.unlink()
+    print(f"  largest peak RSS {worst:,.0f} MiB: {'meets' if worst <= GIB else 'MISSES'} the "
+          "1 GiB goal")  # fmt: skip
+
+
+def _hex_u64(col: Any) -> Any:
+    """A column of 16-hex-digit ids (null: 0) as uint64s."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    text = "".join(pc.fill_null(col, "0" * 16).to_pylist())
+    return np.frombuffer(bytes.fromhex(text), dtype=">u8").astype(np.uint64)
+
+
+def _u64_hex(ids: Any, null: Any) -> Any:
+    """uint64s as an Arrow column of 16-hex-digit ids (null where ``null``)."""
+    import numpy as np
+    import pyarrow as pa
+
+    n = len(ids)
+    data = pa.py_buffer(ids.astype(">u8").tobytes().hex().encode())
+    offsets = pa.py_buffer(np.arange(0, 16 * (n + 1), 16, dtype=np.int32).tobytes())
+    valid = None if null is None else pa.array(~null).buffers()[1]
+    return pa.StringArray.from_buffers(n, offsets, data, valid)
+
+
+_ITERATION_TEXT = '{"key":"megatron.iteration","value":{"intValue":"'
+
+
+def _split_iteration(col: Any) -> tuple[Any, Any, Any]:
+    """Each attribute text cut around its ``megatron.iteration`` number: (text before, text
+    after, whether it has one); a text without one is all "before"."""
+    import re
+
+    import pyarrow as pa
+
+    pat = re.compile(re.escape(_ITERATION_TEXT) + r"-?\d+")
+    pre, post, has = [], [], []
+    for text in col.to_pylist():
+        m = pat.search(text) if text is not None else None
+        if m is None:
+            pre.append(text)
+            post.append(None if text is None else "")
+            has.append(False)
+        else:
+            pre.append(text[: m.start()] + _ITERATION_TEXT)
+            post.append(text[m.end() :])
+            has.append(True)
+    return pa.array(pre, pa.string()), pa.array(post, pa.string()), pa.array(has)
+
+
+def _store_only(spans: int, ranks: int, skip: set[str]) -> None:
     """A store of about ``spans`` spans without the JSON: a 50-step realistic run's store, each
-    rank's rows repeated with times shifted by the run's extent (and iterations by 50), written
+    rank's rows repeated with times shifted by the run's extent (iterations by 50, in the column
+    and the attribute text; span ids made distinct per copy), written
     part by part (memory stays at one part), then the store passes of :func:`_child`."""
     import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     from mlaunch.trace.store import MANIFEST, SEGMENT_ROWS, STORE_DIR, open_store
@@ -285,6 +408,10 @@ def _store_only(spans: int, ranks: int) -> None:
             en = t_r.column("end_ns").to_numpy()
             period = int(en.max() - st.min()) + 1
             it = t_r.column("iteration").to_numpy(zero_copy_only=False)
+            ids = _hex_u64(block.column("span_id"))
+            parents = _hex_u64(block.column("parent_id"))
+            roots = block.column("parent_id").is_null().to_numpy(zero_copy_only=False)
+            pre, post, has_it = _split_iteration(block.column("attributes"))
             k = 0
             for part in range(-(-per_rank // block.num_rows)):
                 shift = np.repeat(np.arange(k, k + copies, dtype=np.int64), n_t)
@@ -298,6 +425,18 @@ def _store_only(spans: int, ranks: int) -> None:
                 for name, col in cols.items():
                     i = out.schema.get_field_index(name)
                     out = out.set_column(i, name, pa.array(col, pa.int64()))
+                # each copy its own span ids (a copy's parents stay its own; links still point
+                # into the first copy): readers that index spans by id see 10^8 distinct ones
+                # and its own iteration numbers in the attribute text too (what report reads)
+                num = pc.if_else(has_it, pa.array(cols["iteration"]).cast(pa.string()), "")
+                i = out.schema.get_field_index("attributes")
+                out = out.set_column(
+                    i, "attributes", pc.binary_join_element_wise(pre, num, post, "")
+                )
+                tag = shift.astype(np.uint64) << np.uint64(32)
+                for name, col, null in (("span_id", ids, None), ("parent_id", parents, roots)):
+                    i = out.schema.get_field_index(name)
+                    out = out.set_column(i, name, _u64_hex(col ^ tag, null))
                 rel = f"spans/rank={r}/part-{part:05d}.parquet"
                 (root / rel).parent.mkdir(parents=True, exist_ok=True)
                 pq.write_table(out, root / rel, compression="zstd")
@@ -311,9 +450,9 @@ def _store_only(spans: int, ranks: int) -> None:
         (root / MANIFEST).write_text(json.dumps(man))
         sb = sum(f.stat().st_size for f in root.rglob("*.parquet"))
         print(f"generated {written:,} spans straight into the store: {sb / 2**20:,.0f} MiB, "
-              f"{len(parts)} parts ({time.perf_counter() - t:.0f} s)")  # fmt: skip
-        for what in ("summary-store", "goodput-store", "sql-count"):
-            subprocess.run([sys.executable, __file__, "--child", what, str(run)], check=True)
+              f"{len(parts)} parts ({time.perf_counter() - t:.0f} s)", flush=True)  # fmt: skip
+        del store, block, t_r, out
+        _readers(run, written, skip)
         print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
 
@@ -457,6 +596,18 @@ def main() -> None:
         "receiver's own step; smaller to see more steps on a small run)",
     )
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)  # one store pass, in a subprocess
+    p.add_argument("--readers", action="store_true",
+                   help="with the store passes: every reader of the store as a whole process "
+                   "(wall, CPU, peak RSS; --store-only always runs them)")  # fmt: skip
+    p.add_argument(
+        "--skip-readers",
+        default="",
+        metavar="A,B",
+        help="readers not to run (labels as printed: summary, export chrome, ...)",
+    )
+    if len(sys.argv) > 2 and sys.argv[1] == "--cli-child":  # one reader, in a subprocess
+        _cli_child(sys.argv[2], sys.argv[3:])
+        return
     args = p.parse_args()
     if args.child:
         _child(*args.child)
@@ -472,7 +623,7 @@ def main() -> None:
         print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
         return
     if args.store_only:
-        _store_only(args.spans, args.ranks)
+        _store_only(args.spans, args.ranks, set(filter(None, args.skip_readers.split(","))))
         return
     micro, layers, pp = 4, 4, 2
     steps = max(1, round(args.spans / args.ranks / spans_per_step(micro, layers)))
@@ -521,6 +672,8 @@ def main() -> None:
                   f"({size / 2**20:,.0f} MiB); goal <= 1/10")  # fmt: skip
             for what in ("summary-store", "goodput-store", "sql-count"):
                 subprocess.run([sys.executable, __file__, "--child", what, str(run)], check=True)
+            if args.readers:
+                _readers(run, n)
             if not args.no_export:
                 _export_compare(run, args.repeat)
             if not args.no_report:

@@ -9,6 +9,7 @@ heavy is imported until the command runs (plotly only while rendering).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -53,7 +54,7 @@ def report_cmd(
     goodput split. plotly.js is embedded once, so the file is about 5 MB whatever the run.
     """
     from mlaunch.outputs import OutputError, check_output, is_stdout
-    from mlaunch.trace.reader import TraceInputError, discover
+    from mlaunch.trace.reader import TraceInputError
     from mlaunch.trace.report import default_output, parse_iterations, render_report
 
     window = None
@@ -67,7 +68,7 @@ def report_cmd(
     out = output if output is not None else default_output(path)
     try:  # the checks that need no input first: a bad -o is reported before any reading
         check_output(out)
-        files = discover(path)
+        files = _inputs(path)
     except OutputError as e:
         raise error(str(e)) from None
     except TraceInputError as e:
@@ -89,6 +90,20 @@ def report_cmd(
     )
     for note in result.notes:
         typer.echo(f"note: {note}", err=True)
+
+
+def _inputs(path: Path) -> list[Any]:
+    """The trace files ``-o`` must not overwrite: none for a run directory whose span store is
+    all that is left (its OTLP-JSON moved away), which the report reads as the other commands do."""
+    from mlaunch.trace.reader import TraceInputError, discover
+    from mlaunch.trace.store import load_manifest
+
+    try:
+        return discover(path)
+    except TraceInputError:
+        if path.is_dir() and load_manifest(path) is not None:
+            return []
+        raise
 
 
 def register(trace_app: typer.Typer) -> None:

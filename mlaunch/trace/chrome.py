@@ -126,9 +126,8 @@ def assign_lanes(spans: Sequence[SpanLike]) -> list[int]:
 def assign_lanes_columns(starts: array[int], ends: array[int], ids: array[int],
                          parents: array[int]) -> array[int]:  # fmt: skip
     """A lane per span such that spans of one lane nest properly (each is inside or disjoint from
-    every other). Greedy over spans sorted by (start, -end): a span goes to the lane where its
-    parent is open if it fits there, else the first lane where it fits, else a new lane. Returns
-    lanes in input order."""
+    every other). Greedy over spans sorted by (start, -end) (:class:`LaneSweep`). Returns lanes
+    in input order."""
     import numpy as np  # only here: an argsort without a Python object per span
 
     n = len(starts)
@@ -136,12 +135,37 @@ def assign_lanes_columns(starts: array[int], ends: array[int], ids: array[int],
     en = np.frombuffer(ends, dtype=np.int64) if n else np.zeros(0, np.int64)
     order = np.lexsort((-en, st))  # primary key start, then longest first (parents first)
     lanes = array("H", bytes(2 * n))
-    stacks: list[list[tuple[int, int]]] = []  # per lane: (end, span id) of open spans
-    open_lane: dict[int, int] = {}  # span id -> lane, for spans pushed and not yet popped
+    sweep = LaneSweep()
     for lo in range(0, n, _SORT_CHUNK):
-        for i in order[lo : lo + _SORT_CHUNK].tolist():
-            s, e = starts[i], ends[i]
-            preferred = open_lane.get(parents[i])
+        rows = order[lo : lo + _SORT_CHUNK].tolist()
+        got = sweep.feed([starts[i] for i in rows], [ends[i] for i in rows],
+                         [ids[i] for i in rows], [parents[i] for i in rows])  # fmt: skip
+        for i, la in zip(rows, got, strict=True):
+            lanes[i] = la
+    return lanes
+
+
+class LaneSweep:
+    """The lane rule over one thread's spans fed in order of (start, -end, read order), in
+    pieces of any size: a span goes to the lane where its parent is open if it fits there, else
+    the first lane where it fits, else a new lane. It holds only the open spans, so the span
+    store's export can stream a thread's spans sorted by DuckDB (spilling) at any size."""
+
+    def __init__(self) -> None:
+        self.stacks: list[list[tuple[int, int]]] = []  # per lane: (end, span id) of open spans
+        self.open_lane: dict[int, int] = {}  # span id -> lane, for spans pushed, not popped
+
+    @property
+    def lanes(self) -> int:
+        return len(self.stacks)
+
+    def feed(self, starts: Sequence[int], ends: Sequence[int], ids: Sequence[int],
+             parents: Sequence[int]) -> list[int]:  # fmt: skip
+        """The lanes of the next spans in sweep order."""
+        stacks, open_lane = self.stacks, self.open_lane
+        out = []
+        for s, e, sid, parent in zip(starts, ends, ids, parents, strict=True):
+            preferred = open_lane.get(parent)
             chosen = -1
             for k in ([preferred] if preferred is not None else []) + list(range(len(stacks))):
                 stack = stacks[k]
@@ -153,10 +177,10 @@ def assign_lanes_columns(starts: array[int], ends: array[int], ids: array[int],
             if chosen < 0:
                 chosen = len(stacks)
                 stacks.append([])
-            stacks[chosen].append((e, ids[i]))
-            open_lane[ids[i]] = chosen
-            lanes[i] = chosen
-    return lanes
+            stacks[chosen].append((e, sid))
+            open_lane[sid] = chosen
+            out.append(chosen)
+        return out
 
 
 class ChromeExporter:

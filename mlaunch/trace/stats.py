@@ -14,13 +14,27 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     n = len(sorted_values)
     if n == 0:
         return 0.0
+    lo, hi, frac = closest_ranks(n, q)
+    return interpolate(sorted_values[lo], sorted_values[hi], frac)
+
+
+def closest_ranks(n: int, q: float) -> tuple[int, int, float]:
+    """The indices (0-based) of the two sorted values the ``q``-th percentile of ``n >= 1``
+    values lies between, and how far between: what :func:`percentile` reads. The span store
+    fetches just these two values of each group (docs/trace.md), then :func:`interpolate`, so
+    its percentiles are these, to the last bit."""
     if n == 1:
-        return float(sorted_values[0])
+        return 0, 0, 0.0
     pos = (n - 1) * q / 100.0
     lo = int(pos)
-    hi = min(lo + 1, n - 1)
-    frac = pos - lo
-    return float(sorted_values[lo]) + (float(sorted_values[hi]) - float(sorted_values[lo])) * frac
+    return lo, min(lo + 1, n - 1), pos - lo
+
+
+def interpolate(lo_value: float, hi_value: float, frac: float) -> float:
+    """The value ``frac`` of the way from ``lo_value`` to ``hi_value``, as :func:`percentile`
+    computes it (``lo + (hi - lo) * frac``: another form, such as ``lo * (1 - frac) + hi * frac``,
+    can differ in the last bit, enough to turn a rounded 176 ms into 175)."""
+    return float(lo_value) + (float(hi_value) - float(lo_value)) * frac
 
 
 def median(values: Sequence[float]) -> float:

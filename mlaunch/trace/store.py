@@ -69,11 +69,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import itertools
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -695,14 +697,29 @@ class Store:
             for f in self.manifest.files
         ]
 
-    def connect(self) -> Any:
-        """A DuckDB connection with the views ``spans`` and ``resources``."""
+    def scratch_dir(self) -> Path:
+        """Where a reader may write temporary files (DuckDB's spill, the export's sort input):
+        the store's directory, on the disk that holds the run; the system's temporary directory
+        when the store cannot be written (a read-only copy)."""
+        return self.root if os.access(self.root, os.W_OK) else Path(tempfile.gettempdir())
+
+    def connect(self, memory_limit: str | None = None) -> Any:
+        """A DuckDB connection with the views ``spans`` and ``resources``: every store reader's
+        (the one place DuckDB's memory and spill directory are set). ``memory_limit``: less
+        than :data:`DUCKDB_MEMORY`, for a reader that holds more of its own meanwhile."""
         import duckdb
 
         con = duckdb.connect()
-        # Bounded memory whatever the trace size: DuckDB spills beyond this (docs/trace.md).
-        con.execute("SET memory_limit='768MB'")
+        # Bounded memory whatever the trace size: DuckDB spills beyond this (docs/trace.md), to
+        # a directory of its own (it removes it on close; its default is ./.tmp, wherever the
+        # user happens to be).
+        con.execute(f"SET memory_limit='{memory_limit or DUCKDB_MEMORY}'")
+        if DUCKDB_THREADS is not None:
+            con.execute(f"SET threads={int(DUCKDB_THREADS)}")
+        spill = self.scratch_dir() / f".duckdb-spill-{os.getpid()}-{next(_SPILLS)}"
+        con.execute(f"SET temp_directory={_sql_str(spill)}")
         con.execute("SET preserve_insertion_order=true")
+        con.execute("SET enable_progress_bar=false")
         if self.parts:
             files = ", ".join(_sql_str(p) for p in self.parts)
             con.execute(
@@ -718,6 +735,14 @@ class Store:
         con.execute(f"CREATE VIEW resources AS SELECT * FROM read_parquet({res})")
         return con
 
+
+#: DuckDB's memory for a store reader's queries; past it DuckDB spills to disk. With the Python
+#: side (the interpreter, pyarrow, one part's rows) a reader's whole process stays under 1 GiB
+#: at any trace size (``benchmarks/trace_read.py --store-only`` measures each reader).
+DUCKDB_MEMORY = "768MB"
+#: DuckDB's threads (None: one per CPU, its default).
+DUCKDB_THREADS: int | None = None
+_SPILLS = itertools.count()
 
 _QUOTED = [f'"{c}"' for c in _COLUMNS]  # the view's columns in schema order (rank in place)
 

@@ -1,26 +1,32 @@
 """``mlaunch trace export --format chrome`` on the span store: the same bytes as
 :class:`~mlaunch.trace.chrome.ChromeExporter` over the JSON, built column-wise.
 
-Pass 1 reads six columns of every part (times, ids, resource, attributes as a dictionary) into
-numpy arrays: span ids are decoded from hex in one ``bytes.fromhex`` per part, the thread of a
-span comes from its attribute list, decoded once per dictionary entry of the part (the parts
-store them dictionary-encoded; nothing is cached across parts, so memory does not grow with the
-number of distinct lists), and lanes are assigned per thread by the JSON path's own
-:func:`~mlaunch.trace.chrome.assign_lanes_columns`. Pass 2 writes each part's complete events as
-one Arrow string array (``binary_join_element_wise`` of per-span columns: name and args texts
-taken from per-entry tables, times formatted from integer nanoseconds) and writes its bytes in
-one call. Only the few spans the columns cannot say exactly are written by the JSON path's code,
-span by span: spans with an ERROR status (their message is in ``extra``), attribute lists with a
-key the exporter itself sets (``span_id``, ``status``, ``status_message``), ids that are not 16 hex
-digits; and the span events and links that follow a span.
+Pass 1 reads seven columns of every part (times, ids, resource, attributes as a dictionary,
+links): span ids are decoded from hex in one ``bytes.fromhex`` per part, the thread of a span
+comes from its attribute list, decoded once per dictionary entry of the part (the parts store
+them dictionary-encoded; nothing is cached across parts, so memory does not grow with the number
+of distinct lists), and each part's (row, thread, start, end, id, parent) columns are written to
+a scratch Parquet file. The layout: DuckDB sorts those rows by thread, start, longest first and
+read order (the order the JSON path's :func:`~mlaunch.trace.chrome.assign_lanes_columns` sorts
+each thread's spans in), spilling to disk past its memory limit, and hands them over a record
+batch at a time to the same greedy rule (:class:`~mlaunch.trace.chrome.LaneSweep`), which holds
+only the open spans. Pass 2 writes each part's complete events as one Arrow string array
+(``binary_join_element_wise`` of per-span columns: name and args texts taken from per-entry
+tables, times formatted from integer nanoseconds) and writes its bytes in one call. Only the few
+spans the columns cannot say exactly are written by the JSON path's code, span by span: spans
+with an ERROR status (their message is in ``extra``), attribute lists with a key the exporter
+itself sets (``span_id``, ``status``, ``status_message``), ids that are not 16 hex digits; and
+the span events and links that follow a span.
 
-Memory: 5 int64s and 2 int32s per span for the layout (the JSON path's pass 1 keeps 4 int64s),
-plus one part at a time.
+Memory: one part's rows, DuckDB's limit, and each span's lane (2 bytes: 200 MB at 10^8 spans;
+the JSON path's pass 1 keeps 32 bytes a span). Disk: the scratch rows (about 45 bytes a span,
+in the store's directory) and DuckDB's spill, both removed when the export ends.
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any, TextIO
 
 from orjson import loads
@@ -32,13 +38,13 @@ from mlaunch.trace.chrome import (
     THREAD_ID_ATTR,
     THREAD_NAME_ATTR,
     ChromeStats,
+    LaneSweep,
     _dumps,
     _sid,
     _us,
-    assign_lanes_columns,
 )
 from mlaunch.trace.reader import Resource
-from mlaunch.trace.store import Store, StoreReader
+from mlaunch.trace.store import Store, StoreReader, _sql_str
 
 #: Keys the exporter adds to ``args`` after the span's attributes: a list that already has one
 #: would have it overwritten in place (dict order), so such spans take the span-by-span path.
@@ -47,7 +53,8 @@ _HEX16 = re.compile(r"^[0-9a-fA-F]{16}$")
 _PASS1 = ["span_id", "parent_id", "start_ns", "end_ns", "resource_id", "attributes", "links"]
 #: Rows whose event texts are built at once (about 8 MB of text).
 _SLICE = 32_768
-_PASS2 = ["name", "span_id", "status", "attributes", "links", "events", "extra"]
+_PASS2 = ["name", "span_id", "status", "attributes", "links", "events", "extra", "start_ns",
+          "end_ns", "resource_id"]  # fmt: skip
 #: ``_us`` of the 1000 sub-microsecond remainders, as text after the point.
 #: From here on (10^11 us) the text of an exact 3-decimal value may not be what repr prints.
 _BIG_NS = 10**14
@@ -109,38 +116,34 @@ def _head(text: str | None) -> tuple[str, bool]:
     return ("{" if body == "{}" else body[:-1] + ","), not _OWN_KEYS.isdisjoint(a)
 
 
-def export_chrome_store(store: Store, out: TextIO) -> ChromeStats:
-    """Write the store's spans as Chrome trace-event JSON to ``out`` (what
-    :meth:`ChromeExporter.write` writes for the same spans read from the JSON). Raises
-    ``TraceInputError`` for a store without spans."""
-    import numpy as np
-    import pyarrow.parquet as pq
+class _Threads:
+    """The processes and threads of the spans, numbered in order of first appearance (pass 1
+    registers them; pass 2, over the same parts, finds the same numbers)."""
 
-    from mlaunch.trace.summary import no_spans_error
+    def __init__(self, resources: dict[int, Resource]) -> None:
+        self.resources = resources
+        self.pid_of = {rid: _pid(r) for rid, r in resources.items()}
+        self.tkeys: dict[Any, int] = {}  # the distinct thread keys (few), numbered
+        self.hosts: dict[int, str | None] = {}
+        self.run_id: Any = None
+        self.threads: dict[tuple[int, Any], int] = {}  # (pid, thread key) -> index
+        self.labels: list[str] = []
 
-    reader = StoreReader(store)
-    resources = reader.resources()
-    pid_of = {rid: _pid(r) for rid, r in resources.items()}
-    tkeys: dict[Any, int] = {}  # the distinct thread keys (few), numbered
-    hosts: dict[int, str | None] = {}
-    run_id: Any = None
-    threads: dict[tuple[int, Any], int] = {}  # (pid, thread key) -> index, first seen first
-    labels: list[str] = []
-    tix_parts, st_parts, en_parts, id_parts, par_parts, pid_parts = [], [], [], [], [], []
-    link_targets: set[int] = set()
-    for part in store.parts:
-        t = pq.read_table(part, columns=_PASS1, read_dictionary=["attributes"])
-        if not t.num_rows:
-            continue
+    def of_part(self, t: Any, np: Any) -> tuple[Any, Any]:
+        """Each row's pid and thread index (``t``: a part's ``resource_id`` and ``attributes``,
+        the latter read as a dictionary)."""
+        resources, pid_of, tkeys, threads, labels = (
+            self.resources, self.pid_of, self.tkeys, self.threads, self.labels
+        )  # fmt: skip
         rids = t.column("resource_id").to_numpy().astype(np.int64)
         first = np.unique(rids, return_index=True)
         for rid in first[0][np.argsort(first[1], kind="stable")].tolist():
             pid = pid_of[rid]
-            if pid not in hosts:
+            if pid not in self.hosts:
                 res = resources[rid]
                 host = res.attrs.get(ResourceAttr.HOST_NAME)
-                hosts[pid] = None if host is None else str(host)
-                run_id = run_id or res.attrs.get(ResourceAttr.RUN_ID)
+                self.hosts[pid] = None if host is None else str(host)
+                self.run_id = self.run_id or res.attrs.get(ResourceAttr.RUN_ID)
         lut = np.array([pid_of.get(r, 0) for r in range(int(rids.max()) + 1)], np.int64)
         pids = lut[rids]
         # thread of each span: its (pid, thread key), numbered in order of first appearance
@@ -162,57 +165,136 @@ def export_chrome_store(store: Store, out: TextIO) -> ChromeStats:
                 ti = threads[key] = len(labels)
                 labels.append(f"{tn} ({tk})" if tn else ("main" if tk is None else f"thread {tk}"))
             tmap[k] = ti
-        tix_parts.append(tmap[inv.reshape(-1)])
+        return pids, tmap[inv.reshape(-1)]
+
+    def in_order(self) -> list[tuple[int, int]]:
+        """(pid, thread index) of every thread, in the order of their tids: by pid, then key."""
+        return [
+            (pid, ti)
+            for (pid, _), ti in sorted(
+                self.threads.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))
+            )
+        ]
+
+
+#: DuckDB's memory for the layout's sort (it spills past it): the export also holds each span's
+#: lane meanwhile (200 MB at 10^8 spans), so it leaves DuckDB less than the other readers.
+SORT_MEMORY = "256MB"
+#: The sorted layout rows DuckDB hands over at a time.
+_SWEEP_BATCH = 65_536
+
+
+def _lanes(store: Store, scratch: Path, n: int, n_threads: int, targets: Any, np: Any,
+           pa: Any) -> tuple[Any, Any, list[tuple[int, int, int, int, int]]]:  # fmt: skip
+    """Lanes of the spans written to ``scratch`` by pass 1 (row, thread, start, end, id,
+    parent), each thread's spans sorted by DuckDB (start, longest first, read order: the JSON
+    path's order, spilling to disk past its memory limit) and swept by
+    :class:`~mlaunch.trace.chrome.LaneSweep`: each row's lane (2 bytes a span: the only
+    per-span state the export keeps), each thread's lane count, and the (thread, row, id,
+    lane, start) of the spans whose id is in ``targets`` (link targets)."""
+    lane = np.zeros(n, np.uint16)
+    n_lanes = np.zeros(n_threads, np.int64)
+    hits: list[tuple[int, int, int, int, int]] = []
+    pa.default_memory_pool().release_unused()  # pass 1's part buffers, before DuckDB's
+    con = store.connect(memory_limit=SORT_MEMORY)
+    try:
+        files = ", ".join(_sql_str(p) for p in sorted(scratch.glob("*.parquet")))
+        rel = con.sql(
+            f"SELECT tix, st, en, sid, par, row FROM read_parquet([{files}])"
+            " ORDER BY tix, st, en DESC, row"
+        )
+        sweep, cur = LaneSweep(), -1
+        # A stream of record batches (DuckDB < 1.4 names it fetch_record_batch)
+        stream = getattr(rel, "to_arrow_reader", None) or rel.fetch_record_batch
+        for batch in stream(_SWEEP_BATCH):
+            tix, st, en, sid, par, row = (batch.column(i).to_numpy() for i in range(6))
+            out = np.empty(len(row), np.int64)
+            cuts = [0, *(np.flatnonzero(tix[1:] != tix[:-1]) + 1).tolist(), len(row)]
+            for a, b in zip(cuts, cuts[1:], strict=False):
+                if a == b:
+                    continue
+                if int(tix[a]) != cur:
+                    if cur >= 0:
+                        n_lanes[cur] = sweep.lanes
+                    sweep, cur = LaneSweep(), int(tix[a])
+                out[a:b] = sweep.feed(st[a:b].tolist(), en[a:b].tolist(), sid[a:b].tolist(),
+                                      par[a:b].tolist())  # fmt: skip
+            lane[row] = out
+            if len(targets):
+                for i in np.flatnonzero(np.isin(sid, targets)).tolist():
+                    hits.append((int(tix[i]), int(row[i]), int(sid[i]), int(out[i]),
+                                 int(st[i])))  # fmt: skip
+        if cur >= 0:
+            n_lanes[cur] = sweep.lanes
+    finally:
+        con.close()
+    return lane, n_lanes, hits
+
+
+def export_chrome_store(store: Store, out: TextIO) -> ChromeStats:
+    """Write the store's spans as Chrome trace-event JSON to ``out`` (what
+    :meth:`ChromeExporter.write` writes for the same spans read from the JSON). Raises
+    ``TraceInputError`` for a store without spans."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix=".export-", dir=store.scratch_dir()) as tmp:
+        return _export(store, out, Path(tmp))
+
+
+def _export(store: Store, out: TextIO, scratch: Path) -> ChromeStats:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mlaunch.trace.summary import no_spans_error
+
+    reader = StoreReader(store)
+    th = _Threads(reader.resources())
+    link_targets: set[int] = set()
+    t0: int | None = None
+    n = 0
+    for k, part in enumerate(store.parts):
+        t = pq.read_table(part, columns=_PASS1, read_dictionary=["attributes"])
+        if not t.num_rows:
+            continue
+        pids, tix = th.of_part(t, np)
         starts = t.column("start_ns").to_numpy().astype(np.int64)
-        st_parts.append(starts)
-        en_parts.append(np.maximum(starts, t.column("end_ns").to_numpy().astype(np.int64)))
-        id_parts.append(_hex_ids(t.column("span_id"), np))
-        par_parts.append(_hex_ids(t.column("parent_id"), np))
-        pid_parts.append(pids)
+        lo = int(starts.min())
+        t0 = lo if t0 is None else min(t0, lo)
+        rows = t.num_rows
+        cols = {
+            "row": pa.array(np.arange(n, n + rows, dtype=np.int64)), "tix": pa.array(tix),
+            "st": pa.array(starts),
+            "en": pa.array(np.maximum(starts, t.column("end_ns").to_numpy().astype(np.int64))),
+            "sid": pa.array(_hex_ids(t.column("span_id"), np)),
+            "par": pa.array(_hex_ids(t.column("parent_id"), np)),
+        }  # fmt: skip
+        pq.write_table(pa.table(cols), scratch / f"{k:06d}.parquet", compression="lz4")
+        n += rows
         for lk in t.column("links").drop_null().to_pylist():
             for x in loads(lk):
                 link_targets.add(_sid(x.get("spanId")))
-    if not st_parts:
+    if t0 is None:
         raise no_spans_error(reader)  # type: ignore[arg-type]
-    tix = np.concatenate(tix_parts)
-    starts = np.concatenate(st_parts)
-    ends = np.concatenate(en_parts)
-    ids = np.concatenate(id_parts)
-    parents = np.concatenate(par_parts)
-    pids = np.concatenate(pid_parts)
-    del tix_parts, st_parts, en_parts, id_parts, par_parts, pid_parts
-    t0 = int(starts.min())
 
     # Layout: lanes per thread (in (pid, str(key)) order), tids per process.
+    hosts, threads, labels = th.hosts, th.threads, th.labels
     st = ChromeStats(processes=len(hosts), threads=len(threads))
-    order = np.argsort(tix, kind="stable")  # each thread's spans, in read order
-    bounds = np.searchsorted(tix[order], np.arange(len(labels) + 1))
-    lane = np.zeros(len(tix), np.int32)
+    targets = np.array(sorted(link_targets), np.int64)
+    lane, n_lanes, hits = _lanes(store, scratch, n, len(labels), targets, np, pa)
     base = np.zeros(len(labels), np.int64)
-    n_lanes = np.zeros(len(labels), np.int64)
     next_tid: dict[int, int] = {}
-    for (pid, _), ti in sorted(threads.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
-        rows = order[bounds[ti] : bounds[ti + 1]]
-        lanes = assign_lanes_columns(
-            *(np.ascontiguousarray(a[rows]) for a in (starts, ends, ids, parents))
-        )
-        la = np.frombuffer(lanes, dtype=np.uint16) if len(lanes) else np.zeros(0, np.uint16)
-        lane[rows] = la
+    for pid, ti in th.in_order():
         base[ti] = next_tid.get(pid, 0)
-        n_lanes[ti] = 1 + (int(la.max()) if len(la) else 0)
         next_tid[pid] = int(base[ti] + n_lanes[ti])
         st.lanes += int(n_lanes[ti])
-    tids = base[tix] + lane
-    del order, lane
-
+    pid_of_thread = {ti: pid for (pid, _), ti in threads.items()}
     sources: dict[int, tuple[int, int, int]] = {}
-    if link_targets:
-        hit = np.nonzero(np.isin(ids, np.array(sorted(link_targets), np.int64)))[0]
-        for i in hit[np.lexsort((hit, tix[hit]))].tolist():  # the JSON path's dict order
-            sources[int(ids[i])] = (int(pids[i]), int(tids[i]), int(starts[i]))
+    for ti, _, sid, la, start in sorted(hits):  # the JSON path's dict order: the last wins
+        sources[sid] = (pid_of_thread[ti], int(base[ti]) + la, start)
 
     out.write('{"displayTimeUnit":"ms","otherData":')
-    out.write(_dumps({"generator": "mlaunch trace export", "run_id": run_id,
+    out.write(_dumps({"generator": "mlaunch trace export", "run_id": th.run_id,
                       "t0_unix_nano": str(t0)}))  # fmt: skip
     out.write(',"traceEvents":[\n')
     meta: list[str] = []
@@ -225,7 +307,7 @@ def export_chrome_store(store: Store, out: TextIO) -> ChromeStats:
                             "args": {"name": pname}}))  # fmt: skip
         meta.append(_dumps({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0,
                             "args": {"sort_index": pid}}))  # fmt: skip
-    for (pid, _), ti in sorted(threads.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+    for pid, ti in th.in_order():
         for k in range(int(n_lanes[ti])):
             label = labels[ti] if k == 0 else f"{labels[ti]} lane {k}"
             tid = int(base[ti]) + k
@@ -238,11 +320,18 @@ def export_chrome_store(store: Store, out: TextIO) -> ChromeStats:
     row = 0
     for part in store.parts:
         t = pq.read_table(part, columns=_PASS2, read_dictionary=["name", "attributes"])
-        if t.num_rows:
-            for b in t.to_batches():  # one dictionary per batch
-                sl = slice(row, row + b.num_rows)
-                writer.part(b, pids[sl], tids[sl], starts[sl], ends[sl])
-                row += b.num_rows
+        if not t.num_rows:
+            continue
+        pids, tix = th.of_part(t, np)
+        tids = base[tix] + lane[row : row + t.num_rows]
+        starts = t.column("start_ns").to_numpy().astype(np.int64)
+        ends = np.maximum(starts, t.column("end_ns").to_numpy().astype(np.int64))
+        at = 0
+        for b in t.to_batches():  # one dictionary per batch
+            sl = slice(at, at + b.num_rows)
+            writer.part(b, pids[sl], tids[sl], starts[sl], ends[sl])
+            at += b.num_rows
+        row += t.num_rows
     out.write("\n]}\n")
     st.spans = row
     return st

@@ -1,8 +1,10 @@
 """``mlaunch trace summary`` on the span store: the same :class:`~mlaunch.trace.summary.Summary`
 as the streaming reader, computed by vectorised DuckDB aggregates over the Parquet parts, grouped
-on the stored names (memory bounded by DuckDB's limit, not by the trace). Percentiles are
-DuckDB's ``quantile_cont``, the same linear interpolation between closest ranks as
-:func:`mlaunch.trace.stats.percentile`.
+on the stored names (memory bounded by DuckDB's limit, not by the trace). Percentiles are those
+of :func:`mlaunch.trace.stats.percentile` to the last bit: DuckDB fetches the two closest ranks
+of each group (:func:`~mlaunch.trace.stats.closest_ranks`) and Python interpolates between them
+(DuckDB's own ``quantile_cont`` interpolates in another form, which can differ in the last bit:
+enough to print 173 ms where the JSON path prints 174).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 from orjson import loads
 
 from mlaunch.model.spans import ALIASES, STEP_SPAN, ResourceAttr
+from mlaunch.trace.stats import closest_ranks, interpolate
 from mlaunch.trace.store import Store
 from mlaunch.trace.summary import (
     _LAUNCHER,
@@ -27,7 +30,7 @@ _D = "greatest(end_ns - start_ns, 0)"
 
 
 #: Durations an exact-percentile pass may hold (8 bytes each: ~200 MB, under DuckDB's limit).
-#: DuckDB's quantile keeps every value of a group; past this, the names are taken in buckets
+#: Sorting a group's values keeps all of them; past this, the names are taken in buckets
 #: of at most this many spans, one scan each, so memory stays bounded at any trace size.
 QUANTILE_BUCKET = 25_000_000
 
@@ -59,19 +62,71 @@ def _in(names: list[str]) -> str:
     return ", ".join(_lit(n) for n in names)
 
 
+#: The percentiles the summary shows: p50, p95.
+_QS = (50.0, 95.0)
+#: Distinct group sizes one percentile query serves (4 positions each, all computed for every
+#: group of the query: more would multiply the work on the large groups).
+_SIZES_PER_QUERY = 8
+
+
+def _nearest_rank(con: Any) -> bool:
+    """Whether this DuckDB's ``quantile_disc(x, q)`` is the value at index ``ceil(n*q) - 1``
+    (recent DuckDB), else at ``floor((n-1)*q)``: which position picks a given index."""
+    return con.execute("SELECT quantile_disc(x, 0.55) FROM range(10) t(x)").fetchone()[0] == 5
+
+
+def _position(n: int, i: int, nearest_rank: bool) -> float:
+    """The ``quantile_disc`` position that picks index ``i`` of ``n`` sorted values: half a rank
+    from either edge, so rounding cannot move it to a neighbour."""
+    if nearest_rank:
+        return (i + 0.5) / n
+    return 1.0 if i >= n - 1 else (i + 0.5) / (n - 1)
+
+
+def _percentiles(con: Any, key_sql: str, where_of: Any,
+                 counts: dict[Any, int]) -> dict[Any, list[float]]:  # fmt: skip
+    """Per group (``key_sql``; ``counts``: each group's rows; ``where_of(keys)``: the filter
+    that selects those groups' rows) its p50 and p95 durations, as
+    :func:`~mlaunch.trace.stats.percentile` gives them: DuckDB's ``quantile_disc`` picks the two
+    closest ranks of each (exact values, no interpolation), interpolated here."""
+    if not counts:
+        return {}
+    nearest = _nearest_rank(con)
+    ranks = {k: [closest_ranks(n, q) for q in _QS] for k, n in counts.items()}
+    by_size: dict[int, list[Any]] = {}
+    for k, n in counts.items():
+        by_size.setdefault(n, []).append(k)
+    sizes = list(by_size)
+    out: dict[Any, list[float]] = {}
+    for a in range(0, len(sizes), _SIZES_PER_QUERY):
+        chunk = sizes[a : a + _SIZES_PER_QUERY]
+        pos = {(n, i): _position(n, i, nearest) for n in chunk
+               for lo, hi, _ in ranks[by_size[n][0]] for i in (lo, hi)}  # fmt: skip
+        qs = sorted(set(pos.values()))
+        col = {q: j for j, q in enumerate(qs)}
+        rows = con.execute(
+            f"SELECT {key_sql} AS k, quantile_disc({_D}, ?::DOUBLE[]) FROM spans"
+            f" {where_of([k for n in chunk for k in by_size[n]])} GROUP BY 1",
+            [qs],
+        ).fetchall()
+        for k, v in rows:
+            n = counts[k]
+            out[k] = [
+                interpolate(v[col[pos[(n, lo)]]], v[col[pos[(n, hi)]]], frac)
+                for lo, hi, frac in ranks[k]
+            ]
+    return out
+
+
 def _by_name(con: Any, spans: int) -> list[tuple[Any, ...]]:
-    """Per canonical name: (name, count, total, p50, p95, max, errors, truncated). Up to
-    QUANTILE_BUCKET spans, one scan; past it, one for the counts and one per bucket of names."""
-    one_scan = spans <= QUANTILE_BUCKET
-    quantiles = f"quantile_cont({_D}, [0.5, 0.95]), " if one_scan else ""
-    raw = con.execute(f"SELECT name, {quantiles}{_COUNTS} FROM spans GROUP BY name").fetchall()
+    """Per canonical name: (name, count, total, p50, p95, max, errors, truncated). One scan for
+    the counts, then up to QUANTILE_BUCKET spans one scan for the percentiles; past it, one
+    per bucket of names."""
+    raw = con.execute(f"SELECT name, {_COUNTS} FROM spans GROUP BY name").fetchall()
     merged: dict[str, list[Any]] = {}
     members: dict[str, list[str]] = {}
-    q: dict[str, list[float]] = {}
     for name, *row in raw:
         c = ALIASES.get(name, name)
-        if one_scan:  # by the canonical name (a name written both ways: its union, below)
-            q[c] = row.pop(0)
         members.setdefault(c, []).append(name)
         m = merged.get(c)
         if m is None:
@@ -82,26 +137,23 @@ def _by_name(con: Any, spans: int) -> list[tuple[Any, ...]]:
             m[2] = max(m[2], row[2])
             m[3] += row[3]
             m[4] += row[4]
-    if one_scan:  # a name written both ways (old and new traces in one run) needs its union
-        buckets = [[c for c, ms in members.items() if len(ms) > 1]]
-    else:
-        buckets = [[]]
-        held = 0
-        for c, m in sorted(merged.items(), key=lambda kv: kv[1][0]):
-            if held + m[0] > QUANTILE_BUCKET and buckets[-1]:
-                buckets.append([])
-                held = 0
-            buckets[-1].append(c)
-            held += m[0]
+    buckets: list[list[str]] = [[]]
+    held = 0
+    for c, m in sorted(merged.items(), key=lambda kv: kv[1][0]):
+        if held + m[0] > QUANTILE_BUCKET and buckets[-1]:
+            buckets.append([])
+            held = 0
+        buckets[-1].append(c)
+        held += m[0]
+    q: dict[str, list[float]] = {}
     for canon in buckets:
         names = [n for c in canon for n in members[c]]
         if names:
-            q.update(
-                con.execute(
-                    f"SELECT {_canon_sql(names)}, quantile_cont({_D}, [0.5, 0.95]) FROM spans"
-                    f" WHERE name IN ({_in(names)}) GROUP BY 1"
-                ).fetchall()
-            )
+            q.update(_percentiles(
+                con, _canon_sql(names),
+                lambda cs: f"WHERE name IN ({_in([n for c in cs for n in members[c]])})",
+                {c: merged[c][0] for c in canon},
+            ))  # fmt: skip
     return [(c, m[0], m[1], q[c][0], q[c][1], m[2], m[3], m[4]) for c, m in merged.items()]
 
 
@@ -116,14 +168,16 @@ def summarize_store(store: Store, *, straggler_threshold: float = 0.05) -> Summa
         if not by_name:
             raise no_spans_error(StoreReader(store))  # type: ignore[arg-type]
         step_names = [STEP_SPAN, *(legacy for legacy, c in ALIASES.items() if c == STEP_SPAN)]
-        steps = [
-            (r, n, q[0], q[1])
-            for r, n, q in con.execute(
-                f"SELECT rank, count(*), quantile_cont({_D}, [0.5, 0.95]) FROM spans"
-                " WHERE name IN (SELECT unnest(?::VARCHAR[])) GROUP BY rank ORDER BY rank",
-                [step_names],
+        where = f"WHERE name IN ({_in(step_names)})"
+        step_counts = dict(
+            con.execute(
+                f"SELECT rank, count(*) FROM spans {where} GROUP BY rank ORDER BY rank"
             ).fetchall()
-        ]
+        )
+        sq = _percentiles(
+            con, "rank", lambda rs: f"{where} AND rank IN ({', '.join(map(str, rs))})", step_counts
+        )
+        steps = [(r, n, sq[r][0], sq[r][1]) for r, n in step_counts.items()]
         # The first (in read order) non-launcher resource of each rank, as the streaming reader.
         res = con.execute(
             "SELECT rank, attributes FROM resources WHERE NOT launcher"

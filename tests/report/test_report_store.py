@@ -91,3 +91,22 @@ def test_a_window_too_large_is_refused_from_the_store_too(tmp_path: Path, monkey
         with pytest.raises(TraceInputError, match="more than 5 spans"):
             prepare(run, reader)
     shutil.rmtree(run)
+
+
+def test_the_report_cli_reads_a_store_whose_json_is_gone(tmp_path: Path) -> None:
+    """The JSON moved away (the store alone, as the other commands read it): the same page as
+    when the JSON was there; a run directory with neither is still refused."""
+    from support.trace_cli import invoke_trace
+
+    run = tmp_path / "run"
+    write_realistic_run(run, ranks=2, steps=6, pp=1)
+    r = invoke_trace("report", run, "-o", tmp_path / "with.html")
+    assert r.exit_code == 0, r.output
+    for p in (run / "telemetry").glob("*.jsonl"):
+        p.unlink()
+    r = invoke_trace("report", run, "-o", tmp_path / "without.html")
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "without.html").read_bytes() == (tmp_path / "with.html").read_bytes()
+    shutil.rmtree(run / "trace-store")
+    r = invoke_trace("report", run, "-o", tmp_path / "none.html")
+    assert r.exit_code == 2 and "no trace files found" in r.output

@@ -7,8 +7,8 @@ from typing import Any
 
 
 def assert_same(a: Any, b: Any, where: str = "") -> None:
-    """Equal, floats to the last bits (DuckDB's quantile_cont and stats.percentile compute the
-    interpolation position as (n-1)*0.95 and (n-1)*95/100, which can differ in the last bit)."""
+    """Equal, floats to the last bits (two paths may add the same floats in another order;
+    the store's percentiles are exact: tests/trace/test_trace_store.py pins them with ==)."""
     if isinstance(a, float) or isinstance(b, float):
         assert math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12), (where, a, b)
     elif isinstance(a, dict):

@@ -489,3 +489,36 @@ def test_the_run_end_writes_the_store_of_a_trace_from_64_mib(
     assert _store_due([small, big])
     monkeypatch.setenv("MLAUNCH_TEST_STORE_MIN_BYTES", "0")
     assert _store_due([small])
+
+
+def test_store_percentiles_are_the_json_paths_to_the_last_bit(tmp_path: Path) -> None:
+    """Durations of 151, 164.5 and 174.5 ms: p95 is 173.5 ms by stats.percentile, while DuckDB's
+    quantile_cont gives 173.49999999999997 (it interpolates as lo*(1-f) + hi*f), so the summary
+    printed 173 ms from the store and 174 ms from the JSON. Exact equality, per name (the
+    checkpoints) and per rank (the steps), in one scan and in buckets."""
+    from support.synthetic_traces import TraceBuilder
+
+    import mlaunch.trace.store_summary as ss
+    from mlaunch.model.spans import STEP_SPAN, SpanName
+
+    b = TraceBuilder(world_size=2)
+    for rank in (0, 1):
+        t = 0.0
+        for dur in (151.0, 164.5, 174.5):
+            b.span(rank, STEP_SPAN, t, t + dur, attrs={"megatron.iteration": int(t)})
+            t += dur + 1
+    for dur in (151.0, 164.5, 174.5):
+        b.span(0, SpanName.CHECKPOINT_SAVE, t, t + dur)
+        t += dur + 1
+    run = b.write_run_dir(tmp_path / "run")
+    expected = summarize(TraceReader.open(run)).to_json()
+    ckpt = next(s for s in expected["spans"] if s["name"] == SpanName.CHECKPOINT_SAVE)
+    assert ckpt["p95_ms"] == 173.5 and expected["step_skew"]["ranks"][1]["p95_ms"] == 173.5
+    for bucket in (ss.QUANTILE_BUCKET, 3):
+        ss_bucket = ss.QUANTILE_BUCKET
+        ss.QUANTILE_BUCKET = bucket
+        try:
+            got = ss.summarize_store(open_store(run)).to_json()
+        finally:
+            ss.QUANTILE_BUCKET = ss_bucket
+        assert got == expected

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.synthetic_traces import TraceBuilder, hand_example, write_realistic_run
@@ -22,6 +23,8 @@ from mlaunch.trace.store import StoreReader, build_store, open_store
 S = SpanName
 LONG_NS = 123_456_789_012_345_678
 DAY_MS = 30 * 3600 * 1000.0  # past 10^11 us (27.8 h) from the earliest span: the repr fallback
+#: Steps of a 3-rank run whose layout sort outgrows 24 MB of DuckDB memory (about 275,000 spans).
+SPILL_STEPS = 1500
 
 
 def _hostile() -> TraceBuilder:
@@ -115,3 +118,56 @@ def test_the_cli_exports_a_run_directory_from_its_store(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     assert (run / "trace-store" / "manifest.json").is_file()  # it read the store
     assert (tmp_path / "cli.json").read_bytes() == (tmp_path / "old.json").read_bytes()
+
+
+def test_exports_that_spill_are_the_json_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A multi-rank store of many parts, DuckDB held to 24 MB and one thread: the layout's sort
+    (each thread's spans by start) goes to disk, as at 10^8 spans, and the chrome export is still
+    the JSON path's bytes; the OTLP-JSON export (a record batch at a time, no DuckDB) holds the
+    same spans as the JSON's."""
+    from mlaunch.trace import store, store_chrome
+    from mlaunch.trace.chrome import LaneSweep
+    from mlaunch.trace.store import export_otlp_json
+
+    monkeypatch.setattr(store_chrome, "SORT_MEMORY", "24MB")
+    monkeypatch.setattr(store, "DUCKDB_THREADS", 1)
+    spilled: list[bool] = []
+
+    class Watched(LaneSweep):  # notes, as the sorted spans arrive, whether DuckDB wrote to disk
+        def feed(self, *cols: Any) -> list[int]:
+            spill = list(run.joinpath("trace-store").glob(".duckdb-spill-*/*"))
+            spilled.append(bool(spill))
+            return super().feed(*cols)
+
+    monkeypatch.setattr(store_chrome, "LaneSweep", Watched)
+    run = tmp_path / "run"
+    write_realistic_run(run, ranks=3, steps=SPILL_STEPS, pp=1, seed=7)
+    old, new = _both(run, tmp_path, segment_rows=40_000)
+    assert old == new
+    st = open_store(run)
+    assert st is not None and len(st.parts) > 3 and any(spilled)
+    assert not list(run.joinpath("trace-store").glob(".*"))  # no scratch left behind
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    assert export_otlp_json(TraceReader.open(run), a) == export_otlp_json(StoreReader(st), b)
+    json_spans, store_spans = _otlp_spans(a), _otlp_spans(b)  # batched differently
+    assert len(json_spans) == len(store_spans)
+    bad = [i for i, (x, y) in enumerate(zip(json_spans, store_spans, strict=True)) if x != y]
+    assert not bad, (len(bad), json_spans[bad[0]], store_spans[bad[0]])
+
+
+def _otlp_spans(path: Path) -> list[tuple[Any, Any]]:
+    """(resource, span) of every span of an OTLP-JSON file, in order: a resource as its attribute
+    map (the store keeps one row per distinct resource, in the order of its first line's
+    attributes), a root's empty parent id as none (the store keeps no parent for a root)."""
+    out = []
+    for line in path.read_text().splitlines():
+        for rs in json.loads(line)["resourceSpans"]:
+            res = {kv["key"]: kv["value"] for kv in rs["resource"]["attributes"]}
+            for ss in rs["scopeSpans"]:
+                for s in ss["spans"]:
+                    if s.get("parentSpanId") == "":
+                        del s["parentSpanId"]
+                    out.append((res, s))
+    return out
