@@ -19,6 +19,16 @@
 #error "mlaunch.telemetry._cspan needs a CPython with the GIL"
 #endif
 
+enum { UNSET, NS, OBJECT };
+typedef struct {
+    int kind;
+    long long ns;
+    PyObject *obj; /* kind OBJECT */
+} Times;
+
+enum { START, END };
+static const char *const time_names[2] = {"start", "end"};
+
 typedef struct {
     PyObject_HEAD
     PyObject *name;
@@ -27,9 +37,10 @@ typedef struct {
     PyObject *status;
     PyObject *parent;
     PyObject *span_id;
-    PyObject *start;
-    PyObject *end;
     PyObject *stack;
+    /* start and end: the clock's int64 ns as __enter__/__exit__ read it (an int object is made
+       only when something reads it, in practice a dump), or whatever Python stored there. */
+    Times times[2];
 } SpanBase;
 
 /* The _recorder module's globals (set by bind()), and the names the hot path reads there. */
@@ -70,15 +81,67 @@ static PyObject *s_stack, *s_trace_id, *s_record_error;
 static __thread PyObject *t_tls = NULL;
 static __thread PyObject *t_stack = NULL;
 
-/* time.time_ns()'s clock. */
-static PyObject *
+/* time.time_ns()'s clock; -1 with OSError set on failure. */
+static long long
 now_ns(void)
 {
     struct timespec ts;
     if (clock_gettime(CLOCK_REALTIME, &ts) != 0) {
-        return PyErr_SetFromErrno(PyExc_OSError);
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
     }
-    return PyLong_FromLongLong((long long)ts.tv_sec * 1000000000LL + (long long)ts.tv_nsec);
+    return (long long)ts.tv_sec * 1000000000LL + (long long)ts.tv_nsec;
+}
+
+static void
+set_ns(Times *t, long long ns)
+{
+    Py_CLEAR(t->obj);
+    t->kind = NS;
+    t->ns = ns;
+}
+
+/* The start/end attribute: as a slot would behave (AttributeError while unset). */
+static PyObject *
+time_get(SpanBase *self, void *which)
+{
+    Times *t = &self->times[(intptr_t)which];
+    switch (t->kind) {
+    case NS:
+        return PyLong_FromLongLong(t->ns);
+    case OBJECT:
+        return Py_NewRef(t->obj);
+    default:
+        PyErr_SetString(PyExc_AttributeError, time_names[(intptr_t)which]);
+        return NULL;
+    }
+}
+
+static int
+time_set(SpanBase *self, PyObject *value, void *which)
+{
+    Times *t = &self->times[(intptr_t)which];
+    if (value == NULL) { /* del */
+        if (t->kind == UNSET) {
+            PyErr_SetString(PyExc_AttributeError, time_names[(intptr_t)which]);
+            return -1;
+        }
+        Py_CLEAR(t->obj);
+        t->kind = UNSET;
+        return 0;
+    }
+    if (PyLong_CheckExact(value)) {
+        int overflow;
+        long long ns = PyLong_AsLongLongAndOverflow(value, &overflow);
+        if (!overflow && !(ns == -1 && PyErr_Occurred())) {
+            set_ns(t, ns);
+            return 0;
+        }
+        PyErr_Clear();
+    }
+    Py_XSETREF(t->obj, Py_NewRef(value)); /* any other object, kept as it is */
+    t->kind = OBJECT;
+    return 0;
 }
 
 /* A global of _recorder (borrowed; incref it before calling into Python), or NULL with
@@ -185,11 +248,11 @@ enter(SpanBase *self, int root)
     if (append(stack, (PyObject *)self) < 0) {
         return NULL;
     }
-    PyObject *start = now_ns();
-    if (start == NULL) {
+    long long start = now_ns();
+    if (start == -1) {
         return NULL;
     }
-    Py_XSETREF(self->start, start);
+    set_ns(&self->times[START], start);
     return Py_NewRef((PyObject *)self);
 }
 
@@ -231,23 +294,20 @@ span_exit(SpanBase *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *exc = args[1];
-    PyObject *end = now_ns();
-    if (end == NULL) {
+    long long end = now_ns();
+    if (end == -1) {
         return NULL;
     }
     PyObject *stack = self->stack;
     if (stack == NULL) {
-        Py_DECREF(end);
         PyErr_SetString(PyExc_AttributeError, "stack");
         return NULL;
     }
     if (stack == Py_None) { /* already ended by shutdown (truncated) */
-        Py_DECREF(end);
         Py_RETURN_NONE;
     }
     Py_INCREF(stack); /* held across calls back into Python, which may rebind self.stack */
-    Py_INCREF(end);
-    Py_XSETREF(self->end, end);
+    set_ns(&self->times[END], end);
     /* Pop first and look after: one call when spans end innermost first, as they do. */
     PyObject *top = pop_last(stack);
     if (top == NULL) {
@@ -274,8 +334,11 @@ span_exit(SpanBase *self, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(top);
     }
     if (exc != Py_None) {
-        PyObject *r =
-            PyObject_CallMethodObjArgs((PyObject *)self, s_record_error, exc, end, NULL);
+        PyObject *end_obj = PyLong_FromLongLong(end), *r = NULL;
+        if (end_obj != NULL) {
+            r = PyObject_CallMethodObjArgs((PyObject *)self, s_record_error, exc, end_obj, NULL);
+            Py_DECREF(end_obj);
+        }
         if (r == NULL) {
             goto fail;
         }
@@ -286,11 +349,9 @@ span_exit(SpanBase *self, PyObject *const *args, Py_ssize_t nargs)
         goto fail;
     }
     Py_DECREF(stack);
-    Py_DECREF(end);
     Py_RETURN_NONE; /* falsy: the exception, if any, propagates */
 fail:
     Py_DECREF(stack);
-    Py_DECREF(end);
     return NULL;
 }
 
@@ -303,9 +364,9 @@ span_traverse(SpanBase *self, visitproc visit, void *arg)
     Py_VISIT(self->status);
     Py_VISIT(self->parent);
     Py_VISIT(self->span_id);
-    Py_VISIT(self->start);
-    Py_VISIT(self->end);
     Py_VISIT(self->stack);
+    Py_VISIT(self->times[START].obj);
+    Py_VISIT(self->times[END].obj);
     return 0;
 }
 
@@ -318,9 +379,9 @@ span_clear(SpanBase *self)
     Py_CLEAR(self->status);
     Py_CLEAR(self->parent);
     Py_CLEAR(self->span_id);
-    Py_CLEAR(self->start);
-    Py_CLEAR(self->end);
     Py_CLEAR(self->stack);
+    Py_CLEAR(self->times[START].obj);
+    Py_CLEAR(self->times[END].obj);
     return 0;
 }
 
@@ -332,7 +393,7 @@ span_dealloc(SpanBase *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* The same names, in the same order, as _PySpanBase.__slots__ (a test compares them). */
+/* With span_times, the same names as _PySpanBase.__slots__ (a test compares them). */
 static PyMemberDef span_members[] = {
     {"name", T_OBJECT_EX, offsetof(SpanBase, name), 0, NULL},
     {"attributes", T_OBJECT_EX, offsetof(SpanBase, attributes), 0, NULL},
@@ -340,9 +401,13 @@ static PyMemberDef span_members[] = {
     {"status", T_OBJECT_EX, offsetof(SpanBase, status), 0, NULL},
     {"parent", T_OBJECT_EX, offsetof(SpanBase, parent), 0, NULL},
     {"_span_id", T_OBJECT_EX, offsetof(SpanBase, span_id), 0, NULL},
-    {"start", T_OBJECT_EX, offsetof(SpanBase, start), 0, NULL},
-    {"end", T_OBJECT_EX, offsetof(SpanBase, end), 0, NULL},
     {"stack", T_OBJECT_EX, offsetof(SpanBase, stack), 0, NULL},
+    {NULL},
+};
+
+static PyGetSetDef span_times[] = {
+    {"start", (getter)time_get, (setter)time_set, NULL, (void *)START},
+    {"end", (getter)time_get, (setter)time_set, NULL, (void *)END},
     {NULL},
 };
 
@@ -365,6 +430,7 @@ static PyTypeObject SpanBaseType = {
     .tp_traverse = (traverseproc)span_traverse,
     .tp_clear = (inquiry)span_clear,
     .tp_members = span_members,
+    .tp_getset = span_times,
     .tp_methods = span_methods,
 };
 

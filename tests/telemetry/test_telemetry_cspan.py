@@ -108,8 +108,22 @@ def test_c_span_is_in_use_where_built_and_has_the_python_definitions_slots():
 
     pure = os.environ.get(envcontract.PURE_PYTHON_SPANS) == "1"
     assert (_recorder.SPAN_BASE is _cspan.SpanBase) is not pure
-    members = [k for k, v in vars(_cspan.SpanBase).items() if type(v).__name__ == "member_descriptor"]
-    assert members == list(_recorder._PySpanBase.__slots__)
+    fields = {
+        k
+        for k, v in vars(_cspan.SpanBase).items()
+        if type(v).__name__ in ("member_descriptor", "getset_descriptor") and k[:2] != "__"
+    }
+    assert fields == set(_recorder._PySpanBase.__slots__)
+    # The times, kept as C ints, read and write as the slots do.
+    rec = _recorder.RecordedSpan()
+    with pytest.raises(AttributeError):
+        rec.end  # noqa: B018
+    assert getattr(rec, "end", 0) == 0
+    rec.end, rec.start = 2**70, None  # anything a slot takes
+    assert (rec.end, rec.start) == (2**70, None)
+    rec.start = 5
+    del rec.end
+    assert rec.start == 5 and not hasattr(rec, "end")
     assert isinstance(_recorder.RootRecordedSpan(), _recorder.RecordedSpan)
     assert not hasattr(_recorder.RecordedSpan(), "__dict__")  # slotted, as the fallback
 
