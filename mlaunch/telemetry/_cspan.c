@@ -240,7 +240,13 @@ enter(SpanBase *self, int root)
     }
     if (parent == NULL) {
         PyObject *state = global(G_STATE);
-        if (state == NULL || (parent = PyObject_GetAttr(state, s_trace_id)) == NULL) {
+        if (state == NULL) {
+            return NULL;
+        }
+        Py_INCREF(state);
+        parent = PyObject_GetAttr(state, s_trace_id);
+        Py_DECREF(state);
+        if (parent == NULL) {
             return NULL;
         }
     }
@@ -311,10 +317,10 @@ span_exit(SpanBase *self, PyObject *const *args, Py_ssize_t nargs)
     /* Pop first and look after: one call when spans end innermost first, as they do. */
     PyObject *top = pop_last(stack);
     if (top == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_IndexError)) { /* the stack was cleared under it */
+        if (!PyErr_ExceptionMatches(PyExc_IndexError)) {
             goto fail;
         }
-        PyErr_Clear();
+        PyErr_Clear(); /* the stack was cleared under it */
         top = Py_NewRef((PyObject *)self);
     }
     if (top != (PyObject *)self) { /* ended out of order (generators, threads) */

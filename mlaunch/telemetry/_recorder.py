@@ -6,7 +6,9 @@ Hot path
     times and one reference to what was open below it, and appends the object to the current
     iteration's list. Nothing is encoded, locked or counted per span, and no id is made: ids and
     parents are worked out when something reads them, in practice when a trigger writes the ring
-    out (:meth:`Recorder.dump`), which also encodes.
+    out (:meth:`Recorder.dump`), which also encodes. Its ``__enter__``/``__exit__`` are C methods
+    where the optional extension ``_cspan`` is built (``pip install`` compiles it where it can),
+    else the pure-Python ones of :class:`_PySpanBase`, which define what the C code does.
 
 Ring
     :meth:`Recorder.set_iteration` (called by ``telemetry.set_iteration``) seals the previous
