@@ -338,6 +338,9 @@ PAUSE_IN_SAVE = "MLAUNCH_TEST_PAUSE_IN_SAVE"
 #: Test-only: telemetry also writes every span it hands to the exporter to
 #: ``telemetry/tee-traces-rank{R}.jsonl``, so a test knows every span the run produced.
 TEE_SPANS = "MLAUNCH_TEST_TEE_SPANS"
+#: ``1``: the flight recorder's recorded spans use their pure-Python classes even where the C
+#: accelerator (``mlaunch.telemetry._cspan``) is built (the same behaviour, slower; tests run both).
+PURE_PYTHON_SPANS = "MLAUNCH_PURE_PYTHON_SPANS"
 #: The signals that stop training gracefully (``--preempt-signals`` wins), e.g. ``SIGTERM,SIGUSR1``.
 PREEMPT_SIGNALS = "MLAUNCH_PREEMPT_SIGNALS"
 

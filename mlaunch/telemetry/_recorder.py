@@ -6,7 +6,9 @@ Hot path
     times and one reference to what was open below it, and appends the object to the current
     iteration's list. Nothing is encoded, locked or counted per span, and no id is made: ids and
     parents are worked out when something reads them, in practice when a trigger writes the ring
-    out (:meth:`Recorder.dump`), which also encodes.
+    out (:meth:`Recorder.dump`), which also encodes. Its ``__enter__``/``__exit__`` are C methods
+    where the optional extension ``_cspan`` is built (``pip install`` compiles it where it can),
+    else the pure-Python ones of :class:`_PySpanBase`, which define what the C code does.
 
 Ring
     :meth:`Recorder.set_iteration` (called by ``telemetry.set_iteration``) seals the previous
@@ -45,6 +47,7 @@ from random import getrandbits
 from time import time_ns
 from typing import Any
 
+from mlaunch import envcontract
 from mlaunch.model.spans import RECORDER_TRIGGERS, Attr, ResourceAttr, train_block
 from mlaunch.telemetry import _spans
 from mlaunch.telemetry._spans import (
@@ -79,19 +82,10 @@ _ids = itertools.count((getrandbits(62) << 1) | 1)
 _STATE = _spans.STATE
 
 
-class RecordedSpan:
-    """A span of a recorded (not exported) group: kept in the recorder's current iteration.
-
-    Built by the span factories with no ``__init__`` (one Python frame less on the hot path),
-    which set only ``name`` and ``attributes``: what every recorded span has alike (no links,
-    kept whatever the sampler says, not a root) are class attributes, not per-span stores;
-    ``events``, ``status`` and ``end`` stay unset until used. Not a :class:`FineSpan` subclass,
-    so those names need no slot; it shares FineSpan's span API methods.
-
-    Ids are not made on the training thread: ``__enter__`` stores one reference, ``parent`` (the
-    span open below it, or the trace id when none is), and ``trace_id``, ``span_id`` and
-    ``parent_id`` are properties worked out when something reads them, which is almost always a
-    dump. A span id, once made, stays (a span written open by one dump keeps its id in the next)."""
+class _PySpanBase:
+    """A recorded span's fields and its training-thread path, in Python: the definition of what
+    the C accelerator's ``SpanBase`` (``_cspan.c``, the same slots and the same steps) does when
+    it is built; :class:`RecordedSpan` derives from whichever is in use (:data:`SPAN_BASE`)."""
 
     __slots__ = (
         "name",
@@ -109,22 +103,30 @@ class RecordedSpan:
         #: again; None once a shutdown's ``truncate`` has ended it.
         "stack",
     )
-    #: Dumps carry no links (never read a buffer a device copy may fill).
-    links = None
-    sampled = True
-    root = False
 
     # Every line of ``__enter__``/``__exit__`` is on the training thread's hot path (the goal:
     # <= 0.5 us per recorded span; each ``time_ns()`` alone is 60-85 ns here). The root case has
-    # its own ``__enter__`` (RootRecordedSpan), so this one reads no class attribute
-    # (``self.root``) per span.
-    def __enter__(self) -> RecordedSpan:
+    # its own ``_enter_root`` (RootRecordedSpan's ``__enter__``), so this one reads no class
+    # attribute (``self.root``) per span. Globals are read at each call (the C code reads the
+    # same names from this module's globals): a test or a shutdown may rebind them.
+    def __enter__(self) -> Any:
         try:
             stack = _tls.stack
         except AttributeError:
             stack = _new_stack()
         self.stack = stack
         self.parent = stack[-1] if stack else _STATE.trace_id
+        stack.append(self)
+        self.start = time_ns()
+        return self
+
+    def _enter_root(self) -> Any:
+        try:
+            stack = _tls.stack
+        except AttributeError:
+            stack = _new_stack()
+        self.stack = stack
+        self.parent = _STATE.trace_id
         stack.append(self)
         self.start = time_ns()
         return self
@@ -144,10 +146,52 @@ class RecordedSpan:
             stack.append(top)
             _pop(stack, self)
         if exc is not None:
-            self.record_exception(exc, timestamp=end)
-            self.status = (_ERROR, error_description(exc))
+            self._record_error(exc, end)
         _CURRENT.append(self)
         # None (falsy): the exception, if any, propagates.
+
+
+def _span_base() -> type:
+    """The C ``SpanBase`` when it is built and not turned off, else :class:`_PySpanBase`."""
+    if os.environ.get(envcontract.PURE_PYTHON_SPANS, "") == "1":
+        return _PySpanBase
+    try:
+        from mlaunch.telemetry import _cspan
+    except ImportError:  # not compiled here (no compiler or headers at install): same, slower
+        return _PySpanBase
+    _cspan.bind(globals())
+    return _cspan.SpanBase
+
+
+#: What :class:`RecordedSpan` derives from: ``_cspan.SpanBase`` or :class:`_PySpanBase`.
+SPAN_BASE = _span_base()
+
+
+class RecordedSpan(SPAN_BASE):  # type: ignore[misc,valid-type]
+    """A span of a recorded (not exported) group: kept in the recorder's current iteration.
+
+    Built by the span factories with no ``__init__`` (one Python frame less on the hot path),
+    which set only ``name`` and ``attributes``: what every recorded span has alike (no links,
+    kept whatever the sampler says, not a root) are class attributes, not per-span stores;
+    ``events``, ``status`` and ``end`` stay unset until used. Not a :class:`FineSpan` subclass,
+    so those names need no slot; it shares FineSpan's span API methods. Its fields and
+    ``__enter__``/``__exit__`` are :data:`SPAN_BASE`'s (in C where the accelerator is built).
+
+    Ids are not made on the training thread: ``__enter__`` stores one reference, ``parent`` (the
+    span open below it, or the trace id when none is), and ``trace_id``, ``span_id`` and
+    ``parent_id`` are properties worked out when something reads them, which is almost always a
+    dump. A span id, once made, stays (a span written open by one dump keeps its id in the next)."""
+
+    __slots__ = ()
+    #: Dumps carry no links (never read a buffer a device copy may fill).
+    links = None
+    sampled = True
+    root = False
+
+    def _record_error(self, exc: BaseException, end: int) -> None:
+        """``__exit__`` with an exception (the rare case; the C path calls back into this)."""
+        self.record_exception(exc, timestamp=end)
+        self.status = (_ERROR, error_description(exc))
 
     @property
     def span_id(self) -> int:
@@ -201,17 +245,7 @@ class RootRecordedSpan(RecordedSpan):
 
     __slots__ = ()
     root = True
-
-    def __enter__(self) -> RecordedSpan:
-        try:
-            stack = _tls.stack
-        except AttributeError:
-            stack = _new_stack()
-        self.stack = stack
-        self.parent = _STATE.trace_id
-        stack.append(self)
-        self.start = time_ns()
-        return self
+    __enter__ = SPAN_BASE._enter_root
 
 
 def _trace_and_parent(rec: RecordedSpan) -> tuple[int, int]:
