@@ -1143,12 +1143,16 @@ def export_otlp_json(reader: TraceReader | StoreReader, out_path: Path) -> int:
     from mlaunch.trace.summary import no_spans_error
 
     n = 0
-    cache: dict[int, list[dict[str, Any]]] = {}
+    # Each resource's encoding, by identity; the resource is kept with it, so that its id() is
+    # not reused by another resource the reader makes later (the cause of spans exported under
+    # the wrong rank's resource, now and then, when the cache kept only the encoding).
+    cache: dict[int, tuple[Any, list[dict[str, Any]]]] = {}
     with open_output(out_path) as f:
         for res, spans, _ in reader:
-            enc = cache.get(id(res))
-            if enc is None:
-                enc = cache[id(res)] = encode_attributes(res.attrs)
+            kept = cache.get(id(res))
+            if kept is None or kept[0] is not res:
+                kept = cache[id(res)] = (res, encode_attributes(res.attrs))
+            enc = kept[1]
             line = {"resourceSpans": [{"resource": {"attributes": enc},
                                        "scopeSpans": [{"scope": {"name": "mlaunch"},
                                                        "spans": spans}]}]}  # fmt: skip

@@ -522,3 +522,30 @@ def test_store_percentiles_are_the_json_paths_to_the_last_bit(tmp_path: Path) ->
         finally:
             ss.QUANTILE_BUCKET = ss_bucket
         assert got == expected
+
+
+def test_otlp_json_export_writes_each_batch_under_its_own_resource(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader makes a new resource object per batch and drops it, so a later one can get a
+    freed one's id(): the export then wrote that batch under the resource it had encoded before
+    (another rank's), when it cached encodings by id() alone. Here every id() is the same."""
+    import mlaunch.trace.store as store_module
+    from mlaunch.trace.reader import Resource
+    from mlaunch.trace.store import export_otlp_json
+
+    monkeypatch.setattr(store_module, "id", lambda obj: 0, raising=False)
+
+    class Reader:
+        def __iter__(self):
+            for rank in range(5):
+                span = {"traceId": "ab" * 16, "spanId": f"{rank + 1:016x}", "name": "s",
+                        "startTimeUnixNano": "1", "endTimeUnixNano": "2"}  # fmt: skip
+                yield Resource({"dl.rank": rank}, rank), [span], None
+
+    out = tmp_path / "out.jsonl"
+    assert export_otlp_json(Reader(), out) == 5
+    for rank, line in enumerate(out.read_text().splitlines()):
+        (rs,) = json.loads(line)["resourceSpans"]
+        attrs = {kv["key"]: kv["value"] for kv in rs["resource"]["attributes"]}
+        assert attrs["dl.rank"] == {"intValue": str(rank)}, (rank, attrs)
