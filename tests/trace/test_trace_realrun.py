@@ -170,8 +170,9 @@ def test_a_store_of_the_receivers_files_equals_the_store_of_the_workers_files(
         man = load_manifest(received)
         return man.spans if man is not None else 0
 
-    until("the receiver's append", lambda: stored() == first)
     assert rx._store is not None
+    # The append's process has written the manifest (last) and ended: the appender counted it.
+    until("the receiver's append", lambda: stored() == first and rx._store.appends == 1)
     rx._store.min_bytes = 1 << 62  # no more appends: the rest stays a JSON tail
     for line in lines[half:]:
         assert rx.ingest_traces(decode_traces_line(line))
