@@ -784,8 +784,12 @@ class _RunLock:
                 fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
             except OSError:
                 return None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH)
+            except OSError:  # a file system without flock (some NFS): read unlocked, as before
+                os.close(fd)
+                return None
             lock = cls._open[key] = cls(fd)
-            fcntl.flock(fd, fcntl.LOCK_SH)
         lock.users += 1
         return lock
 
@@ -793,11 +797,12 @@ class _RunLock:
     def exclusive(self) -> Iterator[None]:
         """Held exclusive inside, shared again after (a conversion: not atomic, so the caller
         looks at the store again once it has the lock)."""
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)  # the shared lock was granted: so is this one
         try:
             yield
         finally:
-            fcntl.flock(self.fd, fcntl.LOCK_SH)
+            with contextlib.suppress(OSError):
+                fcntl.flock(self.fd, fcntl.LOCK_SH)
 
     def release(self) -> None:
         self.users -= 1
