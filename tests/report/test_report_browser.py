@@ -72,7 +72,11 @@ def check_timeline(seen: Rendered, spans: list[dict[str, Any]], ranges: list[tup
     in_window = {s["spanId"] for s in window}
     links = [lk for s in window for lk in s.get("links", ()) if lk["spanId"] in in_window]
     arrows = [t for t in seen.figure("timeline") if t["type"] == "scatter"]
-    assert sum(t["lines"] for t in arrows) == len(links) > 0  # one drawn segment per link
+    # Both ends of every link's arrow are drawn (a marker each). The line paths are plotly's to
+    # count: it draws none for a segment under a pixel (a block's link to the start-up on its own
+    # lane, 0.25 ms long at about 5 ms a pixel, made this test fail now and then).
+    assert sum(t["points"] for t in arrows) == 2 * len(links) > 0
+    assert 0 < sum(t["lines"] for t in arrows) <= len(links)
     return window
 
 
