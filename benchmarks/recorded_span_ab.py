@@ -73,6 +73,24 @@ def worker(root: str) -> None:
         print(f"{ns:.2f}", flush=True)
 
 
+def base_copies(base: str, prefix: str) -> dict[str, Path]:
+    """``base``'s ``mlaunch`` extracted twice (``git archive``) into a temporary directory, the
+    second copy the A/A control, beside this tree: ``{"base": ..., "base2": ..., "new": ROOT}``.
+    The copies are sources only: a C extension of the base is not built there, so they run its
+    pure-Python fallback (compare against a base from before the extension, or build it there)."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    roots = {"base": tmp / "base", "base2": tmp / "base2", "new": ROOT}
+    for name in ("base", "base2"):
+        roots[name].mkdir()
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", base, "mlaunch"],
+            check=True,
+            capture_output=True,
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(roots[name])], input=archive, check=True)
+    return roots
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", default="HEAD", help="the git revision to compare against")
@@ -82,16 +100,7 @@ def main() -> None:
     if args.worker:
         worker(args.worker)
         return
-    tmp = Path(tempfile.mkdtemp(prefix="mlaunch-ab-"))
-    roots = {"base": tmp / "base", "base2": tmp / "base2", "new": ROOT}
-    for name in ("base", "base2"):
-        roots[name].mkdir()
-        archive = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", args.base, "mlaunch"],
-            check=True,
-            capture_output=True,
-        ).stdout
-        subprocess.run(["tar", "-x", "-C", str(roots[name])], input=archive, check=True)
+    roots = base_copies(args.base, "mlaunch-ab-")
     workers = {
         k: subprocess.Popen(
             [sys.executable, __file__, "--worker", str(r)],

@@ -26,6 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from recorded_span_ab import base_copies  # benchmarks/ is this script's path
+
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = {
     "disabled": ("with span(OFF, NAME): pass", False),
@@ -128,16 +130,7 @@ def main() -> None:
         return
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind not found: install it (apt-get install valgrind) and rerun")
-    tmp = Path(tempfile.mkdtemp(prefix="mlaunch-instr-"))
-    roots = {"base": tmp / "base", "base2": tmp / "base2", "new": ROOT}
-    for name in ("base", "base2"):
-        roots[name].mkdir()
-        archive = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", args.base, "mlaunch"],
-            check=True,
-            capture_output=True,
-        ).stdout
-        subprocess.run(["tar", "-x", "-C", str(roots[name])], input=archive, check=True)
+    roots = base_copies(args.base, "mlaunch-instr-")
     print(
         f"instructions per span (cachegrind), this tree vs {args.base} (base2: a second copy of "
         f"it, the A/A control); {args.spans} spans minus none"
@@ -153,7 +146,7 @@ def main() -> None:
             f"  {row:<{width}}  {per['base']:7.0f} {per['base2']:7.0f} {per['new']:7.0f}"
             f"   {per['base2'] - per['base']:+6.0f} {per['new'] - per['base']:+8.0f}"
         )
-    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(roots["base"].parent, ignore_errors=True)
 
 
 if __name__ == "__main__":
