@@ -48,7 +48,7 @@ def _records_from_steps(scan: Scan, res: dict[str, Any]) -> tuple[list[dict[str,
     # The step spans carry iteration, loss and grad norm; take the rank that owns the loss (the
     # last pipeline stage), step time from the span, tokens/s from the resource's batch.
     owner = max(
-        scan.steps, key=lambda r: (sum(s.loss is not None for s in scan.steps[r]), r),
+        scan.steps, key=lambda r: (scan.steps[r].losses(), r),
         default=None,
     )  # fmt: skip
     if owner is None or not scan.steps[owner]:
