@@ -110,3 +110,46 @@ def test_the_report_cli_reads_a_store_whose_json_is_gone(tmp_path: Path) -> None
     shutil.rmtree(run / "trace-store")
     r = invoke_trace("report", run, "-o", tmp_path / "none.html")
     assert r.exit_code == 2 and "no trace files found" in r.output
+
+
+def test_with_a_progress_file_pass_one_keeps_no_steps_and_places_the_same_window(
+    tmp_path: Path,
+) -> None:
+    """The curves come from progress.jsonl, so pass 1 keeps only each iteration's earliest start
+    and latest end (not ranks x iterations steps): the window, focus and timeline are those of
+    a scan that kept every step, on both paths, and nothing per step is held."""
+    import orjson
+
+    from mlaunch import envcontract
+    from mlaunch.trace.report.build import _scan
+    from mlaunch.trace.report.window_store import StoreScan
+
+    run = tmp_path / "run"
+    write_realistic_run(run, ranks=4, steps=20, seed=5)
+    without = prepare(run, TraceReader.open(run))
+    assert without.curve_source.startswith("megatron.train.iteration span attributes")
+    records = [{"iteration": i, "loss": 5.0 - i / 10, "lr": 1e-3} for i in range(1, 21)]
+    (run / envcontract.PROGRESS_FILE).write_bytes(
+        b"".join(orjson.dumps(r) + b"\n" for r in records)
+    )
+    store = open_store(run)
+    assert store is not None
+    every = _scan(TraceReader.open(run), True)
+    steps = [st for r in every.steps.values() for st in r]
+    ranges = [(1, 3), (9, 11), (18, 20)]
+    expected = [
+        (min(s.start for s in steps if a <= s.iteration <= b),
+         max(s.end for s in steps if a <= s.iteration <= b)) for a, b in ranges
+    ]  # fmt: skip
+    for keep in (True, False):
+        for scan in (_scan(TraceReader.open(run), keep), StoreScan(store, keep)):
+            held = sum(len(s) for s in scan.steps.values())
+            assert (held > 0) == keep
+            present = scan.iterations()
+            assert present == sorted({s.iteration for s in steps}) == list(range(1, 21))
+            assert [scan.steps_between(a, b) for a, b in ranges] == expected
+            assert scan.first_start(9) == min(s.start for s in steps if s.iteration == 9)
+    with_progress = prepare(run, StoreReader(store))
+    assert with_progress.curve_source == envcontract.PROGRESS_FILE
+    assert with_progress.timeline == without.timeline
+    assert (with_progress.ranges, with_progress.marks) == (without.ranges, without.marks)

@@ -10,7 +10,7 @@ from mlaunch import envcontract
 from mlaunch.outputs import open_output
 from mlaunch.trace.goodput import GoodputReport
 from mlaunch.trace.reader import ReadStats, TraceReader
-from mlaunch.trace.report.charts import curves, goodput_figure, skew_figure
+from mlaunch.trace.report.charts import curves, curves_need_steps, goodput_figure, skew_figure
 from mlaunch.trace.report.page import page
 from mlaunch.trace.report.rundir import default_output, read_progress, read_resolved, run_directory
 from mlaunch.trace.report.timeline import Timeline, build_timeline, mark_text
@@ -46,9 +46,9 @@ class ReportResult:
         return out
 
 
-def _scan(reader: TraceReader) -> Scan:
+def _scan(reader: TraceReader, keep_steps: bool) -> Scan:
     """Pass 1 over the trace; a span a consumer cannot use is reported at its line."""
-    scan = Scan()
+    scan = Scan(keep_steps)
     reader.feed(scan.add)
     if not scan.summary.durations:
         raise no_spans_error(reader)
@@ -138,14 +138,17 @@ def prepare(
     """The report's data: a store is read column-wise (:mod:`.window_store`), the JSON span by
     span."""
     read_stats = reader.stats
+    base_dir = run_directory(run_dir)
+    progress, bad_progress = read_progress(base_dir)
+    keep_steps = curves_need_steps(progress)
     if isinstance(reader, StoreReader):
         from mlaunch.trace.report.window_store import StoreScan, collect_window_store
 
-        store_scan = StoreScan(reader.store)
+        store_scan = StoreScan(reader.store, keep_steps)
         scan: Scan = store_scan
         summary = store_scan.result
     else:
-        scan = _scan(reader)
+        scan = _scan(reader, keep_steps)
         summary = scan.summary.finish(read_stats)
     gp = scan.goodput.finish()
 
@@ -162,8 +165,6 @@ def prepare(
     focus = scan.first_start(ranges[0][0]) if ranges else None
     timeline = build_timeline(window, segs, scan.run_start(), scan.resources, ranges, focus, marks)
 
-    base_dir = run_directory(run_dir)
-    progress, bad_progress = read_progress(base_dir)
     first_res = scan.resources[min(scan.resources)]
     curve_figs, curve_source = curves(progress, scan, first_res)
     notes = _notes(read_stats, bad_progress, timeline, ranges)

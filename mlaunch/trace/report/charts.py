@@ -75,11 +75,21 @@ def _column(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
+def _train_records(progress: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in progress if "eval_loss" not in r]
+
+
+def curves_need_steps(progress: list[dict[str, Any]]) -> bool:
+    """Whether :func:`curves` draws from the step spans (no training record in ``progress``):
+    only then does pass 1 keep every rank's steps (:attr:`Scan.keep_steps`)."""
+    return not _train_records(progress)
+
+
 def curves(
     progress: list[dict[str, Any]], scan: Scan, res: dict[str, Any]
 ) -> tuple[dict[str, dict[str, Any]], str]:
     """The training-curve figures (div id -> figure) and where their data came from."""
-    train = [r for r in progress if "eval_loss" not in r]
+    train = _train_records(progress)
     evals = [r for r in progress if "eval_loss" in r]
     source = envcontract.PROGRESS_FILE
     if not train:

@@ -211,17 +211,14 @@ class RankSteps:
         self.loss, self.grad_norm = array("d"), array("d")
         self._has = array("b")  # bit 0: a loss; bit 1: a grad norm (a NaN loss is a value)
 
-    def append(self, it: int, start: int, end: int, loss: float | None, gn: float | None) -> bool:
-        """Add a step; False (nothing added) for a number past 64 bits, which is no step."""
-        if not all(_I64[0] <= v <= _I64[1] for v in (it, start, end)):
-            return False
+    def append(self, it: int, start: int, end: int, loss: float | None, gn: float | None) -> None:
+        """Add a step (``it``, ``start`` and ``end`` within 64 bits)."""
         self.iteration.append(it)
         self.start.append(start)
         self.end.append(end)
         self.loss.append(0.0 if loss is None else loss)
         self.grad_norm.append(0.0 if gn is None else gn)
         self._has.append((loss is not None) | (gn is not None) << 1)
-        return True
 
     def __len__(self) -> int:
         return len(self.iteration)
@@ -243,9 +240,15 @@ class Scan:
     """Pass 1: the summary and goodput aggregates, plus every rank's step times (to place the
     window; 41 bytes a step) and the attributes used when ``progress.jsonl`` is missing."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_steps: bool = True) -> None:
         self.summary = SummaryAggregator()
         self.goodput = GoodputAggregator()
+        #: Each iteration's earliest step start and latest step end on any rank: what places the
+        #: window (a few tens of bytes an iteration, whatever the number of ranks).
+        self.by_iteration: dict[int, list[int]] = {}
+        #: Every rank's steps, kept only when the curves are drawn from them (no progress file):
+        #: they grow with ranks x iterations (10^8 steps for 1,024 ranks x 100,000 iterations).
+        self.keep_steps = keep_steps
         self.steps: dict[int, RankSteps] = {}
         self._captures: dict[str, _MarkAcc] = {}
         self._dumps: dict[tuple[str, int, Any], _MarkAcc] = {}  # (trigger, rank, dump)
@@ -269,6 +272,7 @@ class Scan:
         steps = self.steps.get(rank)
         if steps is None:
             steps = self.steps[rank] = RankSteps()
+        keep, by_it = self.keep_steps, self.by_iteration
         canon = ALIASES
         for s in spans:
             name = s["name"]
@@ -286,8 +290,18 @@ class Scan:
                 it = int(it)
             except (TypeError, ValueError):
                 continue
-            steps.append(it, s["startTimeUnixNano"], s["endTimeUnixNano"],
-                         _float(a.get(Attr.LOSS)), _float(a.get(Attr.GRAD_NORM)))  # fmt: skip
+            start, end = s["startTimeUnixNano"], s["endTimeUnixNano"]
+            if not all(_I64[0] <= v <= _I64[1] for v in (it, start, end)):
+                continue  # a number past 64 bits is no step (nor storable as one)
+            if keep:
+                steps.append(
+                    it, start, end, _float(a.get(Attr.LOSS)), _float(a.get(Attr.GRAD_NORM))
+                )
+            lohi = by_it.get(it)
+            if lohi is None:
+                by_it[it] = [start, end]
+            else:
+                lohi[0], lohi[1] = min(lohi[0], start), max(lohi[1], end)
 
     def _note_mark(
         self,
@@ -343,16 +357,17 @@ class Scan:
 
     def iterations(self) -> list[int]:
         """The distinct iterations of the step spans, sorted."""
-        return sorted({i for st in self.steps.values() for i in st.iteration})
+        return sorted(self.by_iteration)
 
     def first_start(self, iteration: int) -> int:
         """The earliest start of ``iteration``'s step on any rank."""
-        return min(
-            t
-            for st in self.steps.values()
-            for i, t in zip(st.iteration, st.start, strict=True)
-            if i == iteration
-        )
+        return self.by_iteration[iteration][0]
+
+    def steps_between(self, a: int, b: int) -> tuple[int, int]:
+        """The earliest start and latest end of the steps of iterations ``a``-``b`` (inclusive)
+        on any rank (at least one is present)."""
+        chosen = [lohi for it, lohi in self.by_iteration.items() if a <= it <= b]
+        return min(lo for lo, _ in chosen), max(hi for _, hi in chosen)
 
 
 class WSpan(NamedTuple):
@@ -389,11 +404,9 @@ def segments(
         return [(run_lo, run_hi)]
     segs: list[tuple[int, int]] = []
     for a, b in ranges:
-        chosen = [(t0, t1) for st in scan.steps.values()
-                  for i, t0, t1 in zip(st.iteration, st.start, st.end, strict=True)
-                  if a <= i <= b]  # fmt: skip
-        lo = run_lo if a == present[0] else min(t0 for t0, _ in chosen)
-        hi = run_hi if b == present[-1] else max(t1 for _, t1 in chosen)
+        lo, hi = scan.steps_between(a, b)
+        lo = run_lo if a == present[0] else lo
+        hi = run_hi if b == present[-1] else hi
         segs.append((lo, hi))
     segs.sort()
     merged: list[tuple[int, int]] = []

@@ -34,10 +34,10 @@ class StoreScan(Scan):
     """A :class:`Scan` of the store: ``goodput`` is the filled aggregator, ``summary`` is not
     used (the finished :class:`Summary` is :attr:`result`)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, keep_steps: bool = True) -> None:
         from mlaunch.trace.store_summary import summarize_store
 
-        super().__init__()
+        super().__init__(keep_steps)
         self.result: Summary = summarize_store(store)  # raises for a store without spans
         self.goodput = goodput_aggregate(store)
         reader = StoreReader(store)
