@@ -423,11 +423,16 @@ class _ColumnLines:
             # of ranks by process depends on it); its id only where it has spans.
             seen: dict[str | None, Resource] = {}
             res = []
-            for text in chunk.resources:
-                r = seen.get(text)
-                if r is None:
-                    r = seen[text] = reader.resource(None if text is None else _loads(text), tf)
-                res.append(r)
+            try:
+                for text in chunk.resources:
+                    r = seen.get(text)
+                    if r is None:
+                        r = seen[text] = reader.resource(None if text is None else _loads(text),
+                                                         tf)  # fmt: skip
+                    res.append(r)
+            except (AttributeError, TypeError, KeyError, ValueError):
+                chunk = None  # a rank that is no integer...: the reader names the line
+        if chunk is not None:
             rids = [self.resources.id_of(r) if n else -1 for r, n in zip(res, chunk.span_counts,
                                                                         strict=True)]  # fmt: skip
             nodes = [self.resources.rows["node"][i] if i >= 0 else None for i in rids]
