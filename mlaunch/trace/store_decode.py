@@ -24,7 +24,10 @@ the JSON-text columns as slices of the lines (the same rule: what they decode to
 spelling). It takes less than pyarrow does (the schema, strict JSON, no ``null``, no escape in a
 key, an id or a name...) and refuses the rest whole: the chunk then goes the pyarrow way above,
 then, if refused again, to the reader. :data:`~mlaunch.envcontract.PURE_PYTHON_STORE` turns it
-off (the tests compare both).
+off (the tests compare both). Measured (``benchmarks/trace_read.py``, first read: the build and
+the summary, whole processes): 0.6-1.0x the CPU of the bare orjson decode at 10^6 spans, 0.7x at
+10^7, against 1.65-2.15x with the pyarrow path alone; the C scan itself is about 0.2x of the
+decode, the Parquet write 0.1-0.2x, the interpreter and imports most of the rest.
 
 Standalone like the reader: pyarrow and numpy only (both come with the store).
 """
