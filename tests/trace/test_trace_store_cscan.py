@@ -356,3 +356,22 @@ def test_the_switch_and_a_missing_extension_fall_back_to_pyarrow(
     monkeypatch.setattr(store_decode, "_CSCAN", None)
     on = _store(run, "c", monkeypatch)
     assert on.pop("taken") > 0 and on == off
+
+
+@pytest.mark.parametrize("mode", ["c", "pyarrow"])
+def test_a_rank_that_is_no_integer_is_named_by_the_readers_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """Both column-wise paths take the resource's text as it is; the reader's rank rule then
+    fails on it, and the chunk goes to the reader, which names the line (no traceback)."""
+    if mode == "pyarrow":
+        monkeypatch.setenv(envcontract.PURE_PYTHON_STORE, "1")
+    run = tmp_path / "run"
+    (run / "telemetry").mkdir(parents=True)
+    path = run / "telemetry" / "traces-rank0.jsonl"
+    res = {**resource_attributes(0, world_size=1), "dl.rank": "zero"}
+    line = request_line(res, [_span("megatron.iteration", "01" * 8, 10, 20)])
+    path.write_text(line.replace('{"stringValue":"zero"}', '{"intValue":"zero"}') + "\n")
+    with pytest.raises(TraceInputError) as e:
+        build_store(run, TraceReader.open(run))
+    assert f"{path}:1: malformed OTLP/JSON structure (ValueError" in e.value.render()
