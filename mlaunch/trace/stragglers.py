@@ -154,7 +154,35 @@ class _Rank:
     seg_end: list[int] = field(default_factory=list)
     seg_phase: list[str] = field(default_factory=list)
     collective_ends: list[int] = field(default_factory=list)
+    recv_starts: list[int] = field(default_factory=list)  # the P2P receives, by start
+    recvs: list[_Span] = field(default_factory=list)
     _by_it: dict[str, dict[int, list[_Span]]] = field(default_factory=dict)
+    # What a window of the trace holds (mlaunch.trace.store_stragglers); None: the whole trace.
+    linked: bool | None = None
+    """Whether any receive of the rank, anywhere in the trace, carries a link (None: any here)."""
+    loaded: list[tuple[int, int]] | None = None
+    """Time intervals (ascending) whose every span of the rank is here."""
+    complete: frozenset[int] | None = None
+    """Iterations whose every span of the rank is here."""
+    paint: list[tuple[int, int, int]] | None = None
+    """The steps that overlap what is here (None: ``steps``, then every step of the rank)."""
+
+    def interval_at(self, t: int) -> tuple[int, int]:
+        """The loaded interval holding ``t``; :class:`Widen` when none does."""
+        for lo, hi in ((FIRST, LAST),) if self.loaded is None else self.loaded:
+            if lo <= t <= hi:
+                return lo, hi
+        raise Widen
+
+    def is_complete(self, it: int | None) -> bool:
+        return self.complete is None or it is None or it in self.complete
+
+    def in_iteration(self, name: str, it: int) -> list[_Span]:
+        """The spans called ``name`` of iteration ``it``, in order; :class:`Widen` when the
+        window does not hold all of that iteration."""
+        if not self.is_complete(it):
+            raise Widen
+        return self.by_iteration(name).get(it, [])
 
     def attr_int(self, key: str) -> int | None:
         v = self.attrs.get(key)
@@ -182,6 +210,8 @@ class _Rank:
         out: dict[str, int] = defaultdict(int)
         if b <= a:
             return out
+        if self.loaded is not None and self.interval_at(a)[1] < b:
+            raise Widen
         i = bisect_right(self.seg_end, a)
         covered = 0
         while i < len(self.seg_start) and self.seg_start[i] < b:
@@ -204,7 +234,19 @@ class _Rank:
         return out
 
 
-_KEEP = frozenset(PHASE_OF) | frozenset(ALIASES)
+#: The stored names the analysis reads: its own and older traces' names for them (an older
+#: name of a span it does not read, such as ``megatron.model_init``, is left out).
+KEEP = frozenset(n for n in {*PHASE_OF, *ALIASES} if ALIASES.get(n, n) in PHASE_OF)
+#: Receives: where a rank waits on a pipeline neighbour.
+_RECVS = frozenset({S.P2P_RECV_FORWARD, S.P2P_RECV_BACKWARD})
+
+
+#: The first and last instants (the bounds of a window that holds all time before or after).
+FIRST, LAST = -(1 << 63), (1 << 63) - 1
+
+
+class Widen(Exception):
+    """A window's analysis reached spans the window does not hold: it needs a wider one."""
 
 
 class StragglerAggregator:
@@ -219,7 +261,7 @@ class StragglerAggregator:
         r = self.ranks.get(res.rank)
         if r is None:
             r = self.ranks[res.rank] = _Rank(res.rank, res.attrs)
-        keep, canon = _KEEP, ALIASES
+        keep, canon = KEEP, ALIASES
         for s in spans:
             name = s["name"]
             if name not in keep:
@@ -248,10 +290,11 @@ class StragglerAggregator:
 def _index(r: _Rank) -> None:
     """Sort the rank's spans and paint its timeline: each instant belongs to the deepest phase
     span covering it."""
-    r.steps.sort()
+    if r.paint is None:
+        r.steps.sort()
     r.spans.sort(key=lambda s: (s.start, -s.end))
     events: list[tuple[int, int, str, int]] = []
-    for st, en, _ in r.steps:
+    for st, en, _ in r.steps if r.paint is None else r.paint:
         if en > st:
             events += [(st, 1, "other", 0), (en, -1, "other", 0)]
     for s in r.spans:
@@ -275,7 +318,12 @@ def _index(r: _Rank) -> None:
         if open_[key] <= 0:
             del open_[key]
         prev_t = t
-    r.collective_ends = sorted(s.end for s in r.spans if s.name == S.GRAD_SYNC_FINISH)
+    if r.paint is None:  # a window's come with it, from the whole trace
+        r.collective_ends = sorted(s.end for s in r.spans if s.name == S.GRAD_SYNC_FINISH)
+    r.recvs = [s for s in r.spans if s.name in _RECVS]
+    r.recv_starts = [s.start for s in r.recvs]
+    if r.linked is None:
+        r.linked = any(s.name == S.PP_RECV_FORWARD_LINKED and s.links for s in r.spans)
 
 
 @dataclass
@@ -289,7 +337,7 @@ class _Charge:
 
 @dataclass
 class _P2PWait:
-    """A receive that waited for a late sender (:func:`_p2p_waits` says how much counts)."""
+    """A receive that waited for a late sender (:func:`p2p_waits` says how much counts)."""
 
     waiter: int
     start: int
@@ -338,12 +386,32 @@ def _index_of(r: _Rank, span: _Span) -> tuple[int | None, int | None]:
     it = r.iteration_at(span.start)
     if it is None:
         return None, None
-    same = r.by_iteration(span.name).get(it, [])
+    same = r.in_iteration(span.name, it)
     return it, next((i for i, x in enumerate(same) if x is span), None)
 
 
-def _p2p_waits(ranks: dict[int, _Rank]) -> list[_P2PWait]:
-    """Every P2P receive that waited for its sender longer than its shortest wait there."""
+@dataclass(slots=True)
+class P2PPair:
+    """A receive joined to its send, before the floors say how much of its wait counts."""
+
+    recv: _Rank
+    rs: _Span
+    sender: _Rank
+    ss: _Span
+    slot: tuple[Any, ...]
+    """(receiver, restart, name, index in its iteration): where its floor is kept."""
+    wait: int
+    sslot: tuple[Any, ...]
+    """The sender's (rank, restart, name, index in its iteration)."""
+    into: int
+    """How far into its step the sender was when it started sending."""
+    iteration: int | None
+
+
+def p2p_pairs(ranks: dict[int, _Rank], missing: frozenset[str] = frozenset()) -> list[P2PPair]:
+    """Every P2P receive joined to its send. In a window, ``missing``: the linked sends that
+    are in no window (any other the window lacks is :class:`Widen`); receives of iterations the
+    window does not hold whole are left out (:func:`check_paired` guards their use)."""
     at: dict[tuple[int | None, int | None, int], _Rank] = {}
     for r in ranks.values():
         pp, dp = _stage(r)
@@ -357,13 +425,21 @@ def _p2p_waits(ranks: dict[int, _Rank]) -> list[_P2PWait]:
 
     def pairs(recv: _Rank) -> Iterable[tuple[_Span, _Rank, _Span]]:
         pp, dp = _stage(recv)
-        linked = [s for s in recv.spans if s.name == S.PP_RECV_FORWARD_LINKED and s.links]
-        recvs = [s for s in recv.spans if s.name == S.P2P_RECV_FORWARD]
-        if linked:  # the link names the sender's span: no guessing which send it was
+        if recv.linked:  # the link names the sender's span: no guessing which send it was
+            linked = [s for s in recv.spans if s.name == S.PP_RECV_FORWARD_LINKED and s.links]
+            recvs = [s for s in recv.spans if s.name == S.P2P_RECV_FORWARD]
             starts = [s.start for s in recvs]
             for lk in linked:
-                sender = send_ids.get(lk.links[0])
                 i = bisect_right(starts, lk.start) - 1
+                if recv.loaded is not None:
+                    lo = recv.interval_at(lk.start)[0]
+                    if (i < 0 or starts[i] < lo) and lo > FIRST:
+                        raise Widen  # its receive may be one the window lacks
+                    if i >= 0 and not _held(recv, recvs[i]):
+                        continue
+                sender = send_ids.get(lk.links[0])
+                if sender is None and recv.loaded is not None and lk.links[0] not in missing:
+                    raise Widen  # the send is in the trace, outside this window
                 if sender is not None and i >= 0:
                     yield recvs[i], sender[0], sender[1]
         elif pp is not None and dp is not None and (prev := at.get((pp - 1, dp, recv.restart))):
@@ -371,29 +447,67 @@ def _p2p_waits(ranks: dict[int, _Rank]) -> list[_P2PWait]:
         if pp is not None and dp is not None and (nxt := at.get((pp + 1, dp, recv.restart))):
             yield from _ordered(recv, nxt, S.P2P_RECV_BACKWARD, S.P2P_SEND_BACKWARD)
 
+    found = []
+    for recv in ranks.values():
+        for rs, sender, ss in pairs(recv):
+            it, k = _index_of(recv, rs)
+            _, ks = _index_of(sender, ss)
+            found.append(P2PPair(
+                recv, rs, sender, ss, (recv.rank, recv.restart, rs.name, k),
+                max(0, min(ss.start, rs.end) - rs.start), (sender.rank, sender.restart, ss.name, ks),
+                ss.start - (sender.step_start(ss.start) or ss.start), it,
+            ))  # fmt: skip
+    return found
+
+
+def _held(r: _Rank, rs: _Span) -> bool:
+    """Whether the window holds all of the receive's iteration (always, for the whole trace)."""
+    return r.is_complete(r.iteration_at(rs.start))
+
+
+def check_paired(r: _Rank, rs: _Span) -> None:
+    """:class:`Widen` unless the window decides the receive's pairing as the whole trace does:
+    its iteration is whole here, and (a linked receive) every link that can name it is here."""
+    if r.loaded is None:
+        return
+    it = r.iteration_at(rs.start)
+    if it is None and rs.name == S.P2P_RECV_FORWARD and not r.linked:
+        return  # paired by order within an iteration: this one never is
+    if it is None and rs.name == S.P2P_RECV_BACKWARD:
+        return
+    if not r.is_complete(it):
+        raise Widen
+    if rs.name == S.P2P_RECV_FORWARD and r.linked:
+        # A link names it when it is the last receive before the link: every link up to the
+        # next receive's start must be here.
+        lo, hi = r.interval_at(rs.start)
+        i = bisect_right(r.recv_starts, rs.start)
+        nxt = next((s for s in r.recvs[i:] if s.name == rs.name), None)
+        if hi < LAST and (nxt is None or nxt.start > hi):
+            raise Widen
+
+
+def fold_floors(found: Iterable[P2PPair], floor: dict[tuple[Any, ...], int]) -> None:
+    """The floors of :func:`p2p_waits`: a receiver's shortest wait at each exchange, in any
+    iteration, and the sender's earliest start into its step there."""
+    for p in found:
+        floor[p.slot] = min(p.wait, floor.get(p.slot, p.wait))
+        floor[p.sslot] = min(p.into, floor.get(p.sslot, p.into))
+
+
+def p2p_waits(found: Iterable[P2PPair], floor: dict[tuple[Any, ...], int]) -> list[_P2PWait]:
+    """Every P2P receive that waited for its sender longer than its shortest wait there."""
     # A receive's wait counts only as far as it is (a) longer than the shortest wait that
     # receiver had at the same exchange in any iteration (the pipeline's fill and drain bubbles
     # are the schedule's, not a straggler's) and (b) due to the sender being later into its
     # step than it ever was at that exchange (a receiver that waited less because it was late
     # itself makes no one else look slow).
-    found = []
-    floor: dict[tuple[Any, ...], int] = {}
-    for recv in ranks.values():
-        for rs, sender, ss in pairs(recv):
-            it, k = _index_of(recv, rs)
-            slot = (recv.rank, recv.restart, rs.name, k)
-            wait = max(0, min(ss.start, rs.end) - rs.start)
-            floor[slot] = min(wait, floor.get(slot, wait))
-            _, ks = _index_of(sender, ss)
-            sslot = (sender.rank, sender.restart, ss.name, ks)
-            into = ss.start - (sender.step_start(ss.start) or ss.start)
-            floor[sslot] = min(into, floor.get(sslot, into))
-            found.append((recv, rs, sender, ss, slot, wait, sslot, into, it))
     out: list[_P2PWait] = []
-    for recv, rs, sender, ss, slot, wait, sslot, into, it in found:
-        excess = min(wait - floor[slot], into - floor[sslot])
+    for p in found:
+        excess = min(p.wait - floor[p.slot], p.into - floor[p.sslot])
         if excess > 0:
-            out.append(_P2PWait(recv.rank, rs.start, rs.end, sender, ss, excess, it))
+            out.append(_P2PWait(p.recv.rank, p.rs.start, p.rs.end, p.sender, p.ss, excess,
+                                p.iteration))  # fmt: skip
     return out
 
 
@@ -401,10 +515,11 @@ def _ordered(
     recv: _Rank, peer: _Rank, recv_name: str, send_name: str
 ) -> Iterable[tuple[_Span, _Rank, _Span]]:
     """The k-th receive of an iteration with the peer's k-th send of the same iteration."""
-    mine, theirs = recv.by_iteration(recv_name), peer.by_iteration(send_name)
+    mine = recv.by_iteration(recv_name)
     for it, rs in mine.items():
-        for a, b in zip(rs, theirs.get(it, ()), strict=False):
-            yield a, peer, b
+        if recv.is_complete(it):
+            for a, b in zip(rs, peer.in_iteration(send_name, it), strict=False):
+                yield a, peer, b
 
 
 def _p2p_peers(
@@ -419,7 +534,7 @@ def _p2p_peers(
     for r in ranks.values():
         if r is sender or _stage(r)[0] != pp or r.restart != sender.restart:
             continue
-        theirs = r.by_iteration(send.name).get(it, [])
+        theirs = r.in_iteration(send.name, it)
         if k < len(theirs):
             out.append((r, _window(r, theirs[k].start)))
     return out
@@ -452,6 +567,12 @@ class _Blame:
         phase = _excess_phase(late, window, peers)
         if phase == "communication" and hops < _MAX_HOPS:
             a, b = window
+            if late.loaded is not None:  # the window must hold every receive in it
+                for rs in late.recvs[bisect_right(late.recv_starts, a - 1) :]:
+                    if rs.start > b:
+                        break
+                    if rs.end <= b:
+                        check_paired(late, rs)
             up = [w for w in self.waits_of.get(late.rank, ()) if a <= w.start and w.end <= b]
             owed = sum(w.excess for w in up)
             if owed > 0:
@@ -467,28 +588,64 @@ class _Blame:
         return [_Charge(late.rank, phase, iteration, amount, waits)]
 
 
-def analyse(ranks: dict[int, _Rank]) -> Stragglers:
-    """Charge every wait at every synchronising point to the rank that arrived last."""
-    for r in ranks.values():
-        _index(r)
-    p2p = _p2p_waits(ranks)
+class Tally:
+    """The charges so far, summed per (rank, phase) and iteration: what the rows are made of."""
+
+    def __init__(self) -> None:
+        self.totals: dict[tuple[int, str], int] = defaultdict(int)
+        self.per_it: dict[tuple[int, str], dict[int, int]] = defaultdict(lambda: defaultdict(int))
+        self.waits: dict[tuple[int, str], int] = defaultdict(int)
+        self.points = {"collectives": 0, "p2p_waits": 0}
+
+    def add(self, charges: Iterable[_Charge]) -> None:
+        for c in charges:
+            if c.wait_ns <= 0:
+                continue
+            key = (c.culprit, c.phase)
+            self.totals[key] += c.wait_ns
+            self.waits[key] += c.waits
+            if c.iteration is not None:
+                self.per_it[key][c.iteration] += c.wait_ns
+
+    def merge(self, other: Tally) -> None:
+        for key, ns in other.totals.items():
+            self.totals[key] += ns
+            self.waits[key] += other.waits[key]
+        for key, its in other.per_it.items():
+            mine = self.per_it[key]
+            for it, ns in its.items():
+                mine[it] += ns
+        for k, n in other.points.items():
+            self.points[k] += n
+
+
+def charge_waits(
+    ranks: dict[int, _Rank],
+    p2p: list[_P2PWait],
+    owns: Any = None,
+) -> Tally:
+    """Charge every wait at every synchronising point to the rank that arrived last. ``owns``
+    (a window's): which P2P waits and which iterations' collectives are this window's to charge
+    (the rest of ``p2p`` are there for the blame of those); None: all."""
     blame = _Blame(ranks, p2p)
-    charges: list[_Charge] = []
-    for w in p2p:
-        charges += blame.charge(
+    tally = Tally()
+    mine = p2p if owns is None else [w for w in p2p if owns.p2p(w)]
+    for w in mine:
+        tally.add(blame.charge(
             w.sender, _window(w.sender, w.send.start), _p2p_peers(ranks, w.sender, w.send),
             w.excess, w.iteration, 1,
-        )  # fmt: skip
+        ))  # fmt: skip
+    tally.points["p2p_waits"] = len(mine)
 
     groups: dict[tuple[int, int, int | None], list[tuple[_Rank, _Span]]] = defaultdict(list)
     for r in ranks.values():
         for it, spans in r.by_iteration(S.GRAD_SYNC_FINISH).items():
-            groups[(r.restart, it, _stage(r)[0])].append((r, spans[-1]))
-    collectives = 0
+            if owns is None or owns.iteration(it):
+                groups[(r.restart, it, _stage(r)[0])].append((r, spans[-1]))
     for (_, it, _), members in sorted(groups.items(), key=lambda kv: kv[0]):
         if len(members) < 2:
             continue
-        collectives += 1
+        tally.points["collectives"] += 1
         # The all-reduce completes for everyone when the last rank joins: the shortest wait is
         # the last arrival's (its own transfer only), every other rank waited the difference.
         last, last_span = min(members, key=lambda m: (m[1].end - m[1].start, m[0].rank))
@@ -498,27 +655,29 @@ def analyse(ranks: dict[int, _Rank]) -> Stragglers:
             continue
         peers = [(r, _window(r, s.start)) for r, s in members if r is not last]
         n_waits = sum(1 for r, s in members if r is not last and s.end - s.start > shortest)
-        charges += blame.charge(last, _window(last, last_span.start), peers, total, it, n_waits)
+        tally.add(blame.charge(last, _window(last, last_span.start), peers, total, it, n_waits))
+    return tally
 
-    return _rows(ranks, charges, {"collectives": collectives, "p2p_waits": len(p2p)})
+
+def analyse(ranks: dict[int, _Rank]) -> Stragglers:
+    """Charge every wait at every synchronising point to the rank that arrived last, the whole
+    trace in memory (``mlaunch.trace.store_stragglers`` runs the same rules a window at a
+    time)."""
+    for r in ranks.values():
+        _index(r)
+    found = p2p_pairs(ranks)
+    floor: dict[tuple[Any, ...], int] = {}
+    fold_floors(found, floor)
+    tally = charge_waits(ranks, p2p_waits(found, floor))
+    return rows(ranks, tally)
 
 
-def _rows(ranks: dict[int, _Rank], charges: list[_Charge], points: dict[str, int]) -> Stragglers:
-    totals: dict[tuple[int, str], int] = defaultdict(int)
-    per_it: dict[tuple[int, str], dict[int, int]] = defaultdict(lambda: defaultdict(int))
-    waits: dict[tuple[int, str], int] = defaultdict(int)
-    for c in charges:
-        if c.wait_ns <= 0:
-            continue
-        key = (c.culprit, c.phase)
-        totals[key] += c.wait_ns
-        waits[key] += c.waits
-        if c.iteration is not None:
-            per_it[key][c.iteration] += c.wait_ns
-    rows = []
-    for key, tot in totals.items():
+def rows(ranks: dict[int, _Rank], tally: Tally) -> Stragglers:
+    """The table: one row per (rank, phase) charged, most first."""
+    out = []
+    for key, tot in tally.totals.items():
         rank, phase = key
-        its = sorted(per_it[key].items(), key=lambda kv: (-kv[1], kv[0]))
+        its = sorted(tally.per_it[key].items(), key=lambda kv: (-kv[1], kv[0]))
         chosen, acc = [], 0
         for it, ns in its:
             if acc >= ITERATIONS_COVER * tot:
@@ -526,17 +685,18 @@ def _rows(ranks: dict[int, _Rank], charges: list[_Charge], points: dict[str, int
             chosen.append(it)
             acc += ns
         host = ranks[rank].attrs.get(ResourceAttr.HOST_NAME) if rank in ranks else None
-        rows.append(
-            Culprit(rank, phase, tot / _NS, sorted(chosen), waits[key],
+        out.append(
+            Culprit(rank, phase, tot / _NS, sorted(chosen), tally.waits[key],
                     None if host is None else str(host))
         )  # fmt: skip
-    rows.sort(key=lambda c: (-c.caused_wait_s, c.rank, PHASES.index(c.phase)))
+    out.sort(key=lambda c: (-c.caused_wait_s, c.rank, PHASES.index(c.phase)))
     world = next(
         (w for r in ranks.values() if (w := r.attr_int(ResourceAttr.WORLD_SIZE)) is not None), None
     )
     seen = sorted(ranks)
     missing = sorted(set(range(world)) - set(seen)) if world else []
-    return Stragglers(rows, seen, world, points, sum(totals.values()) / _NS, missing)
+    return Stragglers(out, seen, world, dict(tally.points), sum(tally.totals.values()) / _NS,
+                      missing)  # fmt: skip
 
 
 def single_rank_error(rank: int, world: int | None) -> TraceInputError:
@@ -562,22 +722,45 @@ def no_sync_error() -> TraceInputError:
 
 
 def find_stragglers(reader: Any) -> Stragglers:
-    """Read every batch of ``reader`` (a JSON or store reader) and charge the waits. Raises
-    ``TraceInputError`` for a trace without spans, with one exporting rank, or without
-    synchronising spans."""
-    from mlaunch.trace.summary import no_spans_error
+    """Charge the waits of ``reader``'s trace: a store's a window of iterations at a time
+    (:mod:`mlaunch.trace.store_stragglers`, memory bounded whatever the trace's size), a JSON
+    reader's (a single file, ``--skip-invalid``) all in memory. Raises ``TraceInputError`` for
+    a trace without spans, with one exporting rank, or without synchronising spans."""
+    from mlaunch.trace.store import StoreReader
 
+    if isinstance(reader, StoreReader):
+        from mlaunch.trace.store_stragglers import stragglers_store
+
+        return stragglers_store(reader.store)
+    return stragglers_in_memory(reader)
+
+
+def stragglers_in_memory(reader: Any) -> Stragglers:
+    """:func:`find_stragglers` with every phase span of every rank in memory: read every batch
+    of ``reader`` (a JSON or store reader), then :func:`analyse`."""
     agg = StragglerAggregator()
     reader.feed(agg.add)
     ranks = {k: v for k, v in agg.ranks.items() if v.spans or v.steps}
-    if not ranks:
-        raise no_spans_error(reader)
     world = next(
         (w for r in ranks.values() if (w := r.attr_int(ResourceAttr.WORLD_SIZE)) is not None), None
     )
-    if len(ranks) == 1 and (world is None or world > 1):
-        raise single_rank_error(next(iter(ranks)), world)
-    sync = {S.GRAD_SYNC_FINISH, S.P2P_RECV_FORWARD, S.P2P_RECV_BACKWARD}
-    if world != 1 and not any(s.name in sync for r in ranks.values() for s in r.spans):
-        raise no_sync_error()
+    synced = any(s.name in SYNC_NAMES for r in ranks.values() for s in r.spans)
+    check_input(reader, list(ranks), world, synced)
     return analyse(ranks)
+
+
+#: The spans that make a synchronising point.
+SYNC_NAMES = frozenset({S.GRAD_SYNC_FINISH, S.P2P_RECV_FORWARD, S.P2P_RECV_BACKWARD})
+
+
+def check_input(reader: Any, ranks: list[int], world: int | None, synced: bool) -> None:
+    """Raise ``TraceInputError`` for a trace without spans (no ``ranks``), with one exporting
+    rank, or without synchronising spans (not ``synced``)."""
+    from mlaunch.trace.summary import no_spans_error
+
+    if not ranks:
+        raise no_spans_error(reader)
+    if len(ranks) == 1 and (world is None or world > 1):
+        raise single_rank_error(ranks[0], world)
+    if world != 1 and not synced:
+        raise no_sync_error()

@@ -192,3 +192,105 @@ def test_a_trace_without_synchronising_spans_exits_2_naming_the_group(tmp_path: 
         b.span(r, S.ITERATION, 0, 100, attrs={Attr.ITERATION: 1})
     run_dir = b.write_run_dir(tmp_path / "run")
     user_error(invoke_trace("stragglers", run_dir), "no synchronising spans", "per_step")
+
+
+# --------------------------------------------------------------------------------------------
+# The store's windowed analysis against the whole trace in memory
+
+
+def restarted(tmp_path: Path) -> Path:
+    """Iterations 1-4, then a restart that resumes at 3 (its iterations 3 and 4 repeat, later),
+    rank 3 late in forward in the first run's 2 and the second's 5."""
+    first = TraceBuilder(world_size=WORLD)
+    layout(first)
+    t = 0.0
+    for it in range(1, 5):
+        t = iteration(first, it, t, {3: ("forward", 150.0)} if it == 2 else None)
+    run_dir = first.write_run_dir(tmp_path / "run")
+    again = TraceBuilder(world_size=WORLD)
+    again._next_id = 10_000  # its span ids differ from the first run's
+    layout(again)
+    for r in range(WORLD):
+        again.resources[r][ResourceAttr.RESTART_COUNT] = 1
+    t += 5000.0
+    for it in range(3, 7):
+        t = iteration(again, it, t, {0: ("data", 80.0)} if it == 5 else None)
+    for r in range(WORLD):
+        with open(run_dir / "telemetry" / f"traces-rank{r}.jsonl", "a") as f:
+            f.writelines(line + "\n" for line in again.lines(r))
+    return run_dir
+
+
+def recorded(tmp_path: Path) -> Path:
+    """A slow rank, and every rank's flight-recorder dump repeating its last iterations' spans
+    (the ids the exporter wrote: each span counts once)."""
+    b = TraceBuilder(world_size=WORLD)
+    layout(b)
+    t = 0.0
+    for it in range(1, 7):
+        t = iteration(b, it, t, {1: ("forward", 250.0)} if it in (2, 5) else None)
+    run_dir = b.write_run_dir(tmp_path / "run")
+    for r in range(WORLD):
+        lines = b.lines(r)
+        (run_dir / "telemetry" / f"recorder-rank{r}.jsonl").write_text(
+            "".join(line + "\n" for line in lines[len(lines) // 2 :])
+        )
+    return run_dir
+
+
+def realistic(tmp_path: Path) -> Path:
+    from support.synthetic_traces import write_realistic_run
+
+    run_dir = tmp_path / "run"
+    write_realistic_run(run_dir, ranks=4, steps=30, pp=2, ckpt_every=10, eval_every=7)
+    # Rank 0 waits 0.2 ms longer in every third all-reduce: its stage peer, rank 2, is late.
+    path = run_dir / "telemetry" / "traces-rank0.jsonl"
+    lines, n = [], 0
+    for line in path.read_text().splitlines():
+        req = json.loads(line)
+        for s in req["resourceSpans"][0]["scopeSpans"][0]["spans"]:
+            if s["name"] == S.GRAD_SYNC_FINISH:
+                n += 1
+                if n % 3 == 0:
+                    s["startTimeUnixNano"] = str(int(s["startTimeUnixNano"]) - 200_000)
+        lines.append(json.dumps(req) + "\n")
+    path.write_text("".join(lines))
+    return run_dir
+
+
+TRACES = {
+    "pipeline_links_slow_rank": lambda p: run(p, {2: {1: ("forward", 400.0)},
+                                                 3: {2: ("data", 100.0)}, 4: {1: ("forward", 400.0)}}),
+    "late_stage_passes_the_charge": lambda p: run(p, {3: {2: ("data", 300.0)}}, n=6),
+    "balanced": lambda p: run(p, {}),
+    "restarted": restarted,
+    "recorder_dumps": recorded,
+    "realistic_ordered_p2p_ckpt_eval": realistic,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("trace", sorted(TRACES))
+@pytest.mark.parametrize("window_spans", [1, 40, 1_000_000])
+def test_the_windowed_analysis_equals_the_whole_trace_in_memory(
+    tmp_path: Path, trace: str, window_spans: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One iteration a window (every halo and widening rule at work), a few, and one window.
+    from mlaunch.trace import store_stragglers
+    from mlaunch.trace.store import StoreReader
+    from mlaunch.trace.stragglers import stragglers_in_memory
+
+    run_dir = TRACES[trace](tmp_path)
+    store = open_store(run_dir)
+    assert store is not None
+    whole = stragglers_in_memory(StoreReader(store)).to_json()
+    assert whole == stragglers_in_memory(TraceReader.open(run_dir)).to_json()
+    monkeypatch.setattr(store_stragglers, "WINDOW_SPANS", window_spans)
+    monkeypatch.setattr(store_stragglers, "CACHE_ROWS", 50)
+    loads: list[bool] = []
+    real_load = store_stragglers._load
+    monkeypatch.setattr(store_stragglers, "_load", lambda *a: loads.append(a[-1]) or real_load(*a))
+    assert find_stragglers(StoreReader(store)).to_json() == whole
+    if window_spans == 1:  # a window per iteration, none of them the whole trace
+        assert len(loads) > 4 and not any(loads)
+    if trace != "balanced":
+        assert whole["ranks"], whole

@@ -1,0 +1,464 @@
+"""``mlaunch trace stragglers`` on the span store, a window of iterations at a time: memory
+bounded by the window, not by the trace (:mod:`mlaunch.trace.stragglers` holds the rules; the
+JSON reader's path runs them on the whole trace at once, and both give the same answer).
+
+What the analysis needs of the whole trace is small and read first, by DuckDB: each rank's
+resource, steps (16 bytes and an iteration each) and collective ends, which ranks' receives
+carry links, and which linked sends are in no rank's spans. The rest is read a window at a
+time: the iterations are cut into windows of about :data:`WINDOW_SPANS` phase spans, and for
+each rank a window holds every span that overlaps the time from the end of its collective
+before the window's first step to the start of its step after the last (Arrow filters the
+rank's parts on the part's time range, then on each row's), plus a halo of iterations either
+side. The synchronising points of the window's own iterations (and the receives in the time
+they own) are charged there, with the same functions as the whole trace; whatever they look up
+that the window does not hold whole (a time before its start, an iteration of the halo's edge,
+a linked send elsewhere) raises :class:`~mlaunch.trace.stragglers.Widen`, and the window is
+done again with a halo four times wider (the last resort, the whole trace: the answer never
+depends on the window).
+
+Two passes: the P2P floors (a receiver's shortest wait at each exchange in any iteration, the
+sender's earliest start into its step there) are global, so a first pass over the windows
+reads only the P2P spans for them; the second charges the waits.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orjson import loads
+
+from mlaunch.model.spans import ALIASES, Attr, ResourceAttr, SpanName
+from mlaunch.telemetry.otlp_json import attributes
+from mlaunch.trace.store import Store, StoreReader
+from mlaunch.trace.store_goodput import _in, _names
+from mlaunch.trace.stragglers import (
+    FIRST,
+    KEEP,
+    LAST,
+    SYNC_NAMES,
+    P2PPair,
+    Stragglers,
+    Tally,
+    Widen,
+    _index,
+    _P2PWait,
+    _Rank,
+    _Span,
+    charge_waits,
+    check_input,
+    check_paired,
+    fold_floors,
+    p2p_pairs,
+    p2p_waits,
+    rows,
+)
+
+S = SpanName
+#: Phase spans (all ranks together) a window holds, about: with their painted timelines, some
+#: 100 MB of Python objects.
+WINDOW_SPANS = 200_000
+#: Rows of filtered parts kept between windows (a part is read once while the windows cross
+#: it, not once per window).
+CACHE_ROWS = 1_000_000
+_STEP_NAMES = _names({S.ITERATION})
+_FINISH_NAMES = _names({S.GRAD_SYNC_FINISH})
+#: What the first pass reads: the receives, sends and links of the pipeline.
+_P2P = frozenset({S.P2P_RECV_FORWARD, S.P2P_SEND_FORWARD, S.P2P_RECV_BACKWARD,
+                  S.P2P_SEND_BACKWARD, S.PP_RECV_FORWARD_LINKED})  # fmt: skip
+#: What a window reads: every span the analysis keeps but the steps (from the first queries).
+_SPAN_NAMES = sorted(n for n in KEEP if ALIASES.get(n, n) != S.ITERATION)
+_P2P_NAMES = sorted(n for n in _SPAN_NAMES if ALIASES.get(n, n) in _P2P)
+_COLUMNS = ["name", "start_ns", "end_ns", "span_id", "links", "resource_id"]
+
+
+@dataclass
+class _RankMeta:
+    """What the windows need of one rank's whole trace."""
+
+    attrs: dict[str, Any]
+    steps: list[tuple[int, int, int]] = field(default_factory=list)
+    collective_ends: list[int] = field(default_factory=list)
+    linked: bool = False
+    parts: list[tuple[Path, int, int]] = field(default_factory=list)  # (part, min start, max end)
+    # derived by _derive():
+    starts: list[int] = field(default_factory=list)
+    max_end: list[int] = field(default_factory=list)  # running max of the steps' ends
+    of_iteration: dict[int, list[int]] = field(default_factory=dict)  # iteration -> step indices
+
+
+@dataclass
+class _Trace:
+    ranks: dict[int, _RankMeta]
+    iterations: list[int]  # every step's iteration, distinct, ascending
+    missing: frozenset[str]  # link targets that are no send of any rank
+    workers: Any  # numpy array of the worker resources' ids
+    spans: int  # phase spans (not steps) of the workers
+    p2p: int
+
+
+def stragglers_store(store: Store) -> Stragglers:
+    """The straggler analysis of the store's spans. Raises ``TraceInputError`` as
+    :func:`~mlaunch.trace.stragglers.find_stragglers` does."""
+    trace, world, synced = _read_trace(store)
+    check_input(StoreReader(store), list(trace.ranks), world, synced)
+    parts = _Parts(store, trace)
+    per_window = max(1, WINDOW_SPANS * len(trace.iterations) // max(1, trace.spans))
+    its = trace.iterations
+    windows = [its[i : i + per_window] for i in range(0, len(its), per_window)] or [[]]
+    floor: dict[tuple[Any, ...], int] = {}
+    if trace.p2p:
+        for w in range(len(windows)):
+            _run(trace, parts, windows, w, lambda ranks, own: _floors(ranks, own, trace, floor),
+                 _P2P_NAMES)  # fmt: skip
+    tally = Tally()
+    for w in range(len(windows)):
+        tally.merge(_run(trace, parts, windows, w,
+                         lambda ranks, own: _charges(ranks, own, trace, floor), _SPAN_NAMES))  # fmt: skip
+    rank_objs = {r: _Rank(r, m.attrs) for r, m in trace.ranks.items()}
+    return rows(rank_objs, tally)
+
+
+def _floors(ranks: dict[int, _Rank], own: _Owns, trace: _Trace,
+            floor: dict[tuple[Any, ...], int]) -> None:  # fmt: skip
+    found = _owned_pairs(ranks, own, trace)
+    fold_floors(found, floor)  # after every check passed: a widened window folds once
+
+
+def _charges(ranks: dict[int, _Rank], own: _Owns, trace: _Trace,
+             floor: dict[tuple[Any, ...], int]) -> Tally:  # fmt: skip
+    found = p2p_pairs(ranks, trace.missing)
+    _check_owned(ranks, own)
+    return charge_waits(ranks, p2p_waits(found, floor), own)
+
+
+def _owned_pairs(ranks: dict[int, _Rank], own: _Owns, trace: _Trace) -> list[P2PPair]:
+    found = p2p_pairs(ranks, trace.missing)
+    _check_owned(ranks, own)
+    return [p for p in found if own.receive(p.recv.rank, p.rs.start, p.iteration)]
+
+
+def _check_owned(ranks: dict[int, _Rank], own: _Owns) -> None:
+    """Every receive this window owns must be paired here as in the whole trace."""
+    for r in ranks.values():
+        for rs in r.recvs:
+            if own.receive(r.rank, rs.start, r.iteration_at(rs.start)):
+                check_paired(r, rs)
+
+
+class _Owns:
+    """Which synchronising points a window charges: the collectives of its iterations, the
+    receives of its iterations and those between a step of its own and the next step."""
+
+    def __init__(self, trace: _Trace, mine: list[int], first: bool) -> None:
+        self.trace, self.mine, self.first = trace, frozenset(mine), first
+
+    def iteration(self, it: int) -> bool:
+        return it in self.mine
+
+    def receive(self, rank: int, start: int, it: int | None) -> bool:
+        """Whether the receive of ``rank`` at ``start`` (in iteration ``it``) is this window's:
+        one outside every step goes with the step before it (the first step, before any)."""
+        if it is not None:
+            return it in self.mine
+        m = self.trace.ranks[rank]
+        if not m.steps:
+            return self.first
+        j = bisect_right(m.starts, start) - 1
+        return m.steps[max(j, 0)][2] in self.mine
+
+    def p2p(self, w: _P2PWait) -> bool:
+        return self.receive(w.waiter, w.start, w.iteration)
+
+
+def _run(trace: _Trace, parts: _Parts, windows: list[list[int]], w: int, work: Any,
+         names: list[str]) -> Any:  # fmt: skip
+    """``work(ranks, owns)`` on window ``w``, its halo widened until the window holds all it
+    looks up."""
+    its = trace.iterations
+    lo = sum(len(x) for x in windows[:w])
+    hi = lo + len(windows[w])
+    own = _Owns(trace, windows[w], w == 0)
+    halo = 1
+    while True:
+        whole = lo - halo <= 0 and hi + halo >= len(its)
+        held = its[max(0, lo - halo) : hi + halo]
+        ranks = _load(trace, parts, frozenset(held), w == 0, names, whole)
+        try:
+            return work(ranks, own)
+        except Widen:
+            if whole:
+                raise RuntimeError("stragglers: the whole trace raised Widen") from None
+            halo *= 4
+
+
+def _load(trace: _Trace, parts: _Parts, held: frozenset[int], first: bool, names: list[str],
+          whole: bool) -> dict[int, _Rank]:  # fmt: skip
+    """Each rank's spans of the iterations ``held`` (and the time between them)."""
+    out: dict[int, _Rank] = {}
+    for rank, m in trace.ranks.items():
+        iv = _intervals(m, held, first)
+        r = _Rank(rank, m.attrs)
+        r.steps, r.collective_ends, r.linked = m.steps, m.collective_ends, m.linked
+        if not whole:
+            r.loaded, r.complete = iv, held
+        r.paint = _overlapping_steps(m, iv) if names is _SPAN_NAMES else []
+        r.spans = parts.spans(rank, m, iv, names)
+        _index(r)
+        out[rank] = r
+    return out
+
+
+def _intervals(m: _RankMeta, held: frozenset[int], first: bool) -> list[tuple[int, int]]:
+    """The time whose spans a window holds for this rank, merged: each held step from the end
+    of the collective before it (or the previous step's end, whichever is earlier) to the next
+    step's start; before the first step and after the last, everything."""
+    if not m.steps:
+        return [(FIRST, LAST)] if first else []
+    n = len(m.steps)
+    raw = []
+    for it in held:
+        for j in m.of_iteration.get(it, ()):
+            st, en, _ = m.steps[j]
+            if j == 0:
+                lo = FIRST
+            else:
+                lo = min(st, m.steps[j - 1][1])
+                i = bisect_right(m.collective_ends, st) - 1
+                if i >= 0:
+                    lo = min(lo, m.collective_ends[i])
+            hi = LAST if j == n - 1 else max(en, m.steps[j + 1][0])
+            raw.append((lo, hi))
+    raw.sort()
+    out: list[tuple[int, int]] = []
+    for lo, hi in raw:
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _overlapping_steps(m: _RankMeta, iv: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """The steps that overlap the intervals (the timeline is painted only there)."""
+    from bisect import bisect_left
+
+    out: list[tuple[int, int, int]] = []
+    for lo, hi in iv:
+        a = bisect_left(m.max_end, lo)  # every step before ends before lo
+        b = bisect_right(m.starts, hi)
+        out += (s for s in m.steps[a:b] if s[1] >= lo)
+    return out
+
+
+class _Parts:
+    """A rank's parts, filtered to the phase spans of worker resources, read on demand and
+    kept (up to :data:`CACHE_ROWS`) while the windows cross them."""
+
+    def __init__(self, store: Store, trace: _Trace) -> None:
+        self.trace = trace
+        self.cache: OrderedDict[tuple[Path, bool], Any] = OrderedDict()
+        self.held = 0
+
+    def _table(self, part: Path, names: list[str]) -> Any:
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        key = (part, names is _P2P_NAMES)
+        t = self.cache.get(key)
+        if t is not None:
+            self.cache.move_to_end(key)
+            return t
+        t = pq.ParquetFile(part, read_dictionary=["name"]).read(columns=_COLUMNS)
+        name = t.column("name").combine_chunks()
+        wanted = np.isin(np.array(name.dictionary.to_pylist(), object), names)
+        keep = wanted[name.indices.to_numpy(zero_copy_only=False)] & np.isin(
+            t.column("resource_id").to_numpy(), self.trace.workers
+        )
+        t = t.filter(pa.array(keep)).drop_columns(["resource_id"]).combine_chunks()
+        self.cache[key] = t
+        self.held += t.num_rows
+        while self.held > CACHE_ROWS and len(self.cache) > 1:
+            _, old = self.cache.popitem(last=False)
+            self.held -= old.num_rows
+        return t
+
+    def spans(self, rank: int, m: _RankMeta, iv: list[tuple[int, int]],
+              names: list[str]) -> list[_Span]:  # fmt: skip
+        """The rank's spans that overlap ``iv`` (ends included), in read order, each span id
+        once (its first row: a recorder dump may repeat what the exporter wrote)."""
+        import numpy as np
+
+        out: list[_Span] = []
+        seen: set[str] = set()
+        canon = ALIASES
+        for part, lo, hi in m.parts:
+            if not any(a <= hi and lo <= b for a, b in iv):
+                continue
+            t = self._table(part, names)
+            if not t.num_rows:
+                continue
+            st = t.column("start_ns").to_numpy()
+            en = t.column("end_ns").to_numpy()
+            mask = np.zeros(len(st), bool)
+            for a, b in iv:
+                mask |= (st <= b) & (en >= a)
+            idx = np.flatnonzero(mask)
+            if not len(idx):
+                continue
+            sel = t.take(idx)
+            col = sel.column("name").combine_chunks()
+            dict_names = [canon.get(n, n) for n in col.dictionary.to_pylist()]
+            codes = col.indices.to_numpy(zero_copy_only=False).tolist()
+            st_l = st[idx].tolist()
+            en_l = en[idx].tolist()
+            sid_l = sel.column("span_id").to_pylist()
+            links = sel.column("links")
+            for k, code in enumerate(codes):
+                sid = sid_l[k]
+                if sid:
+                    if sid in seen:
+                        continue
+                    seen.add(sid)
+                name = dict_names[code]
+                lk: tuple[str, ...] = ()
+                if name == S.PP_RECV_FORWARD_LINKED and (text := links[k].as_py()) is not None:
+                    lk = tuple(x.get("spanId") for x in loads(text) or () if x.get("spanId"))
+                out.append(_Span(name, st_l[k], en_l[k],
+                                 sid if name == S.P2P_SEND_FORWARD else None, lk))  # fmt: skip
+        return out
+
+
+def _read_trace(store: Store) -> tuple[_Trace, int | None, bool]:
+    """The small whole-trace part (module docstring), the world size and whether any
+    synchronising span is there."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    con = store.connect()
+    try:
+        res = con.execute(
+            "SELECT resource_id, rank, launcher, attributes FROM resources ORDER BY resource_id"
+        ).fetchall()
+        workers = [rid for rid, _, launcher, _ in res if not launcher]
+        attrs_of = {rid: a for rid, _, launcher, a in res if not launcher}
+        where = f"resource_id IN ({', '.join(map(str, workers)) or 'NULL'})"
+        sync = _in(_names(SYNC_NAMES))
+        per_rank = con.execute(
+            f"SELECT rank, min(resource_id), count(*) FILTER (WHERE name IN ({_in(_SPAN_NAMES)})),"
+            f" count(*) FILTER (WHERE name IN ({sync})),"
+            f" count(*) FILTER (WHERE name IN ({_in(_P2P_NAMES)}))"
+            f" FROM spans WHERE {where} GROUP BY rank ORDER BY 2"
+        ).fetchall()
+        metas: dict[int, _RankMeta] = {}
+        seen: dict[int, set[str]] = {}
+        for rank, rid, _, _, _ in per_rank:
+            metas[rank] = _RankMeta(loads(attrs_of[rid]))
+            seen[rank] = set()
+        step_names = frozenset(_STEP_NAMES)
+        cur = con.execute(
+            "SELECT rank, name, start_ns, end_ns, span_id,"
+            f" CASE WHEN name IN ({_in(_STEP_NAMES)}) THEN attributes END FROM spans"
+            f" WHERE {where} AND name IN ({_in(_STEP_NAMES + _FINISH_NAMES)})"
+        )
+        reader = StoreReader(store)
+        while batch := cur.fetchmany(65_536):
+            for rank, name, start, end, sid, attrs in batch:
+                if sid:
+                    if sid in seen[rank]:
+                        continue
+                    seen[rank].add(sid)
+                m = metas[rank]
+                if name in step_names:
+                    it = attributes(loads(attrs) if attrs else None).get(Attr.ITERATION)
+                    if it is not None:
+                        try:
+                            m.steps.append((start, end, int(it)))
+                        except (TypeError, ValueError) as e:
+                            raise reader.error_here(
+                                f"malformed span ({type(e).__name__}: {e})"
+                            ) from None
+                else:
+                    m.collective_ends.append(end)
+        del seen
+        linked = con.execute(
+            "WITH t AS (SELECT rank, list_filter(json_extract_string(links, '$[*].spanId'),"
+            f" {_lambda(con)} x IS NOT NULL AND x <> '')[1] AS id FROM spans"
+            f" WHERE {where} AND name IN ({_in(_names({S.PP_RECV_FORWARD_LINKED}))})"
+            " AND links IS NOT NULL)"
+            " SELECT rank, id, id IN (SELECT span_id FROM spans"
+            f"  WHERE {where} AND name IN ({_in(_names({S.P2P_SEND_FORWARD}))}))"
+            " FROM t WHERE id IS NOT NULL GROUP BY ALL"
+        ).fetchall()
+    finally:
+        con.close()
+    missing = set()
+    for rank, target, found in linked:
+        if rank in metas:
+            metas[rank].linked = True
+        if not found:
+            missing.add(target)
+    # The ranks with a span the analysis reads (as the in-memory path keeps them).
+    ranks = {rank: metas[rank] for rank, _, spans, _, _ in per_rank if spans or metas[rank].steps}
+    for part in store.parts:
+        rank = int(part.parent.name.split("=", 1)[1])
+        if rank not in ranks:
+            continue
+        md = pq.ParquetFile(part).metadata
+        lo, hi = LAST, FIRST
+        cols = {md.schema.column(i).name: i for i in range(md.num_columns)}
+        for g in range(md.num_row_groups):
+            rg = md.row_group(g)
+            a, b = rg.column(cols["start_ns"]).statistics, rg.column(cols["end_ns"]).statistics
+            if a is None or b is None or not a.has_min_max or not b.has_min_max:
+                lo, hi = FIRST, LAST
+                break
+            lo, hi = min(lo, a.min), max(hi, b.max)
+        ranks[rank].parts.append((part, lo, hi))
+    for m in ranks.values():
+        _derive(m)
+    world = next(
+        (
+            w
+            for m in ranks.values()
+            if (w := _int(m.attrs.get(ResourceAttr.WORLD_SIZE))) is not None
+        ),
+        None,
+    )
+    synced = any(row[3] for row in per_rank if row[0] in ranks)
+    its = sorted({it for m in ranks.values() for _, _, it in m.steps})
+    trace = _Trace(
+        ranks, its, frozenset(missing), np.array(workers, np.int32),
+        sum(row[2] for row in per_rank if row[0] in ranks),
+        sum(row[4] for row in per_rank if row[0] in ranks),
+    )  # fmt: skip
+    return trace, world, synced
+
+
+def _lambda(con: Any) -> str:
+    """The head of a one-argument lambda in this DuckDB's syntax (``lambda x:`` since 1.3,
+    where 2.0 refuses the older ``x ->``)."""
+    version = con.execute("SELECT version()").fetchone()[0].lstrip("v").split(".")
+    return "lambda x:" if tuple(int(v) for v in version[:2]) >= (1, 3) else "x ->"
+
+
+def _derive(m: _RankMeta) -> None:
+    m.steps.sort()
+    m.collective_ends.sort()
+    m.starts = [s[0] for s in m.steps]
+    hi = FIRST
+    for j, (_, en, it) in enumerate(m.steps):
+        hi = max(hi, en)
+        m.max_end.append(hi)
+        m.of_iteration.setdefault(it, []).append(j)
+
+
+def _int(v: Any) -> int | None:
+    try:
+        return None if v is None else int(v)
+    except (TypeError, ValueError):
+        return None
