@@ -289,13 +289,17 @@ class _Parts:
 
     def spans(self, rank: int, m: _RankMeta, iv: list[tuple[int, int]],
               names: list[str]) -> list[_Span]:  # fmt: skip
-        """The rank's spans that overlap ``iv`` (ends included), in read order, each span id
-        once (its first row: a recorder dump may repeat what the exporter wrote)."""
+        """The rank's spans that overlap ``iv`` (ends included), each span id once (its first
+        row in read order: a recorder dump may repeat what the exporter wrote), sorted as
+        :func:`~mlaunch.trace.stragglers._index` sorts them (by start, longest first, then in
+        read order)."""
         import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
 
-        out: list[_Span] = []
-        seen: set[str] = set()
-        canon = ALIASES
+        code_of: dict[str, int] = {}
+        canon: list[str] = []
+        codes, starts, ends, ids, links = [], [], [], [], []
         for part, lo, hi in m.parts:
             if not any(a <= hi and lo <= b for a, b in iv):
                 continue
@@ -310,26 +314,55 @@ class _Parts:
             idx = np.flatnonzero(mask)
             if not len(idx):
                 continue
-            sel = t.take(idx)
-            col = sel.column("name").combine_chunks()
-            dict_names = [canon.get(n, n) for n in col.dictionary.to_pylist()]
-            codes = col.indices.to_numpy(zero_copy_only=False).tolist()
-            st_l = st[idx].tolist()
-            en_l = en[idx].tolist()
-            sid_l = sel.column("span_id").to_pylist()
-            links = sel.column("links")
-            for k, code in enumerate(codes):
-                sid = sid_l[k]
-                if sid:
-                    if sid in seen:
-                        continue
-                    seen.add(sid)
-                name = dict_names[code]
-                lk: tuple[str, ...] = ()
-                if name == S.PP_RECV_FORWARD_LINKED and (text := links[k].as_py()) is not None:
-                    lk = tuple(x.get("spanId") for x in loads(text) or () if x.get("spanId"))
-                out.append(_Span(name, st_l[k], en_l[k],
-                                 sid if name == S.P2P_SEND_FORWARD else None, lk))  # fmt: skip
+            col = t.column("name").chunk(0)
+            remap = np.array(
+                [code_of.setdefault(ALIASES.get(n, n), len(code_of))
+                 for n in col.dictionary.to_pylist()], np.int64,
+            )  # fmt: skip
+            codes.append(remap[col.indices.to_numpy(zero_copy_only=False)[idx]])
+            starts.append(st[idx])
+            ends.append(en[idx])
+            sel = pa.array(idx)
+            ids.append(t.column("span_id").chunk(0).take(sel))
+            links.append(t.column("links").chunk(0).take(sel))
+        if not codes:
+            return []
+        canon = list(code_of)
+        code = np.concatenate(codes)
+        st, en = np.concatenate(starts), np.concatenate(ends)
+        sid = pa.concat_arrays(ids)
+        lk = pa.concat_arrays(links)
+        named = pc.fill_null(pc.not_equal(sid, ""), False)
+        if pc.count_distinct(sid.filter(named)).as_py() < pc.sum(named).as_py():
+            first = np.ones(len(code), bool)  # a span id seen before: only its first row
+            seen: set[str] = set()
+            for k, x in enumerate(sid.to_pylist()):
+                if x:
+                    if x in seen:
+                        first[k] = False
+                    seen.add(x)
+            keep = np.flatnonzero(first)
+            code, st, en = code[keep], st[keep], en[keep]
+            sid, lk = sid.take(pa.array(keep)), lk.take(pa.array(keep))
+        order = np.lexsort((-en, st))  # stable: ties stay in read order
+        code_l = code[order].tolist()
+        out = [
+            _Span(canon[c], a, b, None)
+            for c, a, b in zip(code_l, st[order].tolist(), en[order].tolist(), strict=True)
+        ]
+        for c, special in ((code_of.get(S.P2P_SEND_FORWARD), "id"),
+                           (code_of.get(S.PP_RECV_FORWARD_LINKED), "links")):  # fmt: skip
+            if c is None:
+                continue
+            at = np.flatnonzero(code[order] == c)
+            vals = (sid if special == "id" else lk).take(pa.array(order[at])).to_pylist()
+            for k, v in zip(at.tolist(), vals, strict=True):
+                if special == "id":
+                    out[k].span_id = v
+                elif v is not None:
+                    out[k].links = tuple(
+                        x.get("spanId") for x in loads(v) or () if x.get("spanId")
+                    )
         return out
 
 

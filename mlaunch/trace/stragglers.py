@@ -290,9 +290,9 @@ class StragglerAggregator:
 def _index(r: _Rank) -> None:
     """Sort the rank's spans and paint its timeline: each instant belongs to the deepest phase
     span covering it."""
-    if r.paint is None:
+    if r.paint is None:  # a window's come sorted
         r.steps.sort()
-    r.spans.sort(key=lambda s: (s.start, -s.end))
+        r.spans.sort(key=lambda s: (s.start, -s.end))
     events: list[tuple[int, int, str, int]] = []
     for st, en, _ in r.steps if r.paint is None else r.paint:
         if en > st:
@@ -301,7 +301,9 @@ def _index(r: _Rank) -> None:
         if s.end > s.start:  # an instant span covers no time
             phase, depth = PHASE_OF[s.name]
             events += [(s.start, 1, phase, depth), (s.end, -1, phase, depth)]
-    events.sort(key=lambda e: (e[0], e[1]))
+    # By time: the order of the events at one instant is immaterial, for all of them are
+    # applied before the next segment is painted (plain tuple order: no key to call).
+    events.sort()
     open_: dict[tuple[int, str], int] = defaultdict(int)
     prev_t: int | None = None
     for t, delta, phase, depth in events:
