@@ -360,9 +360,7 @@ class _Parts:
                 if special == "id":
                     out[k].span_id = v
                 elif v is not None:
-                    out[k].links = tuple(
-                        x.get("spanId") for x in loads(v) or () if x.get("spanId")
-                    )
+                    out[k].links = tuple(x.get("spanId") for x in loads(v) or () if x.get("spanId"))
         return out
 
 
