@@ -391,14 +391,17 @@ def _read_trace(store: Store) -> tuple[_Trace, int | None, bool]:
             metas[rank] = _RankMeta(loads(attrs_of[rid]))
             seen[rank] = set()
         step_names = frozenset(_STEP_NAMES)
-        cur = con.execute(
+        cur = con.sql(
             "SELECT rank, name, start_ns, end_ns, span_id,"
             f" CASE WHEN name IN ({_in(_STEP_NAMES)}) THEN attributes END FROM spans"
             f" WHERE {where} AND name IN ({_in(_STEP_NAMES + _FINISH_NAMES)})"
         )
         reader = StoreReader(store)
-        while batch := cur.fetchmany(65_536):
-            for rank, name, start, end, sid, attrs in batch:
+        # Streamed, a few MB at a time (DuckDB < 1.4 names it fetch_record_batch).
+        stream = getattr(cur, "to_arrow_reader", None) or cur.fetch_record_batch
+        for rb in stream(8_192):
+            cols = [c.to_pylist() for c in rb.columns]
+            for rank, name, start, end, sid, attrs in zip(*cols, strict=True):
                 if sid:
                     if sid in seen[rank]:
                         continue

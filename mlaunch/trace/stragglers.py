@@ -31,6 +31,14 @@ and backward are one phase, ``forward_backward``. When that phase is ``communica
 itself waiting on a pipeline neighbour), the charge passes on to whoever those waits were
 charged to, so a stage that is late only because its upstream stage was slow does not take the
 blame.
+
+Where it runs: a run directory is read through its span store (:func:`find_stragglers`), a
+window of iterations at a time (:mod:`mlaunch.trace.store_stragglers`: memory bounded by the
+window, whatever the trace's size); a JSON reader (a single file, ``--skip-invalid``, a run that
+cannot be written) and the live view's tails (:class:`StragglerAggregator`) keep the whole trace
+in memory and run :func:`analyse` on it. Both run the functions below; a window hands each
+rank only its part of the trace (:attr:`_Rank.loaded`, :attr:`_Rank.complete`), and whatever
+the rules look up outside it raises :class:`Widen` rather than answer differently.
 """
 
 from __future__ import annotations
