@@ -23,6 +23,7 @@ reads only the P2P spans for them; the second charges the waits.
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_right
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -85,9 +86,10 @@ class _RankMeta:
     linked: bool = False
     parts: list[tuple[Path, int, int]] = field(default_factory=list)  # (part, min start, max end)
     # derived by _derive():
-    starts: list[int] = field(default_factory=list)
-    max_end: list[int] = field(default_factory=list)  # running max of the steps' ends
-    of_iteration: dict[int, list[int]] = field(default_factory=dict)  # iteration -> step indices
+    starts: Any = None  # the steps' starts (array of int64)
+    max_end: Any = None  # running max of the steps' ends
+    by_iteration: Any = None  # the steps' indices, ordered by iteration (numpy)
+    iteration_sorted: Any = None  # their iterations, ascending (numpy)
 
 
 @dataclass
@@ -218,20 +220,24 @@ def _intervals(m: _RankMeta, held: frozenset[int], first: bool) -> list[tuple[in
     step's start; before the first step and after the last, everything."""
     if not m.steps:
         return [(FIRST, LAST)] if first else []
+    import numpy as np
+
     n = len(m.steps)
     raw = []
-    for it in held:
-        for j in m.of_iteration.get(it, ()):
-            st, en, _ = m.steps[j]
-            if j == 0:
-                lo = FIRST
-            else:
-                lo = min(st, m.steps[j - 1][1])
-                i = bisect_right(m.collective_ends, st) - 1
-                if i >= 0:
-                    lo = min(lo, m.collective_ends[i])
-            hi = LAST if j == n - 1 else max(en, m.steps[j + 1][0])
-            raw.append((lo, hi))
+    # The held iterations are a run of the trace's distinct ones: a range of values.
+    a = int(np.searchsorted(m.iteration_sorted, min(held), side="left"))
+    b = int(np.searchsorted(m.iteration_sorted, max(held), side="right"))
+    for j in m.by_iteration[a:b].tolist():
+        st, en, _ = m.steps[j]
+        if j == 0:
+            lo = FIRST
+        else:
+            lo = min(st, m.steps[j - 1][1])
+            i = bisect_right(m.collective_ends, st) - 1
+            if i >= 0:
+                lo = min(lo, m.collective_ends[i])
+        hi = LAST if j == n - 1 else max(en, m.steps[j + 1][0])
+        raw.append((lo, hi))
     raw.sort()
     out: list[tuple[int, int]] = []
     for lo, hi in raw:
@@ -481,14 +487,18 @@ def _lambda(con: Any) -> str:
 
 
 def _derive(m: _RankMeta) -> None:
+    """Sort the rank's steps and index them (arrays of 8 bytes a step: what stays in memory for
+    the whole trace is the steps themselves)."""
+    import numpy as np
+
     m.steps.sort()
-    m.collective_ends.sort()
-    m.starts = [s[0] for s in m.steps]
-    hi = FIRST
-    for j, (_, en, it) in enumerate(m.steps):
-        hi = max(hi, en)
-        m.max_end.append(hi)
-        m.of_iteration.setdefault(it, []).append(j)
+    m.collective_ends = array("q", sorted(m.collective_ends))
+    m.starts = array("q", (s[0] for s in m.steps))
+    ends = np.fromiter((s[1] for s in m.steps), np.int64, len(m.steps))
+    m.max_end = array("q", np.maximum.accumulate(ends).tobytes()) if len(ends) else array("q")
+    its = np.fromiter((s[2] for s in m.steps), np.int64, len(m.steps))
+    m.by_iteration = np.argsort(its, kind="stable")
+    m.iteration_sorted = its[m.by_iteration]
 
 
 def _int(v: Any) -> int | None:
