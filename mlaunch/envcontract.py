@@ -358,6 +358,12 @@ def tee_file(run_dir: str | Path, rank: int) -> Path:
 #: tested without timing luck.
 SLOW_AT_ITERATION = "MLAUNCH_TEST_SLOW_AT_ITERATION"
 SLOW_RANK = "MLAUNCH_TEST_SLOW_RANK"
+#: Test hook: ``MLAUNCH_TEST_ITERATION_PAUSE=S`` makes every iteration sleep S seconds (every
+#: rank, inside its ``megatron.train.iteration`` span): a job that only has to keep running while
+#: a test drives it (a capture, a signal, a watch) idles instead of taking the test machine's
+#: cores (the tiny model's iteration is a few ms of compute, so an open-ended job otherwise
+#: trains flat out on every core it can get).
+ITERATION_PAUSE = "MLAUNCH_TEST_ITERATION_PAUSE"
 #: Test hook: ``MLAUNCH_TEST_SLOW_FORWARD_AT=k,k,...`` makes the first microbatch's forward of
 #: those iterations sleep 1 s (inside its ``megatron.microbatch.forward`` span) on the rank named
 #: by ``MLAUNCH_TEST_SLOW_RANK`` (else every rank): a straggler in a known phase, for

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -10,6 +11,12 @@ import pytest
 _TESTS = Path(__file__).resolve().parent
 if str(_TESTS) not in sys.path:
     sys.path.insert(0, str(_TESTS))
+
+# One intra-op thread in every process a test starts, as clean_env gives the processes it starts
+# (torchrun sets it only with several workers per node): a job's workers and two "nodes" share
+# the test machine's few cores, where each worker's OpenMP pool would spin-wait for the others'
+# (a single-worker SLURM "node" spent 300 ms of CPU on an iteration that takes 20 with one).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 #: Module- or session-scoped fixtures that start a real run (a torchrun job, a nemo-lens worker):

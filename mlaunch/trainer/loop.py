@@ -433,6 +433,7 @@ class Trainer:
         with telemetry.span(G.STEP, SpanName.ITERATION, {Attr.ITERATION: iteration}) as step_span:
             _maybe_fail(iteration, topo.rank)
             _maybe_slow(iteration, topo.rank)
+            _maybe_pause()
             with telemetry.span(G.DATA_LOADING, SpanName.GET_BATCH):
                 batch = self.data.batch(
                     s.consumed_samples // args.global_batch_size,
@@ -886,6 +887,14 @@ def _maybe_slow(iteration: int, rank: int) -> None:
     only = os.environ.get(envcontract.SLOW_RANK)
     if not only or int(only) == rank:
         time.sleep(2.0)
+
+
+def _maybe_pause() -> None:
+    """The test hook MLAUNCH_TEST_ITERATION_PAUSE=S: every iteration sleeps S seconds, so an
+    open-ended test job idles between its few ms of compute instead of training flat out."""
+    pause = os.environ.get(envcontract.ITERATION_PAUSE)
+    if pause:
+        time.sleep(float(pause))
 
 
 def _slow_forward_hook(iteration: int, rank: int) -> Callable[[int], None] | None:

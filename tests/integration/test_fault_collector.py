@@ -23,7 +23,7 @@ import time
 import pytest
 from support.otlp import GrpcOtlpReceiver, closed_port_endpoint
 from support.trace_cli import trace_cli as cli
-from support.trainer_runs import TINY, clean_env
+from support.trainer_runs import IDLE_PAUSE_S, TINY, clean_env
 
 from mlaunch.model.spans import SpanName
 from mlaunch.telemetry.otlp_json import read_metrics, read_spans
@@ -68,7 +68,7 @@ def test_collector_outage_spools_replays_and_never_stalls_training(tmp_path):
         MEGATRON_OTEL_SPAN_GROUPS="per_step", OTEL_EXPORTER_OTLP_ENDPOINT=rx1.endpoint,
         OTEL_EXPORTER_OTLP_PROTOCOL="grpc", OTEL_EXPORTER_OTLP_TIMEOUT=str(EXPORT_TIMEOUT_S),
         OTEL_METRIC_EXPORT_INTERVAL="500", MEGATRON_OTEL_SHUTDOWN_TIMEOUT=str(SHUTDOWN_DEADLINE_S),
-        MLAUNCH_TEST_TEE_SPANS="1",
+        MLAUNCH_TEST_TEE_SPANS="1", MLAUNCH_TEST_ITERATION_PAUSE=IDLE_PAUSE_S,  # open-ended: idle
     )  # fmt: skip
     args = [
         *TINY, "--train-iters", "1000000", "--log-interval", "1000", "--save", str(tmp_path / "ck"),

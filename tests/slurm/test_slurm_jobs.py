@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.trainer_runs import IDLE_PAUSE_S
 
 # One cluster per session fixture: under pytest-xdist (`-n 2 --dist loadgroup`) every SLURM test
 # runs on one worker, so the machine never has two test clusters (and two /etc/hosts lines).
@@ -205,9 +206,12 @@ def test_the_time_limit_warning_saves_and_requeues_the_job_itself(slurm_cluster,
     # earliest, after training has started even on a loaded machine (with --time 1 or 2 the
     # warning could come in the first seconds, before any iteration, leaving nothing to save),
     # and long before the 50000 iterations are done.
+    # The job only has to be training when the warning comes: each iteration pauses, so for that
+    # minute or so it idles instead of taking the machine's cores.
     job_id, run_dir = submit(
-        slurm_cluster, tmp_path, "--train-iters", "50000", "--time", "3", "--signal-grace", "90"
-    )
+        slurm_cluster, tmp_path, "--train-iters", "50000", "--time", "3", "--signal-grace", "90",
+        MLAUNCH_TEST_ITERATION_PAUSE=IDLE_PAUSE_S,
+    )  # fmt: skip
     # Restarts=1 shows while the first incarnation is still COMPLETING (its epilog and step
     # clean-up): wait until the requeue has settled before reading the state.
     info = wait_until(

@@ -230,6 +230,9 @@ InactiveLimit=0
 KillWait=10
 MinJobAge=600
 MessageTimeout=10
+# A pending job whose begin time passes is started by the scheduler's periodic pass (every 60 s
+# by default), not at once: a requeued job (held until a begin time) would idle that long.
+SchedulerParameters=sched_interval=2
 {nodes}
 PartitionName=debug Nodes={",".join(node_ports)} Default=YES MaxTime=INFINITE State=UP
 """

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlaunch import envcontract
 from support import launch_runs
 
 #: A tiny model and batch: 2 layers, width 32, 32 tokens, 2 microbatches of 2 per DP rank at DP=2.
@@ -21,6 +22,11 @@ TINY = [
     "--lr", "3e-3", "--min-lr", "3e-4", "--lr-warmup-iters", "3", "--log-interval", "5",
     "--eval-iters", "0",
 ]  # fmt: skip
+
+#: The pause of each iteration (``MLAUNCH_TEST_ITERATION_PAUSE``) of an open-ended job that a test
+#: drives while it runs: its iteration is a few ms of compute, so unpaused it trains flat out on
+#: both of a 2-core CI machine's cores for as long as the test takes.
+IDLE_PAUSE_S = "0.1"
 
 
 @dataclass
@@ -136,13 +142,15 @@ def trainer_in_background(
 ) -> Iterator[subprocess.Popen]:
     """A torchrun job of ``nproc`` trainer processes running in the background while the block
     runs; SIGTERM (the trainer stops after its iteration and shuts telemetry down) when it is
-    left, bounded: 120 s, then kill. The output is on ``proc.output`` afterwards."""
+    left, bounded: 120 s, then kill. The output is on ``proc.output`` afterwards. Each iteration
+    pauses :data:`IDLE_PAUSE_S` (``env`` may say otherwise): the job only has to keep running while
+    the block drives it, and idles instead of taking the cores the block's own commands need."""
     proc = subprocess.Popen(
         [
             sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc-per-node={nproc}", "-m", "mlaunch.trainer", *args,
         ],
-        cwd=tmp, env=clean_env(run_dir, **env),
+        cwd=tmp, env=clean_env(run_dir, **{envcontract.ITERATION_PAUSE: IDLE_PAUSE_S, **env}),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
