@@ -30,7 +30,9 @@ Test controls (environment):
 - ``LENS_WORKER_BURST``: emit this many extra spans (``lens_worker.burst``, under the first
   iteration) as fast as possible; raise ``OTEL_BSP_MAX_QUEUE_SIZE`` to keep the SDK from dropping.
 - ``LENS_WORKER_KILL_AT`` / ``LENS_WORKER_KILL_RANK`` (default 0): that rank SIGKILLs itself at
-  the start of that iteration, in the first attempt only (so a torchrun restart then finishes).
+  the start of that iteration, in the first attempt only (so a torchrun restart then finishes),
+  once every rank's report of the attempt holds its resource (a peer still in set-up would be
+  torn down without one).
 - ``LENS_WORKER_FAIL_AT``: every rank raises ``RuntimeError`` at that iteration.
 - ``LENS_WORKER_STOP_FILE``: iterate past ``--train-iters`` until that file exists, then
   ``LENS_WORKER_AFTER_STOP`` (default 3) more iterations, so a test decides when the loop ends
@@ -282,6 +284,22 @@ def setup(args: argparse.Namespace, rank: int, world_size: int, local_rank: int,
     return handle, counter
 
 
+def _wait_for_every_setup(report: Report, world_size: int, limit_s: float = 120.0) -> None:
+    """Before the kill: until every rank's report of this attempt holds its resource (at most
+    ``limit_s``). torchrun tears the whole group down when one worker dies, and on a loaded
+    machine a peer can still be importing nemo-lens then: tests read every rank's resource."""
+    out = report.paths[1].parent
+    attempt = report.data["attempt"]
+    deadline = time.monotonic() + limit_s
+    for r in range(world_size):
+        path = out / f"lens-worker-rank{r}-attempt{attempt}.json"
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError):
+                if "resource" in json.loads(path.read_text()):
+                    break
+            time.sleep(0.05)
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
@@ -389,6 +407,7 @@ def main(argv: list[str]) -> int:
         if (save_interval > 0 and step % save_interval == 0) or (save_interval <= 0 and step == 0):
             reroot()
         if kill_at == iteration and rank == kill_rank and attempt == "0":
+            _wait_for_every_setup(report, world_size)
             os.kill(os.getpid(), signal.SIGKILL)
         if fail_at == iteration:
             raise RuntimeError(f"lens worker: injected failure at iteration {iteration}")
