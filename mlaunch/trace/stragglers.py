@@ -203,14 +203,19 @@ class _Rank:
     def restart(self) -> int:
         return self.attr_int(ResourceAttr.RESTART_COUNT) or 0
 
+    def _step_before(self, t: int) -> int:
+        """The index of the last step that sorts at or before (``t``, 2^62, 0)."""
+        find = getattr(self.steps, "bisect", None)  # the store's column-wise steps: no tuples
+        return (find(t) if find is not None else bisect_right(self.steps, (t, 1 << 62, 0))) - 1
+
     def iteration_at(self, t: int) -> int | None:
-        i = bisect_right(self.steps, (t, 1 << 62, 0)) - 1
+        i = self._step_before(t)
         if i >= 0 and self.steps[i][0] <= t <= self.steps[i][1]:
             return self.steps[i][2]
         return None
 
     def step_start(self, t: int) -> int | None:
-        i = bisect_right(self.steps, (t, 1 << 62, 0)) - 1
+        i = self._step_before(t)
         return self.steps[i][0] if i >= 0 and self.steps[i][1] >= t else None
 
     def phase_times(self, a: int, b: int) -> dict[str, int]:
