@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from support.launch_runs import TIMEOUT_S, clean_env, finish, mlaunch, train_records
+from support.trainer_runs import IDLE_PAUSE_S
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -68,6 +69,12 @@ def script(tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.Popen, Pa
     return proc, run_dir
 
 
+def open_ended_env() -> dict[str, str]:
+    """A 400-iteration run the test stops with SIGTERM: each iteration idles (the test hook)
+    instead of training flat out on both cores until the signal."""
+    return clean_env(MLAUNCH_TEST_ITERATION_PAUSE=IDLE_PAUSE_S)
+
+
 def wait_for(predicate, proc: subprocess.Popen) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + TIMEOUT_S
     while not predicate():
@@ -110,7 +117,7 @@ def test_sigterm_with_a_checkpoint_is_preempted_and_says_it_saves(tmp_path):
     run_dir = tmp_path / "r"
     proc = mlaunch(
         "--run-dir", str(run_dir), "--save-interval", "3", "--log-interval", "1",
-        "--train-iters", "400", "--eval-interval", "0", cwd=tmp_path,
+        "--train-iters", "400", "--eval-interval", "0", cwd=tmp_path, env=open_ended_env(),
     )  # fmt: skip
     wait_for(lambda: len(train_records(run_dir)) >= 4, proc)
     proc.send_signal(signal.SIGTERM)
@@ -133,7 +140,7 @@ def test_sigterm_without_a_save_does_not_promise_one(tmp_path):
     run_dir = tmp_path / "r"
     proc = mlaunch(
         "--run-dir", str(run_dir), "--log-interval", "1", "--train-iters", "400",
-        "--eval-interval", "0", cwd=tmp_path,
+        "--eval-interval", "0", cwd=tmp_path, env=open_ended_env(),
     )  # fmt: skip
     wait_for(lambda: len(train_records(run_dir)) >= 2, proc)
     proc.send_signal(signal.SIGTERM)
