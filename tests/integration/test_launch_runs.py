@@ -5,6 +5,7 @@ checkpoint resume. Tiny models; each run is a few seconds of training."""
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -106,15 +107,23 @@ def test_two_nodes_on_one_machine_complete_one_job(tmp_path):
     assert {s["resource"]["dl.world_size"] for s in spans} == {2}
 
 
-def test_two_runs_at_once_do_not_collide(tmp_path):
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory) -> tuple[list[Path], list[str]]:
+    """Two 3-iteration runs started at once in one directory, the second with --report: their
+    run directories (by name) and outputs (in start order). Also the no-checkpoint rerun test's
+    first run: a run that saved no checkpoint is all it needs."""
+    cwd = tmp_path_factory.mktemp("two-runs")
     args = ["--train-iters", "3", "--otel-span-groups", "default"]
-    # One of the two also writes the HTML report at the end (--report).
-    procs = [mlaunch(*args, *extra, cwd=tmp_path) for extra in ([], ["--report"])]
+    procs = [mlaunch(*args, *extra, cwd=cwd) for extra in ([], ["--report"])]
     outputs = []
     for code, out in (finish(p) for p in procs):
         assert code == 0, out
         outputs.append(out)
-    runs = sorted((tmp_path / "runs").iterdir())
+    return sorted((cwd / "runs").iterdir()), outputs
+
+
+def test_two_runs_at_once_do_not_collide(two_runs):
+    runs, outputs = two_runs
     assert len(runs) == 2
     for run_dir in runs:
         assert [r["iteration"] for r in train_records(run_dir)] == [1, 2, 3]
@@ -187,14 +196,14 @@ def test_sigterm_stops_workers_flushes_traces_and_leaves_a_resumable_checkpoint(
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == str(last + 4)
 
 
-def test_a_rerun_with_no_checkpoint_is_refused_and_changes_nothing(tmp_path):
+def test_a_rerun_with_no_checkpoint_is_refused_and_changes_nothing(tmp_path, two_runs):
     # A rerun in a --run-dir whose first run saved no checkpoint started over at iteration 1 and
     # appended to that run's progress.jsonl and traces (issue 22): every reader then counted two
     # runs as one. It is refused before anything starts; the first run's files stay as they were.
+    # The first run is a copy of one of two_runs' (shared, and left as they are for their test).
     run_dir = tmp_path / "r"
+    shutil.copytree(two_runs[0][0], run_dir)
     args = ["--run-dir", str(run_dir), "--train-iters", "2"]
-    code, out = finish(mlaunch(*args, cwd=tmp_path))
-    assert code == 0, out
     assert not (run_dir / "checkpoints").exists()
     before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
     first_id = run_dir.joinpath("resolved.json").read_text()
