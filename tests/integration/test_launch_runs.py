@@ -11,7 +11,16 @@ import time
 from pathlib import Path
 
 import pytest
-from support.launch_runs import TIMEOUT_S, clean_env, finish, free_port, mlaunch, train_records
+from support.launch_runs import (
+    TIMEOUT_S,
+    clean_env,
+    finish,
+    free_port,
+    mlaunch,
+    status,
+    status_text,
+    train_records,
+)
 from support.trainer_runs import IDLE_PAUSE_S
 
 from mlaunch.telemetry.otlp_json import read_spans
@@ -160,7 +169,18 @@ def test_sigterm_stops_workers_flushes_traces_and_leaves_a_resumable_checkpoint(
     proc.send_signal(signal.SIGTERM)
     code, out = finish(proc)
     assert code == 128 + signal.SIGTERM, out
-    assert "SIGTERM: asking the workers" in out
+    assert "SIGTERM: asking the workers to finish the iteration, save and flush telemetry" in out
+    # Something is said between the summary and iteration 1.
+    assert (
+        out.index("mlaunch train")
+        < out.index("starting 2 worker(s)")
+        < out.index("iteration 1/400")
+    )
+    # `mlaunch status` reads the run back as preempted, resumable (before the resume below).
+    st = status(run_dir)
+    assert st["state"] == "preempted", st
+    assert st["launcher"]["signal"] == "SIGTERM" and st["failures"] == []
+    assert "resumes from the checkpoint" in status_text(run_dir)
     last = train_records(run_dir)[-1]["iteration"]
     assert 5 <= last < 400
     # Workers stopped at the same iteration, saved there and flushed their spans.
