@@ -22,7 +22,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 #: Module- or session-scoped fixtures that start a real run (a torchrun job, a nemo-lens worker):
 #: a pytest-xdist worker builds such a fixture for itself, so the tests sharing one are sent to
 #: one worker (one xdist group per fixture) and the run is made once, not once per worker.
-SHARED_RUN_FIXTURES = ("traced", "off_run", "baseline", "real_run", "run_dir", "lens_trace")
+SHARED_RUN_FIXTURES = (
+    "traced", "off_run", "baseline", "real_run", "run_dir", "lens_trace", "two_runs",
+)  # fmt: skip
 
 
 def _shared_run_group(item) -> str | None:

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -68,15 +69,44 @@ def script_run(tmp_path: Path, *args: str, **env: str):
     return proc, run_dir
 
 
-def test_a_trainer_run_has_one_job_and_one_clean_attempt_with_the_run_identity(tmp_path):
+@dataclass
+class WrappedRun:
+    """A 2-iteration trainer run under ``bash -c 'sleep 5; exec mlaunch train ...'``."""
+
+    run_dir: Path
+    pid: int
+    before_ns: int  # before bash started
+    after_ns: int  # after it exited
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory) -> WrappedRun:
+    """One trainer run (SLURM's cluster name and restart count set) for the tests of what a
+    clean trainer run's job trace holds. It runs in a wrapper process that sleeps 5 s before it
+    execs mlaunch (the job span starts when mlaunch did): every trainer run is started that way
+    somewhere (a shell, srun), and it spares a second run of the same kind."""
+    import shlex
+    import subprocess
+    import sys
+
+    tmp_path = tmp_path_factory.mktemp("job-trace")
     run_dir = tmp_path / "run"
+    train = [sys.executable, "-m", "mlaunch", "train", "--run-dir", str(run_dir),
+             "--train-iters", "2", "--eval-interval", "0"]  # fmt: skip
     env = clean_env(SLURM_CLUSTER_NAME="lab", SLURM_RESTART_COUNT="3")
-    proc = mlaunch(
-        "--run-dir", str(run_dir), "--train-iters", "2", "--eval-interval", "0", cwd=tmp_path,
-        env=env,
+    before_ns = time.time_ns()
+    proc = subprocess.Popen(
+        ["bash", "-c", f"sleep 5; exec {shlex.join(train)}"], cwd=tmp_path, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     code, out = finish(proc)
+    after_ns = time.time_ns()
     assert code == 0, out
+    return WrappedRun(run_dir, proc.pid, before_ns, after_ns)
+
+
+def test_a_trainer_run_has_one_job_and_one_clean_attempt_with_the_run_identity(real_run):
+    run_dir = real_run.run_dir
     spans = by_name(run_dir)
     (job,) = spans[SpanName.JOB]
     (attempt,) = spans[SpanName.JOB_ATTEMPT]
@@ -95,7 +125,7 @@ def test_a_trainer_run_has_one_job_and_one_clean_attempt_with_the_run_identity(t
         assert res[ResourceAttr.SERVICE_NAME] == "mlaunch-tiny"
         assert res[ResourceAttr.RUN_ID] == resolved["run_id"]
         assert res[ResourceAttr.NODE_RANK] == 0 and res[ResourceAttr.HOST_NAME]
-        assert res[ResourceAttr.PROCESS_PID] == proc.pid
+        assert res[ResourceAttr.PROCESS_PID] == real_run.pid
     workers = run_identity(
         {"SLURM_CLUSTER_NAME": "lab", "SLURM_RESTART_COUNT": "3", ec.RESTART_COUNT: "0"}
     )
@@ -198,28 +228,14 @@ def test_the_nemo_lens_worker_sees_each_attempts_span_and_the_same_identity(
     assert os.path.exists(run_dir / "lens-worker-rank0-attempt1.json")
 
 
-def test_the_job_span_starts_when_mlaunch_did_not_when_its_wrapper_process_was_created(tmp_path):
+def test_the_job_span_starts_when_mlaunch_did_not_when_its_wrapper_process_was_created(real_run):
     """``bash -c 'sleep 5; exec mlaunch train ...'``: the process is bash's, created 5 s before
     mlaunch ran in it; none of those 5 s are the job's (goodput's wall is the job span)."""
-    import shlex
-    import subprocess
-    import sys
-
     from support.trace_cli import trace_cli
 
-    run_dir = tmp_path / "run"
-    train = [sys.executable, "-m", "mlaunch", "train", "--run-dir", str(run_dir),
-             "--train-iters", "2", "--eval-interval", "0"]  # fmt: skip
-    before_ns = time.time_ns()
-    proc = subprocess.Popen(
-        ["bash", "-c", f"sleep 5; exec {shlex.join(train)}"], cwd=tmp_path, env=clean_env(),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    code, out = finish(proc)
-    after_ns = time.time_ns()
-    assert code == 0, out
+    run_dir, before_ns, after_ns = real_run.run_dir, real_run.before_ns, real_run.after_ns
     (job,) = by_name(run_dir)[SpanName.JOB]
-    assert job["resource"][ResourceAttr.PROCESS_PID] == proc.pid  # the very process bash was
+    assert job["resource"][ResourceAttr.PROCESS_PID] == real_run.pid  # the very process bash was
     assert job["start_ns"] >= before_ns + 5 * 10**9  # after the sleep: when mlaunch started
     code, text = trace_cli("goodput", run_dir, "--json")
     assert code == 0, text

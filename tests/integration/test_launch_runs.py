@@ -5,12 +5,23 @@ checkpoint resume. Tiny models; each run is a few seconds of training."""
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import time
 from pathlib import Path
 
 import pytest
-from support.launch_runs import TIMEOUT_S, clean_env, finish, free_port, mlaunch, train_records
+from support.launch_runs import (
+    TIMEOUT_S,
+    clean_env,
+    finish,
+    free_port,
+    mlaunch,
+    status,
+    status_text,
+    train_records,
+)
+from support.trainer_runs import IDLE_PAUSE_S
 
 from mlaunch.telemetry.otlp_json import read_spans
 
@@ -105,15 +116,23 @@ def test_two_nodes_on_one_machine_complete_one_job(tmp_path):
     assert {s["resource"]["dl.world_size"] for s in spans} == {2}
 
 
-def test_two_runs_at_once_do_not_collide(tmp_path):
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory) -> tuple[list[Path], list[str]]:
+    """Two 3-iteration runs started at once in one directory, the second with --report: their
+    run directories (by name) and outputs (in start order). Also the no-checkpoint rerun test's
+    first run: a run that saved no checkpoint is all it needs."""
+    cwd = tmp_path_factory.mktemp("two-runs")
     args = ["--train-iters", "3", "--otel-span-groups", "default"]
-    # One of the two also writes the HTML report at the end (--report).
-    procs = [mlaunch(*args, *extra, cwd=tmp_path) for extra in ([], ["--report"])]
+    procs = [mlaunch(*args, *extra, cwd=cwd) for extra in ([], ["--report"])]
     outputs = []
     for code, out in (finish(p) for p in procs):
         assert code == 0, out
         outputs.append(out)
-    runs = sorted((tmp_path / "runs").iterdir())
+    return sorted((cwd / "runs").iterdir()), outputs
+
+
+def test_two_runs_at_once_do_not_collide(two_runs):
+    runs, outputs = two_runs
     assert len(runs) == 2
     for run_dir in runs:
         assert [r["iteration"] for r in train_records(run_dir)] == [1, 2, 3]
@@ -141,14 +160,27 @@ def test_failing_rank_is_reported_with_rank_and_exception(tmp_path):
 def test_sigterm_stops_workers_flushes_traces_and_leaves_a_resumable_checkpoint(tmp_path):
     run_dir = tmp_path / "r"
     args = ["--run-dir", str(run_dir), "--save-interval", "3", "--log-interval", "1"]
-    proc = mlaunch(*args, "--train-iters", "400", cwd=tmp_path)
+    # Open-ended until the signal: each iteration idles (the test hook) instead of training flat out.
+    env = clean_env(MLAUNCH_TEST_ITERATION_PAUSE=IDLE_PAUSE_S)
+    proc = mlaunch(*args, "--train-iters", "400", cwd=tmp_path, env=env)
     deadline = time.monotonic() + TIMEOUT_S
     while len(train_records(run_dir)) < 5 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
     code, out = finish(proc)
     assert code == 128 + signal.SIGTERM, out
-    assert "SIGTERM: asking the workers" in out
+    assert "SIGTERM: asking the workers to finish the iteration, save and flush telemetry" in out
+    # Something is said between the summary and iteration 1.
+    assert (
+        out.index("mlaunch train")
+        < out.index("starting 2 worker(s)")
+        < out.index("iteration 1/400")
+    )
+    # `mlaunch status` reads the run back as preempted, resumable (before the resume below).
+    st = status(run_dir)
+    assert st["state"] == "preempted", st
+    assert st["launcher"]["signal"] == "SIGTERM" and st["failures"] == []
+    assert "resumes from the checkpoint" in status_text(run_dir)
     last = train_records(run_dir)[-1]["iteration"]
     assert 5 <= last < 400
     # Workers stopped at the same iteration, saved there and flushed their spans.
@@ -171,35 +203,27 @@ def test_sigterm_stops_workers_flushes_traces_and_leaves_a_resumable_checkpoint(
     resumed = [r["iteration"] for r in train_records(run_dir)]
     assert resumed[-2:] == [last + 1, last + 2]
     assert f"--load {ckpt}" in (run_dir / "command.txt").read_text()
-
-
-def test_a_rerun_resumes_from_the_run_dir_checkpoints_without_save_interval(tmp_path):
-    # A rerun in the same --run-dir without repeating --save-interval started over at iteration 1
-    # (issue 22): it resumes from the checkpoint the first run saved, and says so.
-    run_dir = tmp_path / "r"
-    args = ["--run-dir", str(run_dir), "--log-interval", "1"]
-    code, out = finish(mlaunch(*args, "--save-interval", "3", "--train-iters", "3", cwd=tmp_path))
-    assert code == 0, out
-    ckpt = run_dir / "checkpoints"
-    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
-    code, out = finish(mlaunch(*args, "--train-iters", "5", cwd=tmp_path))
+    # A rerun without repeating --save-interval started over at iteration 1 (issue 22): it
+    # resumes from the checkpoint the runs before saved, says so, and saves at its end.
+    # (It shares this test's runs: the run directory already holds a checkpoint.)
+    code, out = finish(
+        mlaunch(*args[:2], "--log-interval", "1", "--train-iters", str(last + 4), cwd=tmp_path)
+    )
     assert code == 0, out
     assert "resuming from" in out  # the summary's checkpoints row (the box may wrap the path)
     assert f"--load {ckpt}" in (run_dir / "command.txt").read_text()
-    assert [r["iteration"] for r in train_records(run_dir)][-2:] == [4, 5]
-    assert (
-        ckpt / "latest_checkpointed_iteration.txt"
-    ).read_text().strip() == "5"  # saved at the end
+    assert [r["iteration"] for r in train_records(run_dir)][-2:] == [last + 3, last + 4]
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == str(last + 4)
 
 
-def test_a_rerun_with_no_checkpoint_is_refused_and_changes_nothing(tmp_path):
+def test_a_rerun_with_no_checkpoint_is_refused_and_changes_nothing(tmp_path, two_runs):
     # A rerun in a --run-dir whose first run saved no checkpoint started over at iteration 1 and
     # appended to that run's progress.jsonl and traces (issue 22): every reader then counted two
     # runs as one. It is refused before anything starts; the first run's files stay as they were.
+    # The first run is a copy of one of two_runs' (shared, and left as they are for their test).
     run_dir = tmp_path / "r"
+    shutil.copytree(two_runs[0][0], run_dir)
     args = ["--run-dir", str(run_dir), "--train-iters", "2"]
-    code, out = finish(mlaunch(*args, cwd=tmp_path))
-    assert code == 0, out
     assert not (run_dir / "checkpoints").exists()
     before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
     first_id = run_dir.joinpath("resolved.json").read_text()

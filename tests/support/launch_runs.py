@@ -71,3 +71,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def status(run_dir: Path) -> dict:
+    """``mlaunch status RUN_DIR --json``, parsed (it must exit 0)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "mlaunch", "status", str(run_dir), "--json"], cwd=run_dir.parent,
+        env=clean_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout)
+
+
+def status_text(run_dir: Path) -> str:
+    """What ``mlaunch status RUN_DIR`` prints (it must exit 0)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "mlaunch", "status", str(run_dir)], cwd=run_dir.parent,
+        env=clean_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
