@@ -54,7 +54,10 @@ def test_a_failing_script_shows_each_failing_ranks_own_stderr(tmp_path: Path) ->
     # monitor interval of the first failure, which on a loaded machine came before the slower
     # rank's own end. So rank 0 fails first, and rank 1 ignores that SIGTERM, waits until rank 0's
     # process has ended (a zombie or gone: its pid from a file), and only then dies of SIGSEGV.
+    # Rank 0 fails only once rank 1 ignores SIGTERM (its ready file): on a loaded machine rank 1
+    # could still be starting when rank 0 failed, and torchrun's SIGTERM then ended it.
     pid_file = tmp_path / "rank0.pid"
+    ready_file = tmp_path / "rank1.ready"
     script = f"""
         import argparse, os, signal, sys, time
         print("rank output before the end", file=sys.stderr, flush=True)
@@ -66,6 +69,7 @@ def test_a_failing_script_shows_each_failing_ranks_own_stderr(tmp_path: Path) ->
                 return True
         if os.environ["LOCAL_RANK"] == "1":
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            open({str(ready_file)!r}, "w").close()
             end = time.monotonic() + 60
             while time.monotonic() < end:
                 try:
@@ -76,6 +80,9 @@ def test_a_failing_script_shows_each_failing_ranks_own_stderr(tmp_path: Path) ->
                     break
                 time.sleep(0.01)
             os.kill(os.getpid(), signal.SIGSEGV)
+        end = time.monotonic() + 60
+        while not os.path.exists({str(ready_file)!r}) and time.monotonic() < end:
+            time.sleep(0.01)
         tmp = {str(pid_file)!r} + ".tmp"
         open(tmp, "w").write(str(os.getpid()))
         os.replace(tmp, {str(pid_file)!r})
@@ -89,7 +96,7 @@ def test_a_failing_script_shows_each_failing_ranks_own_stderr(tmp_path: Path) ->
     assert out.returncode != 0
     assert "rank 0 (node 0, local rank 0) failed: exit code 2: " in text, text
     assert "error: unrecognized arguments: --bogus" in text
-    assert "rank 1 (node 0, local rank 1) failed: killed by SIGSEGV" in text
+    assert "rank 1 (node 0, local rank 1) failed: killed by SIGSEGV" in text, text
     assert "rank output before the end" in text
     assert "Root Cause" not in text and "torchrun exited with" not in text  # not torchrun's dump
 
