@@ -82,7 +82,7 @@ class _RankMeta:
     """What the windows need of one rank's whole trace."""
 
     attrs: dict[str, Any]
-    steps: _Steps | list[tuple[int, int, int]] = field(default_factory=list)  # _Steps once read
+    steps: _Steps = field(default_factory=lambda: _Steps(array("q"), array("q"), array("q")))
     collective_ends: list[int] = field(default_factory=list)
     linked: bool = False
     parts: list[tuple[Path, int, int]] = field(default_factory=list)  # (part, min start, max end)
@@ -530,7 +530,7 @@ def _read_trace(store: Store) -> tuple[_Trace, int | None, bool]:
         None,
     )
     synced = any(row[3] for row in per_rank if row[0] in ranks)
-    its = sorted(set().union(*(m.steps.it for m in ranks.values() if isinstance(m.steps, _Steps))))
+    its = sorted(set().union(*(m.steps.it for m in ranks.values())))
     trace = _Trace(
         ranks, its, frozenset(missing), np.array(workers, np.int32),
         sum(row[2] for row in per_rank if row[0] in ranks),
@@ -552,7 +552,6 @@ def _derive(m: _RankMeta) -> None:
     import numpy as np
 
     steps = m.steps
-    assert isinstance(steps, _Steps)
     m.collective_ends = array("q", sorted(m.collective_ends))
     m.starts = steps.start
     ends = np.frombuffer(steps.end, np.int64) if len(steps) else np.zeros(0, np.int64)
