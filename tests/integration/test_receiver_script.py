@@ -13,16 +13,21 @@ launcher's embedded OTLP receiver, as a new user runs it:
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 from support.launch_runs import clean_env, finish, mlaunch
 from support.otlp import GrpcOtlpReceiver, closed_port_endpoint
 from support.trace_cli import trace_cli as cli
+from support.trace_compare import store_rows
 
 from mlaunch import envcontract
 from mlaunch.model.spans import SpanName
 from mlaunch.telemetry.otlp_json import read_spans
+from mlaunch.trace import store_decode
+from mlaunch.trace.reader import TraceReader
+from mlaunch.trace.store import build_store, open_store
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.nemo_lens]
 
@@ -59,7 +64,7 @@ def run_relay(
 
 
 def test_script_with_no_collector_writes_every_span_for_every_trace_command(
-    lens_worker_script: Path, tmp_path: Path
+    lens_worker_script: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run_dir = tmp_path / "run"
     code, out = run_script(lens_worker_script, run_dir, cwd=tmp_path, env=clean_env())
@@ -72,6 +77,9 @@ def test_script_with_no_collector_writes_every_span_for_every_trace_command(
     assert stats["signals"]["traces"]["written_items"] == n
     assert stats["signals"]["traces"]["lost_items"] == 0
     assert stats["signals"]["metrics"]["written_items"] > 0  # nemo-lens's metrics too
+    taken: list[object] = []  # the chunks the C scanner read (the first command builds the store)
+    scan = store_decode.scan
+    monkeypatch.setattr(store_decode, "scan", lambda *a: taken.append(c := scan(*a)) or c)
     for args in (
         ("summary", run_dir),
         ("goodput", run_dir),
@@ -82,6 +90,16 @@ def test_script_with_no_collector_writes_every_span_for_every_trace_command(
         assert code == 0, (args, text)
     assert (tmp_path / "report.html").stat().st_size > 0
     assert len(json.loads((tmp_path / "trace.json").read_text())["traceEvents"]) >= n
+    # The store those commands read holds, row for row, what the JSON reader's own build of the
+    # same files holds: nemo-lens's OTLP as the receiver wrote it, read by the C scanner.
+    store = open_store(run_dir, build=False)
+    assert store is not None
+    if store_decode.c_scanner() is not None:
+        assert any(c is not None for c in taken), "the C scanner took no chunk of the run"
+    reference = tmp_path / "reference"
+    shutil.copytree(run_dir / "telemetry", reference / "telemetry")
+    build_store(reference, TraceReader.open(reference), columnar=False)
+    assert store_rows(store) == store_rows(open_store(reference, build=False))
 
 
 def launcher_spans(run_dir: Path) -> int:
