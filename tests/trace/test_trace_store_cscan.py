@@ -92,6 +92,20 @@ def test_the_c_store_equals_the_pyarrow_and_the_readers_on_synthetic_runs(
         assert _same_stores(run, monkeypatch) > 0, run.name  # not vacuous: C read the chunks
 
 
+def test_many_chunks_and_parts_give_the_same_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trace read in dozens of chunks (64 KiB of lines each) is the same store by every path:
+    the C columns of one chunk never leak into the next, and the resources and entries stay
+    aligned across chunks."""
+    from mlaunch.trace import store
+
+    run = tmp_path / "many"
+    write_realistic_run(run, ranks=4, steps=40, seed=4, batch=29)
+    monkeypatch.setattr(store, "CHUNK_BYTES", 64 << 10)
+    assert _same_stores(run, monkeypatch) >= 40, "the run was not read in many chunks"
+
+
 def test_the_c_text_columns_are_the_pyarrow_paths_text_for_compact_writers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
