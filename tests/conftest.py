@@ -12,6 +12,9 @@ _TESTS = Path(__file__).resolve().parent
 if str(_TESTS) not in sys.path:
     sys.path.insert(0, str(_TESTS))
 
+# Each test's CPU, its reaped children's included (--cpu-top): the suite is CPU-bound.
+pytest_plugins = ["support.cpu_accounting"]
+
 # One intra-op thread in every process a test starts, as clean_env gives the processes it starts
 # (torchrun sets it only with several workers per node): a job's workers and two "nodes" share
 # the test machine's few cores, where each worker's OpenMP pool would spin-wait for the others'
