@@ -8,7 +8,9 @@ sees exactly the rows a single process would, and a resume continues the same se
 
 from __future__ import annotations
 
+import os
 import sysconfig
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +24,7 @@ DEFAULT_CORPUS_BYTES = 4 * 1024 * 1024
 _EVAL_STREAM = 1 << 40  # separates the eval generator seeds from the train ones
 
 
-def _read_files(files: list[Path], cap: int | None) -> bytes:
+def _read_files(files: Iterable[Path], cap: int | None) -> bytes:
     chunks: list[bytes] = []
     total = 0
     for f in files:
@@ -35,15 +37,36 @@ def _read_files(files: list[Path], cap: int | None) -> bytes:
     return b"\n".join(chunks)
 
 
+#: Folders of the standard library left out of the default corpus.
+_NOT_CORPUS = frozenset({"site-packages", "test"})
+
+
+def _python_files_in_order(folder: Path) -> Iterator[Path]:
+    """The ``*.py`` files under ``folder`` (symlinked folders not followed, :data:`_NOT_CORPUS`
+    skipped), in the order of their paths as text, found as they are read: the cap is reached
+    a few folders in, and listing the whole standard library first (18,000 paths) cost every
+    rank most of a CPU-second at startup. A folder sorts as its name plus "/", which is where
+    the text of its files' paths falls among its siblings'."""
+    try:
+        with os.scandir(folder) as it:
+            entries = [(e.name + "/" if e.is_dir(follow_symlinks=False) else e.name, e) for e in it]
+    except PermissionError:
+        return
+    for key, entry in sorted(entries, key=lambda ke: ke[0]):
+        if key.endswith("/"):
+            if entry.name not in _NOT_CORPUS:
+                yield from _python_files_in_order(Path(entry.path))
+        elif entry.name.endswith(".py"):
+            yield Path(entry.path)
+
+
 def default_corpus(cap: int = DEFAULT_CORPUS_BYTES) -> bytes:
     """The source of Python's standard library (sorted, capped): text that exists on every
     machine that runs this trainer, with no download."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(
-        (p for p in root.rglob("*.py") if "site-packages" not in p.parts and "test" not in p.parts),
-        key=lambda p: p.relative_to(root).as_posix(),
-    )
-    return _read_files(files, cap)
+    if _NOT_CORPUS & set(root.parts):
+        return _read_files([], cap)
+    return _read_files(_python_files_in_order(root), cap)
 
 
 def load_corpus(data_path: str | None) -> bytes:
