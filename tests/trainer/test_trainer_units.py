@@ -22,6 +22,31 @@ def test_default_corpus_is_deterministic_and_capped():
     assert a == b and 150_000 < len(a) <= 200_000 + 10_000
 
 
+def test_the_default_corpus_walk_is_the_order_of_the_sorted_paths(tmp_path):
+    # The walk stops at the cap instead of sorting every path first: it must give the files in
+    # the order the sorted relative paths did, names that sort around a folder's included
+    # ("a-b" < "a.py" < "a/..." < "a0"), and skip what the full listing skipped.
+    from mlaunch.trainer.data import _python_files_in_order
+
+    names = [
+        "a.py", "a-b.py", "a0.py", "a/b.py", "a/c/d.py", "a_b/x.py", "A.py", "z.txt",
+        "site-packages/s.py", "x/test/t.py", "x/tests.py", "é.py",
+    ]  # fmt: skip
+    for name in names:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(name)
+    (tmp_path / "link").symlink_to(tmp_path / "a")  # rglob did not follow a folder's link
+    listed = sorted(
+        (
+            p for p in tmp_path.rglob("*.py")
+            if not {"site-packages", "test"} & set(p.relative_to(tmp_path).parts)
+        ),
+        key=lambda p: p.relative_to(tmp_path).as_posix(),
+    )  # fmt: skip
+    assert list(_python_files_in_order(tmp_path)) == listed
+    assert len(listed) == 9
+
+
 def test_a_folder_is_read_in_sorted_order(tmp_path):
     (tmp_path / "b.txt").write_text("second")
     (tmp_path / "a.txt").write_text("first")
