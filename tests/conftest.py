@@ -50,6 +50,7 @@ def pytest_collection_modifyitems(config, items) -> None:
         group = _shared_run_group(item)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
+    _slow_modules_first(items)
 
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
@@ -61,6 +62,16 @@ def pytest_collection_modifyitems(config, items) -> None:
     skip = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+def _slow_modules_first(items) -> None:
+    """Modules with a ``slow`` test run first, each module's tests kept together and in order
+    (module fixtures are made once). Longest first: the real runs, and the tests that mostly
+    wait on one (SLURM's timers, a watchdog, a restart), start while the fast tests are still
+    queued to fill the cores around them, instead of a long test starting last and running on
+    alone. xdist hands out its groups (largest first), then the single tests in this order."""
+    slow = {item.module for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.module not in slow)  # stable
 
 
 def _lens_python_or_skip():

@@ -120,6 +120,7 @@ def test_the_cli_exports_a_run_directory_from_its_store(tmp_path: Path) -> None:
     assert (tmp_path / "cli.json").read_bytes() == (tmp_path / "old.json").read_bytes()
 
 
+@pytest.mark.slow  # about 275,000 spans through both exporters: a minute on a CI core
 def test_exports_that_spill_are_the_json_paths(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
