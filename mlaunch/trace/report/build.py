@@ -140,15 +140,14 @@ def prepare(
     read_stats = reader.stats
     base_dir = run_directory(run_dir)
     progress, bad_progress = read_progress(base_dir)
-    keep_steps = curves_need_steps(progress)
     if isinstance(reader, StoreReader):
         from mlaunch.trace.report.window_store import StoreScan, collect_window_store
 
-        store_scan = StoreScan(reader.store, keep_steps)
+        store_scan = StoreScan(reader.store)
         scan: Scan = store_scan
         summary = store_scan.result
     else:
-        scan = _scan(reader, keep_steps)
+        scan = _scan(reader, curves_need_steps(progress))
         summary = scan.summary.finish(read_stats)
     gp = scan.goodput.finish()
 

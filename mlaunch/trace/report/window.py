@@ -250,6 +250,8 @@ class Scan:
         #: they grow with ranks x iterations (10^8 steps for 1,024 ranks x 100,000 iterations).
         self.keep_steps = keep_steps
         self.steps: dict[int, RankSteps] = {}
+        #: Each rank's [steps, steps with a loss]: which rank the curves are drawn from.
+        self.step_counts: dict[int, list[int]] = {}
         self._captures: dict[str, _MarkAcc] = {}
         self._dumps: dict[tuple[str, int, Any], _MarkAcc] = {}  # (trigger, rank, dump)
 
@@ -272,7 +274,7 @@ class Scan:
         steps = self.steps.get(rank)
         if steps is None:
             steps = self.steps[rank] = RankSteps()
-        keep, by_it = self.keep_steps, self.by_iteration
+        keep, by_it, counts = self.keep_steps, self.by_iteration, self.step_counts
         canon = ALIASES
         for s in spans:
             name = s["name"]
@@ -282,26 +284,35 @@ class Scan:
                 self._note_mark(rank, s, capture, trigger, dump, is_step)
             if not is_step:
                 continue
-            a = attributes(s.get("attributes"))
-            it = a.get(Attr.ITERATION)
-            if it is None:
+            step = step_of(s)
+            if step is None:
                 continue
-            try:  # an iteration that is no number is no step of the timeline's window
-                it = int(it)
-            except (TypeError, ValueError):
-                continue
-            start, end = s["startTimeUnixNano"], s["endTimeUnixNano"]
-            if not all(_I64[0] <= v <= _I64[1] for v in (it, start, end)):
-                continue  # a number past 64 bits is no step (nor storable as one)
+            it, start, end = step.iteration, step.start, step.end
+            count = counts.get(rank)
+            if count is None:
+                count = counts[rank] = [0, 0]
+            count[0] += 1
+            count[1] += step.loss is not None
             if keep:
-                steps.append(
-                    it, start, end, _float(a.get(Attr.LOSS)), _float(a.get(Attr.GRAD_NORM))
-                )
+                steps.append(*step)
             lohi = by_it.get(it)
             if lohi is None:
                 by_it[it] = [start, end]
             else:
                 lohi[0], lohi[1] = min(lohi[0], start), max(lohi[1], end)
+
+    def curve_rank(self) -> int | None:
+        """The rank the curves are drawn from when there is no progress file: the one whose
+        steps report the most losses (the last pipeline stage; the highest rank of a tie), or
+        None when no rank has a step."""
+        owner = max(self.steps, key=lambda r: (self.step_counts.get(r, (0, 0))[1], r),
+                    default=None)  # fmt: skip
+        return owner if owner is not None and owner in self.step_counts else None
+
+    def rank_steps(self, rank: int) -> Iterator[Step]:
+        """``rank``'s steps in read order (kept by pass 1 only with ``keep_steps``; the span
+        store's scan reads them again instead)."""
+        return iter(self.steps[rank])
 
     def _note_mark(
         self,
@@ -368,6 +379,23 @@ class Scan:
         on any rank (at least one is present)."""
         chosen = [lohi for it, lohi in self.by_iteration.items() if a <= it <= b]
         return min(lo for lo, _ in chosen), max(hi for _, hi in chosen)
+
+
+def step_of(s: dict[str, Any]) -> Step | None:
+    """A ``megatron.train.iteration`` span as a step, or None when it has no iteration that is
+    a number, or a number past 64 bits (no step of the window, nor storable as one)."""
+    a = attributes(s.get("attributes"))
+    it = a.get(Attr.ITERATION)
+    if it is None:
+        return None
+    try:
+        it = int(it)
+    except (TypeError, ValueError):
+        return None
+    start, end = s["startTimeUnixNano"], s["endTimeUnixNano"]
+    if not all(_I64[0] <= v <= _I64[1] for v in (it, start, end)):
+        return None
+    return Step(it, start, end, _float(a.get(Attr.LOSS)), _float(a.get(Attr.GRAD_NORM)))
 
 
 class WSpan(NamedTuple):

@@ -1,0 +1,91 @@
+"""Past ``MAX_CURVE_POINTS`` iterations the report's curves are decimated (mlaunch/trace/report/
+curve.py): at most that many buckets a curve, each drawn as its mean with its min-max as a band,
+so the page stays the same size at any run length, and a one-iteration spike still shows. Both
+sources of the curves: progress.jsonl, and the step spans of a run without it (read from the
+span store, where no rank's steps are kept by pass 1, and from the JSON)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+from support.synthetic_traces import TraceBuilder
+
+from mlaunch import envcontract
+from mlaunch.model.spans import Attr, SpanName
+from mlaunch.trace.reader import TraceReader
+from mlaunch.trace.report import curve
+from mlaunch.trace.report.build import prepare
+from mlaunch.trace.report.curve import Curve
+from mlaunch.trace.store import StoreReader, open_store
+
+ITERATIONS = 400
+SPIKE_AT, SPIKE = 237, 100.0
+LIMIT = 16
+
+
+def _loss(it: int) -> float:
+    return SPIKE if it == SPIKE_AT else 2.0 + 1.0 / it
+
+
+def _run(run: Path, progress: bool) -> Path:
+    """Two ranks, ``ITERATIONS`` steps each (the loss on rank 1: the curves' rank), a loss
+    spike at one iteration; with ``progress``, the same losses in progress.jsonl."""
+    b = TraceBuilder()
+    for it in range(1, ITERATIONS + 1):
+        for r in (0, 1):
+            a: dict[str, object] = {Attr.ITERATION: it}
+            if r == 1:
+                a.update({Attr.LOSS: _loss(it), Attr.GRAD_NORM: 1.0})
+            b.span(r, SpanName.ITERATION, it * 100, it * 100 + 90 + r, attrs=a)
+    b.write_run_dir(run, batch=200)
+    if progress:
+        recs = [{"iteration": i, "loss": _loss(i), "lr": 1e-3, "step_ms": 9.0}
+                for i in range(1, ITERATIONS + 1)]  # fmt: skip
+        (run / envcontract.PROGRESS_FILE).write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
+    return run
+
+
+def test_a_curve_past_the_limit_keeps_its_spike_in_a_bounded_number_of_buckets() -> None:
+    c = Curve(limit=LIMIT)
+    for it in range(1, ITERATIONS + 1):
+        c.add(it, _loss(it))
+    p = c.points()
+    assert 0 < len(p.xs) <= LIMIT and p.lo is not None and p.hi is not None
+    assert max(p.hi) == SPIKE and min(p.lo) == _loss(ITERATIONS)
+    assert p.iterations == ITERATIONS and p.width > 1
+    # the spike's bucket is the one around its iteration; its mean holds it, diluted
+    k = max(range(len(p.hi)), key=p.hi.__getitem__)
+    assert abs(p.xs[k] - SPIKE_AT) <= p.width and _loss(1) < p.ys[k] < SPIKE
+    assert all(lo <= y <= hi for lo, y, hi in zip(p.lo, p.ys, p.hi, strict=True))
+    # under the limit: every point, the last value of an iteration counting
+    c = Curve(limit=LIMIT)
+    for it, v in ((3, 1.0), (1, 5.0), (3, 2.0), (2, None)):
+        c.add(it, v)
+    assert c.points() == curve.Points([1, 3], [5.0, 2.0])
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_the_reports_curves_are_decimated_past_the_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, progress: bool
+) -> None:
+    run = _run(tmp_path / "run", progress)
+    full = prepare(run, StoreReader(open_store(run)))
+    assert len(full.curve_figs["chart-loss"]["data"]) == 1  # under the limit: one trace
+    assert len(full.curve_figs["chart-loss"]["data"][0]["x"]) == ITERATIONS
+    monkeypatch.setattr(curve, "MAX_CURVE_POINTS", LIMIT)
+    got = []
+    for reader in (TraceReader.open(run), StoreReader(open_store(run))):
+        d = prepare(run, reader)
+        assert d.curve_source == (envcontract.PROGRESS_FILE if progress else
+                                  "megatron.train.iteration span attributes of rank 1 "
+                                  "(no progress.jsonl)")  # fmt: skip
+        loss = d.curve_figs["chart-loss"]
+        assert "decimated" in loss["layout"]["title"]["text"]
+        lo, hi, mean = loss["data"]
+        assert all(0 < len(t["x"]) <= LIMIT for t in loss["data"])
+        assert max(hi["y"]) == SPIKE and max(mean["y"]) < SPIKE
+        assert all(n <= LIMIT for counts in d.meta["charts"].values() for n in counts)
+        got.append((d.curve_figs, d.meta["charts"]))
+    assert got[0] == got[1]  # the JSON and the store path draw the same
