@@ -573,10 +573,18 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--spans", type=int, default=1_000_000, help="about how many spans to generate")
     p.add_argument("--ranks", type=int, default=4)
-    p.add_argument("--microbatches", type=int, default=4,
-                   help="--store-only: microbatches a step (fewer: more steps for the spans)")
-    p.add_argument("--layers", type=int, default=4,
-                   help="--store-only: layers a pipeline stage (fewer: more steps for the spans)")
+    p.add_argument(
+        "--microbatches",
+        type=int,
+        default=4,
+        help="--store-only: microbatches a step (fewer: more steps for the spans)",
+    )
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=4,
+        help="--store-only: layers a pipeline stage (fewer: more steps for the spans)",
+    )
     p.add_argument("--no-export", action="store_true", help="skip the Chrome export pass")
     p.add_argument("--no-store", action="store_true", help="skip the span store passes")
     p.add_argument("--no-json", action="store_true", help="skip the JSON reader's passes")

@@ -43,7 +43,9 @@ def _run(run: Path, progress: bool) -> Path:
     if progress:
         recs = [{"iteration": i, "loss": _loss(i), "lr": 1e-3, "step_ms": 9.0}
                 for i in range(1, ITERATIONS + 1)]  # fmt: skip
-        (run / envcontract.PROGRESS_FILE).write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
+        (run / envcontract.PROGRESS_FILE).write_bytes(
+            b"".join(orjson.dumps(r) + b"\n" for r in recs)
+        )
     return run
 
 
@@ -89,3 +91,33 @@ def test_the_reports_curves_are_decimated_past_the_limit(
         assert all(n <= LIMIT for counts in d.meta["charts"].values() for n in counts)
         got.append((d.curve_figs, d.meta["charts"]))
     assert got[0] == got[1]  # the JSON and the store path draw the same
+
+
+def test_the_iteration_times_folded_in_many_buffers_are_a_dicts_min_and_max(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Pass 1's per-iteration step times (numpy arrays, a buffer folded in at a time) answer
+    as a dict of each iteration's earliest start and latest end does, steps in any order."""
+    import random
+
+    from mlaunch.trace.report.window import IterationTimes
+
+    monkeypatch.setattr(IterationTimes, "_MIN_FOLD", 7)  # hundreds of folds
+    times, ref = IterationTimes(), {}
+    rng = random.Random(1)
+    for _ in range(3000):
+        it, s = rng.randrange(-50, 900), rng.randrange(-(10**18), 10**18)
+        e = s + rng.randrange(10**6)
+        times.add(it, s, e)
+        lohi = ref.setdefault(it, [s, e])
+        lohi[0], lohi[1] = min(lohi[0], s), max(lohi[1], e)
+    assert times.iterations() == sorted(ref)
+    for a in range(-60, 910, 13):
+        for b in (a, a + 5, a + 200):
+            chosen = [v for k, v in ref.items() if a <= k <= b]
+            if chosen:
+                want = (min(lo for lo, _ in chosen), max(hi for _, hi in chosen))
+                assert times.steps_between(a, b) == want
+    assert all(times.first_start(k) == v[0] for k, v in ref.items())
+    with pytest.raises(KeyError):
+        times.first_start(10**6)
