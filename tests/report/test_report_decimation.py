@@ -2,7 +2,8 @@
 curve.py): at most that many buckets a curve, each drawn as its mean with its min-max as a band,
 so the page stays the same size at any run length, and a one-iteration spike still shows. Both
 sources of the curves: progress.jsonl, and the step spans of a run without it (read from the
-span store, where no rank's steps are kept by pass 1, and from the JSON)."""
+span store, whose pass 1 drops every rank's steps past MAX_KEPT_STEPS and reads the curves' rank
+again, and from the JSON)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from support.synthetic_traces import TraceBuilder
 from mlaunch import envcontract
 from mlaunch.model.spans import Attr, SpanName
 from mlaunch.trace.reader import TraceReader
-from mlaunch.trace.report import curve
-from mlaunch.trace.report.build import prepare
+from mlaunch.trace.report import curve, window_store
+from mlaunch.trace.report.build import _scan, prepare
 from mlaunch.trace.report.curve import Curve
+from mlaunch.trace.report.window_store import StoreScan
 from mlaunch.trace.store import StoreReader, open_store
 
 ITERATIONS = 400
@@ -77,6 +79,15 @@ def test_the_reports_curves_are_decimated_past_the_limit(
     assert len(full.curve_figs["chart-loss"]["data"]) == 1  # under the limit: one trace
     assert len(full.curve_figs["chart-loss"]["data"][0]["x"]) == ITERATIONS
     monkeypatch.setattr(curve, "MAX_CURVE_POINTS", LIMIT)
+    # and past a few steps the store's pass 1 drops them all and reads the curves' rank again
+    monkeypatch.setattr(window_store, "MAX_KEPT_STEPS", 50)
+    if not progress:
+        kept = StoreScan(open_store(run), keep_steps=True)
+        assert kept.dropped_steps and not any(len(s) for s in kept.steps.values())
+        assert kept.curve_rank() == 1
+        again = list(kept.rank_steps(1))
+        every = _scan(TraceReader.open(run), True)
+        assert again == list(every.rank_steps(1)) and len(again) == ITERATIONS
     got = []
     for reader in (TraceReader.open(run), StoreReader(open_store(run))):
         d = prepare(run, reader)

@@ -141,16 +141,14 @@ def test_with_a_progress_file_pass_one_keeps_no_steps_and_places_the_same_window
         (min(s.start for s in steps if a <= s.iteration <= b),
          max(s.end for s in steps if a <= s.iteration <= b)) for a, b in ranges
     ]  # fmt: skip
-    # the store's scan never keeps steps: it reads the curves' one rank again when it must
-    scans = [(True, _scan(TraceReader.open(run), True)),
-             (False, _scan(TraceReader.open(run), False)), (False, StoreScan(store))]  # fmt: skip
-    for keep, scan in scans:
-        held = sum(len(s) for s in scan.steps.values())
-        assert (held > 0) == keep
-        present = scan.iterations()
-        assert present == sorted({s.iteration for s in steps}) == list(range(1, 21))
-        assert [scan.steps_between(a, b) for a, b in ranges] == expected
-        assert scan.first_start(9) == min(s.start for s in steps if s.iteration == 9)
+    for keep in (True, False):
+        for scan in (_scan(TraceReader.open(run), keep), StoreScan(store, keep)):
+            held = sum(len(s) for s in scan.steps.values())
+            assert (held > 0) == keep
+            present = scan.iterations()
+            assert present == sorted({s.iteration for s in steps}) == list(range(1, 21))
+            assert [scan.steps_between(a, b) for a, b in ranges] == expected
+            assert scan.first_start(9) == min(s.start for s in steps if s.iteration == 9)
     with_progress = prepare(run, StoreReader(store))
     assert with_progress.curve_source == envcontract.PROGRESS_FILE
     assert with_progress.timeline == without.timeline

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 from mlaunch.model.spans import ALIASES, STEP_SPAN, Attr
-from mlaunch.telemetry.otlp_json import attributes
+from mlaunch.telemetry.otlp_json import any_value, attributes
 from mlaunch.trace.goodput import GoodputAggregator
 from mlaunch.trace.reader import Resource, TraceInputError, TraceReader, is_error
 from mlaunch.trace.summary import SummaryAggregator
@@ -309,7 +309,7 @@ class Scan:
     """Pass 1: the summary and goodput aggregates, plus every rank's step times (to place the
     window; 41 bytes a step) and the attributes used when ``progress.jsonl`` is missing."""
 
-    def __init__(self, keep_steps: bool = True) -> None:
+    def __init__(self, keep_steps: bool = True, max_kept: int | None = None) -> None:
         self.summary = SummaryAggregator()
         self.goodput = GoodputAggregator()
         #: Each iteration's earliest step start and latest step end on any rank: what places the
@@ -319,6 +319,11 @@ class Scan:
         #: they grow with ranks x iterations (10^8 steps for 1,024 ranks x 100,000 iterations).
         self.keep_steps = keep_steps
         self.steps: dict[int, RankSteps] = {}
+        #: Past this many steps in all, every rank's are dropped (:attr:`dropped_steps`) and the
+        #: steps of the one rank the curves need are read again (the span store's scan).
+        self.max_kept = max_kept
+        self.dropped_steps = False
+        self._kept = 0
         #: Each rank's [steps, steps with a loss]: which rank the curves are drawn from.
         self.step_counts: dict[int, list[int]] = {}
         self._captures: dict[str, _MarkAcc] = {}
@@ -340,9 +345,8 @@ class Scan:
     def note(self, rank: int, spans: list[dict[str, Any]]) -> None:
         """Fold in the steps and marks of one worker batch (the span store hands only the
         spans that can be either)."""
-        steps = self.steps.get(rank)
-        if steps is None:
-            steps = self.steps[rank] = RankSteps()
+        if rank not in self.steps:
+            self.steps[rank] = RankSteps()
         keep, by_it, counts = self.keep_steps, self.by_iteration, self.step_counts
         canon = ALIASES
         for s in spans:
@@ -363,8 +367,16 @@ class Scan:
             count[0] += 1
             count[1] += step.loss is not None
             if keep:
-                steps.append(*step)
+                self.steps[rank].append(*step)
+                self._kept += 1
+                if self.max_kept is not None and self._kept > self.max_kept:
+                    self._drop_steps()
+                    keep = False
             by_it.add(it, start, end)
+
+    def _drop_steps(self) -> None:
+        self.steps = {r: RankSteps() for r in self.steps}
+        self.keep_steps, self.dropped_steps = False, True
 
     def curve_rank(self) -> int | None:
         """The rank the curves are drawn from when there is no progress file: the one whose
@@ -445,11 +457,34 @@ class Scan:
         return self.by_iteration.steps_between(a, b)
 
 
+_STEP_KEYS = (Attr.ITERATION.value, Attr.LOSS.value, Attr.GRAD_NORM.value)
+
+
+def _step_values(raw: Any) -> tuple[Any, Any, Any]:
+    """The iteration, loss and grad norm of a span's raw OTLP attributes, each as
+    ``attributes(raw).get(key)`` has it (the last entry of a key counts), without decoding the
+    other attributes: pass 1 reads every step span, a tenth of a large trace's spans."""
+    it = loss = gn = None
+    if not isinstance(raw, list | tuple):
+        return it, loss, gn
+    k_it, k_loss, k_gn = _STEP_KEYS
+    for kv in raw:
+        if not isinstance(kv, dict):
+            continue
+        key = kv.get("key")
+        if key == k_it:
+            it = any_value(kv.get("value"))
+        elif key == k_loss:
+            loss = any_value(kv.get("value"))
+        elif key == k_gn:
+            gn = any_value(kv.get("value"))
+    return it, loss, gn
+
+
 def step_of(s: dict[str, Any]) -> Step | None:
     """A ``megatron.train.iteration`` span as a step, or None when it has no iteration that is
     a number, or a number past 64 bits (no step of the window, nor storable as one)."""
-    a = attributes(s.get("attributes"))
-    it = a.get(Attr.ITERATION)
+    it, loss, gn = _step_values(s.get("attributes"))
     if it is None:
         return None
     try:
@@ -457,9 +492,9 @@ def step_of(s: dict[str, Any]) -> Step | None:
     except (TypeError, ValueError):
         return None
     start, end = s["startTimeUnixNano"], s["endTimeUnixNano"]
-    if not all(_I64[0] <= v <= _I64[1] for v in (it, start, end)):
+    if not (_I64[0] <= it <= _I64[1] and _I64[0] <= start <= _I64[1] and _I64[0] <= end <= _I64[1]):
         return None
-    return Step(it, start, end, _float(a.get(Attr.LOSS)), _float(a.get(Attr.GRAD_NORM)))
+    return Step(it, start, end, _float(loss), _float(gn))
 
 
 class WSpan(NamedTuple):

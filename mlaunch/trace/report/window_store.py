@@ -28,6 +28,10 @@ from mlaunch.trace.store import Store, StoreReader
 from mlaunch.trace.store_goodput import goodput_aggregate
 from mlaunch.trace.summary import Summary
 
+#: Steps the store's pass 1 keeps for the curves (every rank's: it cannot know which rank they
+#: are drawn from before the end), 41 bytes each (43 MB); past that it drops them and reads the
+#: chosen rank's again: about 1/ranks of pass 1's work on the steps, paid only by a long run.
+MAX_KEPT_STEPS = 1 << 20
 _STEP_NAMES = sorted({_STEP, *(n for n, c in ALIASES.items() if c == _STEP)})
 #: An attribute list that names a mark key (a key as OTLP-JSON writes it: quoted).
 _MARK_PATTERN = "|".join(re.escape(f'"{k}"') for k in sorted(_MARK_KEYS))
@@ -37,12 +41,13 @@ class StoreScan(Scan):
     """A :class:`Scan` of the store: ``goodput`` is the filled aggregator, ``summary`` is not
     used (the finished :class:`Summary` is :attr:`result`)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, keep_steps: bool = True) -> None:
         from mlaunch.trace.store_summary import summarize_store
 
-        # No rank's steps are kept (41 bytes a step, ranks x iterations): the one rank the
-        # curves are drawn from is read again once it is known (:meth:`rank_steps`).
-        super().__init__(keep_steps=False)
+        # Every rank's steps (41 bytes a step: ranks x iterations) are kept up to
+        # MAX_KEPT_STEPS; past that they are dropped, and the one rank the curves are drawn from
+        # is read again once it is known (:meth:`rank_steps`).
+        super().__init__(keep_steps, max_kept=MAX_KEPT_STEPS)
         self.result: Summary = summarize_store(store)  # raises for a store without spans
         self.goodput = goodput_aggregate(store)
         reader = StoreReader(store)
@@ -60,7 +65,11 @@ class StoreScan(Scan):
         return self._resources
 
     def rank_steps(self, rank: int) -> Iterator[Step]:
-        """``rank``'s steps in read order, read again from its parts (``rank=<R>``)."""
+        """``rank``'s steps in read order: kept by pass 1, or read again from its parts
+        (``rank=<R>``) when pass 1 dropped them."""
+        if not self.dropped_steps:
+            yield from super().rank_steps(rank)
+            return
         parts = [p for p in self._store.parts if p.parent.name == f"rank={rank}"]
         for r, spans in _step_runs(parts, self._res, marks=False):
             if r != rank:
