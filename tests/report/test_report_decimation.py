@@ -16,7 +16,7 @@ from support.synthetic_traces import TraceBuilder
 from mlaunch import envcontract
 from mlaunch.model.spans import Attr, SpanName
 from mlaunch.trace.reader import TraceReader
-from mlaunch.trace.report import curve, window_store
+from mlaunch.trace.report import curve, window
 from mlaunch.trace.report.build import _scan, prepare
 from mlaunch.trace.report.curve import Curve
 from mlaunch.trace.report.window_store import StoreScan
@@ -78,16 +78,14 @@ def test_the_reports_curves_are_decimated_past_the_limit(
     full = prepare(run, StoreReader(open_store(run)))
     assert len(full.curve_figs["chart-loss"]["data"]) == 1  # under the limit: one trace
     assert len(full.curve_figs["chart-loss"]["data"][0]["x"]) == ITERATIONS
+    every = list(_scan(TraceReader.open(run), True).rank_steps(1))  # all kept
     monkeypatch.setattr(curve, "MAX_CURVE_POINTS", LIMIT)
-    # and past a few steps the store's pass 1 drops them all and reads the curves' rank again
-    monkeypatch.setattr(window_store, "MAX_KEPT_STEPS", 50)
-    if not progress:
-        kept = StoreScan(open_store(run), keep_steps=True)
-        assert kept.dropped_steps and not any(len(s) for s in kept.steps.values())
-        assert kept.curve_rank() == 1
-        again = list(kept.rank_steps(1))
-        every = _scan(TraceReader.open(run), True)
-        assert again == list(every.rank_steps(1)) and len(again) == ITERATIONS
+    # and past a few steps pass 1 drops them all and reads the curves' rank again
+    monkeypatch.setattr(window, "MAX_KEPT_STEPS", 50)
+    for scan in (_scan(TraceReader.open(run), True), StoreScan(open_store(run), keep_steps=True)):
+        assert scan.dropped_steps and not any(len(s) for s in scan.steps.values())
+        assert scan.curve_rank() == 1
+        assert list(scan.rank_steps(1)) == every and len(every) == ITERATIONS
     got = []
     for reader in (TraceReader.open(run), StoreReader(open_store(run))):
         d = prepare(run, reader)

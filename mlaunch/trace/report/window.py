@@ -1,14 +1,14 @@
 """The timeline's window of iterations and the two passes over the trace files that place it.
 
-Pass 1 (:class:`Scan`) feeds the summary and goodput aggregators and keeps every rank's step
-times (41 bytes a step, column-wise); they place the window. Pass 2 (:func:`collect_window`) keeps only
+Pass 1 (:class:`Scan`) feeds the summary and goodput aggregators and keeps each iteration's step
+times (24 bytes an iteration, whatever the number of ranks); they place the window. Pass 2 (:func:`collect_window`) keeps only
 the spans that overlap it, so a long run's report holds no more than the window in memory.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from mlaunch.model.spans import ALIASES, STEP_SPAN, Attr
@@ -22,6 +22,11 @@ EDGE_ITERATIONS = 3
 #: A timeline window with more spans than this is refused (the browser would crawl); the error
 #: says to choose a narrower ``--iterations``.
 MAX_TIMELINE_SPANS = 150_000
+#: Steps pass 1 keeps for the curves when there is no ``progress.jsonl`` (every rank's: which
+#: rank they are drawn from is known only at the end), 41 bytes each (43 MB); past that it drops
+#: them and reads the chosen rank's again: about 1/ranks more of its work on the steps, paid
+#: only by a long run (1,024 ranks x 100,000 iterations are 10^8 steps).
+MAX_KEPT_STEPS = 1 << 20
 _STEP = STEP_SPAN  # megatron.train.iteration (older traces' megatron.train_step, via ALIASES)
 
 
@@ -306,8 +311,9 @@ class IterationTimes:
 
 
 class Scan:
-    """Pass 1: the summary and goodput aggregates, plus every rank's step times (to place the
-    window; 41 bytes a step) and the attributes used when ``progress.jsonl`` is missing."""
+    """Pass 1: the summary and goodput aggregates, plus each iteration's step times (to place
+    the window), each rank's count of steps and, with ``keep_steps`` (the curves need them when
+    ``progress.jsonl`` is missing), every rank's steps (41 bytes a step) up to ``max_kept``."""
 
     def __init__(self, keep_steps: bool = True, max_kept: int | None = None) -> None:
         self.summary = SummaryAggregator()
@@ -324,6 +330,8 @@ class Scan:
         self.max_kept = max_kept
         self.dropped_steps = False
         self._kept = 0
+        #: A fresh pass over the trace (``TraceReader.reread``), for the steps dropped.
+        self.reread: Callable[[], Any] | None = None
         #: Each rank's [steps, steps with a loss]: which rank the curves are drawn from.
         self.step_counts: dict[int, list[int]] = {}
         self._captures: dict[str, _MarkAcc] = {}
@@ -387,9 +395,21 @@ class Scan:
         return owner if owner is not None and owner in self.step_counts else None
 
     def rank_steps(self, rank: int) -> Iterator[Step]:
-        """``rank``'s steps in read order (kept by pass 1 only with ``keep_steps``; the span
-        store's scan reads them again instead)."""
-        return iter(self.steps[rank])
+        """``rank``'s steps in read order: kept by pass 1, or read again (:attr:`reread`) when
+        it dropped them."""
+        if not self.dropped_steps:
+            return iter(self.steps[rank])
+        return self._steps_again(rank)
+
+    def _steps_again(self, rank: int) -> Iterator[Step]:
+        assert self.reread is not None, "steps dropped by a scan that cannot read them again"
+        for res, spans, _ in self.reread():
+            if res.launcher or res.rank != rank:
+                continue
+            for s in spans:
+                name = s["name"]
+                if ALIASES.get(name, name) == _STEP and (step := step_of(s)) is not None:
+                    yield step
 
     def _note_mark(
         self,

@@ -28,10 +28,6 @@ from mlaunch.trace.store import Store, StoreReader
 from mlaunch.trace.store_goodput import goodput_aggregate
 from mlaunch.trace.summary import Summary
 
-#: Steps the store's pass 1 keeps for the curves (every rank's: it cannot know which rank they
-#: are drawn from before the end), 41 bytes each (43 MB); past that it drops them and reads the
-#: chosen rank's again: about 1/ranks of pass 1's work on the steps, paid only by a long run.
-MAX_KEPT_STEPS = 1 << 20
 _STEP_NAMES = sorted({_STEP, *(n for n, c in ALIASES.items() if c == _STEP)})
 #: An attribute list that names a mark key (a key as OTLP-JSON writes it: quoted).
 _MARK_PATTERN = "|".join(re.escape(f'"{k}"') for k in sorted(_MARK_KEYS))
@@ -44,10 +40,7 @@ class StoreScan(Scan):
     def __init__(self, store: Store, keep_steps: bool = True) -> None:
         from mlaunch.trace.store_summary import summarize_store
 
-        # Every rank's steps (41 bytes a step: ranks x iterations) are kept up to
-        # MAX_KEPT_STEPS; past that they are dropped, and the one rank the curves are drawn from
-        # is read again once it is known (:meth:`rank_steps`).
-        super().__init__(keep_steps, max_kept=MAX_KEPT_STEPS)
+        super().__init__(keep_steps, max_kept=window.MAX_KEPT_STEPS)
         self.result: Summary = summarize_store(store)  # raises for a store without spans
         self.goodput = goodput_aggregate(store)
         reader = StoreReader(store)
@@ -68,7 +61,7 @@ class StoreScan(Scan):
         """``rank``'s steps in read order: kept by pass 1, or read again from its parts
         (``rank=<R>``) when pass 1 dropped them."""
         if not self.dropped_steps:
-            yield from super().rank_steps(rank)
+            yield from iter(self.steps[rank])
             return
         parts = [p for p in self._store.parts if p.parent.name == f"rank={rank}"]
         for r, spans in _step_runs(parts, self._res, marks=False):
