@@ -145,7 +145,7 @@ def prepare(
     if isinstance(reader, StoreReader):
         from mlaunch.trace.report.window_store import StoreScan, collect_window_store
 
-        store_scan = StoreScan(reader.store)
+        store_scan = StoreScan(reader.store, curves_need_steps(progress))
         scan: Scan = store_scan
         summary = store_scan.result
     else:
