@@ -130,3 +130,40 @@ def test_the_iteration_times_folded_in_many_buffers_are_a_dicts_min_and_max(
     assert all(times.first_start(k) == v[0] for k, v in ref.items())
     with pytest.raises(KeyError):
         times.first_start(10**6)
+
+
+def _step(it: int, rank: int, loss: bool) -> dict[str, object]:
+    a = [{"key": Attr.ITERATION.value, "value": {"intValue": str(it)}}]
+    if loss:
+        a.append({"key": Attr.LOSS.value, "value": {"doubleValue": 1.0 / it}})
+    return {"name": SpanName.ITERATION.value, "startTimeUnixNano": it * 100 + rank,
+            "endTimeUnixNano": it * 100 + 90, "attributes": a}  # fmt: skip
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_past_the_steps_kept_pass_one_keeps_the_leader_and_reads_a_dropped_one_again(
+    interleaved: bool,
+) -> None:
+    """Four ranks, the loss on ranks 1 and 3 (two last pipeline stages: the tie goes to 3),
+    room for 250 steps: read a rank at a time, ranks 0-2 are dropped and rank 3's steps are
+    all kept (no second read); read in halves (a dropped rank gets more steps later), the
+    rank chosen is read again, and the curves' steps are the same either way."""
+    from mlaunch.trace.reader import Resource
+    from mlaunch.trace.report.window import Scan
+
+    res = {r: Resource({}, r) for r in range(4)}
+    halves = [(r, h) for h in (range(1, 51), range(51, 101)) for r in range(4)]
+    order = halves if interleaved else sorted(halves, key=lambda x: x[0])
+    batches = [(res[r], [_step(it, r, r in (1, 3)) for it in its], False) for r, its in order]
+    full = Scan(True)
+    scan = Scan(True, max_kept=250)
+    reads = []
+    scan.reread = lambda: reads.append(1) or iter(batches)
+    for b in batches:
+        full.add(*b)
+        scan.add(*b)
+    assert scan.curve_rank() == full.curve_rank() == 3
+    assert sum(len(s) for s in scan.steps.values()) <= 250
+    assert list(scan.rank_steps(3)) == list(full.rank_steps(3))
+    assert len(list(full.rank_steps(3))) == 100
+    assert scan.kept_whole(3) != interleaved and len(reads) == int(interleaved)

@@ -22,11 +22,13 @@ EDGE_ITERATIONS = 3
 #: A timeline window with more spans than this is refused (the browser would crawl); the error
 #: says to choose a narrower ``--iterations``.
 MAX_TIMELINE_SPANS = 150_000
-#: Steps pass 1 keeps for the curves when there is no ``progress.jsonl`` (every rank's: which
-#: rank they are drawn from is known only at the end), 41 bytes each (43 MB); past that it drops
-#: them and reads the chosen rank's again: about 1/ranks more of its work on the steps, paid
-#: only by a long run (1,024 ranks x 100,000 iterations are 10^8 steps).
-MAX_KEPT_STEPS = 1 << 20
+#: Steps pass 1 keeps for the curves when there is no ``progress.jsonl``, 41 bytes each (86 MB):
+#: every rank's while they fit (which rank the curves are drawn from is known only at the end),
+#: then only the leader's (the most losses so far) and the rank's being read, as a rank's steps
+#: come together (a part, or a file, at a time). The steps of the rank chosen are read again
+#: only when they were dropped: when even two ranks' steps do not fit (runs of 10^6 iterations
+#: and more), or a rank dropped had more steps later in the read.
+MAX_KEPT_STEPS = 1 << 21
 _STEP = STEP_SPAN  # megatron.train.iteration (older traces' megatron.train_step, via ALIASES)
 
 
@@ -325,10 +327,13 @@ class Scan:
         #: they grow with ranks x iterations (10^8 steps for 1,024 ranks x 100,000 iterations).
         self.keep_steps = keep_steps
         self.steps: dict[int, RankSteps] = {}
-        #: Past this many steps in all, every rank's are dropped (:attr:`dropped_steps`) and the
-        #: steps of the one rank the curves need are read again (the span store's scan).
+        #: Past this many steps in all, the steps of every rank but two are dropped: the one
+        #: with the most losses so far and the one being read (a rank dropped that gets no more
+        #: steps cannot be the curves' rank: the leader only gains); past it with those two,
+        #: every rank's. A rank the curves need whose steps were dropped is read again.
         self.max_kept = max_kept
         self.dropped_steps = False
+        self._pruned: set[int] = set()
         self._kept = 0
         #: A fresh pass over the trace (``TraceReader.reread``), for the steps dropped.
         self.reread: Callable[[], Any] | None = None
@@ -378,13 +383,26 @@ class Scan:
                 self.steps[rank].append(*step)
                 self._kept += 1
                 if self.max_kept is not None and self._kept > self.max_kept:
-                    self._drop_steps()
-                    keep = False
+                    self._prune(rank)
+                    keep = self.keep_steps
             by_it.add(it, start, end)
 
-    def _drop_steps(self) -> None:
-        self.steps = {r: RankSteps() for r in self.steps}
-        self.keep_steps, self.dropped_steps = False, True
+    def _prune(self, rank: int) -> None:
+        counts = self.step_counts
+        lead = max(counts, key=lambda r: (counts[r][1], r))
+        for r, steps in self.steps.items():
+            if r not in (lead, rank) and len(steps):
+                self.steps[r] = RankSteps()
+                self._pruned.add(r)
+        self._kept = sum(len(s) for s in self.steps.values())
+        if self._kept > (self.max_kept or 0):  # two ranks' steps are too many: drop them all
+            self.steps = {r: RankSteps() for r in self.steps}
+            self.keep_steps, self.dropped_steps = False, True
+
+    def kept_whole(self, rank: int) -> bool:
+        """Whether pass 1 holds every step of ``rank`` (else :meth:`rank_steps` reads them
+        again)."""
+        return not self.dropped_steps and rank not in self._pruned
 
     def curve_rank(self) -> int | None:
         """The rank the curves are drawn from when there is no progress file: the one whose
@@ -397,7 +415,7 @@ class Scan:
     def rank_steps(self, rank: int) -> Iterator[Step]:
         """``rank``'s steps in read order: kept by pass 1, or read again (:attr:`reread`) when
         it dropped them."""
-        if not self.dropped_steps:
+        if self.kept_whole(rank):
             return iter(self.steps[rank])
         return self._steps_again(rank)
 

@@ -60,7 +60,7 @@ class StoreScan(Scan):
     def rank_steps(self, rank: int) -> Iterator[Step]:
         """``rank``'s steps in read order: kept by pass 1, or read again from its parts
         (``rank=<R>``) when pass 1 dropped them."""
-        if not self.dropped_steps:
+        if self.kept_whole(rank):
             yield from iter(self.steps[rank])
             return
         parts = [p for p in self._store.parts if p.parent.name == f"rank={rank}"]
