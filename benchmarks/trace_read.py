@@ -34,7 +34,8 @@ printing its wall, CPU and peak RSS (the whole process) against the goal of 1 Gi
 Run: ``python benchmarks/trace_read.py [--spans 1000000] [--no-json] [--no-export]
 [--no-report] [--no-store] [--readers] [--repeat N] [--writers [--append-min-mib 64]]``;
 ``--store-only --spans 100000000`` for the store passes at 10^8 spans (generated straight into
-the store: no JSON; ``--skip-readers stragglers,...`` leaves readers out); ``--run DIR`` for
+the store: no JSON, no progress.jsonl; ``--skip-readers stragglers,...`` leaves readers out;
+``--microbatches 1 --layers 1``: 11 spans a step, not 61, for shapes of many steps); ``--run DIR`` for
 only the export and report comparisons on an existing run directory (its store built first).
 """
 
