@@ -34,7 +34,8 @@ printing its wall, CPU and peak RSS (the whole process) against the goal of 1 Gi
 Run: ``python benchmarks/trace_read.py [--spans 1000000] [--no-json] [--no-export]
 [--no-report] [--no-store] [--readers] [--repeat N] [--writers [--append-min-mib 64]]``;
 ``--store-only --spans 100000000`` for the store passes at 10^8 spans (generated straight into
-the store: no JSON; ``--skip-readers stragglers,...`` leaves readers out); ``--run DIR`` for
+the store: no JSON, no progress.jsonl; ``--skip-readers stragglers,...`` leaves readers out;
+``--microbatches 1 --layers 1``: 11 spans a step, not 61, for shapes of many steps); ``--run DIR`` for
 only the export and report comparisons on an existing run directory (its store built first).
 """
 
@@ -374,8 +375,11 @@ def _split_iteration(col: Any) -> tuple[Any, Any, Any]:
     return pa.array(pre, pa.string()), pa.array(post, pa.string()), pa.array(has)
 
 
-def _store_only(spans: int, ranks: int, skip: set[str]) -> None:
-    """A store of about ``spans`` spans without the JSON: a 50-step realistic run's store, each
+def _store_only(
+    spans: int, ranks: int, skip: set[str], microbatches: int = 4, layers: int = 4
+) -> None:
+    """A store of about ``spans`` spans without the JSON: a 50-step realistic run's store (of
+    ``microbatches`` x ``layers`` a step: fewer make more iterations of the same spans), each
     rank's rows repeated with times shifted by the run's extent (iterations by 50, in the column
     and the attribute text; span ids made distinct per copy), written
     part by part (memory stays at one part), then the store passes of :func:`_child`."""
@@ -388,7 +392,9 @@ def _store_only(spans: int, ranks: int, skip: set[str]) -> None:
 
     with tempfile.TemporaryDirectory(prefix="mlaunch-trace-bench-") as tmp:
         tmpl = Path(tmp) / "template"
-        write_realistic_run(tmpl, ranks=ranks, steps=50, microbatches=4, layers=4, pp=2)
+        write_realistic_run(
+            tmpl, ranks=ranks, steps=50, microbatches=microbatches, layers=layers, pp=2
+        )
         store = open_store(tmpl)
         assert store is not None
         run = Path(tmp) / "run"
@@ -568,6 +574,18 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--spans", type=int, default=1_000_000, help="about how many spans to generate")
     p.add_argument("--ranks", type=int, default=4)
+    p.add_argument(
+        "--microbatches",
+        type=int,
+        default=4,
+        help="--store-only: microbatches a step (fewer: more steps for the spans)",
+    )
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=4,
+        help="--store-only: layers a pipeline stage (fewer: more steps for the spans)",
+    )
     p.add_argument("--no-export", action="store_true", help="skip the Chrome export pass")
     p.add_argument("--no-store", action="store_true", help="skip the span store passes")
     p.add_argument("--no-json", action="store_true", help="skip the JSON reader's passes")
@@ -623,7 +641,8 @@ def main() -> None:
         print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
         return
     if args.store_only:
-        _store_only(args.spans, args.ranks, set(filter(None, args.skip_readers.split(","))))
+        skip = set(filter(None, args.skip_readers.split(",")))
+        _store_only(args.spans, args.ranks, skip, args.microbatches, args.layers)
         return
     micro, layers, pp = 4, 4, 2
     steps = max(1, round(args.spans / args.ranks / spans_per_step(micro, layers)))

@@ -10,6 +10,7 @@ from mlaunch import envcontract
 from mlaunch.outputs import open_output
 from mlaunch.trace.goodput import GoodputReport
 from mlaunch.trace.reader import ReadStats, TraceReader
+from mlaunch.trace.report import window
 from mlaunch.trace.report.charts import curves, curves_need_steps, goodput_figure, skew_figure
 from mlaunch.trace.report.page import page
 from mlaunch.trace.report.rundir import default_output, read_progress, read_resolved, run_directory
@@ -48,7 +49,8 @@ class ReportResult:
 
 def _scan(reader: TraceReader, keep_steps: bool) -> Scan:
     """Pass 1 over the trace; a span a consumer cannot use is reported at its line."""
-    scan = Scan(keep_steps)
+    scan = Scan(keep_steps, max_kept=window.MAX_KEPT_STEPS)
+    scan.reread = reader.reread
     reader.feed(scan.add)
     if not scan.summary.durations:
         raise no_spans_error(reader)
@@ -140,15 +142,14 @@ def prepare(
     read_stats = reader.stats
     base_dir = run_directory(run_dir)
     progress, bad_progress = read_progress(base_dir)
-    keep_steps = curves_need_steps(progress)
     if isinstance(reader, StoreReader):
         from mlaunch.trace.report.window_store import StoreScan, collect_window_store
 
-        store_scan = StoreScan(reader.store, keep_steps)
+        store_scan = StoreScan(reader.store, curves_need_steps(progress))
         scan: Scan = store_scan
         summary = store_scan.result
     else:
-        scan = _scan(reader, keep_steps)
+        scan = _scan(reader, curves_need_steps(progress))
         summary = scan.summary.finish(read_stats)
     gp = scan.goodput.finish()
 

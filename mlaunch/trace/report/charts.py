@@ -8,6 +8,8 @@ from typing import Any
 from mlaunch import envcontract
 from mlaunch.model.spans import ResourceAttr
 from mlaunch.trace.goodput import GoodputReport
+from mlaunch.trace.report.curve import Curve, Points
+from mlaunch.trace.report.rundir import TRAIN_KEYS, Progress
 from mlaunch.trace.report.style import NS_PER_MS, fmt_ms
 from mlaunch.trace.report.window import Scan
 from mlaunch.trace.summary import Summary
@@ -22,15 +24,32 @@ GOODPUT_PARTS = (
 )
 
 
-def _line_chart(
-    title: str, ytitle: str, series: list[tuple[str, list[int], list[float], str]]
-) -> dict[str, Any]:
-    """A small chart over iterations; ``series`` = (name, iterations, values, mode)."""
-    data = [
-        {"type": "scatter", "mode": mode, "name": name, "x": xs, "y": ys,
-         "marker": {"size": 4}, "line": {"width": 1.5}}
-        for name, xs, ys, mode in series
+def _traces(name: str, pts: Points, mode: str) -> list[dict[str, Any]]:
+    """The plotly traces of one curve: its points, or (decimated) each bucket's min-max as a
+    band under the line of its means."""
+    line = {"type": "scatter", "mode": mode, "name": name, "x": pts.xs, "y": pts.ys,
+            "marker": {"size": 4}, "line": {"width": 1.5}}  # fmt: skip
+    if pts.lo is None:
+        return [line]
+    line["mode"] = "lines"
+    edge = {"type": "scatter", "mode": "lines", "x": pts.xs, "showlegend": False,
+            "line": {"width": 0.5, "color": "rgba(31,119,180,0.5)"}}  # fmt: skip
+    return [
+        {**edge, "name": f"{name} min", "y": pts.lo},
+        {**edge, "name": f"{name} max", "y": pts.hi, "fill": "tonexty",
+         "fillcolor": "rgba(31,119,180,0.2)"},
+        line,
     ]  # fmt: skip
+
+
+def _line_chart(title: str, ytitle: str, series: list[tuple[str, Points, str]]) -> dict[str, Any]:
+    """A small chart over iterations; ``series`` = (name, points, mode)."""
+    data = [t for name, pts, mode in series for t in _traces(name, pts, mode)]
+    thinned = [pts for _, pts, _ in series if pts.lo is not None]
+    if thinned:  # say so: a reader must not take a bucket's mean for a point
+        p = max(thinned, key=lambda p: p.width)
+        title += (f" (decimated: {p.iterations:,} iterations in {len(p.xs):,} buckets of "
+                  f"{p.width:,}; line: mean, band: min-max)")  # fmt: skip
     return {
         "data": data,
         "layout": {
@@ -42,77 +61,62 @@ def _line_chart(
     }  # fmt: skip
 
 
-def _records_from_steps(scan: Scan, res: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
-    """Training records rebuilt from the step spans when there is no progress file (plain
+def _curves_from_steps(scan: Scan, res: dict[str, Any]) -> tuple[dict[str, Curve], str]:
+    """Training curves rebuilt from the step spans when there is no progress file (plain
     torchrun without the run directory, or another script), and where they came from."""
     # The step spans carry iteration, loss and grad norm; take the rank that owns the loss (the
     # last pipeline stage), step time from the span, tokens/s from the resource's batch.
-    owner = max(
-        scan.steps, key=lambda r: (scan.steps[r].losses(), r),
-        default=None,
-    )  # fmt: skip
-    if owner is None or not scan.steps[owner]:
-        return [], "nowhere: no progress.jsonl and no megatron.train.iteration spans"
+    owner = scan.curve_rank()
+    if owner is None:
+        return {}, "nowhere: no progress.jsonl and no megatron.train.iteration spans"
     tokens = int(res.get(ResourceAttr.BATCH_SIZE) or 0) * int(
         res.get(ResourceAttr.SEQUENCE_LENGTH) or 0
     )
-    by_it = {s.iteration: s for s in scan.steps[owner]}
-    train: list[dict[str, Any]] = []
-    for it in sorted(by_it):
-        s = by_it[it]
+    out = {k: Curve() for k in TRAIN_KEYS}
+    loss, lr, gn, tps, step_ms = (out[k] for k in TRAIN_KEYS)
+    for s in scan.rank_steps(owner):  # the last step of an iteration counts, all of it
         ms = (s.end - s.start) / NS_PER_MS
-        rec: dict[str, Any] = {"iteration": it, "loss": s.loss, "grad_norm": s.grad_norm,
-                               "step_ms": ms}  # fmt: skip
-        if tokens and ms > 0:
-            rec["tokens_per_sec"] = tokens / (ms / 1e3)
-        train.append(rec)
-    return train, f"megatron.train.iteration span attributes of rank {owner} (no progress.jsonl)"
+        it = s.iteration
+        loss.add(it, s.loss)
+        gn.add(it, s.grad_norm)
+        step_ms.add(it, ms)
+        tps.add(it, tokens / (ms / 1e3) if tokens and ms > 0 else None)
+    return out, f"megatron.train.iteration span attributes of rank {owner} (no progress.jsonl)"
 
 
-def _column(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
-    """(iterations, values) of the records that have ``key``."""
-    pts = [(int(r["iteration"]), float(r[key])) for r in rows if r.get(key) is not None]
-    return [p[0] for p in pts], [p[1] for p in pts]
-
-
-def _train_records(progress: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in progress if "eval_loss" not in r]
-
-
-def curves_need_steps(progress: list[dict[str, Any]]) -> bool:
+def curves_need_steps(progress: Progress) -> bool:
     """Whether :func:`curves` draws from the step spans (no training record in ``progress``):
-    only then does pass 1 keep every rank's steps (:attr:`Scan.keep_steps`)."""
-    return not _train_records(progress)
+    only then does the JSON path's pass 1 keep every rank's steps (:attr:`Scan.keep_steps`)."""
+    return not progress.has_train
 
 
 def curves(
-    progress: list[dict[str, Any]], scan: Scan, res: dict[str, Any]
+    progress: Progress, scan: Scan, res: dict[str, Any]
 ) -> tuple[dict[str, dict[str, Any]], str]:
     """The training-curve figures (div id -> figure) and where their data came from."""
-    train = _train_records(progress)
-    evals = [r for r in progress if "eval_loss" in r]
-    source = envcontract.PROGRESS_FILE
-    if not train:
-        train, source = _records_from_steps(scan, res)
+    train, source = progress.train, envcontract.PROGRESS_FILE
+    if not progress.has_train:
+        train, source = _curves_from_steps(scan, res)
         if not train:
             return {}, source
-    col = _column
-    loss_series = [("train", *col(train, "loss"), "lines+markers")]
-    if evals:
-        loss_series.append(("eval", *col(evals, "eval_loss"), "lines+markers"))
+    col = {k: c.points() for k, c in train.items()}
+    loss_series = [("train", col["loss"], "lines+markers")]
+    evals = progress.evals.points()
+    if evals.xs:
+        loss_series.append(("eval", evals, "lines+markers"))
     spec = [
         ("chart-loss", "loss", "cross entropy", loss_series),
-        ("chart-lr", "learning rate", "lr", [("lr", *col(train, "lr"), "lines+markers")]),
+        ("chart-lr", "learning rate", "lr", [("lr", col["lr"], "lines+markers")]),
         ("chart-grad-norm", "grad norm", "norm",
-         [("grad norm", *col(train, "grad_norm"), "lines+markers")]),
+         [("grad norm", col["grad_norm"], "lines+markers")]),
         ("chart-tokens", "throughput", "tokens/s",
-         [("tokens/s", *col(train, "tokens_per_sec"), "lines+markers")]),
+         [("tokens/s", col["tokens_per_sec"], "lines+markers")]),
         ("chart-step-time", "step time", "ms",
-         [("step time", *col(train, "step_ms"), "lines+markers")]),
+         [("step time", col["step_ms"], "lines+markers")]),
     ]  # fmt: skip
     figs: dict[str, dict[str, Any]] = {}
     for div, title, ytitle, series in spec:
-        series = [s for s in series if s[1]]
+        series = [s for s in series if s[1].xs]
         if series:
             figs[div] = _line_chart(title, ytitle, series)
     return figs, source

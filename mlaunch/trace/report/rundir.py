@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mlaunch import envcontract
+from mlaunch.trace.report.curve import Curve
 
 #: Where ``write_report`` puts the report when no output path is given (inside the run directory).
 REPORT_FILE = "report.html"
@@ -26,14 +28,31 @@ def default_output(path: Path) -> Path:
     return run_directory(path) / REPORT_FILE
 
 
-def read_progress(run_dir: Path) -> tuple[list[dict[str, Any]], int]:
-    """The records of ``progress.jsonl`` (the last one per iteration and kind, so a resumed run's
-    repeats count once) and the number of unreadable lines skipped (a crash can cut the last)."""
+#: The keys of a training record of ``progress.jsonl`` the curves draw, and of an eval record.
+TRAIN_KEYS = ("loss", "lr", "grad_norm", "tokens_per_sec", "step_ms")
+EVAL_KEY = "eval_loss"
+
+
+@dataclass
+class Progress:
+    """The curves of ``progress.jsonl``: one per :data:`TRAIN_KEYS` from the training records,
+    one of ``eval_loss`` from the eval records, each bounded (:class:`~.curve.Curve`), so the
+    file is read as a stream at any length."""
+
+    train: dict[str, Curve] = field(default_factory=lambda: {k: Curve() for k in TRAIN_KEYS})
+    evals: Curve = field(default_factory=Curve)
+    #: Whether the file has any training record (else the curves come from the step spans).
+    has_train: bool = False
+
+
+def read_progress(run_dir: Path) -> tuple[Progress, int]:
+    """The curves of ``progress.jsonl`` (the last record per iteration and kind, so a resumed
+    run's repeats count once) and the number of unreadable lines skipped (a crash can cut the
+    last)."""
+    prog = Progress()
     path = run_dir / envcontract.PROGRESS_FILE
     if not path.is_file():
-        return [], 0
-    train: dict[int, dict[str, Any]] = {}
-    evals: dict[int, dict[str, Any]] = {}
+        return prog, 0
     bad = 0
     with open(path, "rb") as f:
         for raw in f:
@@ -45,8 +64,13 @@ def read_progress(run_dir: Path) -> tuple[list[dict[str, Any]], int]:
             except (ValueError, KeyError, TypeError):
                 bad += 1
                 continue
-            (evals if "eval_loss" in rec else train)[it] = rec
-    return [train[i] for i in sorted(train)] + [evals[i] for i in sorted(evals)], bad
+            if EVAL_KEY in rec:
+                prog.evals.add(it, rec[EVAL_KEY])
+                continue
+            prog.has_train = True
+            for k, curve in prog.train.items():
+                curve.add(it, rec.get(k))
+    return prog, bad
 
 
 def read_resolved(run_dir: Path) -> dict[str, Any]:

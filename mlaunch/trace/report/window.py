@@ -1,18 +1,18 @@
 """The timeline's window of iterations and the two passes over the trace files that place it.
 
-Pass 1 (:class:`Scan`) feeds the summary and goodput aggregators and keeps every rank's step
-times (41 bytes a step, column-wise); they place the window. Pass 2 (:func:`collect_window`) keeps only
+Pass 1 (:class:`Scan`) feeds the summary and goodput aggregators and keeps each iteration's step
+times (24 bytes an iteration, whatever the number of ranks); they place the window. Pass 2 (:func:`collect_window`) keeps only
 the spans that overlap it, so a long run's report holds no more than the window in memory.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from mlaunch.model.spans import ALIASES, STEP_SPAN, Attr
-from mlaunch.telemetry.otlp_json import attributes
+from mlaunch.telemetry.otlp_json import any_value, attributes
 from mlaunch.trace.goodput import GoodputAggregator
 from mlaunch.trace.reader import Resource, TraceInputError, TraceReader, is_error
 from mlaunch.trace.summary import SummaryAggregator
@@ -22,6 +22,13 @@ EDGE_ITERATIONS = 3
 #: A timeline window with more spans than this is refused (the browser would crawl); the error
 #: says to choose a narrower ``--iterations``.
 MAX_TIMELINE_SPANS = 150_000
+#: Steps pass 1 keeps for the curves when there is no ``progress.jsonl``, 41 bytes each (86 MB):
+#: every rank's while they fit (which rank the curves are drawn from is known only at the end),
+#: then only the leader's (the most losses so far) and the rank's being read, as a rank's steps
+#: come together (a part, or a file, at a time). The steps of the rank chosen are read again
+#: only when they were dropped: when even two ranks' steps do not fit (runs of 10^6 iterations
+#: and more), or a rank dropped had more steps later in the read.
+MAX_KEPT_STEPS = 1 << 21
 _STEP = STEP_SPAN  # megatron.train.iteration (older traces' megatron.train_step, via ALIASES)
 
 
@@ -236,20 +243,102 @@ class RankSteps:
         return sum(h & 1 for h in self._has)
 
 
-class Scan:
-    """Pass 1: the summary and goodput aggregates, plus every rank's step times (to place the
-    window; 41 bytes a step) and the attributes used when ``progress.jsonl`` is missing."""
+class IterationTimes:
+    """Each iteration's earliest step start and latest step end on any rank, as three sorted
+    int64 arrays (24 bytes an iteration, against about 190 as a dict of lists: 10^6 iterations
+    are 24 MB). Steps arrive in a buffer, folded in once it holds as many as the arrays (so
+    each step is sorted a bounded number of times)."""
 
-    def __init__(self, keep_steps: bool = True) -> None:
+    __slots__ = ("_buf", "_its", "_lo", "_hi")
+    _MIN_FOLD = 1 << 16
+
+    def __init__(self) -> None:
+        self._buf = array("q")  # iteration, start, end of each step not yet folded in
+        self._its: Any = None
+        self._lo: Any = None
+        self._hi: Any = None
+
+    def add(self, it: int, start: int, end: int) -> None:
+        """A step of iteration ``it`` from ``start`` to ``end`` (each within 64 bits)."""
+        buf = self._buf
+        buf.extend((it, start, end))
+        if len(buf) >= 3 * max(self._MIN_FOLD, 0 if self._its is None else len(self._its)):
+            self._fold()
+
+    def _fold(self) -> None:
+        import numpy as np
+
+        new = np.array(self._buf, dtype=np.int64).reshape(-1, 3)
+        self._buf = array("q")
+        its, lo, hi = new[:, 0], new[:, 1], new[:, 2]
+        if self._its is not None:
+            its = np.concatenate([self._its, its])
+            lo = np.concatenate([self._lo, lo])
+            hi = np.concatenate([self._hi, hi])
+        if not len(its):  # no step yet
+            self._its, self._lo, self._hi = its, lo, hi
+            return
+        order = np.argsort(its, kind="stable")
+        its, lo, hi = its[order], lo[order], hi[order]
+        first = np.flatnonzero(np.concatenate([[True], its[1:] != its[:-1]]))
+        self._its = its[first]
+        self._lo = np.minimum.reduceat(lo, first)
+        self._hi = np.maximum.reduceat(hi, first)
+
+    def _arrays(self) -> tuple[Any, Any, Any]:
+        if self._buf or self._its is None:
+            self._fold()
+        return self._its, self._lo, self._hi
+
+    def iterations(self) -> list[int]:
+        """The distinct iterations, sorted."""
+        return self._arrays()[0].tolist()
+
+    def first_start(self, iteration: int) -> int:
+        """The earliest start of ``iteration``'s steps (``KeyError`` when it has none)."""
+        its, lo, _ = self._arrays()
+        i = int(its.searchsorted(iteration))
+        if i == len(its) or its[i] != iteration:
+            raise KeyError(iteration)
+        return int(lo[i])
+
+    def steps_between(self, a: int, b: int) -> tuple[int, int]:
+        """The earliest start and latest end of the steps of iterations ``a``-``b``
+        (inclusive; at least one is present)."""
+        its, lo, hi = self._arrays()
+        i, j = int(its.searchsorted(a, "left")), int(its.searchsorted(b, "right"))
+        if i == j:
+            raise ValueError(f"no step in iterations {a}-{b}")
+        return int(lo[i:j].min()), int(hi[i:j].max())
+
+
+class Scan:
+    """Pass 1: the summary and goodput aggregates, plus each iteration's step times (to place
+    the window), each rank's count of steps and, with ``keep_steps`` (the curves need them when
+    ``progress.jsonl`` is missing), every rank's steps (41 bytes a step) up to ``max_kept``."""
+
+    def __init__(self, keep_steps: bool = True, max_kept: int | None = None) -> None:
         self.summary = SummaryAggregator()
         self.goodput = GoodputAggregator()
         #: Each iteration's earliest step start and latest step end on any rank: what places the
-        #: window (a few tens of bytes an iteration, whatever the number of ranks).
-        self.by_iteration: dict[int, list[int]] = {}
+        #: window (24 bytes an iteration, whatever the number of ranks).
+        self.by_iteration = IterationTimes()
         #: Every rank's steps, kept only when the curves are drawn from them (no progress file):
         #: they grow with ranks x iterations (10^8 steps for 1,024 ranks x 100,000 iterations).
         self.keep_steps = keep_steps
         self.steps: dict[int, RankSteps] = {}
+        #: Past this many steps in all, the steps of every rank but two are dropped: the one
+        #: with the most losses so far and the one being read (a rank dropped that gets no more
+        #: steps cannot be the curves' rank: the leader only gains); past it with those two,
+        #: every rank's. A rank the curves need whose steps were dropped is read again.
+        self.max_kept = max_kept
+        self.dropped_steps = False
+        self._pruned: set[int] = set()
+        self._kept = 0
+        #: A fresh pass over the trace (``TraceReader.reread``), for the steps dropped.
+        self.reread: Callable[[], Any] | None = None
+        #: Each rank's [steps, steps with a loss]: which rank the curves are drawn from.
+        self.step_counts: dict[int, list[int]] = {}
         self._captures: dict[str, _MarkAcc] = {}
         self._dumps: dict[tuple[str, int, Any], _MarkAcc] = {}  # (trigger, rank, dump)
 
@@ -269,10 +358,9 @@ class Scan:
     def note(self, rank: int, spans: list[dict[str, Any]]) -> None:
         """Fold in the steps and marks of one worker batch (the span store hands only the
         spans that can be either)."""
-        steps = self.steps.get(rank)
-        if steps is None:
-            steps = self.steps[rank] = RankSteps()
-        keep, by_it = self.keep_steps, self.by_iteration
+        if rank not in self.steps:
+            self.steps[rank] = RankSteps()
+        keep, by_it, counts = self.keep_steps, self.by_iteration, self.step_counts
         canon = ALIASES
         for s in spans:
             name = s["name"]
@@ -282,26 +370,64 @@ class Scan:
                 self._note_mark(rank, s, capture, trigger, dump, is_step)
             if not is_step:
                 continue
-            a = attributes(s.get("attributes"))
-            it = a.get(Attr.ITERATION)
-            if it is None:
+            step = step_of(s)
+            if step is None:
                 continue
-            try:  # an iteration that is no number is no step of the timeline's window
-                it = int(it)
-            except (TypeError, ValueError):
-                continue
-            start, end = s["startTimeUnixNano"], s["endTimeUnixNano"]
-            if not all(_I64[0] <= v <= _I64[1] for v in (it, start, end)):
-                continue  # a number past 64 bits is no step (nor storable as one)
+            it, start, end = step.iteration, step.start, step.end
+            count = counts.get(rank)
+            if count is None:
+                count = counts[rank] = [0, 0]
+            count[0] += 1
+            count[1] += step.loss is not None
             if keep:
-                steps.append(
-                    it, start, end, _float(a.get(Attr.LOSS)), _float(a.get(Attr.GRAD_NORM))
-                )
-            lohi = by_it.get(it)
-            if lohi is None:
-                by_it[it] = [start, end]
-            else:
-                lohi[0], lohi[1] = min(lohi[0], start), max(lohi[1], end)
+                self.steps[rank].append(*step)
+                self._kept += 1
+                if self.max_kept is not None and self._kept > self.max_kept:
+                    self._prune(rank)
+                    keep = self.keep_steps
+            by_it.add(it, start, end)
+
+    def _prune(self, rank: int) -> None:
+        counts = self.step_counts
+        lead = max(counts, key=lambda r: (counts[r][1], r))
+        for r, steps in self.steps.items():
+            if r not in (lead, rank) and len(steps):
+                self.steps[r] = RankSteps()
+                self._pruned.add(r)
+        self._kept = sum(len(s) for s in self.steps.values())
+        if self._kept > (self.max_kept or 0):  # two ranks' steps are too many: drop them all
+            self.steps = {r: RankSteps() for r in self.steps}
+            self.keep_steps, self.dropped_steps = False, True
+
+    def kept_whole(self, rank: int) -> bool:
+        """Whether pass 1 holds every step of ``rank`` (else :meth:`rank_steps` reads them
+        again)."""
+        return not self.dropped_steps and rank not in self._pruned
+
+    def curve_rank(self) -> int | None:
+        """The rank the curves are drawn from when there is no progress file: the one whose
+        steps report the most losses (the last pipeline stage; the highest rank of a tie), or
+        None when no rank has a step."""
+        owner = max(self.steps, key=lambda r: (self.step_counts.get(r, (0, 0))[1], r),
+                    default=None)  # fmt: skip
+        return owner if owner is not None and owner in self.step_counts else None
+
+    def rank_steps(self, rank: int) -> Iterator[Step]:
+        """``rank``'s steps in read order: kept by pass 1, or read again (:attr:`reread`) when
+        it dropped them."""
+        if self.kept_whole(rank):
+            return iter(self.steps[rank])
+        return self._steps_again(rank)
+
+    def _steps_again(self, rank: int) -> Iterator[Step]:
+        assert self.reread is not None, "steps dropped by a scan that cannot read them again"
+        for res, spans, _ in self.reread():
+            if res.launcher or res.rank != rank:
+                continue
+            for s in spans:
+                name = s["name"]
+                if ALIASES.get(name, name) == _STEP and (step := step_of(s)) is not None:
+                    yield step
 
     def _note_mark(
         self,
@@ -357,17 +483,56 @@ class Scan:
 
     def iterations(self) -> list[int]:
         """The distinct iterations of the step spans, sorted."""
-        return sorted(self.by_iteration)
+        return self.by_iteration.iterations()
 
     def first_start(self, iteration: int) -> int:
         """The earliest start of ``iteration``'s step on any rank."""
-        return self.by_iteration[iteration][0]
+        return self.by_iteration.first_start(iteration)
 
     def steps_between(self, a: int, b: int) -> tuple[int, int]:
         """The earliest start and latest end of the steps of iterations ``a``-``b`` (inclusive)
         on any rank (at least one is present)."""
-        chosen = [lohi for it, lohi in self.by_iteration.items() if a <= it <= b]
-        return min(lo for lo, _ in chosen), max(hi for _, hi in chosen)
+        return self.by_iteration.steps_between(a, b)
+
+
+_STEP_KEYS = (Attr.ITERATION.value, Attr.LOSS.value, Attr.GRAD_NORM.value)
+
+
+def _step_values(raw: Any) -> tuple[Any, Any, Any]:
+    """The iteration, loss and grad norm of a span's raw OTLP attributes, each as
+    ``attributes(raw).get(key)`` has it (the last entry of a key counts), without decoding the
+    other attributes: pass 1 reads every step span, a tenth of a large trace's spans."""
+    it = loss = gn = None
+    if not isinstance(raw, list | tuple):
+        return it, loss, gn
+    k_it, k_loss, k_gn = _STEP_KEYS
+    for kv in raw:
+        if not isinstance(kv, dict):
+            continue
+        key = kv.get("key")
+        if key == k_it:
+            it = any_value(kv.get("value"))
+        elif key == k_loss:
+            loss = any_value(kv.get("value"))
+        elif key == k_gn:
+            gn = any_value(kv.get("value"))
+    return it, loss, gn
+
+
+def step_of(s: dict[str, Any]) -> Step | None:
+    """A ``megatron.train.iteration`` span as a step, or None when it has no iteration that is
+    a number, or a number past 64 bits (no step of the window, nor storable as one)."""
+    it, loss, gn = _step_values(s.get("attributes"))
+    if it is None:
+        return None
+    try:
+        it = int(it)
+    except (TypeError, ValueError):
+        return None
+    start, end = s["startTimeUnixNano"], s["endTimeUnixNano"]
+    if not (_I64[0] <= it <= _I64[1] and _I64[0] <= start <= _I64[1] and _I64[0] <= end <= _I64[1]):
+        return None
+    return Step(it, start, end, _float(loss), _float(gn))
 
 
 class WSpan(NamedTuple):

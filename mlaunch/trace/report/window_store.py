@@ -1,18 +1,21 @@
 """The report's two passes (:mod:`.window`) on the span store, column-wise.
 
 Pass 1 is the store's own queries for the summary and goodput (:func:`summarize_store`,
-:func:`goodput_aggregate`); of the rest of a :class:`~.window.Scan` (every rank's steps, the
-capture and recorder marks) Arrow filters each part down to the spans that can be a step or a
+:func:`goodput_aggregate`); of the rest of a :class:`~.window.Scan` (each iteration's step times,
+each rank's count of steps, the capture and recorder marks) Arrow filters each part down to the spans that can be a step or a
 mark (a step name, or an attribute list that names a mark key), and only those become dicts, fed
 to :meth:`Scan.note` as the JSON pass feeds them. Pass 2 keeps the spans overlapping the window
 by a numpy mask over each part's times; only those (at most ``MAX_TIMELINE_SPANS``) become
 :class:`~.window.WSpan` records. Both passes read the parts in read order, so the results are the
-JSON passes' own, in the same order.
+JSON passes' own, in the same order. The steps of the one rank the curves are drawn from
+(without ``progress.jsonl``) are read again from its parts once pass 1 has chosen it.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from orjson import loads
@@ -20,7 +23,7 @@ from orjson import loads
 from mlaunch.model.spans import ALIASES
 from mlaunch.telemetry.otlp_json import attributes
 from mlaunch.trace.report import window
-from mlaunch.trace.report.window import _MARK_KEYS, _STEP, RankSteps, Scan, WSpan
+from mlaunch.trace.report.window import _MARK_KEYS, _STEP, RankSteps, Scan, Step, WSpan, step_of
 from mlaunch.trace.store import Store, StoreReader
 from mlaunch.trace.store_goodput import goodput_aggregate
 from mlaunch.trace.summary import Summary
@@ -37,11 +40,12 @@ class StoreScan(Scan):
     def __init__(self, store: Store, keep_steps: bool = True) -> None:
         from mlaunch.trace.store_summary import summarize_store
 
-        super().__init__(keep_steps)
+        super().__init__(keep_steps, max_kept=window.MAX_KEPT_STEPS)
         self.result: Summary = summarize_store(store)  # raises for a store without spans
         self.goodput = goodput_aggregate(store)
         reader = StoreReader(store)
         res = reader.resources()
+        self._store, self._res = store, res
         self._resources: dict[int, dict[str, Any]] = {}
         for rid in sorted(res):  # the first worker resource of each rank, as the stream meets it
             r = res[rid]
@@ -52,6 +56,21 @@ class StoreScan(Scan):
     @property
     def resources(self) -> dict[int, dict[str, Any]]:
         return self._resources
+
+    def rank_steps(self, rank: int) -> Iterator[Step]:
+        """``rank``'s steps in read order: kept by pass 1, or read again from its parts
+        (``rank=<R>``) when pass 1 dropped them."""
+        if self.kept_whole(rank):
+            yield from iter(self.steps[rank])
+            return
+        parts = [p for p in self._store.parts if p.parent.name == f"rank={rank}"]
+        for r, spans in _step_runs(parts, self._res, marks=False):
+            if r != rank:
+                continue
+            for s in spans:
+                step = step_of(s)
+                if step is not None:
+                    yield step
 
 
 def _worker_rows(t: Any, res: dict[int, Any], np: Any) -> tuple[Any, Any]:
@@ -71,31 +90,43 @@ def _ranks_in_order(rank: Any, worker: Any, np: Any) -> list[int]:
 
 
 def _scan_parts(store: Store, res: dict[int, Any], scan: Scan) -> None:
+    for rank, spans in _step_runs(store.parts, res, marks=True, scan=scan):
+        scan.note(rank, spans)
+
+
+def _step_runs(
+    parts: list[Path], res: dict[int, Any], *, marks: bool, scan: Scan | None = None
+) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    """The worker spans of ``parts`` that can be a step (or, with ``marks``, a mark) as span
+    dicts, in runs of one rank, as the JSON reader hands out batches; ``scan``: every worker
+    rank a part holds gets its (empty) steps first, in order of its first row."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     cols = ["name", "start_ns", "end_ns", "resource_id", "attributes"]
-    for part in store.parts:
+    for part in parts:
         t = pq.read_table(part, columns=cols)
         if not t.num_rows:
             continue
         rank, worker = _worker_rows(t, res, np)
-        for r in _ranks_in_order(rank, worker, np):
-            if r not in scan.steps:
-                scan.steps[r] = RankSteps()
+        if scan is not None:
+            for r in _ranks_in_order(rank, worker, np):
+                if r not in scan.steps:
+                    scan.steps[r] = RankSteps()
         attrs = t.column("attributes")
         maybe = pc.is_in(t.column("name"), value_set=pa.array(_STEP_NAMES))
-        marked = pc.match_substring_regex(attrs, _MARK_PATTERN)  # one pass: 5x four substrings
-        maybe = pc.or_(maybe, pc.fill_null(marked, False))
+        if marks:
+            marked = pc.match_substring_regex(attrs, _MARK_PATTERN)  # one pass: 5x four substrings
+            maybe = pc.or_(maybe, pc.fill_null(marked, False))
         keep = np.nonzero(maybe.to_numpy(zero_copy_only=False) & worker)[0]
         if not len(keep):
             continue
         sub = t.take(pa.array(keep)).to_pydict()
         ranks = rank[keep].tolist()
         i = 0
-        while i < len(keep):  # runs of one rank, as the JSON reader hands out batches
+        while i < len(keep):
             j = i
             while j < len(keep) and ranks[j] == ranks[i]:
                 j += 1
@@ -109,7 +140,7 @@ def _scan_parts(store: Store, res: dict[int, Any], scan: Scan) -> None:
                 if (a := sub["attributes"][k]) is not None:
                     s["attributes"] = loads(a)
                 spans.append(s)
-            scan.note(ranks[i], spans)
+            yield ranks[i], spans
             i = j
 
 
