@@ -34,6 +34,7 @@ from mlaunch.trainer.args import PROG, parse_and_validate
 from mlaunch.trainer.data import TokenData, decode, load_corpus
 from mlaunch.trainer.model import GPTStage
 from mlaunch.trainer.offload import ParameterFilter
+from mlaunch.trainer.optim import AdamW
 from mlaunch.trainer.parallel import P2P, GradBuffer, Topology, init_distributed
 from mlaunch.trainer.pipeline import StepContext, forward_backward_1f1b, forward_only
 from mlaunch.trainer.shape import GPTConfig, count_parameters
@@ -318,7 +319,7 @@ class Trainer:
         params = list(self.model.parameters())
         decay = [p for p in params if p.dim() >= 2]
         no_decay = [p for p in params if p.dim() < 2]  # biases and norms, as in Megatron
-        self.optimizer = torch.optim.AdamW(
+        self.optimizer = AdamW(
             [
                 {"params": decay, "weight_decay": args.weight_decay},
                 {"params": no_decay, "weight_decay": 0.0},
