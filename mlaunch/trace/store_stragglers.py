@@ -132,6 +132,39 @@ class _Steps:
         return i
 
 
+class _WindowSteps(_Steps):
+    """The steps a window holds of a rank: the run ``[first, first + len)`` of its sorted steps
+    around what the window loaded. A lookup answers as on every step, or raises
+    :class:`~mlaunch.trace.stragglers.Widen` when the answer is a step the run lacks (the run's
+    edge is not the trace's): the rules never see an answer the whole trace would not give."""
+
+    __slots__ = ("first", "total")
+
+    def __init__(self, steps: _Steps, a: int, c: int) -> None:
+        super().__init__(steps.start[a:c], steps.end[a:c], steps.it[a:c])
+        self.first, self.total = a, len(steps)
+
+    def bisect(self, t: int) -> int:
+        i = super().bisect(t)
+        if (i == 0 and self.first > 0) or (i == len(self) and self.first + i < self.total):
+            raise Widen  # the step before t is outside the run
+        return i
+
+
+def _window_steps(steps: _Steps, iv: list[tuple[int, int]], spans: list[_Span]) -> _WindowSteps:
+    """The run of ``steps`` that answers a lookup at any time from the first loaded instant
+    (or span start) to the last (or span end): from the step before the first to the one after
+    the last."""
+    times = [t for t in (iv[0][0] if iv else None, iv[-1][1] if iv else None) if t is not None]
+    if spans:
+        times += [spans[0].start, max(s.end for s in spans)]
+    if not times:
+        return _WindowSteps(steps, 0, 0)
+    a = max(0, steps.bisect(min(times)) - 1)
+    c = min(len(steps), steps.bisect(max(times)) + 1)
+    return _WindowSteps(steps, a, c)
+
+
 @dataclass
 class _Trace:
     ranks: dict[int, _RankMeta]
@@ -244,11 +277,12 @@ def _load(trace: _Trace, parts: _Parts, held: frozenset[int], first: bool, names
     for rank, m in trace.ranks.items():
         iv = _intervals(m, held, first)
         r = _Rank(rank, m.attrs)
-        r.steps, r.collective_ends, r.linked = m.steps, m.collective_ends, m.linked
+        r.collective_ends, r.linked = m.collective_ends, m.linked
         if not whole:
             r.loaded, r.complete = iv, held
         r.paint = _overlapping_steps(m, iv) if names is _SPAN_NAMES else []
         r.spans = parts.spans(rank, m, iv, names)
+        r.steps = _window_steps(m.steps, iv, r.spans)
         _index(r)
         out[rank] = r
     return out
