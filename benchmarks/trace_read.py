@@ -374,7 +374,7 @@ def _split_iteration(col: Any) -> tuple[Any, Any, Any]:
     return pa.array(pre, pa.string()), pa.array(post, pa.string()), pa.array(has)
 
 
-def _store_only(spans: int, ranks: int, skip: set[str]) -> None:
+def _store_only(spans: int, ranks: int, skip: set[str], micro: int = 4, layers: int = 4) -> None:
     """A store of about ``spans`` spans without the JSON: a 50-step realistic run's store, each
     rank's rows repeated with times shifted by the run's extent (iterations by 50, in the column
     and the attribute text; span ids made distinct per copy), written
@@ -388,7 +388,7 @@ def _store_only(spans: int, ranks: int, skip: set[str]) -> None:
 
     with tempfile.TemporaryDirectory(prefix="mlaunch-trace-bench-") as tmp:
         tmpl = Path(tmp) / "template"
-        write_realistic_run(tmpl, ranks=ranks, steps=50, microbatches=4, layers=4, pp=2)
+        write_realistic_run(tmpl, ranks=ranks, steps=50, microbatches=micro, layers=layers, pp=2)
         store = open_store(tmpl)
         assert store is not None
         run = Path(tmp) / "run"
@@ -568,6 +568,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--spans", type=int, default=1_000_000, help="about how many spans to generate")
     p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--microbatches", type=int, default=4,
+                   help="--store-only: microbatches a step (1 with --layers 1: 11 spans a step, "
+                   "the most steps for the spans, as stragglers' steps grow)")  # fmt: skip
+    p.add_argument("--layers", type=int, default=4, help="--store-only: layers a microbatch")
     p.add_argument("--no-export", action="store_true", help="skip the Chrome export pass")
     p.add_argument("--no-store", action="store_true", help="skip the span store passes")
     p.add_argument("--no-json", action="store_true", help="skip the JSON reader's passes")
@@ -623,7 +627,8 @@ def main() -> None:
         print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
         return
     if args.store_only:
-        _store_only(args.spans, args.ranks, set(filter(None, args.skip_readers.split(","))))
+        _store_only(args.spans, args.ranks, set(filter(None, args.skip_readers.split(","))),
+                    args.microbatches, args.layers)  # fmt: skip
         return
     micro, layers, pp = 4, 4, 2
     steps = max(1, round(args.spans / args.ranks / spans_per_step(micro, layers)))
