@@ -24,7 +24,7 @@ reads only the P2P spans for them; the second charges the waits.
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -88,9 +88,7 @@ class _RankMeta:
     parts: list[tuple[Path, int, int]] = field(default_factory=list)  # (part, min start, max end)
     # derived by _derive():
     starts: Any = None  # the steps' starts (array of int64)
-    max_end: Any = None  # running max of the steps' ends
-    by_iteration: Any = None  # the steps' indices, ordered by iteration (numpy)
-    iteration_sorted: Any = None  # their iterations, ascending (numpy)
+    longest: int = 0  # the longest step (every step overlapping a time starts this before it)
 
 
 class _Steps:
@@ -132,10 +130,45 @@ class _Steps:
         return i
 
 
+class _WindowSteps(_Steps):
+    """The steps a window holds of a rank: the run ``[first, first + len)`` of its sorted steps
+    around what the window loaded. A lookup answers as on every step, or raises
+    :class:`~mlaunch.trace.stragglers.Widen` when the answer is a step the run lacks (the run's
+    edge is not the trace's): the rules never see an answer the whole trace would not give."""
+
+    __slots__ = ("first", "total")
+
+    def __init__(self, steps: _Steps, a: int, c: int) -> None:
+        super().__init__(steps.start[a:c], steps.end[a:c], steps.it[a:c])
+        self.first, self.total = a, len(steps)
+
+    def bisect(self, t: int) -> int:
+        i = super().bisect(t)
+        if (i == 0 and self.first > 0) or (i == len(self) and self.first + i < self.total):
+            raise Widen  # the step before t is outside the run
+        return i
+
+
+def _window_steps(steps: _Steps, iv: list[tuple[int, int]], spans: list[_Span]) -> _WindowSteps:
+    """The run of ``steps`` that answers a lookup at any time from the first loaded instant
+    (or span start) to the last (or span end): from the step before the first to the one after
+    the last."""
+    times = [t for t in (iv[0][0] if iv else None, iv[-1][1] if iv else None) if t is not None]
+    if spans:
+        times += [spans[0].start, max(s.end for s in spans)]
+    if not times:
+        return _WindowSteps(steps, 0, 0)
+    a = max(0, steps.bisect(min(times)) - 1)
+    c = min(len(steps), steps.bisect(max(times)) + 1)
+    return _WindowSteps(steps, a, c)
+
+
 @dataclass
 class _Trace:
     ranks: dict[int, _RankMeta]
     iterations: list[int]  # every step's iteration, distinct, ascending
+    first_start: Any  # of each of them, the earliest start of its steps on any rank (numpy)
+    last_start: Any  # and the latest
     missing: frozenset[str]  # link targets that are no send of any rank
     workers: Any  # numpy array of the worker resources' ids
     spans: int  # phase spans (not steps) of the workers
@@ -241,34 +274,50 @@ def _load(trace: _Trace, parts: _Parts, held: frozenset[int], first: bool, names
           whole: bool) -> dict[int, _Rank]:  # fmt: skip
     """Each rank's spans of the iterations ``held`` (and the time between them)."""
     out: dict[int, _Rank] = {}
+    starts = _held_starts(trace, held)
     for rank, m in trace.ranks.items():
-        iv = _intervals(m, held, first)
+        iv = _intervals(m, held, first, starts)
         r = _Rank(rank, m.attrs)
-        r.steps, r.collective_ends, r.linked = m.steps, m.collective_ends, m.linked
+        r.collective_ends, r.linked = m.collective_ends, m.linked
         if not whole:
             r.loaded, r.complete = iv, held
         r.paint = _overlapping_steps(m, iv) if names is _SPAN_NAMES else []
         r.spans = parts.spans(rank, m, iv, names)
+        r.steps = _window_steps(m.steps, iv, r.spans)
         _index(r)
         out[rank] = r
     return out
 
 
-def _intervals(m: _RankMeta, held: frozenset[int], first: bool) -> list[tuple[int, int]]:
+def _held_starts(trace: _Trace, held: frozenset[int]) -> tuple[int, int]:
+    """The earliest and the latest start of a step of the ``held`` iterations on any rank (the
+    held iterations are a run of the trace's distinct ones: a range of values)."""
+    import numpy as np
+
+    if not held:
+        return 0, -1
+    x = bisect_left(trace.iterations, min(held))
+    y = bisect_right(trace.iterations, max(held))
+    return int(np.min(trace.first_start[x:y])), int(np.max(trace.last_start[x:y]))
+
+
+def _intervals(m: _RankMeta, held: frozenset[int], first: bool,
+               starts: tuple[int, int]) -> list[tuple[int, int]]:  # fmt: skip
     """The time whose spans a window holds for this rank, merged: each held step from the end
     of the collective before it (or the previous step's end, whichever is earlier) to the next
     step's start; before the first step and after the last, everything."""
     if not m.steps:
         return [(FIRST, LAST)] if first else []
-    import numpy as np
-
     n = len(m.steps)
     raw = []
-    # The held iterations are a run of the trace's distinct ones: a range of values.
-    a = int(np.searchsorted(m.iteration_sorted, min(held), side="left"))
-    b = int(np.searchsorted(m.iteration_sorted, max(held), side="right"))
-    for j in m.by_iteration[a:b].tolist():
-        st, en, _ = m.steps[j]
+    # The held iterations are a range of values, whose steps start within ``starts``.
+    lo_it, hi_it = min(held), max(held)
+    a = bisect_left(m.steps.start, starts[0])
+    b = bisect_right(m.steps.start, starts[1])
+    for j in range(a, b):
+        st, en, it = m.steps[j]
+        if not lo_it <= it <= hi_it:
+            continue
         if j == 0:
             lo = FIRST
         else:
@@ -290,11 +339,9 @@ def _intervals(m: _RankMeta, held: frozenset[int], first: bool) -> list[tuple[in
 
 def _overlapping_steps(m: _RankMeta, iv: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
     """The steps that overlap the intervals (the timeline is painted only there)."""
-    from bisect import bisect_left
-
     out: list[tuple[int, int, int]] = []
     for lo, hi in iv:
-        a = bisect_left(m.max_end, lo)  # every step before ends before lo
+        a = bisect_left(m.starts, lo - m.longest)  # every step before ends before lo
         b = bisect_right(m.starts, hi)
         out += (s for s in m.steps[a:b] if s[1] >= lo)
     return out
@@ -531,8 +578,9 @@ def _read_trace(store: Store) -> tuple[_Trace, int | None, bool]:
     )
     synced = any(row[3] for row in per_rank if row[0] in ranks)
     its = sorted(set().union(*(m.steps.it for m in ranks.values())))
+    first_start, last_start = _iteration_starts(ranks.values(), its)
     trace = _Trace(
-        ranks, its, frozenset(missing), np.array(workers, np.int32),
+        ranks, its, first_start, last_start, frozenset(missing), np.array(workers, np.int32),
         sum(row[2] for row in per_rank if row[0] in ranks),
         sum(row[4] for row in per_rank if row[0] in ranks),
     )  # fmt: skip
@@ -547,18 +595,34 @@ def _lambda(con: Any) -> str:
 
 
 def _derive(m: _RankMeta) -> None:
-    """Sort the rank's steps and index them (arrays of 8 bytes a step: what stays in memory for
-    the whole trace is the steps themselves)."""
+    """Index the rank's steps by what stays the same size as the trace grows (no array a step
+    beside the steps themselves: the iterations' starts are the trace's, :func:`_iteration_starts`)."""
     import numpy as np
 
     steps = m.steps
     m.collective_ends = array("q", sorted(m.collective_ends))
     m.starts = steps.start
-    ends = np.frombuffer(steps.end, np.int64) if len(steps) else np.zeros(0, np.int64)
-    m.max_end = array("q", np.maximum.accumulate(ends).tobytes()) if len(ends) else array("q")
-    its = np.frombuffer(steps.it, np.int64) if len(steps) else np.zeros(0, np.int64)
-    m.by_iteration = np.argsort(its, kind="stable")
-    m.iteration_sorted = its[m.by_iteration]
+    if len(steps):
+        st, en = np.frombuffer(steps.start, np.int64), np.frombuffer(steps.end, np.int64)
+        m.longest = max(0, int((en - st).max()))
+
+
+def _iteration_starts(metas: Any, its: list[int]) -> tuple[Any, Any]:
+    """Of each iteration (``its``, ascending), the earliest and the latest start of its steps
+    on any rank: a window finds a rank's steps of its iterations between the two."""
+    import numpy as np
+
+    key = np.array(its, np.int64)
+    first = np.full(len(its), np.iinfo(np.int64).max, np.int64)
+    last = np.full(len(its), np.iinfo(np.int64).min, np.int64)
+    for m in metas:
+        if not len(m.steps):
+            continue
+        at = np.searchsorted(key, np.frombuffer(m.steps.it, np.int64))
+        st = np.frombuffer(m.steps.start, np.int64)
+        np.minimum.at(first, at, st)
+        np.maximum.at(last, at, st)
+    return first, last
 
 
 def _int(v: Any) -> int | None:

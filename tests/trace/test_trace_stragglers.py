@@ -294,3 +294,49 @@ def test_the_windowed_analysis_equals_the_whole_trace_in_memory(
         assert len(loads) > 4 and not any(loads)
     if trace != "balanced":
         assert whole["ranks"], whole
+
+
+def test_a_window_holds_a_run_of_the_steps_and_widens_past_its_edges(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A window per iteration on a trace whose late rank's steps straddle every window border:
+    # each window's ranks hold only a few steps (not the whole trace's), the answer is the
+    # whole trace's, and a lookup past the run's edge widens instead of answering.
+    from array import array
+
+    from mlaunch.trace import store_stragglers
+    from mlaunch.trace.store import StoreReader
+    from mlaunch.trace.stragglers import Widen, stragglers_in_memory
+
+    run_dir = realistic(tmp_path)
+    store = open_store(run_dir)
+    assert store is not None
+    whole = stragglers_in_memory(StoreReader(store)).to_json()
+    assert whole["ranks"], whole
+    monkeypatch.setattr(store_stragglers, "WINDOW_SPANS", 1)
+    held: list[tuple[int, int]] = []
+    real_load = store_stragglers._load
+
+    def load(*a: object) -> object:
+        ranks = real_load(*a)
+        held.extend((len(r.steps), r.steps.total) for r in ranks.values())
+        return ranks
+
+    monkeypatch.setattr(store_stragglers, "_load", load)
+    assert find_stragglers(StoreReader(store)).to_json() == whole
+    assert held and all(n <= total for n, total in held)
+    assert any(n < total // 4 for n, total in held), held
+
+    steps = store_stragglers._Steps(array("q", [0, 10, 20, 30]), array("q", [5, 15, 25, 35]),
+                                    array("q", [1, 2, 3, 4]))  # fmt: skip
+    # Iterations 2 and 3 held: a time in step 2 answers; one before it, or from step 3's
+    # start on (the step there may be 3's or 4's: the run cannot tell), widens.
+    run = store_stragglers._WindowSteps(steps, 1, 3)
+    assert run[run.bisect(12) - 1] == (10, 15, 2) and run[run.bisect(19) - 1] == (10, 15, 2)
+    for t in (9, 20, 29, 40):
+        with pytest.raises(Widen):
+            run.bisect(t)
+    tail = store_stragglers._WindowSteps(steps, 1, 4)  # the run ends where the trace does
+    assert tail[tail.bisect(29) - 1] == (20, 25, 3) and tail[tail.bisect(99) - 1] == (30, 35, 4)
+    every = store_stragglers._WindowSteps(steps, 0, 4)
+    assert every.bisect(-1) == 0
