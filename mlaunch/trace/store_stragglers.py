@@ -153,7 +153,7 @@ def _window_steps(steps: _Steps, iv: list[tuple[int, int]], spans: list[_Span]) 
     """The run of ``steps`` that answers a lookup at any time from the first loaded instant
     (or span start) to the last (or span end): from the step before the first to the one after
     the last."""
-    times = [t for t in (iv[0][0] if iv else None, iv[-1][1] if iv else None) if t is not None]
+    times = [iv[0][0], iv[-1][1]] if iv else []
     if spans:
         times += [spans[0].start, max(s.end for s in spans)]
     if not times:

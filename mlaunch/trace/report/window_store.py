@@ -57,12 +57,9 @@ class StoreScan(Scan):
     def resources(self) -> dict[int, dict[str, Any]]:
         return self._resources
 
-    def rank_steps(self, rank: int) -> Iterator[Step]:
-        """``rank``'s steps in read order: kept by pass 1, or read again from its parts
-        (``rank=<R>``) when pass 1 dropped them."""
-        if self.kept_whole(rank):
-            yield from iter(self.steps[rank])
-            return
+    def _steps_again(self, rank: int) -> Iterator[Step]:
+        """``rank``'s steps, in read order, read again from its parts (``rank=<R>``) when pass 1
+        dropped them (:meth:`Scan.rank_steps` decides)."""
         parts = [p for p in self._store.parts if p.parent.name == f"rank={rank}"]
         for r, spans in _step_runs(parts, self._res, marks=False):
             if r != rank:
