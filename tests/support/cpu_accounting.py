@@ -8,8 +8,10 @@ they are waited for; daemons a fixture leaves running, a SLURM cluster's, do not
 or session-scoped fixture's run is charged to the first test that builds it.
 
 ``--cpu-top=N`` prints the N costliest tests at the end (0: none); ``MLAUNCH_TEST_CPU_JSON=path``
-also writes every test's numbers there. Under pytest-xdist the numbers travel to the controller
-in the teardown report's ``user_properties``.
+also writes every test's numbers there: ``{nodeid: {"cpu_s", "start", "stop", "worker"}}``, the
+wall-clock times (Unix seconds) from setup to teardown and the xdist worker that ran it, so
+the cores' idle stretches (a worker waiting alone) can be found. Under pytest-xdist the numbers
+travel to the controller in the teardown report's ``user_properties``.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ from __future__ import annotations
 import json
 import os
 import resource
+import time
 
 import pytest
 
 _KEY = "cpu_s"
+_WALL = "wall"
 #: Where every test's CPU seconds are also written as JSON (unset: nowhere).
 CPU_JSON_ENV = "MLAUNCH_TEST_CPU_JSON"
 
@@ -43,6 +47,7 @@ def pytest_addoption(parser) -> None:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
     item._cpu_start = _cpu_now()
+    item._wall_start = time.time()
     yield
 
 
@@ -52,12 +57,16 @@ def pytest_runtest_teardown(item):
     # Before the teardown report is made, which copies user_properties (and xdist ships it).
     start = getattr(item, "_cpu_start", None)
     if start is not None:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        wall = (round(item._wall_start, 3), round(time.time(), 3), worker)
         item.user_properties.append((_KEY, round(_cpu_now() - start, 3)))
+        item.user_properties.append((_WALL, wall))
 
 
 class _Collector:
     def __init__(self) -> None:
         self.cpu: dict[str, float] = {}
+        self.wall: dict[str, tuple[float, float, str]] = {}
 
     def pytest_runtest_logreport(self, report) -> None:
         if report.when != "teardown":
@@ -65,14 +74,20 @@ class _Collector:
         for key, value in report.user_properties:
             if key == _KEY:
                 self.cpu[report.nodeid] = value
+            elif key == _WALL:
+                self.wall[report.nodeid] = tuple(value)
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self.cpu:
             return
         path = os.environ.get(CPU_JSON_ENV)
         if path:
+            rows = {}
+            for nodeid, cpu in self.cpu.items():
+                start, stop, worker = self.wall.get(nodeid, (None, None, None))
+                rows[nodeid] = {"cpu_s": cpu, "start": start, "stop": stop, "worker": worker}
             with open(path, "w") as out:
-                json.dump(self.cpu, out, indent=1, sort_keys=True)
+                json.dump(rows, out, indent=1, sort_keys=True)
         top = terminalreporter.config.getoption("cpu_top")
         if top <= 0:
             return

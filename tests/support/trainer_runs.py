@@ -65,20 +65,18 @@ def run_trainer(
     env: dict[str, str] | None = None,
     timeout: float = 240,
     name: str = "run",
+    plain: bool = False,
 ) -> Run:
-    """Start ``python -m mlaunch.trainer`` under torchrun (``nproc`` >= 1) in ``tmp/name``."""
+    """Start ``python -m mlaunch.trainer`` under torchrun (``nproc`` >= 1) in ``tmp/name``; with
+    ``plain``, as one process without torchrun or a process group (the trainer run bare, as a
+    user may): the same training for a single-process test, without a torchrun process that
+    imports torch only to start it (about 3 CPU-s a run on a 2-core CI machine)."""
+    if plain and nproc != 1:
+        raise ValueError("plain runs one process: nproc must be 1")
     run_dir = tmp / name
     run_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "-m",
-        "mlaunch.trainer",
-        *args,
-    ]
+    torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    cmd = [sys.executable, *([] if plain else torchrun), "-m", "mlaunch.trainer", *args]
     proc = subprocess.run(
         cmd,
         cwd=tmp,

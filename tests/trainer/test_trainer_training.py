@@ -37,8 +37,8 @@ def workdir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def baseline(workdir) -> Run:
-    """One process, 20 iterations, default corpus."""
-    return ok(run_trainer(workdir, ARGS, nproc=1, name="baseline"))
+    """One plain process (no torchrun), 20 iterations, default corpus."""
+    return ok(run_trainer(workdir, ARGS, plain=True, name="baseline"))
 
 
 def test_loss_goes_down_on_the_default_corpus(baseline):
@@ -88,12 +88,12 @@ def test_data_parallel_with_many_buckets_overlapping_backward_matches_one_proces
 def test_resume_with_dropout_draws_the_same_masks_as_a_straight_run(workdir, baseline):
     # Dropout draws from the RNG: a resume that restored it wrongly would change the losses.
     args = [*TINY, "--train-iters", "6", "--hidden-dropout", "0.2"]
-    straight = ok(run_trainer(workdir, args, name="dropout"))
+    straight = ok(run_trainer(workdir, args, name="dropout", plain=True))
     assert not math.isclose(straight.losses()[1], baseline.losses()[1], rel_tol=1e-6)  # on
     ck = workdir / "ck-dropout"
     save = [*args, "--save", str(ck), "--save-interval", "3", "--exit-interval", "3"]
-    ok(run_trainer(workdir, save, name="dropout-a"))
-    second = ok(run_trainer(workdir, [*args, "--load", str(ck)], name="dropout-b"))
+    ok(run_trainer(workdir, save, name="dropout-a", plain=True))
+    second = ok(run_trainer(workdir, [*args, "--load", str(ck)], name="dropout-b", plain=True))
     assert [r["iteration"] for r in second.progress()] == [4, 5, 6]
     assert_close(second.losses(), straight.losses()[3:], rel=1e-6)
 
@@ -105,6 +105,7 @@ def test_resume_continues_the_same_loss_sequence_and_skips_a_corrupt_checkpoint(
             workdir,
             [*ARGS, "--save", str(ck), "--save-interval", "10", "--exit-interval", "10"],
             name="resume-a",
+            plain=True,
         )
     )
     assert [r["iteration"] for r in first.progress()] == list(range(1, 11))
@@ -127,6 +128,7 @@ def test_resume_continues_the_same_loss_sequence_and_skips_a_corrupt_checkpoint(
             ],
             env=telemetry_env("per_step"),
             name="resume-b",
+            plain=True,
         )
     )
     assert "resuming from checkpoint" in second.output and "iter_0000010" in second.output
@@ -163,7 +165,7 @@ def test_resume_continues_the_same_loss_sequence_and_skips_a_corrupt_checkpoint(
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
-    third = ok(run_trainer(workdir, [*ARGS, "--load", str(ck)], name="resume-c"))
+    third = ok(run_trainer(workdir, [*ARGS, "--load", str(ck)], name="resume-c", plain=True))
     assert "iter_0000020 is invalid" in third.output and "sha256" in third.output
     assert [r["iteration"] for r in third.progress()] == list(range(16, 21))
     assert_close(third.losses(), baseline.losses()[15:], rel=1e-6)
@@ -176,6 +178,7 @@ def test_an_iteration_with_non_finite_gradients_is_skipped_and_counted(workdir):
             [*TINY, "--train-iters", "6", "--log-interval", "6"],
             env={"MLAUNCH_TEST_NAN_AT_ITERATION": "3"},
             name="nan",
+            plain=True,
         )
     )
     records = run.progress()
