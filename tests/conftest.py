@@ -21,6 +21,15 @@ pytest_plugins = ["support.cpu_accounting"]
 # (a single-worker SLURM "node" spent 300 ms of CPU on an iteration that takes 20 with one).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# Bytecode is cached for the suite even where the machine's environment says not to
+# (PYTHONDONTWRITEBYTECODE=1, as on the CI image): each of the hundreds of processes the suite
+# starts (a launcher, torchrun's workers, a CLI call) would compile mlaunch's modules from source
+# again, about 0.4 CPU-s a run, and each xdist worker rewrite every test module's asserts afresh.
+# The caches go to __pycache__ beside the sources (git ignores them); the xdist workers, started
+# after this file is read, inherit the environment without the variable.
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+    sys.dont_write_bytecode = False
+
 
 #: Module- or session-scoped fixtures that start a real run (a torchrun job, a nemo-lens worker):
 #: a pytest-xdist worker builds such a fixture for itself, so the tests sharing one are sent to

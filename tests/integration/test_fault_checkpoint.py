@@ -21,8 +21,6 @@ from pathlib import Path
 import pytest
 from support.trainer_runs import TINY, clean_env
 
-from mlaunch.trainer import checkpoint
-
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 ITERS, INTERVAL, PAUSE_AT = 12, 4, 8
@@ -50,6 +48,8 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 
 def test_kill_9_during_a_save_resumes_from_the_previous_valid_checkpoint(tmp_path):
+    from mlaunch.trainer import checkpoint  # imports torch: not while every xdist worker collects
+
     ck = tmp_path / "ck"
     run_dir = tmp_path / "run"
     proc = torchrun(tmp_path, run_dir, MLAUNCH_TEST_PAUSE_IN_SAVE=str(PAUSE_AT))
