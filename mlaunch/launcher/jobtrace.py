@@ -145,7 +145,7 @@ class ReceiverSink:
         self.local_file = local_file
 
     def export(self, request: dict[str, Any], line: str) -> None:
-        from mlaunch.telemetry.otlp_json import decode_traces_line
+        from mlaunch.otlp.otlp_json import decode_traces_line
 
         self.receiver.ingest_traces(decode_traces_line(line), local_file=self.local_file)
 
@@ -215,7 +215,7 @@ class UpstreamSink:
                 self._inflight = line
             error = None
             try:
-                from mlaunch.telemetry.otlp_json import decode_traces_line
+                from mlaunch.otlp.otlp_json import decode_traces_line
 
                 send = send or self._sender()
                 send(decode_traces_line(line))
@@ -614,7 +614,7 @@ class JobTrace:
     def _write(self, span: _Span) -> None:
         import json
 
-        from mlaunch.telemetry.otlp_json import encode_span, trace_request
+        from mlaunch.otlp.otlp_json import encode_span, trace_request
 
         body = encode_span(
             name=span.name, trace_id=self.trace_id, span_id=span.span_id,

@@ -11,8 +11,7 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from mlaunch.receiver import otlp_dict
-from mlaunch.telemetry import otlp_json
+from mlaunch.otlp import from_proto, otlp_json
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,7 @@ class Signal:
     def to_json(self, request: Any) -> dict[str, Any]:
         """The request in OTLP/JSON (hex ids), as mlaunch's file exporter writes it (the same
         dict as :meth:`to_json_reference`, ~3x faster)."""
-        return otlp_dict.to_dict(request)
+        return from_proto.to_dict(request)
 
     def to_json_reference(self, request: Any) -> dict[str, Any]:
         """:meth:`to_json` by protobuf's own JSON printer (what the file exporter uses)."""

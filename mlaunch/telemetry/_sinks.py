@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from mlaunch import envcontract
-from mlaunch.telemetry import otlp_json
+from mlaunch.otlp import otlp_json
 from mlaunch.telemetry._encode import SpanEncoder
 
 

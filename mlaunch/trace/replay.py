@@ -1,7 +1,7 @@
 """``mlaunch trace replay``: send a run's spool (the spans and metrics its exporter could not
 deliver) to an OTLP collector later.
 
-Each spool line is one OTLP/JSON export request (:mod:`mlaunch.telemetry.otlp_json`); it goes out
+Each spool line is one OTLP/JSON export request (:mod:`mlaunch.otlp.otlp_json`); it goes out
 as the same request in OTLP protobuf, over gRPC or HTTP/protobuf, with no SDK in between. What was
 sent is recorded in ``telemetry/replayed.json`` (per spool file, the byte offset up to which every
 line was delivered), written after each delivered line, so a replay that is interrupted or meets a
@@ -30,7 +30,7 @@ from urllib.parse import unquote
 
 from mlaunch import envcontract
 from mlaunch.endpoints import DEFAULT_PORTS, Endpoint, EndpointError, parse_endpoint
-from mlaunch.telemetry import otlp_json
+from mlaunch.otlp import otlp_json
 
 #: The record of what earlier replays delivered (in the run's telemetry folder).
 LEDGER_FILE = "replayed.json"
