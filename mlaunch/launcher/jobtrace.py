@@ -59,6 +59,7 @@ from mlaunch.launcher.attempt_entry import attempt_span_id, traceparent
 from mlaunch.launcher.plan import TORCHRUN_LOG
 from mlaunch.model.identity import RUN_UUID, run_identity
 from mlaunch.model.spans import Attr, ResourceAttr, SpanName
+from mlaunch.otlp import traceparent as traceparent_header
 
 log = logging.getLogger("mlaunch.launcher.jobtrace")
 
@@ -68,7 +69,6 @@ SCOPE = "mlaunch.launcher"
 STATUS_UNSET, STATUS_ERROR = 0, 2
 #: torchrun's agent line for the first failed worker of a group.
 FAILED_LINE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
-_TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
 #: How long closing waits for an upstream send at most (the launcher's exit is never held longer).
 UPSTREAM_CLOSE_S = 5.0
 #: torchrun options that take no value (everything else before the entry takes one).
@@ -89,10 +89,10 @@ def _hex(n: int, *parts: object) -> str:
 
 def parse_traceparent(value: str | None) -> tuple[str, str] | None:
     """(trace id, span id) of a W3C ``traceparent`` value, or None when it is not one."""
-    m = _TRACEPARENT.fullmatch((value or "").strip().lower())
-    if not m or not m.group(1).strip("0") or not m.group(2).strip("0"):
+    parsed = traceparent_header.parse(value)
+    if parsed is None:
         return None
-    return m.group(1), m.group(2)
+    return f"{parsed.trace_id:032x}", f"{parsed.span_id:016x}"
 
 
 def signal_name(signum: int) -> str:
