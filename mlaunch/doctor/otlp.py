@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
+from mlaunch import envcontract as ec
 from mlaunch.doctor.results import NET_TIMEOUT_S, CheckResult, fail, ok, warn
 from mlaunch.endpoints import bracket
 from mlaunch.endpoints import redact as redact_url
@@ -249,7 +250,7 @@ def check_otlp(settings: Settings, timeout_s: float = NET_TIMEOUT_S) -> list[Che
     src = settings.source("telemetry.otel.traces_endpoint")
     if src.kind == "default":
         src = settings.source("telemetry.otel.base_endpoint")
-    var = src.name if src.kind == "env" else "OTEL_EXPORTER_OTLP_ENDPOINT"
+    var = src.name if src.kind == "env" else ec.OTLP_ENDPOINT
     origin = f"from {src}" if src.kind != "default" else "the default"
     host, port = _host_port(url)
     results = [ok("otlp endpoint", f"{redact_url(url)} over {protocol} ({origin})")]
@@ -273,8 +274,8 @@ def check_otlp(settings: Settings, timeout_s: float = NET_TIMEOUT_S) -> list[Che
             *results,
             fail(
                 "otlp probe",
-                f"OTEL_EXPORTER_OTLP_CERTIFICATE={o.certificate} is not a file",
-                "point OTEL_EXPORTER_OTLP_CERTIFICATE at the collector's CA certificate (PEM)",
+                f"{ec.OTLP_CERTIFICATE}={o.certificate} is not a file",
+                f"point {ec.OTLP_CERTIFICATE} at the collector's CA certificate (PEM)",
             ),
         ]
     results.append(probe_otlp(url, protocol, dict(o.headers), timeout_s, o.certificate, var))
@@ -295,7 +296,7 @@ def probe_otlp(
     headers: Mapping[str, str],
     timeout_s: float = NET_TIMEOUT_S,
     certificate: str | None = None,
-    var: str = "OTEL_EXPORTER_OTLP_ENDPOINT",
+    var: str = ec.OTLP_ENDPOINT,
 ) -> CheckResult:
     """Whether ``url`` answers an empty trace export as an OTLP receiver over ``protocol``; on
     failure, a specific diagnosis (wrong protocol, TLS on one side only, wrong path, hang).
@@ -310,7 +311,7 @@ def probe_otlp(
         return fail(
             name,
             f"the TLS certificate of {hostport} is not trusted ({answer.detail})",
-            "set OTEL_EXPORTER_OTLP_CERTIFICATE to the collector's CA certificate (PEM)",
+            f"set {ec.OTLP_CERTIFICATE} to the collector's CA certificate (PEM)",
         )
     if answer.kind == "refused":
         return _refused(hostport, protocol, var)
@@ -336,7 +337,7 @@ def _grpc_answer_result(answer: _Answer, hostport: str, var: str) -> CheckResult
         return fail(
             name,
             f"the OTLP receiver at {hostport} rejected the credentials ({answer.detail.split(':')[0]})",
-            "check OTEL_EXPORTER_OTLP_HEADERS (e.g. authorization=Bearer%20TOKEN)",
+            f"check {ec.OTLP_HEADERS} (e.g. authorization=Bearer%20TOKEN)",
         )
     return fail(name, f"the gRPC peer at {hostport} answered {answer.detail}",
                 "check the collector's logs")  # fmt: skip
@@ -378,8 +379,7 @@ def _peer_result(
         return fail(
             name,
             f"TLS on one side only: the URL is http:// but {hostport} expects TLS",
-            f"use https://{hostport} in {var} (with OTEL_EXPORTER_OTLP_CERTIFICATE for a private"
-            " CA)",
+            f"use https://{hostport} in {var} (with {ec.OTLP_CERTIFICATE} for a private CA)",
         )
     if protocol == "grpc" and peer == "http1":
         other = http_export(
@@ -389,7 +389,7 @@ def _peer_result(
             return fail(
                 name,
                 f"an OTLP/HTTP receiver answers at {hostport}, but the protocol is grpc",
-                "set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
+                f"set {ec.OTLP_PROTOCOL}=http/protobuf",
             )
         return fail(
             name,
@@ -402,7 +402,7 @@ def _peer_result(
             return fail(
                 name,
                 f"an OTLP/gRPC receiver answers at {hostport}, but the protocol is http/protobuf",
-                "set OTEL_EXPORTER_OTLP_PROTOCOL=grpc",
+                f"set {ec.OTLP_PROTOCOL}=grpc",
             )
         return fail(
             name,
@@ -456,8 +456,8 @@ def _http_status_result(
             return fail(
                 name,
                 f"404 at {redact_url(url)}: OTLP/HTTP receivers serve traces at /v1/traces, not {path or '/'}",
-                "end OTEL_EXPORTER_OTLP_TRACES_ENDPOINT with /v1/traces (or set only the base"
-                " OTEL_EXPORTER_OTLP_ENDPOINT)",
+                f"end {ec.OTLP_TRACES_ENDPOINT} with /v1/traces (or set only the base"
+                f" {ec.OTLP_ENDPOINT})",
             )
         return fail(
             name,
@@ -465,11 +465,11 @@ def _http_status_result(
             f"point {var} at the collector's OTLP HTTP port (usually 4318)",
         )
     if code in (401, 403):
-        sent = "with the configured headers" if headers else "without OTEL_EXPORTER_OTLP_HEADERS"
+        sent = "with the configured headers" if headers else f"without {ec.OTLP_HEADERS}"
         return fail(
             name,
             f"{code} from {redact_url(url)}: the receiver rejected the request {sent}",
-            "set OTEL_EXPORTER_OTLP_HEADERS to the collector's credentials"
+            f"set {ec.OTLP_HEADERS} to the collector's credentials"
             " (e.g. authorization=Bearer%20TOKEN)",
         )
     if code in (429, 502, 503, 504):

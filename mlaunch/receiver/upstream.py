@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from mlaunch import envcontract as ec
 from mlaunch.endpoints import bracket, redact
 from mlaunch.receiver.signals import SIGNALS, Signal
 
@@ -28,7 +29,7 @@ _DEFAULT_ENDPOINTS = {"grpc": "http://localhost:4317", "http": "http://localhost
 
 def _var(env: Mapping[str, str], signal: str, name: str) -> str | None:
     """``OTEL_EXPORTER_OTLP_<SIGNAL>_<NAME>`` else ``OTEL_EXPORTER_OTLP_<NAME>`` (blank = unset)."""
-    for key in (f"OTEL_EXPORTER_OTLP_{signal.upper()}_{name}", f"OTEL_EXPORTER_OTLP_{name}"):
+    for key in (ec.otlp_var(name, signal), ec.otlp_var(name)):
         value = env.get(key, "").strip()
         if value:
             return value
@@ -65,8 +66,8 @@ class Upstream:
     def from_env(cls, env: Mapping[str, str], signal: str) -> Upstream:
         """The upstream of ``signal`` from the variables the workers would have been given."""
         protocol = (_var(env, signal, "PROTOCOL") or "grpc").lower()
-        specific = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", "").strip()
-        base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+        specific = env.get(ec.otlp_var("ENDPOINT", signal), "").strip()
+        base = env.get(ec.OTLP_ENDPOINT, "").strip()
         kind = "grpc" if protocol == "grpc" else "http"
         if specific:
             endpoint = specific
