@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import os
 import socket
 import ssl
-import sys
 import time
 import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
@@ -22,10 +19,11 @@ from mlaunch.doctor.results import NET_TIMEOUT_S, CheckResult, fail, ok, warn
 from mlaunch.endpoints import bracket
 from mlaunch.endpoints import redact as redact_url
 from mlaunch.envcontract import PRIMARY_PREFIX
+from mlaunch.otlp import send
 from mlaunch.settings import Settings
 
 #: The OTLP/gRPC trace export method.
-GRPC_EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+GRPC_EXPORT_METHOD = send.EXPORT_METHODS["traces"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -64,9 +62,7 @@ def grpc_export(
     url: str, headers: Mapping[str, str], timeout_s: float, certificate: str | None = None
 ) -> _Answer:
     """An empty ExportTraceServiceRequest as a gRPC unary call (TLS for https URLs)."""
-    if "grpc" not in sys.modules:
-        # gRPC's C core logs failed handshakes to stderr; doctor reports them itself.
-        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    send.quiet_grpc()  # doctor reports failed handshakes itself
     import grpc
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceRequest,
@@ -74,26 +70,23 @@ def grpc_export(
     )
 
     host, port = _host_port(url)
-    target = _grpc_target(host, port)
+    # One probe reports the first answer: no gRPC retries.
     options = [("grpc.enable_retries", 0)]
     if _is_loopback(host):
         options.append(("grpc.enable_http_proxy", 0))
-    if urllib.parse.urlparse(url).scheme == "https":
-        roots = Path(certificate).read_bytes() if certificate else None
-        channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(roots), options)
-    else:
-        channel = grpc.insecure_channel(target, options)
+    # The URL comes from the settings, always http:// or https://: TLS for https only.
+    tls = send.grpc_tls(urllib.parse.urlparse(url).scheme)
+    channel = send.grpc_channel(
+        _grpc_target(host, port), tls=tls, certificate=certificate, options=options
+    )
     try:
-        export = channel.unary_unary(
+        export = send.grpc_unary(
+            channel,
             GRPC_EXPORT_METHOD,
             request_serializer=ExportTraceServiceRequest.SerializeToString,
             response_deserializer=ExportTraceServiceResponse.FromString,
         )
-        export(
-            ExportTraceServiceRequest(),
-            timeout=timeout_s,
-            metadata=[(k.lower(), v) for k, v in headers.items()],
-        )
+        export(ExportTraceServiceRequest(), timeout=timeout_s, metadata=send.grpc_metadata(headers))
         return _Answer("otlp")
     except grpc.RpcError as err:
         code = err.code() if hasattr(err, "code") else None
@@ -120,20 +113,17 @@ def http_export(
 
     host, _ = _host_port(url)
     body = ExportTraceServiceRequest().SerializeToString()
-    request = urllib.request.Request(
-        url,
-        data=body,
-        method="POST",
-        headers={**headers, "Content-Type": "application/x-protobuf"},
-    )
-    context = ssl.create_default_context(cafile=certificate) if url.startswith("https") else None
-    opener = urllib.request.build_opener(
-        urllib.request.ProxyHandler({} if _is_loopback(host) else None),
-        urllib.request.HTTPSHandler(context=context),
-    )
+    context = send.ssl_context(certificate) if url.startswith("https") else None
     try:
-        with opener.open(request, timeout=timeout_s) as resp:
-            status, ctype, data = resp.status, resp.headers.get("Content-Type", ""), resp.read()
+        status, answer_headers, data = send.http_post(
+            url,
+            body,
+            {**headers, "Content-Type": "application/x-protobuf"},
+            timeout_s,
+            context=context,
+            use_proxy=not _is_loopback(host),
+        )
+        ctype = answer_headers.get("Content-Type", "")
     except urllib.error.HTTPError as err:
         return _Answer(
             "status", err.headers.get("Content-Type", "") if err.headers else "", err.code

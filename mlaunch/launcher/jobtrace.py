@@ -252,36 +252,30 @@ class UpstreamSink:
             )  # fmt: skip
 
     def _sender(self) -> Any:
+        from mlaunch.otlp import send
+
         otel = self.otel
         headers = {str(k).lower(): str(v) for k, v in (otel.headers or {}).items()}
         if otel.protocol == "grpc":
-            import grpc
-            from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
-
             endpoint = otel.endpoint
             target = endpoint.split("://", 1)[-1].rstrip("/")
-            plain = otel.insecure or endpoint.startswith("http://")
-            if plain:
-                channel = grpc.insecure_channel(target)
-            else:
-                cert = Path(otel.certificate).read_bytes() if otel.certificate else None
-                channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(cert))
-            stub = trace_service_pb2_grpc.TraceServiceStub(channel)
-            return lambda req: stub.Export(
-                req, timeout=self.timeout_s, metadata=tuple(headers.items())
+            scheme = endpoint.split("://", 1)[0] if "://" in endpoint else ""
+            tls = send.grpc_tls(scheme, otel.insecure, insecure_first=True)
+            channel = send.grpc_channel(target, tls=tls, certificate=otel.certificate)
+            export = send.grpc_unary(channel, send.EXPORT_METHODS["traces"])
+            metadata = send.grpc_metadata(headers)
+            return lambda req: export(
+                req.SerializeToString(), timeout=self.timeout_s, metadata=metadata
             )
-        import ssl
-        import urllib.request
-
-        context = ssl.create_default_context(cafile=otel.certificate or None)
+        # Built before the first send, so a bad certificate path fails every send alike.
+        context = send.ssl_context(otel.certificate)
 
         def post(req: Any) -> None:
-            http = urllib.request.Request(
-                otel.endpoint, data=req.SerializeToString(), method="POST",
-                headers={**headers, "Content-Type": "application/x-protobuf"},
+            send.http_post(
+                otel.endpoint, req.SerializeToString(),
+                {**headers, "Content-Type": "application/x-protobuf"}, self.timeout_s,
+                context=context,
             )  # fmt: skip
-            with urllib.request.urlopen(http, timeout=self.timeout_s, context=context) as resp:
-                resp.read()
 
         return post
 

@@ -12,6 +12,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from mlaunch.otlp import from_proto, otlp_json
+from mlaunch.otlp.send import EXPORT_SERVICES
 
 
 @dataclass(frozen=True)
@@ -104,19 +105,19 @@ def _logs_from_dict(data: dict[str, Any]) -> Any:
 TRACES = Signal(
     "traces",
     trace_service_pb2.ExportTraceServiceRequest,
-    "opentelemetry.proto.collector.trace.v1.TraceService",
+    EXPORT_SERVICES["traces"],
     "resource_spans",
 )
 METRICS = Signal(
     "metrics",
     metrics_service_pb2.ExportMetricsServiceRequest,
-    "opentelemetry.proto.collector.metrics.v1.MetricsService",
+    EXPORT_SERVICES["metrics"],
     "resource_metrics",
 )
 LOGS = Signal(
     "logs",
     logs_service_pb2.ExportLogsServiceRequest,
-    "opentelemetry.proto.collector.logs.v1.LogsService",
+    EXPORT_SERVICES["logs"],
     "resource_logs",
 )
 #: Every signal, by name.
