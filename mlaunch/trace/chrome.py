@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from mlaunch.model.spans import ResourceAttr, span_def
+from mlaunch.otlp.otlp_json import attributes
 from mlaunch.outputs import open_output
-from mlaunch.telemetry.otlp_json import attributes
 from mlaunch.trace.reader import Resource, TraceReader, is_error
 from mlaunch.trace.summary import no_spans_error
 

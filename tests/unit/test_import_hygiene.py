@@ -72,6 +72,8 @@ def test_groups_commands_import_no_heavy_module(args: list[str]) -> None:
         # Every launch imports these; the receiver's protobuf/grpc load only when one is hosted.
         ("mlaunch.launcher.run", ("torch", "opentelemetry", "grpc", "google")),
         ("mlaunch.receiver.wiring", ("torch", "opentelemetry", "grpc", "google")),
+        # Reading a trace needs OTLP/JSON only: not the telemetry runtime and its fork hook.
+        ("mlaunch.trace.reader", ("mlaunch.telemetry",)),
     ],
 )
 def test_layer_imports(module: str, forbidden: tuple[str, ...]) -> None:
@@ -185,6 +187,22 @@ def test_the_trainer_never_imports_opentelemetry() -> None:
         imp
         for imp in _library_imports_of("opentelemetry")
         if imp.source.startswith("mlaunch/trainer/")
+    ]
+    assert not bad, "\n".join(map(str, bad))
+
+
+#: What ``mlaunch.otlp`` may import of mlaunch: it sits below telemetry, receiver and trace.
+OTLP_MAY_IMPORT = ("mlaunch.otlp", "mlaunch.envcontract", "mlaunch.model")
+
+
+def test_otlp_imports_only_the_layers_below_it() -> None:
+    bad = [
+        imp
+        for path in sorted((PACKAGE / "otlp").rglob("*.py"))
+        for imp in imports_in(path)
+        if _within(imp.module, "mlaunch")
+        and imp.module != "mlaunch"
+        and not any(_within(imp.module, ok) for ok in OTLP_MAY_IMPORT)
     ]
     assert not bad, "\n".join(map(str, bad))
 
