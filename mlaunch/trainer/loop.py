@@ -235,13 +235,9 @@ class Progress:
     def __init__(self, path: Path | None) -> None:
         self.file = open(path, "a", buffering=1) if path is not None else None  # noqa: SIM115
 
-    def write(self, **record: Any) -> None:
+    def write(self, record: envcontract.ProgressStep | envcontract.ProgressEval) -> None:
         if self.file is not None:
-            clean = {
-                k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                for k, v in record.items()
-            }
-            self.file.write(json.dumps(clean) + "\n")
+            self.file.write(envcontract.progress_line(record))
             self.file.flush()
 
     def close(self) -> None:
@@ -580,10 +576,7 @@ class Trainer:
             sample = self.generate() if args.sample_tokens > 0 else None
             self.model.train()
         if topo.owns_loss:
-            record: dict[str, Any] = {"iteration": iteration, "eval_loss": eval_loss}
-            if sample is not None:
-                record["sample"] = sample
-            progress.write(**record)
+            progress.write(envcontract.ProgressEval(iteration, eval_loss, sample))
             log(
                 topo,
                 f"iteration {iteration} | eval loss {eval_loss:.4f}"
@@ -745,26 +738,22 @@ class Trainer:
             memory_gb=peak_memory_gb(topo.device),
         )
         progress.write(
-            iteration=iteration,
-            train_iters=args.train_iters,
-            loss=result.loss,
-            lr=lr,
-            grad_norm=result.grad_norm,
-            tokens_per_sec=tokens_per_sec,
-            step_ms=step_s * 1e3,
-            cpu_ms=cpu_ms,
-            skipped=result.skipped,
-            time=time.time(),  # wall clock: a reader can see stalls between steps
-            # DP: how many gradient buckets the step's last backward launched itself (all of them
-            # when the all-reduce overlaps backward; a GPU test reads it).
-            **(
-                {
-                    "grad_buckets": len(self.grads.buckets),
-                    "grad_buckets_in_backward": self.grads.launched_in_backward,
-                }
-                if topo.dp > 1
-                else {}
-            ),  # fmt: skip
+            envcontract.ProgressStep(
+                iteration=iteration,
+                train_iters=args.train_iters,
+                loss=result.loss,
+                lr=lr,
+                grad_norm=result.grad_norm,
+                tokens_per_sec=tokens_per_sec,
+                step_ms=step_s * 1e3,
+                cpu_ms=cpu_ms,
+                skipped=result.skipped,
+                time=time.time(),  # wall clock: a reader can see stalls between steps
+                # DP: how many gradient buckets the step's last backward launched itself (all of
+                # them when the all-reduce overlaps backward; a GPU test reads it).
+                grad_buckets=len(self.grads.buckets) if topo.dp > 1 else None,
+                grad_buckets_in_backward=self.grads.launched_in_backward if topo.dp > 1 else None,
+            )
         )
         if topo.owns_loss and (iteration % args.log_interval == 0 or iteration == 1):
             log(
