@@ -349,3 +349,19 @@ def _newest_attempted(root: Path) -> int | None:
         if it is not None:
             found.append(it)
     return max(found) if found else None
+
+
+def resume_from_save(save: str | None, topo: Topology, log: Log) -> str | None:
+    """``--load`` defaults to ``--save`` when a checkpoint is there (Megatron's convention), in
+    the trainer itself: a torchrun restart re-runs the same argv and must resume, not start
+    over. Rank 0 decides and tells everyone, so all ranks take the same (collective) path."""
+    if not save:
+        return None
+    found = has_checkpoint(save) if topo.rank == 0 else False
+    if topo.distributed and topo.world_size > 1:
+        t = torch.tensor([int(found)], dtype=torch.int64, device=topo.device)
+        dist.broadcast(t, src=0)
+        found = bool(t.item())
+    if found:
+        log(f"--load not given: resuming from --save {save}, which holds a checkpoint")
+    return save if found else None
