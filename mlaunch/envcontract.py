@@ -6,12 +6,15 @@ Workers rebuild their settings from exactly these variables (plus the standard `
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 import string
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 #: Primary and fallback prefixes of the telemetry keys: a ``MEGATRON_OTEL_*`` variable wins over
 #: the ``NEMO_LENS_*`` one of the same key (nemo-lens's spelling, still understood).
@@ -113,15 +116,20 @@ class NumberedName:
     __slots__ = ("template", "glob", "_field", "_re")
 
     def __init__(self, template: str) -> None:
-        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
-        if len(fields) != 1 or not fields[0]:
+        fields = [
+            (f, spec) for _, f, spec, _ in string.Formatter().parse(template) if f is not None
+        ]
+        if len(fields) != 1 or not fields[0][0]:
             raise ValueError(f"{template!r}: a numbered name has exactly one named field")
         self.template = template
-        self._field = fields[0]
-        head, _, tail = template.partition("{" + self._field + "}")
+        self._field, spec = fields[0]
+        head, _, tail = template.partition("{" + self._field + (f":{spec}" if spec else "") + "}")
         #: The shell pattern of every such name (``error-rank*.json``).
         self.glob = f"{head}*{tail}"
-        self._re = re.compile(re.escape(head) + r"(\d+)" + re.escape(tail))
+        # A zero-padded field (``{iteration:07d}``) is exactly that many digits, as written.
+        padded = re.fullmatch(r"0(\d+)d", spec or "")
+        digits = rf"(\d{{{padded.group(1)}}})" if padded else r"(\d+)"
+        self._re = re.compile(re.escape(head) + digits + re.escape(tail))
 
     def name(self, number: int) -> str:
         """The name for ``number``."""
@@ -157,6 +165,30 @@ SLURM_OUTPUT_TEMPLATE = "slurm-%j.out"
 SLURM_OUTPUT_GLOB = SLURM_OUTPUT_TEMPLATE.replace("%j", "*")
 #: A node other than node 0 of a multi-node run writes its progress view here (under its log dir).
 LAUNCHER_LOG = "launcher.log"
+#: torchrun's own output (its restarts, a group's failure), under each node's log directory.
+TORCHRUN_LOG = "torchrun.log"
+#: ``mlaunch trace report``'s page, at the top of the run directory unless ``-o`` says otherwise.
+REPORT_FILE = "report.html"
+#: Under :data:`TELEMETRY_DIR`: what earlier ``mlaunch trace replay`` runs delivered (per spool
+#: file, the byte offset up to which every line was sent), and the lock one replay holds on it.
+REPLAY_LEDGER_FILE = "replayed.json"
+REPLAY_LOCK_FILE = ".replay.lock"
+
+# Checkpoints (Megatron-LM's layout, ``torch`` format), under ``--save``: the trainer writes them
+# (torch) and the launcher reads their manifests before launch (standard library only).
+
+#: The marker naming the newest committed checkpoint, replaced atomically after each commit.
+CHECKPOINT_TRACKER_FILE = "latest_checkpointed_iteration.txt"
+#: One checkpoint's directory (``iter_0000010``).
+CHECKPOINT_ITER_DIR = NumberedName("iter_{iteration:07d}")
+#: Written last in a checkpoint's directory: every file's size and sha256.
+CHECKPOINT_MANIFEST_FILE = "manifest.json"
+#: One pipeline stage's shard, in its ``mp_rank_00[_PPP]`` directory.
+CHECKPOINT_MODEL_FILE = "model_optim_rng.pt"
+#: Before a checkpoint directory's name while its save is unfinished (nothing reads it as one).
+CHECKPOINT_TMP_PREFIX = ".tmp."
+#: Every unfinished save's directory.
+CHECKPOINT_TMP_GLOB = CHECKPOINT_TMP_PREFIX + CHECKPOINT_ITER_DIR.glob
 
 
 # Telemetry files, under TELEMETRY_DIR: ``{signal}-{sender}.jsonl`` (OTLP/JSON lines), the sender
@@ -245,6 +277,81 @@ def heartbeat_file(run_dir: str | Path, rank: int) -> Path:
 def hang_dir(run_dir: str | Path) -> Path:
     """The run directory's ``hang/`` folder (:data:`HANG_DIR`)."""
     return Path(run_dir) / HANG_DIR
+
+
+# ``progress.jsonl`` (:data:`PROGRESS_FILE`): one JSON object per line, appended and flushed by the
+# rank that owns the loss, one per iteration and one per evaluation. Its two records are these
+# dataclasses (their fields, in order, are the JSON keys); readers tell them apart with
+# :func:`is_step_record` and :func:`is_eval_record` (an earlier trainer's, or a cut, line may
+# lack keys, so readers keep the JSON object rather than insist on every field).
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressStep:
+    """One training iteration's line of ``progress.jsonl``."""
+
+    iteration: int
+    train_iters: int
+    loss: float
+    lr: float
+    grad_norm: float
+    tokens_per_sec: float
+    step_ms: float
+    #: CPU time of the whole process during the step (steadier than wall time on a shared host).
+    cpu_ms: float
+    skipped: bool
+    #: Wall clock at the end of the step: a reader can see stalls between steps.
+    time: float
+    #: Data parallelism only (else left out): the step's gradient buckets, and how many of them
+    #: the last backward launched itself (all of them when the all-reduce overlaps backward).
+    grad_buckets: int | None = None
+    grad_buckets_in_backward: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressEval:
+    """One evaluation's line of ``progress.jsonl``."""
+
+    iteration: int
+    eval_loss: float
+    #: The greedy completion of a held-out prompt (``--sample-tokens``), else left out.
+    sample: str | None = None
+
+
+#: The fields a record leaves out of its line when they are None (they apply to some runs only).
+_OPTIONAL_PROGRESS_FIELDS = frozenset({"grad_buckets", "grad_buckets_in_backward", "sample"})
+
+
+def progress_line(record: ProgressStep | ProgressEval) -> str:
+    """``record`` as its line of ``progress.jsonl`` (with the newline); a non-finite float is
+    written as ``null`` (JSON has no NaN)."""
+    out: dict[str, Any] = {}
+    for f in fields(record):
+        value = getattr(record, f.name)
+        if value is None and f.name in _OPTIONAL_PROGRESS_FIELDS:
+            continue
+        out[f.name] = None if isinstance(value, float) and not math.isfinite(value) else value
+    return json.dumps(out) + "\n"
+
+
+def parse_progress_line(raw: bytes | str) -> dict[str, Any] | None:
+    """One line of ``progress.jsonl`` as its JSON object; None when it is no JSON object (a
+    crash can cut the last line)."""
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def is_step_record(record: Mapping[str, Any]) -> bool:
+    """Whether a ``progress.jsonl`` object is a training step's (:class:`ProgressStep`)."""
+    return "loss" in record and "eval_loss" not in record
+
+
+def is_eval_record(record: Mapping[str, Any]) -> bool:
+    """Whether a ``progress.jsonl`` object is an evaluation's (:class:`ProgressEval`)."""
+    return "eval_loss" in record
 
 
 #: The glob of every rank's traces file (what the file exporter writes).

@@ -204,13 +204,10 @@ def _recent_steps(run_dir: Path) -> tuple[int | None, float | None]:
     iteration: int | None = None
     steps: list[float] = []
     for raw in reversed(lines):
-        try:
-            record = json.loads(raw)
-        except ValueError:
+        record = ec.parse_progress_line(raw)
+        if record is None or not isinstance(record.get("iteration"), int):
             continue
-        if not isinstance(record, dict) or not isinstance(record.get("iteration"), int):
-            continue
-        if "loss" not in record:
+        if not ec.is_step_record(record):
             continue  # an evaluation record
         iteration = record["iteration"] if iteration is None else iteration
         if isinstance(record.get("step_ms"), int | float) and record["step_ms"] > 0:

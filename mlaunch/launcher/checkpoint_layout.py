@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -13,10 +12,10 @@ from typing import Any
 from mlaunch import envcontract as ec
 from mlaunch.settings import Problem, Settings, flag_name
 
-#: Checkpoint files the launcher reads (stdlib only, the launcher never imports torch); the
-#: names are :mod:`mlaunch.trainer.checkpoint`'s (pinned equal by a test).
-CHECKPOINT_TRACKER_FILE = "latest_checkpointed_iteration.txt"
-CHECKPOINT_MANIFEST_FILE = "manifest.json"
+#: Checkpoint files the launcher reads (stdlib only, the launcher never imports torch), named by
+#: the run-directory schema as the trainer's are.
+CHECKPOINT_TRACKER_FILE = ec.CHECKPOINT_TRACKER_FILE
+CHECKPOINT_MANIFEST_FILE = ec.CHECKPOINT_MANIFEST_FILE
 #: Settings that fix the shape of what a checkpoint holds: resuming with another value of any of
 #: them cannot load its tensors (compared when the checkpoint's run left its ``resolved.json``).
 CHECKPOINT_LAYOUT_SETTINGS = (
@@ -33,8 +32,9 @@ CHECKPOINT_LAYOUT_SETTINGS = (
 def _newest_manifest(root: Path) -> tuple[Path, dict[str, Any]] | None:
     """The manifest of the checkpoint a resume would start from (the marker's, else the newest
     committed one), or None when there is none to read."""
+    iter_dir = ec.CHECKPOINT_ITER_DIR
     try:
-        names = [m.group(1) for p in root.iterdir() if (m := re.fullmatch(r"iter_(\d{7})", p.name))]
+        found = [it for p in root.iterdir() if (it := iter_dir.parse(p.name)) is not None]
         marker = (
             (root / CHECKPOINT_TRACKER_FILE).read_text().strip()
             if (root / CHECKPOINT_TRACKER_FILE).is_file()
@@ -42,12 +42,12 @@ def _newest_manifest(root: Path) -> tuple[Path, dict[str, Any]] | None:
         )
     except OSError:
         return None
-    order = sorted(names, reverse=True)
-    if marker.isdigit() and f"{int(marker):07d}" in order:
-        order.remove(f"{int(marker):07d}")
-        order.insert(0, f"{int(marker):07d}")
+    order = sorted(found, reverse=True)
+    if marker.isdigit() and int(marker) in order:
+        order.remove(int(marker))
+        order.insert(0, int(marker))
     for it in order:
-        path = root / f"iter_{it}" / CHECKPOINT_MANIFEST_FILE
+        path = root / iter_dir.name(it) / CHECKPOINT_MANIFEST_FILE
         try:
             manifest = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):

@@ -143,7 +143,7 @@ class Watchdog:
     def record(self, record: dict[str, Any]) -> None:
         """A progress.jsonl record (mlaunch's trainer)."""
         it, t = record.get("iteration"), record.get("time")
-        if isinstance(it, int) and "loss" in record and "eval_loss" not in record:
+        if isinstance(it, int) and ec.is_step_record(record):
             self._observe("progress", 0, it, t if isinstance(t, int | float) else time.time())
 
     def timeout_s(self) -> float:

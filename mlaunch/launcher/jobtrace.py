@@ -56,7 +56,6 @@ import mlaunch
 from mlaunch import envcontract as ec
 from mlaunch.launcher import attempt_entry
 from mlaunch.launcher.attempt_entry import attempt_span_id, traceparent
-from mlaunch.launcher.plan import TORCHRUN_LOG
 from mlaunch.model.identity import RUN_UUID, run_identity
 from mlaunch.model.spans import Attr, ResourceAttr, SpanName
 from mlaunch.otlp import traceparent as traceparent_header
@@ -377,7 +376,7 @@ class JobTrace:
         self.job = _Span(SpanName.JOB.value, _hex(16, seed, "job"), parent[1] if parent else "",
                          mlaunch.STARTED_NS)  # fmt: skip
         self.attempts: list[_Span] = []
-        self._log_offset = self._size(plan.log_dir / TORCHRUN_LOG)
+        self._log_offset = self._size(plan.log_dir / ec.TORCHRUN_LOG)
         self._since = time.time()
         self._interrupt: int | None = None
         self._failed_rank: int | None = None
@@ -497,7 +496,7 @@ class JobTrace:
         return None
 
     def _new_lines(self) -> list[str]:
-        path = self.plan.log_dir / TORCHRUN_LOG
+        path = self.plan.log_dir / ec.TORCHRUN_LOG
         try:
             with path.open("rb") as fh:
                 fh.seek(self._log_offset)

@@ -52,8 +52,6 @@ from mlaunch.settings import (
 TRAINER_MODULE = "mlaunch.trainer"
 #: torchrun, run as a module of the launcher's own interpreter.
 TORCHRUN_MODULE = "torch.distributed.run"
-#: torchrun's log file for its own output (the agent's, not the workers').
-TORCHRUN_LOG = "torchrun.log"
 REDACTED = "<redacted>"
 
 

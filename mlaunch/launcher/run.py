@@ -26,7 +26,7 @@ from mlaunch import envcontract as ec
 from mlaunch.launcher import jobtrace, orphan_guard
 from mlaunch.launcher.hang import Watchdog
 from mlaunch.launcher.hang_report import HangReport
-from mlaunch.launcher.plan import TORCHRUN_LOG, TORCHRUN_MODULE, LaunchPlan
+from mlaunch.launcher.plan import TORCHRUN_MODULE, LaunchPlan
 from mlaunch.receiver import wiring as receiver_wiring
 
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ def create_run_dir(plan: LaunchPlan, *, show_secrets: bool = False) -> None:
 
 def torchrun_log(plan: LaunchPlan) -> Path:
     """torchrun's own output (agent messages), kept out of the terminal."""
-    return plan.log_dir / TORCHRUN_LOG
+    return plan.log_dir / ec.TORCHRUN_LOG
 
 
 def guarded(argv: list[str]) -> list[str]:
@@ -175,10 +175,9 @@ class ProgressTail:
         self._partial = lines.pop()
         out = []
         for line in lines:
-            with contextlib.suppress(ValueError):
-                record = json.loads(line)
-                if isinstance(record, dict):
-                    out.append(record)
+            record = ec.parse_progress_line(line)
+            if record is not None:
+                out.append(record)
         return out
 
 
@@ -522,7 +521,7 @@ class RunResult:
     @property
     def train_records(self) -> list[dict[str, Any]]:
         """The training records (not evaluation ones)."""
-        return [r for r in self.records if "loss" in r and "eval_loss" not in r]
+        return [r for r in self.records if ec.is_step_record(r)]
 
 
 class Display(Protocol):

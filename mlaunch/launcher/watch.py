@@ -13,7 +13,6 @@ dumps being written.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -164,10 +163,9 @@ def _progress_records(run_dir: Path, limit: int = 256 << 10) -> list[dict[str, A
         lines = lines[1:]  # cut by the seek
     out = []
     for raw in lines:
-        with contextlib.suppress(ValueError):
-            rec = json.loads(raw)
-            if isinstance(rec, dict) and "loss" in rec and isinstance(rec.get("time"), int | float):
-                out.append(rec)
+        rec = ec.parse_progress_line(raw)
+        if rec is not None and ec.is_step_record(rec) and isinstance(rec.get("time"), int | float):
+            out.append(rec)
     return out
 
 

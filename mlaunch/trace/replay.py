@@ -31,9 +31,6 @@ from mlaunch.endpoints import DEFAULT_PORTS, Endpoint, EndpointError, parse_endp
 from mlaunch.otlp import otlp_json
 from mlaunch.otlp import send as otlp_send
 
-#: The record of what earlier replays delivered (in the run's telemetry folder).
-LEDGER_FILE = "replayed.json"
-_LOCK_FILE = ".replay.lock"
 PROTOCOLS = ("grpc", "http/protobuf")
 
 
@@ -261,7 +258,7 @@ def _write_ledger(path: Path, ledger: Mapping[str, Mapping[str, int]]) -> None:
 
 @contextlib.contextmanager
 def _exclusive(telemetry_dir: Path) -> Iterator[None]:
-    with open(telemetry_dir / _LOCK_FILE, "w") as fh:
+    with open(telemetry_dir / envcontract.REPLAY_LOCK_FILE, "w") as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -324,7 +321,7 @@ def replay(
         exporter=run_exporter(run_dir),
     )  # fmt: skip
     telemetry_dir = run_dir / envcontract.TELEMETRY_DIR
-    ledger_path = telemetry_dir / LEDGER_FILE
+    ledger_path = telemetry_dir / envcontract.REPLAY_LEDGER_FILE
     with _exclusive(telemetry_dir):
         ledger = _read_ledger(ledger_path)
         if sender is None:

@@ -20,7 +20,6 @@ import hashlib
 import io
 import json
 import os
-import re
 import shutil
 import time
 from collections.abc import Callable
@@ -35,18 +34,18 @@ from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spans import Attr, SpanName
 from mlaunch.trainer.parallel import Topology
 
-TRACKER_FILE = "latest_checkpointed_iteration.txt"
-MANIFEST_FILE = "manifest.json"
-MODEL_FILE = "model_optim_rng.pt"
+# The layout's names are the run-directory schema's (the launcher reads them too).
+TRACKER_FILE = envcontract.CHECKPOINT_TRACKER_FILE
+MANIFEST_FILE = envcontract.CHECKPOINT_MANIFEST_FILE
+MODEL_FILE = envcontract.CHECKPOINT_MODEL_FILE
 _SIDECAR = ".sha256.json"
-_ITER_RE = re.compile(r"^iter_(\d{7})$")
 
 Log = Callable[[str], None]
 
 
 def iter_dir_name(iteration: int) -> str:
     """``iter_0000010`` for iteration 10."""
-    return f"iter_{iteration:07d}"
+    return envcontract.CHECKPOINT_ITER_DIR.name(iteration)
 
 
 def shard_dir_name(pp_rank: int, pp: int) -> str:
@@ -130,8 +129,8 @@ def committed_iterations(root: Path) -> list[int]:
     """Iterations with a committed (renamed into place) directory, oldest first."""
     if not root.is_dir():
         return []
-    found = (_ITER_RE.match(p.name) for p in root.iterdir() if p.is_dir())
-    return sorted(int(m.group(1)) for m in found if m)
+    found = (envcontract.CHECKPOINT_ITER_DIR.parse(p.name) for p in root.iterdir() if p.is_dir())
+    return sorted(it for it in found if it is not None)
 
 
 def save_checkpoint(
@@ -146,7 +145,7 @@ def save_checkpoint(
     """Save this stage's shard of iteration ``iteration`` (collective over all ranks)."""
     root = Path(root)
     final = root / iter_dir_name(iteration)
-    tmp = root / f".tmp.{iter_dir_name(iteration)}"
+    tmp = root / (envcontract.CHECKPOINT_TMP_PREFIX + iter_dir_name(iteration))
     writer = topo.dp_rank == 0
     with telemetry.span(
         SpanGroup.CHECKPOINT, SpanName.CHECKPOINT_SAVE, {Attr.ITERATION: iteration}
@@ -157,7 +156,9 @@ def save_checkpoint(
             if topo.rank == 0:
                 with telemetry.trace_region("checkpoint.prepare"):
                     root.mkdir(parents=True, exist_ok=True)
-                    for stale in root.glob(".tmp.iter_*"):  # left over by crashed saves
+                    for stale in root.glob(
+                        envcontract.CHECKPOINT_TMP_GLOB
+                    ):  # left over by crashed saves
                         shutil.rmtree(stale, ignore_errors=True)
                     tmp.mkdir()
             _barrier(topo)
@@ -284,7 +285,7 @@ def find_valid_checkpoint(root: Path, log: Log) -> int | None:
             found = it
             break
         log(f"checkpoint {root / iter_dir_name(it)} is invalid: {problem}; trying the previous one")
-    for unfinished in sorted(root.glob(".tmp.iter_*")) if root.is_dir() else ():
+    for unfinished in sorted(root.glob(envcontract.CHECKPOINT_TMP_GLOB)) if root.is_dir() else ():
         log(
             f"ignoring unfinished checkpoint save {unfinished} (no manifest: the save did not finish)"
         )
@@ -341,8 +342,26 @@ def load_checkpoint(
 def _newest_attempted(root: Path) -> int | None:
     """The newest iteration a save was started for: committed or left unfinished (``.tmp``)."""
     found = committed_iterations(root)
-    for tmp in root.glob(".tmp.iter_*"):
-        m = _ITER_RE.match(tmp.name.removeprefix(".tmp."))
-        if m:
-            found.append(int(m.group(1)))
+    for tmp in root.glob(envcontract.CHECKPOINT_TMP_GLOB):
+        it = envcontract.CHECKPOINT_ITER_DIR.parse(
+            tmp.name.removeprefix(envcontract.CHECKPOINT_TMP_PREFIX)
+        )
+        if it is not None:
+            found.append(it)
     return max(found) if found else None
+
+
+def resume_from_save(save: str | None, topo: Topology, log: Log) -> str | None:
+    """``--load`` defaults to ``--save`` when a checkpoint is there (Megatron's convention), in
+    the trainer itself: a torchrun restart re-runs the same argv and must resume, not start
+    over. Rank 0 decides and tells everyone, so all ranks take the same (collective) path."""
+    if not save:
+        return None
+    found = has_checkpoint(save) if topo.rank == 0 else False
+    if topo.distributed and topo.world_size > 1:
+        t = torch.tensor([int(found)], dtype=torch.int64, device=topo.device)
+        dist.broadcast(t, src=0)
+        found = bool(t.item())
+    if found:
+        log(f"--load not given: resuming from --save {save}, which holds a checkpoint")
+    return save if found else None

@@ -1,4 +1,5 @@
-"""AdamW with decoupled weight decay, written out instead of ``torch.optim.AdamW``.
+"""AdamW with decoupled weight decay, written out instead of ``torch.optim.AdamW``, and the
+learning-rate schedule (:func:`lr_at`).
 
 Why not torch's: every ``torch.optim.Optimizer`` imports ``torch._dynamo`` the first time it adds
 a parameter group (its methods are wrapped to keep the compiler out), and that import costs each
@@ -12,12 +13,14 @@ losses are bit-identical to it. :meth:`state_dict` has torch's layout, so checkp
 
 from __future__ import annotations
 
+import argparse
+import math
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-__all__ = ["AdamW"]
+__all__ = ["AdamW", "lr_at"]
 
 
 class AdamW:
@@ -133,3 +136,12 @@ _TORCH_FLAGS: dict[str, Any] = {
     "fused": None,
     "decoupled_weight_decay": True,
 }
+
+
+def lr_at(args: argparse.Namespace, iteration: int) -> float:
+    """Linear warm-up to ``--lr``, then cosine decay to ``--min-lr`` at ``--train-iters``."""
+    if args.lr_warmup_iters and iteration <= args.lr_warmup_iters:
+        return args.lr * iteration / args.lr_warmup_iters
+    span = max(1, args.train_iters - args.lr_warmup_iters)
+    ratio = min(1.0, (iteration - args.lr_warmup_iters) / span)
+    return args.min_lr + 0.5 * (1 + math.cos(math.pi * ratio)) * (args.lr - args.min_lr)

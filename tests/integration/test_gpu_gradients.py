@@ -84,8 +84,9 @@ def trainer_factory(tmp_path, monkeypatch):
 
     def make(extra: list[str]):
         from mlaunch.trainer.args import parse_and_validate
-        from mlaunch.trainer.loop import StopFlag, Trainer
+        from mlaunch.trainer.loop import Trainer
         from mlaunch.trainer.parallel import init_distributed
+        from mlaunch.trainer.setup import StopFlag
 
         args = parse_and_validate([*TINY, "--train-iters", "10", *extra])
         topo = init_distributed(args.pipeline_model_parallel_size)
@@ -110,7 +111,7 @@ def test_a_step_makes_exactly_one_host_sync(trainer_factory, extra) -> None:
 
     from mlaunch import telemetry
     from mlaunch.telemetry import _devicetime
-    from mlaunch.trainer.loop import Progress
+    from mlaunch.trainer.metrics import Progress
 
     trainer = trainer_factory(extra)
     progress = Progress(None)

@@ -127,27 +127,27 @@ def test_a_deferred_link_is_read_at_the_sync_point(queue) -> None:
 
 
 def test_cuda_rng_is_saved_and_restored_for_this_workers_gpu_only(monkeypatch) -> None:
-    from mlaunch.trainer import loop
+    from mlaunch.trainer import device
 
     calls: list[tuple] = []
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda d: calls.append(("get", d)) or "S")
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, d: calls.append(("set", s, d)))
     dev = torch.device("cuda", 1)
-    assert loop.cuda_rng_state(dev) == "S" and calls == [("get", dev)]
+    assert device.cuda_rng_state(dev) == "S" and calls == [("get", dev)]
     calls.clear()
-    loop.restore_cuda_rng("S", dev, print)
+    device.restore_cuda_rng("S", dev, print)
     assert calls == [("set", "S", dev)]
     # An old checkpoint (one state per visible GPU) saved on 2 GPUs, resumed where the worker's GPU
     # is index 1: its own entry; resumed on GPU 3: no entry, a line, the RNG stays as seeded.
     calls.clear()
-    loop.restore_cuda_rng(["A", "B"], dev, print)
+    device.restore_cuda_rng(["A", "B"], dev, print)
     assert calls == [("set", "B", dev)]
     calls.clear()
     lines: list[str] = []
-    loop.restore_cuda_rng(["A", "B"], torch.device("cuda", 3), lines.append)
+    device.restore_cuda_rng(["A", "B"], torch.device("cuda", 3), lines.append)
     assert calls == [] and "none for GPU 3" in lines[0]
-    assert loop.cuda_rng_state(torch.device("cpu")) is None
-    loop.restore_cuda_rng("S", torch.device("cpu"), print)  # a GPU checkpoint resumed on CPU
+    assert device.cuda_rng_state(torch.device("cpu")) is None
+    device.restore_cuda_rng("S", torch.device("cpu"), print)  # a GPU checkpoint resumed on CPU
     assert calls == []
 
 
@@ -472,7 +472,7 @@ def test_the_stop_vote_is_filled_on_the_device_not_copied_from_the_host(monkeypa
 
 
 def test_batches_are_pinned_before_their_non_blocking_copies_on_cuda_only(monkeypatch) -> None:
-    from mlaunch.trainer.loop import batch_to_device
+    from mlaunch.trainer.device import batch_to_device
 
     pinned: set[int] = set()
     copies: list[tuple[bool, str, bool]] = []

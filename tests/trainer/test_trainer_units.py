@@ -11,9 +11,9 @@ import torch
 from mlaunch.trainer import checkpoint
 from mlaunch.trainer.args import build_parser, validate
 from mlaunch.trainer.data import TokenData, default_corpus, load_corpus
-from mlaunch.trainer.loop import lr_at
 from mlaunch.trainer.model import GPTStage
 from mlaunch.trainer.offload import ActivationStash
+from mlaunch.trainer.optim import lr_at
 from mlaunch.trainer.shape import GPTConfig, count_parameters
 
 
@@ -150,7 +150,8 @@ def test_validate_is_reusable_by_the_launcher():
 def test_memory_and_gpu_identity_are_cuda_only() -> None:
     """Memory is the CUDA peak since the last record (Megatron-LM's figure); a CPU rank records
     none and has no GPU identity."""
-    from mlaunch.trainer.loop import gpu_identity, peak_memory_gb
+    from mlaunch.trainer.device import peak_memory_gb
+    from mlaunch.trainer.setup import gpu_identity
 
     cpu = torch.device("cpu")
     assert peak_memory_gb(cpu) is None
@@ -162,7 +163,7 @@ def test_train_blocks_follow_save_interval_else_k() -> None:
     from types import SimpleNamespace
 
     from mlaunch.model.spans import train_block
-    from mlaunch.trainer.loop import block_iters
+    from mlaunch.trainer.setup import block_iters
 
     settings = SimpleNamespace(trace_segment_iters=100)
     saving = argparse.Namespace(save="ck", save_interval=2)

@@ -47,7 +47,7 @@ class Torchrun:
     def __init__(self, plan: lp.LaunchPlan) -> None:
         self.log_dir = plan.log_dir
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.log = self.log_dir / lp.TORCHRUN_LOG
+        self.log = self.log_dir / ec.TORCHRUN_LOG
 
     def attempt(self, n: int) -> None:
         (self.log_dir / "rdzv_abc" / f"attempt_{n}" / "0").mkdir(parents=True)

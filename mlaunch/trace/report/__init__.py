@@ -34,12 +34,11 @@ number formats they share) and :mod:`.build` (all of it for one run directory).
 """
 
 from mlaunch.trace.report.build import ReportResult, render_report, write_report
-from mlaunch.trace.report.rundir import REPORT_FILE, default_output, run_directory
+from mlaunch.trace.report.rundir import default_output, run_directory
 from mlaunch.trace.report.window import EDGE_ITERATIONS, choose_iterations, parse_iterations
 
 __all__ = [
     "EDGE_ITERATIONS",
-    "REPORT_FILE",
     "ReportResult",
     "choose_iterations",
     "default_output",

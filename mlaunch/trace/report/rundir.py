@@ -11,9 +11,6 @@ from typing import Any
 from mlaunch import envcontract
 from mlaunch.trace.report.curve import Curve
 
-#: Where ``write_report`` puts the report when no output path is given (inside the run directory).
-REPORT_FILE = "report.html"
-
 
 def run_directory(path: Path) -> Path:
     """The run directory behind ``path``: itself, or the one holding a traces file or the
@@ -25,7 +22,7 @@ def run_directory(path: Path) -> Path:
 
 def default_output(path: Path) -> Path:
     """``RUN_DIR/report.html`` for a run directory, or a file or telemetry directory in it."""
-    return run_directory(path) / REPORT_FILE
+    return run_directory(path) / envcontract.REPORT_FILE
 
 
 #: The keys of a training record of ``progress.jsonl`` the curves draw, and of an eval record.
@@ -58,13 +55,13 @@ def read_progress(run_dir: Path) -> tuple[Progress, int]:
         for raw in f:
             if not raw.strip():
                 continue
+            rec = envcontract.parse_progress_line(raw)
             try:
-                rec = json.loads(raw)
-                it = int(rec["iteration"])
-            except (ValueError, KeyError, TypeError):
+                it = int(rec["iteration"])  # type: ignore[index]
+            except (KeyError, TypeError, ValueError):
                 bad += 1
                 continue
-            if EVAL_KEY in rec:
+            if envcontract.is_eval_record(rec):
                 prog.evals.add(it, rec[EVAL_KEY])
                 continue
             prog.has_train = True
