@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mlaunch import envcontract as ec
-from mlaunch.launcher import reference
+from mlaunch.launcher import lens_names
 from mlaunch.settings import Problem, Settings
 from mlaunch.settings import args as setting_args
 
@@ -126,8 +126,8 @@ def _holds_files(save: Path) -> bool:
 
 def otel_flags(settings: Settings) -> list[str]:
     """Megatron-LM's own ``--otel-*`` flags (for ``--script``/``--module`` targets), in the
-    reference's language and each one argv item (see :mod:`mlaunch.launcher.reference`)."""
-    return reference.worker_args(settings)
+    reference's language and each one argv item (see :mod:`mlaunch.launcher.lens_names`)."""
+    return lens_names.worker_args(settings)
 
 
 def shadowed_settings(

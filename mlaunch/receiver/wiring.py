@@ -56,7 +56,7 @@ def receiver_mode(settings: Settings) -> Mode | None:
         return None  # its file exporter writes the same files without a hop
     # A script/module: the launch plan's translation decides (nemo-lens has no file exporter:
     # the receiver is how a script's spans get into the run directory).
-    from mlaunch.launcher.reference import embedded_receiver
+    from mlaunch.launcher.lens_names import embedded_receiver
 
     return "embedded" if embedded_receiver(settings) else None
 

@@ -10,12 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from mlaunch.launcher import status as st
 from mlaunch.launcher.slurm import SlurmJobInfo, parse_scontrol
 
-pytestmark = pytest.mark.slurm
 ROOT = Path(__file__).resolve().parents[2]
 
 
