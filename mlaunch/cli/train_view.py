@@ -119,7 +119,7 @@ def _exporter_text(plan: LaunchPlan) -> str:
     if t.exporter == "file":
         return f"file -> {plan.traces_dir}/traces-rank{{R}}.jsonl" + ignored
     if t.exporter == "otlp":
-        from mlaunch.receiver.wiring import receiver_mode
+        from mlaunch.launcher.receiver_wiring import receiver_mode
 
         if receiver_mode(plan.settings) == "relay":
             return (

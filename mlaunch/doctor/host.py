@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 from mlaunch import envcontract as ec
 from mlaunch.doctor.results import NET_TIMEOUT_S, CheckResult, fail, ok, warn
+from mlaunch.model.gpt_shape import GPTConfig, count_parameters
 from mlaunch.model.spec import quoted
 from mlaunch.settings import Settings
-from mlaunch.trainer.shape import GPTConfig, count_parameters
 
 if TYPE_CHECKING:
     from mlaunch.launcher.plan import DirectoryPlace

@@ -12,6 +12,7 @@ from mlaunch import envcontract as ec
 from mlaunch.launcher import lens_names
 from mlaunch.settings import Problem, Settings
 from mlaunch.settings import args as setting_args
+from mlaunch.settings.trainer_cli import build_parser, validate
 
 # The argument tables below derive from the settings' field metadata (mlaunch.settings.args),
 # where each model/training/parallelism setting says how it reaches a training script.
@@ -173,11 +174,7 @@ def megatron_data_problems(settings: Settings, passthrough: Sequence[str]) -> li
 
 def check_trainer_args(args: Sequence[str], world_size: int) -> list[Problem]:
     """Run the trainer's own parser and checks here, so a bad pass-through argument fails before
-    any process starts (the parser is standard library only)."""
-    try:
-        from mlaunch.trainer.args import build_parser, validate
-    except ImportError:  # the trainer is optional for --script runs; checked again in workers
-        return []
+    any process starts (the parser is standard library and settings only)."""
     parser = build_parser()
 
     class _Bad(Exception):

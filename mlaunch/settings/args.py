@@ -3,7 +3,7 @@
 Each field of those sections carries one :class:`Arg` (mlaunch's trainer takes it) or
 :class:`NotPassed` (it does not, and why) in its ``Annotated`` type. Everything that used to be a
 table of its own derives from that one place: the trainer's argument parser
-(:func:`mlaunch.trainer.args.build_parser`), the launcher's argument list and its Megatron-LM
+(:func:`mlaunch.settings.trainer_cli.build_parser`), the launcher's argument list and its Megatron-LM
 spellings (:mod:`mlaunch.launcher.plan`). Adding a setting to a section is then one change.
 """
 

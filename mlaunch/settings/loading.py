@@ -134,7 +134,7 @@ def _preempt_signals_problems(environ: Mapping[str, str]) -> list[Problem]:
     """``MLAUNCH_PREEMPT_SIGNALS`` checked before launch (the trainer would refuse it only after
     torchrun started), reported under the variable's own name."""
     from mlaunch.envcontract import PREEMPT_SIGNALS
-    from mlaunch.trainer.args import preempt_signals
+    from mlaunch.settings.values import preempt_signals
 
     if not environ.get(PREEMPT_SIGNALS, "").strip():
         return []

@@ -27,17 +27,17 @@ import torch
 import torch.distributed as dist
 
 from mlaunch import envcontract, telemetry
+from mlaunch.model.gpt_shape import GPTConfig, count_parameters
 from mlaunch.model.groups import SpanGroup as G
 from mlaunch.model.spans import Attr, ResourceAttr, SpanName, text_completion_name, train_block
+from mlaunch.settings.trainer_cli import PROG, parse_and_validate
 from mlaunch.trainer import checkpoint, profiling
-from mlaunch.trainer.args import PROG, parse_and_validate
 from mlaunch.trainer.data import TokenData, decode, load_corpus
 from mlaunch.trainer.model import GPTStage
 from mlaunch.trainer.offload import ParameterFilter
 from mlaunch.trainer.optim import AdamW
 from mlaunch.trainer.parallel import P2P, GradBuffer, Topology, init_distributed
 from mlaunch.trainer.pipeline import StepContext, forward_backward_1f1b, forward_only
-from mlaunch.trainer.shape import GPTConfig, count_parameters
 
 MODEL_TYPE = "gpt"
 PROMPT_TOKENS = 16  # text-completion prompt length (held-out bytes)

@@ -71,7 +71,7 @@ def test_groups_commands_import_no_heavy_module(args: list[str]) -> None:
         ("mlaunch.telemetry", ("torch", "opentelemetry.sdk")),
         # Every launch imports these; the receiver's protobuf/grpc load only when one is hosted.
         ("mlaunch.launcher.run", ("torch", "opentelemetry", "grpc", "google")),
-        ("mlaunch.receiver.wiring", ("torch", "opentelemetry", "grpc", "google")),
+        ("mlaunch.launcher.receiver_wiring", ("torch", "opentelemetry", "grpc", "google")),
     ],
 )
 def test_layer_imports(module: str, forbidden: tuple[str, ...]) -> None:

@@ -42,7 +42,7 @@ def test_every_model_training_parallel_setting_maps_to_a_trainer_argument():
 
 
 def test_every_mapped_argument_is_accepted_by_the_trainer_parser():
-    from mlaunch.trainer.args import build_parser
+    from mlaunch.settings.trainer_cli import build_parser
 
     known = {opt for action in build_parser()._actions for opt in action.option_strings}
     for path, flag in worker_args.TRAINER_ARGS.items():
@@ -51,7 +51,7 @@ def test_every_mapped_argument_is_accepted_by_the_trainer_parser():
 
 
 def test_plan_arguments_parse_back_to_the_settings_values(tmp_path):
-    from mlaunch.trainer.args import build_parser
+    from mlaunch.settings.trainer_cli import build_parser
 
     plan = build(
         {
@@ -297,7 +297,7 @@ def test_the_trainer_run_bare_has_the_settings_defaults():
     """One schema: the trainer's parser takes its defaults from the settings, except where a
     setting declares the trainer's own (an unset value it derives, keep-all checkpoints)."""
     from mlaunch.settings.args import SAME, Arg, training_fields
-    from mlaunch.trainer.args import build_parser
+    from mlaunch.settings.trainer_cli import build_parser
 
     defaults = {a.dest: a.default for a in build_parser()._actions}
     own = {}

@@ -1,5 +1,8 @@
 """When ``mlaunch train`` hosts the receiver, and what it changes in the workers' environment.
 
+Launcher policy (it reads the settings and the launch plan), so it lives in the launcher: the
+receiver itself knows nothing of launches and never imports the launcher.
+
 - **embedded** (the default for ``--script``/``--module`` with telemetry on and no OTLP endpoint):
   workers export OTLP to the launcher, which writes ``telemetry/traces-rank{R}.jsonl`` etc.
 - **relay** (an endpoint configured and ``--otlp-relay`` on; on by default for scripts and
