@@ -21,7 +21,7 @@ from mlaunch import envcontract as ec
 from mlaunch.launcher import lens_names
 from mlaunch.launcher.checkpoint_layout import checkpoint_layout_problems, rerun_problems
 from mlaunch.launcher.configs import CONFIGS_DIR, config_launch_keys, os_reason, resolve_config
-from mlaunch.launcher.slurm import slurm_launch_values
+from mlaunch.launcher.slurm_env import slurm_launch_values
 from mlaunch.launcher.worker_args import (
     MEGATRON_DATA_ARGS,
     MEGATRON_ONLY_ARGS,

@@ -13,7 +13,8 @@ import pytest
 
 from mlaunch.launcher import configs as lc
 from mlaunch.launcher import plan as lp
-from mlaunch.launcher import slurm, worker_args
+from mlaunch.launcher import slurm_env as slurm
+from mlaunch.launcher import worker_args
 from mlaunch.settings import SECTIONS, SettingsError
 
 CLEAN = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
