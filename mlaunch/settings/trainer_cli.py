@@ -18,7 +18,8 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from mlaunch.settings.args import SAME, Arg, training_fields
+from mlaunch.settings.arg_tables import training_fields
+from mlaunch.settings.args import SAME, Arg
 from mlaunch.settings.loading import check_layers
 from mlaunch.settings.problems import Problem
 from mlaunch.settings.schema import MAX_NPROC_PER_NODE, Source

@@ -297,7 +297,8 @@ def test_megatron_arguments_go_only_to_a_megatron_lm_entry_point(tmp_path):
 def test_the_trainer_run_bare_has_the_settings_defaults():
     """One schema: the trainer's parser takes its defaults from the settings, except where a
     setting declares the trainer's own (an unset value it derives, keep-all checkpoints)."""
-    from mlaunch.settings.args import SAME, Arg, training_fields
+    from mlaunch.settings.arg_tables import training_fields
+    from mlaunch.settings.args import SAME, Arg
     from mlaunch.settings.trainer_cli import build_parser
 
     defaults = {a.dest: a.default for a in build_parser()._actions}
