@@ -123,8 +123,8 @@ def run_burst(
     sys.path.insert(0, str(_REPO))
     from mlaunch import envcontract
     from mlaunch.launcher.receiver_wiring import token_env
+    from mlaunch.otlp.otlp_json import read_spans
     from mlaunch.receiver import Receiver
-    from mlaunch.telemetry.otlp_json import read_spans
 
     tmp = None
     if run_dir is None:

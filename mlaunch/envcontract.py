@@ -25,19 +25,62 @@ RUN_ID = PRIMARY_PREFIX + "RUN_ID"
 #: CUDA's hardware work-queue count. Megatron-LM's argument check requires ``1`` with tensor or
 #: context parallelism > 1 before Blackwell; ``mlaunch train`` sets it then unless the user did.
 CUDA_DEVICE_MAX_CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
+#: The standard OpenTelemetry variables (the SDK's names) mlaunch reads, sets or checks; each is
+#: spelled here once. Every standard variable starts with OTEL_PREFIX.
+OTEL_PREFIX = "OTEL_"
+OTEL_SERVICE_NAME = "OTEL_SERVICE_NAME"
+OTEL_TRACES_SAMPLER = "OTEL_TRACES_SAMPLER"
+OTEL_TRACES_SAMPLER_ARG = "OTEL_TRACES_SAMPLER_ARG"
+OTEL_RESOURCE_ATTRIBUTES = "OTEL_RESOURCE_ATTRIBUTES"
+OTEL_METRIC_EXPORT_INTERVAL = "OTEL_METRIC_EXPORT_INTERVAL"
+OTEL_SDK_DISABLED = "OTEL_SDK_DISABLED"
+#: The per-signal words of the OTLP exporter variables ("" is the base variable, for all signals).
+OTLP_SIGNAL_WORDS = ("", "TRACES_", "METRICS_", "LOGS_")
+#: What an OTLP exporter variable may configure (``OTEL_EXPORTER_OTLP_[<SIGNAL>_]<OPTION>``).
+OTLP_OPTIONS = (
+    "ENDPOINT", "PROTOCOL", "HEADERS", "TIMEOUT", "CERTIFICATE", "COMPRESSION", "INSECURE",
+    "CLIENT_KEY", "CLIENT_CERTIFICATE",
+)  # fmt: skip
+
+
+def otlp_var(option: str, signal: str = "") -> str:
+    """``OTEL_EXPORTER_OTLP_<OPTION>``, or for a signal (``traces``, ``METRICS_`` ...) the
+    per-signal ``OTEL_EXPORTER_OTLP_<SIGNAL>_<OPTION>``, which the SDK reads first."""
+    word = signal.upper().rstrip("_")
+    return f"OTEL_EXPORTER_OTLP_{word}_{option}" if word else f"OTEL_EXPORTER_OTLP_{option}"
+
+
+OTLP_ENDPOINT = otlp_var("ENDPOINT")
+OTLP_TRACES_ENDPOINT = otlp_var("ENDPOINT", "traces")
+OTLP_METRICS_ENDPOINT = otlp_var("ENDPOINT", "metrics")
+OTLP_PROTOCOL = otlp_var("PROTOCOL")
+OTLP_TRACES_PROTOCOL = otlp_var("PROTOCOL", "traces")
+OTLP_METRICS_PROTOCOL = otlp_var("PROTOCOL", "metrics")
+OTLP_HEADERS = otlp_var("HEADERS")
+OTLP_TIMEOUT = otlp_var("TIMEOUT")
+OTLP_TRACES_TIMEOUT = otlp_var("TIMEOUT", "traces")
+OTLP_CERTIFICATE = otlp_var("CERTIFICATE")
+OTLP_INSECURE = otlp_var("INSECURE")
+#: Standard SDK variables mlaunch neither reads nor sets: known so that doctor can tell a typo
+#: of a real variable from a variable it has never heard of.
+OTEL_SDK_ONLY_VARS = (
+    "OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER", "OTEL_LOGS_EXPORTER",
+    "OTEL_PROPAGATORS", "OTEL_LOG_LEVEL", "OTEL_METRIC_EXPORT_TIMEOUT",
+    "OTEL_BSP_SCHEDULE_DELAY", "OTEL_BSP_EXPORT_TIMEOUT", "OTEL_BSP_MAX_QUEUE_SIZE",
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+    "OTEL_ATTRIBUTE_COUNT_LIMIT", "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT",
+    "OTEL_SPAN_EVENT_COUNT_LIMIT", "OTEL_SPAN_LINK_COUNT_LIMIT",
+    "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE",
+)  # fmt: skip
 #: Where an OTLP exporter sends (the SDK reads these). With the launcher's embedded receiver the
 #: launcher sets the base endpoint and protocol itself, so the user's values are not inherited.
 OTLP_TARGET_VARS: tuple[str, ...] = tuple(
-    f"OTEL_EXPORTER_OTLP_{signal}{what}"
-    for what in ("ENDPOINT", "PROTOCOL")
-    for signal in ("", "TRACES_", "METRICS_", "LOGS_")
+    otlp_var(what, signal) for what in ("ENDPOINT", "PROTOCOL") for signal in OTLP_SIGNAL_WORDS
 )
 #: The OTLP exporters' header variables (base and per signal; the SDK and nemo-lens read the
 #: per-signal one first). Secrets: never printed or written. With the launcher's receiver the
 #: workers get only the receiver's token here (the user's headers stay with the launcher).
-OTLP_HEADERS_VARS: tuple[str, ...] = tuple(
-    f"OTEL_EXPORTER_OTLP_{signal}HEADERS" for signal in ("", "TRACES_", "METRICS_", "LOGS_")
-)
+OTLP_HEADERS_VARS: tuple[str, ...] = tuple(otlp_var("HEADERS", s) for s in OTLP_SIGNAL_WORDS)
 #: The header that carries the launcher receiver's per-launch token (``Bearer <token>``), as the
 #: OpenTelemetry collector's ``bearertokenauth`` expects it; gRPC metadata keys are lower case.
 RECEIVER_AUTH_HEADER = "authorization"

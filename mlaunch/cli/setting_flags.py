@@ -20,6 +20,7 @@ from pydantic_core import PydanticUndefined
 
 from mlaunch.cli.errors import PlainErrorsCommand, fail
 from mlaunch.settings import CHOICES, SECTIONS, flag_name
+from mlaunch.settings.schema import attribute_docs
 
 _PANELS = {
     "launch": "Launch (torchrun)",
@@ -31,23 +32,31 @@ _PANELS = {
 }
 
 
-def _fields(prefix: str, model: Any) -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = []
+def _fields(prefix: str, model: Any) -> list[tuple[str, Any, Any]]:
+    """``(path, field, the model that holds it)`` of every setting under ``model``."""
+    out: list[tuple[str, Any, Any]] = []
     for name, info in model.model_fields.items():
         ann = info.annotation
         if isinstance(ann, type) and hasattr(ann, "model_fields"):
             out += _fields(f"{prefix}.{name}", ann)
         else:
-            out.append((f"{prefix}.{name}", info))
+            out.append((f"{prefix}.{name}", info, model))
     return out
+
+
+@functools.cache
+def _all_fields() -> list[tuple[str, Any, Any]]:
+    return [field for section, model in SECTIONS.items() for field in _fields(section, model)]
 
 
 def setting_paths() -> list[tuple[str, Any]]:
     """Every settings path with its pydantic field, in section order."""
-    out: list[tuple[str, Any]] = []
-    for section, model in SECTIONS.items():
-        out += _fields(section, model)
-    return out
+    return [(path, info) for path, info, _ in _all_fields()]
+
+
+def _docstring(path: str, model: Any) -> str:
+    """The setting's attribute docstring (its help text)."""
+    return attribute_docs(model).get(path.rsplit(".", 1)[1], "")
 
 
 def _leaf_types(ann: Any) -> list[Any]:
@@ -141,14 +150,14 @@ def setting_parameters() -> list[inspect.Parameter]:
     """One keyword parameter per setting (and a hidden negative one per boolean setting), for a
     command's signature."""
     params = []
-    for path, info in setting_paths():
+    for path, info, model in _all_fields():
         is_bool, metavar = _metavar(info.annotation)
         flag = flag_name(path)
         panel = _PANELS[
             "telemetry.otel" if path.startswith("telemetry.otel.") else path.split(".")[0]
         ]
         # Field docstrings use reST ``literals`` and hard line breaks; --help shows flowing text.
-        help_text = " ".join((info.description or "").replace("``", "").split())
+        help_text = " ".join(_docstring(path, model).replace("``", "").split())
         if choices := CHOICES.get(path) or _literal_choices(info.annotation):
             help_text += f" One of: {', '.join(choices)}."
         help_text += _default_text(path, info)

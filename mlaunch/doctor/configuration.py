@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from mlaunch import envcontract as ec
 from mlaunch.doctor.results import CheckResult, fail, ok, warn
 from mlaunch.envcontract import FALLBACK_PREFIX, PRIMARY_PREFIX
 from mlaunch.model.spec import closest_word
@@ -61,7 +62,7 @@ def _effective(environ: Mapping[str, str], prefix: str, field: str) -> tuple[str
     return None
 
 
-_SAMPLER_VARS = ("OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG")
+_SAMPLER_VARS = (ec.OTEL_TRACES_SAMPLER, ec.OTEL_TRACES_SAMPLER_ARG)
 
 
 def _is_variable(field: str) -> bool:
@@ -183,8 +184,9 @@ def check_configuration(
         results.append(
             warn(
                 "sdk disabled",
-                "OTEL_SDK_DISABLED=true while telemetry is enabled: every OTel signal is a no-op",
-                f"unset OTEL_SDK_DISABLED (or set {PRIMARY_PREFIX}ENABLED=false)",
+                f"{ec.OTEL_SDK_DISABLED}=true while telemetry is enabled: every OTel signal is"
+                " a no-op",
+                f"unset {ec.OTEL_SDK_DISABLED} (or set {PRIMARY_PREFIX}ENABLED=false)",
             )
         )
     if not any(p.field in _SAMPLER_VARS for p in problems):
@@ -194,29 +196,12 @@ def check_configuration(
     return results, settings
 
 
-_OTLP_SIGNAL_OPTIONS = (
-    "ENDPOINT", "PROTOCOL", "HEADERS", "TIMEOUT", "CERTIFICATE", "COMPRESSION", "INSECURE",
-    "CLIENT_KEY", "CLIENT_CERTIFICATE",
-)  # fmt: skip
 #: Standard OTel variables besides the ones mlaunch validates (OTEL_ENV), for typo detection.
 KNOWN_OTEL_ENV: frozenset[str] = frozenset(
     {*OTEL_ENV, *SECRET_ENV}
-    | {f"OTEL_EXPORTER_OTLP_{o}" for o in _OTLP_SIGNAL_OPTIONS}
-    | {
-        f"OTEL_EXPORTER_OTLP_{signal}_{o}"
-        for signal in ("TRACES", "METRICS", "LOGS")
-        for o in _OTLP_SIGNAL_OPTIONS
-    }
-    | {
-        "OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER", "OTEL_LOGS_EXPORTER",
-        "OTEL_PROPAGATORS", "OTEL_LOG_LEVEL", "OTEL_METRIC_EXPORT_TIMEOUT",
-        "OTEL_BSP_SCHEDULE_DELAY", "OTEL_BSP_EXPORT_TIMEOUT", "OTEL_BSP_MAX_QUEUE_SIZE",
-        "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",
-        "OTEL_ATTRIBUTE_COUNT_LIMIT", "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT",
-        "OTEL_SPAN_EVENT_COUNT_LIMIT", "OTEL_SPAN_LINK_COUNT_LIMIT",
-        "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE",
-    }
-)  # fmt: skip
+    | {ec.otlp_var(o, signal) for signal in ec.OTLP_SIGNAL_WORDS for o in ec.OTLP_OPTIONS}
+    | set(ec.OTEL_SDK_ONLY_VARS)
+)
 
 
 def _otel_typos(environ: Mapping[str, str]) -> list[CheckResult]:
@@ -227,7 +212,7 @@ def _otel_typos(environ: Mapping[str, str]) -> list[CheckResult]:
     """
     out = []
     for name in sorted(environ):
-        if not name.startswith("OTEL_") or name in KNOWN_OTEL_ENV:
+        if not name.startswith(ec.OTEL_PREFIX) or name in KNOWN_OTEL_ENV:
             continue
         # Stricter than closest_word's default: this list is not all of OTel's variables, so
         # only a near-certain typo is worth a warning.
@@ -295,8 +280,10 @@ def _sampler_result(settings: Settings) -> CheckResult:
     if o.traces_sampler_arg is not None and o.traces_sampler not in RATIO_SAMPLERS:
         return warn(
             "sampler",
-            f"OTEL_TRACES_SAMPLER_ARG={o.traces_sampler_arg:g} is ignored by sampler {sampler}",
-            "set OTEL_TRACES_SAMPLER=parentbased_traceidratio, or unset OTEL_TRACES_SAMPLER_ARG",
+            f"{ec.OTEL_TRACES_SAMPLER_ARG}={o.traces_sampler_arg:g} is ignored by sampler"
+            f" {sampler}",
+            f"set {ec.OTEL_TRACES_SAMPLER}=parentbased_traceidratio, or unset"
+            f" {ec.OTEL_TRACES_SAMPLER_ARG}",
         )
     if o.traces_sampler in RATIO_SAMPLERS:
         ratio = 1.0 if o.traces_sampler_arg is None else o.traces_sampler_arg
@@ -304,14 +291,16 @@ def _sampler_result(settings: Settings) -> CheckResult:
         return ok(
             "sampler",
             f"{o.traces_sampler} ratio {ratio:g}; {rank}; about {kept:.3g} of traces kept",
-            "" if o.traces_sampler_arg is not None else "OTEL_TRACES_SAMPLER_ARG unset: ratio 1.0",
+            ""
+            if o.traces_sampler_arg is not None
+            else f"{ec.OTEL_TRACES_SAMPLER_ARG} unset: ratio 1.0",
         )
     return ok("sampler", f"{sampler}; {rank}")
 
 
 def _timeout_results(environ: Mapping[str, str]) -> list[CheckResult]:
     out = []
-    for var in ("OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"):
+    for var in (ec.OTLP_TIMEOUT, ec.OTLP_TRACES_TIMEOUT):
         raw = environ.get(var, "").strip()
         try:
             value = float(raw)

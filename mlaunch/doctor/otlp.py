@@ -5,26 +5,25 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import os
 import socket
 import ssl
-import sys
 import time
 import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
+from mlaunch import envcontract as ec
 from mlaunch.doctor.results import NET_TIMEOUT_S, CheckResult, fail, ok, warn
 from mlaunch.endpoints import bracket
 from mlaunch.endpoints import redact as redact_url
 from mlaunch.envcontract import PRIMARY_PREFIX
+from mlaunch.otlp import send
 from mlaunch.settings import Settings
 
 #: The OTLP/gRPC trace export method.
-GRPC_EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+GRPC_EXPORT_METHOD = send.EXPORT_METHODS["traces"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -63,9 +62,7 @@ def grpc_export(
     url: str, headers: Mapping[str, str], timeout_s: float, certificate: str | None = None
 ) -> _Answer:
     """An empty ExportTraceServiceRequest as a gRPC unary call (TLS for https URLs)."""
-    if "grpc" not in sys.modules:
-        # gRPC's C core logs failed handshakes to stderr; doctor reports them itself.
-        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    send.quiet_grpc()  # doctor reports failed handshakes itself
     import grpc
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceRequest,
@@ -73,26 +70,23 @@ def grpc_export(
     )
 
     host, port = _host_port(url)
-    target = _grpc_target(host, port)
+    # One probe reports the first answer: no gRPC retries.
     options = [("grpc.enable_retries", 0)]
     if _is_loopback(host):
         options.append(("grpc.enable_http_proxy", 0))
-    if urllib.parse.urlparse(url).scheme == "https":
-        roots = Path(certificate).read_bytes() if certificate else None
-        channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(roots), options)
-    else:
-        channel = grpc.insecure_channel(target, options)
+    # The URL comes from the settings, always http:// or https://: TLS for https only.
+    tls = send.grpc_tls(urllib.parse.urlparse(url).scheme)
+    channel = send.grpc_channel(
+        _grpc_target(host, port), tls=tls, certificate=certificate, options=options
+    )
     try:
-        export = channel.unary_unary(
+        export = send.grpc_unary(
+            channel,
             GRPC_EXPORT_METHOD,
             request_serializer=ExportTraceServiceRequest.SerializeToString,
             response_deserializer=ExportTraceServiceResponse.FromString,
         )
-        export(
-            ExportTraceServiceRequest(),
-            timeout=timeout_s,
-            metadata=[(k.lower(), v) for k, v in headers.items()],
-        )
+        export(ExportTraceServiceRequest(), timeout=timeout_s, metadata=send.grpc_metadata(headers))
         return _Answer("otlp")
     except grpc.RpcError as err:
         code = err.code() if hasattr(err, "code") else None
@@ -119,20 +113,17 @@ def http_export(
 
     host, _ = _host_port(url)
     body = ExportTraceServiceRequest().SerializeToString()
-    request = urllib.request.Request(
-        url,
-        data=body,
-        method="POST",
-        headers={**headers, "Content-Type": "application/x-protobuf"},
-    )
-    context = ssl.create_default_context(cafile=certificate) if url.startswith("https") else None
-    opener = urllib.request.build_opener(
-        urllib.request.ProxyHandler({} if _is_loopback(host) else None),
-        urllib.request.HTTPSHandler(context=context),
-    )
+    context = send.ssl_context(certificate) if url.startswith("https") else None
     try:
-        with opener.open(request, timeout=timeout_s) as resp:
-            status, ctype, data = resp.status, resp.headers.get("Content-Type", ""), resp.read()
+        status, answer_headers, data = send.http_post(
+            url,
+            body,
+            {**headers, "Content-Type": "application/x-protobuf"},
+            timeout_s,
+            context=context,
+            use_proxy=not _is_loopback(host),
+        )
+        ctype = answer_headers.get("Content-Type", "")
     except urllib.error.HTTPError as err:
         return _Answer(
             "status", err.headers.get("Content-Type", "") if err.headers else "", err.code
@@ -249,7 +240,7 @@ def check_otlp(settings: Settings, timeout_s: float = NET_TIMEOUT_S) -> list[Che
     src = settings.source("telemetry.otel.traces_endpoint")
     if src.kind == "default":
         src = settings.source("telemetry.otel.base_endpoint")
-    var = src.name if src.kind == "env" else "OTEL_EXPORTER_OTLP_ENDPOINT"
+    var = src.name if src.kind == "env" else ec.OTLP_ENDPOINT
     origin = f"from {src}" if src.kind != "default" else "the default"
     host, port = _host_port(url)
     results = [ok("otlp endpoint", f"{redact_url(url)} over {protocol} ({origin})")]
@@ -273,8 +264,8 @@ def check_otlp(settings: Settings, timeout_s: float = NET_TIMEOUT_S) -> list[Che
             *results,
             fail(
                 "otlp probe",
-                f"OTEL_EXPORTER_OTLP_CERTIFICATE={o.certificate} is not a file",
-                "point OTEL_EXPORTER_OTLP_CERTIFICATE at the collector's CA certificate (PEM)",
+                f"{ec.OTLP_CERTIFICATE}={o.certificate} is not a file",
+                f"point {ec.OTLP_CERTIFICATE} at the collector's CA certificate (PEM)",
             ),
         ]
     results.append(probe_otlp(url, protocol, dict(o.headers), timeout_s, o.certificate, var))
@@ -295,7 +286,7 @@ def probe_otlp(
     headers: Mapping[str, str],
     timeout_s: float = NET_TIMEOUT_S,
     certificate: str | None = None,
-    var: str = "OTEL_EXPORTER_OTLP_ENDPOINT",
+    var: str = ec.OTLP_ENDPOINT,
 ) -> CheckResult:
     """Whether ``url`` answers an empty trace export as an OTLP receiver over ``protocol``; on
     failure, a specific diagnosis (wrong protocol, TLS on one side only, wrong path, hang).
@@ -310,7 +301,7 @@ def probe_otlp(
         return fail(
             name,
             f"the TLS certificate of {hostport} is not trusted ({answer.detail})",
-            "set OTEL_EXPORTER_OTLP_CERTIFICATE to the collector's CA certificate (PEM)",
+            f"set {ec.OTLP_CERTIFICATE} to the collector's CA certificate (PEM)",
         )
     if answer.kind == "refused":
         return _refused(hostport, protocol, var)
@@ -336,7 +327,7 @@ def _grpc_answer_result(answer: _Answer, hostport: str, var: str) -> CheckResult
         return fail(
             name,
             f"the OTLP receiver at {hostport} rejected the credentials ({answer.detail.split(':')[0]})",
-            "check OTEL_EXPORTER_OTLP_HEADERS (e.g. authorization=Bearer%20TOKEN)",
+            f"check {ec.OTLP_HEADERS} (e.g. authorization=Bearer%20TOKEN)",
         )
     return fail(name, f"the gRPC peer at {hostport} answered {answer.detail}",
                 "check the collector's logs")  # fmt: skip
@@ -378,8 +369,7 @@ def _peer_result(
         return fail(
             name,
             f"TLS on one side only: the URL is http:// but {hostport} expects TLS",
-            f"use https://{hostport} in {var} (with OTEL_EXPORTER_OTLP_CERTIFICATE for a private"
-            " CA)",
+            f"use https://{hostport} in {var} (with {ec.OTLP_CERTIFICATE} for a private CA)",
         )
     if protocol == "grpc" and peer == "http1":
         other = http_export(
@@ -389,7 +379,7 @@ def _peer_result(
             return fail(
                 name,
                 f"an OTLP/HTTP receiver answers at {hostport}, but the protocol is grpc",
-                "set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
+                f"set {ec.OTLP_PROTOCOL}=http/protobuf",
             )
         return fail(
             name,
@@ -402,7 +392,7 @@ def _peer_result(
             return fail(
                 name,
                 f"an OTLP/gRPC receiver answers at {hostport}, but the protocol is http/protobuf",
-                "set OTEL_EXPORTER_OTLP_PROTOCOL=grpc",
+                f"set {ec.OTLP_PROTOCOL}=grpc",
             )
         return fail(
             name,
@@ -456,8 +446,8 @@ def _http_status_result(
             return fail(
                 name,
                 f"404 at {redact_url(url)}: OTLP/HTTP receivers serve traces at /v1/traces, not {path or '/'}",
-                "end OTEL_EXPORTER_OTLP_TRACES_ENDPOINT with /v1/traces (or set only the base"
-                " OTEL_EXPORTER_OTLP_ENDPOINT)",
+                f"end {ec.OTLP_TRACES_ENDPOINT} with /v1/traces (or set only the base"
+                f" {ec.OTLP_ENDPOINT})",
             )
         return fail(
             name,
@@ -465,11 +455,11 @@ def _http_status_result(
             f"point {var} at the collector's OTLP HTTP port (usually 4318)",
         )
     if code in (401, 403):
-        sent = "with the configured headers" if headers else "without OTEL_EXPORTER_OTLP_HEADERS"
+        sent = "with the configured headers" if headers else f"without {ec.OTLP_HEADERS}"
         return fail(
             name,
             f"{code} from {redact_url(url)}: the receiver rejected the request {sent}",
-            "set OTEL_EXPORTER_OTLP_HEADERS to the collector's credentials"
+            f"set {ec.OTLP_HEADERS} to the collector's credentials"
             " (e.g. authorization=Bearer%20TOKEN)",
         )
     if code in (429, 502, 503, 504):

@@ -452,7 +452,7 @@ def lens_capture_ranks(run_dir: Path) -> tuple[list[int], dict[int, str]]:
     elif value("telemetry.traces_enabled") is False:
         off = "traces are off in this run (TRACES_ENABLED=false)"
     elif value("telemetry.otel.sdk_disabled"):
-        off = "OTEL_SDK_DISABLED is set in this run"
+        off = f"{ec.OTEL_SDK_DISABLED} is set in this run"
     if off is not None:
         return [], {r: off for r in range(world)}
     strategy = value("telemetry.export_strategy") or "single_rank"

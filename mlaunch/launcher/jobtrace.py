@@ -59,6 +59,7 @@ from mlaunch.launcher.attempt_entry import attempt_span_id, traceparent
 from mlaunch.launcher.plan import TORCHRUN_LOG
 from mlaunch.model.identity import RUN_UUID, run_identity
 from mlaunch.model.spans import Attr, ResourceAttr, SpanName
+from mlaunch.otlp import traceparent as traceparent_header
 
 log = logging.getLogger("mlaunch.launcher.jobtrace")
 
@@ -68,7 +69,6 @@ SCOPE = "mlaunch.launcher"
 STATUS_UNSET, STATUS_ERROR = 0, 2
 #: torchrun's agent line for the first failed worker of a group.
 FAILED_LINE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
-_TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
 #: How long closing waits for an upstream send at most (the launcher's exit is never held longer).
 UPSTREAM_CLOSE_S = 5.0
 #: torchrun options that take no value (everything else before the entry takes one).
@@ -89,10 +89,10 @@ def _hex(n: int, *parts: object) -> str:
 
 def parse_traceparent(value: str | None) -> tuple[str, str] | None:
     """(trace id, span id) of a W3C ``traceparent`` value, or None when it is not one."""
-    m = _TRACEPARENT.fullmatch((value or "").strip().lower())
-    if not m or not m.group(1).strip("0") or not m.group(2).strip("0"):
+    parsed = traceparent_header.parse(value)
+    if parsed is None:
         return None
-    return m.group(1), m.group(2)
+    return f"{parsed.trace_id:032x}", f"{parsed.span_id:016x}"
 
 
 def signal_name(signum: int) -> str:
@@ -145,7 +145,7 @@ class ReceiverSink:
         self.local_file = local_file
 
     def export(self, request: dict[str, Any], line: str) -> None:
-        from mlaunch.telemetry.otlp_json import decode_traces_line
+        from mlaunch.otlp.otlp_json import decode_traces_line
 
         self.receiver.ingest_traces(decode_traces_line(line), local_file=self.local_file)
 
@@ -215,7 +215,7 @@ class UpstreamSink:
                 self._inflight = line
             error = None
             try:
-                from mlaunch.telemetry.otlp_json import decode_traces_line
+                from mlaunch.otlp.otlp_json import decode_traces_line
 
                 send = send or self._sender()
                 send(decode_traces_line(line))
@@ -252,36 +252,30 @@ class UpstreamSink:
             )  # fmt: skip
 
     def _sender(self) -> Any:
+        from mlaunch.otlp import send
+
         otel = self.otel
         headers = {str(k).lower(): str(v) for k, v in (otel.headers or {}).items()}
         if otel.protocol == "grpc":
-            import grpc
-            from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
-
             endpoint = otel.endpoint
             target = endpoint.split("://", 1)[-1].rstrip("/")
-            plain = otel.insecure or endpoint.startswith("http://")
-            if plain:
-                channel = grpc.insecure_channel(target)
-            else:
-                cert = Path(otel.certificate).read_bytes() if otel.certificate else None
-                channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(cert))
-            stub = trace_service_pb2_grpc.TraceServiceStub(channel)
-            return lambda req: stub.Export(
-                req, timeout=self.timeout_s, metadata=tuple(headers.items())
+            scheme = endpoint.split("://", 1)[0] if "://" in endpoint else ""
+            tls = send.grpc_tls(scheme, otel.insecure, insecure_first=True)
+            channel = send.grpc_channel(target, tls=tls, certificate=otel.certificate)
+            export = send.grpc_unary(channel, send.EXPORT_METHODS["traces"])
+            metadata = send.grpc_metadata(headers)
+            return lambda req: export(
+                req.SerializeToString(), timeout=self.timeout_s, metadata=metadata
             )
-        import ssl
-        import urllib.request
-
-        context = ssl.create_default_context(cafile=otel.certificate or None)
+        # Built before the first send, so a bad certificate path fails every send alike.
+        context = send.ssl_context(otel.certificate)
 
         def post(req: Any) -> None:
-            http = urllib.request.Request(
-                otel.endpoint, data=req.SerializeToString(), method="POST",
-                headers={**headers, "Content-Type": "application/x-protobuf"},
+            send.http_post(
+                otel.endpoint, req.SerializeToString(),
+                {**headers, "Content-Type": "application/x-protobuf"}, self.timeout_s,
+                context=context,
             )  # fmt: skip
-            with urllib.request.urlopen(http, timeout=self.timeout_s, context=context) as resp:
-                resp.read()
 
         return post
 
@@ -614,7 +608,7 @@ class JobTrace:
     def _write(self, span: _Span) -> None:
         import json
 
-        from mlaunch.telemetry.otlp_json import encode_span, trace_request
+        from mlaunch.otlp.otlp_json import encode_span, trace_request
 
         body = encode_span(
             name=span.name, trace_id=self.trace_id, span_id=span.span_id,

@@ -323,7 +323,7 @@ def _mlaunch_only(path: str, why: str, default: Any = None) -> Callable[[Setting
 
 
 def _service_write(settings: Settings, run_id: str) -> dict[str, str]:
-    return {"OTEL_SERVICE_NAME": settings.telemetry.service_name}
+    return {ec.OTEL_SERVICE_NAME: settings.telemetry.service_name}
 
 
 def _service_args(settings: Settings) -> list[str]:
@@ -372,27 +372,19 @@ def _trace_sampler_applied(settings: Settings) -> str | None:
     t = settings.telemetry
     if t.enabled and t.sampler_enabled and t.otel.traces_sampler in _KEEP_ALL_SAMPLERS:
         return (
-            f"OTEL_TRACES_SAMPLER={t.otel.traces_sampler} is replaced by nemo-lens's rank-aware"
+            f"{ec.OTEL_TRACES_SAMPLER}={t.otel.traces_sampler} is replaced by nemo-lens's rank-aware"
             " sampler (it keeps every span of a sampled rank)"
         )
     return None
 
 
-_ENDPOINT_VARS = (
-    "OTEL_EXPORTER_OTLP_ENDPOINT",
-    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
-)
-_PROTOCOL_VARS = (
-    "OTEL_EXPORTER_OTLP_PROTOCOL",
-    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-    "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
-)
-_SAMPLER_VARS = ("OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG")
+_ENDPOINT_VARS = (ec.OTLP_ENDPOINT, ec.OTLP_TRACES_ENDPOINT, ec.OTLP_METRICS_ENDPOINT)
+_PROTOCOL_VARS = (ec.OTLP_PROTOCOL, ec.OTLP_TRACES_PROTOCOL, ec.OTLP_METRICS_PROTOCOL)
+_SAMPLER_VARS = (ec.OTEL_TRACES_SAMPLER, ec.OTEL_TRACES_SAMPLER_ARG)
 _OTHER_OTEL_VARS = tuple(
     v
     for v in OTEL_ENV
-    if v not in (*_ENDPOINT_VARS, *_PROTOCOL_VARS, *_SAMPLER_VARS, "OTEL_SERVICE_NAME")
+    if v not in (*_ENDPOINT_VARS, *_PROTOCOL_VARS, *_SAMPLER_VARS, ec.OTEL_SERVICE_NAME)
 )
 
 

@@ -38,7 +38,6 @@ Mode = Literal["embedded", "relay"]
 #: only header is the receiver's token.
 _CONNECTION_VARS = ("ENDPOINT", "PROTOCOL", "HEADERS", "CERTIFICATE", "CLIENT_KEY",
                     "CLIENT_CERTIFICATE", "INSECURE")  # fmt: skip
-_SIGNAL_WORDS = ("", "TRACES_", "METRICS_", "LOGS_")
 EXPORTER_KEY = ec.PRIMARY_PREFIX + "EXPORTER"
 
 
@@ -65,7 +64,7 @@ def receiver_mode(settings: Settings) -> Mode | None:
 
 
 def _protocol(env: Mapping[str, str]) -> str:
-    for key in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+    for key in (ec.OTLP_TRACES_PROTOCOL, ec.OTLP_PROTOCOL):
         value = env.get(key, "").strip().lower()
         if value:
             return value
@@ -88,13 +87,11 @@ def worker_env(receiver: Receiver, env: Mapping[str, str]) -> dict[str, str] | N
     out = {
         k: v
         for k, v in env.items()
-        if not any(
-            k == f"OTEL_EXPORTER_OTLP_{s}{n}" for s in _SIGNAL_WORDS for n in _CONNECTION_VARS
-        )
+        if not any(k == ec.otlp_var(n, s) for s in ec.OTLP_SIGNAL_WORDS for n in _CONNECTION_VARS)
     }
-    out["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
-    out["OTEL_EXPORTER_OTLP_PROTOCOL"] = protocol
-    out["OTEL_EXPORTER_OTLP_INSECURE"] = "true"
+    out[ec.OTLP_ENDPOINT] = endpoint
+    out[ec.OTLP_PROTOCOL] = protocol
+    out[ec.OTLP_INSECURE] = "true"
     out.update(token_env(receiver))
     return out
 

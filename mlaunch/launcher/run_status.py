@@ -294,7 +294,7 @@ def _launcher_view(rec: dict[str, Any]) -> LauncherView:
 def job_trace(run_dir: Path, since: float | None) -> list[dict[str, Any]]:
     """The launcher's spans (``mlaunch.job``, ``mlaunch.job.attempt``, every node's) that ended
     since ``since`` (the newest launch's start: an earlier launch had ended before it began)."""
-    from mlaunch.telemetry.otlp_json import read_spans
+    from mlaunch.otlp.otlp_json import read_spans
 
     spans: list[dict[str, Any]] = []
     for path in sorted(

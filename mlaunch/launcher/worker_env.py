@@ -41,7 +41,7 @@ def worker_environment(
     for var in sorted(environ):
         # Other standard variables (per-signal headers, SDK knobs) travel as given.
         if (
-            var.startswith("OTEL_")
+            var.startswith(ec.OTEL_PREFIX)
             and var not in env
             and environ[var].strip()
             and not (embedded and var in ec.OTLP_TARGET_VARS)
@@ -91,9 +91,9 @@ def _trainer_env(settings: Settings, run_id: str, environ: Mapping[str, str]) ->
     for key, fld in TELEMETRY_KEYS.items():
         value = run_id if fld == "run_id" else getattr(t, fld)
         env[ec.PRIMARY_PREFIX + key] = _env_value(value)
-    env["OTEL_SERVICE_NAME"] = t.service_name
+    env[ec.OTEL_SERVICE_NAME] = t.service_name
     for var, (section, fld) in OTEL_ENV.items():
-        if var == "OTEL_SERVICE_NAME":
+        if var == ec.OTEL_SERVICE_NAME:
             continue
         path = f"{section}.{fld}"
         source = settings.source(path)

@@ -11,8 +11,8 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from mlaunch.receiver import otlp_dict
-from mlaunch.telemetry import otlp_json
+from mlaunch.otlp import from_proto, otlp_json
+from mlaunch.otlp.send import EXPORT_SERVICES
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class Signal:
     def to_json(self, request: Any) -> dict[str, Any]:
         """The request in OTLP/JSON (hex ids), as mlaunch's file exporter writes it (the same
         dict as :meth:`to_json_reference`, ~3x faster)."""
-        return otlp_dict.to_dict(request)
+        return from_proto.to_dict(request)
 
     def to_json_reference(self, request: Any) -> dict[str, Any]:
         """:meth:`to_json` by protobuf's own JSON printer (what the file exporter uses)."""
@@ -105,19 +105,19 @@ def _logs_from_dict(data: dict[str, Any]) -> Any:
 TRACES = Signal(
     "traces",
     trace_service_pb2.ExportTraceServiceRequest,
-    "opentelemetry.proto.collector.trace.v1.TraceService",
+    EXPORT_SERVICES["traces"],
     "resource_spans",
 )
 METRICS = Signal(
     "metrics",
     metrics_service_pb2.ExportMetricsServiceRequest,
-    "opentelemetry.proto.collector.metrics.v1.MetricsService",
+    EXPORT_SERVICES["metrics"],
     "resource_metrics",
 )
 LOGS = Signal(
     "logs",
     logs_service_pb2.ExportLogsServiceRequest,
-    "opentelemetry.proto.collector.logs.v1.LogsService",
+    EXPORT_SERVICES["logs"],
     "resource_logs",
 )
 #: Every signal, by name.

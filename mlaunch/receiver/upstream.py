@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from mlaunch import envcontract as ec
 from mlaunch.endpoints import bracket, redact
+from mlaunch.otlp import send as otlp_send
 from mlaunch.receiver.signals import SIGNALS, Signal
 
 #: The exporters' default timeout (OTEL_EXPORTER_OTLP_TIMEOUT, seconds).
@@ -28,7 +30,7 @@ _DEFAULT_ENDPOINTS = {"grpc": "http://localhost:4317", "http": "http://localhost
 
 def _var(env: Mapping[str, str], signal: str, name: str) -> str | None:
     """``OTEL_EXPORTER_OTLP_<SIGNAL>_<NAME>`` else ``OTEL_EXPORTER_OTLP_<NAME>`` (blank = unset)."""
-    for key in (f"OTEL_EXPORTER_OTLP_{signal.upper()}_{name}", f"OTEL_EXPORTER_OTLP_{name}"):
+    for key in (ec.otlp_var(name, signal), ec.otlp_var(name)):
         value = env.get(key, "").strip()
         if value:
             return value
@@ -65,8 +67,8 @@ class Upstream:
     def from_env(cls, env: Mapping[str, str], signal: str) -> Upstream:
         """The upstream of ``signal`` from the variables the workers would have been given."""
         protocol = (_var(env, signal, "PROTOCOL") or "grpc").lower()
-        specific = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", "").strip()
-        base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+        specific = env.get(ec.otlp_var("ENDPOINT", signal), "").strip()
+        base = env.get(ec.OTLP_ENDPOINT, "").strip()
         kind = "grpc" if protocol == "grpc" else "http"
         if specific:
             endpoint = specific
@@ -110,38 +112,29 @@ class Sender:
 
     def _grpc_call(self) -> Any:
         if self._call is None:
-            import grpc
-
             u = self.upstream
             parts = urlsplit(u.endpoint if "://" in u.endpoint else f"http://{u.endpoint}")
             target = f"{bracket(parts.hostname or 'localhost')}:{parts.port or 4317}"
-            # The SDK's rule: https means TLS; else OTEL_EXPORTER_OTLP_INSECURE; else the scheme.
-            if parts.scheme == "https":
-                tls = True
-            elif u.insecure is not None:
-                tls = not u.insecure
-            else:
-                tls = parts.scheme != "http"
-            options = [("grpc.max_send_message_length", 64 * 1024 * 1024)]
-            if tls:
-                root = _read(u.certificate)
-                key, chain = _read(u.client_key), _read(u.client_certificate)
-                creds = grpc.ssl_channel_credentials(root, key, chain)
-                self._channel = grpc.secure_channel(target, creds, options=options)
-            else:
-                self._channel = grpc.insecure_channel(target, options=options)
+            self._channel = otlp_send.grpc_channel(
+                target,
+                tls=otlp_send.grpc_tls(parts.scheme, u.insecure),
+                certificate=u.certificate,
+                client_key=u.client_key,
+                client_certificate=u.client_certificate,
+                options=[("grpc.max_send_message_length", otlp_send.RELAY_MAX_SEND_BYTES)],
+            )
             # Raw bytes both ways: what the worker sent goes out unchanged, unparsed.
-            self._call = self._channel.unary_unary(f"/{self.signal.service}/Export")
+            self._call = otlp_send.grpc_unary(self._channel, f"/{self.signal.service}/Export")
         return self._call
 
     def send(self, body: bytes, timeout_s: float) -> None:
         """Deliver one serialized request within ``timeout_s`` seconds, or raise OSError."""
         u = self.upstream
-        timeout_s = max(0.05, min(timeout_s, u.timeout_s))
+        timeout_s = otlp_send.deadline(timeout_s, u.timeout_s)
         if u.protocol == "grpc":
             import grpc
 
-            metadata = tuple(u.headers.items()) or None
+            metadata = otlp_send.grpc_metadata(u.headers)
             try:
                 self._grpc_call()(
                     body, timeout=timeout_s, metadata=metadata,
@@ -189,10 +182,7 @@ class Sender:
     def _context(self) -> ssl.SSLContext:
         if self._ssl is None:
             u = self.upstream
-            ctx = ssl.create_default_context(cafile=u.certificate)
-            if u.client_certificate:
-                ctx.load_cert_chain(u.client_certificate, u.client_key)
-            self._ssl = ctx
+            self._ssl = otlp_send.ssl_context(u.certificate, u.client_certificate, u.client_key)
         return self._ssl
 
     def abort(self) -> None:
@@ -209,10 +199,3 @@ class Sender:
         if channel is not None:
             with contextlib.suppress(Exception):
                 channel.close()
-
-
-def _read(path: str | None) -> bytes | None:
-    if not path:
-        return None
-    with open(path, "rb") as fh:
-        return fh.read()

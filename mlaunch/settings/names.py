@@ -3,6 +3,7 @@ aliases, its standard ``OTEL_*`` variable; and which values are secrets."""
 
 from __future__ import annotations
 
+from mlaunch import envcontract as ec
 from mlaunch.envcontract import FALLBACK_PREFIX, OTLP_HEADERS_VARS, PRIMARY_PREFIX
 
 #: Telemetry key (the suffix after the prefix) -> TelemetrySettings field.
@@ -36,22 +37,22 @@ ALIAS_KEYS: dict[str, str] = {
 
 #: Standard OpenTelemetry variable -> (section path, field).
 OTEL_ENV: dict[str, tuple[str, str]] = {
-    "OTEL_SERVICE_NAME": ("telemetry", "service_name"),
-    "OTEL_TRACES_SAMPLER": ("telemetry.otel", "traces_sampler"),
-    "OTEL_TRACES_SAMPLER_ARG": ("telemetry.otel", "traces_sampler_arg"),
-    "OTEL_EXPORTER_OTLP_ENDPOINT": ("telemetry.otel", "base_endpoint"),
-    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": ("telemetry.otel", "traces_endpoint"),
-    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": ("telemetry.otel", "metrics_endpoint_override"),
-    "OTEL_EXPORTER_OTLP_PROTOCOL": ("telemetry.otel", "base_protocol"),
-    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": ("telemetry.otel", "traces_protocol"),
-    "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": ("telemetry.otel", "metrics_protocol_override"),
-    "OTEL_EXPORTER_OTLP_HEADERS": ("telemetry.otel", "headers"),
-    "OTEL_EXPORTER_OTLP_TIMEOUT": ("telemetry.otel", "timeout_s"),
-    "OTEL_EXPORTER_OTLP_CERTIFICATE": ("telemetry.otel", "certificate"),
-    "OTEL_EXPORTER_OTLP_INSECURE": ("telemetry.otel", "insecure"),
-    "OTEL_RESOURCE_ATTRIBUTES": ("telemetry.otel", "resource_attributes"),
-    "OTEL_METRIC_EXPORT_INTERVAL": ("telemetry.otel", "metric_export_interval_ms"),
-    "OTEL_SDK_DISABLED": ("telemetry.otel", "sdk_disabled"),
+    ec.OTEL_SERVICE_NAME: ("telemetry", "service_name"),
+    ec.OTEL_TRACES_SAMPLER: ("telemetry.otel", "traces_sampler"),
+    ec.OTEL_TRACES_SAMPLER_ARG: ("telemetry.otel", "traces_sampler_arg"),
+    ec.OTLP_ENDPOINT: ("telemetry.otel", "base_endpoint"),
+    ec.OTLP_TRACES_ENDPOINT: ("telemetry.otel", "traces_endpoint"),
+    ec.OTLP_METRICS_ENDPOINT: ("telemetry.otel", "metrics_endpoint_override"),
+    ec.OTLP_PROTOCOL: ("telemetry.otel", "base_protocol"),
+    ec.OTLP_TRACES_PROTOCOL: ("telemetry.otel", "traces_protocol"),
+    ec.OTLP_METRICS_PROTOCOL: ("telemetry.otel", "metrics_protocol_override"),
+    ec.OTLP_HEADERS: ("telemetry.otel", "headers"),
+    ec.OTLP_TIMEOUT: ("telemetry.otel", "timeout_s"),
+    ec.OTLP_CERTIFICATE: ("telemetry.otel", "certificate"),
+    ec.OTLP_INSECURE: ("telemetry.otel", "insecure"),
+    ec.OTEL_RESOURCE_ATTRIBUTES: ("telemetry.otel", "resource_attributes"),
+    ec.OTEL_METRIC_EXPORT_INTERVAL: ("telemetry.otel", "metric_export_interval_ms"),
+    ec.OTEL_SDK_DISABLED: ("telemetry.otel", "sdk_disabled"),
 }
 
 #: Variables whose values are secrets: never printed, logged or written unredacted.

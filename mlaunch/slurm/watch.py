@@ -146,7 +146,7 @@ def _tokens_per_iteration(attrs: dict[str, Any]) -> int | None:
 
 
 def _iteration(span: dict[str, Any]) -> int | None:
-    from mlaunch.telemetry.otlp_json import attributes
+    from mlaunch.otlp.otlp_json import attributes
 
     it = attributes(span.get("attributes")).get(Attr.ITERATION)
     return int(it) if isinstance(it, int | float) else None

@@ -74,6 +74,7 @@ from typing import Any
 from mlaunch.model.groups import FINE_GRAINED_GROUPS, SpanGroup
 from mlaunch.model.spans import GOODPUT_SPAN_NAMES, Attr, region_name
 from mlaunch.model.strategies import should_export
+from mlaunch.otlp import traceparent
 from mlaunch.telemetry import _capture, _devicetime, _spans
 from mlaunch.telemetry._devicetime import CudaEventTimer, HostClock
 from mlaunch.telemetry._recorder import RECORDER, RecordedSpan, new_recorded
@@ -1053,24 +1054,14 @@ def inject(carrier: MutableMapping[str, str]) -> None:
 def extract(carrier: Mapping[str, str]) -> Any:
     """Read a span context (an OTel ``SpanContext``, remote) from ``carrier``; None when absent
     or malformed."""
-    value = carrier.get("traceparent") if carrier else None
-    if not value:
-        return None
-    parts = value.strip().split("-")
-    if len(parts) < 4 or len(parts[0]) != 2 or len(parts[1]) != 32 or len(parts[2]) != 16:
-        return None
-    try:
-        version = int(parts[0], 16)
-        trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3][:2], 16)
-    except ValueError:
-        return None
-    if version == 0xFF or not trace_id or not span_id:
+    parsed = traceparent.parse(carrier.get("traceparent") if carrier else None)
+    if parsed is None:
         return None
     try:
         from opentelemetry.trace import SpanContext, TraceFlags
     except ImportError:
         return None
-    return SpanContext(trace_id, span_id, True, TraceFlags(flags & 0x01))
+    return SpanContext(parsed.trace_id, parsed.span_id, True, TraceFlags(parsed.flags & 0x01))
 
 
 _MASK64 = (1 << 64) - 1

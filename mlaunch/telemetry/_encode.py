@@ -12,7 +12,12 @@ recording it. Here:
   ``opentelemetry-proto``'s own messages;
 - a span's OTLP/JSON object is a plain dict serialised by orjson, keys in the proto's declaration
   order as the collector's file exporter writes them: lowerCamelCase names, hex ids, 64-bit
-  integers as decimal strings, enums as integers, fields at their default value omitted.
+  integers as decimal strings, enums as integers, fields at their default value omitted (built
+  by :func:`mlaunch.otlp.encode.span_dict`, as the receiver's are; the plain-span fast path
+  writes the same object's text directly).
+
+Attribute values and the wire-format primitives are OTLP's own (:mod:`mlaunch.otlp.encode`); what
+is here is the part that knows mlaunch's records and the SDK's span limits.
 
 Attributes are cleaned by the SDK's rules (``BoundedAttributes``: count limit dropping the oldest,
 value length limit, invalid keys dropped, invalid values converted or nulled, each with the SDK's
@@ -27,30 +32,35 @@ launcher's), grouped by resource and scope as the SDK's encoder groups them.
 
 from __future__ import annotations
 
-import base64
 import logging
-import math
-import struct
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import orjson
 
+from mlaunch.otlp.encode import (
+    FIXED32,
+    FIXED64,
+    FLAG_HAS_IS_REMOTE,
+    FLAG_IS_REMOTE,
+    INT64_MAX,
+    INT64_MIN,
+    KIND_INTERNAL,
+    VARINT1,
+    Unencodable,
+    delimited,
+    event_dict,
+    json_value,
+    pb_kv,
+    pb_value,
+    span_dict,
+    varint,
+)
 from mlaunch.telemetry._spans import FineSpan
 
 log = logging.getLogger("mlaunch.telemetry")
 
-#: ``SpanFlags``: the parent's remoteness is known (always set), and the parent is remote.
-FLAG_HAS_IS_REMOTE = 0x100
-FLAG_IS_REMOTE = 0x200
-KIND_INTERNAL = 1  # Span.SpanKind.SPAN_KIND_INTERNAL; the SDK maps API kind k to k + 1
-_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _PLAIN = frozenset((str, int, float, bool))
-
-_DOUBLE = struct.Struct("<d").pack
-_FIXED64 = struct.Struct("<Q").pack
-_FIXED32 = struct.Struct("<I").pack
-_VARINT1 = [bytes((i,)) for i in range(128)]
 #: Entries per attribute cache of the fast path (iteration numbers and losses keep changing; the
 #: cache pays for the repeated ones: layer numbers, names, flags).
 _CACHE_MAX = 8192
@@ -58,26 +68,6 @@ _CACHE_MAX = 8192
 
 def _dumps(value: Any) -> str:
     return orjson.dumps(value).decode("utf-8")
-
-
-def _varint(n: int) -> bytes:
-    """Protobuf base-128 varint of a non-negative int (negative int64 as two's complement)."""
-    if 0 <= n < 128:
-        return _VARINT1[n]
-    if n < 0:
-        n += 1 << 64
-    out = bytearray()
-    while n > 127:
-        out.append((n & 127) | 128)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _ld(tag: bytes, payload: bytes) -> bytes:
-    """A length-delimited field: tag, length, payload."""
-    n = len(payload)
-    return tag + (_VARINT1[n] if n < 128 else _varint(n)) + payload
 
 
 class Limits:
@@ -118,114 +108,6 @@ def clean_attributes(
 
     bounded = BoundedAttributes(maxlen, attributes, immutable=False, max_value_len=max_value_len)
     return dict(bounded), bounded.dropped
-
-
-class _Unencodable(ValueError):
-    """An attribute value OTLP cannot carry (the SDK's encoder drops the key)."""
-
-
-# ------------------------------------------------------------------------------------------------
-# OTLP/JSON values
-
-
-def _json_double(value: float) -> Any:
-    if math.isfinite(value):
-        return value
-    if value != value:
-        return "NaN"
-    return "Infinity" if value > 0 else "-Infinity"
-
-
-def json_value(value: Any) -> dict[str, Any]:
-    """An attribute value as an OTLP/JSON ``AnyValue``."""
-    tv = type(value)
-    if tv is str:
-        return {"stringValue": value}
-    if tv is bool:
-        return {"boolValue": value}
-    if tv is int:
-        if not _INT64_MIN <= value <= _INT64_MAX:
-            raise _Unencodable(f"int {value} is out of the int64 range")
-        return {"intValue": str(value)}
-    if tv is float:
-        return {"doubleValue": _json_double(value)}
-    return _json_value_slow(value)
-
-
-def _json_value_slow(value: Any) -> dict[str, Any]:
-    # Subclasses and containers, in the order the SDK's _encode_value checks them.
-    if value is None:
-        return {}
-    if isinstance(value, bool):
-        return {"boolValue": bool(value)}
-    if isinstance(value, str):
-        return {"stringValue": str(value)}
-    if isinstance(value, int):
-        return json_value(int(value))
-    if isinstance(value, float):
-        return {"doubleValue": _json_double(float(value))}
-    if isinstance(value, bytes):
-        return (
-            {"bytesValue": base64.b64encode(value).decode("ascii")} if value else {"bytesValue": ""}
-        )
-    if isinstance(value, Sequence):
-        values = [json_value(v) for v in value]
-        return {"arrayValue": {"values": values} if values else {}}
-    if isinstance(value, Mapping):
-        kvs = [{"key": str(k), "value": json_value(v)} for k, v in value.items()]
-        return {"kvlistValue": {"values": kvs} if kvs else {}}
-    raise _Unencodable(f"invalid type {type(value).__name__}")
-
-
-# ------------------------------------------------------------------------------------------------
-# Protobuf values (AnyValue: string 1, bool 2, int 3, double 4, array 5, kvlist 6, bytes 7)
-
-
-def pb_value(value: Any) -> bytes:
-    """An attribute value as serialised ``AnyValue`` bytes."""
-    tv = type(value)
-    if tv is str:
-        try:
-            return _ld(b"\x0a", value.encode("utf-8"))
-        except UnicodeEncodeError:  # a lone surrogate: a collector would refuse the whole batch
-            raise _Unencodable("a string that is not valid UTF-8") from None
-    if tv is bool:
-        return b"\x10\x01" if value else b"\x10\x00"
-    if tv is int:
-        if not _INT64_MIN <= value <= _INT64_MAX:
-            raise _Unencodable(f"int {value} is out of the int64 range")
-        return b"\x18" + _varint(value)
-    if tv is float:
-        return b"\x21" + _DOUBLE(value)
-    return _pb_value_slow(value)
-
-
-def _pb_value_slow(value: Any) -> bytes:
-    if value is None:
-        return b""
-    if isinstance(value, bool):
-        return pb_value(bool(value))
-    if isinstance(value, str):
-        return pb_value(str(value))
-    if isinstance(value, int):
-        return pb_value(int(value))
-    if isinstance(value, float):
-        return pb_value(float(value))
-    if isinstance(value, bytes):
-        return _ld(b"\x3a", bytes(value))
-    if isinstance(value, Sequence):
-        return _ld(b"\x2a", b"".join(_ld(b"\x0a", pb_value(v)) for v in value))
-    if isinstance(value, Mapping):
-        return _ld(b"\x32", b"".join(_ld(b"\x0a", _pb_kv(str(k), v)) for k, v in value.items()))
-    raise _Unencodable(f"invalid type {type(value).__name__}")
-
-
-def _pb_kv(key: str, value: Any) -> bytes:
-    try:
-        kb = key.encode("utf-8")
-    except UnicodeEncodeError:
-        raise _Unencodable("a key that is not valid UTF-8") from None
-    return _ld(b"\x0a", kb) + _ld(b"\x12", pb_value(value))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -415,9 +297,9 @@ class SpanEncoder:
                 try:
                     orjson.dumps(kv)  # a lone surrogate would fail the whole span later
                 except (orjson.JSONEncodeError, TypeError) as exc:
-                    raise _Unencodable(str(exc)) from None
+                    raise Unencodable(str(exc)) from None
                 out.append(kv)
-            except _Unencodable as exc:
+            except Unencodable as exc:
                 self.on_drop(f"attr:{key}", f"dropped attribute {key!r} of {where!r} ({exc})")
         return out
 
@@ -429,11 +311,11 @@ class SpanEncoder:
                 kb = keys.get(key)
                 if kb is None:
                     try:
-                        kb = keys[key] = _ld(b"\x0a", key.encode("utf-8"))
+                        kb = keys[key] = delimited(b"\x0a", key.encode("utf-8"))
                     except UnicodeEncodeError:
-                        raise _Unencodable("a key that is not valid UTF-8") from None
-                out.append(_ld(tag, kb + _ld(b"\x12", pb_value(value))))
-            except _Unencodable as exc:
+                        raise Unencodable("a key that is not valid UTF-8") from None
+                out.append(delimited(tag, kb + delimited(b"\x12", pb_value(value))))
+            except Unencodable as exc:
                 self.on_drop(f"attr:{key}", f"dropped attribute {key!r} of {where!r} ({exc})")
         return out
 
@@ -463,44 +345,16 @@ class SpanEncoder:
     def _json_span(self, span: Any) -> dict[str, Any]:
         v = view(span, self.limits)
         name = v.name
-        d: dict[str, Any] = {"traceId": f"{v.trace_id:032x}", "spanId": f"{v.span_id:016x}"}
-        if v.trace_state:
-            d["traceState"] = v.trace_state
-        if v.parent_id:
-            d["parentSpanId"] = f"{v.parent_id:016x}"
-        d["flags"] = v.flags
-        if name:
-            d["name"] = name
-        if v.kind:
-            d["kind"] = v.kind
-        if v.start:
-            d["startTimeUnixNano"] = str(v.start)
-        if v.end:
-            d["endTimeUnixNano"] = str(v.end)
-        if v.attributes:
-            attrs = self._json_attrs(v.attributes, name)
-            if attrs:
-                d["attributes"] = attrs
-        if v.dropped_attributes:
-            d["droppedAttributesCount"] = v.dropped_attributes
+        json_attrs = self._json_attrs
+        events = None
         if v.events:
-            events = []
-            for ts, ev_name, ev_attrs, ev_dropped in v.events:
-                ev: dict[str, Any] = {}
-                if ts:
-                    ev["timeUnixNano"] = str(ts)
-                if ev_name:
-                    ev["name"] = ev_name
-                if ev_attrs:
-                    attrs = self._json_attrs(ev_attrs, name)
-                    if attrs:
-                        ev["attributes"] = attrs
-                if ev_dropped:
-                    ev["droppedAttributesCount"] = ev_dropped
-                events.append(ev)
-            d["events"] = events
-        if v.dropped_events:
-            d["droppedEventsCount"] = v.dropped_events
+            events = [
+                event_dict(
+                    ts, ev_name, json_attrs(ev_attrs, name) if ev_attrs else None, ev_dropped
+                )
+                for ts, ev_name, ev_attrs, ev_dropped in v.events
+            ]
+        links = None
         if v.links:
             links = []
             for tid, sid, state, ln_attrs, ln_dropped, flags in v.links:
@@ -508,23 +362,36 @@ class SpanEncoder:
                 if state:
                     ln["traceState"] = state
                 if ln_attrs:
-                    attrs = self._json_attrs(ln_attrs, name)
+                    attrs = json_attrs(ln_attrs, name)
                     if attrs:
                         ln["attributes"] = attrs
                 if ln_dropped:
                     ln["droppedAttributesCount"] = ln_dropped
                 ln["flags"] = flags
                 links.append(ln)
-            d["links"] = links
-        if v.dropped_links:
-            d["droppedLinksCount"] = v.dropped_links
         status: dict[str, Any] = {}
         if v.status_message:
             status["message"] = v.status_message
         if v.status_code:
             status["code"] = v.status_code
-        d["status"] = status
-        return d
+        return span_dict(
+            f"{v.trace_id:032x}",
+            f"{v.span_id:016x}",
+            v.trace_state,
+            f"{v.parent_id:016x}" if v.parent_id else "",
+            v.flags,
+            name,
+            v.kind,
+            v.start,
+            v.end,
+            json_attrs(v.attributes, name) if v.attributes else None,
+            v.dropped_attributes,
+            events,
+            v.dropped_events,
+            links,
+            v.dropped_links,
+            status,
+        )
 
     def json_request(self, spans: Iterable[Any]) -> tuple[dict[str, Any], int]:
         """``(ExportTraceServiceRequest as an OTLP/JSON dict, spans dropped)``."""
@@ -650,7 +517,7 @@ class SpanEncoder:
         if tv is str:
             limit = self.limits.length
             return limit is None or len(value) <= limit
-        return tv is not int or _INT64_MIN <= value <= _INT64_MAX
+        return tv is not int or INT64_MIN <= value <= INT64_MAX
 
     def _json_kv_new(self, key: Any, tv: type, value: Any) -> str | None:
         """A plain attribute's JSON KeyValue (cached), or None when it needs cleaning."""
@@ -689,10 +556,10 @@ class SpanEncoder:
                         self._pb_attrs(b"\x1a", getattr(scope, "attributes", None) or {}, "scope")
                     )
                 )
-            res_field = _ld(b"\x0a", res_msg.SerializeToString())
+            res_field = delimited(b"\x0a", res_msg.SerializeToString())
             schema = getattr(resource, "schema_url", "") or ""
-            schema_field = _ld(b"\x1a", schema.encode()) if schema else b""
-            scope_field = _ld(b"\x0a", scope_msg.SerializeToString())
+            schema_field = delimited(b"\x1a", schema.encode()) if schema else b""
+            scope_field = delimited(b"\x0a", scope_msg.SerializeToString())
             head = self._pb_heads[key] = (res_field, schema_field, scope_field, resource)
         return head[:3]
 
@@ -707,7 +574,7 @@ class SpanEncoder:
         if nb is None:
             if type(name) is not str or not name:
                 return None
-            nb = self._names[name] = _ld(b"\x2a", name.encode("utf-8"))
+            nb = self._names[name] = delimited(b"\x2a", name.encode("utf-8"))
         tid = rec.trace_id
         cached = self._pb_tid
         if cached[0] != tid:
@@ -720,21 +587,21 @@ class SpanEncoder:
                 b"\x22\x08" + pid.to_bytes(8, "big") if pid else b"",
                 nb,
                 b"\x30\x01\x39",
-                _FIXED64(rec.start),
+                FIXED64(rec.start),
                 b"\x41",
-                _FIXED64(rec.end),
+                FIXED64(rec.end),
                 attr_bytes,
                 b"\x7a\x00\x85\x01\x00\x01\x00\x00",  # status {}, flags 256
             )
         )
         n = len(body)
-        return b"\x12" + (_VARINT1[n] if n < 128 else _varint(n)) + body
+        return b"\x12" + (VARINT1[n] if n < 128 else varint(n)) + body
 
     def _pb_kv_new(self, key: Any, tv: type, value: Any) -> bytes | None:
         """A plain attribute's ``attributes`` field (cached), or None when it needs cleaning."""
         if not self._fast_kv(key, tv, value):
             return None
-        field = _ld(b"\x4a", _pb_kv(key, value))
+        field = delimited(b"\x4a", pb_kv(key, value))
         if len(self._kv_pb) < _CACHE_MAX:
             self._kv_pb[(key, tv, value)] = field
         return field
@@ -748,7 +615,7 @@ class SpanEncoder:
         name = v.name
         nb = self._names.get(name)
         if nb is None:
-            nb = self._names[name] = _ld(b"\x2a", name.encode("utf-8"))
+            nb = self._names[name] = delimited(b"\x2a", name.encode("utf-8"))
         parts = [
             b"\x0a\x10",
             v.trace_id.to_bytes(16, "big"),
@@ -756,52 +623,52 @@ class SpanEncoder:
             v.span_id.to_bytes(8, "big"),
         ]
         if v.trace_state:
-            parts.append(_ld(b"\x1a", v.trace_state.encode()))
+            parts.append(delimited(b"\x1a", v.trace_state.encode()))
         if v.parent_id:
             parts.append(b"\x22\x08")
             parts.append(v.parent_id.to_bytes(8, "big"))
         parts.append(nb)
         if v.kind:
-            parts.append(b"\x30" + _varint(v.kind))
+            parts.append(b"\x30" + varint(v.kind))
         if v.start:
-            parts.append(b"\x39" + _FIXED64(v.start))
+            parts.append(b"\x39" + FIXED64(v.start))
         if v.end:
-            parts.append(b"\x41" + _FIXED64(v.end))
+            parts.append(b"\x41" + FIXED64(v.end))
         if v.attributes:
             parts.extend(self._pb_attrs(b"\x4a", v.attributes, name))
         if v.dropped_attributes:
-            parts.append(b"\x50" + _varint(v.dropped_attributes))
+            parts.append(b"\x50" + varint(v.dropped_attributes))
         for ts, ev_name, ev_attrs, ev_dropped in v.events:
-            ev = [b"\x09" + _FIXED64(ts)] if ts else []
+            ev = [b"\x09" + FIXED64(ts)] if ts else []
             if ev_name:
-                ev.append(_ld(b"\x12", ev_name.encode("utf-8")))
+                ev.append(delimited(b"\x12", ev_name.encode("utf-8")))
             if ev_attrs:
                 ev.extend(self._pb_attrs(b"\x1a", ev_attrs, name))
             if ev_dropped:
-                ev.append(b"\x20" + _varint(ev_dropped))
-            parts.append(_ld(b"\x5a", b"".join(ev)))
+                ev.append(b"\x20" + varint(ev_dropped))
+            parts.append(delimited(b"\x5a", b"".join(ev)))
         if v.dropped_events:
-            parts.append(b"\x60" + _varint(v.dropped_events))
+            parts.append(b"\x60" + varint(v.dropped_events))
         for tid, sid, state, ln_attrs, ln_dropped, flags in v.links:
             ln = [b"\x0a\x10", tid.to_bytes(16, "big"), b"\x12\x08", sid.to_bytes(8, "big")]
             if state:
-                ln.append(_ld(b"\x1a", state.encode()))
+                ln.append(delimited(b"\x1a", state.encode()))
             if ln_attrs:
                 ln.extend(self._pb_attrs(b"\x22", ln_attrs, name))
             if ln_dropped:
-                ln.append(b"\x28" + _varint(ln_dropped))
-            ln.append(b"\x35" + _FIXED32(flags))
-            parts.append(_ld(b"\x6a", b"".join(ln)))
+                ln.append(b"\x28" + varint(ln_dropped))
+            ln.append(b"\x35" + FIXED32(flags))
+            parts.append(delimited(b"\x6a", b"".join(ln)))
         if v.dropped_links:
-            parts.append(b"\x70" + _varint(v.dropped_links))
+            parts.append(b"\x70" + varint(v.dropped_links))
         status = b""
         if v.status_message:
-            status += _ld(b"\x12", v.status_message.encode("utf-8"))
+            status += delimited(b"\x12", v.status_message.encode("utf-8"))
         if v.status_code:
-            status += b"\x18" + _varint(v.status_code)
-        parts.append(_ld(b"\x7a", status))
-        parts.append(b"\x85\x01" + _FIXED32(v.flags))  # flags = 16, fixed32
-        return _ld(b"\x12", b"".join(parts))  # ScopeSpans.spans = 2
+            status += b"\x18" + varint(v.status_code)
+        parts.append(delimited(b"\x7a", status))
+        parts.append(b"\x85\x01" + FIXED32(v.flags))  # flags = 16, fixed32
+        return delimited(b"\x12", b"".join(parts))  # ScopeSpans.spans = 2
 
     def pb_request(self, spans: Iterable[Any]) -> tuple[bytes, int]:
         """``(serialised ExportTraceServiceRequest, spans dropped)``."""
@@ -818,14 +685,14 @@ class SpanEncoder:
                     self.on_drop(f"span:{type(exc).__name__}", f"dropped a span ({exc})")
             scope_schema = getattr(scope, "schema_url", "") if scope is not None else ""
             if scope_schema:
-                encoded.append(_ld(b"\x1a", scope_schema.encode()))
+                encoded.append(delimited(b"\x1a", scope_schema.encode()))
             entry = by_resource.get(id(resource))
             if entry is None:
                 entry = by_resource[id(resource)] = (res_field, schema_field, [])
-            entry[2].append(_ld(b"\x12", b"".join(encoded)))  # ResourceSpans.scope_spans = 2
+            entry[2].append(delimited(b"\x12", b"".join(encoded)))  # ResourceSpans.scope_spans = 2
         return (
             b"".join(
-                _ld(b"\x0a", res + b"".join(scopes) + schema)
+                delimited(b"\x0a", res + b"".join(scopes) + schema)
                 for res, schema, scopes in by_resource.values()
             ),
             dropped,
@@ -834,3 +701,17 @@ class SpanEncoder:
 
 def _log_drop(cause: str, message: str) -> None:
     log.warning("mlaunch telemetry: %s", message)
+
+
+_ENCODER: SpanEncoder | None = None
+
+
+def encode_spans_line(spans: Iterable[Any]) -> str:
+    """SDK ``ReadableSpan`` objects as one OTLP/JSON line (no trailing newline): the document the
+    SDK's encoder + protobuf's JSON mapping give, keys in the proto's declaration order as the
+    collector writes them."""
+    global _ENCODER
+    if _ENCODER is None:
+        _ENCODER = SpanEncoder(None, None)
+    line, _ = _ENCODER.json_line(spans)
+    return line.decode("utf-8")

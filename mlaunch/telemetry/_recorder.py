@@ -49,6 +49,7 @@ from typing import Any
 
 from mlaunch import envcontract
 from mlaunch.model.spans import RECORDER_TRIGGERS, Attr, ResourceAttr, train_block
+from mlaunch.otlp.otlp_json import encode_span, trace_request
 from mlaunch.telemetry import _spans
 from mlaunch.telemetry._spans import (
     STARTUP_TRACE,
@@ -59,7 +60,6 @@ from mlaunch.telemetry._spans import (
     error_description,
     segment_trace_id,
 )
-from mlaunch.telemetry.otlp_json import encode_span, trace_request
 
 log = logging.getLogger("mlaunch.telemetry")
 

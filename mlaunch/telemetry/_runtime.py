@@ -57,6 +57,7 @@ from mlaunch.model.spans import (
     SpanName,
     train_block,
 )
+from mlaunch.otlp import traceparent
 from mlaunch.settings.run_id import choose_run_id, torchrun_shared_ids
 from mlaunch.telemetry import _spans
 from mlaunch.telemetry._encode import Limits, SpanEncoder
@@ -96,18 +97,12 @@ _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 
 
 def parse_traceparent(value: str) -> SpanContext | None:
-    """A W3C ``traceparent`` (``00-<32 hex>-<16 hex>-<2 hex>``) as a remote SpanContext; None
-    when it is malformed or has an all-zero id."""
-    parts = value.strip().split("-")
-    if len(parts) != 4 or [len(p) for p in parts] != [2, 32, 16, 2]:
+    """A W3C ``traceparent`` as a remote SpanContext; None when it is not a valid one (the rules:
+    :mod:`mlaunch.otlp.traceparent`)."""
+    parsed = traceparent.parse(value)
+    if parsed is None:
         return None
-    try:
-        version, trace_id, span_id, flags = (int(p, 16) for p in parts)
-    except ValueError:
-        return None
-    if version == 0xFF or not trace_id or not span_id:
-        return None
-    return SpanContext(trace_id, span_id, True, TraceFlags(flags & 0x01))
+    return SpanContext(parsed.trace_id, parsed.span_id, True, TraceFlags(parsed.flags & 0x01))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from mlaunch import envcontract
-from mlaunch.telemetry import otlp_json
+from mlaunch.otlp import otlp_json
 from mlaunch.telemetry._encode import SpanEncoder
 
 
@@ -149,12 +149,14 @@ def _grpc_bytes_span_exporter() -> Any:
         ExportTraceServiceResponse,
     )
 
+    from mlaunch.otlp.send import EXPORT_METHODS
+
     class _BytesTraceStub:
         """TraceService's Export with no request serialiser (the request is bytes)."""
 
         def __init__(self, channel: Any) -> None:
             self.Export = channel.unary_unary(  # noqa: N815 - the gRPC method name
-                "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+                EXPORT_METHODS["traces"],
                 request_serializer=None,
                 response_deserializer=ExportTraceServiceResponse.FromString,
             )

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
 
 from mlaunch.model.spans import ResourceAttr, span_def
-from mlaunch.telemetry.otlp_json import attributes
+from mlaunch.otlp.otlp_json import attributes
 from mlaunch.trace.reader import Resource, TraceReader, is_error
 
 #: Span attributes that name the OS thread (OpenTelemetry semantic conventions).

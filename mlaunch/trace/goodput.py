@@ -47,7 +47,7 @@ from typing import Any
 
 from mlaunch.model.identity import RUN_UUID
 from mlaunch.model.spans import ALIASES, STEP_SPAN, Attr, LegacyName, ResourceAttr, SpanName
-from mlaunch.telemetry.otlp_json import attributes
+from mlaunch.otlp.otlp_json import attributes
 from mlaunch.trace.reader import Resource, TraceReader
 from mlaunch.trace.stats import Interval, clip, median, merge, subtract, total
 from mlaunch.trace.summary import no_spans_error

@@ -5,7 +5,7 @@ Each line is one ``ExportTraceServiceRequest``; a line may hold many spans. The 
 line at a time and hands out ``(resource, spans)`` batches; consumers aggregate and drop the span
 dicts, so memory stays flat with the size of the trace. Metric lines (``resourceMetrics``) are
 skipped. Standalone on purpose: it does not import the telemetry runtime (or the OTel SDK); the
-values are decoded by the standard-library half of :mod:`mlaunch.telemetry.otlp_json`.
+values are decoded by the standard-library half of :mod:`mlaunch.otlp.otlp_json`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 from mlaunch import envcontract
 from mlaunch.model.spans import TRUNCATED_ATTRS, ResourceAttr
-from mlaunch.telemetry.otlp_json import any_value, attributes
+from mlaunch.otlp.otlp_json import any_value, attributes
 
 #: The rank in an arbitrary file's name (a collector's file, a renamed copy): ``...rank<R>...``.
 _ANY_RANK_RE = re.compile(r"rank(\d+)")

@@ -1,7 +1,7 @@
 """``mlaunch trace replay``: send a run's spool (the spans and metrics its exporter could not
 deliver) to an OTLP collector later.
 
-Each spool line is one OTLP/JSON export request (:mod:`mlaunch.telemetry.otlp_json`); it goes out
+Each spool line is one OTLP/JSON export request (:mod:`mlaunch.otlp.otlp_json`); it goes out
 as the same request in OTLP protobuf, over gRPC or HTTP/protobuf, with no SDK in between. What was
 sent is recorded in ``telemetry/replayed.json`` (per spool file, the byte offset up to which every
 line was delivered), written after each delivered line, so a replay that is interrupted or meets a
@@ -19,9 +19,7 @@ import fcntl
 import http.client
 import json
 import os
-import sys
 import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,7 +28,8 @@ from urllib.parse import unquote
 
 from mlaunch import envcontract
 from mlaunch.endpoints import DEFAULT_PORTS, Endpoint, EndpointError, parse_endpoint
-from mlaunch.telemetry import otlp_json
+from mlaunch.otlp import otlp_json
+from mlaunch.otlp import send as otlp_send
 
 #: The record of what earlier replays delivered (in the run's telemetry folder).
 LEDGER_FILE = "replayed.json"
@@ -159,30 +158,21 @@ Sender = Callable[[str, Any], None]
 def _grpc_sender(
     ep: Endpoint, headers: Mapping[str, str], timeout_s: float
 ) -> tuple[Sender, Callable[[], None]]:
-    if "grpc" not in sys.modules:
-        # gRPC's C core logs failed handshakes to stderr; the failure is reported once, here.
-        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    otlp_send.quiet_grpc()  # the failure is reported once, here
     import grpc
-    from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
-    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
-    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
-    target = ep.hostport  # an IPv6 literal keeps its brackets
-    channel = (
-        grpc.secure_channel(target, grpc.ssl_channel_credentials())
-        if ep.tls
-        else grpc.insecure_channel(target)
-    )
-    stubs = {
-        "traces": trace_service_pb2_grpc.TraceServiceStub(channel),
-        "metrics": metrics_service_pb2_grpc.MetricsServiceStub(channel),
-        "logs": logs_service_pb2_grpc.LogsServiceStub(channel),
+    # An IPv6 literal keeps its brackets. The system's roots verify TLS: replay has never read
+    # OTEL_EXPORTER_OTLP_CERTIFICATE.
+    channel = otlp_send.grpc_channel(ep.hostport, tls=otlp_send.grpc_tls(ep.scheme))
+    calls = {
+        signal: otlp_send.grpc_unary(channel, method)
+        for signal, method in otlp_send.EXPORT_METHODS.items()
     }
-    metadata = tuple(headers.items()) or None
+    metadata = otlp_send.grpc_metadata(headers)
 
     def send(signal: str, request: Any) -> None:
         try:
-            stubs[signal].Export(request, timeout=timeout_s, metadata=metadata)
+            calls[signal](request.SerializeToString(), timeout=timeout_s, metadata=metadata)
         except grpc.RpcError as exc:
             raise OSError(_grpc_problem(ep, exc.code().name, str(exc.details()))) from None
 
@@ -222,13 +212,11 @@ def _http_sender(
         extra["Authorization"] = "Basic " + base64.b64encode(ep.userinfo.encode()).decode()
 
     def send(signal: str, request: Any) -> None:
-        req = urllib.request.Request(
-            f"{ep.base}/v1/{signal}", data=request.SerializeToString(), method="POST",
-            headers={"Content-Type": "application/x-protobuf", **extra},
-        )  # fmt: skip
         try:
-            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-                resp.read()
+            otlp_send.http_post(
+                f"{ep.base}/v1/{signal}", request.SerializeToString(),
+                {"Content-Type": "application/x-protobuf", **extra}, timeout_s,
+            )  # fmt: skip
         except urllib.error.HTTPError as exc:
             raise OSError(f"HTTP {exc.code} {exc.reason}") from None
         except http.client.HTTPException:

@@ -1149,8 +1149,8 @@ def export_otlp_json(reader: TraceReader | StoreReader, out_path: Path) -> int:
     per batch: the interchange format every OTLP tool reads) to ``out_path``, by the rule of
     :mod:`mlaunch.outputs`; the number of spans written. The launcher's job trace keeps its
     resource (``dl.node_rank``), so reading the output back gives the same ranks."""
+    from mlaunch.otlp.otlp_json import encode_attributes
     from mlaunch.outputs import open_output
-    from mlaunch.telemetry.otlp_json import encode_attributes
     from mlaunch.trace.summary import no_spans_error
 
     n = 0

@@ -32,8 +32,8 @@ from typing import Any, TextIO
 from orjson import loads
 
 from mlaunch.model.spans import ResourceAttr, span_def
+from mlaunch.otlp.otlp_json import attributes
 from mlaunch.outputs import open_output
-from mlaunch.telemetry.otlp_json import attributes
 from mlaunch.trace.chrome import (
     LAUNCHER_PID,
     THREAD_ID_ATTR,

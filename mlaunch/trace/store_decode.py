@@ -40,7 +40,7 @@ from typing import Any
 
 from mlaunch import envcontract
 from mlaunch.model.spans import SPANS, TRUNCATED_ATTRS, Attr
-from mlaunch.telemetry.otlp_json import any_value
+from mlaunch.otlp.otlp_json import any_value
 
 #: Where every line this decoder takes starts (what every OTLP-JSON trace writer writes first).
 LINE_START = b'{"resourceSpans":['

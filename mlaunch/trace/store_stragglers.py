@@ -34,7 +34,7 @@ from typing import Any
 from orjson import loads
 
 from mlaunch.model.spans import ALIASES, Attr, ResourceAttr, SpanName
-from mlaunch.telemetry.otlp_json import attributes
+from mlaunch.otlp.otlp_json import attributes
 from mlaunch.trace.store import Store, StoreReader
 from mlaunch.trace.store_goodput import _in, _names
 from mlaunch.trace.stragglers import (

@@ -51,7 +51,7 @@ from statistics import median
 from typing import Any
 
 from mlaunch.model.spans import ALIASES, Attr, ResourceAttr, SpanName
-from mlaunch.telemetry.otlp_json import attributes
+from mlaunch.otlp.otlp_json import attributes
 from mlaunch.trace.reader import Resource, TraceInputError
 
 S = SpanName

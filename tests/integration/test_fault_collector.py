@@ -26,7 +26,7 @@ from support.trace_cli import trace_cli as cli
 from support.trainer_runs import IDLE_PAUSE_S, TINY, clean_env
 
 from mlaunch.model.spans import SpanName
-from mlaunch.telemetry.otlp_json import read_metrics, read_spans
+from mlaunch.otlp.otlp_json import read_metrics, read_spans
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 

@@ -21,7 +21,7 @@ import pytest
 from support.launch_runs import TIMEOUT_S, clean_env, finish, mlaunch, train_records
 
 from mlaunch.model.spans import Attr, ResourceAttr, SpanName
-from mlaunch.telemetry.otlp_json import read_spans
+from mlaunch.otlp.otlp_json import read_spans
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from support.launch_runs import TIMEOUT_S, mlaunch, train_records
 
-from mlaunch.telemetry.otlp_json import read_spans
+from mlaunch.otlp.otlp_json import read_spans
 from mlaunch.trainer.checkpoint import committed_iterations, iter_dir_name, verify
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]

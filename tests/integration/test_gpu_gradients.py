@@ -28,7 +28,7 @@ from support.trainer_runs import TINY, Run, clean_env, run_trainer, telemetry_en
 
 from mlaunch import envcontract
 from mlaunch.model.spans import SpanName
-from mlaunch.telemetry.otlp_json import read_spans
+from mlaunch.otlp.otlp_json import read_spans
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 

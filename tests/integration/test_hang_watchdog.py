@@ -45,7 +45,7 @@ def _status(run_dir: Path) -> dict:
 
 
 def _attempt_spans(run_dir: Path) -> list[dict]:
-    from mlaunch.telemetry.otlp_json import read_spans
+    from mlaunch.otlp.otlp_json import read_spans
 
     spans = read_spans(run_dir / "telemetry" / "traces-launcher-node0.jsonl")
     return sorted(

@@ -19,7 +19,7 @@ from support.launch_runs import TIMEOUT_S, clean_env, finish, free_port, mlaunch
 from mlaunch import envcontract as ec
 from mlaunch.model.identity import JOB_UUID, RUN_UUID, run_identity
 from mlaunch.model.spans import Attr, ResourceAttr, SpanName
-from mlaunch.telemetry.otlp_json import read_spans
+from mlaunch.otlp.otlp_json import read_spans
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 

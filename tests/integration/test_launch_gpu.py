@@ -27,7 +27,7 @@ import pytest
 from support.trainer_runs import TINY, Run, run_trainer, telemetry_env
 
 from mlaunch.model.spans import SpanName
-from mlaunch.telemetry.otlp_json import read_spans
+from mlaunch.otlp.otlp_json import read_spans
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.distributed]
 

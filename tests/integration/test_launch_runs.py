@@ -23,7 +23,7 @@ from support.launch_runs import (
 )
 from support.trainer_runs import IDLE_PAUSE_S
 
-from mlaunch.telemetry.otlp_json import read_spans
+from mlaunch.otlp.otlp_json import read_spans
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 

@@ -26,7 +26,7 @@ from mlaunch.lens_hook.capture import LOG_PREFIX, THREAD_NAME
 from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spans import CATALOGUE, SpanName
 from mlaunch.model.spec import resolve
-from mlaunch.telemetry.otlp_json import read_spans
+from mlaunch.otlp.otlp_json import read_spans
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 

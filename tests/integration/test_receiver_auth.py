@@ -30,7 +30,7 @@ from support.launch_runs import clean_env, finish, mlaunch
 from support.otlp import GrpcOtlpReceiver
 
 from mlaunch import envcontract
-from mlaunch.telemetry.otlp_json import read_spans
+from mlaunch.otlp.otlp_json import read_spans
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 

@@ -24,7 +24,7 @@ from support.trace_compare import store_rows
 
 from mlaunch import envcontract
 from mlaunch.model.spans import SpanName
-from mlaunch.telemetry.otlp_json import read_spans
+from mlaunch.otlp.otlp_json import read_spans
 from mlaunch.trace import store_decode
 from mlaunch.trace.reader import TraceReader
 from mlaunch.trace.store import build_store, open_store

@@ -56,7 +56,7 @@ def test_a_full_disk_at_the_run_end_build_keeps_the_exit_code_and_the_json(
     says so in one line, leaves every span in the JSON, and the next read builds the store."""
     from support.trace_cli import invoke_trace
 
-    from mlaunch.telemetry.otlp_json import read_spans
+    from mlaunch.otlp.otlp_json import read_spans
 
     site = full_disk_site(tmp_path)
     run_dir = tmp_path / "run"

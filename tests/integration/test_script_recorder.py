@@ -17,7 +17,7 @@ from support.launch_runs import clean_env, finish, mlaunch, progress
 
 from mlaunch import envcontract as ec
 from mlaunch.model.spans import SpanName
-from mlaunch.telemetry.otlp_json import read_spans
+from mlaunch.otlp.otlp_json import read_spans
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 

@@ -38,9 +38,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from support.otlp import RECEIVER_HEADERS, RECEIVER_TOKEN
 
 from mlaunch import envcontract
+from mlaunch.otlp.otlp_json import read_metrics, read_spans
 from mlaunch.receiver import Receiver
 from mlaunch.receiver import core as rx_core
-from mlaunch.telemetry.otlp_json import read_metrics, read_spans
 from mlaunch.trace.reader import TraceReader
 
 TRACE_PATH = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"

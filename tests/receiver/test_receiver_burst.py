@@ -88,10 +88,17 @@ def test_workers_killed_mid_export_do_not_break_the_receiver(tmp_path: Path) -> 
         for rank in (0, 1)
     ]
     counts = rx.stats.signals["traces"]
+    files = [envcontract.traces_file(tmp_path, rank) for rank in (0, 1)]
+
+    def both_arrived() -> bool:
+        # Each rank's own spans, not only 2,000 in all: on a busy machine rank 1's interpreter
+        # can still be starting when rank 0 alone has sent 2,000 (then rank 1 has no file).
+        return counts.written_items >= 2000 and all(f.is_file() and f.stat().st_size for f in files)
+
     deadline = time.monotonic() + 60
-    while counts.written_items < 2000 and time.monotonic() < deadline:
+    while not both_arrived() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert counts.written_items >= 2000, "the workers' spans never arrived"
+    assert both_arrived(), "the workers' spans never arrived"
     for p in procs:
         p.send_signal(signal.SIGKILL)  # mid-export: batches leave every 5 ms
         p.wait()

@@ -18,9 +18,9 @@ from test_receiver import emit
 from typer.testing import CliRunner
 
 from mlaunch import envcontract
+from mlaunch.otlp.otlp_json import read_spans
 from mlaunch.receiver import Receiver, Upstream
 from mlaunch.receiver.signals import SIGNALS
-from mlaunch.telemetry.otlp_json import read_spans
 
 SECRET = "s3cr3t-token-value"
 

@@ -12,7 +12,7 @@ Both receivers share one API::
     rx = GrpcOtlpReceiver().start()      # or HttpOtlpReceiver(); .endpoint is the URL to use
     ...                                  # point an exporter at rx.endpoint
     rx.wait_for_spans(3, timeout=10)     # -> True once >= 3 spans arrived
-    rx.spans                             # flat span dicts (mlaunch.telemetry.otlp_json.iter_spans)
+    rx.spans                             # flat span dicts (mlaunch.otlp.otlp_json.iter_spans)
     rx.metrics                           # flat metric dicts (otlp_json.iter_metrics)
     rx.headers                           # request headers / gRPC metadata of every request
     rx.stop()
@@ -34,7 +34,7 @@ from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from mlaunch.telemetry import otlp_json
+from mlaunch.otlp import otlp_json
 from support.serving import GrpcServed, HttpServed, Served
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from mlaunch import envcontract
-from mlaunch.telemetry import otlp_json
+from mlaunch.otlp import otlp_json
 
 
 def read_trace_file(run_dir: Path, rank: int = 0) -> list[dict[str, Any]]:

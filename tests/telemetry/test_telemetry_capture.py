@@ -12,7 +12,8 @@ import time
 from mlaunch import envcontract, telemetry
 from mlaunch.model.groups import SpanGroup as G
 from mlaunch.model.spans import Attr, SpanName
-from mlaunch.telemetry import _capture, otlp_json
+from mlaunch.otlp import otlp_json
+from mlaunch.telemetry import _capture
 
 
 def _iterations(first: int, last: int) -> None:

@@ -21,7 +21,7 @@ from support.launch_runs import clean_env
 from support.otlp import GrpcOtlpReceiver, HangingServer, closed_port_endpoint
 
 from mlaunch import envcontract
-from mlaunch.telemetry import otlp_json
+from mlaunch.otlp import otlp_json
 from mlaunch.telemetry._runtime import BATCH_SIZE
 
 REPO = Path(__file__).resolve().parents[2]

@@ -28,7 +28,8 @@ from mlaunch import envcontract, telemetry
 from mlaunch.model.groups import SpanGroup as G
 from mlaunch.model.spans import Attr, SpanName
 from mlaunch.settings import load_telemetry_settings
-from mlaunch.telemetry import _recorder, otlp_json
+from mlaunch.otlp import otlp_json
+from mlaunch.telemetry import _recorder
 
 run_dir = sys.argv[1]
 settings = load_telemetry_settings(environ={

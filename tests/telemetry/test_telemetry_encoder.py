@@ -33,8 +33,8 @@ from opentelemetry.trace import (
     TraceState,
 )
 
-from mlaunch.telemetry import otlp_json
-from mlaunch.telemetry._encode import Limits, SpanEncoder
+from mlaunch.otlp import otlp_json
+from mlaunch.telemetry._encode import Limits, SpanEncoder, encode_spans_line
 from mlaunch.telemetry._spans import FineSpan
 
 #: One attribute of every type OTLP carries, and the edge values of each.
@@ -139,12 +139,12 @@ def test_json_equals_the_sdk_encoder_for_sdk_spans() -> None:
     assert json.loads(line) == otlp_json.trace_request_to_dict(expected)
     assert line == orjson.dumps(encoder.json_request(spans)[0])
     # The public helper is the same encoder.
-    assert otlp_json.encode_spans_line(spans) == line.decode()
+    assert encode_spans_line(spans) == line.decode()
 
 
 def test_keys_are_in_the_proto_declaration_order_as_the_collector_writes_them() -> None:
     spans = _sdk_spans()
-    line = otlp_json.encode_spans_line(spans)
+    line = encode_spans_line(spans)
     span = json.loads(line)["resourceSpans"][0]["scopeSpans"][0]["spans"][-1]
     assert list(span)[:6] == ["traceId", "spanId", "parentSpanId", "flags", "name", "kind"]
     assert list(span)[-1] == "status"

@@ -15,7 +15,7 @@ from mlaunch import envcontract, telemetry
 from mlaunch.model.groups import SpanGroup as G
 from mlaunch.model.spans import Attr
 from mlaunch.model.spans import SpanName as S
-from mlaunch.telemetry import otlp_json
+from mlaunch.otlp import otlp_json
 
 
 def _emit_some() -> None:
@@ -76,7 +76,7 @@ def test_a_bytes_attribute_reads_back_as_the_bytes_written():
     from google.protobuf.json_format import MessageToDict
     from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-    from mlaunch.telemetry._encode import json_value
+    from mlaunch.otlp.encode import json_value
 
     raw = b"\x00\xffmlaunch"
     for written in (json_value(raw), MessageToDict(AnyValue(bytes_value=raw))):

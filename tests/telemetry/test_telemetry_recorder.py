@@ -13,7 +13,8 @@ from telemetry_helpers import read_trace_file
 from mlaunch import envcontract, telemetry
 from mlaunch.model.groups import SpanGroup as G
 from mlaunch.model.spans import Attr, SpanName
-from mlaunch.telemetry import _recorder, otlp_json
+from mlaunch.otlp import otlp_json
+from mlaunch.telemetry import _recorder
 
 LAYERS = 3
 

@@ -18,7 +18,7 @@ from support.otlp import HangingServer, closed_port_endpoint
 from mlaunch import envcontract
 from mlaunch.model.spans import Attr
 from mlaunch.model.spans import SpanName as S
-from mlaunch.telemetry import otlp_json
+from mlaunch.otlp import otlp_json
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 2.0
@@ -119,7 +119,7 @@ NO_SDK = textwrap.dedent(
     from mlaunch.model.groups import SpanGroup as G
     from mlaunch.model.spans import SpanName as S
     from mlaunch.settings import load_telemetry_settings
-    from mlaunch.telemetry import otlp_json  # importable without the SDK
+    from mlaunch.otlp import otlp_json  # importable without the SDK
 
     s = load_telemetry_settings(environ={"MEGATRON_OTEL_ENABLED": "1", "MEGATRON_OTEL_EXPORT_STRATEGY": "all_ranks"})
     h = telemetry.setup(s, rank=0, world_size=1, run_dir=sys.argv[1])

@@ -26,7 +26,7 @@ from support.otlp import GrpcOtlpReceiver, _Store
 from support.synthetic_traces import hand_example
 
 from mlaunch.model.spans import ALIASES, STEP_SPAN, LegacyName, SpanName, canonical_name
-from mlaunch.telemetry import otlp_json
+from mlaunch.otlp import otlp_json
 from mlaunch.trace.chrome import LAUNCHER_PID
 from mlaunch.trace.goodput import goodput
 from mlaunch.trace.reader import TraceReader

@@ -9,7 +9,7 @@ from pathlib import Path
 from support.synthetic_traces import TraceBuilder, encode_attributes, ms, request_line
 
 from mlaunch.model.spans import SpanName
-from mlaunch.telemetry.otlp_json import attributes
+from mlaunch.otlp.otlp_json import attributes
 from mlaunch.trace.reader import TraceReader, discover
 
 

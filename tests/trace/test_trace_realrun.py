@@ -35,7 +35,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def reference(run_dir: Path) -> list[dict]:
-    from mlaunch.telemetry.otlp_json import read_spans
+    from mlaunch.otlp.otlp_json import read_spans
 
     files = sorted((run_dir / "telemetry").glob("traces-rank*.jsonl"))
     assert len(files) == 2
@@ -136,8 +136,8 @@ def test_a_store_of_the_receivers_files_equals_the_store_of_the_workers_files(
     from support.otlp import RECEIVER_TOKEN
     from support.trace_compare import assert_same, json_store_rows, store_rows
 
+    from mlaunch.otlp.otlp_json import decode_traces_line
     from mlaunch.receiver import Receiver
-    from mlaunch.telemetry.otlp_json import decode_traces_line
     from mlaunch.trace.reader import TraceReader
     from mlaunch.trace.store import load_manifest, open_store, update_store
     from mlaunch.trace.store_summary import summarize_store

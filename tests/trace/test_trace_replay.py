@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from mlaunch.telemetry import otlp_json
+from mlaunch.otlp import otlp_json
 from mlaunch.trace.replay import ReplayInputError, parse_headers
 from tests.support.otlp import GrpcOtlpReceiver, HttpOtlpReceiver
 

@@ -26,7 +26,7 @@ from support.trainer_runs import TINY, progress_lines, trainer_in_background, wa
 from mlaunch import envcontract
 from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spans import Attr, SpanName, span_def
-from mlaunch.telemetry.otlp_json import read_spans
+from mlaunch.otlp.otlp_json import read_spans
 from mlaunch.trace.report import render_report
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]

@@ -29,7 +29,7 @@ from support.trainer_runs import (
 
 from mlaunch import envcontract
 from mlaunch.model.spans import Attr, SpanName
-from mlaunch.telemetry.otlp_json import iter_spans, read_spans
+from mlaunch.otlp.otlp_json import iter_spans, read_spans
 from mlaunch.trace.report import render_report
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]

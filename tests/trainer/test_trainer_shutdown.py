@@ -9,7 +9,7 @@ import pytest
 from support.trainer_runs import TINY, clean_env, run_trainer, sigterm_after_steps, telemetry_env
 
 from mlaunch.model.spans import Attr, SpanName
-from mlaunch.telemetry.otlp_json import read_spans
+from mlaunch.otlp.otlp_json import read_spans
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 

@@ -31,7 +31,7 @@ from mlaunch.model.spans import (
     text_completion_name,
 )
 from mlaunch.model.spec import resolve
-from mlaunch.telemetry.otlp_json import read_spans
+from mlaunch.otlp.otlp_json import read_spans
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 

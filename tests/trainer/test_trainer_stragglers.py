@@ -17,7 +17,7 @@ from support.trace_cli import invoke_trace, user_error
 from support.trainer_runs import TINY, run_trainer, telemetry_env
 
 from mlaunch.model.spans import Attr, SpanName
-from mlaunch.telemetry.otlp_json import read_spans
+from mlaunch.otlp.otlp_json import read_spans
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 

@@ -11,7 +11,7 @@ import pytest
 from support.trainer_runs import TINY, Run, run_trainer, telemetry_env
 
 from mlaunch.model.spans import Attr, Metric, SpanName
-from mlaunch.telemetry.otlp_json import read_metrics, read_spans
+from mlaunch.otlp.otlp_json import read_metrics, read_spans
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 

@@ -20,7 +20,7 @@ from mlaunch.launcher import attempt_entry, jobtrace
 from mlaunch.launcher import plan as lp
 from mlaunch.model.identity import JOB_UUID, RUN_UUID, run_identity
 from mlaunch.model.spans import Attr, ResourceAttr, SpanName
-from mlaunch.telemetry import otlp_json
+from mlaunch.otlp import otlp_json
 
 CLEAN = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 REPO = Path(__file__).resolve().parents[2]

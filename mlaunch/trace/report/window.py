@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from mlaunch.model.spans import ALIASES, STEP_SPAN, Attr
-from mlaunch.telemetry.otlp_json import any_value, attributes
+from mlaunch.otlp.otlp_json import any_value, attributes
 from mlaunch.trace.goodput import GoodputAggregator
 from mlaunch.trace.reader import Resource, TraceInputError, TraceReader, is_error
 from mlaunch.trace.summary import SummaryAggregator

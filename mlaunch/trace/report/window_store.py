@@ -21,7 +21,7 @@ from typing import Any
 from orjson import loads
 
 from mlaunch.model.spans import ALIASES
-from mlaunch.telemetry.otlp_json import attributes
+from mlaunch.otlp.otlp_json import attributes
 from mlaunch.trace.report import window
 from mlaunch.trace.report.window import _MARK_KEYS, _STEP, RankSteps, Scan, Step, WSpan, step_of
 from mlaunch.trace.store import Store, StoreReader

@@ -11,11 +11,11 @@ Each line is one ``ExportTraceServiceRequest`` (traces files) or ``ExportMetrics
 - attribute values as ``{"stringValue"|"intValue"|"doubleValue"|"boolValue"|"arrayValue"|...: v}``;
 - fields with default values (0, "", empty lists) are omitted, as protobuf's JSON printer does.
 
-Encoding spans (:func:`encode_spans_line`) uses mlaunch's direct encoder
-(:mod:`mlaunch.telemetry._encode`, orjson; keys in the proto's declaration order as the collector
-writes them); metrics and the protobuf conversions need ``opentelemetry-proto``; the flat readers (:func:`iter_spans`,
-:func:`iter_metrics`, :func:`read_spans`) use only the standard library, so ``mlaunch trace`` can
-read run directories without the SDK.
+Spans are encoded by the runtime's direct encoder (:mod:`mlaunch.telemetry._encode`, whose
+span document is built by :mod:`mlaunch.otlp.encode`); metrics and the protobuf conversions need
+``opentelemetry-proto``; the flat readers (:func:`iter_spans`, :func:`iter_metrics`,
+:func:`read_spans`) use only the standard library, so ``mlaunch trace`` can read run directories
+without the SDK, and without importing the telemetry runtime.
 """
 
 from __future__ import annotations
@@ -82,22 +82,6 @@ def metrics_request_to_dict(request: Any) -> dict[str, Any]:
     from google.protobuf.json_format import MessageToDict
 
     return _fix_metric_ids(MessageToDict(request, use_integers_for_enums=True), _b64_to_hex)
-
-
-_ENCODER: Any = None
-
-
-def encode_spans_line(spans: Iterable[Any]) -> str:
-    """SDK ``ReadableSpan`` objects as one OTLP/JSON line (no trailing newline): the document the
-    SDK's encoder + protobuf's JSON mapping give, keys in the proto's declaration order as the
-    collector writes them (see :mod:`mlaunch.telemetry._encode`, which encodes it directly)."""
-    global _ENCODER
-    if _ENCODER is None:
-        from mlaunch.telemetry._encode import SpanEncoder
-
-        _ENCODER = SpanEncoder(None, None)
-    line, _ = _ENCODER.json_line(spans)
-    return line.decode("utf-8")
 
 
 def encode_metrics_line(metrics_data: Any) -> str:
