@@ -122,9 +122,9 @@ def run_burst(
     """One burst; returns the measurements (see the module docstring)."""
     sys.path.insert(0, str(_REPO))
     from mlaunch import envcontract
+    from mlaunch.launcher.receiver_wiring import token_env
     from mlaunch.otlp.otlp_json import read_spans
     from mlaunch.receiver import Receiver
-    from mlaunch.receiver.wiring import token_env
 
     tmp = None
     if run_dir is None:

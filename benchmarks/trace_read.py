@@ -59,9 +59,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from support.synthetic_traces import spans_per_step, write_realistic_run  # noqa: E402
 
-from mlaunch.trace.chrome import export_chrome  # noqa: E402
 from mlaunch.trace.goodput import goodput  # noqa: E402
 from mlaunch.trace.reader import TraceReader  # noqa: E402
+from mlaunch.trace.store_chrome import export_chrome  # noqa: E402
 from mlaunch.trace.summary import summarize  # noqa: E402
 
 

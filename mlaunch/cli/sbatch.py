@@ -1,5 +1,5 @@
-"""``mlaunch sbatch``: parse, call :mod:`mlaunch.launcher.sbatch` (the script) and
-:mod:`mlaunch.launcher.slurm` (the submission), render.
+"""``mlaunch sbatch``: parse, call :mod:`mlaunch.slurm.batch` (the script) and
+:mod:`mlaunch.slurm.client` (the submission), render.
 
 Takes every ``mlaunch train`` setting flag (the same generated parameters, validated the same
 way) plus the SLURM options.
@@ -27,7 +27,7 @@ _SLURM_PANEL = "SLURM (sbatch)"
 
 def _own_parameters() -> list[tuple[str, Any, Any]]:
     """The command's own options (before the setting flags), as (name, annotation, default)."""
-    from mlaunch.launcher.sbatch import DEFAULT_SIGNAL_GRACE_S
+    from mlaunch.slurm.batch import DEFAULT_SIGNAL_GRACE_S
 
     p = _SLURM_PANEL
     return [
@@ -78,8 +78,8 @@ def run_sbatch(
     dry_run: bool,
 ) -> int:  # fmt: skip
     """The command's work: validate, write, submit. Returns the exit code."""
-    from mlaunch.launcher.sbatch import plan_job, render_script
     from mlaunch.settings import SettingsError
+    from mlaunch.slurm.batch import plan_job, render_script
 
     try:
         job = plan_job(
@@ -93,7 +93,7 @@ def run_sbatch(
     if dry_run:
         typer.echo(script, nl=False)
         return 0
-    from mlaunch.launcher import slurm
+    from mlaunch.slurm import client as slurm
 
     try:
         sub = slurm.submit(job, script, dict(os.environ))
@@ -122,7 +122,7 @@ def run_sbatch(
 
 def register(app: typer.Typer) -> None:
     """Add the ``sbatch`` command to the root app."""
-    from mlaunch.launcher.sbatch import SbatchOptions
+    from mlaunch.slurm.batch import SbatchOptions
 
     def sbatch(**kwargs: Any) -> None:
         """Validate as mlaunch train does, write a readable job.sbatch into the run directory

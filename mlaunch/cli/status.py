@@ -1,5 +1,5 @@
 """``mlaunch status RUN_DIR|JOB_ID [--json | --watch]``: parse, call
-:mod:`mlaunch.launcher.status` (:mod:`mlaunch.launcher.watch` for the live view), render."""
+:mod:`mlaunch.slurm.status` (:mod:`mlaunch.slurm.watch` for the live view), render."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
         """Queued / running / completed / failed / preempted, from SLURM and the run
         directory: how far training got, what each node last logged, which rank failed and
         why."""
-        from mlaunch.launcher.status import StatusInputError, job_status, status_text
+        from mlaunch.slurm.status import StatusInputError, job_status, status_text
 
         if watch and as_json:
             raise fail([("--watch", "a live view cannot be JSON; use --json or --watch")])

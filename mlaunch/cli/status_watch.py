@@ -1,5 +1,5 @@
 """The live view of ``mlaunch status RUN|JOB --watch``: a Rich table refreshed every
-:data:`~mlaunch.launcher.watch.REFRESH_S` seconds from :func:`mlaunch.launcher.watch.snapshot`,
+:data:`~mlaunch.slurm.watch.REFRESH_S` seconds from :func:`mlaunch.slurm.watch.snapshot`,
 until the run ends (the final state is printed, exit 0) or Ctrl-C (exit 0, no traceback)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def render(snap: Any) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    from mlaunch.launcher.status import status_text
+    from mlaunch.slurm.status import status_text
 
     st = snap.status
     head = status_text(st).splitlines()[0]
@@ -104,7 +104,7 @@ def watch(target: str, cwd: Path) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    from mlaunch.launcher.watch import REFRESH_S, WatchState, snapshot
+    from mlaunch.slurm.watch import REFRESH_S, WatchState, snapshot
 
     console = Console()
     state = WatchState()

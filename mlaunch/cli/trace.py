@@ -239,8 +239,8 @@ def export_cmd(
     microseconds from the earliest span.
     """
     from mlaunch.outputs import OutputError, check_output, is_stdout
-    from mlaunch.trace.chrome import export_chrome
     from mlaunch.trace.reader import TraceInputError
+    from mlaunch.trace.store_chrome import export_chrome
 
     try:  # the checks that need no input first: a bad -o is reported before any reading
         check_output(output)
@@ -351,7 +351,7 @@ def stragglers_cmd(
     spans of every rank (--otel-export-strategy all_ranks, or the flight recorders): with one
     exporting rank it exits 2 and says how to get them. docs/hangs.md has the details.
     """
-    from mlaunch.trace.stragglers import find_stragglers
+    from mlaunch.trace.store_stragglers import find_stragglers
 
     _show(path, skip_invalid, find_stragglers, as_json, _render_stragglers)
 

@@ -30,7 +30,7 @@ from rich.text import Text
 
 from mlaunch import envcontract as ec
 from mlaunch.cli.render import span_tree
-from mlaunch.launcher import reference
+from mlaunch.launcher import lens_names
 from mlaunch.launcher.plan import LaunchPlan
 from mlaunch.launcher.run import RunResult, torchrun_log
 from mlaunch.model.groups import SpanGroup
@@ -53,7 +53,7 @@ def _ranks_text(ranks: list[int], world: int) -> str:
 def _sampler_text(plan: LaunchPlan) -> str:
     t = plan.settings.telemetry
     if not plan.settings.uses_builtin_trainer:
-        return reference.rank_sampler_text(plan.settings)  # as nemo-lens applies them
+        return lens_names.rank_sampler_text(plan.settings)  # as nemo-lens applies them
     name = t.otel.traces_sampler or "parentbased_always_on"
     arg = t.otel.traces_sampler_arg
     if arg is None:
@@ -119,7 +119,7 @@ def _exporter_text(plan: LaunchPlan) -> str:
     if t.exporter == "file":
         return f"file -> {plan.traces_dir}/traces-rank{{R}}.jsonl" + ignored
     if t.exporter == "otlp":
-        from mlaunch.receiver.wiring import receiver_mode
+        from mlaunch.launcher.receiver_wiring import receiver_mode
 
         if receiver_mode(plan.settings) == "relay":
             return (
@@ -241,7 +241,7 @@ def _worker_rows(plan: LaunchPlan, table: Table) -> list[Any]:
     """A script worker's side: what mlaunch rewrote into the reference's language, and the span
     names that worker will emit (the catalogue's non-extra spans of the enabled groups)."""
     s = plan.settings
-    for line in reference.translations(s):
+    for line in lens_names.translations(s):
         table.add_row("translated", Text(line))
     groups = s.telemetry.groups
     names = Table(title="span names the worker will emit", show_lines=False, box=None)
@@ -249,7 +249,7 @@ def _worker_rows(plan: LaunchPlan, table: Table) -> list[Any]:
     names.add_column("spans")
     for group in SpanGroup:
         if group in groups:
-            spans = reference.reference_span_names({group})
+            spans = lens_names.reference_span_names({group})
             names.add_row(group.value, ", ".join(spans) if spans else "(none in the catalogue)")
     return [table, names]
 

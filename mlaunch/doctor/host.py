@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 from mlaunch import envcontract as ec
 from mlaunch.doctor.results import NET_TIMEOUT_S, CheckResult, fail, ok, warn
+from mlaunch.model.gpt_shape import GPTConfig, count_parameters
 from mlaunch.model.spec import quoted
 from mlaunch.settings import Settings
-from mlaunch.trainer.shape import GPTConfig, count_parameters
 
 if TYPE_CHECKING:
     from mlaunch.launcher.plan import DirectoryPlace
@@ -213,7 +213,7 @@ def check_run_dir(settings: Settings, cwd: Path | None = None) -> list[CheckResu
 def check_slurm(environ: Mapping[str, str], settings: Settings) -> list[CheckResult]:
     """SLURM detection and the launch values mlaunch derives from it (the launcher's own
     derivation, so doctor shows what ``mlaunch train`` will use)."""
-    from mlaunch.launcher.slurm import slurm_launch_values
+    from mlaunch.launcher.slurm_env import slurm_launch_values
 
     derived_values = slurm_launch_values(environ)
     if not derived_values:

@@ -110,7 +110,7 @@ def worker_probe(
     python: str, env: Mapping[str, str], args: Sequence[str], settings: Settings, timeout_s: float
 ) -> dict[str, Any]:
     """Run :data:`_LENS_PROBE` under ``python`` in ``env``; its JSON, or ``{"failed": why}``."""
-    from mlaunch.launcher import reference
+    from mlaunch.launcher import lens_names
     from mlaunch.model.groups import PRESETS, REFERENCE_PRESETS
     from mlaunch.settings import TelemetrySettings
 
@@ -123,9 +123,9 @@ def worker_probe(
         "prefix": PRIMARY_PREFIX.rstrip("_"),
         "fallback_prefix": FALLBACK_PREFIX.rstrip("_"),
         "default_service_name": TelemetrySettings.model_fields["service_name"].default,
-        "enabled_arg": reference.OTEL_ENABLED_ARG,
-        "service_name_arg": reference.OTEL_SERVICE_NAME_ARG,
-        "span_groups_arg": reference.OTEL_SPAN_GROUPS_ARG,
+        "enabled_arg": lens_names.OTEL_ENABLED_ARG,
+        "service_name_arg": lens_names.OTEL_SERVICE_NAME_ARG,
+        "span_groups_arg": lens_names.OTEL_SPAN_GROUPS_ARG,
         "world": settings.world_size,
         "ranks": min(settings.world_size, WORKER_PROBE_RANKS),
         "nproc_per_node": settings.launch.nproc_per_node,
@@ -220,14 +220,14 @@ def check_worker_side(
     default this one) in a subprocess with a timeout. A run of mlaunch's own trainer needs no
     nemo-lens: then an interpreter without it is a note, not a warning.
     """
-    from mlaunch.launcher import reference
+    from mlaunch.launcher import lens_names
 
     name = "worker telemetry"
     external = not settings.uses_builtin_trainer or worker_python is not None
     python = worker_python or sys.executable
     results: list[CheckResult] = []
     if external:
-        for field, message in reference.refusals(settings):
+        for field, message in lens_names.refusals(settings):
             results.append(
                 fail("script worker", f"{field}: {message}", f"change {field} as the message says")
             )
@@ -257,7 +257,7 @@ def check_worker_side(
                 "fix the setting it names (see the configuration checks above)",
             ),
         ]
-    view = reference.reference_view(settings)
+    view = lens_names.reference_view(settings)
     resolved = _describe(found)
     diffs = _compare(found, _plan(settings, view))
     if diffs:

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from mlaunch import envcontract as ec
-from mlaunch.launcher.status import StatusInputError, job_status
 from mlaunch.lens_hook import START_LEAD_S
 from mlaunch.model.spec import SpanSpecError, format_groups, resolve
+from mlaunch.slurm.status import StatusInputError, job_status
 
 #: Run states in which no worker is left to read a request.
 FINISHED_STATES = frozenset({"completed", "failed", "preempted", "cancelled", "timeout"})

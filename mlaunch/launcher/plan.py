@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from mlaunch import envcontract as ec
-from mlaunch.launcher import reference
+from mlaunch.launcher import lens_names
 from mlaunch.launcher.checkpoint_layout import checkpoint_layout_problems, rerun_problems
 from mlaunch.launcher.configs import CONFIGS_DIR, config_launch_keys, os_reason, resolve_config
-from mlaunch.launcher.slurm import slurm_launch_values
+from mlaunch.launcher.slurm_env import slurm_launch_values
 from mlaunch.launcher.worker_args import (
     MEGATRON_DATA_ARGS,
     MEGATRON_ONLY_ARGS,
@@ -155,7 +155,7 @@ class LaunchPlan:
             **(
                 {}
                 if self.settings.uses_builtin_trainer
-                else {"reference": reference.reference_view(self.settings)}
+                else {"reference": lens_names.reference_view(self.settings)}
             ),
         }
 
@@ -309,7 +309,7 @@ def build_plan(
         spans_per_iteration=spans,
         slurm=slurm,
         embedded_receiver=not settings.uses_builtin_trainer
-        and reference.embedded_receiver(settings),
+        and lens_names.embedded_receiver(settings),
         env_notes=notes,
         megatron_args_reason=megatron_why,
     )
@@ -421,12 +421,12 @@ def _entry(
     extra = []
     if launch.megatron_args:
         extra = trainer_args(settings, run_dir, megatron=True) + otel_flags(settings)
-        owned = [*reference.REFERENCE_OTEL_ARGS, *(f for f, _ in MEGATRON_ONLY_ARGS.values())]
+        owned = [*lens_names.REFERENCE_OTEL_ARGS, *(f for f, _ in MEGATRON_ONLY_ARGS.values())]
         # Megatron-LM's data sources are its own (dataset prefixes, weighted lists): verbatim
         # after '--', unless data_path gives one before it too.
         problems += shadowed_settings(passthrough, owned, passed=MEGATRON_DATA_ARGS)
         problems += megatron_data_problems(settings, passthrough)
-    problems += reference.refusals(settings)
+    problems += lens_names.refusals(settings)
     return [*target, *extra, *passthrough], megatron_why
 
 

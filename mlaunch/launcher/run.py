@@ -23,11 +23,10 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from mlaunch import envcontract as ec
-from mlaunch.launcher import jobtrace, orphan_guard
+from mlaunch.launcher import jobtrace, orphan_guard, receiver_wiring
 from mlaunch.launcher.hang import Watchdog
 from mlaunch.launcher.hang_report import HangReport
 from mlaunch.launcher.plan import TORCHRUN_MODULE, LaunchPlan
-from mlaunch.receiver import wiring as receiver_wiring
 
 if TYPE_CHECKING:
     from mlaunch.receiver.core import ReceiverStats
@@ -743,7 +742,7 @@ def _execute_locked(
     # The workers have exited: the store costs training nothing now. An interrupted launch
     # (Ctrl-C, SLURM's SIGTERM) is on its way out and leaves it to the first read, as does a
     # small trace (its first read builds it in under a second). One node writes it (see
-    # mlaunch.receiver.wiring).
+    # mlaunch.launcher.receiver_wiring).
     if (
         result.interrupted is None
         and plan.settings.launch.node_rank == 0

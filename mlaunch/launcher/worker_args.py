@@ -9,26 +9,27 @@ from pathlib import Path
 from typing import Any
 
 from mlaunch import envcontract as ec
-from mlaunch.launcher import reference
-from mlaunch.settings import Problem, Settings
-from mlaunch.settings import args as setting_args
+from mlaunch.launcher import lens_names
+from mlaunch.settings import Problem, Settings, arg_tables
+from mlaunch.settings.trainer_cli import build_parser, validate
 
-# The argument tables below derive from the settings' field metadata (mlaunch.settings.args),
-# where each model/training/parallelism setting says how it reaches a training script.
+# The argument tables below derive from the settings' field metadata (mlaunch.settings.args,
+# tabled by mlaunch.settings.arg_tables), where each model/training/parallelism setting says how it
+# reaches a training script.
 
 #: Settings path -> the trainer's argument (Megatron-LM names). A bool path is a store_true flag.
 #: Paths missing here have no argument: see :data:`NOT_TRAINER_ARGS`.
-TRAINER_ARGS: dict[str, str] = setting_args.trainer_args()
+TRAINER_ARGS: dict[str, str] = arg_tables.trainer_args()
 #: Settings of the model/training/parallelism sections that are deliberately not passed.
-NOT_TRAINER_ARGS: dict[str, str] = setting_args.not_trainer_args()
+NOT_TRAINER_ARGS: dict[str, str] = arg_tables.not_trainer_args()
 #: Megatron-LM arguments mlaunch's trainer does not have, passed to scripts when not the default.
-MEGATRON_ONLY_ARGS: dict[str, tuple[str, Any]] = setting_args.megatron_only_args()
+MEGATRON_ONLY_ARGS: dict[str, tuple[str, Any]] = arg_tables.megatron_only_args()
 #: mlaunch-only trainer arguments that Megatron-LM's pretrain_gpt.py would reject.
-MEGATRON_UNKNOWN: frozenset[str] = setting_args.megatron_unknown()
+MEGATRON_UNKNOWN: frozenset[str] = arg_tables.megatron_unknown()
 #: Where Megatron-LM spells an argument differently from mlaunch's trainer.
-MEGATRON_RENAMES: dict[str, str] = setting_args.megatron_renames()
+MEGATRON_RENAMES: dict[str, str] = arg_tables.megatron_renames()
 #: Settings a Megatron-LM script takes as a list of arguments (``--data-path 0.3 /a 0.7 /b``).
-MEGATRON_LISTS: frozenset[str] = setting_args.megatron_lists()
+MEGATRON_LISTS: frozenset[str] = arg_tables.megatron_lists()
 #: Megatron-LM's data sources (``megatron/training/arguments.py``): at most one kind per run,
 #: and mlaunch translates none of them but ``--data-path`` (from ``data_path``), so after ``--``
 #: each passes through verbatim (weighted lists included) unless ``data_path`` is also given.
@@ -126,8 +127,8 @@ def _holds_files(save: Path) -> bool:
 
 def otel_flags(settings: Settings) -> list[str]:
     """Megatron-LM's own ``--otel-*`` flags (for ``--script``/``--module`` targets), in the
-    reference's language and each one argv item (see :mod:`mlaunch.launcher.reference`)."""
-    return reference.worker_args(settings)
+    reference's language and each one argv item (see :mod:`mlaunch.launcher.lens_names`)."""
+    return lens_names.worker_args(settings)
 
 
 def shadowed_settings(
@@ -173,11 +174,7 @@ def megatron_data_problems(settings: Settings, passthrough: Sequence[str]) -> li
 
 def check_trainer_args(args: Sequence[str], world_size: int) -> list[Problem]:
     """Run the trainer's own parser and checks here, so a bad pass-through argument fails before
-    any process starts (the parser is standard library only)."""
-    try:
-        from mlaunch.trainer.args import build_parser, validate
-    except ImportError:  # the trainer is optional for --script runs; checked again in workers
-        return []
+    any process starts (the parser is standard library and settings only)."""
     parser = build_parser()
 
     class _Bad(Exception):

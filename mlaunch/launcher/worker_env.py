@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from mlaunch import envcontract as ec
-from mlaunch.launcher import reference
+from mlaunch.launcher import lens_names
 from mlaunch.lens_hook import SITE_DIR
 from mlaunch.settings import OTEL_ENV, TELEMETRY_KEYS, Settings
 
-_env_value = reference.env_text
+_env_value = lens_names.env_text
 
 
 def worker_environment(
@@ -27,7 +27,7 @@ def worker_environment(
     """``(what mlaunch sets, inherited variables it removes, notes)`` for the workers.
 
     mlaunch's trainer gets every setting in mlaunch's language; a ``--script``/``--module`` worker
-    gets the reference's (:mod:`mlaunch.launcher.reference`). Inherited ``MEGATRON_OTEL_*`` /
+    gets the reference's (:mod:`mlaunch.launcher.lens_names`). Inherited ``MEGATRON_OTEL_*`` /
     ``NEMO_LENS_*`` variables that mlaunch does not set are removed, so workers see one truth.
     ``external`` overrides the entry point's kind (doctor asks for the script side of any config).
     """
@@ -35,9 +35,9 @@ def worker_environment(
     if not external:
         env = _trainer_env(settings, run_id, environ)
     else:
-        env = reference.worker_env(settings, run_id)
+        env = lens_names.worker_env(settings, run_id)
     env[ec.RUN_DIR] = str(run_dir)
-    embedded = external and reference.embedded_receiver(settings)
+    embedded = external and lens_names.embedded_receiver(settings)
     for var in sorted(environ):
         # Other standard variables (per-signal headers, SDK knobs) travel as given.
         if (
@@ -57,7 +57,7 @@ def worker_environment(
         env["CUDA_VISIBLE_DEVICES"] = ""  # the only way to keep a CUDA-capable worker on CPU
     env.update(nccl_flight_recorder_env(settings, run_dir, environ))
     notes: list[str] = []
-    value, note = reference.cuda_connections(settings, environ)
+    value, note = lens_names.cuda_connections(settings, environ)
     if value is not None:
         env[ec.CUDA_DEVICE_MAX_CONNECTIONS] = value
     if note:

@@ -1,5 +1,6 @@
 """The pure model of mlaunch: span groups, presets, spec resolution, the span catalogue and rank
-export strategies. Standard library only, so every command can import it cheaply."""
+export strategies (and, in :mod:`.gpt_shape`, the trained GPT's shape and size). Standard library
+only, so every command can import it cheaply."""
 
 from mlaunch.model.groups import (
     ALL_GROUPS,

@@ -4,10 +4,10 @@
   its in-process API :meth:`Receiver.ingest_traces` / :meth:`Receiver.ingest_metrics`.
 - :mod:`.frontends`: the OTLP/gRPC and OTLP/HTTP listeners.
 - :mod:`.upstream`: where the relay forwards (the workers' OTLP exporter settings).
-- :mod:`.wiring`: when ``mlaunch train`` hosts it and the workers' environment.
 
-The names below load on first use: ``mlaunch train`` imports :mod:`.wiring` on every launch, and
-a launch that needs no receiver (mlaunch's own trainer) must not pay for protobuf and grpc.
+When ``mlaunch train`` hosts it, and the workers' environment, is launcher policy
+(:mod:`mlaunch.launcher.receiver_wiring`). The names below load on first use: a launch that
+needs no receiver (mlaunch's own trainer) must not pay for protobuf and grpc.
 """
 
 from __future__ import annotations

@@ -46,16 +46,15 @@ from typing import IO, Any
 
 from mlaunch import envcontract
 from mlaunch.model.spans import STEP_SPAN, Attr, ResourceAttr
+
+# The frontends' limits, under the names the receiver has always given them.
+from mlaunch.receiver.limits import MAX_REQUEST_BYTES, RETRY_AFTER_S  # noqa: F401
 from mlaunch.receiver.signals import SIGNALS, Signal
 from mlaunch.receiver.store_append import StoreAppender
 from mlaunch.receiver.upstream import Sender, Upstream
 
 #: The queue's budget in request bytes (serialized protobuf); beyond it requests are refused.
 MAX_QUEUED_BYTES = 64 * 1024 * 1024
-#: The largest request accepted (gRPC max receive size, HTTP body, decompressed HTTP body).
-MAX_REQUEST_BYTES = 16 * 1024 * 1024
-#: The pause a refused client is asked to wait before sending again.
-RETRY_AFTER_S = 1.0
 #: Open files are flushed at least this often (a killed launcher loses at most this much).
 FLUSH_INTERVAL_S = 0.5
 FIRST_BACKOFF_S = 1.0

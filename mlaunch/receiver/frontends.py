@@ -4,7 +4,7 @@
 
 A handler first checks the launch's token (:meth:`Receiver.authorized`; HTTP before reading the
 body), then reads the request, hands the raw bytes to :meth:`Receiver.submit` and answers: no
-parsing, no disk. Both frontends cap a request at :data:`~mlaunch.receiver.core.MAX_REQUEST_BYTES`
+parsing, no disk. Both frontends cap a request at :data:`~mlaunch.receiver.limits.MAX_REQUEST_BYTES`
 (gRPC's receive limit; HTTP's body and decompressed body) and bound their threads, so a burst
 or a misbehaving client holds bounded memory; a client that disconnects mid-request, or sends
 half a body, costs one handler thread until its socket times out.
@@ -18,14 +18,41 @@ import threading
 import zlib
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from mlaunch.envcontract import RECEIVER_AUTH_HEADER
-from mlaunch.receiver.core import MAX_REQUEST_BYTES, RETRY_AFTER_S
+from mlaunch.receiver.limits import MAX_REQUEST_BYTES, RETRY_AFTER_S
 from mlaunch.receiver.signals import SIGNALS
 
-if TYPE_CHECKING:
-    from mlaunch.receiver.core import Receiver
+
+class Intake(Protocol):
+    """What a frontend hands its requests to (:class:`mlaunch.receiver.core.Receiver`), written
+    here rather than imported: the receiver starts its frontends, so this module is above it."""
+
+    def authorized(self, value: str | bytes | None) -> bool:
+        """Whether an ``authorization`` value carries this launch's token."""
+        ...
+
+    def unauthenticated(self, signal: str) -> None:
+        """Count a request refused for a missing or wrong token."""
+        ...
+
+    def submit(self, signal: str, payload: Any, nbytes: int) -> bool:
+        """Queue one request; False when the queue is full."""
+        ...
+
+    def refuse(self, signal: str, nbytes: int) -> None:
+        """Count a request refused before it was read."""
+        ...
+
+    def has_room(self, nbytes: int) -> bool:
+        """Whether a request of ``nbytes`` would be queued now."""
+        ...
+
+    def malformed(self, signal: str, message: str) -> None:
+        """Count an undecodable request."""
+        ...
+
 
 #: Handler threads of each frontend (a node has at most a few dozen exporting workers).
 WORKER_THREADS = 8
@@ -54,7 +81,7 @@ def _retry_trailer() -> tuple[tuple[str, bytes], ...]:
 class GrpcFrontend:
     """OTLP/gRPC on 127.0.0.1; raw bytes in, empty response out."""
 
-    def __init__(self, receiver: Receiver) -> None:
+    def __init__(self, receiver: Intake) -> None:
         import grpc
 
         self._server = grpc.server(
@@ -105,7 +132,7 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 64
 
-    def __init__(self, receiver: Receiver) -> None:
+    def __init__(self, receiver: Intake) -> None:
         self.receiver = receiver
         self.slots = threading.BoundedSemaphore(MAX_HTTP_CONNECTIONS)
         super().__init__(("127.0.0.1", 0), _Handler)
@@ -240,7 +267,7 @@ def _decompress(body: bytes, encoding: str) -> bytes:
 class HttpFrontend:
     """OTLP/HTTP on 127.0.0.1."""
 
-    def __init__(self, receiver: Receiver) -> None:
+    def __init__(self, receiver: Intake) -> None:
         self._server = _Server(receiver)
         port = self._server.server_address[1]
         self._thread = threading.Thread(

@@ -3,13 +3,15 @@
 Each field of those sections carries one :class:`Arg` (mlaunch's trainer takes it) or
 :class:`NotPassed` (it does not, and why) in its ``Annotated`` type. Everything that used to be a
 table of its own derives from that one place: the trainer's argument parser
-(:func:`mlaunch.trainer.args.build_parser`), the launcher's argument list and its Megatron-LM
-spellings (:mod:`mlaunch.launcher.plan`). Adding a setting to a section is then one change.
+(:func:`mlaunch.settings.trainer_cli.build_parser`), the launcher's argument list and its Megatron-LM
+spellings (:mod:`mlaunch.launcher.plan`), through the tables of :mod:`.arg_tables`. Adding a
+setting to a section is then one change. The metadata is here, below the schema that uses it; the
+tables, which read the schema, are above it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -76,68 +78,3 @@ def arg_of(info: FieldInfo) -> Arg | NotPassed:
         if isinstance(item, Arg | NotPassed):
             return item
     raise LookupError("a model/training/parallelism setting without Arg or NotPassed metadata")
-
-
-def training_fields() -> Iterator[tuple[str, str, FieldInfo, Arg | NotPassed]]:
-    """``(section, field name, field, its metadata)`` of every training setting, in order."""
-    from mlaunch.settings.schema import SECTIONS
-
-    for section in TRAINING_SECTIONS:
-        for name, info in SECTIONS[section].model_fields.items():
-            yield section, name, info, arg_of(info)
-
-
-def trainer_args() -> dict[str, str]:
-    """Settings path -> the trainer's argument (``--bf16/--fp16`` for a choice of switches)."""
-    return {
-        f"{section}.{name}": "/".join(arg.flags(name))
-        for section, name, _, arg in training_fields()
-        if isinstance(arg, Arg)
-    }
-
-
-def not_trainer_args() -> dict[str, str]:
-    """Settings path -> why mlaunch's trainer does not take it."""
-    return {
-        f"{section}.{name}": arg.why
-        for section, name, _, arg in training_fields()
-        if isinstance(arg, NotPassed)
-    }
-
-
-def megatron_only_args() -> dict[str, tuple[str, Any]]:
-    """Settings path -> (Megatron-LM's argument, the default it is left out at), for settings
-    mlaunch's trainer does not have."""
-    return {
-        f"{section}.{name}": (arg.megatron, info.default)
-        for section, name, info, arg in training_fields()
-        if isinstance(arg, NotPassed) and arg.megatron is not None
-    }
-
-
-def megatron_unknown() -> frozenset[str]:
-    """Paths of trainer arguments Megatron-LM's pretrain_gpt.py would reject (mlaunch-only)."""
-    return frozenset(
-        f"{section}.{name}"
-        for section, name, _, arg in training_fields()
-        if isinstance(arg, Arg) and arg.megatron is None
-    )
-
-
-def megatron_lists() -> frozenset[str]:
-    """Paths whose value a Megatron-LM script takes as a list of arguments (split on white
-    space), as Megatron-LM itself splits a ``--data-args-path`` file."""
-    return frozenset(
-        f"{section}.{name}"
-        for section, name, _, arg in training_fields()
-        if isinstance(arg, Arg) and arg.megatron_list
-    )
-
-
-def megatron_renames() -> dict[str, str]:
-    """Paths whose Megatron-LM argument is spelled differently from the trainer's."""
-    return {
-        f"{section}.{name}": arg.megatron
-        for section, name, _, arg in training_fields()
-        if isinstance(arg, Arg) and isinstance(arg.megatron, str)
-    }

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from mlaunch.model.spec import quoted
+from mlaunch.settings.checks import cross_field_problems
 from mlaunch.settings.problems import Problem, ProblemKind, SettingsError
 from mlaunch.settings.schema import Settings, Source, TelemetrySettings
 from mlaunch.settings.sources import EnvSource, FileSource, FlagSource, Layer
@@ -127,14 +128,14 @@ def check_layers(*layers: Layer) -> tuple[Settings | None, list[Problem]]:
         settings = _validate(list(layers))
     except SettingsError as exc:
         return None, exc.problems
-    return settings, settings.cross_field_problems()
+    return settings, cross_field_problems(settings)
 
 
 def _preempt_signals_problems(environ: Mapping[str, str]) -> list[Problem]:
     """``MLAUNCH_PREEMPT_SIGNALS`` checked before launch (the trainer would refuse it only after
     torchrun started), reported under the variable's own name."""
     from mlaunch.envcontract import PREEMPT_SIGNALS
-    from mlaunch.trainer.args import preempt_signals
+    from mlaunch.settings.values import preempt_signals
 
     if not environ.get(PREEMPT_SIGNALS, "").strip():
         return []
@@ -172,7 +173,7 @@ def load_settings(
         raise SettingsError(problems)
     settings = _validate(layers)
     if check_cross_fields:
-        cross = settings.cross_field_problems()
+        cross = cross_field_problems(settings)
         if cross:
             raise SettingsError(cross)
     return settings

@@ -24,7 +24,7 @@ from mlaunch.model.spec import closest_word, quoted, resolve
 from mlaunch.model.strategies import exporting_ranks, load_strategy
 from mlaunch.settings.args import Arg, NotPassed
 from mlaunch.settings.names import flag_name
-from mlaunch.settings.problems import Problem, UnknownName
+from mlaunch.settings.problems import UnknownName
 from mlaunch.settings.run_id import is_run_id
 from mlaunch.settings.values import Bool, check_url, not_blank, parse_key_values, path_is
 
@@ -712,9 +712,3 @@ class Settings(BaseModel):
             export_rank=t.export_rank,
             sample_rate=t.export_sample_rate,
         )
-
-    def cross_field_problems(self) -> list[Problem]:
-        """Checks that span sections: world layout, batch arithmetic, export rank."""
-        from mlaunch.settings.checks import cross_field_problems
-
-        return cross_field_problems(self)

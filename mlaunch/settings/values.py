@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
@@ -75,3 +76,42 @@ def path_is(check: Any, path: str) -> bool:
         return bool(check(Path(path)))
     except OSError:
         return False
+
+
+#: Signals a process cannot catch: naming one as a preemption signal is a mistake.
+_UNCATCHABLE = frozenset({"SIGKILL", "SIGSTOP"})
+
+
+def preempt_signals(
+    spec: str | tuple[str, ...] | None, environ: dict[str, str] | os._Environ[str] | None = None
+) -> tuple[str, ...]:
+    """The graceful-stop signal names: ``spec`` (the flag), else ``$MLAUNCH_PREEMPT_SIGNALS``,
+    else SIGTERM, plus SIGUSR1 under SLURM (its warning before the time limit, with
+    ``--signal=USR1@<s>``). Names may omit ``SIG`` and any case; raises ValueError naming a bad one."""
+    import signal
+
+    from mlaunch.envcontract import PREEMPT_SIGNALS
+
+    if isinstance(spec, tuple):  # already parsed (validate may run twice on one namespace)
+        return spec
+    env = os.environ if environ is None else environ
+    text = spec if spec is not None else env.get(PREEMPT_SIGNALS, "").strip()
+    if not text:
+        return ("SIGTERM", "SIGUSR1") if env.get("SLURM_JOB_ID") else ("SIGTERM",)
+    names: list[str] = []
+    for part in text.split(","):
+        word = part.strip().upper()
+        if not word:
+            continue
+        name = word if word.startswith("SIG") else "SIG" + word
+        if name in _UNCATCHABLE:
+            raise ValueError(
+                f"{part.strip()!r} cannot be caught by a process; use e.g. SIGTERM,SIGUSR1"
+            )
+        if not isinstance(getattr(signal, name, None), signal.Signals) or name.startswith("SIG_"):
+            raise ValueError(f"{part.strip()!r} is not a signal name; use e.g. SIGTERM,SIGUSR1")
+        if name not in names:
+            names.append(name)
+    if not names:
+        raise ValueError(f"{text!r} names no signal; use e.g. SIGTERM,SIGUSR1")
+    return tuple(names)

@@ -25,14 +25,11 @@ import json
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from mlaunch.model.spans import ResourceAttr, span_def
 from mlaunch.otlp.otlp_json import attributes
-from mlaunch.outputs import open_output
 from mlaunch.trace.reader import Resource, TraceReader, is_error
-from mlaunch.trace.summary import no_spans_error
 
 #: Span attributes that name the OS thread (OpenTelemetry semantic conventions).
 THREAD_ID_ATTR = "thread.id"
@@ -334,33 +331,3 @@ class ChromeExporter:
                     st.flows += 1
         out.write("\n]}\n")
         return st
-
-
-def export_chrome(reader: TraceReader, out_path: Path) -> ChromeStats:
-    """Write Chrome trace-event JSON for everything ``reader`` reads to ``out_path`` (two passes
-    over its files; the second reads exactly the bytes the first did, so a run still writing can
-    be exported). ``out_path`` is written by the rule of :mod:`mlaunch.outputs` (checked by the
-    caller). Raises ``TraceInputError`` for a malformed span (naming its file and line) or a
-    trace without spans; ``OSError`` when the output cannot be written. A run's span store
-    (``StoreReader``) is exported column-wise (:mod:`mlaunch.trace.store_chrome`), to the same
-    bytes."""
-    from mlaunch.trace.store import StoreReader
-
-    if isinstance(reader, StoreReader):
-        from mlaunch.trace.store_chrome import export_chrome_store
-
-        with open_output(out_path) as f:
-            return export_chrome_store(reader.store, f)
-    ex = ChromeExporter()
-    reader.feed(lambda res, spans, _: ex.scan(res, spans))
-    if ex.t0 is None:
-        raise no_spans_error(reader)
-    stats = ex.layout()
-    again = reader.reread()
-    try:
-        # never leave a half-written trace that looks complete: open_output renames into place
-        with open_output(out_path) as f:
-            ex.write(again, f, stats)
-    except (KeyError, ValueError, TypeError, AttributeError) as e:
-        raise again.error_here(f"malformed span ({type(e).__name__}: {e})") from None
-    return stats

@@ -33,18 +33,21 @@ from orjson import loads
 
 from mlaunch.model.spans import ResourceAttr, span_def
 from mlaunch.otlp.otlp_json import attributes
+from mlaunch.outputs import open_output
 from mlaunch.trace.chrome import (
     LAUNCHER_PID,
     THREAD_ID_ATTR,
     THREAD_NAME_ATTR,
+    ChromeExporter,
     ChromeStats,
     LaneSweep,
     _dumps,
     _sid,
     _us,
 )
-from mlaunch.trace.reader import Resource
+from mlaunch.trace.reader import Resource, TraceReader
 from mlaunch.trace.store import Store, StoreReader, _sql_str
+from mlaunch.trace.summary import no_spans_error
 
 #: Keys the exporter adds to ``args`` after the span's attributes: a list that already has one
 #: would have it overwritten in place (dict order), so such spans take the span-by-span path.
@@ -495,3 +498,31 @@ def _us_text(ns: Any, np: Any, pa: Any) -> Any:
             text, pa.array(big), pa.array([str(_us(int(v))) for v in ns[big].tolist()], pa.string())
         )
     return text
+
+
+def export_chrome(reader: TraceReader, out_path: Path) -> ChromeStats:
+    """Write Chrome trace-event JSON for everything ``reader`` reads to ``out_path`` (two passes
+    over its files; the second reads exactly the bytes the first did, so a run still writing can
+    be exported). ``out_path`` is written by the rule of :mod:`mlaunch.outputs` (checked by the
+    caller). Raises ``TraceInputError`` for a malformed span (naming its file and line) or a
+    trace without spans; ``OSError`` when the output cannot be written. A run's span store
+    (``StoreReader``) is exported column-wise (:func:`export_chrome_store`), to the same bytes;
+    this dispatch lives here, above both ways, so neither module imports the other."""
+    from mlaunch.trace.store import StoreReader
+
+    if isinstance(reader, StoreReader):
+        with open_output(out_path) as f:
+            return export_chrome_store(reader.store, f)
+    ex = ChromeExporter()
+    reader.feed(lambda res, spans, _: ex.scan(res, spans))
+    if ex.t0 is None:
+        raise no_spans_error(reader)
+    stats = ex.layout()
+    again = reader.reread()
+    try:
+        # never leave a half-written trace that looks complete: open_output renames into place
+        with open_output(out_path) as f:
+            ex.write(again, f, stats)
+    except (KeyError, ValueError, TypeError, AttributeError) as e:
+        raise again.error_here(f"malformed span ({type(e).__name__}: {e})") from None
+    return stats

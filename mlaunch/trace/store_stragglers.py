@@ -57,6 +57,7 @@ from mlaunch.trace.stragglers import (
     p2p_pairs,
     p2p_waits,
     rows,
+    stragglers_in_memory,
 )
 
 S = SpanName
@@ -177,7 +178,7 @@ class _Trace:
 
 def stragglers_store(store: Store) -> Stragglers:
     """The straggler analysis of the store's spans. Raises ``TraceInputError`` as
-    :func:`~mlaunch.trace.stragglers.find_stragglers` does."""
+    :func:`find_stragglers` does."""
     trace, world, synced = _read_trace(store)
     check_input(StoreReader(store), list(trace.ranks), world, synced)
     parts = _Parts(store, trace)
@@ -630,3 +631,14 @@ def _int(v: Any) -> int | None:
         return None if v is None else int(v)
     except (TypeError, ValueError):
         return None
+
+
+def find_stragglers(reader: Any) -> Stragglers:
+    """Charge the waits of ``reader``'s trace: a store's a window of iterations at a time
+    (:func:`stragglers_store`, memory bounded whatever the trace's size), a JSON reader's (a
+    single file, ``--skip-invalid``) all in memory (:func:`~mlaunch.trace.stragglers.stragglers_in_memory`);
+    this dispatch lives here, above both ways, so neither module imports the other. Raises ``TraceInputError`` for
+    a trace without spans, with one exporting rank, or without synchronising spans."""
+    if isinstance(reader, StoreReader):
+        return stragglers_store(reader.store)
+    return stragglers_in_memory(reader)

@@ -32,9 +32,9 @@ itself waiting on a pipeline neighbour), the charge passes on to whoever those w
 charged to, so a stage that is late only because its upstream stage was slow does not take the
 blame.
 
-Where it runs: a run directory is read through its span store (:func:`find_stragglers`), a
-window of iterations at a time (:mod:`mlaunch.trace.store_stragglers`: memory bounded by the
-window, whatever the trace's size); a JSON reader (a single file, ``--skip-invalid``, a run that
+Where it runs (:func:`mlaunch.trace.store_stragglers.find_stragglers` decides): a run directory
+is read through its span store, a window of iterations at a time
+(:mod:`mlaunch.trace.store_stragglers`: memory bounded by the window, whatever the trace's size); a JSON reader (a single file, ``--skip-invalid``, a run that
 cannot be written) and the live view's tails (:class:`StragglerAggregator`) keep the whole trace
 in memory and run :func:`analyse` on it. Both run the functions below; a window hands each
 rank only its part of the trace (:attr:`_Rank.loaded`, :attr:`_Rank.complete`), and whatever
@@ -736,22 +736,8 @@ def no_sync_error() -> TraceInputError:
     )
 
 
-def find_stragglers(reader: Any) -> Stragglers:
-    """Charge the waits of ``reader``'s trace: a store's a window of iterations at a time
-    (:mod:`mlaunch.trace.store_stragglers`, memory bounded whatever the trace's size), a JSON
-    reader's (a single file, ``--skip-invalid``) all in memory. Raises ``TraceInputError`` for
-    a trace without spans, with one exporting rank, or without synchronising spans."""
-    from mlaunch.trace.store import StoreReader
-
-    if isinstance(reader, StoreReader):
-        from mlaunch.trace.store_stragglers import stragglers_store
-
-        return stragglers_store(reader.store)
-    return stragglers_in_memory(reader)
-
-
 def stragglers_in_memory(reader: Any) -> Stragglers:
-    """:func:`find_stragglers` with every phase span of every rank in memory: read every batch
+    """:func:`~mlaunch.trace.store_stragglers.find_stragglers` with every phase span of every rank in memory: read every batch
     of ``reader`` (a JSON or store reader), then :func:`analyse`."""
     agg = StragglerAggregator()
     reader.feed(agg.add)

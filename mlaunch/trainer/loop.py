@@ -23,10 +23,11 @@ import torch
 import torch.distributed as dist
 
 from mlaunch import envcontract, telemetry
+from mlaunch.model.gpt_shape import GPTConfig, count_parameters
 from mlaunch.model.groups import SpanGroup as G
 from mlaunch.model.spans import Attr, SpanName, train_block
+from mlaunch.settings.trainer_cli import PROG, parse_and_validate
 from mlaunch.trainer import checkpoint, profiling, testhooks
-from mlaunch.trainer.args import PROG, parse_and_validate
 from mlaunch.trainer.data import TokenData, load_corpus
 from mlaunch.trainer.device import batch_to_device, peak_memory_gb, step_sync
 from mlaunch.trainer.metrics import Progress, StepRecord, report_eval, report_step
@@ -45,7 +46,6 @@ from mlaunch.trainer.setup import (
     resource_attributes,
     write_error_file,
 )
-from mlaunch.trainer.shape import GPTConfig, count_parameters
 from mlaunch.trainer.state import TrainState, checkpoint_state, restore_checkpoint_state
 
 MODEL_TYPE = "gpt"

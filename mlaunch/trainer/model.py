@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from mlaunch import telemetry
+from mlaunch.model.gpt_shape import GPTConfig
 from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spans import Attr, SpanName
-from mlaunch.trainer.shape import GPTConfig
 
 
 class SelfAttention(nn.Module):

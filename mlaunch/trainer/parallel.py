@@ -19,7 +19,7 @@ import torch.distributed as dist
 from mlaunch import envcontract, telemetry
 from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spans import Attr, SpanName
-from mlaunch.trainer.args import PROG
+from mlaunch.settings.trainer_cli import PROG
 
 COMM = SpanGroup.COMMUNICATION
 

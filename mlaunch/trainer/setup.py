@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from mlaunch import envcontract, telemetry
 from mlaunch.model.spans import ResourceAttr
-from mlaunch.trainer.args import PROG
+from mlaunch.settings.trainer_cli import PROG
 from mlaunch.trainer.parallel import Topology
 
 

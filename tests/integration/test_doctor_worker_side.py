@@ -11,7 +11,7 @@ import pytest
 from support.launch_runs import clean_env
 
 from mlaunch.doctor.worker_side import check_worker_side
-from mlaunch.launcher import reference
+from mlaunch.launcher import lens_names
 from mlaunch.settings import load_settings
 
 pytestmark = [pytest.mark.nemo_lens, pytest.mark.slow]
@@ -58,9 +58,9 @@ def test_a_setting_nemo_lens_raises_on_is_a_failure_with_its_error(lens_python):
 
 def test_a_worker_resolving_something_else_is_a_mismatch(lens_python, monkeypatch):
     # A translation bug: the worker is told rank 0 exports while the plan says the last rank.
-    real = reference.worker_env
+    real = lens_names.worker_env
     monkeypatch.setattr(
-        reference,
+        lens_names,
         "worker_env",
         lambda s, run_id: {**real(s, run_id), "MEGATRON_OTEL_EXPORT_RANK": "0"},
     )

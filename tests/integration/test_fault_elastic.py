@@ -159,7 +159,7 @@ def test_kill_9_a_worker_restarts_the_group_and_resumes_the_same_loss_sequence(t
 
 
 def test_preemption_signals_are_checked_before_anything_starts(tmp_path):
-    from mlaunch.trainer.args import build_parser, validate
+    from mlaunch.settings.trainer_cli import build_parser, validate
 
     def check(*argv: str) -> dict[str, str]:
         return dict(validate(build_parser().parse_args(list(argv)), 1))

@@ -83,7 +83,7 @@ def trainer_factory(tmp_path, monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
     def make(extra: list[str]):
-        from mlaunch.trainer.args import parse_and_validate
+        from mlaunch.settings.trainer_cli import parse_and_validate
         from mlaunch.trainer.loop import Trainer
         from mlaunch.trainer.parallel import init_distributed
         from mlaunch.trainer.setup import StopFlag
@@ -191,9 +191,9 @@ def test_offload_through_real_attention_gives_the_same_gradients(precision) -> N
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from mlaunch.model.gpt_shape import GPTConfig
     from mlaunch.trainer.model import SelfAttention
     from mlaunch.trainer.offload import ActivationStash
-    from mlaunch.trainer.shape import GPTConfig
 
     torch.cuda.set_device(0)
     dev = torch.device("cuda", 0)

@@ -248,7 +248,8 @@ def test_a_disk_that_refuses_writes_never_raises(tmp_path: Path) -> None:
 
 
 def test_a_listener_that_cannot_start_leaves_the_other(tmp_path: Path, monkeypatch) -> None:
-    from mlaunch.receiver import frontends, wiring
+    from mlaunch.launcher import receiver_wiring as wiring
+    from mlaunch.receiver import frontends
 
     def no_port(_receiver):  # type: ignore[no-untyped-def]
         raise OSError("no free port on 127.0.0.1")

@@ -12,7 +12,8 @@ import pytest
 from support.otlp import RECEIVER_TOKEN
 
 from mlaunch.launcher import plan as lp
-from mlaunch.receiver import Receiver, wiring
+from mlaunch.launcher import receiver_wiring as wiring
+from mlaunch.receiver import Receiver
 from mlaunch.receiver.upstream import Upstream
 from mlaunch.settings import flag_name
 

@@ -13,10 +13,10 @@ import pytest
 from support.synthetic_traces import TraceBuilder, check_chrome_trace
 
 from mlaunch.model.spans import SpanName
-from mlaunch.trace.chrome import export_chrome
 from mlaunch.trace.goodput import goodput
 from mlaunch.trace.reader import TraceReader
 from mlaunch.trace.report.build import render_report
+from mlaunch.trace.store_chrome import export_chrome
 from mlaunch.trace.summary import summarize
 
 S = SpanName

@@ -206,9 +206,9 @@ def test_chrome_export_from_the_store_is_the_json_paths_bytes(
     JSON path writes for the real run's trace."""
     import shutil
 
-    from mlaunch.trace.chrome import export_chrome
     from mlaunch.trace.reader import TraceReader
     from mlaunch.trace.store import StoreReader, open_store
+    from mlaunch.trace.store_chrome import export_chrome
 
     run = shutil.copytree(run_dir, tmp_path / "run")
     old = export_chrome(TraceReader.open(run), tmp_path / "old.json")

@@ -16,7 +16,6 @@ from support.synthetic_traces import hand_example, write_realistic_run
 from support.trace_cli import invoke_trace, user_error
 from support.trace_compare import assert_same
 
-from mlaunch.trace.chrome import export_chrome
 from mlaunch.trace.goodput import goodput
 from mlaunch.trace.reader import TraceReader
 from mlaunch.trace.store import (
@@ -26,6 +25,7 @@ from mlaunch.trace.store import (
     open_store,
     take_warnings,
 )
+from mlaunch.trace.store_chrome import export_chrome
 from mlaunch.trace.store_goodput import goodput_store
 from mlaunch.trace.store_summary import summarize_store
 from mlaunch.trace.summary import summarize

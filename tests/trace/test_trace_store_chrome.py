@@ -16,9 +16,9 @@ from support.synthetic_traces import TraceBuilder, hand_example, write_realistic
 from support.trace_cli import invoke_trace
 
 from mlaunch.model.spans import SpanName
-from mlaunch.trace.chrome import export_chrome
 from mlaunch.trace.reader import TraceReader
 from mlaunch.trace.store import StoreReader, build_store, open_store
+from mlaunch.trace.store_chrome import export_chrome
 
 S = SpanName
 LONG_NS = 123_456_789_012_345_678

@@ -14,7 +14,7 @@ from support.trace_cli import invoke_trace, user_error
 from mlaunch.model.spans import Attr, ResourceAttr, SpanName
 from mlaunch.trace.reader import TraceInputError, TraceReader
 from mlaunch.trace.store import open_store
-from mlaunch.trace.stragglers import find_stragglers
+from mlaunch.trace.store_stragglers import find_stragglers
 
 S = SpanName
 DP, PP = 2, 2

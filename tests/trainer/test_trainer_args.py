@@ -9,7 +9,7 @@ import sys
 import pytest
 from support.trainer_runs import clean_env
 
-from mlaunch.trainer.args import build_parser, validate
+from mlaunch.settings.trainer_cli import build_parser, validate
 
 MEGATRON_FLAGS = [
     "--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--micro-batch-size",

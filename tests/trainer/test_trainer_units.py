@@ -8,13 +8,13 @@ import json
 
 import torch
 
+from mlaunch.model.gpt_shape import GPTConfig, count_parameters
+from mlaunch.settings.trainer_cli import build_parser, validate
 from mlaunch.trainer import checkpoint
-from mlaunch.trainer.args import build_parser, validate
 from mlaunch.trainer.data import TokenData, default_corpus, load_corpus
 from mlaunch.trainer.model import GPTStage
 from mlaunch.trainer.offload import ActivationStash
 from mlaunch.trainer.optim import lr_at
-from mlaunch.trainer.shape import GPTConfig, count_parameters
 
 
 def test_default_corpus_is_deterministic_and_capped():

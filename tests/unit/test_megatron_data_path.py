@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from mlaunch.launcher import plan as lp
-from mlaunch.launcher.sbatch import _frozen_flags
 from mlaunch.settings import SettingsError
+from mlaunch.slurm.batch import _frozen_flags
 
 CLEAN = {"PATH": "/usr/bin:/bin"}
 

@@ -1,4 +1,4 @@
-"""The translation table for ``--script``/``--module`` workers (mlaunch/launcher/reference.py):
+"""The translation table for ``--script``/``--module`` workers (mlaunch/launcher/lens_names.py):
 every row, through the launch plan a real ``mlaunch train`` would run. No process is started."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from mlaunch.launcher import lens_names as ref
 from mlaunch.launcher import plan as lp
-from mlaunch.launcher import reference as ref
 from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spec import format_groups, resolve
 from mlaunch.settings import ALIAS_KEYS, OTEL_ENV, SECTIONS, TELEMETRY_KEYS, SettingsError

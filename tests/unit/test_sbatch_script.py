@@ -11,10 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mlaunch.launcher.sbatch import SbatchOptions, plan_job, render_script, time_limit_s
 from mlaunch.settings import SettingsError
-
-pytestmark = pytest.mark.slurm
+from mlaunch.slurm.batch import SbatchOptions, plan_job, render_script, time_limit_s
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "Authorization=Bearer s3cr3t-t0ken"

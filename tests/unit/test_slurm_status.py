@@ -10,12 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
+from mlaunch.slurm import status as st
+from mlaunch.slurm.client import SlurmJobInfo, parse_scontrol
 
-from mlaunch.launcher import status as st
-from mlaunch.launcher.slurm import SlurmJobInfo, parse_scontrol
-
-pytestmark = pytest.mark.slurm
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -93,7 +90,7 @@ def test_scontrol_values_may_hold_spaces():
 
 def test_status_imports_no_settings_layer_or_torch():
     code = (
-        "import sys, mlaunch.cli.status, mlaunch.launcher.status;"
+        "import sys, mlaunch.cli.status, mlaunch.slurm.status;"
         "print([m for m in sys.modules if m.split('.')[0] in ('pydantic', 'torch')])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

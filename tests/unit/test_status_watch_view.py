@@ -15,10 +15,10 @@ import pytest
 from support.synthetic_traces import TraceBuilder
 
 from mlaunch.cli import status_watch
-from mlaunch.launcher import status as st
-from mlaunch.launcher import watch as w
-from mlaunch.launcher.slurm import SlurmJobInfo
 from mlaunch.model.spans import Attr, ResourceAttr, SpanName
+from mlaunch.slurm import status as st
+from mlaunch.slurm import watch as w
+from mlaunch.slurm.client import SlurmJobInfo
 
 pytestmark = pytest.mark.slurm
 

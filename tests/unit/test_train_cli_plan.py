@@ -13,7 +13,8 @@ import pytest
 
 from mlaunch.launcher import configs as lc
 from mlaunch.launcher import plan as lp
-from mlaunch.launcher import slurm, worker_args
+from mlaunch.launcher import slurm_env as slurm
+from mlaunch.launcher import worker_args
 from mlaunch.settings import SECTIONS, SettingsError
 
 CLEAN = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
@@ -42,7 +43,7 @@ def test_every_model_training_parallel_setting_maps_to_a_trainer_argument():
 
 
 def test_every_mapped_argument_is_accepted_by_the_trainer_parser():
-    from mlaunch.trainer.args import build_parser
+    from mlaunch.settings.trainer_cli import build_parser
 
     known = {opt for action in build_parser()._actions for opt in action.option_strings}
     for path, flag in worker_args.TRAINER_ARGS.items():
@@ -51,7 +52,7 @@ def test_every_mapped_argument_is_accepted_by_the_trainer_parser():
 
 
 def test_plan_arguments_parse_back_to_the_settings_values(tmp_path):
-    from mlaunch.trainer.args import build_parser
+    from mlaunch.settings.trainer_cli import build_parser
 
     plan = build(
         {
@@ -296,8 +297,9 @@ def test_megatron_arguments_go_only_to_a_megatron_lm_entry_point(tmp_path):
 def test_the_trainer_run_bare_has_the_settings_defaults():
     """One schema: the trainer's parser takes its defaults from the settings, except where a
     setting declares the trainer's own (an unset value it derives, keep-all checkpoints)."""
-    from mlaunch.settings.args import SAME, Arg, training_fields
-    from mlaunch.trainer.args import build_parser
+    from mlaunch.settings.arg_tables import training_fields
+    from mlaunch.settings.args import SAME, Arg
+    from mlaunch.settings.trainer_cli import build_parser
 
     defaults = {a.dest: a.default for a in build_parser()._actions}
     own = {}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mlaunch.settings import SettingsError, load_settings
-from mlaunch.trainer.args import build_parser, validate
+from mlaunch.settings.trainer_cli import build_parser, validate
 
 
 def test_a_config_saved_with_a_bom_is_read(tmp_path: Path) -> None:

@@ -1,8 +1,9 @@
 """The model's shape and size, without torch: the byte-level vocabulary, the configuration of
 the GPT, and its exact parameter count.
 
-The trainer builds its model from :class:`GPTConfig`; the launcher side (doctor's checkpoint
-size estimate) counts the same parameters here without importing torch.
+Below the trainer and the doctor alike (standard library only): the trainer builds its model
+from :class:`GPTConfig`; the launcher side (doctor's checkpoint size estimate) counts the same
+parameters here without importing torch.
 """
 
 from __future__ import annotations

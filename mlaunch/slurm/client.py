@@ -1,9 +1,9 @@
-"""SLURM: its client commands, for ``mlaunch sbatch`` (submit) and ``mlaunch status`` (ask), and
-the allocation read from its variables, for ``mlaunch train`` inside a job.
+"""SLURM's client commands, for ``mlaunch sbatch`` (submit) and ``mlaunch status`` (ask).
 
-The side effects of :mod:`mlaunch.launcher.sbatch`: ``sbatch``, ``scontrol``, ``scancel``,
-``sacct`` as subprocesses (their output parsed here, nowhere else). The allocation
-(:func:`slurm_launch_values`, :func:`expand_nodelist`) is pure: no command runs.
+The side effects of :mod:`mlaunch.slurm.batch`: ``sbatch``, ``scontrol``, ``scancel``,
+``sacct`` as subprocesses (their output parsed here, nowhere else). The allocation read from
+SLURM's variables inside a job is the launcher's (:mod:`mlaunch.launcher.slurm_env`): ``mlaunch
+train`` plans with it, and the launcher never imports this package, which sits above it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from mlaunch import envcontract as ec
 
 if TYPE_CHECKING:  # ``mlaunch status`` never pays for the settings layer
-    from mlaunch.launcher.sbatch import BatchJob
+    from mlaunch.slurm.batch import BatchJob
 
 #: How long a SLURM client command may take (a busy controller answers slowly).
 CLIENT_TIMEOUT_S = 60.0
@@ -196,71 +196,3 @@ def job_info(job_id: str, environ: Mapping[str, str] | None = None) -> SlurmJobI
         restarts=None, nodes=nodes, start=start, end=end, elapsed=elapsed, name=name, stdout="",
         work_dir=work_dir, source="sacct",
     )  # fmt: skip
-
-
-# --------------------------------------------------------------------------------------------
-# The allocation, from SLURM's variables (pure: no command runs)
-
-#: Rendezvous port used under SLURM when MASTER_PORT is not set (torchrun's own default).
-SLURM_DEFAULT_PORT = 29500
-
-
-def expand_nodelist(nodelist: str) -> list[str]:
-    """Expand a SLURM host list such as ``node[01-04,07],gpu7`` (no ``scontrol`` needed).
-
-    Ranges keep their zero padding; several bracket groups in one name expand as a product.
-    """
-    items: list[str] = []
-    depth, start = 0, 0
-    for i, ch in enumerate(nodelist):
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            items.append(nodelist[start:i])
-            start = i + 1
-    items.append(nodelist[start:])
-    hosts: list[str] = []
-    for item in (s.strip() for s in items):
-        if item:
-            hosts += _expand_one(item)
-    return hosts
-
-
-def _expand_one(name: str) -> list[str]:
-    match = re.search(r"\[([^\]]*)\]", name)
-    if not match:
-        return [name]
-    head, tail = name[: match.start()], name[match.end() :]
-    values: list[str] = []
-    for part in match.group(1).split(","):
-        part = part.strip()
-        lo, sep, hi = part.partition("-")
-        if sep and lo.isdigit() and hi.isdigit():
-            width = len(lo)
-            values += [str(n).zfill(width) for n in range(int(lo), int(hi) + 1)]
-        elif part:
-            values.append(part)
-    return [head + v + rest for v in values for rest in _expand_one(tail)]
-
-
-def slurm_launch_values(environ: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
-    """Launch settings SLURM determines: ``{path: (value, variable)}`` (empty outside SLURM)."""
-    job = environ.get("SLURM_JOB_ID", "").strip()
-    if not job:
-        return {}
-    out: dict[str, tuple[Any, str]] = {"launch.rdzv_id": (job, "SLURM_JOB_ID")}
-    for var in ("SLURM_NNODES", "SLURM_JOB_NUM_NODES"):
-        if environ.get(var, "").strip():
-            out["launch.nnodes"] = (environ[var].strip(), var)
-            break
-    if environ.get("SLURM_NODEID", "").strip():
-        out["launch.node_rank"] = (environ["SLURM_NODEID"].strip(), "SLURM_NODEID")
-    for var in ("SLURM_JOB_NODELIST", "SLURM_NODELIST"):
-        hosts = expand_nodelist(environ.get(var, ""))
-        if hosts:
-            port = environ.get("MASTER_PORT", "").strip() or str(SLURM_DEFAULT_PORT)
-            out["launch.rdzv_endpoint"] = (f"{hosts[0]}:{port}", var)
-            break
-    return out

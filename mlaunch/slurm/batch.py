@@ -1,8 +1,9 @@
 """``mlaunch sbatch``: a validated launch plan, turned into a readable SLURM batch script.
 
 Pure, like :mod:`mlaunch.launcher.plan`: :func:`plan_job` validates (every problem at once, as
-:class:`~mlaunch.settings.SettingsError`) and :func:`render_script` writes the text; submitting is
-:mod:`mlaunch.launcher.slurm`'s job. The decisions, explained to users in ``docs/slurm.md``:
+:class:`~mlaunch.settings.SettingsError`) and :func:`render_script` writes the text, from
+``job.sbatch.template`` beside this module; submitting is :mod:`mlaunch.slurm.client`'s job.
+The decisions, explained to users in ``docs/slurm.md``:
 
 Validation
     :func:`plan_job` runs :func:`~mlaunch.launcher.plan.build_plan` exactly as ``mlaunch train``
@@ -38,8 +39,10 @@ Signals and requeue
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
+import string
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -463,132 +466,105 @@ def _continued(words: list[str], indent: str) -> list[str]:
     return [indent + line + " \\" for line in lines]
 
 
+#: The script's text, one :class:`string.Template` per section of ``job.sbatch.template``.
+_TEMPLATE_FILE = Path(__file__).with_name("job.sbatch.template")
+
+
+@functools.cache
+def _templates() -> dict[str, string.Template]:
+    """The template file's sections by name (read once; the file says how it is laid out)."""
+    sections: dict[str, list[str]] = {}
+    lines: list[str] | None = None
+    for line in _TEMPLATE_FILE.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#% "):
+            lines = sections.setdefault(line[3:].strip(), [])
+        elif lines is not None:
+            lines.append(line)
+    return {name: string.Template("\n".join(body)) for name, body in sections.items()}
+
+
+def _lines(lines: Sequence[str]) -> str:
+    """An optional block: each line ended, or nothing (the template puts it at a line's start)."""
+    return "".join(line + "\n" for line in lines)
+
+
 def render_script(job: BatchJob) -> str:
     """The text of ``job.sbatch``: readable, every value quoted, no secret."""
     o, plan = job.options, job.plan
+    t = _templates()
     q = shlex.quote
     what = (
         "mlaunch's trainer"
         if plan.settings.uses_builtin_trainer
         else (plan.settings.launch.script or f"-m {plan.settings.launch.module}")
     )
-    lines = [
-        "#!/bin/bash",
-        f"# Written by `mlaunch sbatch` in {job.cwd} at"
-        f" {time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(job.created))}:",
-        f"# {o.nodes} node(s) x {job.workers_per_node} worker(s) of {what}, config {plan.config.name}."
-        " One `mlaunch train` per node; see docs/slurm.md.",
+    directives = [
         _directive("--job-name", job.job_name),
         _directive("--nodes", str(o.nodes)),
         _directive("--ntasks-per-node", "1"),
     ]
     if o.exclusive:
-        lines.append(_directive("--exclusive"))
+        directives.append(_directive("--exclusive"))
     if o.gpus_per_node:
-        lines.append(_directive("--gpus-per-node", str(o.gpus_per_node)))
+        directives.append(_directive("--gpus-per-node", str(o.gpus_per_node)))
     for option, value in (
         ("--time", o.time), ("--partition", o.partition), ("--account", o.account),
         ("--qos", o.qos),
     ):  # fmt: skip
         if value is not None:
-            lines.append(_directive(option, value.strip()))
-    lines += [
+            directives.append(_directive(option, value.strip()))
+    directives += [
         _directive("--chdir", str(job.cwd)),
         _directive("--output", job.output_pattern),
         _directive("--open-mode", "append"),
         _directive("--signal", f"B:{WARNING_SIGNAL}@{o.signal_grace_s}"),
         _directive("--requeue" if o.requeue else "--no-requeue"),
     ]
-    lines += [_directive(*arg.split("=", 1)) for arg in o.sbatch_args]
-    lines.append("")
+    directives += [_directive(*arg.split("=", 1)) for arg in o.sbatch_args]
+    secrets = ""
     if job.secrets:
-        lines.append(
-            "# Secrets are not written here: the job inherits them from the environment"
-            " `mlaunch sbatch` ran in (sbatch --export=ALL)."
-        )
-        for name in job.secrets:
-            lines.append(
-                f': "${{{name}:?was set when the job was submitted but is missing in the job:'
-                f' keep it in sbatch --export}}"'
-            )
-        lines.append("")
-    lines.append(
-        "# The worker environment resolved at submission (resolved.env without secrets;"
-        " mlaunch train sets the run id = $SLURM_JOB_ID and MLAUNCH_RUN_DIR itself)."
-    )
-    lines += [f"export {k}={q(v)}" for k, v in job.environment.items()]
-    lines += [f"unset {name}" for name in job.unset]
+        checks = "\n".join(t["secret"].substitute(name=name) for name in job.secrets)
+        secrets = t["secrets"].substitute(checks=checks) + "\n\n"
+    environment = [f"export {k}={q(v)}" for k, v in job.environment.items()]
+    environment += [f"unset {name}" for name in job.unset]
     if plan.settings.launch.rdzv_endpoint is None or plan.settings.source(
         "launch.rdzv_endpoint"
     ).kind not in ("flag", "file"):
         # A port derived from the job id collided when ids repeat (a second cluster, a reset
         # controller) or anything else held it: ask this node, where the batch script runs and
         # the rendezvous will listen, for a free one at job start; srun passes it to every node.
-        lines.append(
-            "# The rendezvous is the job's first node (this one), on a port free here at job"
-            " start, so jobs"
-        )
-        lines.append("# sharing a node, or anything else listening on it, never collide.")
-        lines.append(
-            f"export MASTER_PORT=${{MASTER_PORT:-$({q(job.python)} -c {q(_FREE_PORT_PY)})}}"
-        )
-    lines.append("")
+        rendezvous = t["rendezvous"].substitute(python=q(job.python), free_port=q(_FREE_PORT_PY))
+        environment += rendezvous.splitlines()
     if job.fixed_run_dir is not None:
-        lines.append(f"RUN_DIR={q(str(job.fixed_run_dir))}")
+        run_dir = t["run_dir_fixed"].substitute(run_dir=q(str(job.fixed_run_dir)))
     else:
-        lines.append(
-            "# The run id is the job id: a requeued job (same id) resumes in the same directory."
+        run_dir = t["run_dir_per_job"].substitute(
+            prefix=q(str(job.run_dir_prefix) + "/"), job_id_var=JOB_ID_VAR
         )
-        lines.append(f'RUN_DIR={q(str(job.run_dir_prefix) + "/")}"${JOB_ID_VAR}"')
-    lines += [
-        "",
-        f"# SLURM sends {WARNING_SIGNAL} to this shell {o.signal_grace_s} s before the time limit:"
-        " pass it to the step (each",
-        "# node's mlaunch train stops its workers gracefully: they finish the iteration, save,"
-        " exit)" + (" and requeue the job." if o.requeue else "."),
-        "# Preemption and scancel send SIGTERM to every process of the job, which stops the same"
-        " way: keep waiting.",
-        "warned=0",
-        f'trap \'warned=1; echo "mlaunch: {WARNING_SIGNAL}: stopping the workers (they save)";'
-        f' kill -{WARNING_SIGNAL} "$step" 2>/dev/null\' {WARNING_SIGNAL}',
-        "trap 'echo \"mlaunch: SIGTERM: the workers save and stop\"' TERM",
-        "",
-    ]
-    for note in job.notes:
-        lines.append(f"# {note} (chosen by mlaunch sbatch)")
-    lines += [
-        f"# --wait={o.signal_grace_s}: once one node's mlaunch train has ended (done, failed, stopped"
-        " on a signal),",
-        "# the others get the grace to finish their save before SLURM ends the step (no peer"
-        " killed mid-save,",
-        "# none left stuck in a collective with a dead node).",
-    ]
-    srun = [
-        "srun", f"--nodes={o.nodes}", "--ntasks-per-node=1",
-        '--cpus-per-task="$SLURM_CPUS_ON_NODE"', "--kill-on-bad-exit=0", f"--wait={o.signal_grace_s}",
-    ]  # fmt: skip
-    lines.append(" ".join(srun) + " \\")
-    train = [q(job.python), "-m", "mlaunch", "train"]
-    lines.append("  " + " ".join(train) + " \\")
     body = [q(w) for w in job.train_args] + ["--run-dir", '"$RUN_DIR"']
     body_lines = _continued(body, "    ")
     if job.passthrough:
         body_lines.append("    -- " + " ".join(q(w) for w in job.passthrough) + " \\")
     body_lines[-1] = body_lines[-1].removesuffix(" \\") + " &"
-    lines += body_lines
-    lines += [
-        "step=$!",
-        "# `wait` returns when a trapped signal arrives: wait until the step has really ended.",
-        'wait "$step"; rc=$?',
-        'while kill -0 "$step" 2>/dev/null; do wait "$step"; rc=$?; done',
-    ]
-    if o.requeue:
-        lines += [
-            'if [ "$warned" = 1 ]; then',
-            '  echo "mlaunch: requeueing job $SLURM_JOB_ID: it resumes from the newest checkpoint'
-            ' in $RUN_DIR"',
-            '  scontrol requeue "$SLURM_JOB_ID"',
-            "fi",
-        ]
-    lines.append('exit "$rc"')
-    return "\n".join(lines) + "\n"
+    return (
+        t["script"].substitute(
+            cwd=job.cwd,
+            created=time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(job.created)),
+            nodes=o.nodes,
+            workers=job.workers_per_node,
+            what=what,
+            config=plan.config.name,
+            directives="\n".join(directives),
+            secrets=secrets,
+            environment=_lines(environment),
+            run_dir=run_dir,
+            signal=WARNING_SIGNAL,
+            grace=o.signal_grace_s,
+            requeue_clause=" and requeue the job." if o.requeue else ".",
+            notes=_lines([f"# {note} (chosen by mlaunch sbatch)" for note in job.notes]),
+            python=q(job.python),
+            train_args="\n".join(body_lines),
+            requeue=t["requeue"].substitute() + "\n" if o.requeue else "",
+        )
+        + "\n"
+    )

@@ -2,7 +2,7 @@
 directory (shared with the login node under SLURM) every refresh, never from the workers.
 
 Each snapshot reads only the tails of the files it needs (bounded work whatever the run's
-length): the job's state (:func:`mlaunch.launcher.status.job_status`), each rank's newest
+length): the job's state (:func:`mlaunch.slurm.status.job_status`), each rank's newest
 spans (``telemetry/traces-rank<R>.jsonl``: its iteration, step time, tokens/s and the span it
 last finished), ``progress.jsonl`` (the loss-owning rank's steps, for rolling goodput and the
 time since the last progress), the recent waits (:mod:`mlaunch.trace.stragglers` over the same
@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from mlaunch import envcontract as ec
-from mlaunch.launcher.status import JobStatus, job_status
+from mlaunch.launcher.run_status import JobStatus
 from mlaunch.model.spans import STEP_SPAN, Attr, ResourceAttr
+from mlaunch.slurm.status import job_status
 
 #: Seconds between refreshes.
 REFRESH_S = 2.0

@@ -1,5 +1,8 @@
 """When ``mlaunch train`` hosts the receiver, and what it changes in the workers' environment.
 
+Launcher policy (it reads the settings and the launch plan), so it lives in the launcher: the
+receiver itself knows nothing of launches and never imports the launcher.
+
 - **embedded** (the default for ``--script``/``--module`` with telemetry on and no OTLP endpoint):
   workers export OTLP to the launcher, which writes ``telemetry/traces-rank{R}.jsonl`` etc.
 - **relay** (an endpoint configured and ``--otlp-relay`` on; on by default for scripts and
@@ -55,7 +58,7 @@ def receiver_mode(settings: Settings) -> Mode | None:
         return None  # its file exporter writes the same files without a hop
     # A script/module: the launch plan's translation decides (nemo-lens has no file exporter:
     # the receiver is how a script's spans get into the run directory).
-    from mlaunch.launcher.reference import embedded_receiver
+    from mlaunch.launcher.lens_names import embedded_receiver
 
     return "embedded" if embedded_receiver(settings) else None
 

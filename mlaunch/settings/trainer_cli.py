@@ -1,7 +1,8 @@
 """The trainer's command line: Megatron-LM's argument names and meaning, plus mlaunch's own.
 
-No torch (the parser is built from the settings schema), so the launcher can reuse
-:func:`build_parser` and :func:`validate` to check a run before any process starts. The
+It lives with the settings, not the trainer, because it is built from the settings schema alone
+(no torch) and the launcher runs :func:`build_parser` and :func:`validate` to check a run before
+any process starts: below both, neither imports the other. The
 arguments that are settings are checked by the settings' own rules (one definition, one wording);
 only the trainer's own arguments have checks here. Every check runs before a process group exists
 and depends only on the arguments and the world size, so every rank reaches the same verdict and
@@ -17,11 +18,13 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from mlaunch.settings.args import SAME, Arg, training_fields
+from mlaunch.settings.arg_tables import training_fields
+from mlaunch.settings.args import SAME, Arg
 from mlaunch.settings.loading import check_layers
 from mlaunch.settings.problems import Problem
 from mlaunch.settings.schema import MAX_NPROC_PER_NODE, Source
 from mlaunch.settings.sources import FlagSource, Layer
+from mlaunch.settings.values import preempt_signals
 
 PROG = "python -m mlaunch.trainer"
 
@@ -237,45 +240,6 @@ def validate(
     if settings is not None and ns.global_batch_size is None:
         ns.global_batch_size = settings.training.global_batch_size
     return problems
-
-
-#: Signals a process cannot catch: naming one as a preemption signal is a mistake.
-_UNCATCHABLE = frozenset({"SIGKILL", "SIGSTOP"})
-
-
-def preempt_signals(
-    spec: str | tuple[str, ...] | None, environ: dict[str, str] | os._Environ[str] | None = None
-) -> tuple[str, ...]:
-    """The graceful-stop signal names: ``spec`` (the flag), else ``$MLAUNCH_PREEMPT_SIGNALS``,
-    else SIGTERM, plus SIGUSR1 under SLURM (its warning before the time limit, with
-    ``--signal=USR1@<s>``). Names may omit ``SIG`` and any case; raises ValueError naming a bad one."""
-    import signal
-
-    from mlaunch.envcontract import PREEMPT_SIGNALS
-
-    if isinstance(spec, tuple):  # already parsed (validate may run twice on one namespace)
-        return spec
-    env = os.environ if environ is None else environ
-    text = spec if spec is not None else env.get(PREEMPT_SIGNALS, "").strip()
-    if not text:
-        return ("SIGTERM", "SIGUSR1") if env.get("SLURM_JOB_ID") else ("SIGTERM",)
-    names: list[str] = []
-    for part in text.split(","):
-        word = part.strip().upper()
-        if not word:
-            continue
-        name = word if word.startswith("SIG") else "SIG" + word
-        if name in _UNCATCHABLE:
-            raise ValueError(
-                f"{part.strip()!r} cannot be caught by a process; use e.g. SIGTERM,SIGUSR1"
-            )
-        if not isinstance(getattr(signal, name, None), signal.Signals) or name.startswith("SIG_"):
-            raise ValueError(f"{part.strip()!r} is not a signal name; use e.g. SIGTERM,SIGUSR1")
-        if name not in names:
-            names.append(name)
-    if not names:
-        raise ValueError(f"{text!r} names no signal; use e.g. SIGTERM,SIGUSR1")
-    return tuple(names)
 
 
 def parse_and_validate(argv: Sequence[str] | None = None) -> argparse.Namespace:

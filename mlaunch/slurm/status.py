@@ -1,0 +1,229 @@
+"""``mlaunch status``: a job's state from SLURM and its run directory.
+
+SLURM says queued / running / finished and how (``scontrol show job``, else ``sacct`` for a job
+the controller has forgotten); the run directory says how far training got (``progress.jsonl``),
+what each node last logged, and which rank failed and why (``error-rank*.json``,
+:mod:`mlaunch.launcher.run_status`). Together they tell a graceful stop on a signal (a
+preemption or the time-limit warning: resumable) from a failure and from a finished run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from mlaunch import envcontract as ec
+from mlaunch.launcher.hang_report import hang_status
+from mlaunch.launcher.run_status import (
+    JobStatus,
+    apply_launch,
+    failures,
+    hang_cause,
+    launcher_record,
+    node_views,
+    progress,
+    stopped_early,
+)
+from mlaunch.slurm.client import SlurmError, SlurmJobInfo, job_info
+
+#: SLURM state -> mlaunch's word for it.
+STATES: dict[str, str] = {
+    **dict.fromkeys(
+        ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESIZING"),
+        "queued",
+    ),
+    **dict.fromkeys(("RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"), "running"),
+    "SUSPENDED": "suspended",
+    "COMPLETED": "completed",
+    **dict.fromkeys(("FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"), "failed"),
+    **dict.fromkeys(("TIMEOUT", "PREEMPTED"), "preempted"),
+    "CANCELLED": "cancelled",
+}
+_JOB_ID = re.compile(r"\d+(?:_\d+)?")
+
+
+class StatusInputError(ValueError):
+    """The argument names neither a run directory nor a SLURM job."""
+
+
+# --------------------------------------------------------------------------------------------
+# Finding the job and its run directory
+
+
+def _job_record(run_dir: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((run_dir / ec.SLURM_JOB_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _job_id_of(run_dir: Path) -> str | None:
+    """The job id a run directory belongs to: ``slurm-job.json``, else its ``resolved.json``."""
+    if jid := _job_record(run_dir).get("job_id"):
+        return str(jid)
+    try:
+        data = json.loads((run_dir / ec.RESOLVED_JSON_FILE).read_text(encoding="utf-8"))
+        env = data.get("environment", {})
+    except (OSError, ValueError, AttributeError):
+        return None
+    run_id = str(data.get("run_id", ""))
+    return run_id if _JOB_ID.fullmatch(run_id) and env else None
+
+
+def _run_dir_of(job_id: str, info: SlurmJobInfo | None, cwd: Path) -> Path | None:
+    """A job's run directory: where SLURM writes its output (``mlaunch sbatch`` puts it there),
+    else ``runs/<job id>`` under its working directory or this one."""
+    candidates = []
+    if info is not None and info.stdout:
+        candidates.append(Path(info.stdout.replace("%j", job_id)).parent)
+    if info is not None and info.work_dir:
+        candidates.append(Path(info.work_dir) / "runs" / job_id)
+    candidates.append(cwd / "runs" / job_id)
+    for c in candidates:
+        if (c / ec.SLURM_JOB_FILE).is_file() or (c / ec.RESOLVED_JSON_FILE).is_file():
+            return c
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# The status
+
+
+def job_status(target: str, cwd: Path) -> JobStatus:
+    """The status of ``target``: a run directory or a job id. Raises :class:`StatusInputError`
+    when it is neither; a missing SLURM only leaves the SLURM half out."""
+    path = Path(target).expanduser()
+    path = path if path.is_absolute() else cwd / path
+    run_dir: Path | None = None
+    if path.is_dir():
+        run_dir = path
+        job_id = _job_id_of(path)
+    elif _JOB_ID.fullmatch(target.strip()):
+        job_id = target.strip()
+    else:
+        raise StatusInputError(f"{target!r} is neither a run directory nor a SLURM job id")
+    info: SlurmJobInfo | None = None
+    note = None
+    if job_id is not None:
+        try:
+            info = job_info(job_id)
+        except SlurmError as exc:
+            note = str(exc)
+    if run_dir is None:
+        assert job_id is not None
+        run_dir = _run_dir_of(job_id, info, cwd)
+        if run_dir is None and info is None:
+            raise StatusInputError(
+                f"job {job_id}: SLURM does not know it and there is no runs/{job_id} here"
+                + (f" ({note})" if note else "")
+            )
+    st = JobStatus(job_id=job_id, state="unknown", run_dir=str(run_dir) if run_dir else None)
+    st.note = note
+    since = info.start_epoch() if info is not None else None
+    if run_dir is not None:
+        st.progress = progress(run_dir)
+        st.nodes = node_views(run_dir, since)
+        st.failures = failures(run_dir, since)
+        outputs = sorted(run_dir.glob(ec.SLURM_OUTPUT_GLOB))
+        st.output = str(outputs[-1]) if outputs else None
+    if info is not None:
+        st.slurm = info.as_json()
+        st.incarnation = info.restarts + 1 if info.restarts is not None else None
+        st.state = STATES.get(info.state, info.state.lower())
+    rec = launcher_record(run_dir) if run_dir is not None else None
+    if rec is not None and isinstance(rec.get("watchdog"), dict):
+        st.watchdog = rec["watchdog"]
+    if run_dir is not None:
+        st.hang = hang_status(run_dir, since if since is not None else (rec or {}).get("started"))
+    if info is None and run_dir is not None:  # no SLURM (or it forgot it): the launch's record
+        apply_launch(st, run_dir, rec)
+        if st.state != "unknown":
+            hang_cause(st)
+            return st
+        if st.failures:  # a run directory with neither: what its files tell
+            st.state = "failed"
+        elif st.progress and not stopped_early(st.progress):
+            st.state = "completed"
+    hang_cause(st)
+    if st.state in ("completed", "failed") and not st.failures and stopped_early(st.progress):
+        # The workers stopped on a signal (preemption, the time-limit warning, scancel
+        # --signal) and saved: the job can resume from its checkpoint.
+        st.state = "preempted"
+    return st
+
+
+# --------------------------------------------------------------------------------------------
+# Text
+
+
+def status_text(st: JobStatus) -> str:
+    """The plain-text view."""
+    s = st.slurm or {}
+    head = f"job {st.job_id}" if st.job_id else "run"
+    if s.get("name"):
+        head += f" ({s['name']})"
+    head += f": {st.state.replace('_', ' ')}"  # launcher_died: "launcher died"
+    if st.state == "queued" and s.get("reason") and s["reason"] != "None":
+        head += f" ({s['reason']})"
+    if s.get("state") and STATES.get(s["state"]) != st.state:
+        head += f" [SLURM: {s['state']}]"
+    if st.state == "running" and s.get("nodes"):
+        head += f" on {s['nodes']} for {s.get('elapsed')}"
+    elif s.get("exit_code") and st.state not in ("queued", "running"):
+        head += f", exit code {s['exit_code']}, ran {s.get('elapsed')}"
+    if st.incarnation and st.incarnation > 1:
+        head += f"; incarnation {st.incarnation} ({st.incarnation - 1} requeue(s))"
+    if st.restarts:
+        head += f"; {len(st.restarts)} restart(s)"
+    lines = [head]
+    la = st.launcher
+    if st.state == "launcher_died" and la is not None:
+        lines.append(
+            f"launcher: pid {la.pid} on {la.host} is gone without ending the run (killed, e.g."
+            " by SIGKILL or the OOM killer); its workers were stopped with it"
+        )
+    elif st.state == "running" and la is not None:
+        where = f"pid {la.pid} on {la.host}"
+        lines.append(f"launcher: {where}" + ("" if la.alive else " (not checked from this host)"))
+    hung = bool(st.hang and st.cause and st.cause.startswith("hang:"))
+    if st.state == "failed" and st.cause and not st.failures and not hung:
+        who = f"rank {st.failed_rank}" if st.failed_rank is not None else "the run"
+        lines.append(f"failed:   {who}: {st.cause}")
+    if st.run_dir:
+        lines.append(f"run dir:  {st.run_dir}")
+    if st.output:
+        lines.append(f"output:   {st.output}")
+    p = st.progress
+    if p:
+        loss = f", loss {p['loss']:.4f}" if isinstance(p.get("loss"), int | float) else ""
+        age = f" ({p['age_s']:.0f} s ago)" if isinstance(p.get("age_s"), int | float) else ""
+        lines.append(f"progress: iteration {p.get('iteration')}/{p.get('train_iters')}{loss}{age}")
+    for f in st.failures:
+        where = f" (node {f.node})" if f.node is not None else ""
+        at = f" at iteration {f.iteration}" if f.iteration is not None else ""
+        lines.append(f"failed:   rank {f.rank}{where}{at}: {f.exception_type}: {f.message}")
+        if f.log:
+            lines.append(f"          log: {f.log}")
+    if st.hang:
+        lines.append(f"hang:     attempt {st.hang.get('attempt')}: {st.hang['verdict']}")
+        lines.append(f"          report: {st.hang['report']}")
+    for r in st.restarts:
+        lines.append(f"restart:  attempt {r.attempt} after {r.cause}")
+    for n in st.nodes:
+        lines.append(f"node {n.node}:   {n.last_line or '(nothing logged yet)'}")
+    if st.state == "preempted" and st.job_id is None:
+        lines.append(
+            "resumable: the workers stopped on a signal and saved; `mlaunch train` with the same"
+            f" settings and --run-dir {st.run_dir} resumes from the checkpoint"
+        )
+    elif st.state == "preempted":
+        lines.append(
+            "resumable: the workers stopped on a signal and saved; it resumes from the checkpoint"
+            f" when the job is requeued (scontrol requeue {st.job_id})"
+        )
+    if st.note:
+        lines.append(f"note:     {st.note}")
+    return "\n".join(lines)
