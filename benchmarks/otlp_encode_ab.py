@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import argparse
 import gc
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recorded_span_ab import base_copies  # noqa: E402 - a sibling script, not a package
+from recorded_span_ab import base_copies, print_rows, run_rounds  # noqa: E402 - a sibling script, not a package
 
 BATCH = 200
 REPEAT = 5
@@ -109,45 +107,12 @@ def main() -> None:
         worker(args.worker)
         return
     roots = base_copies(args.base, "mlaunch-encode-ab-")
-    workers = {
-        k: subprocess.Popen(
-            [sys.executable, __file__, "--worker", str(r)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for k, r in roots.items()
-    }
-    for w in workers.values():
-        if w.stdout.readline().strip() != "ready":
-            raise SystemExit("a worker failed to start")
-    names = list(roots)
-    res: dict[tuple[str, str], list[float]] = {(k, row): [] for k in names for row in ROWS}
-    for r in range(args.rounds):
-        order = names[r % 3 :] + names[: r % 3]
-        for row in ROWS:
-            for k in order:
-                workers[k].stdin.write(row + "\n")
-                workers[k].stdin.flush()
-                res[(k, row)].append(float(workers[k].stdout.readline()))
-    for w in workers.values():
-        w.stdin.close()
-        w.wait(30)
+    res = run_rounds(__file__, roots, ROWS, args.rounds)
     print(
         f"OTLP span encoders, this tree vs {args.base} (base2: a second copy of it, the A/A "
         f"control); {args.rounds} rounds x {REPEAT} batches of {BATCH} spans, thread CPU us/span"
     )
-    width = max(len(row) for row in ROWS)
-    print(f"  {'':<{width}}  {'median: base':>12} {'base2':>7} {'new':>7}   {'min: base':>9} "
-          f"{'base2':>7} {'new':>7}   {'A/A':>5} {'new/base':>8}")  # fmt: skip
-    for row in ROWS:
-        med = {k: statistics.median(res[(k, row)]) for k in names}
-        low = {k: min(res[(k, row)]) for k in names}
-        print(
-            f"  {row:<{width}}  {med['base']:12.2f} {med['base2']:7.2f} {med['new']:7.2f}"
-            f"   {low['base']:9.2f} {low['base2']:7.2f} {low['new']:7.2f}"
-            f"   {med['base2'] / med['base']:5.3f} {med['new'] / med['base']:8.3f}"
-        )
+    print_rows(res, ROWS, digits=2)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 import timeit
+from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,19 +92,13 @@ def base_copies(base: str, prefix: str) -> dict[str, Path]:
     return roots
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base", default="HEAD", help="the git revision to compare against")
-    parser.add_argument("--rounds", type=int, default=30, help="chunks per worker and row")
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        worker(args.worker)
-        return
-    roots = base_copies(args.base, "mlaunch-ab-")
+def run_rounds(script: str, roots: dict[str, Path], rows: Iterable[str], rounds: int
+               ) -> dict[tuple[str, str], list[float]]:  # fmt: skip
+    """One ``script --worker ROOT`` per copy, asked for each row in turn, the copies' order
+    rotated every round (none always measures first); ``(copy, row)`` -> a number per round."""
     workers = {
         k: subprocess.Popen(
-            [sys.executable, __file__, "--worker", str(r)],
+            [sys.executable, script, "--worker", str(r)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -114,10 +109,10 @@ def main() -> None:
         if w.stdout.readline().strip() != "ready":
             raise SystemExit("a worker failed to start")
     names = list(roots)
-    res: dict[tuple[str, str], list[float]] = {(k, row): [] for k in names for row in ROWS}
-    for r in range(args.rounds):
+    res: dict[tuple[str, str], list[float]] = {(k, row): [] for k in names for row in rows}
+    for r in range(rounds):
         order = names[r % 3 :] + names[: r % 3]
-        for row in ROWS:
+        for row in rows:
             for k in order:
                 workers[k].stdin.write(row + "\n")
                 workers[k].stdin.flush()
@@ -125,21 +120,41 @@ def main() -> None:
     for w in workers.values():
         w.stdin.close()
         w.wait(30)
+    return res
+
+
+def print_rows(res: dict[tuple[str, str], list[float]], rows: Iterable[str], digits: int) -> None:
+    """Median and minimum of each copy per row, the A/A ratio (base2/base) and new/base."""
+    width = max(len(row) for row in rows)
+    print(f"  {'':<{width}}  {'median: base':>12} {'base2':>7} {'new':>7}   {'min: base':>9} "
+          f"{'base2':>7} {'new':>7}   {'A/A':>5} {'new/base':>8}")  # fmt: skip
+    f = f".{digits}f"
+    for row in rows:
+        med = {k: statistics.median(res[(k, row)]) for k in ("base", "base2", "new")}
+        low = {k: min(res[(k, row)]) for k in ("base", "base2", "new")}
+        print(
+            f"  {row:<{width}}  {med['base']:12{f}} {med['base2']:7{f}} {med['new']:7{f}}"
+            f"   {low['base']:9{f}} {low['base2']:7{f}} {low['new']:7{f}}"
+            f"   {med['base2'] / med['base']:5.3f} {med['new'] / med['base']:8.3f}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", default="HEAD", help="the git revision to compare against")
+    parser.add_argument("--rounds", type=int, default=30, help="chunks per worker and row")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker)
+        return
+    roots = base_copies(args.base, "mlaunch-ab-")
+    res = run_rounds(__file__, roots, ROWS, args.rounds)
     print(
         f"recorded span, this tree vs {args.base} (base2: a second copy of it, the A/A control); "
         f"{args.rounds} rounds x {CHUNK} spans per chunk, thread CPU ns per span"
     )
-    width = max(len(row) for row in ROWS)
-    print(f"  {'':<{width}}  {'median: base':>12} {'base2':>7} {'new':>7}   {'min: base':>9} "
-          f"{'base2':>7} {'new':>7}   {'A/A':>5} {'new/base':>8}")  # fmt: skip
-    for row in ROWS:
-        med = {k: statistics.median(res[(k, row)]) for k in names}
-        low = {k: min(res[(k, row)]) for k in names}
-        print(
-            f"  {row:<{width}}  {med['base']:12.1f} {med['base2']:7.1f} {med['new']:7.1f}"
-            f"   {low['base']:9.1f} {low['base2']:7.1f} {low['new']:7.1f}"
-            f"   {med['base2'] / med['base']:5.3f} {med['new'] / med['base']:8.3f}"
-        )
+    print_rows(res, ROWS, digits=1)
     new = statistics.median(res[("new", "recorded")])
     verdict = "ok" if new <= 500 else "OVER"
     print(f"  goal: recorded span <= 500 ns (median, this tree): {new:.1f} ns {verdict}")
