@@ -23,8 +23,7 @@ import time
 
 import pytest
 
-_KEY = "cpu_s"
-_WALL = "wall"
+_KEY = "cpu_accounting"  # the user property: the test's row of the JSON file
 #: Where every test's CPU seconds are also written as JSON (unset: nowhere).
 CPU_JSON_ENV = "MLAUNCH_TEST_CPU_JSON"
 
@@ -57,43 +56,40 @@ def pytest_runtest_teardown(item):
     # Before the teardown report is made, which copies user_properties (and xdist ships it).
     start = getattr(item, "_cpu_start", None)
     if start is not None:
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        wall = (round(item._wall_start, 3), round(time.time(), 3), worker)
-        item.user_properties.append((_KEY, round(_cpu_now() - start, 3)))
-        item.user_properties.append((_WALL, wall))
+        row = {
+            "cpu_s": round(_cpu_now() - start, 3),
+            "start": round(item._wall_start, 3),
+            "stop": round(time.time(), 3),
+            "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+        }
+        item.user_properties.append((_KEY, row))
 
 
 class _Collector:
     def __init__(self) -> None:
-        self.cpu: dict[str, float] = {}
-        self.wall: dict[str, tuple[float, float, str]] = {}
+        self.rows: dict[str, dict] = {}
 
     def pytest_runtest_logreport(self, report) -> None:
         if report.when != "teardown":
             return
         for key, value in report.user_properties:
             if key == _KEY:
-                self.cpu[report.nodeid] = value
-            elif key == _WALL:
-                self.wall[report.nodeid] = tuple(value)
+                self.rows[report.nodeid] = value
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        if not self.cpu:
+        if not self.rows:
             return
         path = os.environ.get(CPU_JSON_ENV)
         if path:
-            rows = {}
-            for nodeid, cpu in self.cpu.items():
-                start, stop, worker = self.wall.get(nodeid, (None, None, None))
-                rows[nodeid] = {"cpu_s": cpu, "start": start, "stop": stop, "worker": worker}
             with open(path, "w") as out:
-                json.dump(rows, out, indent=1, sort_keys=True)
+                json.dump(self.rows, out, indent=1, sort_keys=True)
         top = terminalreporter.config.getoption("cpu_top")
         if top <= 0:
             return
-        total = sum(self.cpu.values())
+        cpu = {nodeid: row["cpu_s"] for nodeid, row in self.rows.items()}
+        total = sum(cpu.values())
         terminalreporter.write_sep("=", f"CPU per test (top {top}; {total:.0f} CPU-s in all)")
-        ranked = sorted(self.cpu.items(), key=lambda kv: kv[1], reverse=True)
+        ranked = sorted(cpu.items(), key=lambda kv: kv[1], reverse=True)
         for nodeid, seconds in ranked[:top]:
             terminalreporter.write_line(f"{seconds:8.2f}s cpu  {nodeid}")
 
