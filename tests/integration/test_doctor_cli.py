@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +26,42 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]
             monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)
     yield
+
+
+class _Answered:
+    """A torch probe that has already answered, with a real probe's recorded output."""
+
+    def __init__(self, answer: tuple[int | None, str, str]) -> None:
+        self.answer = answer
+
+    def wait(self, timeout_s: float) -> tuple[int | None, str, str]:
+        return self.answer
+
+    def kill(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def torch_answer() -> tuple[int | None, str, str]:
+    """What doctor's torch subprocess answers on this machine, asked once for the module."""
+    from mlaunch.doctor.process import ProbeProcess
+    from mlaunch.doctor.torch_probe import _TORCH_PROBE, TORCH_TIMEOUT_S, _worker_env
+
+    return ProbeProcess([sys.executable, "-c", _TORCH_PROBE], _worker_env()).wait(TORCH_TIMEOUT_S)
+
+
+@pytest.fixture
+def asked_once(monkeypatch: pytest.MonkeyPatch, torch_answer) -> None:
+    """The tests here that are not about torch get the real probe's answer, asked once: each
+    probe imports torch (about 2.5 CPU-s), and the healthy test still runs its own."""
+    from mlaunch.doctor import torch_probe
+
+    real = torch_probe.ProbeProcess
+
+    def probe(argv, env=None):
+        return _Answered(torch_answer) if argv[-1] == torch_probe._TORCH_PROBE else real(argv, env)
+
+    monkeypatch.setattr(torch_probe, "ProbeProcess", probe)
 
 
 def doctor(*args: str, env: dict[str, str] | None = None):
@@ -50,6 +87,7 @@ def test_healthy_setup_passes_with_exit_zero() -> None:
     assert result.stdout.rstrip().endswith(", 0 failed")
 
 
+@pytest.mark.usefixtures("asked_once")
 def test_broken_environment_names_each_problem_and_its_fix() -> None:
     env = {
         "MEGATRON_OTEL_ENABLED": "true",
@@ -70,6 +108,7 @@ def test_broken_environment_names_each_problem_and_its_fix() -> None:
     assert out.rstrip().endswith("3 failed")
 
 
+@pytest.mark.usefixtures("asked_once")
 def test_json_shape_is_pinned() -> None:
     result = doctor("--json", env={"OTEL_TRACES_SAMPLER": "nope"})
     assert result.exit_code == 1
@@ -91,6 +130,7 @@ def test_json_shape_is_pinned() -> None:
     assert sampler["status"] == "fail" and "nope" in sampler["message"]
 
 
+@pytest.mark.usefixtures("asked_once")
 def test_plain_doctor_checks_the_config_plain_train_runs() -> None:
     # Plain `mlaunch train` runs tiny (telemetry on, all_ranks, file exporter, cpu): so does
     # plain doctor, and an endpoint from the environment that tiny will not use is a warning.
@@ -114,6 +154,7 @@ def test_missing_config_file_is_a_bad_invocation(tmp_path: Path) -> None:
     assert "shipped: " in result.stderr
 
 
+@pytest.mark.usefixtures("asked_once")
 def test_config_accepts_a_shipped_configs_name(tmp_path: Path) -> None:
     data = json.loads(doctor("--config", "pp2", "--json").stdout)
     config = [c for c in data["checks"] if c["name"] == "configuration"]
@@ -121,6 +162,7 @@ def test_config_accepts_a_shipped_configs_name(tmp_path: Path) -> None:
     assert "pp2.toml" in config[0]["message"]
 
 
+@pytest.mark.usefixtures("asked_once")
 def test_config_file_that_fails_validation_is_a_failed_check(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[telemetry\nspan_groups = 'all'\n")
@@ -130,6 +172,7 @@ def test_config_file_that_fails_validation_is_a_failed_check(tmp_path: Path) -> 
     assert any("not valid TOML" in c["message"] for c in fails)
 
 
+@pytest.mark.usefixtures("asked_once")
 def test_otlp_headers_never_reach_the_output() -> None:
     with GrpcOtlpReceiver() as rx:
         env = {
@@ -162,7 +205,6 @@ print(json.dumps(sorted(sys.modules)))
 
 def test_doctor_never_imports_torch_or_the_sdk_in_process(tmp_path: Path) -> None:
     import subprocess
-    import sys
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(LEAKY_PREFIXES)}
     out = subprocess.run(
