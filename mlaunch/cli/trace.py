@@ -584,11 +584,19 @@ def capture_cmd(
     for a finished run, an unknown rank, a bad spec or window, or while another capture runs.
     """
     from mlaunch.launcher.capture import CaptureInputError, request_capture, wait_for_capture
+    from mlaunch.launcher.run_status import JobStatus
+    from mlaunch.slurm.status import StatusInputError, job_status
+
+    def status() -> JobStatus:
+        try:
+            return job_status(target, Path.cwd())
+        except StatusInputError as exc:
+            raise CaptureInputError(str(exc)) from None
 
     try:
         req = request_capture(
             target,
-            Path.cwd(),
+            status,
             recorded=recorded,
             ranks=ranks,
             groups=groups,

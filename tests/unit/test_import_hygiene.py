@@ -268,6 +268,9 @@ LAYER_RULES: dict[str, tuple[str, ...]] = {
     "mlaunch.telemetry": ("mlaunch.launcher", "mlaunch.cli", "mlaunch.trainer"),
     "mlaunch.trace": ("mlaunch.launcher", "mlaunch.cli", "mlaunch.trainer"),
     "mlaunch.receiver": ("mlaunch.launcher",),
+    # ``slurm`` builds on the launcher (its status reads the launcher's run records): the
+    # launcher is handed what it needs of a job (``capture.request_capture``'s ``status``).
+    "mlaunch.launcher": ("mlaunch.slurm",),
 }
 
 
