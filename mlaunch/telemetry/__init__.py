@@ -76,6 +76,7 @@ from mlaunch.model.spans import GOODPUT_SPAN_NAMES, Attr, region_name
 from mlaunch.model.strategies import should_export
 from mlaunch.otlp import traceparent
 from mlaunch.telemetry import _capture, _devicetime, _spans
+from mlaunch.telemetry._context_ints import context_from_ints, context_ints
 from mlaunch.telemetry._devicetime import CudaEventTimer, HostClock
 from mlaunch.telemetry._recorder import RECORDER, RecordedSpan, new_recorded
 from mlaunch.telemetry._recorder import RootRecordedSpan as _RootRecorded
@@ -1064,40 +1065,14 @@ def extract(carrier: Mapping[str, str]) -> Any:
     return SpanContext(parsed.trace_id, parsed.span_id, True, TraceFlags(parsed.flags & 0x01))
 
 
-_MASK64 = (1 << 64) - 1
-
-
-def _signed(value: int) -> int:
-    return value - (1 << 64) if value >= (1 << 63) else value
-
-
 def current_context_ints() -> tuple[int, int, int, int]:
     """The current span context as four signed int64 values (trace id high/low, span id, flags),
-    for carrying through a tensor; all zero when no span is recording."""
+    for carrying through a tensor; all zero when no span is recording. :func:`context_from_ints`
+    turns them back into a context."""
     entry = _current_entry()
     if entry is None:
         return (0, 0, 0, 0)
-    tid = entry.trace_id
-    return (
-        _signed(tid >> 64),
-        _signed(tid & _MASK64),
-        _signed(entry.span_id),
-        1 if entry.sampled else 0,
-    )
-
-
-def context_from_ints(values: tuple[int, int, int, int] | list[int]) -> Any:
-    """Inverse of :func:`current_context_ints`; None for an all-zero (absent) context."""
-    hi, lo, sid, flags = (int(v) for v in values)
-    trace_id = ((hi & _MASK64) << 64) | (lo & _MASK64)
-    span_id = sid & _MASK64
-    if not trace_id or not span_id:
-        return None
-    try:
-        from opentelemetry.trace import SpanContext, TraceFlags
-    except ImportError:
-        return None
-    return SpanContext(trace_id, span_id, True, TraceFlags(flags & 0x01))
+    return context_ints(entry.trace_id, entry.span_id, entry.sampled)
 
 
 def record_step(
