@@ -707,7 +707,7 @@ def _no_spool_reason(exporter: str | None) -> str:
     return "has no spool files"
 
 
-# `mlaunch trace report` (issue 9) lives in mlaunch/cli/trace_report.py; registered last, so it is
+# `mlaunch trace report` lives in mlaunch/cli/trace_report.py; registered last, so it is
 # the `report` command this app runs.
 from mlaunch.cli.trace_report import register as _register_report  # noqa: E402
 

@@ -21,7 +21,7 @@ Two span paths, one stack
     Fine spans are not attached to the OTel context (that would cost what the record saves):
     OTel-instrumented code inside a fine span sees the nearest coarse span as current.
 
-Trace structure and identity (SPEC section 4, as Megatron-LM's code)
+Trace structure and identity (as Megatron-LM's code emits them)
     A worker emits no run-long span. ``megatron.startup`` is the root of the start-up trace;
     training runs in ``megatron.train`` blocks of ``save_interval`` iterations (``setup``'s
     ``save_interval``; K = ``trace_segment_iters`` when there are no saves), each the root of
@@ -1087,8 +1087,9 @@ def record_step(
     skipped: bool = False,
     memory_gb: float | None = None,
 ) -> None:
-    """Record the SPEC section 5 metrics for one training iteration (exporting ranks only):
-    one step-duration histogram sample, the gauges given, and the skipped-iterations counter."""
+    """Record the ``megatron.training.*`` metrics for one training iteration (exporting ranks
+    only): one step-duration histogram sample, the gauges given, and the skipped-iterations
+    counter."""
     runtime = _RUNTIME
     if runtime is None:
         return

@@ -179,7 +179,7 @@ class Trainer:
     # -- the loop ---------------------------------------------------------------------------
     def train(self) -> None:
         """Iterations in ``megatron.train`` blocks of ``block_iters``, each the root of a trace of
-        its own (SPEC section 4), opened before its first iteration and ended after its last.
+        its own, opened before its first iteration and ended after its last.
         Saves, evaluation and the final save happen inside the block of the iteration they
         follow. No span covers the whole run (a SIGKILL would lose it): the launcher's job trace
         does.

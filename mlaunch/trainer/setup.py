@@ -133,7 +133,8 @@ class StopFlag:
 
 
 def resource_attributes(args: argparse.Namespace, topo: Topology) -> dict[str, Any]:
-    """The trainer-specific resource attributes (SPEC section 3); telemetry adds the rest."""
+    """The trainer-specific resource attributes (parallel layout, batch and model shape,
+    precision, GPU identity); telemetry adds the rest."""
     R = ResourceAttr
     return {
         R.TP_SIZE: 1, R.TP_RANK: 0,
@@ -150,8 +151,8 @@ def resource_attributes(args: argparse.Namespace, topo: Topology) -> dict[str, A
 
 
 def gpu_identity(device: torch.device) -> dict[str, Any]:
-    """The GPU a CUDA rank drives (MEGATRON.md section 4: index, name, uuid, PCI bus id, and the
-    serial where NVML is importable); empty on CPU. Best effort: a missing field is left out."""
+    """The GPU a CUDA rank drives, as Megatron-LM reports it (index, name, uuid, PCI bus id, and
+    the serial where NVML is importable); empty on CPU. Best effort: a missing field is left out."""
     if device.type != "cuda":
         return {}
     R = ResourceAttr
