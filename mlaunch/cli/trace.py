@@ -584,11 +584,19 @@ def capture_cmd(
     for a finished run, an unknown rank, a bad spec or window, or while another capture runs.
     """
     from mlaunch.launcher.capture import CaptureInputError, request_capture, wait_for_capture
+    from mlaunch.launcher.run_status import JobStatus
+    from mlaunch.slurm.status import StatusInputError, job_status
+
+    def status() -> JobStatus:
+        try:
+            return job_status(target, Path.cwd())
+        except StatusInputError as exc:
+            raise CaptureInputError(str(exc)) from None
 
     try:
         req = request_capture(
             target,
-            Path.cwd(),
+            status,
             recorded=recorded,
             ranks=ranks,
             groups=groups,
@@ -699,7 +707,7 @@ def _no_spool_reason(exporter: str | None) -> str:
     return "has no spool files"
 
 
-# `mlaunch trace report` (issue 9) lives in mlaunch/cli/trace_report.py; registered last, so it is
+# `mlaunch trace report` lives in mlaunch/cli/trace_report.py; registered last, so it is
 # the `report` command this app runs.
 from mlaunch.cli.trace_report import register as _register_report  # noqa: E402
 

@@ -23,14 +23,15 @@ import os
 import secrets
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mlaunch import envcontract as ec
+from mlaunch.launcher.run_status import JobStatus
 from mlaunch.lens_hook import START_LEAD_S
 from mlaunch.model.spec import SpanSpecError, format_groups, resolve
-from mlaunch.slurm.status import StatusInputError, job_status
 
 #: Run states in which no worker is left to read a request.
 FINISHED_STATES = frozenset({"completed", "failed", "preempted", "cancelled", "timeout"})
@@ -277,7 +278,7 @@ def running_capture(run_dir: Path, run_id: str | None) -> str | None:
 
 def request_capture(
     target: str,
-    cwd: Path,
+    status: Callable[[], JobStatus],
     *,
     recorded: bool,
     ranks: str,
@@ -286,7 +287,13 @@ def request_capture(
     seconds: float | None = None,
     profiler: bool = False,
 ) -> CaptureRequest:
-    """Validate and write the request; raises :class:`CaptureInputError` (nothing written)."""
+    """Validate and write the request; raises :class:`CaptureInputError` (nothing written).
+
+    ``status`` looks up the job ``target`` names (``mlaunch.slurm.status.job_status``, which sits
+    above the launcher, so the caller passes it in) and raises :class:`CaptureInputError` when
+    the target names no job; it is called only once the arguments themselves are valid, so a bad
+    spec, window or rank list is reported before an unknown target.
+    """
     spec = _window(groups, iterations, seconds, profiler)
     if spec is None and not recorded:
         raise CaptureInputError(
@@ -294,10 +301,7 @@ def request_capture(
             " (a live capture), or --recorded (dump the flight recorders)"
         )
     wanted = parse_ranks(ranks)
-    try:
-        st = job_status(target, cwd)
-    except StatusInputError as exc:
-        raise CaptureInputError(str(exc)) from None
+    st = status()
     if st.run_dir is None:
         raise CaptureInputError(f"{target}: no run directory found for it")
     run_dir = Path(st.run_dir)

@@ -1,8 +1,8 @@
 """What a ``--script``/``--module`` worker receives: the one translation table.
 
 An external entry point (Megatron-LM's ``pretrain_gpt.py``, or any script that configures telemetry
-as Megatron-LM does) reads its telemetry through nemo-lens 0.1.0 (MEGATRON.md section 1), which
-knows less than mlaunch: no ``file``/``none`` exporter, no ``-group`` exclusions or ``goodput``
+as Megatron-LM does) reads its settings through nemo-lens 0.1.0's ``NemoLensConfig``, which knows
+less than mlaunch: no ``file``/``none`` exporter, no ``-group`` exclusions or ``goodput``
 preset, strategies only by registered name, no ``RANK_STRATEGY``/``SAMPLING_STRATEGY``, and an
 empty value means "unset". Every telemetry setting has one :class:`Rule` here saying whether it
 reaches such a worker as it is (``passed``), rewritten into the reference's language

@@ -87,7 +87,7 @@ def trainer_args(settings: Settings, run_dir: Path, *, megatron: bool = False) -
             # A rerun in a run directory that saved checkpoints (with --save-interval, or by a
             # restart or a signal) resumes from them and saves there at the end, like the run
             # that wrote them, instead of starting over at iteration 1 because the interval was
-            # not repeated (issue 22). The summary says "resuming from".
+            # not repeated. The summary says "resuming from".
             values["training.save"] = str(own)
     elif t.save is None:
         values["training.save"] = str(own)

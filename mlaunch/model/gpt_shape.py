@@ -38,3 +38,9 @@ def count_parameters(cfg: GPTConfig) -> int:
     per_layer = 12 * h * h + 13 * h
     head = 0 if cfg.tie_embeddings else cfg.vocab_size * h
     return L * per_layer + cfg.vocab_size * h + cfg.seq_length * h + 2 * h + head
+
+
+def train_flops_per_token(cfg: GPTConfig) -> int:
+    """Forward and backward FLOPs per token: 6N for the weights (N: :func:`count_parameters`),
+    plus the attention scores (12 x layers x hidden size x sequence length)."""
+    return 6 * count_parameters(cfg) + 12 * cfg.num_layers * cfg.hidden_size * cfg.seq_length

@@ -21,7 +21,7 @@ Two span paths, one stack
     Fine spans are not attached to the OTel context (that would cost what the record saves):
     OTel-instrumented code inside a fine span sees the nearest coarse span as current.
 
-Trace structure and identity (SPEC section 4, as Megatron-LM's code)
+Trace structure and identity (as Megatron-LM's code emits them)
     A worker emits no run-long span. ``megatron.startup`` is the root of the start-up trace;
     training runs in ``megatron.train`` blocks of ``save_interval`` iterations (``setup``'s
     ``save_interval``; K = ``trace_segment_iters`` when there are no saves), each the root of
@@ -76,6 +76,7 @@ from mlaunch.model.spans import GOODPUT_SPAN_NAMES, Attr, region_name
 from mlaunch.model.strategies import should_export
 from mlaunch.otlp import traceparent
 from mlaunch.telemetry import _capture, _devicetime, _spans
+from mlaunch.telemetry._context_ints import context_from_ints, context_ints
 from mlaunch.telemetry._devicetime import CudaEventTimer, HostClock
 from mlaunch.telemetry._recorder import RECORDER, RecordedSpan, new_recorded
 from mlaunch.telemetry._recorder import RootRecordedSpan as _RootRecorded
@@ -1064,40 +1065,14 @@ def extract(carrier: Mapping[str, str]) -> Any:
     return SpanContext(parsed.trace_id, parsed.span_id, True, TraceFlags(parsed.flags & 0x01))
 
 
-_MASK64 = (1 << 64) - 1
-
-
-def _signed(value: int) -> int:
-    return value - (1 << 64) if value >= (1 << 63) else value
-
-
 def current_context_ints() -> tuple[int, int, int, int]:
     """The current span context as four signed int64 values (trace id high/low, span id, flags),
-    for carrying through a tensor; all zero when no span is recording."""
+    for carrying through a tensor; all zero when no span is recording. :func:`context_from_ints`
+    turns them back into a context."""
     entry = _current_entry()
     if entry is None:
         return (0, 0, 0, 0)
-    tid = entry.trace_id
-    return (
-        _signed(tid >> 64),
-        _signed(tid & _MASK64),
-        _signed(entry.span_id),
-        1 if entry.sampled else 0,
-    )
-
-
-def context_from_ints(values: tuple[int, int, int, int] | list[int]) -> Any:
-    """Inverse of :func:`current_context_ints`; None for an all-zero (absent) context."""
-    hi, lo, sid, flags = (int(v) for v in values)
-    trace_id = ((hi & _MASK64) << 64) | (lo & _MASK64)
-    span_id = sid & _MASK64
-    if not trace_id or not span_id:
-        return None
-    try:
-        from opentelemetry.trace import SpanContext, TraceFlags
-    except ImportError:
-        return None
-    return SpanContext(trace_id, span_id, True, TraceFlags(flags & 0x01))
+    return context_ints(entry.trace_id, entry.span_id, entry.sampled)
 
 
 def record_step(
@@ -1112,8 +1087,9 @@ def record_step(
     skipped: bool = False,
     memory_gb: float | None = None,
 ) -> None:
-    """Record the SPEC section 5 metrics for one training iteration (exporting ranks only):
-    one step-duration histogram sample, the gauges given, and the skipped-iterations counter."""
+    """Record the ``megatron.training.*`` metrics for one training iteration (exporting ranks
+    only): one step-duration histogram sample, the gauges given, and the skipped-iterations
+    counter."""
     runtime = _RUNTIME
     if runtime is None:
         return

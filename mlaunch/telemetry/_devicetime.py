@@ -28,6 +28,7 @@ from time import time_ns
 from typing import Any, Protocol
 
 from mlaunch.telemetry import _spans
+from mlaunch.telemetry._context_ints import context_from_ints
 from mlaunch.telemetry._spans import FineSpan
 
 
@@ -153,8 +154,6 @@ def resolve(anchor: Any, *, final: bool = False) -> int:
     """Call right after the sync that followed :func:`mark`: pending spans whose events have run
     get device times and links, and go to the export queue. ``final`` (shutdown): the rest leave
     with their host times. Returns how many spans were released."""
-    from mlaunch.telemetry import context_from_ints  # the public decoder of a context row
-
     timer = TIMER
     now = time_ns()
     if timer is not None and anchor is not None:

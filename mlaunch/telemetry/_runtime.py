@@ -119,7 +119,7 @@ def build_resource_attributes(
     extra: Mapping[str, Any] | None,
     environ: Mapping[str, str],
 ) -> dict[str, Any]:
-    """SPEC section 3 and MEGATRON.md section 4: ``OTEL_RESOURCE_ATTRIBUTES`` first, then
+    """Every span's and metric's resource attributes: ``OTEL_RESOURCE_ATTRIBUTES`` first, then
     mlaunch's attributes over them, including the run identity Megatron-LM computes
     (``nemo.lens.job_uuid`` / ``nemo.lens.run_uuid``, SLURM and NVRx attributes)."""
     from opentelemetry.sdk.version import __version__ as sdk_version
@@ -457,7 +457,7 @@ class Runtime:
     ) -> Any:
         if parent is None:
             ctx = otel_context.Context()  # root: trace id from the segment id generator
-            # The trace chain of SPEC section 4: startup -> the launcher's attempt span (via
+            # The trace chain: startup -> the launcher's attempt span (via
             # TRACEPARENT); each megatron.train block -> the previous block, the first -> startup.
             if not links:
                 if name == SpanName.STARTUP and self.launcher_link is not None:
@@ -520,7 +520,7 @@ class Runtime:
         skipped: bool,
         memory_gb: float | None,
     ) -> None:
-        """One sample per instrument (SPEC section 5); None values are not recorded."""
+        """One sample per instrument; None values are not recorded."""
         inst = self.instruments
         if not inst or self._closed:
             return

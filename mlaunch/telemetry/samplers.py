@@ -1,4 +1,4 @@
-"""Trace samplers (SPEC section 2.4): the ``OTEL_TRACES_SAMPLER`` sampler, the rank-aware sampler,
+"""Trace samplers: the ``OTEL_TRACES_SAMPLER`` sampler, the rank-aware sampler,
 and their composition (a span is kept only when both keep it).
 
 Imports the OpenTelemetry SDK; only the runtime (exporting ranks) imports this module.

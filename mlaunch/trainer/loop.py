@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import os
 import random
 import sys
 import time
@@ -23,25 +22,26 @@ import torch
 import torch.distributed as dist
 
 from mlaunch import envcontract, telemetry
-from mlaunch.model.gpt_shape import GPTConfig, count_parameters
+from mlaunch.model.gpt_shape import train_flops_per_token
 from mlaunch.model.groups import SpanGroup as G
 from mlaunch.model.spans import Attr, SpanName, train_block
 from mlaunch.settings.trainer_cli import PROG, parse_and_validate
-from mlaunch.trainer import checkpoint, profiling, testhooks
+from mlaunch.trainer import checkpoint, testhooks
 from mlaunch.trainer.data import TokenData, load_corpus
 from mlaunch.trainer.device import batch_to_device, peak_memory_gb, step_sync
 from mlaunch.trainer.metrics import Progress, StepRecord, report_eval, report_step
 from mlaunch.trainer.model import GPTStage
 from mlaunch.trainer.offload import ParameterFilter
-from mlaunch.trainer.optim import AdamW, lr_at
-from mlaunch.trainer.parallel import P2P, GradBuffer, Topology, init_distributed
+from mlaunch.trainer.optim import build_optimizer, lr_at
+from mlaunch.trainer.parallel import P2P, GradBuffer, Topology
 from mlaunch.trainer.pipeline import StepContext, forward_backward_1f1b, forward_only
 from mlaunch.trainer.sample import complete
 from mlaunch.trainer.setup import (
     StopFlag,
     block_iters,
-    choose_run_id,
-    load_settings_or_exit,
+    gpt_config,
+    install_step_hooks,
+    join_job,
     log,
     resource_attributes,
     write_error_file,
@@ -80,14 +80,7 @@ class Trainer:
         self.args, self.topo, self.run_dir, self.stop = args, topo, run_dir, stop
         self.block_iters = block_iters  # iterations per megatron.train block
         self.num_micro = args.global_batch_size // (args.micro_batch_size * topo.dp)
-        self.cfg = GPTConfig(
-            num_layers=args.num_layers,
-            hidden_size=args.hidden_size,
-            num_heads=args.num_attention_heads,
-            seq_length=args.seq_length,
-            tie_embeddings=not args.untie_embeddings,
-            hidden_dropout=args.hidden_dropout,
-        )
+        self.cfg = gpt_config(args)
         # main passes its own, so that the error file of a failed start-up names the iteration.
         self.state = state if state is not None else TrainState.fresh(args)
         self.last_saved = -1
@@ -98,11 +91,7 @@ class Trainer:
         self.recorder_slow = False
         self.recorder_trigger: str | None = None
         self.tokens_per_iter = args.global_batch_size * args.seq_length
-        # 6N per token for forward+backward of the weights, plus attention scores.
-        self.flops_per_iter = self.tokens_per_iter * (
-            6 * count_parameters(self.cfg)
-            + 12 * args.num_layers * args.hidden_size * args.seq_length
-        )
+        self.flops_per_iter = self.tokens_per_iter * train_flops_per_token(self.cfg)
 
         if args.save:
             checkpoint.check_shared(args.save, topo)  # before anything is saved or resumed
@@ -134,17 +123,7 @@ class Trainer:
         self.model = GPTStage(self.cfg, topo.pp_rank, topo.pp).to(topo.device)
         self.model.init_weights(args.seed)
         params = list(self.model.parameters())
-        decay = [p for p in params if p.dim() >= 2]
-        no_decay = [p for p in params if p.dim() < 2]  # biases and norms, as in Megatron
-        self.optimizer = AdamW(
-            [
-                {"params": decay, "weight_decay": args.weight_decay},
-                {"params": no_decay, "weight_decay": 0.0},
-            ],
-            lr=args.lr,
-            betas=(0.9, 0.95),
-            eps=1e-8,
-        )
+        self.optimizer = build_optimizer(params, args)
         self.grads = GradBuffer(params, args.ddp_bucket_size or GradBuffer.DEFAULT_BUCKET_NUMEL)
         tied = self.model.tied_copy
         # The tied head copy on the last stage duplicates stage 0's embedding: count it once.
@@ -179,7 +158,7 @@ class Trainer:
     # -- the loop ---------------------------------------------------------------------------
     def train(self) -> None:
         """Iterations in ``megatron.train`` blocks of ``block_iters``, each the root of a trace of
-        its own (SPEC section 4), opened before its first iteration and ended after its last.
+        its own, opened before its first iteration and ended after its last.
         Saves, evaluation and the final save happen inside the block of the iteration they
         follow. No span covers the whole run (a SIGKILL would lose it): the launcher's job trace
         does.
@@ -438,15 +417,7 @@ class Trainer:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: validate, join the job, set up telemetry, train, shut down."""
     args = parse_and_validate(argv)
-    settings = load_settings_or_exit(args)
-    topo = init_distributed(args.pipeline_model_parallel_size)
-    run_id = choose_run_id(settings, topo)
-    if settings.run_id != run_id:
-        settings = settings.model_copy(update={"run_id": run_id})
-    run_dir = envcontract.worker_run_dir(os.environ, run_id)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    stop = StopFlag(args.preempt_signals)
-    stop.install()
+    settings, topo, run_dir, stop = join_job(args)
     # The job's telemetry: shut down (flushed, what is still open ended as truncated) on every
     # way out of this block, after the error file is written.
     with telemetry.setup(
@@ -458,10 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         run_dir=run_dir,
         save_interval=args.save_interval if args.save else 0,
     ):
-        if topo.device.type == "cuda":
-            # Spans over GPU work time the GPU (events), resolved at each step's sync point.
-            telemetry.set_event_timer(telemetry.CudaEventTimer())
-        profiling.install()  # torch.profiler for `mlaunch trace capture --profiler`
+        install_step_hooks(topo)
         # The state is main's, so that an error file names the iteration even when start-up fails.
         state = TrainState.fresh(args)
         try:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["AdamW", "lr_at"]
+__all__ = ["AdamW", "build_optimizer", "lr_at"]
 
 
 class AdamW:
@@ -136,6 +136,23 @@ _TORCH_FLAGS: dict[str, Any] = {
     "fused": None,
     "decoupled_weight_decay": True,
 }
+
+
+def build_optimizer(params: list[torch.Tensor], args: argparse.Namespace) -> AdamW:
+    """The trainer's AdamW over ``params``: weight decay on the matrices only (biases and norms
+    have none, as in Megatron-LM), Megatron's betas and eps, ``--lr`` until :func:`lr_at` sets
+    each step's rate."""
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    return AdamW(
+        [
+            {"params": decay, "weight_decay": args.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=args.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
 
 
 def lr_at(args: argparse.Namespace, iteration: int) -> float:

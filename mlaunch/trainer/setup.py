@@ -1,6 +1,7 @@
-"""The trainer's process set-up, before the recipe: its telemetry settings, the run id, the
-preemption signals, the resource attributes its telemetry carries, how many iterations a
-``megatron.train`` block holds, and the error file a failing rank leaves.
+"""The trainer's process set-up, before the recipe: joining the job (its telemetry settings, the
+process group, the run id, the run directory, the preemption signals), the model's shape from the
+arguments, the resource attributes its telemetry carries and the hooks it needs of torch, how many
+iterations a ``megatron.train`` block holds, and the error file a failing rank leaves.
 
 Like nanochat's ``common.py`` beside ``base_train.py``: what every process does once, kept out of
 the recipe (:mod:`mlaunch.trainer.loop`) so that it reads top to bottom.
@@ -24,9 +25,11 @@ import torch
 import torch.distributed as dist
 
 from mlaunch import envcontract, telemetry
+from mlaunch.model.gpt_shape import GPTConfig
 from mlaunch.model.spans import ResourceAttr
 from mlaunch.settings.trainer_cli import PROG
-from mlaunch.trainer.parallel import Topology
+from mlaunch.trainer import profiling
+from mlaunch.trainer.parallel import Topology, init_distributed
 
 
 def log(topo: Topology | None, message: str, *, all_ranks: bool = False) -> None:
@@ -34,6 +37,43 @@ def log(topo: Topology | None, message: str, *, all_ranks: bool = False) -> None
     if topo is None or all_ranks or topo.rank == 0:
         prefix = f"[rank {topo.rank}] " if topo is not None and all_ranks else ""
         print(f"{prefix}{message}", flush=True)
+
+
+def join_job(args: argparse.Namespace) -> tuple[Any, Topology, Path, StopFlag]:
+    """The process joins its job: its telemetry settings (invalid ones exit 2 before any process
+    group exists), the process group, the run id every rank shares, its run directory (created)
+    and the preemption-signal handler (installed). Returns them in that order."""
+    settings = load_settings_or_exit(args)
+    topo = init_distributed(args.pipeline_model_parallel_size)
+    run_id = choose_run_id(settings, topo)
+    if settings.run_id != run_id:
+        settings = settings.model_copy(update={"run_id": run_id})
+    run_dir = envcontract.worker_run_dir(os.environ, run_id)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    stop = StopFlag(args.preempt_signals)
+    stop.install()
+    return settings, topo, run_dir, stop
+
+
+def install_step_hooks(topo: Topology) -> None:
+    """What telemetry needs of torch, once its runtime is set up: on a GPU, spans over GPU work
+    time the GPU (events, resolved at each step's sync point); and torch.profiler for
+    ``mlaunch trace capture --profiler``."""
+    if topo.device.type == "cuda":
+        telemetry.set_event_timer(telemetry.CudaEventTimer())
+    profiling.install()
+
+
+def gpt_config(args: argparse.Namespace) -> GPTConfig:
+    """The model's shape from the trainer's arguments."""
+    return GPTConfig(
+        num_layers=args.num_layers,
+        hidden_size=args.hidden_size,
+        num_heads=args.num_attention_heads,
+        seq_length=args.seq_length,
+        tie_embeddings=not args.untie_embeddings,
+        hidden_dropout=args.hidden_dropout,
+    )
 
 
 def load_settings_or_exit(args: argparse.Namespace) -> Any:
@@ -133,7 +173,8 @@ class StopFlag:
 
 
 def resource_attributes(args: argparse.Namespace, topo: Topology) -> dict[str, Any]:
-    """The trainer-specific resource attributes (SPEC section 3); telemetry adds the rest."""
+    """The trainer-specific resource attributes (parallel layout, batch and model shape,
+    precision, GPU identity); telemetry adds the rest."""
     R = ResourceAttr
     return {
         R.TP_SIZE: 1, R.TP_RANK: 0,
@@ -150,8 +191,8 @@ def resource_attributes(args: argparse.Namespace, topo: Topology) -> dict[str, A
 
 
 def gpu_identity(device: torch.device) -> dict[str, Any]:
-    """The GPU a CUDA rank drives (MEGATRON.md section 4: index, name, uuid, PCI bus id, and the
-    serial where NVML is importable); empty on CPU. Best effort: a missing field is left out."""
+    """The GPU a CUDA rank drives, as Megatron-LM reports it (index, name, uuid, PCI bus id, and
+    the serial where NVML is importable); empty on CPU. Best effort: a missing field is left out."""
     if device.type != "cuda":
         return {}
     R = ResourceAttr

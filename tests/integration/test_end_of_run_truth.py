@@ -1,4 +1,4 @@
-"""Issue 17, class 4: the end-of-run report tells the truth. Real ``mlaunch train`` processes on
+"""The end-of-run report tells the truth. Real ``mlaunch train`` processes on
 real torchrun (1-2 CPU workers, telemetry off): a failing ``--script`` is reported with the
 failing rank's own stderr, a Ctrl-C with a handled traceback in a log is an interruption (130),
 and a worker that ignores SIGTERM is force-stopped by a second Ctrl-C."""

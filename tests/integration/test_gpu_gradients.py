@@ -1,4 +1,4 @@
-"""On a CUDA machine (issue 28): tests that catch gradient mistakes and hidden host syncs, where
+"""On a CUDA machine: tests that catch gradient mistakes and hidden host syncs, where
 the losses of a few AdamW steps cannot (AdamW barely changes when every gradient is scaled by
 the same factor, so a missing divide by the DP size or a bucket reduced twice gives the same
 losses). Skipped without CUDA; those that need two GPUs skip on a one-GPU machine.

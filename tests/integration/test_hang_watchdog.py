@@ -1,4 +1,4 @@
-"""The hang watchdog (issue 24, items 1-2) on real torchrun jobs over gloo.
+"""The hang watchdog on real torchrun jobs over gloo.
 
 ``support/hang_worker.py``: 2 ranks using ``mlaunch.telemetry``; rank 1 sleeps for an hour inside
 ``megatron.data.get_batch`` at iteration 5 while rank 0 waits in the all-reduce of

@@ -1,5 +1,5 @@
 """On a CUDA machine: the trainer over NCCL on real GPUs (skipped without CUDA; the tests that need
-two GPUs skip on a one-GPU machine). What they pin (issue 15):
+two GPUs skip on a one-GPU machine). What they pin:
 
 - the launcher's ``--device cuda`` run on one GPU with bf16 (the original smoke test);
 - PP=2 over NCCL: P2P with the span context staged through pinned memory, its links resolved at
@@ -9,7 +9,7 @@ two GPUs skip on a one-GPU machine). What they pin (issue 15):
 - activation offload on a copy stream gives the losses of a run without it;
 - a ``torch.cuda._sleep`` of known length inside a device-timed span is that span's duration.
 
-The tests that catch gradient mistakes and hidden syncs (issue 28) are in test_gpu_gradients.py.
+The tests that catch gradient mistakes and hidden syncs are in test_gpu_gradients.py.
 """
 
 from __future__ import annotations

@@ -203,7 +203,7 @@ def test_sigterm_stops_workers_flushes_traces_and_leaves_a_resumable_checkpoint(
     resumed = [r["iteration"] for r in train_records(run_dir)]
     assert resumed[-2:] == [last + 1, last + 2]
     assert f"--load {ckpt}" in (run_dir / "command.txt").read_text()
-    # A rerun without repeating --save-interval started over at iteration 1 (issue 22): it
+    # A rerun without repeating --save-interval used to start over at iteration 1: it
     # resumes from the checkpoint the runs before saved, says so, and saves at its end.
     # (It shares this test's runs: the run directory already holds a checkpoint.)
     code, out = finish(
@@ -217,8 +217,8 @@ def test_sigterm_stops_workers_flushes_traces_and_leaves_a_resumable_checkpoint(
 
 
 def test_a_rerun_with_no_checkpoint_is_refused_and_changes_nothing(tmp_path, two_runs):
-    # A rerun in a --run-dir whose first run saved no checkpoint started over at iteration 1 and
-    # appended to that run's progress.jsonl and traces (issue 22): every reader then counted two
+    # A rerun in a --run-dir whose first run saved no checkpoint used to start over at iteration 1
+    # and append to that run's progress.jsonl and traces: every reader then counted two
     # runs as one. It is refused before anything starts; the first run's files stay as they were.
     # The first run is a copy of one of two_runs' (shared, and left as they are for their test).
     run_dir = tmp_path / "r"

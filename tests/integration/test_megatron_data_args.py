@@ -1,4 +1,4 @@
-"""Megatron-LM's data arguments reach a ``--script pretrain_gpt.py`` verbatim (issue 22 item 1).
+"""Megatron-LM's data arguments reach a ``--script pretrain_gpt.py`` verbatim.
 
 The script is a shim standing for Megatron-LM's ``pretrain_gpt.py``: under real torchrun it
 records the argv it received, which is all these tests look at. Megatron-LM's ``--data-path``

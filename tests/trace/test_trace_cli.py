@@ -87,7 +87,7 @@ def test_a_second_line_without_resource_spans_names_its_line(run_dir: Path) -> N
 
 
 def test_resolved_json_is_named_and_the_run_directory_pointed_at(run_dir: Path) -> None:
-    # resolved.json is valid (pretty-printed) JSON: "not valid JSON" of it was wrong (issue 22)
+    # resolved.json is valid (pretty-printed) JSON: calling it "not valid JSON" was wrong
     f = run_dir / "resolved.json"
     f.write_text(json.dumps({"run_id": "synthrun0001", "world": {"nodes": 1}}, indent=2) + "\n")
     for cmd in ("summary", "goodput"):
@@ -156,7 +156,7 @@ def test_export_without_output_says_what_is_missing(run_dir: Path) -> None:
 
 
 def test_export_to_dash_writes_standard_output(run_dir: Path, tmp_path: Path) -> None:
-    # a real pipe: '-' is standard output, never a file named '-' (issue 22)
+    # a real pipe: '-' is standard output, never a file named '-'
     r = subprocess.run(
         [sys.executable, "-m", "mlaunch", "trace", "export", str(run_dir), "-o", "-"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
@@ -200,7 +200,7 @@ def _ends(line: str) -> list[int]:
 
 
 def test_summary_piped_is_plain_one_row_a_line(run_dir: Path, tmp_path: Path) -> None:
-    # a real pipe at 80 columns: rich used to fold names across lines here (issue 22)
+    # a real pipe at 80 columns: rich used to fold names across lines here
     r = subprocess.run(
         [sys.executable, "-m", "mlaunch", "trace", "summary", str(run_dir)],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
@@ -223,7 +223,7 @@ def test_summary_piped_is_plain_one_row_a_line(run_dir: Path, tmp_path: Path) ->
 
 def test_summary_at_80_columns_keeps_names_whole_and_numbers_in_columns(run_dir: Path) -> None:
     # the error/truncated columns leave no room for names at 80: each name gets its own line
-    # instead of a 2-character column (issue 22)
+    # instead of a 2-character column
     from mlaunch.cli import app
 
     r = CliRunner().invoke(

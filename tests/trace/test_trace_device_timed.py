@@ -2,7 +2,7 @@
 host-timed parent (the host enqueues forward-backward and leaves ``megatron.forward_backward``
 long before the GPU finishes it, and the offload copies run on their own stream). The readers
 take each span's own times and do not clip it to its parent (docs/telemetry.md, "Span times on
-CPU and on GPU"); this synthetic trace is laid out as a GPU step is (issue 28)."""
+CPU and on GPU"); this synthetic trace is laid out as a GPU step is."""
 
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
-"""Issue 17, classes 1 and 3: what ``mlaunch trace`` does with hostile outputs and inputs.
+"""What ``mlaunch trace`` does with hostile outputs and inputs.
 
-Class 1, writing outputs never destroys what is there (the rule: mlaunch/outputs.py,
+Writing outputs never destroys what is there (the rule: mlaunch/outputs.py,
 docs/trace.md "Output files"): a FIFO or device is written in place, a symlink's target is
 written, an input trace file or a file of the run directory is refused, a failed write (a full
 disk) leaves neither a temporary file nor a changed target, missing directories are created by
 ``export`` and ``report`` alike.
 
-Class 3, traces of crashed and live runs: a torn last line is skipped with a warning by every
+Traces of crashed and live runs: a torn last line is skipped with a warning by every
 command; a run still being written exports; malformed spans never give a traceback, with or
 without ``--skip-invalid``, and every command skips the same ones; a FIFO or directory where a
 trace file is expected is refused without hanging; an exported Chrome trace fed back says what it
@@ -44,7 +44,7 @@ def _refused(result, *needles: str) -> str:
     return text
 
 
-# ---- class 1: writing outputs ---------------------------------------------------------------
+# ---- writing outputs -----------------------------------------------------------------------
 
 
 def test_export_to_a_fifo_writes_through_it_and_keeps_it_a_fifo(
@@ -200,7 +200,7 @@ def test_output_help_states_the_rule() -> None:
             assert words in flat, (cmd, words)
 
 
-# ---- class 3: crashed and live runs ----------------------------------------------------------
+# ---- crashed and live runs ------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("cmd", ["summary", "goodput", "export", "report"])

@@ -1,4 +1,4 @@
-"""The trace readers on the three kinds of trace a user brings (issue 13):
+"""The trace readers on the three kinds of trace a user brings:
 
 (a) a trace written by a worker that emits through the real nemo-lens as Megatron-LM does
     (Megatron-LM's code names, per-rank trace ids, ``is_goodput_span`` marks), received by an

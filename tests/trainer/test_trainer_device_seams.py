@@ -1,4 +1,4 @@
-"""The CPU seams of what a GPU machine needs (issue 15): device-timed spans resolved at the step's
+"""The CPU seams of what a GPU machine needs: device-timed spans resolved at the step's
 sync point (host clock, and a fake event class for the resolution arithmetic), deferred links,
 CUDA RNG per device with a fake device, the ``--device cuda`` refusal, the parameter filter of
 activation offload (views and autocast casts), gradient buckets launched during backward, and
@@ -303,7 +303,7 @@ def test_a_save_directory_not_shared_by_every_node_stops_the_job(tmp_path, share
 
 
 # ------------------------------------------------------------------------------------------------
-# Activation offload: what stays resident, strides kept (issue 28)
+# Activation offload: what stays resident, strides kept
 
 
 class FakeAttention(torch.autograd.Function):
@@ -432,7 +432,7 @@ def test_host_strides_of_dense_non_dense_and_overlapping_tensors() -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# The step's host syncs: the stop vote, batch copies (issue 28)
+# The step's host syncs: the stop vote, batch copies
 
 
 def _stats_trainer():

@@ -65,14 +65,14 @@ FILES: dict[str, str | bytes | None] = {
     "x.py": "print('hi')\n",
     "run_dir_under_file.toml": "[launch]\nrun_dir = 'afile/run'\n",
     "not_traces.jsonl": "not json\n",
-    # issue 17 class 6
+    # Config values of the wrong type or past int64, and inputs with no text in them.
     "quoted_number.toml": '[training]\ntrain_iters = "30"\n',
     "quoted_float.toml": "[training]\nlr = '0.001'\n",
     "huge_int.toml": f"[training]\ntrain_iters = {2**63}\n",
     "fraction_for_int.toml": "[training]\ntrain_iters = 2.5\n",
     "empty.txt": "",
     "no_text_dir": None,  # a directory (no text file in it)
-    # A finished PP=1 run's checkpoint (issue 17 class 2: resumed with another layout).
+    # A finished PP=1 run's checkpoint (resumed with another pipeline layout).
     "pp1run/checkpoints/iter_0000010/manifest.json": '{"pipeline_stages": 1, "files": []}',
     "pp1run/checkpoints/latest_checkpointed_iteration.txt": "10\n",
     "pp1ckpt/iter_0000010/manifest.json": '{"pipeline_stages": 1, "files": []}',
@@ -129,7 +129,7 @@ TRAIN: dict[str, Bad] = {
     "nnodes=0": train("--nnodes", "0", names="--nnodes"),
     "nnodes=huge": train("--nnodes", "99999999999", names="--nnodes"),
     "seed=huge": train("--seed", str(2**70), names="--seed"),
-    # issue 17 class 6: every integer setting becomes an OTel attribute (int64)
+    # Out of range: every integer setting becomes an OTel attribute (int64)
     "train-iters=2**70": train("--train-iters", str(2**70), names=("--train-iters", "64 bits")),
     "save-interval=2**63": train("--save-interval", str(2**63), names=("--save-interval", "64")),
     "env:EXPORT_RANK=2**70": train(
@@ -393,7 +393,7 @@ TRAIN: dict[str, Bad] = {
 }
 
 OTHER: dict[str, Bad] = {
-    # issue 17 class 7
+    # The other commands: misspelt names, bad specs and shapes, missing or unreadable traces.
     "unknown-command": Bad(("trian",), ("no such command", "'train'")),
     "unknown-trace-command": Bad(("trace", "sumary", "x"), ("no such command", "'summary'")),
     "groups-resolve=-layer-before-dashes": Bad(("groups", "resolve", "-layer"), ("-- -layer",)),
@@ -425,7 +425,7 @@ OTHER: dict[str, Bad] = {
     "trace-export=unknown-format": Bad(
         ("trace", "export", "nope", "-o", "t.json", "--format", "svg"), ("--format", "svg")
     ),
-    # ---- issue 17: outputs never destroy what is there; hostile trace inputs --------------
+    # ---- outputs never destroy what is there; hostile trace inputs ------------------------
     "trace-export=output-is-the-input-trace": Bad(
         ("trace", "export", "runx", "-o", "runx/telemetry/traces-rank0.jsonl"),
         ("--output", "traces-rank0.jsonl", "input trace file"),

@@ -8,9 +8,12 @@ import json
 import math
 
 import pytest
+from typer.testing import CliRunner
 
 from mlaunch import envcontract
+from mlaunch.cli import build_app
 from mlaunch.launcher import capture as cap
+from mlaunch.slurm.status import job_status
 
 
 def make_run(tmp_path, *, enabled: bool = True, step_ms: float = 50.0, last: int = 40):
@@ -32,6 +35,11 @@ def make_run(tmp_path, *, enabled: bool = True, step_ms: float = 50.0, last: int
     return run_dir
 
 
+def target(run_dir, cwd):
+    """``request_capture``'s first two arguments for ``run_dir``: its name and its status."""
+    return str(run_dir), lambda: job_status(str(run_dir), cwd)
+
+
 def ack(run_dir, rank: int, **body) -> None:
     path = envcontract.capture_ack_file(run_dir, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -43,7 +51,7 @@ def test_start_is_ahead_of_the_furthest_rank_by_the_lead(tmp_path):
     for rank in (0, 1):
         ack(run_dir, rank, state="listening", exporting=rank == 1, world_size=2)
     req = cap.request_capture(
-        str(run_dir), tmp_path, recorded=False, ranks="all", groups="all", iterations=5
+        *target(run_dir, tmp_path), recorded=False, ranks="all", groups="all", iterations=5
     )
     lead = max(cap.MIN_LEAD_ITERS, math.ceil(cap.LEAD_S / 0.05))
     assert req.start_iteration == 40 + lead + 1
@@ -72,7 +80,7 @@ def test_bad_requests_are_refused_and_write_nothing(tmp_path, kwargs, needle):
     run_dir = make_run(tmp_path)
     ranks = kwargs.pop("ranks", "all")
     with pytest.raises(cap.CaptureInputError, match=needle):
-        cap.request_capture(str(run_dir), tmp_path, recorded=False, ranks=ranks, **kwargs)
+        cap.request_capture(*target(run_dir, tmp_path), recorded=False, ranks=ranks, **kwargs)
     assert not (run_dir / envcontract.CAPTURE_REQUEST_FILE).exists()
 
 
@@ -80,7 +88,7 @@ def test_a_run_with_telemetry_off_is_refused(tmp_path):
     run_dir = make_run(tmp_path, enabled=False)
     with pytest.raises(cap.CaptureInputError, match="telemetry is off"):
         cap.request_capture(
-            str(run_dir), tmp_path, recorded=False, ranks="all", groups="all", iterations=2
+            *target(run_dir, tmp_path), recorded=False, ranks="all", groups="all", iterations=2
         )
     assert not (run_dir / envcontract.CAPTURE_REQUEST_FILE).exists()
 
@@ -90,17 +98,32 @@ def test_a_capture_runs_until_every_listening_rank_acked_its_end(tmp_path):
     for rank in (0, 1):
         ack(run_dir, rank, state="listening")
     first = cap.request_capture(
-        str(run_dir), tmp_path, recorded=False, ranks="all", groups="layer", iterations=3
+        *target(run_dir, tmp_path), recorded=False, ranks="all", groups="layer", iterations=3
     )
     request = (run_dir / envcontract.CAPTURE_REQUEST_FILE).read_bytes()
     ack(run_dir, 0, id=first.id, state="done")
     with pytest.raises(cap.CaptureInputError, match=f"capture {first.id} is still running"):
         cap.request_capture(
-            str(run_dir), tmp_path, recorded=True, ranks="all", groups="all", iterations=2
+            *target(run_dir, tmp_path), recorded=True, ranks="all", groups="all", iterations=2
         )
     assert (run_dir / envcontract.CAPTURE_REQUEST_FILE).read_bytes() == request
     ack(run_dir, 1, id=first.id, state="missed")
     second = cap.request_capture(
-        str(run_dir), tmp_path, recorded=False, ranks="all", groups="all", iterations=2
+        *target(run_dir, tmp_path), recorded=False, ranks="all", groups="all", iterations=2
     )
     assert second.id != first.id
+
+
+def test_the_arguments_are_checked_before_the_target_is_looked_up():
+    def no_lookup():
+        raise AssertionError("the target was looked up before the window was checked")
+
+    with pytest.raises(cap.CaptureInputError, match="exactly one"):
+        cap.request_capture("nowhere", no_lookup, recorded=False, ranks="all", groups="all")
+
+
+def test_an_unknown_target_is_refused_by_the_command(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(build_app("trace"), ["trace", "capture", "nowhere", "--recorded"])
+    assert result.exit_code == 2
+    assert "neither a run directory nor a SLURM job id" in result.output

@@ -1,5 +1,5 @@
-"""``mlaunch train --help`` shows the defaults plain ``mlaunch train`` really uses (issue 22 item
-9): its default config's values where that sets them, not the schema's bare ones."""
+"""``mlaunch train --help`` shows the defaults plain ``mlaunch train`` really uses: its default
+config's values where that sets them, not the schema's bare ones."""
 
 from __future__ import annotations
 

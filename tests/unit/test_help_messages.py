@@ -1,4 +1,4 @@
-"""Issue 17 class 7: help and messages, as a user sees them (real subprocesses at a fixed width).
+"""Help and messages, as a user sees them (real subprocesses at a fixed width).
 
 Rules pinned here: no help table cuts a name with "…" at 80 columns (names keep their width,
 help text wraps and folds); choice lists are spelled out; defaults are shown; docstrings flow

@@ -1,5 +1,5 @@
 """``data_path`` and Megatron-LM's data arguments: checked by the rules of the entry point that
-gets them (issue 22 item 1). The launch itself is in tests/integration/test_megatron_data_args.py."""
+gets them. The launch itself is in tests/integration/test_megatron_data_args.py."""
 
 from __future__ import annotations
 

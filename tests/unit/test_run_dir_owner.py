@@ -1,4 +1,4 @@
-"""Issue 17, class 2: a run directory has one owner at a time, and a checkpoint is resumed only
+"""A run directory has one owner at a time, and a checkpoint is resumed only
 with the layout that saved it. Both are refused before anything starts (exit 2, one line)."""
 
 from __future__ import annotations

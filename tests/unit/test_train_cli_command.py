@@ -566,7 +566,7 @@ def test_a_sampler_argument_without_a_ratio_sampler_is_shown_as_ignored(spawned)
 
 
 def test_the_relays_counts_and_the_replay_command_end_the_report(tmp_path):
-    # Issue 17 class 4: "traces: sent to ..." while every span went to the spool.
+    # The report used to say "traces: sent to ..." while every span went to the spool.
     from rich.console import Console
 
     from mlaunch.cli import train_view
@@ -597,7 +597,7 @@ def test_the_relays_counts_and_the_replay_command_end_the_report(tmp_path):
 
 
 def test_a_ratio_sampler_says_its_unit_is_a_train_block_and_warns_on_too_few(spawned):
-    # Issue 17 class 4: a 20-iteration run at ratio 0.5 kept 0 or 100 % of its spans.
+    # A 20-iteration run at ratio 0.5 keeps 0 or 100 % of its spans: the report says why.
     env = {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.5"}
     text = " ".join(
         invoke("--dry-run", "--train-iters", "20", env=env).output.replace("│", " ").split()

@@ -262,7 +262,7 @@ def test_launcher_modules_never_import_torch():
 
 
 def test_megatron_arguments_go_only_to_a_megatron_lm_entry_point(tmp_path):
-    # Issue 17 class 4: unset = on for pretrain_*.py / a megatron/ checkout / megatron.* modules.
+    # Unset = on for pretrain_*.py / a megatron/ checkout / megatron.* modules.
     (tmp_path / "pretrain_gpt.py").write_text("")
     (tmp_path / "train.py").write_text("")
     (tmp_path / "lm").mkdir()
@@ -341,7 +341,7 @@ def test_the_starting_line_and_the_restart_notice():
 
 def test_a_rerun_in_a_run_dir_with_checkpoints_resumes_without_save_interval(tmp_path):
     # runs/k9l/checkpoints held iteration 30 and a rerun without --save-interval started at
-    # iteration 1 (issue 22): it resumes from them, and saves there at the end again
+    # iteration 1: it resumes from them, and saves there at the end again
     run_dir = tmp_path / "run"
     fresh = build({"launch.run_dir": str(run_dir)}, config="tiny", cwd=tmp_path)
     assert "--load" not in fresh.argv and "--save" not in fresh.argv

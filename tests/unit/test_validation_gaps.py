@@ -1,4 +1,4 @@
-"""Issue 17 class 6 (validation gaps) beyond the bad-input corpus: what is now accepted (a config
+"""Validation gaps beyond the bad-input corpus: what is now accepted (a config
 with a UTF-8 byte-order mark) and what the trainer itself reports (MLAUNCH_PREEMPT_SIGNALS named as
 the variable, an empty --data-path refused before any tensor exists)."""
 
