@@ -189,7 +189,7 @@ def test_capture_recorded_dumps_every_rank_and_a_stale_request_is_ignored(tmp_pa
 
 
 def test_capture_of_a_finished_run_exits_2_and_writes_nothing(tmp_path):
-    run = run_trainer(tmp_path, [*TINY, "--train-iters", "2"], nproc=1, env=recorder_env())
+    run = run_trainer(tmp_path, [*TINY, "--train-iters", "2"], plain=True, env=recorder_env())
     assert run.returncode == 0, run.output[-3000:]
     code, out = trace_cli("capture", str(run.run_dir), "--recorded")
     assert code == 2 and "completed" in out
