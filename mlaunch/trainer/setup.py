@@ -50,9 +50,9 @@ def join_job(args: argparse.Namespace) -> tuple[Any, Topology, Path, StopFlag]:
         settings = settings.model_copy(update={"run_id": run_id})
     run_dir = envcontract.worker_run_dir(os.environ, run_id)
     run_dir.mkdir(parents=True, exist_ok=True)
-    stop = StopFlag(args.preempt_signals)
-    stop.install()
-    return settings, topo, run_dir, stop
+    stop_flag = StopFlag(args.preempt_signals)
+    stop_flag.install()
+    return settings, topo, run_dir, stop_flag
 
 
 def install_step_hooks(topo: Topology) -> None:
