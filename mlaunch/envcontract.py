@@ -281,27 +281,28 @@ def hang_dir(run_dir: str | Path) -> Path:
 
 # ``progress.jsonl`` (:data:`PROGRESS_FILE`): one JSON object per line, appended and flushed by the
 # rank that owns the loss, one per iteration and one per evaluation. Its two records are these
-# dataclasses (their fields, in order, are the JSON keys); readers tell them apart with
-# :func:`is_step_record` and :func:`is_eval_record` (an earlier trainer's, or a cut, line may
-# lack keys, so readers keep the JSON object rather than insist on every field).
+# dataclasses (their fields, in order, are the JSON keys): the trainer writes them with
+# :func:`progress_line`, readers read them back with :func:`read_progress_record`. Every field may
+# read as None: a non-finite float is written as null, and an earlier trainer's line, or a cut
+# one, may lack keys, which read as None rather than make the line unreadable.
 
 
 @dataclass(frozen=True, slots=True)
 class ProgressStep:
     """One training iteration's line of ``progress.jsonl``."""
 
-    iteration: int
-    train_iters: int
-    loss: float
-    lr: float
-    grad_norm: float
-    tokens_per_sec: float
-    step_ms: float
+    iteration: int | None
+    train_iters: int | None
+    loss: float | None
+    lr: float | None
+    grad_norm: float | None
+    tokens_per_sec: float | None
+    step_ms: float | None
     #: CPU time of the whole process during the step (steadier than wall time on a shared host).
-    cpu_ms: float
-    skipped: bool
+    cpu_ms: float | None
+    skipped: bool | None
     #: Wall clock at the end of the step: a reader can see stalls between steps.
-    time: float
+    time: float | None
     #: Data parallelism only (else left out): the step's gradient buckets, and how many of them
     #: the last backward launched itself (all of them when the all-reduce overlaps backward).
     grad_buckets: int | None = None
@@ -312,8 +313,8 @@ class ProgressStep:
 class ProgressEval:
     """One evaluation's line of ``progress.jsonl``."""
 
-    iteration: int
-    eval_loss: float
+    iteration: int | None
+    eval_loss: float | None
     #: The greedy completion of a held-out prompt (``--sample-tokens``), else left out.
     sample: str | None = None
 
@@ -352,6 +353,26 @@ def is_step_record(record: Mapping[str, Any]) -> bool:
 def is_eval_record(record: Mapping[str, Any]) -> bool:
     """Whether a ``progress.jsonl`` object is an evaluation's (:class:`ProgressEval`)."""
     return "eval_loss" in record
+
+
+_STEP_FIELDS = tuple(f.name for f in fields(ProgressStep))
+_EVAL_FIELDS = tuple(f.name for f in fields(ProgressEval))
+
+
+def read_progress_record(raw: bytes | str) -> ProgressStep | ProgressEval | None:
+    """One line of ``progress.jsonl`` as its record: an evaluation's when it has ``eval_loss``,
+    else a step's when it has ``loss`` (:func:`is_eval_record`, :func:`is_step_record`); None
+    for a line that is neither, or no JSON object (a crash can cut the last line). A key the line
+    lacks reads as None; values are the line's own, unchecked (a reader checks the type of what
+    it uses, as it checked the JSON object's), and keys no record has are dropped."""
+    record = parse_progress_line(raw)
+    if record is None:
+        return None
+    if is_eval_record(record):
+        return ProgressEval(**{name: record.get(name) for name in _EVAL_FIELDS})
+    if is_step_record(record):
+        return ProgressStep(**{name: record.get(name) for name in _STEP_FIELDS})
+    return None
 
 
 #: The glob of every rank's traces file (what the file exporter writes).

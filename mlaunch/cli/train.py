@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -22,6 +22,9 @@ from mlaunch.cli.setting_flags import (
     register_command,
 )
 from mlaunch.settings import flag_name
+
+if TYPE_CHECKING:  # the launcher loads only when a command launches (fast --help)
+    from mlaunch.launcher.plan import LaunchPlan
 
 
 def _own_parameters() -> list[tuple[str, Any, Any]]:
@@ -131,7 +134,7 @@ def run_train(
     return result.exit_code
 
 
-def _device_problem(plan: Any) -> tuple[str, str] | None:
+def _device_problem(plan: LaunchPlan) -> tuple[str, str] | None:
     """``--device cuda`` on a machine whose workers would see no CUDA: refused before the run
     directory exists or torchrun starts (doctor's probe, in a subprocess: the launcher never
     imports torch). Only a real launch asks: ``--dry-run`` and ``mlaunch sbatch`` plan on
@@ -152,7 +155,7 @@ def _device_problem(plan: Any) -> tuple[str, str] | None:
     )
 
 
-def _node_console(plan: Any, console: Any) -> Any:
+def _node_console(plan: LaunchPlan, console: Any) -> Any:
     """Where this node's summary, progress view and result go: the terminal on node 0 (or a
     single node); on the other nodes of a multi-node run their ``launcher.log``, so a job's
     output (all nodes' stdout in one SLURM file) shows one progress view, not several
@@ -168,7 +171,7 @@ def _node_console(plan: Any, console: Any) -> Any:
     return Console(file=log, width=120, force_terminal=False)
 
 
-def _write_report(plan: Any) -> Path | None:
+def _write_report(plan: LaunchPlan) -> Path | None:
     """The HTML report of a finished run, or None (with a note) when it cannot be made."""
     if not (plan.settings.telemetry.enabled and plan.settings.telemetry.exporter == "file"):
         typer.echo("report: skipped (only runs traced with the file exporter have local traces)")

@@ -205,14 +205,12 @@ def _recent_steps(run_dir: Path) -> tuple[int | None, float | None]:
     iteration: int | None = None
     steps: list[float] = []
     for raw in reversed(lines):
-        record = ec.parse_progress_line(raw)
-        if record is None or not isinstance(record.get("iteration"), int):
-            continue
-        if not ec.is_step_record(record):
-            continue  # an evaluation record
-        iteration = record["iteration"] if iteration is None else iteration
-        if isinstance(record.get("step_ms"), int | float) and record["step_ms"] > 0:
-            steps.append(record["step_ms"] / 1e3)
+        record = ec.read_progress_record(raw)
+        if not isinstance(record, ec.ProgressStep) or not isinstance(record.iteration, int):
+            continue  # unreadable, an evaluation record, or no iteration
+        iteration = record.iteration if iteration is None else iteration
+        if isinstance(record.step_ms, int | float) and record.step_ms > 0:
+            steps.append(record.step_ms / 1e3)
         if len(steps) >= STEP_SAMPLES:
             break
     return iteration, (statistics.median(steps) if steps else None)

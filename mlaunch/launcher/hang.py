@@ -32,10 +32,13 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlaunch import envcontract as ec
 from mlaunch.launcher.hang_report import HangReport, Worker, collect, write_merged
+
+if TYPE_CHECKING:  # the type only: importing this module never loads the settings layer
+    from mlaunch.launcher.plan import LaunchPlan
 
 #: ``auto``'s floor, and its multiple of the median iteration time.
 AUTO_MIN_S = 300.0
@@ -111,7 +114,7 @@ class Watchdog:
     at each restart). :meth:`check` is called from the follower's loop."""
 
     def __init__(
-        self, plan: Any, started: float, receiver: Any = None, *, nccl_env: bool = False
+        self, plan: LaunchPlan, started: float, receiver: Any = None, *, nccl_env: bool = False
     ) -> None:
         launch = plan.settings.launch
         self.plan = plan

@@ -50,7 +50,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import mlaunch
 from mlaunch import envcontract as ec
@@ -59,6 +59,10 @@ from mlaunch.launcher.attempt_entry import attempt_span_id, traceparent
 from mlaunch.model.identity import RUN_UUID, run_identity
 from mlaunch.model.spans import Attr, ResourceAttr, SpanName
 from mlaunch.otlp import traceparent as traceparent_header
+
+if TYPE_CHECKING:  # the types only: importing this module never loads the settings layer
+    from mlaunch.launcher.plan import LaunchPlan
+    from mlaunch.settings import Settings
 
 log = logging.getLogger("mlaunch.launcher.jobtrace")
 
@@ -76,7 +80,7 @@ _TORCHRUN_FLAGS = frozenset(
 )
 
 
-def enabled(settings: Any) -> bool:
+def enabled(settings: Settings) -> bool:
     """Whether a launch with these settings emits a job trace: telemetry and traces on."""
     t = settings.telemetry
     return bool(t.enabled and t.traces_enabled and not t.otel.sdk_disabled)
@@ -279,7 +283,7 @@ class UpstreamSink:
         return post
 
 
-def default_sinks(plan: Any) -> list[SpanSink]:
+def default_sinks(plan: LaunchPlan) -> list[SpanSink]:
     """The file, plus the endpoint when the run exports over OTLP."""
     sinks: list[SpanSink] = [FileSink(ec.launcher_traces_file(plan.run_dir, _node(plan)))]
     t = plan.settings.telemetry
@@ -289,7 +293,7 @@ def default_sinks(plan: Any) -> list[SpanSink]:
     return sinks
 
 
-def relay_sinks(plan: Any, receiver: Any) -> list[SpanSink] | None:
+def relay_sinks(plan: LaunchPlan, receiver: Any) -> list[SpanSink] | None:
     """With the launcher's relay, the file plus the receiver (which forwards the job trace
     upstream and spools it next to the launcher file when the collector is down); else None (the
     default sinks)."""
@@ -299,7 +303,7 @@ def relay_sinks(plan: Any, receiver: Any) -> list[SpanSink] | None:
     return [FileSink(path), ReceiverSink(receiver, path)]
 
 
-def _node(plan: Any) -> int:
+def _node(plan: LaunchPlan) -> int:
     return int(plan.settings.launch.node_rank)
 
 
@@ -345,7 +349,7 @@ class JobTrace:
 
     def __init__(
         self,
-        plan: Any,
+        plan: LaunchPlan,
         environ: Mapping[str, str] | None = None,
         sinks: list[SpanSink] | None = None,
     ) -> None:
@@ -653,7 +657,7 @@ class _NoJobTrace:
         yield
 
 
-def start(plan: Any, sinks: list[SpanSink] | None = None) -> JobTrace | _NoJobTrace:
+def start(plan: LaunchPlan, sinks: list[SpanSink] | None = None) -> JobTrace | _NoJobTrace:
     """The job trace of this launch (a do-nothing stand-in when telemetry or traces are off, or
     when it cannot be set up: that never stops the launch)."""
     if not enabled(plan.settings):

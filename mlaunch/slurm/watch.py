@@ -151,7 +151,7 @@ def _iteration(span: dict[str, Any]) -> int | None:
     return int(it) if isinstance(it, int | float) else None
 
 
-def _progress_records(run_dir: Path, limit: int = 256 << 10) -> list[dict[str, Any]]:
+def _progress_records(run_dir: Path, limit: int = 256 << 10) -> list[ec.ProgressStep]:
     """The training records in the last ``limit`` bytes of ``progress.jsonl``."""
     try:
         with (run_dir / ec.PROGRESS_FILE).open("rb") as fh:
@@ -164,14 +164,14 @@ def _progress_records(run_dir: Path, limit: int = 256 << 10) -> list[dict[str, A
         lines = lines[1:]  # cut by the seek
     out = []
     for raw in lines:
-        rec = ec.parse_progress_line(raw)
-        if rec is not None and ec.is_step_record(rec) and isinstance(rec.get("time"), int | float):
+        rec = ec.read_progress_record(raw)
+        if isinstance(rec, ec.ProgressStep) and isinstance(rec.time, int | float):
             out.append(rec)
     return out
 
 
 def rolling_goodput(
-    records: list[dict[str, Any]], now: float, started: float | None, window_s: float
+    records: list[ec.ProgressStep], now: float, started: float | None, window_s: float
 ) -> tuple[float | None, float | None]:
     """Step time over wall time in the last ``window_s`` (or since the launch, if later):
     (goodput, window). None when no step ended in the window."""
@@ -180,9 +180,7 @@ def rolling_goodput(
         begin = max(begin, started)
     wall = now - begin
     steps = [
-        r["step_ms"] / 1e3
-        for r in records
-        if r["time"] >= begin and isinstance(r.get("step_ms"), int | float)
+        r.step_ms / 1e3 for r in records if r.time >= begin and isinstance(r.step_ms, int | float)
     ]
     if not steps or wall <= 0:
         return None, None
@@ -247,9 +245,9 @@ def snapshot(target: str, cwd: Path, state: WatchState, now: float | None = None
     records = _progress_records(run_dir)
     snap.goodput, snap.goodput_window_s = rolling_goodput(records, now, started, GOODPUT_WINDOW_S)
     if records:
-        snap.iteration = records[-1].get("iteration")
-        snap.train_iters = records[-1].get("train_iters")
-    ends = [r["time"] for r in records[-1:]]
+        snap.iteration = records[-1].iteration
+        snap.train_iters = records[-1].train_iters
+    ends = [r.time for r in records[-1:]]
     ends += [now - r.step_age_s for r in snap.ranks if r.step_age_s is not None]
     snap.since_progress_s = max(0.0, now - max(ends)) if ends else None
     snap.hang_timeout = hang_timeout(run_dir)

@@ -69,7 +69,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from pathlib import Path
 from threading import Lock, get_ident
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlaunch.model.groups import FINE_GRAINED_GROUPS, SpanGroup
 from mlaunch.model.spans import GOODPUT_SPAN_NAMES, Attr, region_name
@@ -81,6 +81,9 @@ from mlaunch.telemetry._devicetime import CudaEventTimer, HostClock
 from mlaunch.telemetry._recorder import RECORDER, RecordedSpan, new_recorded
 from mlaunch.telemetry._recorder import RootRecordedSpan as _RootRecorded
 from mlaunch.telemetry._spans import CoarseSpan, FineSpan
+
+if TYPE_CHECKING:  # the type only: importing the telemetry API never loads pydantic
+    from mlaunch.settings import TelemetrySettings
 
 log = logging.getLogger("mlaunch.telemetry")
 
@@ -207,7 +210,7 @@ class Telemetry:
 
 
 def setup(
-    settings: Any = None,
+    settings: TelemetrySettings | None = None,
     *,
     rank: int,
     world_size: int,
@@ -322,7 +325,7 @@ def setup(
 
 
 def _identity(
-    settings: Any,
+    settings: TelemetrySettings,
     handle: Telemetry,
     resource: Mapping[str, Any] | None,
     run_dir: str | Path | None,
@@ -355,7 +358,7 @@ def _identity(
 
 
 def _start_recorder(
-    settings: Any,
+    settings: TelemetrySettings,
     handle: Telemetry,
     identity: tuple[str, str, int, Path],
     *,
@@ -406,7 +409,7 @@ def _start_recorder(
 
 
 def _start_capture_watch(
-    settings: Any,
+    settings: TelemetrySettings,
     identity: tuple[str, str, int, Path],
     *,
     rank: int,
@@ -470,7 +473,7 @@ def _hang_watch(where: Path, rank: int) -> dict[str, Any]:
     }
 
 
-def _start_beat(settings: Any, *, rank: int, run_dir: str | Path | None) -> None:
+def _start_beat(settings: TelemetrySettings, *, rank: int, run_dir: str | Path | None) -> None:
     """Under ``mlaunch train``, a rank with telemetry off still keeps a progress beat and
     answers the launcher's hang requests (the request watcher's thread, one ``stat`` a second);
     it takes no captures (the command refuses them on such a run)."""

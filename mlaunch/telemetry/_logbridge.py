@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlaunch.telemetry._sinks import otlp_headers, protocol_kwargs
+
+if TYPE_CHECKING:
+    from mlaunch.settings import TelemetrySettings
 
 log = logging.getLogger("mlaunch.telemetry")
 
@@ -32,7 +35,7 @@ class LogBridge:
         self.provider.shutdown()
 
 
-def install_log_bridge(settings: Any, resource: Any) -> LogBridge | None:
+def install_log_bridge(settings: TelemetrySettings, resource: Any) -> LogBridge | None:
     """Send Python logging to the ``otlp`` or ``console`` exporter; None for the file and none
     exporters, which have no log output (Python logging keeps its own handlers). Raises when the
     SDK's logs support is missing or the exporter cannot be built."""

@@ -45,7 +45,7 @@ from collections import deque
 from pathlib import Path
 from random import getrandbits
 from time import time_ns
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlaunch import envcontract
 from mlaunch.model.spans import RECORDER_TRIGGERS, Attr, ResourceAttr, train_block
@@ -60,6 +60,9 @@ from mlaunch.telemetry._spans import (
     error_description,
     segment_trace_id,
 )
+
+if TYPE_CHECKING:
+    from mlaunch.settings import TelemetrySettings
 
 log = logging.getLogger("mlaunch.telemetry")
 
@@ -495,7 +498,13 @@ _CURRENT = RECORDER.current
 
 
 def recorder_resource(
-    settings: Any, *, run_id: str, rank: int, world_size: int, local_rank: int, extra: Any
+    settings: TelemetrySettings,
+    *,
+    run_id: str,
+    rank: int,
+    world_size: int,
+    local_rank: int,
+    extra: Any,
 ) -> dict[str, Any]:
     """The resource of a rank's dumps: what the reader needs to place them (no SDK needed)."""
     attrs: dict[str, Any] = {

@@ -58,6 +58,7 @@ from mlaunch.model.spans import (
     train_block,
 )
 from mlaunch.otlp import traceparent
+from mlaunch.settings import TelemetrySettings
 from mlaunch.settings.run_id import choose_run_id, torchrun_shared_ids
 from mlaunch.telemetry import _spans
 from mlaunch.telemetry._encode import Limits, SpanEncoder
@@ -110,7 +111,7 @@ def parse_traceparent(value: str) -> SpanContext | None:
 
 
 def build_resource_attributes(
-    settings: Any,
+    settings: TelemetrySettings,
     *,
     run_id: str,
     rank: int,
@@ -230,7 +231,7 @@ class Runtime:
 
     def __init__(
         self,
-        settings: Any,
+        settings: TelemetrySettings,
         *,
         rank: int,
         world_size: int,

@@ -13,11 +13,14 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from mlaunch import envcontract
 from mlaunch.otlp import otlp_json
 from mlaunch.telemetry._encode import SpanEncoder
+
+if TYPE_CHECKING:
+    from mlaunch.settings import TelemetrySettings
 
 
 class ExportFailed(Exception):
@@ -204,7 +207,7 @@ class OtlpSink(Sink):
     layer of the SDK's exporters (gRPC: the exporter with a bytes stub; HTTP: its HTTP client,
     which compresses, sets headers and certificates, retries). Metrics: the SDK's exporters."""
 
-    def __init__(self, settings: Any, traces: bool, metrics: bool) -> None:
+    def __init__(self, settings: TelemetrySettings, traces: bool, metrics: bool) -> None:
         otel = settings.otel
         self.span_exporter = None
         self.metric_exporter = None
@@ -255,7 +258,9 @@ class OtlpSink(Sink):
                     exporter.shutdown()
 
 
-def build_sink(settings: Any, run_dir: Path, rank: int, traces: bool, metrics: bool) -> Sink:
+def build_sink(
+    settings: TelemetrySettings, run_dir: Path, rank: int, traces: bool, metrics: bool
+) -> Sink:
     """The sink ``settings.exporter`` names (``otlp``, ``file``, ``console``; anything else is
     ``none``: decisions and conversion happen, nothing is written)."""
     exporter = settings.exporter

@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -50,6 +50,8 @@ from mlaunch.trainer.state import TrainState, checkpoint_state, restore_checkpoi
 
 MODEL_TYPE = "gpt"
 _NULL = contextlib.nullcontext()
+# Why training ends after an iteration: a preemption signal, or ``--exit-interval``.
+ExitReason = Literal["signal", "exit_interval"]
 
 
 @dataclass
@@ -57,7 +59,7 @@ class StepResult:
     loss: float
     grad_norm: float
     skipped: bool
-    stop: bool
+    stop_requested: bool  # some rank's stop flag was set (the all-rank vote of this step)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -73,18 +75,18 @@ class Trainer:
         args: argparse.Namespace,
         topo: Topology,
         run_dir: Path,
-        stop: StopFlag,
+        stop_flag: StopFlag,
         block_iters: int = 100,
         state: TrainState | None = None,
     ) -> None:
-        self.args, self.topo, self.run_dir, self.stop = args, topo, run_dir, stop
+        self.args, self.topo, self.run_dir, self.stop_flag = args, topo, run_dir, stop_flag
         self.block_iters = block_iters  # iterations per megatron.train block
         self.num_micro = args.global_batch_size // (args.micro_batch_size * topo.dp)
         self.cfg = gpt_config(args)
         # main passes its own, so that the error file of a failed start-up names the iteration.
         self.state = state if state is not None else TrainState.fresh(args)
         self.last_saved = -1
-        self._stop_vote: torch.Tensor | None = None  # the device scalar of the stop vote
+        self._stop_vote: torch.Tensor | None = None  # this rank's stop flag, on the device
         self._slow_vote: torch.Tensor | None = None  # the recorder's slow flag, likewise
         # Flight recorder: this rank's last iteration was slow (sent with the next step's stats
         # reduce), and a dump every rank owes after the step whose reduce said some rank was.
@@ -183,12 +185,12 @@ class Trainer:
                         block_cm = telemetry.span(G.JOB, SpanName.TRAIN)
                         train_span = block_cm.__enter__()
                         block.push(block_cm)  # its __exit__, with the exception if one ends it
-                    stop = self.iteration(progress, first=first)
+                    exit_reason = self.iteration(progress, first=first)
                     first = False
-                    if stop is not None or s.iteration >= args.train_iters:
+                    if exit_reason is not None or s.iteration >= args.train_iters:
                         if args.save and self.last_saved != s.iteration:
                             self.save()  # the final save, inside the last block
-                        if stop == "signal":
+                        if exit_reason == "signal":
                             # The job was cut short: the block is marked truncated, as a block
                             # still open at shutdown is, so a reader can tell a preempted run
                             # from a finished one.
@@ -202,9 +204,9 @@ class Trainer:
         finally:
             progress.close()
 
-    def iteration(self, progress: Progress, *, first: bool) -> str | None:
+    def iteration(self, progress: Progress, *, first: bool) -> ExitReason | None:
         """One iteration with its metrics, progress line, evaluation and periodic save. Returns
-        why training stops after it (``"signal"``, ``"exit_interval"``), or None to go on."""
+        why training ends after it, or None to go on."""
         args, topo, s = self.args, self.topo, self.state
         iteration = s.iteration + 1
         telemetry.set_iteration(iteration)
@@ -247,17 +249,19 @@ class Trainer:
 
         if args.eval_iters > 0 and iteration % args.eval_interval == 0:
             self.evaluate(iteration, progress)
-        exiting = bool(args.exit_interval) and iteration % args.exit_interval == 0
-        if result.stop:
+        at_exit_interval = bool(args.exit_interval) and iteration % args.exit_interval == 0
+        if result.stop_requested:
             telemetry.recorder_dump("signal")  # before the save, which may take long
         if args.save and (
-            result.stop or exiting or (args.save_interval and iteration % args.save_interval == 0)
+            result.stop_requested
+            or at_exit_interval
+            or (args.save_interval and iteration % args.save_interval == 0)
         ):
             self.save()
-        if result.stop or exiting:
-            why = "stop requested by signal" if result.stop else "--exit-interval reached"
+        if result.stop_requested or at_exit_interval:
+            why = "stop requested by signal" if result.stop_requested else "--exit-interval reached"
             log(topo, f"{why}: stopped after iteration {iteration}")
-            return "signal" if result.stop else "exit_interval"
+            return "signal" if result.stop_requested else "exit_interval"
         return None
 
     # -- one iteration ----------------------------------------------------------------------
@@ -306,7 +310,7 @@ class Trainer:
             # The step's one host sync (the norm decides skip and clip on the host) happens here,
             # outside the optimizer span: on a GPU it waits for all of forward-backward, which
             # the optimizer span must not absorb. Device-timed spans are resolved right after it.
-            grad_norm, loss_value, stop = self._reduce_stats(loss)
+            grad_norm, loss_value, stop_requested = self._reduce_stats(loss)
             with telemetry.span(G.OPTIMIZER, SpanName.OPTIMIZER) as opt_span:
                 skipped = not math.isfinite(grad_norm)
                 if skipped:
@@ -326,7 +330,7 @@ class Trainer:
             step_span.set_attribute(Attr.GRAD_NORM, grad_norm)
             step_span.set_attribute(Attr.SKIPPED, skipped)
         s.consumed_samples += args.global_batch_size
-        return StepResult(loss_value, grad_norm, skipped, stop)
+        return StepResult(loss_value, grad_norm, skipped, stop_requested)
 
     def _before_last_backward(self, iteration: int) -> None:
         """The test hook's NaN goes in before the last backward (accumulation keeps it), then the
@@ -336,7 +340,7 @@ class Trainer:
             self.grads.arm(self.topo.dp_group)
 
     def _reduce_stats(self, loss: torch.Tensor | None) -> tuple[float, float, bool]:
-        """Global gradient norm, data-parallel mean loss and the stop vote, in one small
+        """Global gradient norm, data-parallel mean loss and the stop-flag vote, in one small
         all-reduce over all ranks (the norm needs every stage anyway)."""
         topo, s = self.topo, self.state
         if s.loss_scale != 1.0:
@@ -355,7 +359,7 @@ class Trainer:
         if self._stop_vote is None:
             self._stop_vote = torch.zeros((), dtype=torch.float64, device=sq.device)
             self._slow_vote = torch.zeros((), dtype=torch.float64, device=sq.device)
-        vote = self._stop_vote.fill_(float(self.stop.requested))
+        vote = self._stop_vote.fill_(float(self.stop_flag.requested))
         slow = self._slow_vote.fill_(float(self.recorder_slow))
         stats = torch.stack([sq, loss_t, vote, slow])
         if topo.distributed and topo.world_size > 1:
@@ -417,7 +421,7 @@ class Trainer:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: validate, join the job, set up telemetry, train, shut down."""
     args = parse_and_validate(argv)
-    settings, topo, run_dir, stop = join_job(args)
+    settings, topo, run_dir, stop_flag = join_job(args)
     # The job's telemetry: shut down (flushed, what is still open ended as truncated) on every
     # way out of this block, after the error file is written.
     with telemetry.setup(
@@ -433,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         # The state is main's, so that an error file names the iteration even when start-up fails.
         state = TrainState.fresh(args)
         try:
-            Trainer(args, topo, run_dir, stop, block_iters(args, settings), state).train()
+            Trainer(args, topo, run_dir, stop_flag, block_iters(args, settings), state).train()
         except checkpoint.SaveDirNotShared as exc:
             # A setup problem, not a crash: one line, exit 2, the reason in the error file too.
             print(f"{PROG}: error: save: {exc}", file=sys.stderr, flush=True)

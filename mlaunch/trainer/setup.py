@@ -27,6 +27,7 @@ import torch.distributed as dist
 from mlaunch import envcontract, telemetry
 from mlaunch.model.gpt_shape import GPTConfig
 from mlaunch.model.spans import ResourceAttr
+from mlaunch.settings import SettingsError, TelemetrySettings, load_telemetry_settings
 from mlaunch.settings.trainer_cli import PROG
 from mlaunch.trainer import profiling
 from mlaunch.trainer.parallel import Topology, init_distributed
@@ -39,7 +40,7 @@ def log(topo: Topology | None, message: str, *, all_ranks: bool = False) -> None
         print(f"{prefix}{message}", flush=True)
 
 
-def join_job(args: argparse.Namespace) -> tuple[Any, Topology, Path, StopFlag]:
+def join_job(args: argparse.Namespace) -> tuple[TelemetrySettings, Topology, Path, StopFlag]:
     """The process joins its job: its telemetry settings (invalid ones exit 2 before any process
     group exists), the process group, the run id every rank shares, its run directory (created)
     and the preemption-signal handler (installed). Returns them in that order."""
@@ -50,9 +51,9 @@ def join_job(args: argparse.Namespace) -> tuple[Any, Topology, Path, StopFlag]:
         settings = settings.model_copy(update={"run_id": run_id})
     run_dir = envcontract.worker_run_dir(os.environ, run_id)
     run_dir.mkdir(parents=True, exist_ok=True)
-    stop = StopFlag(args.preempt_signals)
-    stop.install()
-    return settings, topo, run_dir, stop
+    stop_flag = StopFlag(args.preempt_signals)
+    stop_flag.install()
+    return settings, topo, run_dir, stop_flag
 
 
 def install_step_hooks(topo: Topology) -> None:
@@ -76,11 +77,9 @@ def gpt_config(args: argparse.Namespace) -> GPTConfig:
     )
 
 
-def load_settings_or_exit(args: argparse.Namespace) -> Any:
+def load_settings_or_exit(args: argparse.Namespace) -> TelemetrySettings:
     """The worker's telemetry settings: its environment with its own ``--otel-*`` flags on top.
     Invalid settings exit 2 before any process group exists, identically on every rank."""
-    from mlaunch.settings import SettingsError, load_telemetry_settings
-
     overrides: dict[str, Any] = {}
     if args.otel_enabled:
         overrides["enabled"] = True
@@ -96,7 +95,7 @@ def load_settings_or_exit(args: argparse.Namespace) -> Any:
         raise SystemExit(2) from None
 
 
-def choose_run_id(settings: Any, topo: Topology) -> str:
+def choose_run_id(settings: TelemetrySettings, topo: Topology) -> str:
     """The run id :func:`mlaunch.settings.choose_run_id` picks (the launcher sets it); when it
     has none to pick, a fresh one from rank 0, broadcast as bytes (no object collectives: they
     need pickling and numpy)."""
@@ -241,7 +240,7 @@ def write_error_file(
         )
 
 
-def block_iters(args: argparse.Namespace, settings: Any) -> int:
+def block_iters(args: argparse.Namespace, settings: TelemetrySettings) -> int:
     """Iterations per ``megatron.train`` block: ``--save-interval`` when the run saves, else the
     trace-segment count K (``MEGATRON_OTEL_TRACE_SEGMENT_ITERS``)."""
     if args.save and args.save_interval and args.save_interval > 0:

@@ -443,7 +443,7 @@ def _stats_trainer():
     tr.state = loop.TrainState()
     grad = torch.tensor([3.0, 4.0])
     tr.grads, tr.norm_grads = SimpleNamespace(flat=grad), [grad]
-    tr.stop = loop.StopFlag()
+    tr.stop_flag = loop.StopFlag()
     tr.ctx = SimpleNamespace(p2p=SimpleNamespace(after_sync=lambda: None))
     tr._stop_vote = tr._slow_vote = None
     tr.recorder_slow, tr.recorder_trigger = False, None
@@ -461,7 +461,7 @@ def test_the_stop_vote_is_filled_on_the_device_not_copied_from_the_host(monkeypa
     assert tr._reduce_stats(loss) == (5.0, 2.5, False)
     vote = tr._stop_vote
     assert vote is not None and vote.device == loss.device and vote.dtype == torch.float64
-    tr.stop.signal = 15
+    tr.stop_flag.signal = 15
     assert tr._reduce_stats(loss)[2] is True
     assert tr._stop_vote is vote  # made once, filled in place every step
     # the flight recorder's slow flag rides on the same reduce, filled on the device likewise
