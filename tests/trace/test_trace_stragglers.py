@@ -340,3 +340,36 @@ def test_a_window_holds_a_run_of_the_steps_and_widens_past_its_edges(
     assert tail[tail.bisect(29) - 1] == (20, 25, 3) and tail[tail.bisect(99) - 1] == (30, 35, 4)
     every = store_stragglers._WindowSteps(steps, 0, 4)
     assert every.bisect(-1) == 0
+
+
+@pytest.mark.parametrize("trace", sorted(TRACES))
+@pytest.mark.parametrize("window_spans", [1, 1_000_000])
+def test_steps_kept_on_disk_give_the_answer_kept_in_memory(
+    tmp_path: Path, trace: str, window_spans: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Past STEPS_IN_MEMORY the steps and collective ends live in scratch files, read back a
+    # window's run at a time: tiny blocks and spool writes put every edge of them at work, and
+    # the files are gone afterwards.
+    from mlaunch.trace import store_stragglers
+    from mlaunch.trace.store import StoreReader
+    from mlaunch.trace.stragglers import stragglers_in_memory
+
+    run_dir = TRACES[trace](tmp_path)
+    store = open_store(run_dir)
+    assert store is not None
+    whole = stragglers_in_memory(StoreReader(store)).to_json()
+    monkeypatch.setattr(store_stragglers, "WINDOW_SPANS", window_spans)
+    monkeypatch.setattr(store_stragglers, "STEPS_IN_MEMORY", 0)
+    monkeypatch.setattr(store_stragglers, "BLOCK", 2)
+    monkeypatch.setattr(store_stragglers, "SPOOL_ROWS", 7)
+    files: list[Path] = []
+    real_blob = store_stragglers._Blob.__init__
+
+    def blob(self: object, path: Path | None) -> None:
+        files.append(path)  # type: ignore[arg-type]
+        real_blob(self, path)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store_stragglers._Blob, "__init__", blob)
+    assert find_stragglers(StoreReader(store)).to_json() == whole
+    assert files and all(f is not None and not f.exists() for f in files), files
+    assert not files[0].parent.exists()  # the scratch directory too
