@@ -2,10 +2,14 @@
 bounded by the window, not by the trace (:mod:`mlaunch.trace.stragglers` holds the rules; the
 JSON reader's path runs them on the whole trace at once, and both give the same answer).
 
-What the analysis needs of the whole trace is small and read first, by DuckDB: each rank's
-resource, steps (16 bytes and an iteration each) and collective ends, which ranks' receives
-carry links, and which linked sends are in no rank's spans. The rest is read a window at a
-time: the iterations are cut into windows of about :data:`WINDOW_SPANS` phase spans, and for
+What the analysis needs of the whole trace is read first, by DuckDB: each rank's resource,
+steps and collective ends, which ranks' receives carry links, and which linked sends are in no
+rank's spans. The steps and ends are sorted a rank at a time into a :class:`_Blob` (in memory
+for a small trace; past :data:`STEPS_IN_MEMORY` steps, files in the store's scratch directory,
+removed at the end), and what stays in memory is only the first key of every :data:`BLOCK`-th
+row (and the block's largest step end) and each iteration's earliest and latest start across
+the ranks: a window reads back by offset the run of each rank's steps and ends it needs. The
+rest is read a window at a time: the iterations are cut into windows of about :data:`WINDOW_SPANS` phase spans, and for
 each rank a window holds every span that overlaps the time from the end of its collective
 before the window's first step to the start of its step after the last (Arrow filters the
 rank's parts on the part's time range, then on each row's), plus a halo of iterations either
@@ -195,9 +199,9 @@ class _Blob:
         self.size += len(data)
         return pos
 
-    def read(self, pos: int, n: int) -> bytes:
+    def read(self, pos: int, n: int) -> bytes | bytearray:
         if self.fd is None:
-            return bytes(self.buf[pos : pos + n])
+            return self.buf[pos : pos + n]  # a copy: no view holds the buffer while it grows
         out = os.pread(self.fd, n, pos)
         if len(out) != n:
             raise OSError(f"short read of a straggler scratch file ({len(out)} of {n} bytes)")
