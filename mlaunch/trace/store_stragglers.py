@@ -9,16 +9,17 @@ for a small trace; past :data:`STEPS_IN_MEMORY` steps, files in the store's scra
 removed at the end), and what stays in memory is only the first key of every :data:`BLOCK`-th
 row (and the block's largest step end) and each iteration's earliest and latest start across
 the ranks: a window reads back by offset the run of each rank's steps and ends it needs. The
-rest is read a window at a time: the iterations are cut into windows of about :data:`WINDOW_SPANS` phase spans, and for
-each rank a window holds every span that overlaps the time from the end of its collective
-before the window's first step to the start of its step after the last (Arrow filters the
-rank's parts on the part's time range, then on each row's), plus a halo of iterations either
-side. The synchronising points of the window's own iterations (and the receives in the time
-they own) are charged there, with the same functions as the whole trace; whatever they look up
-that the window does not hold whole (a time before its start, an iteration of the halo's edge,
-a linked send elsewhere) raises :class:`~mlaunch.trace.stragglers.Widen`, and the window is
-done again with a halo four times wider (the last resort, the whole trace: the answer never
-depends on the window).
+rest is read a window at a time: the iterations are cut into windows of about
+:data:`WINDOW_SPANS` phase spans, and for each rank a window holds every span that overlaps the
+time from the end of its collective before the window's first step to the start of its step
+after the last (Arrow filters the rank's parts on the part's time range, then on each row's),
+plus a halo of iterations either side. The synchronising points of the window's own
+iterations (and the receives in the time they own) are charged there, with the same functions
+as the whole trace; whatever they look up that the window does not hold whole (a time before
+its start, an iteration of the halo's edge, a linked send elsewhere, a step or collective end
+past the runs it read) raises :class:`~mlaunch.trace.stragglers.Widen`, and the window is done
+again with a halo four times wider (the last resort, the whole trace: the answer never depends
+on the window).
 
 Two passes: the P2P floors (a receiver's shortest wait at each exchange in any iteration, the
 sender's earliest start into its step there) are global, so a first pass over the windows
