@@ -218,6 +218,15 @@ class _Rank:
         i = self._step_before(t)
         return self.steps[i][0] if i >= 0 and self.steps[i][1] >= t else None
 
+    def collective_before(self, t: int) -> int | None:
+        """The end of the rank's last collective at or before ``t`` (None: none)."""
+        ends = self.collective_ends
+        find = getattr(ends, "before", None)  # a window's run of the store's ends: Widen past it
+        if find is not None:
+            return find(t)
+        i = bisect_right(ends, t) - 1
+        return ends[i] if i >= 0 else None
+
     def phase_times(self, a: int, b: int) -> dict[str, int]:
         """Nanoseconds of each phase within [a, b] (time no span covers is ``other``)."""
         out: dict[str, int] = defaultdict(int)
@@ -381,8 +390,9 @@ def _window(r: _Rank, arrival: int) -> tuple[int, int]:
     """Where a rank's time before ``arrival`` is looked at: since its previous collective ended
     (so the time between steps, checkpoint, evaluation and the next batch, counts too), else
     since the start of its step."""
-    i = bisect_right(r.collective_ends, arrival) - 1
-    a = r.collective_ends[i] if i >= 0 else r.step_start(arrival)
+    a = r.collective_before(arrival)
+    if a is None:
+        a = r.step_start(arrival)
     return (arrival if a is None else min(a, arrival), arrival)
 
 

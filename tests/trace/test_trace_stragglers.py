@@ -340,3 +340,77 @@ def test_a_window_holds_a_run_of_the_steps_and_widens_past_its_edges(
     assert tail[tail.bisect(29) - 1] == (20, 25, 3) and tail[tail.bisect(99) - 1] == (30, 35, 4)
     every = store_stragglers._WindowSteps(steps, 0, 4)
     assert every.bisect(-1) == 0
+
+
+@pytest.mark.parametrize("trace", sorted(TRACES))
+@pytest.mark.parametrize("window_spans", [1, 1_000_000])
+def test_steps_kept_on_disk_give_the_answer_kept_in_memory(
+    tmp_path: Path, trace: str, window_spans: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Past STEPS_IN_MEMORY the steps and collective ends live in scratch files, read back a
+    # window's run at a time: tiny blocks and spool writes put every edge of them at work, and
+    # the files are gone afterwards.
+    from mlaunch.trace import store_stragglers
+    from mlaunch.trace.store import StoreReader
+    from mlaunch.trace.stragglers import stragglers_in_memory
+
+    run_dir = TRACES[trace](tmp_path)
+    store = open_store(run_dir)
+    assert store is not None
+    whole = stragglers_in_memory(StoreReader(store)).to_json()
+    monkeypatch.setattr(store_stragglers, "WINDOW_SPANS", window_spans)
+    monkeypatch.setattr(store_stragglers, "STEPS_IN_MEMORY", 0)
+    monkeypatch.setattr(store_stragglers, "BLOCK", 2)
+    monkeypatch.setattr(store_stragglers, "SPOOL_ROWS", 7)
+    files: list[Path] = []
+    real_blob = store_stragglers._Blob.__init__
+
+    def blob(self: object, path: Path | None) -> None:
+        files.append(path)  # type: ignore[arg-type]
+        real_blob(self, path)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store_stragglers._Blob, "__init__", blob)
+    assert find_stragglers(StoreReader(store)).to_json() == whole
+    assert files and all(f is not None and not f.exists() for f in files), files
+    assert not files[0].parent.exists()  # the scratch directory too
+
+
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_sorted_steps_and_ends_answer_as_the_whole_arrays(
+    tmp_path: Path, on_disk: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The searches through the per-block index answer as bisect on every row would, ties
+    # across block edges included; a window's run of ends widens past its edges.
+    import random
+    from bisect import bisect_left, bisect_right
+
+    import numpy as np
+
+    from mlaunch.trace import store_stragglers as ss
+    from mlaunch.trace.stragglers import Widen
+
+    monkeypatch.setattr(ss, "BLOCK", 3)
+    rng = random.Random(5)
+    steps = sorted((s, s + rng.randrange(0, 40), rng.randrange(9)) for s in
+                   (rng.randrange(0, 200, 5) for _ in range(50)))  # fmt: skip
+    ends = sorted(rng.randrange(0, 250, 3) for _ in range(40))
+    blob = ss._Blob(tmp_path / "blob" if on_disk else None)
+    rows = np.array(steps, dtype=ss._step_rows().dtype)
+    sorted_steps, sorted_ends = ss._SortedSteps(blob, rows), ss._SortedEnds(blob, np.array(ends))
+    starts = [s for s, _, _ in steps]
+    for t in range(-5, 260):
+        assert sorted_steps.lower(t) == bisect_left(starts, t)
+        assert sorted_steps.upper(t) == bisect_right(starts, t)
+        assert sorted_steps.bisect(t) == bisect_right(steps, (t, 1 << 62, 0))
+        assert sorted_ends.upper(t) == bisect_right(ends, t)
+        for hi in (t, t + 7, t + 60):
+            assert sorted_steps.overlapping(t, hi) == [s for s in steps if s[0] <= hi and s[1] >= t]
+    assert sorted_steps.run(4, 9)[:] == steps[4:9] and list(sorted_ends.run(2, 6)) == ends[2:6]
+    run = ss._WindowEnds(sorted_ends, 5, 12)
+    for t in range(ends[5], ends[11]):
+        assert run.before(t) == ends[bisect_right(ends, t) - 1]
+    for t in (ends[5] - 1, ends[11], 999):
+        with pytest.raises(Widen):
+            run.before(t)
+    assert ss._WindowEnds(sorted_ends, 0, 3).before(ends[0] - 1) is None
+    blob.close()
