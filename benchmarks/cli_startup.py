@@ -1,7 +1,7 @@
 """CLI start-up cost: ``mlaunch groups resolve all`` against ``python -c "import torch"``.
 
 Both are run alternately in fresh processes, so machine noise hits them alike; prints the
-medians and their ratio. Goals (issue 2): the first <= 0.25 s and <= 0.2x the second.
+medians and their ratio. Goals (a CLI that answers at once): the first <= 0.25 s and <= 0.2x the second.
 
     python benchmarks/cli_startup.py [--runs 15]
 """

@@ -12,7 +12,7 @@ hot path, as ``span_overhead.py``'s recorder rows). Prints the median and the mi
 of each, with the A/A and new/base ratios of the medians. Rows: a disabled span, a recorded span,
 one with an ``attrs=`` mapping, and a recorded span nested in another (ns per pair).
 
-Goal (issue 23): a recorded span <= 500 ns of training-thread CPU.
+Goal (the flight recorder's): a recorded span <= 500 ns of training-thread CPU.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The size of ``mlaunch trace report`` for a 1,000-iteration ``per_step`` run (issue 9's goal:
+"""The size of ``mlaunch trace report`` for a 1,000-iteration ``per_step`` run (the report's goal:
 under 10 MB), with what it is made of, and the time to write it.
 
 The run is synthetic (tests/report/report_synth.py): 4 ranks, PP=2 x DP=2, 4 microbatches, the

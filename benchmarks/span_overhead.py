@@ -388,7 +388,8 @@ def main() -> None:
     print_whole(whole_process(n_whole))
 
 
-RECORDED_GOAL_NS = 500  # issue 23: a recorded span costs the training thread <= 0.5 us
+#: The flight recorder's goal: a recorded span costs the training thread <= 0.5 us.
+RECORDED_GOAL_NS = 500
 
 
 def print_recorded(number: int, repeat: int) -> None:

@@ -9,7 +9,7 @@ span with attributes), then times, in one process:
   ratio to the orjson floor;
 * ``summary``, ``goodput``: the full streaming passes the commands run;
 * ``export``: Chrome JSON (skipped with ``--no-export``; it keeps a record per span);
-* the span store (issue 25; ``--no-store`` skips it), each pass in a fresh process so that its
+* the span store (``--no-store`` skips it), each pass in a fresh process so that its
   peak RSS is its own: ``first read`` = building the store from the JSON plus the summary on it
   (goal: <= 1.5x the orjson decode CPU), ``summary store`` (goal: <= 3 s wall at 10^7 spans),
   ``goodput store``, ``sql count`` (the per-name count of docs/trace.md), and the store's size

@@ -6,7 +6,7 @@ PyTorch loop of the same model and batch with no mlaunch code. Prints the median
 each spec against off, and the trainer's tokens/s against the plain loop.
 
 Goals: default <= 1.001, per_step <= 1.005, all <= 1.05; ``default`` exported with ``all`` in the
-flight recorder (``default+rec``, issue 23) <= 1.01; trainer / plain tokens/s >= 0.95.
+flight recorder (``default+rec``) <= 1.01; trainer / plain tokens/s >= 0.95.
 Both wall time and process CPU time per step are reported; on a shared, loaded machine the CPU
 time is the trustworthy one (the verdicts use it), on a dedicated machine both agree. A third
 measure takes everything the run costs: the user + system CPU time of the whole process tree
@@ -40,7 +40,7 @@ SPECS = ["off", "default", "per_step", "all"]
 #: A second telemetry-off process per round: its ratio to "off" is the process-to-process noise
 #: floor, printed beside the goals so a reader can tell a real cost from a lucky process.
 CONTROL = "off (again)"
-#: ``default`` exported plus ``all`` kept by the flight recorder (issue 23): its cost is the
+#: ``default`` exported plus ``all`` kept by the flight recorder: its cost is the
 #: recording on the training thread and the ring's sealing, never an export.
 RECORDED = "default+rec"
 GOALS = {"default": 1.001, "per_step": 1.005, "all": 1.05, RECORDED: 1.01}
