@@ -32,6 +32,15 @@ KILL_AFTER = 8  # past the first checkpoint, well before the end
 ARGS = ["--train-iters", str(ITERS), "--log-interval", "1", "--eval-interval", "0"]
 
 
+def _has_spans(run_dir: Path, rank: int) -> bool:
+    """Whether the rank's traces file holds a whole line (a batch of spans) yet."""
+    path = run_dir / "telemetry" / f"traces-rank{rank}.jsonl"
+    try:
+        return b"\n" in path.read_bytes()
+    except FileNotFoundError:
+        return False
+
+
 def mlaunch_train(cwd: Path, run_dir: Path, *args: str) -> subprocess.Popen:
     # wide: summary rows on one line
     return mlaunch("--run-dir", str(run_dir), *ARGS, *args, cwd=cwd, env=clean_env(COLUMNS="250"))
@@ -87,7 +96,15 @@ def test_kill_9_a_worker_restarts_the_group_and_resumes_the_same_loss_sequence(t
         records = train_records(run_dir)
         if victim is None and records:
             victim = worker_pid(run_dir, 1)
-        if victim is not None and records and records[-1]["iteration"] >= KILL_AFTER:
+        # Not before rank 1 has written spans: what its export thread (draining every 0.25 s)
+        # has not written when SIGKILL lands is lost, and on an idle machine iteration 8 came
+        # before its first write (no attempt-0 span of rank 1 for the check below).
+        if (
+            victim is not None
+            and records
+            and records[-1]["iteration"] >= KILL_AFTER
+            and _has_spans(run_dir, 1)
+        ):
             os.kill(victim, signal.SIGKILL)  # the fault: rank 1 dies without a chance to react
             break
         time.sleep(0.02)
