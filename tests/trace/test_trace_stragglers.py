@@ -13,7 +13,7 @@ from support.trace_cli import invoke_trace, user_error
 
 from mlaunch.model.spans import Attr, ResourceAttr, SpanName
 from mlaunch.trace.reader import TraceInputError, TraceReader
-from mlaunch.trace.store import open_store
+from mlaunch.trace.store import Store, open_store
 from mlaunch.trace.store_stragglers import find_stragglers
 
 S = SpanName
@@ -269,6 +269,17 @@ TRACES = {
 }  # fmt: skip
 
 
+def _whole_in_memory(tmp_path: Path, trace: str) -> tuple[Path, Store, dict]:
+    """One of TRACES written, its store, and the answer of the whole trace analysed at once."""
+    from mlaunch.trace.store import StoreReader
+    from mlaunch.trace.stragglers import stragglers_in_memory
+
+    run_dir = TRACES[trace](tmp_path)
+    store = open_store(run_dir)
+    assert store is not None
+    return run_dir, store, stragglers_in_memory(StoreReader(store)).to_json()
+
+
 @pytest.mark.parametrize("trace", sorted(TRACES))
 @pytest.mark.parametrize("window_spans", [1, 40, 1_000_000])
 def test_the_windowed_analysis_equals_the_whole_trace_in_memory(
@@ -279,10 +290,7 @@ def test_the_windowed_analysis_equals_the_whole_trace_in_memory(
     from mlaunch.trace.store import StoreReader
     from mlaunch.trace.stragglers import stragglers_in_memory
 
-    run_dir = TRACES[trace](tmp_path)
-    store = open_store(run_dir)
-    assert store is not None
-    whole = stragglers_in_memory(StoreReader(store)).to_json()
+    run_dir, store, whole = _whole_in_memory(tmp_path, trace)
     assert whole == stragglers_in_memory(TraceReader.open(run_dir)).to_json()
     monkeypatch.setattr(store_stragglers, "WINDOW_SPANS", window_spans)
     monkeypatch.setattr(store_stragglers, "CACHE_ROWS", 50)
@@ -352,12 +360,8 @@ def test_steps_kept_on_disk_give_the_answer_kept_in_memory(
     # the files are gone afterwards.
     from mlaunch.trace import store_stragglers
     from mlaunch.trace.store import StoreReader
-    from mlaunch.trace.stragglers import stragglers_in_memory
 
-    run_dir = TRACES[trace](tmp_path)
-    store = open_store(run_dir)
-    assert store is not None
-    whole = stragglers_in_memory(StoreReader(store)).to_json()
+    _, store, whole = _whole_in_memory(tmp_path, trace)
     monkeypatch.setattr(store_stragglers, "WINDOW_SPANS", window_spans)
     monkeypatch.setattr(store_stragglers, "STEPS_IN_MEMORY", 0)
     monkeypatch.setattr(store_stragglers, "BLOCK", 2)
