@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from mlaunch import envcontract as ec
 from mlaunch.doctor.results import NET_TIMEOUT_S, CheckResult, fail, ok, warn
-from mlaunch.model.gpt_shape import GPTConfig, count_parameters
+from mlaunch.model.gpt_shape import count_parameters, gpt_config
 from mlaunch.model.spec import quoted
 from mlaunch.settings import Settings
 
@@ -119,16 +119,7 @@ def check_rendezvous(settings: Settings, timeout_s: float = NET_TIMEOUT_S) -> li
 def checkpoint_bytes(settings: Settings) -> tuple[int, int]:
     """``(parameters, bytes of the kept checkpoints)``: the trainer's exact parameter count,
     each with 4 bytes of weights and 8 of AdamW state, times ``keep_last``."""
-    m = settings.model
-    params = count_parameters(
-        GPTConfig(
-            num_layers=m.num_layers,
-            hidden_size=m.hidden_size,
-            num_heads=m.num_attention_heads,
-            seq_length=m.seq_length,
-            tie_embeddings=not m.untie_embeddings,
-        )
-    )
+    params = count_parameters(gpt_config(settings.model))
     return params, params * CHECKPOINT_BYTES_PER_PARAM * settings.training.keep_last
 
 

@@ -9,6 +9,7 @@ parameters here without importing torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 #: Byte-level tokens: every byte value is a token.
 VOCAB_SIZE = 256
@@ -25,6 +26,20 @@ class GPTConfig:
     vocab_size: int = VOCAB_SIZE
     tie_embeddings: bool = True
     hidden_dropout: float = 0.0  # no parameters: not part of the count
+
+
+def gpt_config(shape: Any, hidden_dropout: float = 0.0) -> GPTConfig:
+    """The GPT's shape from anything that names it with Megatron-LM's arguments
+    (``num_layers``, ``hidden_size``, ``num_attention_heads``, ``seq_length``,
+    ``untie_embeddings``): the trainer's parsed arguments, or the settings' model section."""
+    return GPTConfig(
+        num_layers=shape.num_layers,
+        hidden_size=shape.hidden_size,
+        num_heads=shape.num_attention_heads,
+        seq_length=shape.seq_length,
+        tie_embeddings=not shape.untie_embeddings,
+        hidden_dropout=hidden_dropout,
+    )
 
 
 def count_parameters(cfg: GPTConfig) -> int:

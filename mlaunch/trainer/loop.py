@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from mlaunch import envcontract, telemetry
-from mlaunch.model.gpt_shape import train_flops_per_token
+from mlaunch.model.gpt_shape import gpt_config, train_flops_per_token
 from mlaunch.model.groups import SpanGroup as G
 from mlaunch.model.spans import Attr, SpanName, train_block
 from mlaunch.settings.trainer_cli import PROG, parse_and_validate
@@ -39,7 +39,6 @@ from mlaunch.trainer.sample import complete
 from mlaunch.trainer.setup import (
     StopFlag,
     block_iters,
-    gpt_config,
     install_step_hooks,
     join_job,
     log,
@@ -82,7 +81,7 @@ class Trainer:
         self.args, self.topo, self.run_dir, self.stop_flag = args, topo, run_dir, stop_flag
         self.block_iters = block_iters  # iterations per megatron.train block
         self.num_micro = args.global_batch_size // (args.micro_batch_size * topo.dp)
-        self.cfg = gpt_config(args)
+        self.cfg = gpt_config(args, hidden_dropout=args.hidden_dropout)
         # main passes its own, so that the error file of a failed start-up names the iteration.
         self.state = state if state is not None else TrainState.fresh(args)
         self.last_saved = -1

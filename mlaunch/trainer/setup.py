@@ -1,7 +1,7 @@
 """The trainer's process set-up, before the recipe: joining the job (its telemetry settings, the
-process group, the run id, the run directory, the preemption signals), the model's shape from the
-arguments, the resource attributes its telemetry carries and the hooks it needs of torch, how many
-iterations a ``megatron.train`` block holds, and the error file a failing rank leaves.
+process group, the run id, the run directory, the preemption signals), the resource attributes
+its telemetry carries and the hooks it needs of torch, how many iterations a ``megatron.train``
+block holds, and the error file a failing rank leaves.
 
 Like nanochat's ``common.py`` beside ``base_train.py``: what every process does once, kept out of
 the recipe (:mod:`mlaunch.trainer.loop`) so that it reads top to bottom.
@@ -25,7 +25,6 @@ import torch
 import torch.distributed as dist
 
 from mlaunch import envcontract, telemetry
-from mlaunch.model.gpt_shape import GPTConfig
 from mlaunch.model.spans import ResourceAttr
 from mlaunch.settings import SettingsError, TelemetrySettings, load_telemetry_settings
 from mlaunch.settings.trainer_cli import PROG
@@ -63,18 +62,6 @@ def install_step_hooks(topo: Topology) -> None:
     if topo.device.type == "cuda":
         telemetry.set_event_timer(telemetry.CudaEventTimer())
     profiling.install()
-
-
-def gpt_config(args: argparse.Namespace) -> GPTConfig:
-    """The model's shape from the trainer's arguments."""
-    return GPTConfig(
-        num_layers=args.num_layers,
-        hidden_size=args.hidden_size,
-        num_heads=args.num_attention_heads,
-        seq_length=args.seq_length,
-        tie_embeddings=not args.untie_embeddings,
-        hidden_dropout=args.hidden_dropout,
-    )
 
 
 def load_settings_or_exit(args: argparse.Namespace) -> TelemetrySettings:
