@@ -335,42 +335,28 @@ def progress_line(record: ProgressStep | ProgressEval) -> str:
     return json.dumps(out) + "\n"
 
 
-def parse_progress_line(raw: bytes | str) -> dict[str, Any] | None:
-    """One line of ``progress.jsonl`` as its JSON object; None when it is no JSON object (a
-    crash can cut the last line)."""
-    try:
-        record = json.loads(raw)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
-
-
-def is_step_record(record: Mapping[str, Any]) -> bool:
-    """Whether a ``progress.jsonl`` object is a training step's (:class:`ProgressStep`)."""
-    return "loss" in record and "eval_loss" not in record
-
-
-def is_eval_record(record: Mapping[str, Any]) -> bool:
-    """Whether a ``progress.jsonl`` object is an evaluation's (:class:`ProgressEval`)."""
-    return "eval_loss" in record
-
+#: Either record of ``progress.jsonl``.
+ProgressRecord = ProgressStep | ProgressEval
 
 _STEP_FIELDS = tuple(f.name for f in fields(ProgressStep))
 _EVAL_FIELDS = tuple(f.name for f in fields(ProgressEval))
 
 
-def read_progress_record(raw: bytes | str) -> ProgressStep | ProgressEval | None:
+def read_progress_record(raw: bytes | str) -> ProgressRecord | None:
     """One line of ``progress.jsonl`` as its record: an evaluation's when it has ``eval_loss``,
-    else a step's when it has ``loss`` (:func:`is_eval_record`, :func:`is_step_record`); None
-    for a line that is neither, or no JSON object (a crash can cut the last line). A key the line
-    lacks reads as None; values are the line's own, unchecked (a reader checks the type of what
-    it uses, as it checked the JSON object's), and keys no record has are dropped."""
-    record = parse_progress_line(raw)
-    if record is None:
+    else a step's when it has ``loss``; None for a line that is neither, or no JSON object (a
+    crash can cut the last line). A key the line lacks reads as None; values are the line's own,
+    unchecked (a reader checks the type of what it uses, as it checked the JSON object's), and
+    keys no record has are dropped."""
+    try:
+        record = json.loads(raw)
+    except ValueError:
         return None
-    if is_eval_record(record):
+    if not isinstance(record, dict):
+        return None
+    if "eval_loss" in record:
         return ProgressEval(**{name: record.get(name) for name in _EVAL_FIELDS})
-    if is_step_record(record):
+    if "loss" in record:
         return ProgressStep(**{name: record.get(name) for name in _STEP_FIELDS})
     return None
 

@@ -275,8 +275,8 @@ def dry_run_text(plan: LaunchPlan, show_secrets: bool = False) -> str:
 # While running
 
 
-def _fmt(record: dict[str, Any], key: str, spec: str) -> str:
-    value = record.get(key)
+def _fmt(value: object, spec: str) -> str:
+    """A record's number in ``spec``, or "-" where the record has none."""
     return format(value, spec) if isinstance(value, int | float) else "-"
 
 
@@ -347,29 +347,26 @@ class PlainDisplay:
         self.log_interval = max(1, log_interval)
         self.plan = plan
 
-    def record(self, record: dict[str, Any]) -> None:
+    def record(self, record: ec.ProgressRecord) -> None:
         """Print a record at each log interval (and the first and last iterations)."""
-        if "eval_loss" in record:
+        if isinstance(record, ec.ProgressEval):
             self.console.print(
-                f"eval at iteration {record.get('iteration')}: loss {_fmt(record, 'eval_loss', '.4f')}",
+                f"eval at iteration {record.iteration}: loss {_fmt(record.eval_loss, '.4f')}",
                 highlight=False,
                 soft_wrap=True,
             )
             return
-        iteration = record.get("iteration")
+        iteration = record.iteration
         if isinstance(iteration, int) and not (
-            iteration % self.log_interval == 0
-            or iteration == 1
-            or iteration == record.get("train_iters")
+            iteration % self.log_interval == 0 or iteration == 1 or iteration == record.train_iters
         ):
             return
         self.console.print(
-            f"iteration {record.get('iteration')}/{record.get('train_iters')}"
-            f" | loss {_fmt(record, 'loss', '.4f')} | lr {_fmt(record, 'lr', '.2e')}"
-            f" | grad norm {_fmt(record, 'grad_norm', '.3f')}"
-            f" | {_fmt(record, 'tokens_per_sec', ',.0f')} tokens/s"
-            f" | {_fmt(record, 'step_ms', '.1f')} ms/step"
-            + (" | skipped" if record.get("skipped") else ""),
+            f"iteration {record.iteration}/{record.train_iters}"
+            f" | loss {_fmt(record.loss, '.4f')} | lr {_fmt(record.lr, '.2e')}"
+            f" | grad norm {_fmt(record.grad_norm, '.3f')}"
+            f" | {_fmt(record.tokens_per_sec, ',.0f')} tokens/s"
+            f" | {_fmt(record.step_ms, '.1f')} ms/step" + (" | skipped" if record.skipped else ""),
             highlight=False,
             soft_wrap=True,
         )
@@ -424,17 +421,17 @@ class BarDisplay(PlainDisplay):
         self.task = self.progress.add_task("train", total=total, loss="-", tps="-")
         self.progress.start()
 
-    def record(self, record: dict[str, Any]) -> None:
+    def record(self, record: ec.ProgressRecord) -> None:
         """Advance the bar (evaluation results are printed above it)."""
-        if "eval_loss" in record:
+        if isinstance(record, ec.ProgressEval):
             super().record(record)
             return
         self.progress.update(
             self.task,
-            completed=int(record.get("iteration", 0)),
-            total=int(record.get("train_iters") or self.progress.tasks[0].total or 0),
-            loss=_fmt(record, "loss", ".4f"),
-            tps=_fmt(record, "tokens_per_sec", ",.0f"),
+            completed=int(record.iteration or 0),
+            total=int(record.train_iters or self.progress.tasks[0].total or 0),
+            loss=_fmt(record.loss, ".4f"),
+            tps=_fmt(record.tokens_per_sec, ",.0f"),
         )
 
     def close(self) -> None:
@@ -551,11 +548,9 @@ def print_result(
     table.add_row("status", status)
     if train:
         last = train[-1]
-        table.add_row("iterations", f"{last.get('iteration')}/{last.get('train_iters')}")
-        table.add_row("final loss", _fmt(last, "loss", ".4f"))
-        tps = [
-            r["tokens_per_sec"] for r in train if isinstance(r.get("tokens_per_sec"), int | float)
-        ]
+        table.add_row("iterations", f"{last.iteration}/{last.train_iters}")
+        table.add_row("final loss", _fmt(last.loss, ".4f"))
+        tps = [r.tokens_per_sec for r in train if isinstance(r.tokens_per_sec, int | float)]
         if tps:
             table.add_row("tokens/s", f"{statistics.mean(tps):,.0f} (mean of {len(tps)} records)")
     table.add_row("wall time", f"{result.wall_s:.1f} s")

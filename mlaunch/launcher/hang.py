@@ -143,11 +143,13 @@ class Watchdog:
         self.attempt = attempt
         self._attempt_start(when)
 
-    def record(self, record: dict[str, Any]) -> None:
+    def record(self, record: ec.ProgressRecord) -> None:
         """A progress.jsonl record (mlaunch's trainer)."""
-        it, t = record.get("iteration"), record.get("time")
-        if isinstance(it, int) and ec.is_step_record(record):
-            self._observe("progress", 0, it, t if isinstance(t, int | float) else time.time())
+        if isinstance(record, ec.ProgressStep) and isinstance(record.iteration, int):
+            t = record.time
+            self._observe(
+                "progress", 0, record.iteration, t if isinstance(t, int | float) else time.time()
+            )
 
     def timeout_s(self) -> float:
         """The bound that applies now."""

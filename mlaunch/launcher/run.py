@@ -160,8 +160,9 @@ class ProgressTail:
         self.offset = path.stat().st_size if path.exists() else 0
         self._partial = b""
 
-    def read(self) -> list[dict[str, Any]]:
-        """New records since the last call (a half-written last line waits for the next)."""
+    def read(self) -> list[ec.ProgressRecord]:
+        """New records since the last call (a half-written last line waits for the next; a
+        line that is no record is skipped)."""
         try:
             with self.path.open("rb") as fh:
                 fh.seek(self.offset)
@@ -174,7 +175,7 @@ class ProgressTail:
         self._partial = lines.pop()
         out = []
         for line in lines:
-            record = ec.parse_progress_line(line)
+            record = ec.read_progress_record(line)
             if record is not None:
                 out.append(record)
         return out
@@ -497,7 +498,7 @@ class RunResult:
 
     exit_code: int
     wall_s: float
-    records: list[dict[str, Any]]
+    records: list[ec.ProgressRecord]
     """Every progress record this launch saw (training and eval)."""
     interrupted: int | None = None
     """The signal forwarded to the job, if any."""
@@ -518,15 +519,15 @@ class RunResult:
     """Every hang the watchdog reported during the launch."""
 
     @property
-    def train_records(self) -> list[dict[str, Any]]:
+    def train_records(self) -> list[ec.ProgressStep]:
         """The training records (not evaluation ones)."""
-        return [r for r in self.records if ec.is_step_record(r)]
+        return [r for r in self.records if isinstance(r, ec.ProgressStep)]
 
 
 class Display(Protocol):
     """What the follower reports progress to (a Rich bar, plain lines, or nothing)."""
 
-    def record(self, record: dict[str, Any]) -> None: ...
+    def record(self, record: ec.ProgressRecord) -> None: ...
 
     def interrupted(self, signum: int, forced: bool = False) -> None: ...
 
@@ -640,7 +641,7 @@ def _execute_locked(
     create_run_dir(plan, show_secrets=show_secrets)
     tail = ProgressTail(plan.progress_file)
     start = time.time()
-    records: list[dict[str, Any]] = []
+    records: list[ec.ProgressRecord] = []
     spawn_fn = spawn_fn or spawn
     # The embedded OTLP receiver / relay (None when the plan does not call for one). Started
     # before torchrun so the workers' environment can point at it; closed (flushed, spooled,

@@ -111,8 +111,8 @@ class JobStatus:
 # The run directory
 
 
-def _last_json_line(path: Path, want: str) -> dict[str, Any] | None:
-    """The last JSON line of ``path`` with the key ``want`` (reads only the file's tail)."""
+def _last_step(path: Path) -> ec.ProgressStep | None:
+    """The last training record of a ``progress.jsonl`` (reads only the file's tail)."""
     try:
         with path.open("rb") as fh:
             fh.seek(0, 2)
@@ -122,11 +122,8 @@ def _last_json_line(path: Path, want: str) -> dict[str, Any] | None:
     except OSError:
         return None
     for raw in reversed(lines):
-        try:
-            record = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and want in record:
+        record = ec.read_progress_record(raw)
+        if isinstance(record, ec.ProgressStep):
             return record
     return None
 
@@ -236,10 +233,15 @@ def failures(run_dir: Path, since: float | None = None, slack_s: float = 1.0) ->
 
 def progress(run_dir: Path) -> dict[str, Any] | None:
     """The newest training record of ``progress.jsonl`` (iteration, loss, age)."""
-    record = _last_json_line(run_dir / ec.PROGRESS_FILE, "loss")
+    record = _last_step(run_dir / ec.PROGRESS_FILE)
     if record is None:
         return None
-    out = {k: record.get(k) for k in ("iteration", "train_iters", "loss", "time")}
+    out: dict[str, Any] = {
+        "iteration": record.iteration,
+        "train_iters": record.train_iters,
+        "loss": record.loss,
+        "time": record.time,
+    }
     if isinstance(out["time"], int | float):
         out["age_s"] = round(time.time() - out["time"], 1)
     return out

@@ -167,10 +167,13 @@ def test_curves_fall_back_to_step_span_attributes(tmp_path: Path) -> None:
 
 def test_unreadable_progress_lines_are_skipped_and_noted(hand_run: Path) -> None:
     with open(hand_run / "progress.jsonl", "a") as f:
-        f.write('{"loss": 1.0}\n{"iteration": 3, "loss"')  # no iteration; a cut last line
+        # No iteration; an iteration that is no whole number; neither record's; a cut last line.
+        f.write(
+            '{"loss": 1.0}\n{"iteration": "3", "loss": 1.0}\n{"iteration": 3}\n{"iteration": 3, "loss"'
+        )
     r = invoke(hand_run)
     assert r.exit_code == 0, r.output
-    assert "2 unreadable line(s) of progress.jsonl skipped" in r.output
+    assert "4 unreadable line(s) of progress.jsonl skipped" in r.output
 
 
 def test_a_traces_file_reports_its_whole_run_directory(hand_run: Path) -> None:

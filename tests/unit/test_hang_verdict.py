@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from mlaunch import envcontract as ec
 from mlaunch.launcher import hang
 from mlaunch.launcher.hang_report import HangReport, RankView, hang_status, judge, write_report
 from mlaunch.settings import LaunchSettings
@@ -48,6 +49,11 @@ def test_stacks_alone_group_by_frame_and_say_when_no_rank_stands_out() -> None:
     assert judge([*views, unread]).startswith("ranks 0,1,2: at train.py:10 step; rank 3: stacks")
 
 
+def _step(**fields: object) -> ec.ProgressRecord | None:
+    """A training record, read from its line of progress.jsonl as the follower reads it."""
+    return ec.read_progress_record(json.dumps(fields))
+
+
 def _watchdog(value: str) -> hang.Watchdog:
     launch = LaunchSettings(hang_timeout=value)
     plan = SimpleNamespace(settings=SimpleNamespace(launch=launch), run_dir=Path("/nonexistent"))
@@ -59,10 +65,10 @@ def test_auto_is_ten_median_iterations_with_a_floor_once_five_have_run(median_s,
     w = _watchdog("auto")
     assert w.timeout_s() == hang.AUTO_STARTUP_S  # start-up: nothing has iterated
     for it in range(1, 4):
-        w.record({"iteration": it, "loss": 1.0, "time": it * median_s})
+        w.record(_step(iteration=it, loss=1.0, time=it * median_s))
     assert w.timeout_s() == hang.AUTO_MIN_S  # iterating, not yet 5 iterations: the floor
     for it in range(4, 8):
-        w.record({"iteration": it, "loss": 1.0, "time": it * median_s})
+        w.record(_step(iteration=it, loss=1.0, time=it * median_s))
     assert w.timeout_s() == bound
     w.attempt_started(1, 0.0)  # a restart: start-up again
     assert w.timeout_s() == hang.AUTO_STARTUP_S
@@ -71,7 +77,7 @@ def test_auto_is_ten_median_iterations_with_a_floor_once_five_have_run(median_s,
 def test_a_number_of_seconds_holds_after_a_longer_start_up_and_off_watches_nothing() -> None:
     w = _watchdog("10")
     assert w.timeout_s() == hang.STARTUP_MIN_S
-    w.record({"iteration": 1, "loss": 1.0, "time": 1.0})
+    w.record(_step(iteration=1, loss=1.0, time=1.0))
     assert w.timeout_s() == 10.0
     off = _watchdog("off")
     assert off.enabled is False and off.check(torchrun_pid=1, now=1e12) is None
@@ -141,7 +147,6 @@ def test_a_stopped_rank_waits_for_nothing_it_is_the_one_the_others_wait_for() ->
 def test_jobs_that_may_use_nccl_get_its_flight_recorder_and_the_users_values_win(
     tmp_path: Path, device: str
 ) -> None:
-    from mlaunch import envcontract as ec
     from mlaunch.launcher.worker_env import worker_environment
     from mlaunch.settings import load_settings
 

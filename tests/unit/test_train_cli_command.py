@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from mlaunch import envcontract as ec
 from mlaunch.cli import build_app
 from mlaunch.launcher import attempt_entry
 from mlaunch.launcher import run as lrun
@@ -521,8 +522,11 @@ def test_terminal_gets_a_progress_bar():
 
     out = io.StringIO()
     bar = BarDisplay(Console(file=out, force_terminal=True, width=120), total=10)
-    bar.record({"iteration": 4, "train_iters": 10, "loss": 2.5, "tokens_per_sec": 1234.0})
-    bar.record({"iteration": 4, "eval_loss": 2.25})
+    for line in (
+        {"iteration": 4, "train_iters": 10, "loss": 2.5, "tokens_per_sec": 1234.0},
+        {"iteration": 4, "eval_loss": 2.25},
+    ):
+        bar.record(ec.read_progress_record(json.dumps(line)))
     task = bar.progress.tasks[0]
     assert (task.completed, task.total, task.fields["loss"], task.fields["tps"]) == (
         4,

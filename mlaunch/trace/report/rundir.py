@@ -25,9 +25,9 @@ def default_output(path: Path) -> Path:
     return run_directory(path) / envcontract.REPORT_FILE
 
 
-#: The keys of a training record of ``progress.jsonl`` the curves draw, and of an eval record.
+#: The fields of a training record of ``progress.jsonl`` (:class:`~mlaunch.envcontract.ProgressStep`)
+#: the curves draw.
 TRAIN_KEYS = ("loss", "lr", "grad_norm", "tokens_per_sec", "step_ms")
-EVAL_KEY = "eval_loss"
 
 
 @dataclass
@@ -45,7 +45,7 @@ class Progress:
 def read_progress(run_dir: Path) -> tuple[Progress, int]:
     """The curves of ``progress.jsonl`` (the last record per iteration and kind, so a resumed
     run's repeats count once) and the number of unreadable lines skipped (a crash can cut the
-    last)."""
+    last; a line that is no record, or has no whole-number iteration, is skipped too)."""
     prog = Progress()
     path = run_dir / envcontract.PROGRESS_FILE
     if not path.is_file():
@@ -55,18 +55,16 @@ def read_progress(run_dir: Path) -> tuple[Progress, int]:
         for raw in f:
             if not raw.strip():
                 continue
-            rec = envcontract.parse_progress_line(raw)
-            try:
-                it = int(rec["iteration"])  # type: ignore[index]
-            except (KeyError, TypeError, ValueError):
+            rec = envcontract.read_progress_record(raw)
+            if rec is None or not isinstance(rec.iteration, int):
                 bad += 1
                 continue
-            if envcontract.is_eval_record(rec):
-                prog.evals.add(it, rec[EVAL_KEY])
+            if isinstance(rec, envcontract.ProgressEval):
+                prog.evals.add(rec.iteration, rec.eval_loss)
                 continue
             prog.has_train = True
             for k, curve in prog.train.items():
-                curve.add(it, rec.get(k))
+                curve.add(rec.iteration, getattr(rec, k))
     return prog, bad
 
 
