@@ -207,7 +207,7 @@ def _first_read(run: Path, repeat: int) -> None:
     """decode, first read, decode again (the A/A control), ``repeat`` times; the ratios."""
     import shutil
 
-    from mlaunch.trace.store import STORE_DIR
+    from mlaunch.trace.store_layout import STORE_DIR
 
     for _ in range(repeat):
         shutil.rmtree(run / STORE_DIR, ignore_errors=True)
@@ -388,7 +388,8 @@ def _store_only(
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from mlaunch.trace.store import MANIFEST, SEGMENT_ROWS, STORE_DIR, open_store
+    from mlaunch.trace.store import open_store
+    from mlaunch.trace.store_layout import MANIFEST, SEGMENT_ROWS, STORE_DIR
 
     with tempfile.TemporaryDirectory(prefix="mlaunch-trace-bench-") as tmp:
         tmpl = Path(tmp) / "template"
@@ -489,7 +490,7 @@ def _writers(run: Path, spans: int, min_mib: float, repeat: int) -> None:
     import shutil
 
     from mlaunch.receiver.store_append import APPEND_GROWTH
-    from mlaunch.trace.store import STORE_DIR
+    from mlaunch.trace.store_layout import STORE_DIR
 
     for _ in range(repeat):
         shutil.rmtree(run / STORE_DIR, ignore_errors=True)
@@ -535,7 +536,8 @@ def _writers(run: Path, spans: int, min_mib: float, repeat: int) -> None:
               f"A/A {full_b / full_a:.2f})")  # fmt: skip
 
     # The worker's side: its exporter's batches (one OTLP line each) as JSON, and as Parquet.
-    from mlaunch.trace.store import SEGMENT_ROWS, _Columns, _write_atomic
+    from mlaunch.trace.store_build import _Columns, _write_atomic
+    from mlaunch.trace.store_layout import SEGMENT_ROWS
 
     batches = []
     reader = TraceReader.open(run)

@@ -96,7 +96,7 @@ def _inputs(path: Path) -> list[Any]:
     """The trace files ``-o`` must not overwrite: none for a run directory whose span store is
     all that is left (its OTLP-JSON moved away), which the report reads as the other commands do."""
     from mlaunch.trace.reader import TraceInputError, discover
-    from mlaunch.trace.store import load_manifest
+    from mlaunch.trace.store_layout import load_manifest
 
     try:
         return discover(path)

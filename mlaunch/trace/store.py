@@ -1,47 +1,7 @@
-"""The columnar span store: a run's spans as Parquet, one row per span, next to its OTLP-JSON.
-
-Layout (``RUN_DIR/trace-store/``)::
-
-    manifest.json                      what the store holds (written last: no manifest, no store)
-    resources.parquet                  one row per resource (rank, launcher, node, attributes)
-    spans/rank=<R>/part-<NNNNN>.parquet  a rank's spans in read order, SEGMENT_ROWS rows a part
-
-The launcher's job trace is rank ``-1 - node_rank`` (as :class:`~mlaunch.trace.reader.Resource`
-has it). The ``rank=<R>`` directories are Hive partitions: DuckDB, Polars and Spark read
-``trace-store/spans/**/*.parquet`` directly, and a query on one rank opens one directory.
-
-Schema of ``spans`` (:data:`SPAN_SCHEMA`; docs/trace.md, "The span store"):
-
-=============  ==========  ===============================================================
-column         type        meaning
-=============  ==========  ===============================================================
-trace_id       string      OTLP ``traceId`` (hex)
-span_id        string      OTLP ``spanId``
-parent_id      string      OTLP ``parentSpanId``; null for a root
-name           string      the span name as written (readers canonicalise legacy names)
-group          string      the span's group in the catalogue (``mlaunch.model.spans``); null
-                           for a name outside it
-rank           int32       the rank: the partition key, in the path (``rank=<R>``), not in the
-                           file (the launcher's job trace is ``-1 - node_rank``)
-node           string      the resource's ``host.name``
-iteration      int64       ``megatron.iteration`` (``megatron.eval_iteration`` for eval steps)
-microbatch     int64       ``megatron.microbatch_id`` (or ``dl.microbatch_id``)
-start_ns       int64       ``startTimeUnixNano``
-end_ns         int64       ``endTimeUnixNano`` (an end before the start is the start)
-status         int8        status code: 0 unset, 1 ok, 2 error
-truncated      bool        open at shutdown (``nemo.span.truncated`` / ``mlaunch.span.truncated``)
-attributes     string      the OTLP attribute list, as JSON (lossless; ``json_extract`` reads it)
-links          string      the OTLP links list as JSON; null when none
-events         string      the OTLP events list as JSON; null when none
-extra          string      every other key of the span (kind, status, traceState...) as JSON
-resource_id    int32       the row of ``resources`` the span came from
-=============  ==========  ===============================================================
-
-Why pyarrow writes it and DuckDB reads it: pyarrow turns the reader's Python columns into a
-Parquet file in one call with no database process or connection to manage (each part is written
-to a temporary name and renamed, so a crash or a full disk never leaves a half part under a
-final name); DuckDB runs the SQL (``mlaunch trace sql``) and the vectorised readers, streaming
-over the parts with its own bounded memory and spilling, so memory does not grow with the trace.
+"""The columnar span store, opened and read: built on a run's first read (or brought up to date
+with what its OTLP-JSON gained), held under the run's lock, read back as the JSON reader's batches,
+queried with SQL, exported. Its files and schema: :mod:`mlaunch.trace.store_layout`; writing them:
+:mod:`mlaunch.trace.store_build`.
 
 Where it is written: where the spans arrive, beside the job and never in it. The embedded
 receiver appends it as its JSON grows (``mlaunch.receiver.store_append``), and the launcher brings
@@ -71,22 +31,18 @@ import contextlib
 import errno
 import fcntl
 import itertools
-import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orjson import OPT_SORT_KEYS as _SORT
 from orjson import dumps as _dumps
 from orjson import loads as _loads
 
-from mlaunch.model.spans import ResourceAttr
 from mlaunch.trace.reader import (
     ReadStats,
     Resource,
@@ -94,574 +50,18 @@ from mlaunch.trace.reader import (
     TraceInputError,
     TraceReader,
     discover,
-    is_error,
-    is_truncated,
 )
-from mlaunch.trace.store_decode import (
-    CHUNK_BYTES,
-    GROUPS,
-    ITER_KEYS,
-    LINE_START,
-    MB_KEYS,
-    parse,
-    span_table,
+from mlaunch.trace.store_build import append_starts, build_store, compact_store, fragmented
+from mlaunch.trace.store_layout import (
+    COLUMNS,
+    Manifest,
+    StoreError,
+    is_fresh,
+    load_manifest,
+    span_schema,
+    store_dir,
+    torn_parts,
 )
-
-STORE_DIR = "trace-store"
-MANIFEST = "manifest.json"
-#: Bumped when the schema changes: an older store is rebuilt, never misread.
-SCHEMA_VERSION = 1
-#: Rows per Parquet part: large enough for good compression and few files, small enough that
-#: the builder's column buffers (Python objects until the part is written) stay near 250 MB.
-SEGMENT_ROWS = 262_144
-
-#: Keys of an OTLP span that have their own column; everything else goes to ``extra``.
-_COLUMN_KEYS = frozenset(
-    {"traceId", "spanId", "parentSpanId", "name", "startTimeUnixNano", "endTimeUnixNano",
-     "attributes", "links", "events"}
-)  # fmt: skip
-
-_COLUMNS = (
-    "trace_id", "span_id", "parent_id", "name", "group", "rank", "node", "iteration",
-    "microbatch", "start_ns", "end_ns", "status", "truncated", "attributes", "links", "events",
-    "extra", "resource_id",
-)  # fmt: skip
-
-
-def span_schema() -> Any:
-    """The pyarrow schema of the ``spans`` files (imported lazily: pyarrow is only needed here)."""
-    import pyarrow as pa
-
-    s, i64 = pa.string(), pa.int64()
-    return pa.schema([
-        ("trace_id", s), ("span_id", s), ("parent_id", s), ("name", s), ("group", s),
-        ("rank", pa.int32()), ("node", s), ("iteration", i64), ("microbatch", i64),
-        ("start_ns", i64), ("end_ns", i64), ("status", pa.int8()), ("truncated", pa.bool_()),
-        ("attributes", s), ("links", s), ("events", s), ("extra", s),
-        ("resource_id", pa.int32()),
-    ])  # fmt: skip
-
-
-def file_schema() -> Any:
-    """The schema of a part file: :func:`span_schema` less ``rank``, the partition key (in the
-    path; Spark and Polars refuse a column that is in both the file and the partition path)."""
-    schema = span_schema()
-    return schema.remove(schema.get_field_index("rank"))
-
-
-class StoreError(TraceInputError):
-    """A store that cannot be used (a torn part and no JSON to rebuild it from)."""
-
-
-@dataclass
-class Manifest:
-    """What ``manifest.json`` holds."""
-
-    version: int
-    sources: dict[str, list[int]]  # file name (relative to the run dir) -> [size, mtime_ns]
-    files: list[dict[str, Any]]  # the TraceFiles, in read order
-    parts: list[str]  # relative paths of the span parts, in read order
-    spans: int
-    read: dict[str, Any]  # the ReadStats of the build (files, lines, torn lines, duplicates)
-    #: Per source: [bytes, lines] of its complete lines in the store (where an append resumes).
-    complete: dict[str, list[int]] = field(default_factory=dict)
-
-
-def store_dir(run_dir: Path) -> Path:
-    return run_dir / STORE_DIR
-
-
-def _sources(run_dir: Path, files: Sequence[TraceFile]) -> dict[str, list[int]]:
-    out = {}
-    for f in files:
-        st = f.path.stat()
-        out[os.path.relpath(f.path, run_dir)] = [st.st_size, st.st_mtime_ns]
-    return out
-
-
-def _int_attr(attrs: list[Any], keys: tuple[str, ...]) -> int | None:
-    for kv in attrs:
-        if type(kv) is dict and kv.get("key") in keys:
-            v = kv.get("value")
-            if type(v) is dict:
-                x = v.get("intValue", v.get("doubleValue"))
-                try:
-                    return None if x is None else int(x)
-                except (TypeError, ValueError, OverflowError):
-                    return None
-    return None
-
-
-class _Columns:
-    """Column buffers of one part being built."""
-
-    def __init__(self) -> None:
-        self.cols: dict[str, list[Any]] = {c: [] for c in _COLUMNS}
-
-    def __len__(self) -> int:
-        return len(self.cols["span_id"])
-
-    def add(self, rid: int, node: str | None, spans: list[dict[str, Any]], flagged: bool) -> None:
-        c = self.cols
-        groups = GROUPS
-        n = len(spans)
-        c["node"] += [node] * n
-        c["resource_id"] += [rid] * n
-        tid, sid, pid, nm, gr = c["trace_id"], c["span_id"], c["parent_id"], c["name"], c["group"]
-        it, mb, st, en, stat = (
-            c["iteration"],
-            c["microbatch"],
-            c["start_ns"],
-            c["end_ns"],
-            c["status"],
-        )
-        tr, at, lk, ev, ex = c["truncated"], c["attributes"], c["links"], c["events"], c["extra"]
-        for s in spans:
-            tid.append(s.get("traceId"))
-            sid.append(s.get("spanId"))
-            pid.append(s.get("parentSpanId") or None)
-            name = s["name"]
-            nm.append(name)
-            gr.append(groups.get(name))
-            attrs = s.get("attributes") or ()
-            it.append(_int_attr(attrs, ITER_KEYS) if attrs else None)
-            mb.append(_int_attr(attrs, MB_KEYS) if attrs else None)
-            st.append(s["startTimeUnixNano"])
-            en.append(s["endTimeUnixNano"])
-            stat.append(2 if is_error(s) else _status_code(s))
-            tr.append(flagged and is_truncated(s))
-            at.append(_dumps(attrs).decode() if attrs else None)
-            links, events = s.get("links"), s.get("events")
-            lk.append(_dumps(links).decode() if links else None)
-            ev.append(_dumps(events).decode() if events else None)
-            rest = {k: v for k, v in s.items() if k not in _COLUMN_KEYS}
-            ex.append(_dumps(rest).decode() if rest else None)
-
-    def table(self) -> Any:
-        import pyarrow as pa
-
-        return pa.Table.from_pydict(
-            {k: v for k, v in self.cols.items() if k != "rank"}, file_schema()
-        )
-
-
-def _status_code(s: dict[str, Any]) -> int:
-    st = s.get("status")
-    if isinstance(st, dict):
-        code = st.get("code")
-        if code in (1, "STATUS_CODE_OK", "1"):
-            return 1
-    return 0
-
-
-#: Columns written dictionary-encoded: the repetitive ones. Span ids are unique and parent ids
-#: nearly so: a dictionary there costs about 3x the whole part's write time and saves nothing.
-_DICTIONARY = ["trace_id", "name", "group", "node", "attributes", "links", "events", "extra"]
-
-
-def _write_atomic(table: Any, path: Path) -> None:
-    """Write a Parquet file under a temporary name, then rename: a crash or a full disk leaves
-    no file under the final name (the temporary one is removed on failure)."""
-    import pyarrow.parquet as pq
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        pq.write_table(table, tmp, compression="zstd", use_dictionary=_DICTIONARY)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-class _Resources:
-    """The rows of ``resources.parquet``: one per distinct resource (the reader makes one
-    :class:`Resource` per line), keyed by content, numbered in order of first span."""
-
-    def __init__(self, rows: dict[str, list[Any]] | None = None) -> None:
-        self.rows: dict[str, list[Any]] = rows or {
-            "resource_id": [], "rank": [], "launcher": [], "node": [], "attributes": []
-        }  # fmt: skip
-        self.ids: dict[tuple[int, bool, bytes], int] = {}
-        for rid, (rank, launcher, a) in enumerate(
-            zip(self.rows["rank"], self.rows["launcher"], self.rows["attributes"], strict=True)
-        ):
-            self.ids[(rank, launcher, _dumps(_loads(a), default=str, option=_SORT))] = rid
-
-    def id_of(self, res: Resource) -> int:
-        key = (res.rank, res.launcher, _dumps(res.attrs, default=str, option=_SORT))
-        rid = self.ids.get(key, -1)
-        if rid < 0:
-            rows = self.rows
-            rid = self.ids[key] = len(rows["resource_id"])
-            host = res.attrs.get(ResourceAttr.HOST_NAME)
-            rows["resource_id"].append(rid)
-            rows["rank"].append(res.rank)
-            rows["launcher"].append(res.launcher)
-            rows["node"].append(None if host is None else str(host))
-            rows["attributes"].append(_dumps(res.attrs, default=str).decode())
-        return rid
-
-    def table(self) -> Any:
-        import pyarrow as pa
-
-        return pa.Table.from_pydict(self.rows, schema=pa.schema([
-            ("resource_id", pa.int32()), ("rank", pa.int32()), ("launcher", pa.bool_()),
-            ("node", pa.string()), ("attributes", pa.string()),
-        ]))  # fmt: skip
-
-
-class _Parts:
-    """Span rows of one rank at a time, written ``segment_rows`` a part (the reader's spans:
-    or up to one batch more)."""
-
-    def __init__(self, root: Path, parts: list[str], segment_rows: int) -> None:
-        self.root, self.parts, self.segment_rows = root, parts, segment_rows
-        self.per_rank: dict[int, int] = {}
-        for rel in parts:
-            r = _part_rank(rel)
-            self.per_rank[r] = self.per_rank.get(r, 0) + 1
-        self.rank: int | None = None
-        self.cols: _Columns | None = None  # the rows decoded by the reader, span by span
-        self.tables: list[Any] = []  # rows decoded column-wise, and the reader's before them
-        self.rows = 0
-
-    def _to(self, rank: int) -> None:
-        if rank != self.rank:
-            self.flush()
-            self.rank = rank
-
-    def add_spans(self, rank: int, rid: int, node: str | None, spans: list[dict[str, Any]],
-                  flagged: bool) -> None:  # fmt: skip
-        self._to(rank)
-        if self.cols is None:
-            self.cols = _Columns()
-        self.cols.add(rid, node, spans, flagged)
-        self.rows += len(spans)
-        if self.rows >= self.segment_rows:
-            self.flush()
-
-    def add_table(self, rank: int, table: Any) -> None:
-        self._to(rank)
-        if self.cols is not None:
-            self.tables.append(self.cols.table())
-            self.cols = None
-        while table.num_rows:
-            room = self.segment_rows - self.rows
-            self.tables.append(table.slice(0, room))
-            self.rows += min(room, table.num_rows)
-            table = table.slice(room)
-            if self.rows >= self.segment_rows:
-                self.flush()
-
-    def flush(self) -> None:
-        import pyarrow as pa
-
-        if self.cols is not None:
-            self.tables.append(self.cols.table())
-            self.cols = None
-        if not self.rows:
-            self.tables = []
-            return
-        assert self.rank is not None
-        n = self.per_rank.get(self.rank, 0)
-        self.per_rank[self.rank] = n + 1
-        rel = f"spans/rank={self.rank}/part-{n:05d}.parquet"
-        table = self.tables[0] if len(self.tables) == 1 else pa.concat_tables(self.tables)
-        _write_atomic(table, self.root / rel)
-        self.parts.append(rel)
-        self.tables, self.rows = [], 0
-
-
-class _ColumnLines:
-    """The lines the column-wise decoder (:mod:`mlaunch.trace.store_decode`) takes from the
-    reader (its ``take_raw``), decoded a chunk at a time into ``parts``. A chunk it refuses is
-    decoded by the reader line by line, as if never taken. The files of a rank that has a spool
-    stay with the reader: their spans are deduplicated against the spool's there."""
-
-    def __init__(self, reader: TraceReader, resources: _Resources, parts: _Parts) -> None:
-        self.reader, self.resources, self.parts = reader, resources, parts
-        self.spooled = {f.rank for f in reader.files if f.spool}
-        self.schema = file_schema()
-        self.tf: TraceFile | None = None
-        self.lines: list[bytes] = []
-        self.line_nos: list[int] = []
-        self.nbytes = 0
-
-    def take(self, tf: TraceFile, raw: bytes) -> bool:
-        if tf.spool or (not tf.launcher and tf.rank in self.spooled):
-            return False
-        if not raw.startswith(LINE_START):
-            return False  # a metric line, a torn head glued to a request...: the reader's
-        if tf is not self.tf:
-            self.flush()
-            self.tf = tf
-        self.lines.append(raw)
-        self.line_nos.append(self.reader.line_no)
-        self.nbytes += len(raw)
-        if self.nbytes >= CHUNK_BYTES:
-            self.flush()
-        return True
-
-    def add(self, res: Resource, spans: list[dict[str, Any]], flagged: bool) -> None:
-        """One batch the reader decoded."""
-        rid = self.resources.id_of(res)
-        self.parts.add_spans(res.rank, rid, self.resources.rows["node"][rid], spans, flagged)
-
-    def flush(self) -> None:
-        import numpy as np
-
-        if not self.lines:
-            return
-        tf, lines, nos = self.tf, self.lines, self.line_nos
-        assert tf is not None
-        self.lines, self.line_nos, self.nbytes = [], [], 0
-        reader = self.reader
-        chunk = parse(b"".join(lines), len(lines))
-        table = None
-        if chunk is not None:
-            # The reader's rank rule for each resource, in order of appearance (the numbering
-            # of ranks by process depends on it); its id only where it has spans.
-            seen: dict[str | None, Resource] = {}
-            res = []
-            try:
-                for text in chunk.resources:
-                    r = seen.get(text)
-                    if r is None:
-                        r = seen[text] = reader.resource(None if text is None else _loads(text),
-                                                         tf)  # fmt: skip
-                    res.append(r)
-            except (AttributeError, TypeError, KeyError, ValueError):
-                chunk = None  # a rank that is no integer...: the reader names the line
-        if chunk is not None:
-            rids = [self.resources.id_of(r) if n else -1 for r, n in zip(res, chunk.span_counts,
-                                                                        strict=True)]  # fmt: skip
-            nodes = [self.resources.rows["node"][i] if i >= 0 else None for i in rids]
-            table = span_table(chunk, rids, nodes, self.schema)
-        if table is None:
-            path, line_no = reader.path, reader.line_no
-            reader.path = tf.path
-            for no, raw in zip(nos, lines, strict=True):
-                reader.line_no = no
-                for r, spans, flagged in reader.decode_line(tf, raw):
-                    reader.stats.spans += len(spans)
-                    self.add(r, spans, flagged)
-            reader.path, reader.line_no = path, line_no
-            return
-        assert chunk is not None
-        reader.stats.spans += table.num_rows
-        ranks = np.asarray([r.rank for r in res])[chunk.span_entry]
-        cuts = [0, *(np.flatnonzero(ranks[1:] != ranks[:-1]) + 1).tolist(), len(ranks)]
-        for a, b in zip(cuts, cuts[1:], strict=False):
-            self.parts.add_table(int(ranks[a]), table.slice(a, b - a))
-
-
-def build_store(
-    run_dir: Path,
-    reader: TraceReader,
-    *,
-    segment_rows: int = SEGMENT_ROWS,
-    base: Manifest | None = None,
-    columnar: bool = True,
-) -> Manifest:
-    """Read every span of ``reader`` (a reader over ``run_dir``'s files) once and write the store.
-
-    The lines the column-wise decoder takes exactly never become Python dicts (see
-    :mod:`mlaunch.trace.store_decode`); the reader decodes the rest, in the same order
-    (``columnar=False``: all of them, the reference the tests compare with).
-
-    The new store is built beside the old one (``trace-store.new``) and swapped in only when
-    complete, manifest last: an interrupted build or a full disk (``OSError``) leaves the JSON and
-    any previous store as they were, and removes what it wrote.
-
-    With ``base`` (the current store's manifest; ``reader`` starts where it ended), the spans
-    read are appended as new parts instead, then ``resources.parquet`` and the manifest are
-    replaced (each atomically, the manifest last): until then the store is the old one."""
-    import pyarrow.parquet as pq
-
-    final = store_dir(run_dir)
-    tmp = final if base is not None else run_dir / f".{STORE_DIR}.new"
-    if base is None:
-        shutil.rmtree(tmp, ignore_errors=True)
-    sources = _sources(run_dir, reader.files)
-    resources = _Resources(
-        pq.read_table(final / "resources.parquet").to_pydict() if base is not None else None
-    )
-    parts = _Parts(tmp, list(base.parts) if base is not None else [], segment_rows)
-    lines = _ColumnLines(reader, resources, parts)
-    reader.take_raw = lines.take if columnar else None
-    try:
-        for res, spans, flagged in reader:
-            lines.flush()  # the lines taken before this batch come before it
-            lines.add(res, spans, flagged)
-        lines.flush()
-        parts.flush()
-        _write_atomic(resources.table(), tmp / "resources.parquet")
-        total = (base.spans if base is not None else 0) + reader.stats.spans
-        parts_list = parts.parts
-        complete = {os.path.relpath(p, run_dir): list(v) for p, v in reader.complete.items()}
-        read = _read_json(reader.stats, run_dir)
-        if base is not None:
-            read = _merge_read(base, read, run_dir)
-            order = {r: i for i, r in enumerate(dict.fromkeys(_part_rank(p) for p in parts_list))}
-            parts_list.sort(key=lambda p: (order[_part_rank(p)], p))  # the order of a full read
-        man = Manifest(
-            version=SCHEMA_VERSION, sources=sources,
-            files=[{"path": os.path.relpath(f.path, run_dir), "rank": f.rank, "spool": f.spool,
-                    "launcher": f.launcher} for f in reader.files],
-            parts=parts_list, spans=total, read=read, complete=complete,
-        )  # fmt: skip
-        if base is not None:
-            mtmp = final / f".{MANIFEST}.tmp"
-            mtmp.write_text(json.dumps(asdict(man)))
-            os.replace(mtmp, final / MANIFEST)
-            return man
-        (tmp / MANIFEST).write_text(json.dumps(asdict(man)))
-        old = run_dir / f".{STORE_DIR}.old"
-        shutil.rmtree(old, ignore_errors=True)
-        if final.exists():
-            os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        if base is None:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        reader.take_raw = None
-    return man
-
-
-#: Parts a rank may have beyond the fewest its rows need before the store is compacted: each
-#: append of a live run adds a small part per rank, and a reader opens every part.
-MAX_EXTRA_PARTS = 8
-
-
-def _fragmented(run_dir: Path, man: Manifest) -> bool:
-    """Whether appends left some rank with many more parts than its rows need."""
-    import pyarrow.parquet as pq
-
-    per_rank: dict[int, list[str]] = {}
-    for rel in man.parts:
-        per_rank.setdefault(_part_rank(rel), []).append(rel)
-    if all(len(v) <= MAX_EXTRA_PARTS + 1 for v in per_rank.values()):
-        return False  # cheap: no part's footer read
-    for v in per_rank.values():
-        rows = sum(pq.read_metadata(store_dir(run_dir) / rel).num_rows for rel in v)
-        if len(v) > -(-rows // SEGMENT_ROWS) + MAX_EXTRA_PARTS:
-            return True
-    return False
-
-
-def compact_store(run_dir: Path, man: Manifest, *, segment_rows: int = SEGMENT_ROWS) -> Manifest:
-    """Rewrite the store's parts, in read order, ``segment_rows`` rows a part (a live run's
-    appends leave many small ones). Built beside the store and swapped in whole, manifest last,
-    as a full build is: an interruption or a full disk leaves the store as it was. Memory: one
-    part's rows."""
-    import pyarrow.parquet as pq
-
-    final = store_dir(run_dir)
-    tmp = run_dir / f".{STORE_DIR}.new"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        parts = _Parts(tmp, [], segment_rows)
-        for rel in man.parts:
-            parts.add_table(_part_rank(rel), pq.ParquetFile(final / rel).read())
-        parts.flush()
-        shutil.copyfile(final / "resources.parquet", tmp / "resources.parquet")
-        out = Manifest(**{**asdict(man), "parts": parts.parts})
-        (tmp / MANIFEST).write_text(json.dumps(asdict(out)))
-        old = run_dir / f".{STORE_DIR}.old"
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
-
-
-def _part_rank(rel: str) -> int:
-    return int(rel.split("/")[1].removeprefix("rank="))
-
-
-def _merge_read(base: Manifest, tail: dict[str, Any], run_dir: Path) -> dict[str, Any]:
-    """The read stats of store + appended tail, as one full read would count them: the lines of
-    the complete part, then the tail's (which re-reads a line that was torn); torn lines kept
-    only where the store's read ended on a complete line (a torn head glued mid-file)."""
-    old = base.read
-    done = {str(run_dir / rel): v[1] for rel, v in base.complete.items()}
-    torn = [[p, n] for p, n in old["torn_lines"] if n <= done.get(p, 0)] + tail["torn_lines"]
-    return {
-        "files": tail["files"], "lines": sum(done.values()) + tail["lines"],
-        "spans": old["spans"] + tail["spans"],
-        "duplicate_spans": old["duplicate_spans"] + tail["duplicate_spans"],
-        "metric_lines": old["metric_lines"] + tail["metric_lines"], "torn_lines": torn,
-    }  # fmt: skip
-
-
-def _append_starts(
-    run_dir: Path, man: Manifest, files: Sequence[TraceFile]
-) -> dict[Path, tuple[int, int]] | None:
-    """Where to resume reading each file to bring the store up to date by appending, or None
-    when only a full rebuild is right: a spool (its spans deduplicate the traces file's, so
-    the whole read depends on it), a source gone or shorter than what the store holds."""
-    if not man.complete or any(f.spool for f in files):
-        return None
-    now = {os.path.relpath(f.path, run_dir): f for f in files}
-    if not set(man.complete) <= set(now):
-        return None
-    starts = {}
-    for rel, (nbytes, lines) in man.complete.items():
-        try:
-            if now[rel].path.stat().st_size < nbytes:
-                return None
-        except OSError:
-            return None
-        starts[now[rel].path] = (nbytes, lines)
-    return starts
-
-
-def _read_json(stats: ReadStats, run_dir: Path) -> dict[str, Any]:
-    return {
-        "files": stats.files, "lines": stats.lines, "spans": stats.spans,
-        "duplicate_spans": stats.duplicate_spans, "metric_lines": stats.metric_lines,
-        "torn_lines": [[str(p), n] for p, n in stats.torn_lines],
-    }  # fmt: skip
-
-
-def load_manifest(run_dir: Path) -> Manifest | None:
-    """The store's manifest, or None when there is no (complete, current-version) store."""
-    p = store_dir(run_dir) / MANIFEST
-    try:
-        d = json.loads(p.read_text())
-        man = Manifest(**d)
-    except (OSError, ValueError, TypeError):
-        return None
-    return man if man.version == SCHEMA_VERSION else None
-
-
-def is_fresh(run_dir: Path, man: Manifest, files: Sequence[TraceFile]) -> bool:
-    """Whether the store covers exactly the trace files there are now, unchanged."""
-    try:
-        return _sources(run_dir, files) == man.sources
-    except OSError:
-        return False
-
-
-def torn_parts(run_dir: Path, man: Manifest) -> list[Path]:
-    """The store's parts that are missing or not readable Parquet (a footer check: cheap)."""
-    import pyarrow.parquet as pq
-
-    bad = []
-    for rel in [*man.parts, "resources.parquet"]:
-        p = store_dir(run_dir) / rel
-        try:
-            pq.read_metadata(p)
-        except (OSError, ValueError, Exception):  # pyarrow raises ArrowInvalid for a torn file
-            bad.append(p)
-    return bad
 
 
 @dataclass
@@ -750,7 +150,7 @@ DUCKDB_MEMORY = "768MB"
 DUCKDB_THREADS: int | None = None
 _SPILLS = itertools.count()
 
-_QUOTED = [f'"{c}"' for c in _COLUMNS]  # the view's columns in schema order (rank in place)
+_QUOTED = [f'"{c}"' for c in COLUMNS]  # the view's columns in schema order (rank in place)
 
 
 def _duck_type(t: Any) -> str:
@@ -878,11 +278,11 @@ def _open_store(path: Path, *, build: bool) -> Store | None:
             discover(path)  # raises the reader's "no trace files found"
         return None
     # A live run (its files grew since the store was written): read only what was appended.
-    starts = _append_starts(path, man, files) if man is not None and not warnings else None
+    starts = append_starts(path, man, files) if man is not None and not warnings else None
     reader = TraceReader(files, starts=starts)
     try:
         man = build_store(path, reader, base=man if starts is not None else None)
-        if starts is not None and _fragmented(path, man):
+        if starts is not None and fragmented(path, man):
             man = compact_store(path, man)
     except OSError as e:
         # A read-only run directory or a full disk: nothing was lost (the JSON stays and the
@@ -1138,7 +538,7 @@ def run_sql(store: Store, query: str) -> SqlResult:
         bad = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException)
         raise TraceInputError(
             f"{'bad SQL' if isinstance(e, bad) else 'query failed'}: {first}",
-            fix="the views are `spans` and `resources`; columns: " + ", ".join(_COLUMNS),
+            fix="the views are `spans` and `resources`; columns: " + ", ".join(COLUMNS),
         ) from None
     finally:
         con.close()

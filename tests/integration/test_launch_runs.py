@@ -56,7 +56,8 @@ def test_no_arguments_runs_tiny_end_to_end(tmp_path):
     from support.trace_compare import json_store_rows, store_rows
 
     from mlaunch.trace.reader import discover
-    from mlaunch.trace.store import is_fresh, load_manifest, open_store
+    from mlaunch.trace.store import open_store
+    from mlaunch.trace.store_layout import is_fresh, load_manifest
 
     man = load_manifest(run_dir)
     assert man is not None and is_fresh(run_dir, man, discover(run_dir)), "no store at the end"

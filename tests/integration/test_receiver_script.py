@@ -27,7 +27,8 @@ from mlaunch.model.spans import SpanName
 from mlaunch.otlp.otlp_json import read_spans
 from mlaunch.trace import store_decode
 from mlaunch.trace.reader import TraceReader
-from mlaunch.trace.store import build_store, open_store
+from mlaunch.trace.store import open_store
+from mlaunch.trace.store_build import build_store
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.nemo_lens]
 

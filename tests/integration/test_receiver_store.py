@@ -16,7 +16,8 @@ from support.trace_compare import json_store_rows, store_rows
 
 from mlaunch import envcontract as ec
 from mlaunch.trace.reader import discover
-from mlaunch.trace.store import is_fresh, load_manifest, open_store
+from mlaunch.trace.store import open_store
+from mlaunch.trace.store_layout import is_fresh, load_manifest
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 

@@ -139,7 +139,8 @@ def test_a_store_of_the_receivers_files_equals_the_store_of_the_workers_files(
     from mlaunch.otlp.otlp_json import decode_traces_line
     from mlaunch.receiver import Receiver
     from mlaunch.trace.reader import TraceReader
-    from mlaunch.trace.store import load_manifest, open_store, update_store
+    from mlaunch.trace.store import open_store, update_store
+    from mlaunch.trace.store_layout import load_manifest
     from mlaunch.trace.store_summary import summarize_store
     from mlaunch.trace.summary import summarize
 

@@ -18,15 +18,11 @@ from support.trace_compare import assert_same
 
 from mlaunch.trace.goodput import goodput
 from mlaunch.trace.reader import TraceReader
-from mlaunch.trace.store import (
-    STORE_DIR,
-    StoreReader,
-    build_store,
-    open_store,
-    take_warnings,
-)
+from mlaunch.trace.store import StoreReader, open_store, take_warnings
+from mlaunch.trace.store_build import build_store
 from mlaunch.trace.store_chrome import export_chrome
 from mlaunch.trace.store_goodput import goodput_store
+from mlaunch.trace.store_layout import STORE_DIR
 from mlaunch.trace.store_summary import summarize_store
 from mlaunch.trace.summary import summarize
 
@@ -130,7 +126,7 @@ def test_a_live_run_is_read_with_what_was_written_since(tmp_path: Path) -> None:
 def test_a_live_runs_many_appends_are_compacted(tmp_path: Path) -> None:
     """Read after every flush of a live run: each read appends a small part per rank; past
     MAX_EXTRA_PARTS extra parts the store is rewritten, a part per SEGMENT_ROWS, rows unchanged."""
-    from mlaunch.trace.store import MAX_EXTRA_PARTS
+    from mlaunch.trace.store_build import MAX_EXTRA_PARTS
 
     run = tmp_path / "run"
     write_realistic_run(run, ranks=2, steps=10, pp=1, batch=20)

@@ -17,7 +17,8 @@ from support.trace_cli import invoke_trace
 
 from mlaunch.model.spans import SpanName
 from mlaunch.trace.reader import TraceReader
-from mlaunch.trace.store import StoreReader, build_store, open_store
+from mlaunch.trace.store import StoreReader, open_store
+from mlaunch.trace.store_build import build_store
 from mlaunch.trace.store_chrome import export_chrome
 
 S = SpanName

@@ -30,7 +30,8 @@ import mlaunch.trace
 from mlaunch import envcontract
 from mlaunch.trace import store_decode
 from mlaunch.trace.reader import TraceFile, TraceInputError, TraceReader
-from mlaunch.trace.store import STORE_DIR, _Columns, _Resources, build_store, file_schema
+from mlaunch.trace.store_build import _Columns, _Resources, build_store
+from mlaunch.trace.store_layout import STORE_DIR, file_schema
 
 BUILT = importlib.util.find_spec("mlaunch.trace._cscan") is not None
 pytestmark = pytest.mark.skipif(not BUILT, reason="the C scanner is not built here")
@@ -98,11 +99,11 @@ def test_many_chunks_and_parts_give_the_same_store(
     """A trace read in dozens of chunks (64 KiB of lines each) is the same store by every path:
     the C columns of one chunk never leak into the next, and the resources and entries stay
     aligned across chunks."""
-    from mlaunch.trace import store
+    from mlaunch.trace import store_build
 
     run = tmp_path / "many"
     write_realistic_run(run, ranks=4, steps=40, seed=4, batch=29)
-    monkeypatch.setattr(store, "CHUNK_BYTES", 64 << 10)
+    monkeypatch.setattr(store_build, "CHUNK_BYTES", 64 << 10)
     assert _same_stores(run, monkeypatch) >= 40, "the run was not read in many chunks"
 
 

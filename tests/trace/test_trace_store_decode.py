@@ -24,7 +24,8 @@ from support.synthetic_traces import (
 from mlaunch import envcontract
 from mlaunch.trace import store_decode
 from mlaunch.trace.reader import TraceInputError, TraceReader
-from mlaunch.trace.store import STORE_DIR, build_store
+from mlaunch.trace.store_build import build_store
+from mlaunch.trace.store_layout import STORE_DIR
 
 _JSON_COLUMNS = ("attributes", "links", "events", "extra")
 
