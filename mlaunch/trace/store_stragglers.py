@@ -2,24 +2,24 @@
 bounded by the window, not by the trace (:mod:`mlaunch.trace.stragglers` holds the rules; the
 JSON reader's path runs them on the whole trace at once, and both give the same answer).
 
-What the analysis needs of the whole trace is read first, by DuckDB: each rank's resource,
-steps and collective ends, which ranks' receives carry links, and which linked sends are in no
-rank's spans. The steps and ends are sorted a rank at a time into a :class:`_Blob` (in memory
-for a small trace; past :data:`STEPS_IN_MEMORY` steps, files in the store's scratch directory,
-removed at the end), and what stays in memory is only the first key of every :data:`BLOCK`-th
-row (and the block's largest step end) and each iteration's earliest and latest start across
-the ranks: a window reads back by offset the run of each rank's steps and ends it needs. The
-rest is read a window at a time: the iterations are cut into windows of about
-:data:`WINDOW_SPANS` phase spans, and for each rank a window holds every span that overlaps the
-time from the end of its collective before the window's first step to the start of its step
-after the last (Arrow filters the rank's parts on the part's time range, then on each row's),
-plus a halo of iterations either side. The synchronising points of the window's own
-iterations (and the receives in the time they own) are charged there, with the same functions
-as the whole trace; whatever they look up that the window does not hold whole (a time before
-its start, an iteration of the halo's edge, a linked send elsewhere, a step or collective end
-past the runs it read) raises :class:`~mlaunch.trace.stragglers.Widen`, and the window is done
-again with a halo four times wider (the last resort, the whole trace: the answer never depends
-on the window).
+What the analysis needs of the whole trace is read first, by DuckDB: each rank's resource, steps
+and collective ends, which ranks' receives carry links, and which linked sends are in no rank's
+spans. The steps and ends are sorted a rank at a time (:mod:`mlaunch.trace.store_steps`) into a
+blob (in memory for a small trace; past :data:`STEPS_IN_MEMORY` steps, files in the store's
+scratch directory, removed at the end), and what stays in memory is only the first key of every
+:data:`~mlaunch.trace.store_steps.BLOCK`-th row (and the block's largest step end) and each
+iteration's earliest and latest start across the ranks: a window reads back by offset the run of
+each rank's steps and ends it needs. The rest is read a window at a time: the iterations are cut
+into windows of about :data:`WINDOW_SPANS` phase spans, and for each rank a window holds every
+span that overlaps the time from the end of its collective before the window's first step to the
+start of its step after the last (Arrow filters the rank's parts on the part's time range, then
+on each row's), plus a halo of iterations either side. The synchronising points of the window's
+own iterations (and the receives in the time they own) are charged there, with the same
+functions as the whole trace; whatever they look up that the window does not hold whole (a time
+before its start, an iteration of the halo's edge, a linked send elsewhere, a step or collective
+end past the runs it read) raises :class:`~mlaunch.trace.stragglers.Widen`, and the window is
+done again with a halo four times wider (the last resort, the whole trace: the answer never
+depends on the window).
 
 Two passes: the P2P floors (a receiver's shortest wait at each exchange in any iteration, the
 sender's earliest start into its step there) are global, so a first pass over the windows
@@ -28,13 +28,9 @@ reads only the P2P spans for them; the second charges the waits.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from array import array
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +41,15 @@ from mlaunch.model.spans import ALIASES, Attr, ResourceAttr, SpanName
 from mlaunch.otlp.otlp_json import attributes
 from mlaunch.trace.store import Store, StoreReader
 from mlaunch.trace.store_goodput import _in, _names
+from mlaunch.trace.store_steps import (
+    IterationStarts,
+    SortedEnds,
+    SortedSteps,
+    Spill,
+    Spool,
+    WindowEnds,
+    WindowSteps,
+)
 from mlaunch.trace.stragglers import (
     FIRST,
     KEEP,
@@ -79,11 +84,6 @@ CACHE_ROWS = 1_000_000
 #: files of the store's scratch directory and read back a window's run at a time: in memory
 #: they cost 32 bytes a step, 2.5 GB at 1,024 ranks x 10^5 iterations. Up to it, in memory.
 STEPS_IN_MEMORY = 250_000
-#: Rows of a block of a rank's sorted steps (or ends): a search reads one block, and of every
-#: block only its first key (and the steps' largest end) stays in memory, 16 bytes.
-BLOCK = 256
-#: Steps and ends read (all ranks together) between two writes of them, unsorted, to disk.
-SPOOL_ROWS = 1 << 20
 _STEP_NAMES = _names({S.ITERATION})
 _FINISH_NAMES = _names({S.GRAD_SYNC_FINISH})
 #: What the first pass reads: the receives, sends and links of the pipeline.
@@ -100,237 +100,14 @@ class _RankMeta:
     """What the windows need of one rank's whole trace."""
 
     attrs: dict[str, Any]
-    steps: _SortedSteps = field(init=False)  # set once every step is read
-    ends: _SortedEnds = field(init=False)  # its collectives' ends
+    steps: SortedSteps = field(init=False)  # set once every step is read
+    ends: SortedEnds = field(init=False)  # its collectives' ends
     linked: bool = False
     parts: list[tuple[Path, int, int]] = field(default_factory=list)  # (part, min start, max end)
 
 
-class _Steps:
-    """A run of a rank's steps in order, read as the rules read a list of (start, end, iteration)
-    tuples (indexing, slices, ``bisect``), kept as three int64 arrays: 24 bytes a step, where a
-    list of tuples costs about 150."""
-
-    __slots__ = ("start", "end", "it")
-
-    def __init__(self, start: array[int], end: array[int], it: array[int]) -> None:
-        self.start, self.end, self.it = start, end, it
-
-    def __len__(self) -> int:
-        return len(self.start)
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return list(zip(self.start[i], self.end[i], self.it[i], strict=True))
-        return (self.start[i], self.end[i], self.it[i])
-
-    def __iter__(self) -> Iterator[tuple[int, int, int]]:
-        return zip(self.start, self.end, self.it, strict=True)
-
-    def run(self, a: int, c: int) -> _Steps:
-        return _Steps(self.start[a:c], self.end[a:c], self.it[a:c])
-
-    def bisect(self, t: int) -> int:
-        """``bisect_right(steps, (t, 2^62, 0))`` of the tuples, on the starts."""
-        i = bisect_right(self.start, t)
-        while i and self.start[i - 1] == t and (self.end[i - 1], self.it[i - 1]) > (1 << 62, 0):
-            i -= 1  # a step starting at t sorts after the key when its end is past 2^62
-        return i
-
-
-class _WindowSteps(_Steps):
-    """The steps a window holds of a rank: the run ``[first, first + len)`` of its sorted steps
-    around what the window loaded. A lookup answers as on every step, or raises
-    :class:`~mlaunch.trace.stragglers.Widen` when the answer is a step the run lacks (the run's
-    edge is not the trace's): the rules never see an answer the whole trace would not give."""
-
-    __slots__ = ("first", "total")
-
-    def __init__(self, steps: _Steps | _SortedSteps, a: int, c: int) -> None:
-        run = steps.run(a, c)
-        super().__init__(run.start, run.end, run.it)
-        self.first, self.total = a, len(steps)
-
-    def bisect(self, t: int) -> int:
-        i = super().bisect(t)
-        if (i == 0 and self.first > 0) or (i == len(self) and self.first + i < self.total):
-            raise Widen  # the step before t is outside the run
-        return i
-
-
-class _WindowEnds:
-    """The collective ends a window holds of a rank, as :class:`_WindowSteps` holds its steps:
-    the run ``[first, first + len)`` of the sorted ends; :meth:`before` answers as on every
-    end, or raises :class:`~mlaunch.trace.stragglers.Widen`."""
-
-    __slots__ = ("ends", "first", "total")
-
-    def __init__(self, ends: _SortedEnds, a: int, c: int) -> None:
-        self.ends, self.first, self.total = ends.run(a, c), a, len(ends)
-
-    def before(self, t: int) -> int | None:
-        """The last end at or before ``t`` (None: none in the whole trace)."""
-        i = bisect_right(self.ends, t)
-        if (i == 0 and self.first > 0) or (i == len(self.ends) and self.first + i < self.total):
-            raise Widen  # the end before t is outside the run
-        return self.ends[i - 1] if i else None
-
-
-class _Blob:
-    """Bytes appended once, then read back by offset: in memory (a bytearray), or, for a trace
-    of more than :data:`STEPS_IN_MEMORY` steps, in a file of the store's scratch directory read
-    with ``os.pread`` (not mapped: the mapped pages a read touches would count in the peak
-    RSS)."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-        self.fd = None if path is None else os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        self.buf = bytearray()
-        self.size = 0
-
-    def append(self, data: bytes | memoryview) -> int:
-        """Append ``data``; its offset."""
-        pos = self.size
-        if self.fd is None:
-            self.buf += data
-        else:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self.fd, view) :]
-        self.size += len(data)
-        return pos
-
-    def read(self, pos: int, n: int) -> bytes | bytearray:
-        if self.fd is None:
-            return self.buf[pos : pos + n]  # a copy: no view holds the buffer while it grows
-        out = os.pread(self.fd, n, pos)
-        if len(out) != n:
-            raise OSError(f"short read of a straggler scratch file ({len(out)} of {n} bytes)")
-        return out
-
-    def close(self) -> None:
-        fd, self.fd = self.fd, None
-        if fd is not None:
-            os.close(fd)
-
-    def discard(self) -> None:
-        """Close it and free what it holds (its file, on disk)."""
-        self.close()
-        self.buf = bytearray()
-        if self.path is not None:
-            self.path.unlink(missing_ok=True)
-
-
-class _Sorted:
-    """A rank's sorted column (its steps by start, its collective ends) in a :class:`_Blob`,
-    found through what stays small: the key of every :data:`BLOCK`-th row. A search reads one
-    block."""
-
-    __slots__ = ("blob", "pos", "n", "heads", "dtype")
-
-    def __init__(self, blob: _Blob, rows: Any) -> None:
-        self.blob, self.n, self.dtype = blob, len(rows), rows.dtype
-        self.pos = blob.append(_bytes(rows))
-        self.heads = array("q", self._key(rows[::BLOCK]).tobytes())
-
-    @staticmethod
-    def _key(rows: Any) -> Any:
-        return rows
-
-    def __len__(self) -> int:
-        return self.n
-
-    def _read(self, a: int, c: int) -> Any:
-        import numpy as np
-
-        size = self.dtype.itemsize
-        if c <= a:
-            return np.zeros(0, self.dtype)
-        return np.frombuffer(self.blob.read(self.pos + a * size, (c - a) * size), self.dtype)
-
-    def _search(self, t: int, side: str) -> int:
-        """``bisect_left`` (``side='left'``) or ``bisect_right`` of ``t`` in the keys."""
-        import numpy as np
-
-        k = (bisect_left if side == "left" else bisect_right)(self.heads, t) - 1
-        if k < 0:
-            return 0  # before the first block's first key (or at it, searching left)
-        a = k * BLOCK
-        keys = self._key(self._read(a, min(self.n, a + BLOCK)))
-        return a + int(np.searchsorted(keys, t, side))
-
-    def upper(self, t: int) -> int:
-        """How many keys are at or before ``t``."""
-        return self._search(t, "right")
-
-
-class _SortedEnds(_Sorted):
-    """A rank's collective ends, ascending."""
-
-    __slots__ = ()
-
-    def run(self, a: int, c: int) -> array[int]:
-        return array("q", self._read(a, c).tobytes())
-
-
-class _SortedSteps(_Sorted):
-    """A rank's steps, sorted as tuples sort (by start, then end, then iteration), with the
-    largest end of each block (a step overlapping a time is in a block whose largest end is
-    past it: no reach back by the longest step)."""
-
-    __slots__ = ("tops",)
-
-    def __init__(self, blob: _Blob, rows: Any) -> None:
-        import numpy as np
-
-        super().__init__(blob, rows)
-        ends = rows["end"]
-        self.tops = np.maximum.reduceat(ends, np.arange(0, len(rows), BLOCK)) if len(rows) else ends
-
-    @staticmethod
-    def _key(rows: Any) -> Any:
-        return rows["start"]
-
-    def lower(self, t: int) -> int:
-        """How many steps start before ``t``."""
-        return self._search(t, "left")
-
-    def run(self, a: int, c: int) -> _Steps:
-        rows = self._read(a, c)
-        return _Steps(*(array("q", rows[k].tobytes()) for k in ("start", "end", "it")))
-
-    def bisect(self, t: int) -> int:
-        """``bisect_right(steps, (t, 2^62, 0))`` of the tuples, as :meth:`_Steps.bisect`."""
-        i = self.upper(t)
-        while i:
-            st, en, it = self.run(i - 1, i)[0]
-            if st != t or (en, it) <= (1 << 62, 0):
-                break
-            i -= 1  # a step starting at t sorts after the key when its end is past 2^62
-        return i
-
-    def overlapping(self, lo: int, hi: int) -> list[tuple[int, int, int]]:
-        """The steps that overlap ``[lo, hi]`` (ends included), in order."""
-        import numpy as np
-
-        b = self.upper(hi)
-        blocks = np.flatnonzero(self.tops[: -(-b // BLOCK)] >= lo).tolist()
-        out: list[tuple[int, int, int]] = []
-        i = 0
-        while i < len(blocks):  # a run of consecutive blocks in one read
-            j = i
-            while j + 1 < len(blocks) and blocks[j + 1] == blocks[j] + 1:
-                j += 1
-            rows = self._read(blocks[i] * BLOCK, min(b, (blocks[j] + 1) * BLOCK))
-            rows = rows[rows["end"] >= lo]
-            out += zip(rows["start"].tolist(), rows["end"].tolist(), rows["it"].tolist(),
-                       strict=True)  # fmt: skip
-            i = j + 1
-        return out
-
-
 def _window_steps(m: _RankMeta, iv: list[tuple[int, int]],
-                  spans: list[_Span]) -> tuple[_WindowSteps, _WindowEnds]:  # fmt: skip
+                  spans: list[_Span]) -> tuple[WindowSteps, WindowEnds]:  # fmt: skip
     """The runs of the rank's steps and collective ends that answer a lookup at any time from
     the first loaded instant (or span start) to the last (or span end): from the step (and the
     end) before the first to the one after the last."""
@@ -339,12 +116,12 @@ def _window_steps(m: _RankMeta, iv: list[tuple[int, int]],
     if spans:
         times += [spans[0].start, max(s.end for s in spans)]
     if not times:
-        return _WindowSteps(steps, 0, 0), _WindowEnds(ends, 0, 0)
+        return WindowSteps(steps, 0, 0), WindowEnds(ends, 0, 0)
     a = max(0, steps.bisect(min(times)) - 1)
     c = min(len(steps), steps.bisect(max(times)) + 1)
     e = max(0, ends.upper(min(times)) - 1)
     f = min(len(ends), ends.upper(max(times)) + 1)
-    return _WindowSteps(steps, a, c), _WindowEnds(ends, e, f)
+    return WindowSteps(steps, a, c), WindowEnds(ends, e, f)
 
 
 @dataclass
@@ -362,11 +139,11 @@ class _Trace:
 def stragglers_store(store: Store) -> Stragglers:
     """The straggler analysis of the store's spans. Raises ``TraceInputError`` as
     :func:`find_stragglers` does."""
-    with _Spill(store) as spill:
+    with Spill(store.scratch_dir()) as spill:
         return _stragglers(store, spill)
 
 
-def _stragglers(store: Store, spill: _Spill) -> Stragglers:
+def _stragglers(store: Store, spill: Spill) -> Stragglers:
     trace, world, synced = _read_trace(store, spill)
     check_input(StoreReader(store), list(trace.ranks), world, synced)
     parts = _Parts(store, trace)
@@ -652,7 +429,7 @@ class _Parts:
         return out
 
 
-def _read_trace(store: Store, spill: _Spill) -> tuple[_Trace, int | None, bool]:
+def _read_trace(store: Store, spill: Spill) -> tuple[_Trace, int | None, bool]:
     """The small whole-trace part (module docstring), the world size and whether any
     synchronising span is there. Each rank's steps and collective ends go to ``spill``'s
     blobs (files past :data:`STEPS_IN_MEMORY` steps), sorted a rank at a time."""
@@ -676,7 +453,7 @@ def _read_trace(store: Store, spill: _Spill) -> tuple[_Trace, int | None, bool]:
             f" FROM spans WHERE {where} GROUP BY rank ORDER BY 2"
         ).fetchall()
         on_disk = sum(row[5] for row in per_rank) > STEPS_IN_MEMORY
-        spool = _Spool(spill, on_disk)
+        spool = Spool(spill, on_disk)
         metas: dict[int, _RankMeta] = {}
         seen: dict[int, set[str]] = {}
         for rank, rid, *_ in per_rank:
@@ -727,15 +504,15 @@ def _read_trace(store: Store, spill: _Spill) -> tuple[_Trace, int | None, bool]:
                     spool.ends[rank].append(end)
             spool.read(rb.num_rows)
         del seen, twice
-        starts = _IterationStarts()
+        starts = IterationStarts()
         steps_blob, ends_blob = spill.blob(on_disk), spill.blob(on_disk)
         for rank, m in metas.items():
             rows, ends = spool.take(rank)
             st = rows["start"]
             if not (st[1:] > st[:-1]).all():  # as read, a rank's steps mostly come in order
                 rows = rows[np.lexsort((rows["it"], rows["end"], st))]
-            m.steps = _SortedSteps(steps_blob, rows)
-            m.ends = _SortedEnds(ends_blob, np.sort(ends))
+            m.steps = SortedSteps(steps_blob, rows)
+            m.ends = SortedEnds(ends_blob, np.sort(ends))
             starts.add(rows["it"], rows["start"])
             del rows, ends
         spool.close()
@@ -799,143 +576,6 @@ def _lambda(con: Any) -> str:
     return "lambda x:" if tuple(int(v) for v in version[:2]) >= (1, 3) else "x ->"
 
 
-class _Spill:
-    """Where the steps and collective ends are kept while the analysis runs (:class:`_Blob`):
-    in memory, or in files of a directory in the store's scratch directory (on the run's disk),
-    removed at the end."""
-
-    def __init__(self, store: Store) -> None:
-        self.scratch = store.scratch_dir()
-        self.dir: Path | None = None
-        self.blobs: list[_Blob] = []
-
-    def blob(self, on_disk: bool) -> _Blob:
-        if on_disk and self.dir is None:
-            self.dir = Path(tempfile.mkdtemp(prefix=".stragglers-", dir=self.scratch))
-        b = _Blob(self.dir / f"{len(self.blobs)}.bin" if on_disk and self.dir else None)
-        self.blobs.append(b)
-        return b
-
-    def __enter__(self) -> _Spill:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for b in self.blobs:
-            b.close()
-        if self.dir is not None:
-            shutil.rmtree(self.dir, ignore_errors=True)
-
-
-class _Spool:
-    """The steps and collective ends as read (in no order), a rank's taken once all are read.
-    On disk, whatever was read is written out unsorted every :data:`SPOOL_ROWS` rows (all
-    ranks together), so only a rank's own (while it is sorted) is ever whole in memory."""
-
-    def __init__(self, spill: _Spill, on_disk: bool) -> None:
-        self.steps: dict[int, tuple[array[int], array[int], array[int]]] = {}
-        self.ends: dict[int, array[int]] = {}
-        self.chunks: dict[int, tuple[list[tuple[int, int]], list[tuple[int, int]]]] = {}
-        self.blob = spill.blob(on_disk) if on_disk else None
-        self.unwritten = 0
-
-    def add_rank(self, rank: int) -> None:
-        self.steps[rank] = (array("q"), array("q"), array("q"))
-        self.ends[rank] = array("q")
-        self.chunks[rank] = ([], [])
-
-    def read(self, rows: int) -> None:
-        """``rows`` more were read: written out past :data:`SPOOL_ROWS`."""
-        self.unwritten += rows
-        if self.blob is None or self.unwritten < SPOOL_ROWS:
-            return
-        for rank, cols in self.steps.items():
-            steps, ends = self.chunks[rank]
-            if len(cols[0]):
-                steps.append((self.blob.append(_bytes(_step_rows(*cols))), len(cols[0])))
-            if len(self.ends[rank]):
-                ends.append((self.blob.append(self.ends[rank].tobytes()), len(self.ends[rank])))
-            self.add_rank(rank)
-            self.chunks[rank] = (steps, ends)
-        self.unwritten = 0
-
-    def take(self, rank: int) -> tuple[Any, Any]:
-        """The rank's steps (rows of :func:`_step_rows`) and ends (int64), all of them."""
-        import numpy as np
-
-        steps, ends = self.chunks.pop(rank)
-        st, en = [_step_rows(*self.steps.pop(rank))], [_int64(self.ends.pop(rank))]
-        if self.blob is not None:
-            size = _step_rows().dtype.itemsize
-            st += [np.frombuffer(self.blob.read(pos, n * size), st[0].dtype) for pos, n in steps]
-            en += [np.frombuffer(self.blob.read(pos, n * 8), np.int64) for pos, n in ends]
-        return np.concatenate(st), np.concatenate(en)
-
-    def close(self) -> None:
-        if self.blob is not None:
-            self.blob.discard()
-
-
-def _step_rows(start: array[int] | None = None, end: array[int] | None = None,
-               it: array[int] | None = None) -> Any:  # fmt: skip
-    """Steps as numpy rows of (start, end, iteration), int64 each (none given: no rows)."""
-    import numpy as np
-
-    dtype = np.dtype([("start", np.int64), ("end", np.int64), ("it", np.int64)])
-    rows = np.empty(0 if start is None else len(start), dtype)
-    if len(rows):
-        for k, col in (("start", start), ("end", end), ("it", it)):
-            rows[k] = _int64(col)
-    return rows
-
-
-def _bytes(rows: Any) -> memoryview:
-    """A numpy array's bytes, not copied (a rank's sorted steps can be hundreds of MB)."""
-    import numpy as np
-
-    return memoryview(np.ascontiguousarray(rows).view(np.uint8))
-
-
-def _int64(a: array[int] | None) -> Any:
-    """An array of int64 as numpy (no copy)."""
-    import numpy as np
-
-    return np.frombuffer(a, np.int64) if a else np.zeros(0, np.int64)
-
-
-class _IterationStarts:
-    """Of each iteration (:attr:`keys`, ascending), the earliest and the latest start of its
-    steps on any rank, added a rank at a time: a window finds a rank's steps of its iterations
-    between the two (24 bytes an iteration, whatever the ranks)."""
-
-    def __init__(self) -> None:
-        import numpy as np
-
-        self.keys = np.zeros(0, np.int64)
-        self.first = np.zeros(0, np.int64)
-        self.last = np.zeros(0, np.int64)
-
-    def add(self, its: Any, starts: Any) -> None:
-        import numpy as np
-
-        if not len(its):
-            return
-        big, small = np.iinfo(np.int64).max, np.iinfo(np.int64).min
-        keys, inv = np.unique(its, return_inverse=True)
-        first = np.full(len(keys), big, np.int64)
-        last = np.full(len(keys), small, np.int64)
-        np.minimum.at(first, inv, starts)
-        np.maximum.at(last, inv, starts)
-        if not np.array_equal(keys, self.keys):
-            merged = np.union1d(self.keys, keys)
-            at = np.searchsorted(merged, self.keys)
-            lo, hi = np.full(len(merged), big, np.int64), np.full(len(merged), small, np.int64)
-            lo[at], hi[at] = self.first, self.last
-            self.keys, self.first, self.last = merged, lo, hi
-        at = np.searchsorted(self.keys, keys)
-        self.first[at] = np.minimum(self.first[at], first)
-        self.last[at] = np.maximum(self.last[at], last)
-
-
 def _int(v: Any) -> int | None:
     try:
         return None if v is None else int(v)
@@ -946,9 +586,10 @@ def _int(v: Any) -> int | None:
 def find_stragglers(reader: Any) -> Stragglers:
     """Charge the waits of ``reader``'s trace: a store's a window of iterations at a time
     (:func:`stragglers_store`, memory bounded whatever the trace's size), a JSON reader's (a
-    single file, ``--skip-invalid``) all in memory (:func:`~mlaunch.trace.stragglers.stragglers_in_memory`);
-    this dispatch lives here, above both ways, so neither module imports the other. Raises ``TraceInputError`` for
-    a trace without spans, with one exporting rank, or without synchronising spans."""
+    single file, ``--skip-invalid``) all in memory
+    (:func:`~mlaunch.trace.stragglers.stragglers_in_memory`); this dispatch lives here, above
+    both ways, so neither module imports the other. Raises ``TraceInputError`` for a trace
+    without spans, with one exporting rank, or without synchronising spans."""
     if isinstance(reader, StoreReader):
         return stragglers_store(reader.store)
     return stragglers_in_memory(reader)

@@ -312,7 +312,7 @@ def test_a_window_holds_a_run_of_the_steps_and_widens_past_its_edges(
     # whole trace's, and a lookup past the run's edge widens instead of answering.
     from array import array
 
-    from mlaunch.trace import store_stragglers
+    from mlaunch.trace import store_steps, store_stragglers
     from mlaunch.trace.store import StoreReader
     from mlaunch.trace.stragglers import Widen, stragglers_in_memory
 
@@ -335,18 +335,18 @@ def test_a_window_holds_a_run_of_the_steps_and_widens_past_its_edges(
     assert held and all(n <= total for n, total in held)
     assert any(n < total // 4 for n, total in held), held
 
-    steps = store_stragglers._Steps(array("q", [0, 10, 20, 30]), array("q", [5, 15, 25, 35]),
+    steps = store_steps.Steps(array("q", [0, 10, 20, 30]), array("q", [5, 15, 25, 35]),
                                     array("q", [1, 2, 3, 4]))  # fmt: skip
     # Iterations 2 and 3 held: a time in step 2 answers; one before it, or from step 3's
     # start on (the step there may be 3's or 4's: the run cannot tell), widens.
-    run = store_stragglers._WindowSteps(steps, 1, 3)
+    run = store_steps.WindowSteps(steps, 1, 3)
     assert run[run.bisect(12) - 1] == (10, 15, 2) and run[run.bisect(19) - 1] == (10, 15, 2)
     for t in (9, 20, 29, 40):
         with pytest.raises(Widen):
             run.bisect(t)
-    tail = store_stragglers._WindowSteps(steps, 1, 4)  # the run ends where the trace does
+    tail = store_steps.WindowSteps(steps, 1, 4)  # the run ends where the trace does
     assert tail[tail.bisect(29) - 1] == (20, 25, 3) and tail[tail.bisect(99) - 1] == (30, 35, 4)
-    every = store_stragglers._WindowSteps(steps, 0, 4)
+    every = store_steps.WindowSteps(steps, 0, 4)
     assert every.bisect(-1) == 0
 
 
@@ -358,22 +358,22 @@ def test_steps_kept_on_disk_give_the_answer_kept_in_memory(
     # Past STEPS_IN_MEMORY the steps and collective ends live in scratch files, read back a
     # window's run at a time: tiny blocks and spool writes put every edge of them at work, and
     # the files are gone afterwards.
-    from mlaunch.trace import store_stragglers
+    from mlaunch.trace import store_steps, store_stragglers
     from mlaunch.trace.store import StoreReader
 
     _, store, whole = _whole_in_memory(tmp_path, trace)
     monkeypatch.setattr(store_stragglers, "WINDOW_SPANS", window_spans)
     monkeypatch.setattr(store_stragglers, "STEPS_IN_MEMORY", 0)
-    monkeypatch.setattr(store_stragglers, "BLOCK", 2)
-    monkeypatch.setattr(store_stragglers, "SPOOL_ROWS", 7)
+    monkeypatch.setattr(store_steps, "BLOCK", 2)
+    monkeypatch.setattr(store_steps, "SPOOL_ROWS", 7)
     files: list[Path] = []
-    real_blob = store_stragglers._Blob.__init__
+    real_blob = store_steps.Blob.__init__
 
     def blob(self: object, path: Path | None) -> None:
         files.append(path)  # type: ignore[arg-type]
         real_blob(self, path)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(store_stragglers._Blob, "__init__", blob)
+    monkeypatch.setattr(store_steps.Blob, "__init__", blob)
     assert find_stragglers(StoreReader(store)).to_json() == whole
     assert files and all(f is not None and not f.exists() for f in files), files
     assert not files[0].parent.exists()  # the scratch directory too
@@ -390,7 +390,7 @@ def test_sorted_steps_and_ends_answer_as_the_whole_arrays(
 
     import numpy as np
 
-    from mlaunch.trace import store_stragglers as ss
+    from mlaunch.trace import store_steps as ss
     from mlaunch.trace.stragglers import Widen
 
     monkeypatch.setattr(ss, "BLOCK", 3)
@@ -398,9 +398,9 @@ def test_sorted_steps_and_ends_answer_as_the_whole_arrays(
     steps = sorted((s, s + rng.randrange(0, 40), rng.randrange(9)) for s in
                    (rng.randrange(0, 200, 5) for _ in range(50)))  # fmt: skip
     ends = sorted(rng.randrange(0, 250, 3) for _ in range(40))
-    blob = ss._Blob(tmp_path / "blob" if on_disk else None)
-    rows = np.array(steps, dtype=ss._step_rows().dtype)
-    sorted_steps, sorted_ends = ss._SortedSteps(blob, rows), ss._SortedEnds(blob, np.array(ends))
+    blob = ss.Blob(tmp_path / "blob" if on_disk else None)
+    rows = np.array(steps, dtype=ss.step_rows().dtype)
+    sorted_steps, sorted_ends = ss.SortedSteps(blob, rows), ss.SortedEnds(blob, np.array(ends))
     starts = [s for s, _, _ in steps]
     for t in range(-5, 260):
         assert sorted_steps.lower(t) == bisect_left(starts, t)
@@ -410,11 +410,11 @@ def test_sorted_steps_and_ends_answer_as_the_whole_arrays(
         for hi in (t, t + 7, t + 60):
             assert sorted_steps.overlapping(t, hi) == [s for s in steps if s[0] <= hi and s[1] >= t]
     assert sorted_steps.run(4, 9)[:] == steps[4:9] and list(sorted_ends.run(2, 6)) == ends[2:6]
-    run = ss._WindowEnds(sorted_ends, 5, 12)
+    run = ss.WindowEnds(sorted_ends, 5, 12)
     for t in range(ends[5], ends[11]):
         assert run.before(t) == ends[bisect_right(ends, t) - 1]
     for t in (ends[5] - 1, ends[11], 999):
         with pytest.raises(Widen):
             run.before(t)
-    assert ss._WindowEnds(sorted_ends, 0, 3).before(ends[0] - 1) is None
+    assert ss.WindowEnds(sorted_ends, 0, 3).before(ends[0] - 1) is None
     blob.close()
