@@ -24,8 +24,13 @@ def is_run_id(text: str | None) -> bool:
 
 
 def new_run_id() -> str:
-    """A fresh 12-hex-digit run id."""
-    return secrets.token_hex(6)
+    """A fresh 12-hex-digit run id, with at least one letter: a run id of digits only is what a
+    SLURM job's run takes (its job id), and ``mlaunch status`` reads one as that job's, so a
+    local run must never draw one (12 random hex digits are all decimal about once in 280)."""
+    while True:
+        run_id = secrets.token_hex(6)
+        if not run_id.isdigit():
+            return run_id
 
 
 def torchrun_shared_ids(environ: Mapping[str, str]) -> tuple[str, ...]:

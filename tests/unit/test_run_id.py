@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from mlaunch.settings import choose_run_id, is_run_id
 from mlaunch.settings.run_id import torchrun_shared_ids
 
@@ -26,6 +28,18 @@ def test_the_first_usable_shared_id_is_taken() -> None:
 def test_fresh_or_none_when_nothing_is_known() -> None:
     assert FRESH.fullmatch(choose_run_id(None, {}))
     assert choose_run_id(None, {}, fresh=False) is None
+
+
+def test_a_fresh_id_never_reads_as_a_slurm_job_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A local run whose random id came out all digits was shown by `mlaunch status` as SLURM
+    # job <id> (found when a CI run drew 890394911719): such a draw is drawn again.
+    from mlaunch.settings import run_id
+    from mlaunch.slurm.status import _JOB_ID
+
+    draws = iter(["890394911719", "000000000000", "89039491171a"])
+    monkeypatch.setattr(run_id.secrets, "token_hex", lambda n: next(draws))
+    fresh = choose_run_id(None, {})
+    assert fresh == "89039491171a" and not _JOB_ID.fullmatch(fresh)
 
 
 def test_torchrun_workers_agree_without_talking() -> None:
