@@ -361,6 +361,22 @@ def read_progress_record(raw: bytes | str) -> ProgressRecord | None:
     return None
 
 
+def read_progress_tail(run_dir: str | Path, limit: int = 64 << 10) -> list[ProgressStep]:
+    """The training records in the last ``limit`` bytes of ``run_dir``'s ``progress.jsonl``,
+    oldest first ([] when it cannot be read): what a view of a running job needs of a file that
+    grows with the run, without reading it whole. The line the cut falls inside is dropped."""
+    try:
+        with (Path(run_dir) / PROGRESS_FILE).open("rb") as fh:
+            size = fh.seek(0, 2)
+            fh.seek(max(0, size - limit))
+            lines = fh.read().splitlines()
+    except OSError:
+        return []
+    if size > limit:
+        lines = lines[1:]
+    return [r for r in map(read_progress_record, lines) if isinstance(r, ProgressStep)]
+
+
 #: The glob of every rank's traces file (what the file exporter writes).
 TRACES_FILE_GLOB = _telemetry_name("traces", RANK_SENDER.glob)
 

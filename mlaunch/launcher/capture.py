@@ -195,19 +195,11 @@ def read_acks(run_dir: Path) -> dict[int, dict[str, Any]]:
 def _recent_steps(run_dir: Path) -> tuple[int | None, float | None]:
     """The newest iteration in ``progress.jsonl`` and the median step time (s) of the newest
     records."""
-    try:
-        with (run_dir / ec.PROGRESS_FILE).open("rb") as fh:
-            fh.seek(0, 2)
-            fh.seek(max(0, fh.tell() - 65536))
-            lines = fh.read().splitlines()
-    except OSError:
-        return None, None
     iteration: int | None = None
     steps: list[float] = []
-    for raw in reversed(lines):
-        record = ec.read_progress_record(raw)
-        if not isinstance(record, ec.ProgressStep) or not isinstance(record.iteration, int):
-            continue  # unreadable, an evaluation record, or no iteration
+    for record in reversed(ec.read_progress_tail(run_dir)):
+        if not isinstance(record.iteration, int):
+            continue
         iteration = record.iteration if iteration is None else iteration
         if isinstance(record.step_ms, int | float) and record.step_ms > 0:
             steps.append(record.step_ms / 1e3)

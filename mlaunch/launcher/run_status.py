@@ -111,23 +111,6 @@ class JobStatus:
 # The run directory
 
 
-def _last_step(path: Path) -> ec.ProgressStep | None:
-    """The last training record of a ``progress.jsonl`` (reads only the file's tail)."""
-    try:
-        with path.open("rb") as fh:
-            fh.seek(0, 2)
-            size = fh.tell()
-            fh.seek(max(0, size - 65536))
-            lines = fh.read().splitlines()
-    except OSError:
-        return None
-    for raw in reversed(lines):
-        record = ec.read_progress_record(raw)
-        if isinstance(record, ec.ProgressStep):
-            return record
-    return None
-
-
 def _last_line(path: Path) -> str | None:
     try:
         with path.open("rb") as fh:
@@ -233,9 +216,10 @@ def failures(run_dir: Path, since: float | None = None, slack_s: float = 1.0) ->
 
 def progress(run_dir: Path) -> dict[str, Any] | None:
     """The newest training record of ``progress.jsonl`` (iteration, loss, age)."""
-    record = _last_step(run_dir / ec.PROGRESS_FILE)
-    if record is None:
+    steps = ec.read_progress_tail(run_dir)
+    if not steps:
         return None
+    record = steps[-1]
     out: dict[str, Any] = {
         "iteration": record.iteration,
         "train_iters": record.train_iters,

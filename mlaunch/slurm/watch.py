@@ -152,22 +152,8 @@ def _iteration(span: dict[str, Any]) -> int | None:
 
 
 def _progress_records(run_dir: Path, limit: int = 256 << 10) -> list[ec.ProgressStep]:
-    """The training records in the last ``limit`` bytes of ``progress.jsonl``."""
-    try:
-        with (run_dir / ec.PROGRESS_FILE).open("rb") as fh:
-            size = fh.seek(0, 2)
-            fh.seek(max(0, size - limit))
-            lines = fh.read().splitlines()
-    except OSError:
-        return []
-    if size > limit:
-        lines = lines[1:]  # cut by the seek
-    out = []
-    for raw in lines:
-        rec = ec.read_progress_record(raw)
-        if isinstance(rec, ec.ProgressStep) and isinstance(rec.time, int | float):
-            out.append(rec)
-    return out
+    """The timed training records in the last ``limit`` bytes of ``progress.jsonl``."""
+    return [r for r in ec.read_progress_tail(run_dir, limit) if isinstance(r.time, int | float)]
 
 
 def rolling_goodput(

@@ -47,3 +47,17 @@ def test_a_cut_line_or_a_line_of_neither_record_reads_as_none() -> None:
     line = ec.progress_line(STEP)
     for raw in (line[:-10], b"", "[1, 2]", '"text"', '{"iteration": 7}', b"\xff\xfe"):
         assert ec.read_progress_record(raw) is None
+
+
+def test_the_tail_holds_the_newest_steps_in_order_without_the_line_the_cut_falls_in(
+    tmp_path,
+) -> None:
+    steps = [replace(STEP, iteration=i) for i in range(1, 41)]
+    lines = [ec.progress_line(s) for s in steps]
+    lines.insert(20, ec.progress_line(ec.ProgressEval(20, 3.0)))
+    (tmp_path / ec.PROGRESS_FILE).write_text("".join(lines) + lines[-1][:-10])  # a cut last line
+    assert ec.read_progress_tail(tmp_path, 1 << 20) == steps
+    # A limit that ends 5 bytes into iteration 29's line: that line is dropped, not misread.
+    limit = sum(map(len, lines[30:])) + len(lines[-1]) - 10 + 5
+    assert ec.read_progress_tail(tmp_path, limit) == steps[29:]
+    assert ec.read_progress_tail(tmp_path / "nowhere") == []
