@@ -379,27 +379,21 @@ def main() -> None:
         "estimated ratio = 1 + (spans per step x cost per span + per-step calls) / CPU ms of off "
         "(resolves what process-to-process noise hides):"
     )
-    for spec in specs[1:]:
-        coarse, fine = spans_per_step(spec)
-        extra = coarse * costs["coarse"] + fine * costs["fine"] + costs["step"]
+    for spec in [*specs[1:], RECORDED]:
+        # default+rec: default's spans exported; every other span of "all" kept by the recorder.
+        rec = spec == RECORDED
+        coarse, fine = spans_per_step("default" if rec else spec)
+        recorded = sum(spans_per_step("all")) - coarse - fine if rec else 0
+        extra = (
+            coarse * costs["coarse"] + fine * costs["fine"] + recorded * costs["recorded"]
+            + costs["step-rec" if rec else "step"]
+        )  # fmt: skip
         est = 1 + extra / cpu["off"]
+        kept = f" exported + {recorded:>3} recorded" if rec else ""
         print(
-            f"  {spec:<9} {coarse:>3} coarse + {fine:>3} fine spans/step -> {est:.4f} "
+            f"  {spec:<9} {coarse:>3} coarse + {fine:>3} fine{kept} spans/step -> {est:.4f} "
             f"(goal <= {GOALS[spec]}) {'ok' if est <= GOALS[spec] else 'MISSED'}"
         )
-    # default+rec: default's spans exported; every other span of "all" kept by the recorder only.
-    coarse, fine = spans_per_step("default")
-    recorded = sum(spans_per_step("all")) - coarse - fine
-    extra = (
-        coarse * costs["coarse"] + fine * costs["fine"] + recorded * costs["recorded"]
-        + costs["step-rec"]
-    )  # fmt: skip
-    est = 1 + extra / cpu["off"]
-    goal = GOALS[RECORDED]
-    print(
-        f"  {RECORDED:<9} {coarse:>3} coarse + {fine:>3} fine exported + {recorded:>3} recorded"
-        f" spans/step -> {est:.4f} (goal <= {goal}) {'ok' if est <= goal else 'MISSED'}"
-    )
     tokens = GLOBAL * SEQ
     for label, t in (("wall", wall), ("CPU", cpu)):
         ratio = t["plain"] / t["off"]
