@@ -27,6 +27,7 @@ from mlaunch.launcher.worker_args import (
     MEGATRON_ONLY_ARGS,
     check_trainer_args,
     megatron_data_problems,
+    megatron_entry_point,
     otel_flags,
     resolve_megatron_args,
     shadowed_settings,
@@ -409,7 +410,9 @@ def _entry(
     launch = settings.launch
     if settings.uses_builtin_trainer:
         targs = trainer_args(settings, run_dir)
-        problems += shadowed_settings(passthrough)
+        # The trainer's --otel-* flags would override the telemetry mlaunch resolved (and wrote
+        # into MEGATRON_OTEL_*): the record would no longer be what ran.
+        problems += shadowed_settings(passthrough, lens_names.REFERENCE_OTEL_ARGS)
         problems += check_trainer_args([*targs, *passthrough], settings.world_size)
         problems += checkpoint_layout_problems(settings, targs, cwd)
         problems += rerun_problems(settings, targs, run_dir, run_id)
@@ -419,6 +422,10 @@ def _entry(
     launch.megatron_args, megatron_why = resolve_megatron_args(settings, cwd)
     target = ["-m", launch.module] if launch.module else [str((cwd / launch.script).resolve())]
     extra = []
+    if not launch.megatron_args and megatron_entry_point(settings, cwd) is not None:
+        # Environment only, but still Megatron-LM's parser: its --otel-* flags after '--' would
+        # win over the MEGATRON_OTEL_* variables the summary and resolved.json describe.
+        problems += shadowed_settings(passthrough, lens_names.REFERENCE_OTEL_ARGS, only=True)
     if launch.megatron_args:
         extra = trainer_args(settings, run_dir, megatron=True) + otel_flags(settings)
         owned = [*lens_names.REFERENCE_OTEL_ARGS, *(f for f, _ in MEGATRON_ONLY_ARGS.values())]

@@ -559,6 +559,39 @@ def test_a_setting_repeated_after_the_separator_is_refused(spawned, tmp_path):
     assert spawned == [] and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize(
+    "args", [["--otel-span-groups", "default"], ["--otel-enabled"], ["--otel-service-name=x"]]
+)
+def test_the_trainers_otel_flags_after_the_separator_are_refused(spawned, tmp_path, args):
+    # The trainer's --otel-* flags win over the MEGATRON_OTEL_* mlaunch resolved: the workers
+    # would run 'default' while the summary, resolved.env and resolved.json said 'all'.
+    result = invoke("--", *args, env={"MEGATRON_OTEL_SPAN_GROUPS": "all"})
+    assert result.exit_code == 2, result.output
+    flag = args[0].split("=")[0]
+    assert f"-- ARGS: {flag} is a setting of mlaunch train: give it before '--'" in result.stderr
+    assert spawned == [] and not (tmp_path / "runs").exists()
+
+
+def test_an_abbreviated_setting_after_the_separator_is_refused(spawned, tmp_path):
+    # argparse took '--train-iter 5' as --train-iters 5 (the record said 30); the trainer's
+    # parser now takes whole names only, as Megatron-LM's does.
+    result = invoke("--", "--train-iter", "5")
+    assert result.exit_code == 2, result.output
+    assert "unrecognized arguments: --train-iter 5" in result.stderr
+    assert spawned == [] and not (tmp_path / "runs").exists()
+
+
+def test_megatrons_otel_flags_are_refused_even_when_it_gets_environment_only(spawned, tmp_path):
+    # --no-megatron-args: the model arguments after '--' are the user's, but pretrain_gpt.py's
+    # --otel-* flags would still override the MEGATRON_OTEL_* variables mlaunch wrote.
+    (tmp_path / "pretrain_gpt.py").write_text("")
+    base = ("--script", "pretrain_gpt.py", "--no-megatron-args", "--")
+    result = invoke(*base, "--otel-span-groups=all")
+    assert result.exit_code == 2, result.output
+    assert "-- ARGS: --otel-span-groups is a setting of mlaunch train" in result.stderr
+    assert invoke("--dry-run", *base, "--train-iters", "3").exit_code == 0
+
+
 def test_a_sampler_argument_without_a_ratio_sampler_is_shown_as_ignored(spawned):
     result = invoke("--dry-run", env={"OTEL_TRACES_SAMPLER_ARG": "0.5"})
     text = " ".join(result.output.replace("│", " ").split())
