@@ -36,7 +36,7 @@ from mlaunch.launcher.run import RunResult, torchrun_log
 from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spans import SpanName
 from mlaunch.model.spec import format_groups
-from mlaunch.settings import RATIO_SAMPLERS, flag_name
+from mlaunch.settings import RATIO_SAMPLERS, flag_name, telemetry_off_reason
 
 # --------------------------------------------------------------------------------------------
 # Before launch
@@ -200,7 +200,10 @@ def summary(plan: LaunchPlan) -> Group:
         table.add_row("rendezvous", "standalone (torchrun picks a free local port)")
     parts: list[Any] = [table]
     if not t.enabled:
-        table.add_row("telemetry", "off (--otel-enabled to turn it on)")
+        why = telemetry_off_reason(
+            str(s.source("telemetry.enabled")), sdk_disabled=t.otel.sdk_disabled
+        )
+        table.add_row("telemetry", Text(f"off ({why})"))  # a file key's "[section]" is text
         for note in plan.env_notes:
             table.add_row("environment", note)
         return Group(Panel(Group(*parts), title="mlaunch train"))

@@ -25,6 +25,7 @@ from mlaunch.settings import (
     load_settings,
     parse_bool,
     redact_shown,
+    telemetry_off_reason,
 )
 
 
@@ -168,24 +169,28 @@ def check_configuration(
         f"with {config.name}" if config else "environment over the built-in defaults, no config"
     )
     note = "" if t.enabled else f"set {PRIMARY_PREFIX}ENABLED=true to export telemetry"
-    if config is None:
+    state = "enabled" if t.enabled else "disabled"
+    if t.otel.sdk_disabled:  # ENABLED=true would not cure it: say what does
+        why = telemetry_off_reason(str(settings.source("telemetry.enabled")), sdk_disabled=True)
+        state, _, note = f"disabled by {why}".partition(": ")
+    elif config is None:
         # Plain `mlaunch train` reads its default config (tiny: telemetry on), so a plain
         # doctor must not let "disabled" stand for what train will do.
         note = _train_default_note(environ, t.enabled, t.exporter) or note
     results.append(
         ok(
             "telemetry",
-            f"{'enabled' if t.enabled else 'disabled'} ({checked}); exporter {t.exporter}; span"
+            f"{state} ({checked}); exporter {t.exporter}; span"
             f" groups {t.span_groups!r} ({len(t.groups)} groups); strategy {t.export_strategy}",
             note,
         )
     )
-    if t.enabled and t.otel.sdk_disabled:
+    if t.otel.sdk_disabled and _asked_for_telemetry(environ, config):
         results.append(
             warn(
                 "sdk disabled",
-                f"{ec.OTEL_SDK_DISABLED}=true while telemetry is enabled: every OTel signal is"
-                " a no-op",
+                f"{ec.OTEL_SDK_DISABLED}=true turns off the telemetry the configuration enables"
+                " (the OpenTelemetry SDK's own switch: every signal is a no-op)",
                 f"unset {ec.OTEL_SDK_DISABLED} (or set {PRIMARY_PREFIX}ENABLED=false)",
             )
         )
@@ -194,6 +199,14 @@ def check_configuration(
     results += _timeout_results(environ)
     results.append(_exporting_ranks_result(settings))
     return results, settings
+
+
+def _asked_for_telemetry(environ: Mapping[str, str], config: Path | None) -> bool:
+    """Whether the configuration turns telemetry on apart from ``OTEL_SDK_DISABLED`` (which the
+    settings resolve as telemetry off, naming the variable)."""
+    rest = {k: v for k, v in environ.items() if k != ec.OTEL_SDK_DISABLED}
+    asked, _ = collect_problems(environ=rest, config=config)
+    return asked is not None and asked.telemetry.enabled
 
 
 #: Standard OTel variables besides the ones mlaunch validates (OTEL_ENV), for typo detection.

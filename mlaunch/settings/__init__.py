@@ -24,7 +24,13 @@ only pydantic; it never imports torch or the OpenTelemetry SDK.
 
 from __future__ import annotations
 
-from mlaunch.settings.loading import collect_problems, load_settings, load_telemetry_settings
+from mlaunch.settings.loading import (
+    collect_problems,
+    load_settings,
+    load_telemetry_settings,
+    recorded_off_reason,
+    telemetry_off_reason,
+)
 from mlaunch.settings.names import (
     ALIAS_KEYS,
     OTEL_ENV,
@@ -103,6 +109,8 @@ __all__ = [
     "new_run_id",
     "parse_bool",
     "parse_key_values",
+    "recorded_off_reason",
     "redact",
     "redact_shown",
+    "telemetry_off_reason",
 ]

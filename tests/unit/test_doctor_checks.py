@@ -166,8 +166,15 @@ def test_rank_strategy_alias_is_honoured_and_noted_as_ignored_by_the_reference()
 
 
 def test_sdk_disabled_while_telemetry_is_enabled_warns() -> None:
-    results, _ = check_configuration({"MEGATRON_OTEL_ENABLED": "1", "OTEL_SDK_DISABLED": "true"})
+    results, settings = check_configuration(
+        {"MEGATRON_OTEL_ENABLED": "1", "OTEL_SDK_DISABLED": "true"}
+    )
     assert only(results, "sdk disabled").status == "warn"
+    # Resolved as telemetry off with the variable named, not "enabled" beside a warning.
+    assert not settings.telemetry.enabled
+    telemetry = only(results, "telemetry")
+    assert telemetry.message.startswith("disabled by OTEL_SDK_DISABLED=true")
+    assert "unset it" in telemetry.fix and "ENABLED=true" not in telemetry.fix
     results, _ = check_configuration({"OTEL_SDK_DISABLED": "true"})
     assert not named(results, "sdk disabled")
 
