@@ -166,28 +166,37 @@ def summary(plan: LaunchPlan) -> Group:
     table.add_row("config", str(plan.config))
     target = launch.script or (f"-m {launch.module}" if launch.module else "mlaunch trainer")
     table.add_row("entry point", target)
+    # The model, training and parallelism settings reach a script only as Megatron-LM's
+    # arguments: without them the script never sees the config's values, so none is shown.
+    passed = s.uses_builtin_trainer or bool(launch.megatron_args)
     if not s.uses_builtin_trainer:
         table.add_row("megatron args", megatron_args_text(plan))
-    table.add_row(
-        "model",
-        f"{s.model.num_layers} layers, hidden {s.model.hidden_size}, {s.model.num_attention_heads}"
-        f" heads, seq {s.model.seq_length}",
-    )
-    tr = s.training
-    table.add_row(
-        "training",
-        f"{tr.train_iters} iterations, global batch {tr.global_batch_size} (micro"
-        f" {tr.micro_batch_size} x {s.num_microbatches} microbatches x DP {s.data_parallel_size}),"
-        f" lr {tr.lr}, {tr.precision}",
-    )
+    if passed:
+        table.add_row(
+            "model",
+            f"{s.model.num_layers} layers, hidden {s.model.hidden_size},"
+            f" {s.model.num_attention_heads} heads, seq {s.model.seq_length}",
+        )
+        tr = s.training
+        table.add_row(
+            "training",
+            f"{tr.train_iters} iterations, global batch {tr.global_batch_size} (micro"
+            f" {tr.micro_batch_size} x {s.num_microbatches} microbatches x DP"
+            f" {s.data_parallel_size}), lr {tr.lr}, {tr.precision}",
+        )
     ckpt = _checkpoint_text(plan)
     if ckpt:
         table.add_row("checkpoints", ckpt)
+    split = (
+        f" tensor {p.tensor_model_parallel_size} x pipeline {p.pipeline_model_parallel_size}"
+        f" x data {s.data_parallel_size};"
+        if passed
+        else ""
+    )
     table.add_row(
         "world",
         f"{launch.nnodes} node(s) x {launch.nproc_per_node} processes = {s.world_size} ranks;"
-        f" tensor {p.tensor_model_parallel_size} x pipeline {p.pipeline_model_parallel_size}"
-        f" x data {s.data_parallel_size}; device {launch.device}",
+        f"{split} device {launch.device}",
     )
     if launch.nnodes > 1 or launch.rdzv_endpoint:
         where = " (from SLURM)" if plan.slurm else ""

@@ -592,6 +592,24 @@ def test_megatrons_otel_flags_are_refused_even_when_it_gets_environment_only(spa
     assert invoke("--dry-run", *base, "--train-iters", "3").exit_code == 0
 
 
+def test_a_script_summary_shows_only_the_settings_the_script_receives(spawned, tmp_path):
+    # A plain script gets none of tiny.toml's model/training/parallelism values: the summary
+    # showed "2 layers, hidden 64" and "30 iterations" beside "megatron args: not passed".
+    (tmp_path / "plain.py").write_text("")
+    (tmp_path / "pretrain_gpt.py").write_text("")
+    plain = invoke("--dry-run", "--script", "plain.py")
+    assert plain.exit_code == 0, plain.output
+    rows = [line.strip("│ ").split("  ")[0] for line in plain.output.splitlines()]
+    assert "megatron args" in rows and "model" not in rows and "training" not in rows
+    assert "2 layers" not in plain.output and "30 iterations" not in plain.output
+    assert "2 ranks; device cpu" in plain.output and "pipeline" not in plain.output.split("#")[0]
+    megatron = invoke("--dry-run", "--script", "pretrain_gpt.py")
+    assert megatron.exit_code == 0, megatron.output
+    flat = " ".join(megatron.output.replace("│", " ").split())
+    assert "model 2 layers, hidden 64" in flat and "training 30 iterations" in flat
+    assert "--train-iters 30" in megatron.output  # ... because the script receives them
+
+
 def test_a_sampler_argument_without_a_ratio_sampler_is_shown_as_ignored(spawned):
     result = invoke("--dry-run", env={"OTEL_TRACES_SAMPLER_ARG": "0.5"})
     text = " ".join(result.output.replace("│", " ").split())
