@@ -245,6 +245,11 @@ TRAIN: dict[str, Bad] = {
     "script=empty": train("--script", "", names="--script"),
     "script-and-module": train("--script", "x.py", "--module", "y", names="--module"),
     "module=blank": train("--module", "  ", names="--module"),
+    # --module was not checked before launch (--script's file is): torchrun started, and every
+    # worker failed with "No module named".
+    "module=missing": train("--module", "no_such_mod", names=("--module", "'no_such_mod'")),
+    "module=not-a-name": train("--module", "a-b", names=("--module", "'a-b'")),
+    "module=package-without-main": train("--module", "json", names=("--module", "__main__")),
     "node-rank=2-nnodes=2": train(
         "--node-rank",
         "2",

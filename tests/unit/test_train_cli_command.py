@@ -295,11 +295,26 @@ def test_device_cuda_without_cuda_is_refused_before_anything_starts(spawned, tmp
     assert spawned == [] and not (tmp_path / "runs").exists()
 
 
-def test_module_target_and_passthrough(spawned):
+def test_module_target_and_passthrough(spawned, tmp_path):
+    (tmp_path / "my").mkdir()
+    (tmp_path / "my" / "train.py").write_text("")
     result = invoke("--module", "my.train", "--no-megatron-args", "--", "--foo", "bar baz")
     assert result.exit_code == 0, result.output
     ((argv, _),) = spawned
     assert argv[argv.index("--redirects") + 2 :] == [*WRAPPER, "-m", "my.train", "--foo", "bar baz"]
+
+
+def test_a_module_is_found_before_launch_without_running_its_package(spawned, tmp_path):
+    # A dry run never runs user code: finding pkg.train must not execute pkg/__init__.py
+    # (importlib.util.find_spec of a dotted name would import the parent).
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("open('ran', 'w').close()\n")
+    (tmp_path / "pkg" / "train.py").write_text("")
+    assert invoke("--dry-run", "--module", "pkg.train").exit_code == 0
+    missing = invoke("--module", "pkg.nope")
+    assert missing.exit_code == 2
+    assert missing.stderr.startswith("--module: no module named 'pkg.nope' from")
+    assert not (tmp_path / "ran").exists() and spawned == []
 
 
 def test_passthrough_to_the_builtin_trainer_is_checked_before_launch(spawned, tmp_path):
