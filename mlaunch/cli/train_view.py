@@ -36,7 +36,12 @@ from mlaunch.launcher.run import RunResult, torchrun_log
 from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spans import SpanName
 from mlaunch.model.spec import format_groups
-from mlaunch.settings import RATIO_SAMPLERS, flag_name, telemetry_off_reason
+from mlaunch.settings import (
+    RATIO_SAMPLERS,
+    flag_name,
+    otlp_timeout_warning,
+    telemetry_off_reason,
+)
 
 # --------------------------------------------------------------------------------------------
 # Before launch
@@ -230,6 +235,10 @@ def summary(plan: LaunchPlan) -> Group:
         if unit[1]:
             table.add_row(Text("warning", style="bold yellow"), Text(unit[1], style="yellow"))
     table.add_row("exporter", Text(_exporter_text(plan)))  # paths and "[section]" are not markup
+    if t.otel.timeout_s is not None:
+        label = s.label("telemetry.otel.timeout_s")
+        if (long := otlp_timeout_warning(label, t.otel.timeout_s)) is not None:
+            table.add_row(Text("warning", style="bold yellow"), Text("; ".join(long), "yellow"))
     table.add_row("service", f"{t.service_name}  (run id {plan.run_id})")
     for note in plan.env_notes:
         table.add_row("environment", note)

@@ -25,6 +25,7 @@ from mlaunch.settings import (
     env_names,
     flag_name,
     load_settings,
+    otlp_timeout_warning,
     parse_bool,
     redact_shown,
     telemetry_off_reason,
@@ -330,15 +331,8 @@ def _timeout_results(environ: Mapping[str, str]) -> list[CheckResult]:
             value = float(raw)
         except ValueError:
             continue  # unset, or already reported by the settings
-        if value >= 1000:
-            out.append(
-                warn(
-                    "otlp timeout",
-                    f"{var}={raw} looks like milliseconds, but the Python SDK reads seconds"
-                    f" ({value / 3600:.1f} h)",
-                    f"set {var}={value / 1000:g} (seconds)",
-                )
-            )
+        if (long := otlp_timeout_warning(var, value)) is not None:
+            out.append(warn("otlp timeout", *long))
         else:
             out.append(ok("otlp timeout", f"{var}={raw} s"))
     return out

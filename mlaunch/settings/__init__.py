@@ -65,7 +65,13 @@ from mlaunch.settings.schema import (
     TelemetrySettings,
     TrainingSettings,
 )
-from mlaunch.settings.values import Bool, parse_bool, parse_key_values
+from mlaunch.settings.values import (
+    LONG_OTLP_TIMEOUT_S,
+    Bool,
+    otlp_timeout_warning,
+    parse_bool,
+    parse_key_values,
+)
 
 __all__ = [
     "ALIAS_KEYS",
@@ -75,6 +81,7 @@ __all__ = [
     "EXPORTERS",
     "INT64_MAX",
     "INT64_MIN",
+    "LONG_OTLP_TIMEOUT_S",
     "MAX_WORLD_SIZE",
     "OTEL_ENV",
     "OTLP_PROTOCOLS",
@@ -107,6 +114,7 @@ __all__ = [
     "load_settings",
     "load_telemetry_settings",
     "new_run_id",
+    "otlp_timeout_warning",
     "parse_bool",
     "parse_key_values",
     "recorded_off_reason",

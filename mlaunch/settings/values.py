@@ -78,6 +78,26 @@ def path_is(check: Any, path: str) -> bool:
         return False
 
 
+#: An OTLP export timeout above this many seconds is almost surely milliseconds (older docs and
+#: other SDKs give OTEL_EXPORTER_OTLP_TIMEOUT in ms; the Python SDK reads seconds).
+LONG_OTLP_TIMEOUT_S = 600.0
+
+
+def otlp_timeout_warning(name: str, seconds: float) -> tuple[str, str] | None:
+    """``(what is wrong, the fix)`` for an OTLP export timeout of ``seconds`` given as ``name``
+    (a variable, flag or config key) that looks like milliseconds; None when it is plausible."""
+    if seconds <= LONG_OTLP_TIMEOUT_S:
+        return None
+    # A variable, a flag, or a config file's "FILE [section] key".
+    sep = "=" if name.isupper() else " " if name.startswith("--") else " = "
+    return (
+        f"{name}{sep}{seconds:g} looks like milliseconds, but the Python SDK reads seconds: each"
+        f" export to an unreachable collector would wait {seconds:,.0f} s"
+        f" ({seconds / 3600:.1f} h)",
+        f"set {name}{sep}{seconds / 1000:g} (seconds)",
+    )
+
+
 def module_problem(name: str, cwd: Path) -> str | None:
     """Why ``python -m name`` run in ``cwd`` would not find the module (None: it would).
 

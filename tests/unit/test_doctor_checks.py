@@ -221,6 +221,11 @@ def test_otlp_timeout_that_looks_like_milliseconds_warns() -> None:
     assert result.fix == "set OTEL_EXPORTER_OTLP_TIMEOUT=10 (seconds)"
     results, _ = check_configuration({"OTEL_EXPORTER_OTLP_TIMEOUT": "10"})
     assert only(results, "otlp timeout").status == "pass"
+    # Above 600 s, as mlaunch train's summary warns (one rule: settings.otlp_timeout_warning).
+    results, _ = check_configuration({"OTEL_EXPORTER_OTLP_TIMEOUT": "601"})
+    assert only(results, "otlp timeout").status == "warn"
+    results, _ = check_configuration({"OTEL_EXPORTER_OTLP_TIMEOUT": "600"})
+    assert only(results, "otlp timeout").status == "pass"
 
 
 def test_exporting_ranks_follow_the_configured_world_size(tmp_path: Path) -> None:

@@ -625,6 +625,21 @@ def test_a_script_summary_shows_only_the_settings_the_script_receives(spawned, t
     assert "--train-iters 30" in megatron.output  # ... because the script receives them
 
 
+def test_an_otlp_timeout_in_milliseconds_is_a_warning_in_the_summary(spawned):
+    # OTEL_EXPORTER_OTLP_TIMEOUT=10000 (milliseconds in older docs) was taken as 10,000 s
+    # without a word: the SDK reads seconds.
+    result = invoke("--dry-run", env={"OTEL_EXPORTER_OTLP_TIMEOUT": "10000"})
+    assert result.exit_code == 0, result.output
+    flat = " ".join(result.output.replace("│", " ").split())
+    assert (
+        "warning OTEL_EXPORTER_OTLP_TIMEOUT=10000 looks like milliseconds, but the Python SDK"
+        " reads seconds" in flat
+    )
+    assert "set OTEL_EXPORTER_OTLP_TIMEOUT=10 (seconds)" in flat
+    quiet = invoke("--dry-run", env={"OTEL_EXPORTER_OTLP_TIMEOUT": "30"})
+    assert "milliseconds" not in quiet.output
+
+
 def test_a_sampler_argument_without_a_ratio_sampler_is_shown_as_ignored(spawned):
     result = invoke("--dry-run", env={"OTEL_TRACES_SAMPLER_ARG": "0.5"})
     text = " ".join(result.output.replace("│", " ").split())
