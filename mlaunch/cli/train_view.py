@@ -47,7 +47,9 @@ from mlaunch.settings import (
 # Before launch
 
 
-def _ranks_text(ranks: list[int], world: int) -> str:
+def _ranks_text(ranks: list[int] | None, world: int, strategy: str = "") -> str:
+    if ranks is None:
+        return f"decided in each worker by {strategy!r} (mlaunch does not call user code)"
     if not ranks:
         return "none"
     if ranks == list(range(world)):
@@ -228,7 +230,9 @@ def summary(plan: LaunchPlan) -> Group:
         t.export_strategy
         + (f" (rank {t.export_rank})" if t.export_strategy == "single_rank" else ""),
     )
-    table.add_row("exporting ranks", _ranks_text(plan.exporting_ranks, s.world_size))
+    table.add_row(
+        "exporting ranks", _ranks_text(plan.exporting_ranks, s.world_size, t.export_strategy)
+    )
     table.add_row("samplers", _sampler_text(plan))
     if (unit := sampling_unit(plan)) is not None:
         table.add_row("sampling unit", unit[0])

@@ -11,7 +11,7 @@ from mlaunch import envcontract as ec
 from mlaunch.doctor.results import CheckResult, fail, ok, warn
 from mlaunch.envcontract import FALLBACK_PREFIX, PRIMARY_PREFIX
 from mlaunch.model.spec import closest_word
-from mlaunch.model.strategies import format_ranks
+from mlaunch.model.strategies import format_ranks, is_custom_strategy
 from mlaunch.settings import (
     ALIAS_KEYS,
     OTEL_ENV,
@@ -344,6 +344,12 @@ def _exporting_ranks_result(settings: Settings) -> CheckResult:
     layout = f"world size {world} ({launch.nnodes} node(s) x {launch.nproc_per_node})"
     if not t.enabled:
         return ok("exporting ranks", f"telemetry disabled: no rank exports ({layout})")
+    if is_custom_strategy(t.export_strategy):  # user code: imported and checked, never called
+        return ok(
+            "exporting ranks",
+            f"custom strategy {t.export_strategy!r} imports and is callable; each worker calls"
+            f" it ({layout})",
+        )
     ranks = settings.exporting_ranks()
     if not ranks:
         return warn(

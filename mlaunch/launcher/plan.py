@@ -36,6 +36,7 @@ from mlaunch.launcher.worker_args import (
 from mlaunch.launcher.worker_env import worker_environment
 from mlaunch.model.spans import estimate_spans_per_iteration
 from mlaunch.model.spec import quoted
+from mlaunch.model.strategies import is_custom_strategy
 from mlaunch.settings import (
     SECRET_ENV,
     Problem,
@@ -76,7 +77,8 @@ class LaunchPlan:
     """Inherited variables dropped so workers see one truth (NEMO_LENS_*, stale aliases)."""
     child_env: dict[str, str] = field(repr=False)
     """The complete environment of the torchrun process."""
-    exporting_ranks: list[int]
+    exporting_ranks: list[int] | None
+    """None: a custom strategy, which only the workers call (mlaunch runs no user code)."""
     spans_per_iteration: list[int]
     """Estimated spans per iteration and exporting rank, per pipeline stage."""
     slurm: bool = False
@@ -288,7 +290,7 @@ def build_plan(
     run_dir = _run_dir(settings, run_id, cwd, problems)
     log_dir = run_dir / ec.LOGS_DIR / ec.NODE_LOG_DIR.name(settings.launch.node_rank)
     entry, megatron_why = _entry(settings, run_id, run_dir, passthrough, cwd, problems)
-    ranks, spans = _telemetry_estimates(settings, problems)
+    ranks, spans = _telemetry_estimates(settings)
     if problems:
         raise SettingsError(problems)
 
@@ -437,25 +439,15 @@ def _entry(
     return [*target, *extra, *passthrough], megatron_why
 
 
-def _telemetry_estimates(
-    settings: Settings, problems: list[Problem]
-) -> tuple[list[int], list[int]]:
+def _telemetry_estimates(settings: Settings) -> tuple[list[int] | None, list[int]]:
     """(the exporting ranks, estimated spans per iteration per pipeline stage); both empty when
-    telemetry is off."""
+    telemetry is off. A custom strategy is user code: the settings checked that it imports and
+    is callable, but only the workers call it (a dry run must not run it: ``os:system`` would),
+    so its ranks are None, not known here."""
     t, p = settings.telemetry, settings.parallelism
     if not t.enabled or t.otel.sdk_disabled:
         return [], []
-    ranks: list[int] = []
-    try:
-        ranks = settings.exporting_ranks()
-    except Exception as exc:  # a custom strategy is user code: its failure is bad input
-        problems.append(
-            Problem(
-                settings.label("telemetry.export_strategy"),
-                f"custom export strategy {t.export_strategy!r} fails when called:"
-                f" {type(exc).__name__}: {exc}",
-            )
-        )
+    ranks = None if is_custom_strategy(t.export_strategy) else settings.exporting_ranks()
     spans = estimate_spans_per_iteration(
         t.groups,
         microbatches=settings.num_microbatches,

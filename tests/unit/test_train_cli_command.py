@@ -640,6 +640,24 @@ def test_an_otlp_timeout_in_milliseconds_is_a_warning_in_the_summary(spawned):
     assert "milliseconds" not in quiet.output
 
 
+def test_a_custom_export_strategy_is_never_called_by_the_launcher(spawned, tmp_path, monkeypatch):
+    # `--otel-export-strategy os:system --dry-run` called os.system during validation: a dry run
+    # ran user code. The settings check that it imports and takes one argument; only the
+    # workers call it.
+    (tmp_path / "strat_mod.py").write_text(
+        "def every(info):\n    open('called', 'a').close()\n    return True\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for how in (["--dry-run"], []):
+        result = invoke(*how, "--otel-export-strategy", "strat_mod:every")
+        assert result.exit_code == 0, result.output
+        flat = " ".join(result.output.replace("│", " ").split())
+        assert "exporting ranks decided in each worker by 'strat_mod:every'" in flat
+    assert not (tmp_path / "called").exists() and len(spawned) == 1
+    resolved = json.loads((only_run_dir(tmp_path) / "resolved.json").read_text())
+    assert resolved["exporting_ranks"] is None
+
+
 def test_a_sampler_argument_without_a_ratio_sampler_is_shown_as_ignored(spawned):
     result = invoke("--dry-run", env={"OTEL_TRACES_SAMPLER_ARG": "0.5"})
     text = " ".join(result.output.replace("│", " ").split())
