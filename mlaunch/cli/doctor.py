@@ -38,6 +38,19 @@ def register(app: typer.Typer) -> None:
         deep: bool = typer.Option(
             False, "--deep", help="Also run real 2-process all-reduces (gloo; NCCL with GPUs)."
         ),
+        script: str | None = typer.Option(
+            None,
+            "--script",
+            metavar="PATH",
+            help="The script `mlaunch train --script` would launch (e.g. Megatron-LM's"
+            " pretrain_gpt.py): checked as train checks it, with the settings of a script run.",
+        ),
+        module: str | None = typer.Option(
+            None,
+            "--module",
+            metavar="NAME",
+            help="The module `mlaunch train --module` would launch, checked as train checks it.",
+        ),
         worker_python: str | None = typer.Option(
             None,
             "--worker-python",
@@ -49,11 +62,21 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Check the machine and the configuration before a run: each check passes, warns or
         fails with a one-line fix. Exit 0 when nothing fails."""
-        raise typer.Exit(run(config, as_json=as_json, deep=deep, worker_python=worker_python))
+        entry = {"launch.script": script, "launch.module": module}
+        code = run(config, as_json=as_json, deep=deep, worker_python=worker_python, entry=entry)
+        raise typer.Exit(code)
 
 
-def run(config: str | None, *, as_json: bool, deep: bool, worker_python: str | None = None) -> int:
-    """Run the checks, print them, and return the exit code."""
+def run(
+    config: str | None,
+    *,
+    as_json: bool,
+    deep: bool,
+    worker_python: str | None = None,
+    entry: dict[str, str | None] | None = None,
+) -> int:
+    """Run the checks, print them, and return the exit code. ``entry``: the entry point flags
+    (``launch.script``/``launch.module``) as ``mlaunch train`` would take them."""
     if worker_python is not None:
         import shutil
 
@@ -80,7 +103,11 @@ def run(config: str | None, *, as_json: bool, deep: bool, worker_python: str | N
 
     try:
         results = run_doctor(
-            config=config_path, environ=os.environ, deep=deep, worker_python=worker_python
+            config=config_path,
+            environ=os.environ,
+            deep=deep,
+            worker_python=worker_python,
+            flags={k: v for k, v in (entry or {}).items() if v is not None},
         )
     except Exception as exc:  # each check is guarded; this is the last line of defence
         typer.echo(f"mlaunch doctor: internal error: {type(exc).__name__}: {exc}", err=True)

@@ -36,13 +36,20 @@ from mlaunch.launcher.run import RunResult, torchrun_log
 from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spans import SpanName
 from mlaunch.model.spec import format_groups
-from mlaunch.settings import RATIO_SAMPLERS, flag_name
+from mlaunch.settings import (
+    RATIO_SAMPLERS,
+    flag_name,
+    otlp_timeout_warning,
+    telemetry_off_reason,
+)
 
 # --------------------------------------------------------------------------------------------
 # Before launch
 
 
-def _ranks_text(ranks: list[int], world: int) -> str:
+def _ranks_text(ranks: list[int] | None, world: int, strategy: str = "") -> str:
+    if ranks is None:
+        return f"decided in each worker by {strategy!r} (mlaunch does not call user code)"
     if not ranks:
         return "none"
     if ranks == list(range(world)):
@@ -166,28 +173,37 @@ def summary(plan: LaunchPlan) -> Group:
     table.add_row("config", str(plan.config))
     target = launch.script or (f"-m {launch.module}" if launch.module else "mlaunch trainer")
     table.add_row("entry point", target)
+    # The model, training and parallelism settings reach a script only as Megatron-LM's
+    # arguments: without them the script never sees the config's values, so none is shown.
+    passed = s.uses_builtin_trainer or bool(launch.megatron_args)
     if not s.uses_builtin_trainer:
         table.add_row("megatron args", megatron_args_text(plan))
-    table.add_row(
-        "model",
-        f"{s.model.num_layers} layers, hidden {s.model.hidden_size}, {s.model.num_attention_heads}"
-        f" heads, seq {s.model.seq_length}",
-    )
-    tr = s.training
-    table.add_row(
-        "training",
-        f"{tr.train_iters} iterations, global batch {tr.global_batch_size} (micro"
-        f" {tr.micro_batch_size} x {s.num_microbatches} microbatches x DP {s.data_parallel_size}),"
-        f" lr {tr.lr}, {tr.precision}",
-    )
+    if passed:
+        table.add_row(
+            "model",
+            f"{s.model.num_layers} layers, hidden {s.model.hidden_size},"
+            f" {s.model.num_attention_heads} heads, seq {s.model.seq_length}",
+        )
+        tr = s.training
+        table.add_row(
+            "training",
+            f"{tr.train_iters} iterations, global batch {tr.global_batch_size} (micro"
+            f" {tr.micro_batch_size} x {s.num_microbatches} microbatches x DP"
+            f" {s.data_parallel_size}), lr {tr.lr}, {tr.precision}",
+        )
     ckpt = _checkpoint_text(plan)
     if ckpt:
         table.add_row("checkpoints", ckpt)
+    split = (
+        f" tensor {p.tensor_model_parallel_size} x pipeline {p.pipeline_model_parallel_size}"
+        f" x data {s.data_parallel_size};"
+        if passed
+        else ""
+    )
     table.add_row(
         "world",
         f"{launch.nnodes} node(s) x {launch.nproc_per_node} processes = {s.world_size} ranks;"
-        f" tensor {p.tensor_model_parallel_size} x pipeline {p.pipeline_model_parallel_size}"
-        f" x data {s.data_parallel_size}; device {launch.device}",
+        f"{split} device {launch.device}",
     )
     if launch.nnodes > 1 or launch.rdzv_endpoint:
         where = " (from SLURM)" if plan.slurm else ""
@@ -200,7 +216,10 @@ def summary(plan: LaunchPlan) -> Group:
         table.add_row("rendezvous", "standalone (torchrun picks a free local port)")
     parts: list[Any] = [table]
     if not t.enabled:
-        table.add_row("telemetry", "off (--otel-enabled to turn it on)")
+        why = telemetry_off_reason(
+            str(s.source("telemetry.enabled")), sdk_disabled=t.otel.sdk_disabled
+        )
+        table.add_row("telemetry", Text(f"off ({why})"))  # a file key's "[section]" is text
         for note in plan.env_notes:
             table.add_row("environment", note)
         return Group(Panel(Group(*parts), title="mlaunch train"))
@@ -211,13 +230,19 @@ def summary(plan: LaunchPlan) -> Group:
         t.export_strategy
         + (f" (rank {t.export_rank})" if t.export_strategy == "single_rank" else ""),
     )
-    table.add_row("exporting ranks", _ranks_text(plan.exporting_ranks, s.world_size))
+    table.add_row(
+        "exporting ranks", _ranks_text(plan.exporting_ranks, s.world_size, t.export_strategy)
+    )
     table.add_row("samplers", _sampler_text(plan))
     if (unit := sampling_unit(plan)) is not None:
         table.add_row("sampling unit", unit[0])
         if unit[1]:
             table.add_row(Text("warning", style="bold yellow"), Text(unit[1], style="yellow"))
     table.add_row("exporter", Text(_exporter_text(plan)))  # paths and "[section]" are not markup
+    if t.otel.timeout_s is not None:
+        label = s.label("telemetry.otel.timeout_s")
+        if (long := otlp_timeout_warning(label, t.otel.timeout_s)) is not None:
+            table.add_row(Text("warning", style="bold yellow"), Text("; ".join(long), "yellow"))
     table.add_row("service", f"{t.service_name}  (run id {plan.run_id})")
     for note in plan.env_notes:
         table.add_row("environment", note)

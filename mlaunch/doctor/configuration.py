@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from mlaunch import envcontract as ec
 from mlaunch.doctor.results import CheckResult, fail, ok, warn
 from mlaunch.envcontract import FALLBACK_PREFIX, PRIMARY_PREFIX
 from mlaunch.model.spec import closest_word
-from mlaunch.model.strategies import format_ranks
+from mlaunch.model.strategies import format_ranks, is_custom_strategy
 from mlaunch.settings import (
     ALIAS_KEYS,
     OTEL_ENV,
@@ -22,9 +23,12 @@ from mlaunch.settings import (
     Settings,
     collect_problems,
     env_names,
+    flag_name,
     load_settings,
+    otlp_timeout_warning,
     parse_bool,
     redact_shown,
+    telemetry_off_reason,
 )
 
 
@@ -104,14 +108,18 @@ def _problem_result(problem: Problem) -> CheckResult:
 
 
 def _best_effort_settings(
-    environ: Mapping[str, str], config: Path | None, problems: list[Problem]
+    environ: Mapping[str, str],
+    config: Path | None,
+    problems: list[Problem],
+    flags: Mapping[str, Any] | None = None,
 ) -> Settings:
     """Settings for the checks that need them when the configuration has problems: without the
-    offending variables, then without the config file, then the defaults."""
+    offending variables (and flags), then without the config file, then the defaults."""
     bad = {p.field for p in problems}
     cleaned = {k: v for k, v in environ.items() if k not in bad}
+    kept = {k: v for k, v in (flags or {}).items() if flag_name(k) not in bad}
     for cfg in (config, None):
-        settings, _ = collect_problems(environ=cleaned, config=cfg)
+        settings, _ = collect_problems(flags=kept, environ=cleaned, config=cfg)
         if settings is not None:
             return settings
     return load_settings(environ={}, check_cross_fields=False)
@@ -140,14 +148,17 @@ def _train_default_note(environ: Mapping[str, str], enabled: bool, exporter: str
 
 
 def check_configuration(
-    environ: Mapping[str, str], config: Path | None = None
+    environ: Mapping[str, str],
+    config: Path | None = None,
+    flags: Mapping[str, Any] | None = None,
 ) -> tuple[list[CheckResult], Settings]:
     """Every telemetry variable through mlaunch's settings, plus what the settings accept but a
-    user probably did not mean. Returns the results and the (best-effort) settings."""
-    settings, problems = collect_problems(environ=environ, config=config)
+    user probably did not mean. ``flags``: settings given as ``mlaunch train`` flags (doctor's
+    ``--script``/``--module``). Returns the results and the (best-effort) settings."""
+    settings, problems = collect_problems(flags=flags, environ=environ, config=config)
     results = [_problem_result(p) for p in problems]
     if settings is None:
-        settings = _best_effort_settings(environ, config, problems)
+        settings = _best_effort_settings(environ, config, problems, flags)
     names = _telemetry_vars(environ)
     shown = ", ".join(f"{n}={redact_shown(n, environ[n])}" for n in names)
     where = f" and {config}" if config else ""
@@ -168,24 +179,28 @@ def check_configuration(
         f"with {config.name}" if config else "environment over the built-in defaults, no config"
     )
     note = "" if t.enabled else f"set {PRIMARY_PREFIX}ENABLED=true to export telemetry"
-    if config is None:
+    state = "enabled" if t.enabled else "disabled"
+    if t.otel.sdk_disabled:  # ENABLED=true would not cure it: say what does
+        why = telemetry_off_reason(str(settings.source("telemetry.enabled")), sdk_disabled=True)
+        state, _, note = f"disabled by {why}".partition(": ")
+    elif config is None:
         # Plain `mlaunch train` reads its default config (tiny: telemetry on), so a plain
         # doctor must not let "disabled" stand for what train will do.
         note = _train_default_note(environ, t.enabled, t.exporter) or note
     results.append(
         ok(
             "telemetry",
-            f"{'enabled' if t.enabled else 'disabled'} ({checked}); exporter {t.exporter}; span"
+            f"{state} ({checked}); exporter {t.exporter}; span"
             f" groups {t.span_groups!r} ({len(t.groups)} groups); strategy {t.export_strategy}",
             note,
         )
     )
-    if t.enabled and t.otel.sdk_disabled:
+    if t.otel.sdk_disabled and _asked_for_telemetry(environ, config, flags):
         results.append(
             warn(
                 "sdk disabled",
-                f"{ec.OTEL_SDK_DISABLED}=true while telemetry is enabled: every OTel signal is"
-                " a no-op",
+                f"{ec.OTEL_SDK_DISABLED}=true turns off the telemetry the configuration enables"
+                " (the OpenTelemetry SDK's own switch: every signal is a no-op)",
                 f"unset {ec.OTEL_SDK_DISABLED} (or set {PRIMARY_PREFIX}ENABLED=false)",
             )
         )
@@ -194,6 +209,16 @@ def check_configuration(
     results += _timeout_results(environ)
     results.append(_exporting_ranks_result(settings))
     return results, settings
+
+
+def _asked_for_telemetry(
+    environ: Mapping[str, str], config: Path | None, flags: Mapping[str, Any] | None
+) -> bool:
+    """Whether the configuration turns telemetry on apart from ``OTEL_SDK_DISABLED`` (which the
+    settings resolve as telemetry off, naming the variable)."""
+    rest = {k: v for k, v in environ.items() if k != ec.OTEL_SDK_DISABLED}
+    asked, _ = collect_problems(flags=flags, environ=rest, config=config)
+    return asked is not None and asked.telemetry.enabled
 
 
 #: Standard OTel variables besides the ones mlaunch validates (OTEL_ENV), for typo detection.
@@ -306,15 +331,8 @@ def _timeout_results(environ: Mapping[str, str]) -> list[CheckResult]:
             value = float(raw)
         except ValueError:
             continue  # unset, or already reported by the settings
-        if value >= 1000:
-            out.append(
-                warn(
-                    "otlp timeout",
-                    f"{var}={raw} looks like milliseconds, but the Python SDK reads seconds"
-                    f" ({value / 3600:.1f} h)",
-                    f"set {var}={value / 1000:g} (seconds)",
-                )
-            )
+        if (long := otlp_timeout_warning(var, value)) is not None:
+            out.append(warn("otlp timeout", *long))
         else:
             out.append(ok("otlp timeout", f"{var}={raw} s"))
     return out
@@ -326,6 +344,12 @@ def _exporting_ranks_result(settings: Settings) -> CheckResult:
     layout = f"world size {world} ({launch.nnodes} node(s) x {launch.nproc_per_node})"
     if not t.enabled:
         return ok("exporting ranks", f"telemetry disabled: no rank exports ({layout})")
+    if is_custom_strategy(t.export_strategy):  # user code: imported and checked, never called
+        return ok(
+            "exporting ranks",
+            f"custom strategy {t.export_strategy!r} imports and is callable; each worker calls"
+            f" it ({layout})",
+        )
     ranks = settings.exporting_ranks()
     if not ranks:
         return warn(

@@ -32,6 +32,7 @@ from mlaunch import envcontract as ec
 from mlaunch.launcher.run_status import JobStatus
 from mlaunch.lens_hook import START_LEAD_S
 from mlaunch.model.spec import SpanSpecError, format_groups, resolve
+from mlaunch.settings import recorded_off_reason
 
 #: Run states in which no worker is left to read a request.
 FINISHED_STATES = frozenset({"completed", "failed", "preempted", "cancelled", "timeout"})
@@ -313,10 +314,9 @@ def request_capture(
         raise CaptureInputError(
             f"--ranks: rank {bad[0]} is not in this run (world size {world}: ranks 0-{world - 1})"
         )
-    if _setting(run_dir, "telemetry.enabled") is False:
+    if (off := recorded_off_reason(_resolved(run_dir).get("settings") or {})) is not None:
         raise CaptureInputError(
-            f"{run_dir}: telemetry is off in this run (telemetry.enabled = false): no worker"
-            " watches for requests; start the run with --otel-enabled"
+            f"{run_dir}: telemetry is off in this run ({off}): no worker watches for requests"
         )
     run_id = _run_id(run_dir)
     if (busy := running_capture(run_dir, run_id)) is not None:
@@ -439,10 +439,11 @@ def lens_capture_ranks(run_dir: Path) -> tuple[list[int], dict[int, str]]:
 
     off = None
     if not value("telemetry.enabled"):
-        off = "telemetry is off in this run (--otel-enabled was not given)"
+        why = recorded_off_reason(settings) or "--otel-enabled to turn it on"
+        off = f"telemetry is off in this run ({why})"
     elif value("telemetry.traces_enabled") is False:
         off = "traces are off in this run (TRACES_ENABLED=false)"
-    elif value("telemetry.otel.sdk_disabled"):
+    elif value("telemetry.otel.sdk_disabled"):  # a record written before the switch was resolved
         off = f"{ec.OTEL_SDK_DISABLED} is set in this run"
     if off is not None:
         return [], {r: off for r in range(world)}

@@ -27,6 +27,7 @@ from mlaunch.launcher.worker_args import (
     MEGATRON_ONLY_ARGS,
     check_trainer_args,
     megatron_data_problems,
+    megatron_entry_point,
     otel_flags,
     resolve_megatron_args,
     shadowed_settings,
@@ -35,6 +36,7 @@ from mlaunch.launcher.worker_args import (
 from mlaunch.launcher.worker_env import worker_environment
 from mlaunch.model.spans import estimate_spans_per_iteration
 from mlaunch.model.spec import quoted
+from mlaunch.model.strategies import is_custom_strategy
 from mlaunch.settings import (
     SECRET_ENV,
     Problem,
@@ -75,7 +77,8 @@ class LaunchPlan:
     """Inherited variables dropped so workers see one truth (NEMO_LENS_*, stale aliases)."""
     child_env: dict[str, str] = field(repr=False)
     """The complete environment of the torchrun process."""
-    exporting_ranks: list[int]
+    exporting_ranks: list[int] | None
+    """None: a custom strategy, which only the workers call (mlaunch runs no user code)."""
     spans_per_iteration: list[int]
     """Estimated spans per iteration and exporting rank, per pipeline stage."""
     slurm: bool = False
@@ -287,7 +290,7 @@ def build_plan(
     run_dir = _run_dir(settings, run_id, cwd, problems)
     log_dir = run_dir / ec.LOGS_DIR / ec.NODE_LOG_DIR.name(settings.launch.node_rank)
     entry, megatron_why = _entry(settings, run_id, run_dir, passthrough, cwd, problems)
-    ranks, spans = _telemetry_estimates(settings, problems)
+    ranks, spans = _telemetry_estimates(settings)
     if problems:
         raise SettingsError(problems)
 
@@ -409,7 +412,9 @@ def _entry(
     launch = settings.launch
     if settings.uses_builtin_trainer:
         targs = trainer_args(settings, run_dir)
-        problems += shadowed_settings(passthrough)
+        # The trainer's --otel-* flags would override the telemetry mlaunch resolved (and wrote
+        # into MEGATRON_OTEL_*): the record would no longer be what ran.
+        problems += shadowed_settings(passthrough, lens_names.REFERENCE_OTEL_ARGS)
         problems += check_trainer_args([*targs, *passthrough], settings.world_size)
         problems += checkpoint_layout_problems(settings, targs, cwd)
         problems += rerun_problems(settings, targs, run_dir, run_id)
@@ -419,6 +424,10 @@ def _entry(
     launch.megatron_args, megatron_why = resolve_megatron_args(settings, cwd)
     target = ["-m", launch.module] if launch.module else [str((cwd / launch.script).resolve())]
     extra = []
+    if not launch.megatron_args and megatron_entry_point(settings, cwd) is not None:
+        # Environment only, but still Megatron-LM's parser: its --otel-* flags after '--' would
+        # win over the MEGATRON_OTEL_* variables the summary and resolved.json describe.
+        problems += shadowed_settings(passthrough, lens_names.REFERENCE_OTEL_ARGS, only=True)
     if launch.megatron_args:
         extra = trainer_args(settings, run_dir, megatron=True) + otel_flags(settings)
         owned = [*lens_names.REFERENCE_OTEL_ARGS, *(f for f, _ in MEGATRON_ONLY_ARGS.values())]
@@ -430,25 +439,15 @@ def _entry(
     return [*target, *extra, *passthrough], megatron_why
 
 
-def _telemetry_estimates(
-    settings: Settings, problems: list[Problem]
-) -> tuple[list[int], list[int]]:
+def _telemetry_estimates(settings: Settings) -> tuple[list[int] | None, list[int]]:
     """(the exporting ranks, estimated spans per iteration per pipeline stage); both empty when
-    telemetry is off."""
+    telemetry is off. A custom strategy is user code: the settings checked that it imports and
+    is callable, but only the workers call it (a dry run must not run it: ``os:system`` would),
+    so its ranks are None, not known here."""
     t, p = settings.telemetry, settings.parallelism
     if not t.enabled or t.otel.sdk_disabled:
         return [], []
-    ranks: list[int] = []
-    try:
-        ranks = settings.exporting_ranks()
-    except Exception as exc:  # a custom strategy is user code: its failure is bad input
-        problems.append(
-            Problem(
-                settings.label("telemetry.export_strategy"),
-                f"custom export strategy {t.export_strategy!r} fails when called:"
-                f" {type(exc).__name__}: {exc}",
-            )
-        )
+    ranks = None if is_custom_strategy(t.export_strategy) else settings.exporting_ranks()
     spans = estimate_spans_per_iteration(
         t.groups,
         microbatches=settings.num_microbatches,

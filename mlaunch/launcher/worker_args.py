@@ -132,12 +132,18 @@ def otel_flags(settings: Settings) -> list[str]:
 
 
 def shadowed_settings(
-    passthrough: Sequence[str], extra: Sequence[str] = (), *, passed: Sequence[str] = ()
+    passthrough: Sequence[str],
+    extra: Sequence[str] = (),
+    *,
+    passed: Sequence[str] = (),
+    only: bool = False,
 ) -> list[Problem]:
     """A setting repeated after ``--`` would silently win in the workers (argparse keeps the last
     value) while the summary, resolved.json and the checkpoint plan show the other one.
+    ``extra``: further arguments mlaunch resolves itself (the ``--otel-*`` flags); ``only``: check
+    those alone (the model/training arguments are the user's when mlaunch passes none).
     ``passed``: arguments the entry point owns here, which go through after ``--`` as they are."""
-    owned = {flag for spelled in TRAINER_ARGS.values() for flag in spelled.split("/")}
+    owned = set() if only else {f for spelled in TRAINER_ARGS.values() for f in spelled.split("/")}
     owned = (owned | set(extra)) - set(passed)
     problems = []
     for token in passthrough:

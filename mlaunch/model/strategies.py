@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -69,6 +70,11 @@ _BUILTIN: dict[ExportStrategy, StrategyFn] = {
 }
 
 
+def is_custom_strategy(name: str) -> bool:
+    """Whether ``name`` is a custom ``package.module:function`` (user code), not a built-in."""
+    return ":" in name
+
+
 def load_strategy(name: str) -> StrategyFn:
     """The strategy function for a built-in name or a ``package.module:function`` path.
 
@@ -78,7 +84,7 @@ def load_strategy(name: str) -> StrategyFn:
     key = name.strip().lower()
     if key in ExportStrategy._value2member_map_:
         return _BUILTIN[ExportStrategy(key)]
-    if ":" not in name:
+    if not is_custom_strategy(name):
         choices = [s.value for s in ExportStrategy]
         close = closest_word(key, choices)
         hint = f" (did you mean {close!r}?)" if close else ""
@@ -99,6 +105,16 @@ def load_strategy(name: str) -> StrategyFn:
         raise StrategyError(
             f"custom export strategy {name!r}: module {module_name!r} has no callable {attr!r}"
         )
+    try:
+        # Checked without calling it (the launcher never runs user code; each worker calls it).
+        inspect.signature(fn).bind(RankInfo(0, 1))
+    except TypeError as exc:
+        raise StrategyError(
+            f"custom export strategy {name!r} cannot be called with one RankInfo ({exc});"
+            " it must take (info) and return whether the rank exports"
+        ) from None
+    except ValueError:  # no signature to read (some builtins): the workers will tell
+        pass
     return fn
 
 

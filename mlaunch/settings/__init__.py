@@ -24,7 +24,13 @@ only pydantic; it never imports torch or the OpenTelemetry SDK.
 
 from __future__ import annotations
 
-from mlaunch.settings.loading import collect_problems, load_settings, load_telemetry_settings
+from mlaunch.settings.loading import (
+    collect_problems,
+    load_settings,
+    load_telemetry_settings,
+    recorded_off_reason,
+    telemetry_off_reason,
+)
 from mlaunch.settings.names import (
     ALIAS_KEYS,
     OTEL_ENV,
@@ -59,7 +65,13 @@ from mlaunch.settings.schema import (
     TelemetrySettings,
     TrainingSettings,
 )
-from mlaunch.settings.values import Bool, parse_bool, parse_key_values
+from mlaunch.settings.values import (
+    LONG_OTLP_TIMEOUT_S,
+    Bool,
+    otlp_timeout_warning,
+    parse_bool,
+    parse_key_values,
+)
 
 __all__ = [
     "ALIAS_KEYS",
@@ -69,6 +81,7 @@ __all__ = [
     "EXPORTERS",
     "INT64_MAX",
     "INT64_MIN",
+    "LONG_OTLP_TIMEOUT_S",
     "MAX_WORLD_SIZE",
     "OTEL_ENV",
     "OTLP_PROTOCOLS",
@@ -101,8 +114,11 @@ __all__ = [
     "load_settings",
     "load_telemetry_settings",
     "new_run_id",
+    "otlp_timeout_warning",
     "parse_bool",
     "parse_key_values",
+    "recorded_off_reason",
     "redact",
     "redact_shown",
+    "telemetry_off_reason",
 ]

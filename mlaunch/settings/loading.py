@@ -92,7 +92,42 @@ def _validate(layers: list[Layer]) -> Settings:
     for layer in reversed(layers):  # lowest precedence first, so higher ones overwrite
         merged.update(layer.origin)
     settings._sources = merged
+    _sdk_switch(settings)
     return settings
+
+
+def _sdk_switch(settings: Settings) -> None:
+    """``OTEL_SDK_DISABLED=true`` is the OpenTelemetry SDK's own off switch: every signal is a
+    no-op whatever else asks for telemetry, so the settings say telemetry is off and name the
+    variable as the reason (the summary, resolved.json, doctor and status read this one value)."""
+    t = settings.telemetry
+    if t.otel.sdk_disabled:  # the reason even when enabled is false too: it is the last word
+        t.enabled = False
+        settings._sources["telemetry.enabled"] = settings.source("telemetry.otel.sdk_disabled")
+
+
+def telemetry_off_reason(source: str, *, sdk_disabled: bool) -> str:
+    """Why telemetry is off and how to turn it on, from ``telemetry.enabled``'s source (as
+    :class:`Source` prints it; a run directory's resolved.json keeps the same text) and whether
+    ``OTEL_SDK_DISABLED`` turned it off."""
+    sep = "=" if source.isupper() else " = "  # a variable, or a config file's key
+    if sdk_disabled:
+        return (
+            f"{source}{sep}true, the OpenTelemetry SDK's own switch: unset it to turn telemetry on"
+        )
+    said = "" if source in ("", "default") or source.startswith("--") else f"{source}{sep}false; "
+    return f"{said}--otel-enabled to turn it on"
+
+
+def recorded_off_reason(table: Mapping[str, Any]) -> str | None:
+    """:func:`telemetry_off_reason` of a finished or running run, from the settings table of its
+    resolved.json (``{path: {"value", "source"}}``); None when its telemetry was on or the table
+    does not say."""
+    entry, sdk = table.get("telemetry.enabled"), table.get("telemetry.otel.sdk_disabled")
+    if not isinstance(entry, dict) or entry.get("value") is not False:
+        return None
+    sdk_disabled = isinstance(sdk, dict) and sdk.get("value") is True
+    return telemetry_off_reason(str(entry.get("source", "")), sdk_disabled=sdk_disabled)
 
 
 def collect_problems(

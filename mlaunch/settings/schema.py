@@ -26,7 +26,14 @@ from mlaunch.settings.args import Arg, NotPassed
 from mlaunch.settings.names import flag_name
 from mlaunch.settings.problems import UnknownName
 from mlaunch.settings.run_id import is_run_id
-from mlaunch.settings.values import Bool, check_url, not_blank, parse_key_values, path_is
+from mlaunch.settings.values import (
+    Bool,
+    check_url,
+    module_problem,
+    not_blank,
+    parse_key_values,
+    path_is,
+)
 
 TRACE_SAMPLERS: tuple[str, ...] = (
     "always_on",
@@ -446,6 +453,8 @@ class LaunchSettings(_Section):
     def _one_entry(cls, v: str | None, info: ValidationInfo) -> str | None:
         if v is not None and info.data.get("script"):
             raise ValueError("give either --script or --module, not both")
+        if v is not None and (why := module_problem(v.strip(), Path.cwd())) is not None:
+            raise ValueError(why)  # checked before launch, as --script's file is
         return v
 
     @property

@@ -40,7 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     settings schema (its flag, type, default and help); only the arguments that are not
     settings (the trainer's own, and its ``--otel-*`` flags) are written here.
     """
-    p = argparse.ArgumentParser(prog=PROG, description="mlaunch's instrumented GPT trainer.")
+    # allow_abbrev=False, as Megatron-LM's own parser: a prefix (``--train-iter 5``) would
+    # otherwise reach a setting behind the launcher's check of the arguments after ``--``.
+    p = argparse.ArgumentParser(
+        prog=PROG, description="mlaunch's instrumented GPT trainer.", allow_abbrev=False
+    )
     groups = {name: p.add_argument_group(name) for name in GROUPS}
     for section, name, info, arg in training_fields():
         if isinstance(arg, Arg):

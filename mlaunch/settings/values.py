@@ -78,6 +78,68 @@ def path_is(check: Any, path: str) -> bool:
         return False
 
 
+#: An OTLP export timeout above this many seconds is almost surely milliseconds (older docs and
+#: other SDKs give OTEL_EXPORTER_OTLP_TIMEOUT in ms; the Python SDK reads seconds).
+LONG_OTLP_TIMEOUT_S = 600.0
+
+
+def otlp_timeout_warning(name: str, seconds: float) -> tuple[str, str] | None:
+    """``(what is wrong, the fix)`` for an OTLP export timeout of ``seconds`` given as ``name``
+    (a variable, flag or config key) that looks like milliseconds; None when it is plausible."""
+    if seconds <= LONG_OTLP_TIMEOUT_S:
+        return None
+    # A variable, a flag, or a config file's "FILE [section] key".
+    sep = "=" if name.isupper() else " " if name.startswith("--") else " = "
+    return (
+        f"{name}{sep}{seconds:g} looks like milliseconds, but the Python SDK reads seconds: each"
+        f" export to an unreachable collector would wait {seconds:,.0f} s"
+        f" ({seconds / 3600:.1f} h)",
+        f"set {name}{sep}{seconds / 1000:g} (seconds)",
+    )
+
+
+def module_problem(name: str, cwd: Path) -> str | None:
+    """Why ``python -m name`` run in ``cwd`` would not find the module (None: it would).
+
+    The search is the import system's, without executing anything: no package's
+    ``__init__.py`` runs (``importlib.util.find_spec`` of a dotted name imports the parents,
+    which would run user code in a dry run). A worker's ``python -m`` puts its working
+    directory first on ``sys.path``, so ``cwd`` is searched first; then this interpreter's
+    finders (the workers' interpreter is this one)."""
+    import importlib.machinery
+    import sys
+
+    parts = name.split(".")
+    if not all(part.isidentifier() for part in parts):
+        return f"{name!r} is not a module name (dotted Python identifiers, e.g. pkg.train)"
+    spec: Any = None
+    for depth, part in enumerate(parts):
+        full = ".".join(parts[: depth + 1])
+        if full in sys.modules and getattr(sys.modules[full], "__spec__", None) is not None:
+            spec = sys.modules[full].__spec__
+            continue
+        if depth == 0:
+            spec = importlib.machinery.PathFinder.find_spec(part, [str(cwd)])
+            for finder in sys.meta_path if spec is None else ():
+                find = getattr(finder, "find_spec", None)
+                if (spec := find(part, None) if find else None) is not None:
+                    break
+        else:
+            where = spec.submodule_search_locations
+            if where is None:
+                return f"{'.'.join(parts[:depth])!r} is a module, not a package: it has no {part!r}"
+            spec = importlib.machinery.PathFinder.find_spec(full, list(where))
+        if spec is None:
+            return f"no module named {full!r} from {cwd} (the workers run `python -m {name}` there)"
+    if spec.submodule_search_locations is not None:
+        main = importlib.machinery.PathFinder.find_spec(
+            f"{name}.__main__", list(spec.submodule_search_locations)
+        )
+        if main is None:
+            return f"{name!r} is a package without __main__.py: `python -m` cannot run it"
+    return None
+
+
 #: Signals a process cannot catch: naming one as a preemption signal is a mistake.
 _UNCATCHABLE = frozenset({"SIGKILL", "SIGSTOP"})
 

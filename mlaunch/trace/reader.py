@@ -22,6 +22,7 @@ from typing import Any
 from mlaunch import envcontract
 from mlaunch.model.spans import TRUNCATED_ATTRS, ResourceAttr
 from mlaunch.otlp.otlp_json import any_value, attributes
+from mlaunch.settings import recorded_off_reason
 
 #: The rank in an arbitrary file's name (a collector's file, a renamed copy): ``...rank<R>...``.
 _ANY_RANK_RE = re.compile(r"rank(\d+)")
@@ -252,6 +253,38 @@ def _run_trace_file(path: Path) -> TraceFile | None:
     return None  # unranked, or a launcher's spool (for `mlaunch trace replay`, not read here)
 
 
+def run_directory(path: Path) -> Path:
+    """The run directory behind ``path``: itself, or the one holding a traces file or the
+    ``telemetry/`` directory given instead (where progress.jsonl and resolved.json live)."""
+    path = Path(path)
+    d = path if path.is_dir() else path.parent
+    return d.parent if d.name == envcontract.TELEMETRY_DIR else d
+
+
+def read_resolved(run_dir: Path) -> dict[str, Any]:
+    """``resolved.json`` as ``mlaunch train`` wrote it, or {} (plain torchrun runs have none)."""
+    try:
+        data = json.loads((run_dir / envcontract.RESOLVED_JSON_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+#: What to check when a run has no spans, unless its record says telemetry was off.
+EXPORT_ADVICE = (
+    "check that the run exported spans (MEGATRON_OTEL_ENABLED=1, an exporting rank, span groups on)"
+)
+
+
+def export_advice(path: Path) -> str:
+    """How to get spans from the run behind ``path``: when its resolved.json says telemetry was
+    off, why and how to turn it on (``OTEL_SDK_DISABLED`` is not cured by ``ENABLED=1``), else
+    :data:`EXPORT_ADVICE`."""
+    table = read_resolved(run_directory(path)).get("settings")
+    off = recorded_off_reason(table) if isinstance(table, dict) else None
+    return f"telemetry was off in this run ({off})" if off else EXPORT_ADVICE
+
+
 def discover(path: Path) -> list[TraceFile]:
     """The trace files behind ``path``: a run directory (its ``telemetry/traces-rank*.jsonl`` and
     ``telemetry/spool-traces-rank*.jsonl``), a telemetry directory itself, or one file."""
@@ -283,8 +316,7 @@ def discover(path: Path) -> list[TraceFile]:
         raise TraceInputError(
             f"no trace files found (expected {envcontract.TELEMETRY_DIR}/traces-rank<R>.jsonl)",
             path=path,
-            fix="run with MEGATRON_OTEL_ENABLED=1 and the file exporter (the default without an "
-            "OTLP endpoint), or pass the OTLP-JSON file a collector wrote",
+            fix=_no_files_fix(path),
         )
     # Spool before traces for the same rank: the reader keeps the (small) spool's span keys and
     # drops their duplicates from the traces file, so no set of every span id is ever needed.
@@ -298,6 +330,16 @@ def discover(path: Path) -> list[TraceFile]:
         )
     )
     return found
+
+
+def _no_files_fix(path: Path) -> str:
+    advice = export_advice(path)
+    if advice != EXPORT_ADVICE:
+        return advice
+    return (
+        "run with MEGATRON_OTEL_ENABLED=1 and the file exporter (the default without an OTLP"
+        " endpoint), or pass the OTLP-JSON file a collector wrote"
+    )
 
 
 class TraceReader:

@@ -29,10 +29,12 @@ from typing import Any
 
 from mlaunch.model.spans import ALIASES, STEP_SPAN, ResourceAttr, SpanName
 from mlaunch.trace.reader import (
+    EXPORT_ADVICE,
     ReadStats,
     Resource,
     TraceInputError,
     TraceReader,
+    export_advice,
     is_error,
     is_truncated,
 )
@@ -267,6 +269,6 @@ def no_spans_error(reader: TraceReader) -> TraceInputError:
     extra = " (it holds metrics only)" if reader.stats.metric_lines else ""
     return TraceInputError(
         f"no spans in {names}{extra}",
-        fix="point at the traces file (traces-rank<R>.jsonl) or the run directory; check that "
-        "the run exported spans (MEGATRON_OTEL_ENABLED=1, an exporting rank, span groups on)",
+        fix="point at the traces file (traces-rank<R>.jsonl) or the run directory; "
+        + (export_advice(reader.files[0].path) if reader.files else EXPORT_ADVICE),
     )

@@ -163,6 +163,28 @@ def test_config_accepts_a_shipped_configs_name(tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("asked_once")
+def test_the_megatron_config_passes_with_the_script_train_would_launch(tmp_path: Path) -> None:
+    # Doctor took no --script, so the shipped megatron config (tensor parallel 2) always failed
+    # with "mlaunch's trainer supports tensor parallel size 1 only; use --script".
+    (tmp_path / "pretrain_gpt.py").write_text("")
+    (tmp_path / "train_me.py").write_text("")
+
+    def config_checks(*args: str) -> list[dict]:
+        data = json.loads(doctor("--config", "megatron", *args, "--json").stdout)
+        return [c for c in data["checks"] if c["name"] in ("configuration", "config")]
+
+    bare = config_checks()
+    assert any("tensor parallel size 1 only" in c["message"] for c in bare)
+    (checked,) = config_checks("--script", "pretrain_gpt.py")
+    assert checked["status"] == "pass" and "megatron.toml" in checked["message"]
+    (missing,) = config_checks("--script", "nope.py")
+    assert missing["status"] == "fail"
+    assert missing["message"] == "--script: script 'nope.py' does not exist or is not a file"
+    (module,) = config_checks("--module", "train_me")
+    assert module["status"] == "pass"
+
+
+@pytest.mark.usefixtures("asked_once")
 def test_config_file_that_fails_validation_is_a_failed_check(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[telemetry\nspan_groups = 'all'\n")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -237,3 +239,26 @@ def test_a_rerun_with_no_checkpoint_is_refused_and_changes_nothing(tmp_path, two
     env = {**clean_env(), "MEGATRON_OTEL_RUN_ID": json.loads(first_id)["run_id"]}
     code, out = finish(mlaunch(*args, cwd=tmp_path, env=env))
     assert code == 0, out
+
+
+def test_otel_sdk_disabled_is_telemetry_off_named_by_the_variable(tmp_path):
+    # The summary said "on, per_step" while nothing was written; trace summary then advised
+    # MEGATRON_OTEL_ENABLED=1, already set. The SDK's own switch is resolved as telemetry off.
+    env = clean_env(OTEL_SDK_DISABLED="true", MEGATRON_OTEL_ENABLED="1")
+    run_dir = tmp_path / "run"
+    args = ("--train-iters", "2", "--eval-iters", "0", "--nproc-per-node", "1")
+    code, out = finish(mlaunch(*args, "--run-dir", str(run_dir), cwd=tmp_path, env=env))
+    assert code == 0, out
+    flat = " ".join(out.replace("│", " ").split())
+    assert "telemetry off (OTEL_SDK_DISABLED=true, the OpenTelemetry SDK's own switch" in flat
+    assert "per_step" not in flat and "spans" not in flat
+    setting = json.loads((run_dir / "resolved.json").read_text())["settings"]["telemetry.enabled"]
+    assert setting == {"value": False, "source": "OTEL_SDK_DISABLED"}
+    assert "export MEGATRON_OTEL_ENABLED=false" in (run_dir / "resolved.env").read_text()
+    assert not list((run_dir / "telemetry").glob("*.jsonl"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlaunch", "trace", "summary", str(run_dir)],
+        env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "OTEL_SDK_DISABLED=true" in proc.stderr and "ENABLED=1" not in proc.stderr

@@ -180,11 +180,12 @@ TRAIN: dict[str, Bad] = {
         "--otel-export-strategy", "singel_rank", names=("--otel-export-strategy", "single_rank")
     ),
     "export-strategy=empty": train("--otel-export-strategy", "", names="--otel-export-strategy"),
-    "export-strategy=raises-when-called": train(
+    # A custom strategy is user code: checked for one argument, never called before launch.
+    "export-strategy=takes-no-argument": train(
         "--otel-enabled",
         "--otel-export-strategy",
-        "mlaunch.model.spec:resolve",
-        names=("--otel-export-strategy", "fails when called"),
+        "os:getcwd",
+        names=("--otel-export-strategy", "cannot be called with one RankInfo"),
     ),
     "export-sample-rate=1.5": train(
         "--otel-export-sample-rate", "1.5", names="--otel-export-sample-rate"
@@ -245,6 +246,11 @@ TRAIN: dict[str, Bad] = {
     "script=empty": train("--script", "", names="--script"),
     "script-and-module": train("--script", "x.py", "--module", "y", names="--module"),
     "module=blank": train("--module", "  ", names="--module"),
+    # --module was not checked before launch (--script's file is): torchrun started, and every
+    # worker failed with "No module named".
+    "module=missing": train("--module", "no_such_mod", names=("--module", "'no_such_mod'")),
+    "module=not-a-name": train("--module", "a-b", names=("--module", "'a-b'")),
+    "module=package-without-main": train("--module", "json", names=("--module", "__main__")),
     "node-rank=2-nnodes=2": train(
         "--node-rank",
         "2",
@@ -337,11 +343,11 @@ TRAIN: dict[str, Bad] = {
     "env:OTEL_METRIC_EXPORT_INTERVAL=-5": train(
         names="OTEL_METRIC_EXPORT_INTERVAL", env={"OTEL_METRIC_EXPORT_INTERVAL": "-5"}
     ),
-    "env:EXPORT_STRATEGY-raises-when-called": train(
-        names=("MEGATRON_OTEL_EXPORT_STRATEGY", "fails when called"),
+    "env:EXPORT_STRATEGY-takes-two-arguments": train(
+        names=("MEGATRON_OTEL_EXPORT_STRATEGY", "cannot be called with one RankInfo"),
         env={
             "MEGATRON_OTEL_ENABLED": "1",
-            "MEGATRON_OTEL_EXPORT_STRATEGY": "mlaunch.model.spec:resolve",
+            "MEGATRON_OTEL_EXPORT_STRATEGY": "os:rename",
         },
     ),
     "env:SHUTDOWN_TIMEOUT=inf": train(

@@ -166,8 +166,15 @@ def test_rank_strategy_alias_is_honoured_and_noted_as_ignored_by_the_reference()
 
 
 def test_sdk_disabled_while_telemetry_is_enabled_warns() -> None:
-    results, _ = check_configuration({"MEGATRON_OTEL_ENABLED": "1", "OTEL_SDK_DISABLED": "true"})
+    results, settings = check_configuration(
+        {"MEGATRON_OTEL_ENABLED": "1", "OTEL_SDK_DISABLED": "true"}
+    )
     assert only(results, "sdk disabled").status == "warn"
+    # Resolved as telemetry off with the variable named, not "enabled" beside a warning.
+    assert not settings.telemetry.enabled
+    telemetry = only(results, "telemetry")
+    assert telemetry.message.startswith("disabled by OTEL_SDK_DISABLED=true")
+    assert "unset it" in telemetry.fix and "ENABLED=true" not in telemetry.fix
     results, _ = check_configuration({"OTEL_SDK_DISABLED": "true"})
     assert not named(results, "sdk disabled")
 
@@ -213,6 +220,11 @@ def test_otlp_timeout_that_looks_like_milliseconds_warns() -> None:
     assert "milliseconds" in result.message and "seconds" in result.message
     assert result.fix == "set OTEL_EXPORTER_OTLP_TIMEOUT=10 (seconds)"
     results, _ = check_configuration({"OTEL_EXPORTER_OTLP_TIMEOUT": "10"})
+    assert only(results, "otlp timeout").status == "pass"
+    # Above 600 s, as mlaunch train's summary warns (one rule: settings.otlp_timeout_warning).
+    results, _ = check_configuration({"OTEL_EXPORTER_OTLP_TIMEOUT": "601"})
+    assert only(results, "otlp timeout").status == "warn"
+    results, _ = check_configuration({"OTEL_EXPORTER_OTLP_TIMEOUT": "600"})
     assert only(results, "otlp timeout").status == "pass"
 
 

@@ -70,7 +70,7 @@ def test_wrap_puts_the_entry_wrapper_where_torchrun_reads_its_entry(tmp_path, en
     (tmp_path / "train.py").write_text("")
     flags = {
         "script": {"launch.script": str(tmp_path / "train.py")},
-        "module": {"launch.module": "pkg.train"},
+        "module": {"launch.module": "json.tool"},  # one python -m finds (it is checked)
     }
     plan = build(tmp_path, flags.get(entry, {}) | {"launch.max_restarts": 2})
     job = jobtrace.JobTrace(plan, environ=CLEAN, sinks=[])

@@ -343,3 +343,15 @@ def test_settings_that_disagree_are_a_conflict() -> None:
 def test_an_unreadable_config_file(tmp_path) -> None:
     [found] = problems(environ={}, config=tmp_path / "missing.toml")
     assert found.kind == "unreadable"
+
+
+def test_otel_sdk_disabled_turns_telemetry_off_with_itself_as_the_source() -> None:
+    # The SDK's own switch makes every signal a no-op: the settings say off and why, so the
+    # summary, resolved.json and doctor never claim an "on" run that writes nothing.
+    env = {"MEGATRON_OTEL_ENABLED": "1", "OTEL_SDK_DISABLED": "true"}
+    settings = load_settings(environ=env)
+    assert settings.telemetry.enabled is False
+    assert settings.source("telemetry.enabled") == Source("env", "OTEL_SDK_DISABLED")
+    flagged = load_settings(flags={"telemetry.enabled": True}, environ=env)
+    assert flagged.telemetry.enabled is False
+    assert load_settings(environ={"MEGATRON_OTEL_ENABLED": "1"}).telemetry.enabled is True

@@ -295,11 +295,26 @@ def test_device_cuda_without_cuda_is_refused_before_anything_starts(spawned, tmp
     assert spawned == [] and not (tmp_path / "runs").exists()
 
 
-def test_module_target_and_passthrough(spawned):
+def test_module_target_and_passthrough(spawned, tmp_path):
+    (tmp_path / "my").mkdir()
+    (tmp_path / "my" / "train.py").write_text("")
     result = invoke("--module", "my.train", "--no-megatron-args", "--", "--foo", "bar baz")
     assert result.exit_code == 0, result.output
     ((argv, _),) = spawned
     assert argv[argv.index("--redirects") + 2 :] == [*WRAPPER, "-m", "my.train", "--foo", "bar baz"]
+
+
+def test_a_module_is_found_before_launch_without_running_its_package(spawned, tmp_path):
+    # A dry run never runs user code: finding pkg.train must not execute pkg/__init__.py
+    # (importlib.util.find_spec of a dotted name would import the parent).
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("open('ran', 'w').close()\n")
+    (tmp_path / "pkg" / "train.py").write_text("")
+    assert invoke("--dry-run", "--module", "pkg.train").exit_code == 0
+    missing = invoke("--module", "pkg.nope")
+    assert missing.exit_code == 2
+    assert missing.stderr.startswith("--module: no module named 'pkg.nope' from")
+    assert not (tmp_path / "ran").exists() and spawned == []
 
 
 def test_passthrough_to_the_builtin_trainer_is_checked_before_launch(spawned, tmp_path):
@@ -557,6 +572,90 @@ def test_a_setting_repeated_after_the_separator_is_refused(spawned, tmp_path):
     assert result.exit_code == 2
     assert "-- ARGS: --train-iters is a setting of mlaunch train" in result.stderr
     assert spawned == [] and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "args", [["--otel-span-groups", "default"], ["--otel-enabled"], ["--otel-service-name=x"]]
+)
+def test_the_trainers_otel_flags_after_the_separator_are_refused(spawned, tmp_path, args):
+    # The trainer's --otel-* flags win over the MEGATRON_OTEL_* mlaunch resolved: the workers
+    # would run 'default' while the summary, resolved.env and resolved.json said 'all'.
+    result = invoke("--", *args, env={"MEGATRON_OTEL_SPAN_GROUPS": "all"})
+    assert result.exit_code == 2, result.output
+    flag = args[0].split("=")[0]
+    assert f"-- ARGS: {flag} is a setting of mlaunch train: give it before '--'" in result.stderr
+    assert spawned == [] and not (tmp_path / "runs").exists()
+
+
+def test_an_abbreviated_setting_after_the_separator_is_refused(spawned, tmp_path):
+    # argparse took '--train-iter 5' as --train-iters 5 (the record said 30); the trainer's
+    # parser now takes whole names only, as Megatron-LM's does.
+    result = invoke("--", "--train-iter", "5")
+    assert result.exit_code == 2, result.output
+    assert "unrecognized arguments: --train-iter 5" in result.stderr
+    assert spawned == [] and not (tmp_path / "runs").exists()
+
+
+def test_megatrons_otel_flags_are_refused_even_when_it_gets_environment_only(spawned, tmp_path):
+    # --no-megatron-args: the model arguments after '--' are the user's, but pretrain_gpt.py's
+    # --otel-* flags would still override the MEGATRON_OTEL_* variables mlaunch wrote.
+    (tmp_path / "pretrain_gpt.py").write_text("")
+    base = ("--script", "pretrain_gpt.py", "--no-megatron-args", "--")
+    result = invoke(*base, "--otel-span-groups=all")
+    assert result.exit_code == 2, result.output
+    assert "-- ARGS: --otel-span-groups is a setting of mlaunch train" in result.stderr
+    assert invoke("--dry-run", *base, "--train-iters", "3").exit_code == 0
+
+
+def test_a_script_summary_shows_only_the_settings_the_script_receives(spawned, tmp_path):
+    # A plain script gets none of tiny.toml's model/training/parallelism values: the summary
+    # showed "2 layers, hidden 64" and "30 iterations" beside "megatron args: not passed".
+    (tmp_path / "plain.py").write_text("")
+    (tmp_path / "pretrain_gpt.py").write_text("")
+    plain = invoke("--dry-run", "--script", "plain.py")
+    assert plain.exit_code == 0, plain.output
+    rows = [line.strip("│ ").split("  ")[0] for line in plain.output.splitlines()]
+    assert "megatron args" in rows and "model" not in rows and "training" not in rows
+    assert "2 layers" not in plain.output and "30 iterations" not in plain.output
+    assert "2 ranks; device cpu" in plain.output and "pipeline" not in plain.output.split("#")[0]
+    megatron = invoke("--dry-run", "--script", "pretrain_gpt.py")
+    assert megatron.exit_code == 0, megatron.output
+    flat = " ".join(megatron.output.replace("│", " ").split())
+    assert "model 2 layers, hidden 64" in flat and "training 30 iterations" in flat
+    assert "--train-iters 30" in megatron.output  # ... because the script receives them
+
+
+def test_an_otlp_timeout_in_milliseconds_is_a_warning_in_the_summary(spawned):
+    # OTEL_EXPORTER_OTLP_TIMEOUT=10000 (milliseconds in older docs) was taken as 10,000 s
+    # without a word: the SDK reads seconds.
+    result = invoke("--dry-run", env={"OTEL_EXPORTER_OTLP_TIMEOUT": "10000"})
+    assert result.exit_code == 0, result.output
+    flat = " ".join(result.output.replace("│", " ").split())
+    assert (
+        "warning OTEL_EXPORTER_OTLP_TIMEOUT=10000 looks like milliseconds, but the Python SDK"
+        " reads seconds" in flat
+    )
+    assert "set OTEL_EXPORTER_OTLP_TIMEOUT=10 (seconds)" in flat
+    quiet = invoke("--dry-run", env={"OTEL_EXPORTER_OTLP_TIMEOUT": "30"})
+    assert "milliseconds" not in quiet.output
+
+
+def test_a_custom_export_strategy_is_never_called_by_the_launcher(spawned, tmp_path, monkeypatch):
+    # `--otel-export-strategy os:system --dry-run` called os.system during validation: a dry run
+    # ran user code. The settings check that it imports and takes one argument; only the
+    # workers call it.
+    (tmp_path / "strat_mod.py").write_text(
+        "def every(info):\n    open('called', 'a').close()\n    return True\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for how in (["--dry-run"], []):
+        result = invoke(*how, "--otel-export-strategy", "strat_mod:every")
+        assert result.exit_code == 0, result.output
+        flat = " ".join(result.output.replace("│", " ").split())
+        assert "exporting ranks decided in each worker by 'strat_mod:every'" in flat
+    assert not (tmp_path / "called").exists() and len(spawned) == 1
+    resolved = json.loads((only_run_dir(tmp_path) / "resolved.json").read_text())
+    assert resolved["exporting_ranks"] is None
 
 
 def test_a_sampler_argument_without_a_ratio_sampler_is_shown_as_ignored(spawned):

@@ -261,8 +261,14 @@ def test_launcher_modules_never_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_megatron_arguments_go_only_to_a_megatron_lm_entry_point(tmp_path):
+def test_megatron_arguments_go_only_to_a_megatron_lm_entry_point(tmp_path, monkeypatch):
     # Unset = on for pretrain_*.py / a megatron/ checkout / megatron.* modules.
+    # Where python -m finds the modules (checked before launch); apart from the scripts, whose
+    # folder would otherwise hold a megatron/ package.
+    monkeypatch.chdir((tmp_path / "modules").mkdir() or tmp_path / "modules")
+    for module in ("megatron/training.py", "mypkg/train.py"):
+        (tmp_path / "modules" / module).parent.mkdir(exist_ok=True)
+        (tmp_path / "modules" / module).write_text("")
     (tmp_path / "pretrain_gpt.py").write_text("")
     (tmp_path / "train.py").write_text("")
     (tmp_path / "lm").mkdir()

@@ -3,21 +3,15 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from mlaunch import envcontract
+
+# Their home is the reader (its advice reads resolved.json too); re-exported for the report.
+from mlaunch.trace.reader import read_resolved as read_resolved
+from mlaunch.trace.reader import run_directory as run_directory
 from mlaunch.trace.report.curve import Curve
-
-
-def run_directory(path: Path) -> Path:
-    """The run directory behind ``path``: itself, or the one holding a traces file or the
-    ``telemetry/`` directory given instead (where progress.jsonl and resolved.json live)."""
-    path = Path(path)
-    d = path if path.is_dir() else path.parent
-    return d.parent if d.name == envcontract.TELEMETRY_DIR else d
 
 
 def default_output(path: Path) -> Path:
@@ -66,12 +60,3 @@ def read_progress(run_dir: Path) -> tuple[Progress, int]:
             for k, curve in prog.train.items():
                 curve.add(rec.iteration, getattr(rec, k))
     return prog, bad
-
-
-def read_resolved(run_dir: Path) -> dict[str, Any]:
-    """``resolved.json`` as ``mlaunch train`` wrote it, or {} (plain torchrun runs have none)."""
-    try:
-        data = json.loads((run_dir / envcontract.RESOLVED_JSON_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
