@@ -25,6 +25,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from mlaunch.doctor.configuration import check_configuration
 from mlaunch.doctor.hang_stacks import check_hang_stacks
@@ -68,12 +69,14 @@ def run_doctor(
     python: Sequence[str] = (sys.executable,),
     worker_python: str | None = None,
     worker_timeout_s: float = WORKER_TIMEOUT_S,
+    flags: Mapping[str, Any] | None = None,
 ) -> list[CheckResult]:
     """Run every check, in a stable order; never raises.
 
     ``environ`` is the environment the configuration is read from (default: this process's);
     ``python`` is the interpreter command the torch probes run with; ``worker_python`` the one
-    a ``--script`` worker runs with (default: this one), for the worker-side check.
+    a ``--script`` worker runs with (default: this one), for the worker-side check; ``flags``
+    the setting flags doctor was given (``{"launch.rdzv_endpoint": "host:port"}``).
     """
     environ = os.environ if environ is None else environ
     config_path = Path(config) if config is not None else None
@@ -86,7 +89,7 @@ def run_doctor(
         state: dict[str, Settings] = {}
 
         def config_checks() -> list[CheckResult]:
-            found, state["settings"] = check_configuration(environ, config_path)
+            found, state["settings"] = check_configuration(environ, config_path, flags)
             return found
 
         results += _guard("configuration", config_checks)
@@ -99,7 +102,9 @@ def run_doctor(
         )
         results += _guard("otlp endpoint", lambda: check_otlp(settings, net_timeout_s))
         results += _guard("hostname", check_hostname)
-        results += _guard("rendezvous port", lambda: check_rendezvous(settings, net_timeout_s))
+        results += _guard(
+            "rendezvous port", lambda: check_rendezvous(settings, net_timeout_s, environ)
+        )
         results += _guard("run directory", lambda: check_run_dir(settings, cwd))
         results += _guard("hang stacks", lambda: check_hang_stacks(settings))
         results += _guard("slurm", lambda: check_slurm(environ, settings))

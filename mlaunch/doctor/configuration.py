@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from mlaunch import envcontract as ec
 from mlaunch.doctor.results import CheckResult, fail, ok, warn
@@ -22,6 +23,7 @@ from mlaunch.settings import (
     Settings,
     collect_problems,
     env_names,
+    flag_name,
     load_settings,
     parse_bool,
     redact_shown,
@@ -104,14 +106,18 @@ def _problem_result(problem: Problem) -> CheckResult:
 
 
 def _best_effort_settings(
-    environ: Mapping[str, str], config: Path | None, problems: list[Problem]
+    environ: Mapping[str, str],
+    config: Path | None,
+    problems: list[Problem],
+    flags: Mapping[str, Any] | None = None,
 ) -> Settings:
     """Settings for the checks that need them when the configuration has problems: without the
-    offending variables, then without the config file, then the defaults."""
+    offending variables (and flags), then without the config file, then the defaults."""
     bad = {p.field for p in problems}
     cleaned = {k: v for k, v in environ.items() if k not in bad}
+    kept = {k: v for k, v in (flags or {}).items() if flag_name(k) not in bad}
     for cfg in (config, None):
-        settings, _ = collect_problems(environ=cleaned, config=cfg)
+        settings, _ = collect_problems(flags=kept, environ=cleaned, config=cfg)
         if settings is not None:
             return settings
     return load_settings(environ={}, check_cross_fields=False)
@@ -140,14 +146,15 @@ def _train_default_note(environ: Mapping[str, str], enabled: bool, exporter: str
 
 
 def check_configuration(
-    environ: Mapping[str, str], config: Path | None = None
+    environ: Mapping[str, str], config: Path | None = None, flags: Mapping[str, Any] | None = None
 ) -> tuple[list[CheckResult], Settings]:
-    """Every telemetry variable through mlaunch's settings, plus what the settings accept but a
-    user probably did not mean. Returns the results and the (best-effort) settings."""
-    settings, problems = collect_problems(environ=environ, config=config)
+    """Every telemetry variable (and ``flags``: doctor's setting flags, as ``mlaunch train``
+    takes them) through mlaunch's settings, plus what the settings accept but a user probably
+    did not mean. Returns the results and the (best-effort) settings."""
+    settings, problems = collect_problems(flags=flags, environ=environ, config=config)
     results = [_problem_result(p) for p in problems]
     if settings is None:
-        settings = _best_effort_settings(environ, config, problems)
+        settings = _best_effort_settings(environ, config, problems, flags)
     names = _telemetry_vars(environ)
     shown = ", ".join(f"{n}={redact_shown(n, environ[n])}" for n in names)
     where = f" and {config}" if config else ""
