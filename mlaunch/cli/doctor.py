@@ -59,12 +59,34 @@ def register(app: typer.Typer) -> None:
             " doctor runs nemo-lens's own configuration loader under it on the environment"
             " mlaunch would hand the workers.",
         ),
+        rdzv_endpoint: str | None = typer.Option(
+            None,
+            "--rdzv-endpoint",
+            metavar="HOST:PORT",
+            help="The rendezvous to check, as `mlaunch train` takes it: the host resolves, and on"
+            " node 0 the port is free (elsewhere: reachable).",
+        ),
+        nnodes: str | None = typer.Option(
+            None, "--nnodes", metavar="N", help="Number of nodes, as `mlaunch train` takes it."
+        ),
+        node_rank: str | None = typer.Option(
+            None, "--node-rank", metavar="N", help="This node's rank, as `mlaunch train` takes it."
+        ),
     ) -> None:
         """Check the machine and the configuration before a run: each check passes, warns or
         fails with a one-line fix. Exit 0 when nothing fails."""
-        entry = {"launch.script": script, "launch.module": module}
-        code = run(config, as_json=as_json, deep=deep, worker_python=worker_python, entry=entry)
-        raise typer.Exit(code)
+        given = {
+            "launch.script": script, "launch.module": module,
+            "launch.rdzv_endpoint": rdzv_endpoint, "launch.nnodes": nnodes,
+            "launch.node_rank": node_rank,
+        }  # fmt: skip
+        flags = {path: value for path, value in given.items() if value is not None}
+        raise typer.Exit(
+            run(config, as_json=as_json, deep=deep, worker_python=worker_python, flags=flags)
+        )
+
+
+_RENDEZVOUS_FLAGS = ("launch.rdzv_endpoint", "launch.nnodes", "launch.node_rank")
 
 
 def run(
@@ -73,10 +95,11 @@ def run(
     as_json: bool,
     deep: bool,
     worker_python: str | None = None,
-    entry: dict[str, str | None] | None = None,
+    flags: dict[str, str] | None = None,
 ) -> int:
-    """Run the checks, print them, and return the exit code. ``entry``: the entry point flags
-    (``launch.script``/``launch.module``) as ``mlaunch train`` would take them."""
+    """Run the checks, print them, and return the exit code (2 for a bad flag value: the
+    invocation is wrong, not the machine). ``flags``: the settings doctor was given as
+    ``mlaunch train`` flags (the entry point, the rendezvous)."""
     if worker_python is not None:
         import shutil
 
@@ -98,17 +121,24 @@ def run(
     except SettingsError as exc:
         print_problems(exc.problems)
         return 2
+    # A malformed rendezvous flag is a wrong invocation (exit 2, as train refuses it); a missing
+    # --script or --module is what doctor is there to report (a failed check).
+    if rendezvous := {p: v for p, v in (flags or {}).items() if p in _RENDEZVOUS_FLAGS}:
+        from mlaunch.settings import collect_problems, flag_name
+
+        _, found = collect_problems(flags=rendezvous, environ=os.environ, config=config_path)
+        typed = {flag_name(path) for path in rendezvous}
+        if bad := [p for p in found if p.field in typed]:
+            print_problems(bad)
+            return 2
     from mlaunch.doctor import run_doctor
     from mlaunch.doctor.results import exit_code, to_json
 
     try:
         results = run_doctor(
-            config=config_path,
-            environ=os.environ,
-            deep=deep,
-            worker_python=worker_python,
-            flags={k: v for k, v in (entry or {}).items() if v is not None},
-        )
+            config=config_path, environ=os.environ, deep=deep, worker_python=worker_python,
+            flags=flags,
+        )  # fmt: skip
     except Exception as exc:  # each check is guarded; this is the last line of defence
         typer.echo(f"mlaunch doctor: internal error: {type(exc).__name__}: {exc}", err=True)
         return 1

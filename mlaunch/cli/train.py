@@ -80,9 +80,11 @@ def run_train(
     except SettingsError as exc:
         print_problems(exc.problems)
         return USAGE_ERROR
-    if not (print_env or dry_run) and (problem := _device_problem(plan)) is not None:
-        print_problems([problem])
-        return USAGE_ERROR
+    if not (print_env or dry_run):
+        problems = [p for p in (_device_problem(plan), _rendezvous_problem(plan)) if p]
+        if problems:
+            print_problems(problems)
+            return USAGE_ERROR
     if print_env:
         # unset lines too: a stale alias left in the user's shell would conflict in the workers.
         unset = [f"unset {name}" for name in plan.removed_env]
@@ -153,6 +155,27 @@ def _device_problem(plan: LaunchPlan) -> tuple[str, str] | None:
         f"cuda, but the workers would find no CUDA device ({why}); use --device cpu (or"
         " auto), or run where they see a GPU",
     )
+
+
+def _rendezvous_problem(plan: LaunchPlan) -> tuple[str, str] | None:
+    """An ``--rdzv-endpoint`` that cannot work, refused before the run directory exists or
+    torchrun starts: a host that does not resolve (torchrun would retry for minutes), or, on
+    the node that hosts the store, a port another program holds (torchrun would wait on it).
+    Only a real launch asks, as for the device: a dry run or ``mlaunch sbatch`` may plan where
+    the job's hosts are not (a login node)."""
+    launch = plan.settings.launch
+    if launch.rdzv_endpoint is None:
+        return None  # --standalone: torchrun binds a free port itself
+    from mlaunch.launcher.rendezvous import check_endpoint
+
+    label = plan.settings.label("launch.rdzv_endpoint")
+    verdict = check_endpoint(
+        launch.rdzv_endpoint, node_rank=launch.node_rank, nnodes=launch.nnodes,
+        backend=launch.rdzv_backend, rdzv_id=plan.rdzv_id, label=label,
+    )  # fmt: skip
+    if verdict.problem is None:
+        return None
+    return label, f"{verdict.problem}; {verdict.fix}"
 
 
 def _node_console(plan: LaunchPlan, console: Any) -> Any:

@@ -210,7 +210,7 @@ def summary(plan: LaunchPlan) -> Group:
         table.add_row(
             "rendezvous",
             f"node rank {launch.node_rank}, {launch.rdzv_backend} at {launch.rdzv_endpoint},"
-            f" id {launch.rdzv_id or plan.run_id}{where}",
+            f" id {plan.rdzv_id}{where}",
         )
     else:
         table.add_row("rendezvous", "standalone (torchrun picks a free local port)")
@@ -553,6 +553,15 @@ def print_result(
         console.print(
             Text(f"hang report: {ec.hang_dir(plan.run_dir) / ec.HANG_REPORT_FILE}"), soft_wrap=True
         )
+    elif result.rendezvous_failure is not None:
+        # One line, not torchrun's traceback: its cause is chained under "See inner exception".
+        launch = plan.settings.launch
+        at = f" at {launch.rdzv_endpoint}" if launch.rdzv_endpoint else ""
+        console.print(
+            Text(f"rendezvous{at} failed: {result.rendezvous_failure}", style="bold red"),
+            soft_wrap=True,
+        )
+        console.print(Text(f"torchrun's log: {torchrun_log(plan)}"), soft_wrap=True)
     elif result.exit_code != 0 and not result.failures and result.interrupted is None:
         console.print(
             Text(

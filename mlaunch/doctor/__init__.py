@@ -77,7 +77,8 @@ def run_doctor(
     ``python`` is the interpreter command the torch probes run with; ``worker_python`` the one
     a ``--script`` worker runs with (default: this one), for the worker-side check; ``flags``
     the settings given as ``mlaunch train`` flags (``launch.script``/``launch.module``: a
-    script run's checks differ from mlaunch's trainer's).
+    script run's checks differ from mlaunch's trainer's; ``launch.rdzv_endpoint`` and the node
+    count and rank: the rendezvous to check).
     """
     environ = os.environ if environ is None else environ
     config_path = Path(config) if config is not None else None
@@ -103,7 +104,9 @@ def run_doctor(
         )
         results += _guard("otlp endpoint", lambda: check_otlp(settings, net_timeout_s))
         results += _guard("hostname", check_hostname)
-        results += _guard("rendezvous port", lambda: check_rendezvous(settings, net_timeout_s))
+        results += _guard(
+            "rendezvous port", lambda: check_rendezvous(settings, net_timeout_s, environ)
+        )
         results += _guard("run directory", lambda: check_run_dir(settings, cwd))
         results += _guard("hang stacks", lambda: check_hang_stacks(settings))
         results += _guard("slurm", lambda: check_slurm(environ, settings))

@@ -154,7 +154,8 @@ def check_configuration(
 ) -> tuple[list[CheckResult], Settings]:
     """Every telemetry variable through mlaunch's settings, plus what the settings accept but a
     user probably did not mean. ``flags``: settings given as ``mlaunch train`` flags (doctor's
-    ``--script``/``--module``). Returns the results and the (best-effort) settings."""
+    ``--script``/``--module``, ``--rdzv-endpoint``, ``--nnodes``, ``--node-rank``). Returns the
+    results and the (best-effort) settings."""
     settings, problems = collect_problems(flags=flags, environ=environ, config=config)
     results = [_problem_result(p) for p in problems]
     if settings is None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from mlaunch import envcontract as ec
 from mlaunch.doctor.results import NET_TIMEOUT_S, CheckResult, fail, ok, warn
+from mlaunch.launcher.rendezvous import check_endpoint, split_endpoint
 from mlaunch.model.gpt_shape import count_parameters, gpt_config
 from mlaunch.model.spec import quoted
 from mlaunch.settings import Settings
@@ -51,56 +52,40 @@ def check_hostname(hostname: str | None = None) -> list[CheckResult]:
     return [ok("hostname", f"{name} resolves to {', '.join(addrs[:4])}")]
 
 
-def _bindable(host: str, port: int) -> OSError | None:
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        return exc
-    family, _, _, _, addr = infos[0]
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        # Like torchrun's TCPStore: a port only in TIME_WAIT counts as free.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(addr)
-        except OSError as exc:
-            return exc
-    return None
+def check_rendezvous(
+    settings: Settings, timeout_s: float = NET_TIMEOUT_S, environ: Mapping[str, str] | None = None
+) -> list[CheckResult]:
+    """The rendezvous endpoint, judged as ``mlaunch train`` judges it before a launch (its host
+    resolves; on the node that hosts the store, the port is free), then, on a node that only
+    connects, whether it is reachable yet. Without an endpoint, any free local port will do;
+    under SLURM the endpoint and node rank are the ones the launcher derives from the job."""
+    from mlaunch.launcher.slurm_env import slurm_launch_values
 
-
-def check_rendezvous(settings: Settings, timeout_s: float = NET_TIMEOUT_S) -> list[CheckResult]:
-    """A free rendezvous port: the configured ``rdzv_endpoint`` must be free on the node that
-    hosts it (node 0, local address) and reachable from the others; else any free port."""
     launch = settings.launch
-    if not launch.rdzv_endpoint:
+    endpoint, node_rank, rdzv_id = launch.rdzv_endpoint, launch.node_rank, launch.rdzv_id
+    label = settings.label("launch.rdzv_endpoint")
+    if settings.source("launch.rdzv_endpoint").kind == "default":
+        slurm = slurm_launch_values(os.environ if environ is None else environ)
+        if "launch.rdzv_endpoint" in slurm:
+            endpoint, label = slurm["launch.rdzv_endpoint"]
+            slurm_rank = str(slurm.get("launch.node_rank", ("", ""))[0])
+            if settings.source("launch.node_rank").kind == "default" and slurm_rank.isdigit():
+                node_rank = int(slurm_rank)
+            rdzv_id = rdzv_id or slurm["launch.rdzv_id"][0]
+    if not endpoint:
         port = free_loopback_port()
         return [
             ok("rendezvous port", f"free local port available (e.g. {port}); mlaunch picks one")
         ]
-    host, _, port_s = launch.rdzv_endpoint.rpartition(":")
-    host, port = host.strip("[]"), int(port_s)
-    src = settings.source("launch.rdzv_endpoint")
-    var = src.name if src.kind != "default" else "--rdzv-endpoint"
-    err = _bindable(host, 0)
-    if isinstance(err, socket.gaierror):
-        return [
-            fail(
-                "rendezvous port",
-                f"the rendezvous host {host!r} does not resolve ({err})",
-                f"fix the host in {var} (node 0's address)",
-            )
-        ]
-    local = err is None  # we can bind its address: the host is this machine
-    if local and launch.node_rank == 0:
-        busy = _bindable(host, port)
-        if busy is not None:
-            return [
-                fail(
-                    "rendezvous port",
-                    f"{launch.rdzv_endpoint} is in use on this host ({busy.strerror or busy})",
-                    f"stop what listens there or choose another port in {var}",
-                )
-            ]
-        return [ok("rendezvous port", f"{launch.rdzv_endpoint} is free on this host (node 0)")]
+    verdict = check_endpoint(
+        endpoint, node_rank=node_rank, nnodes=launch.nnodes, backend=launch.rdzv_backend,
+        rdzv_id=rdzv_id, label=label,
+    )  # fmt: skip
+    if verdict.problem is not None:
+        return [fail("rendezvous port", verdict.problem, verdict.fix)]
+    if verdict.hosts_store:
+        return [ok("rendezvous port", verdict.note)]
+    host, port = split_endpoint(endpoint)
     try:
         with socket.create_connection((host, port), timeout=timeout_s):
             pass
@@ -108,12 +93,12 @@ def check_rendezvous(settings: Settings, timeout_s: float = NET_TIMEOUT_S) -> li
         return [
             warn(
                 "rendezvous port",
-                f"{launch.rdzv_endpoint} is not reachable yet ({exc}); node {launch.node_rank}"
-                " joins the rendezvous hosted there",
-                "start node 0 first, or check the host and port in " + var,
+                f"{endpoint} is not reachable yet ({exc}); node {node_rank} joins the"
+                " rendezvous hosted there",
+                f"start node 0 first, or check the host and port in {label}",
             )
         ]
-    return [ok("rendezvous port", f"{launch.rdzv_endpoint} is reachable")]
+    return [ok("rendezvous port", f"{endpoint} is reachable")]
 
 
 def checkpoint_bytes(settings: Settings) -> tuple[int, int]:

@@ -229,7 +229,9 @@ class UpstreamSink:
                     return
                 self._inflight = None
                 if error is not None:
-                    self._undelivered_locked([line], str(error) or type(error).__name__)
+                    from mlaunch.otlp.send import failure_text
+
+                    self._undelivered_locked([line], failure_text(error))
 
     def _undelivered(self, lines: list[str], why: str) -> None:
         with self._lock:
@@ -237,21 +239,22 @@ class UpstreamSink:
 
     def _undelivered_locked(self, lines: list[str], why: str) -> None:
         self.failed += len(lines)
-        where = "nowhere (no spool)"
+        fate = "lost (no spool)"
         if self.spool is not None:
             try:
                 self.spool.parent.mkdir(parents=True, exist_ok=True)
                 with self.spool.open("a", encoding="utf-8") as fh:
                     fh.write("".join(line + "\n" for line in lines))
                 self.spooled += len(lines)
-                where = str(self.spool)
+                fate = f"spooled to {self.spool}; send them later with mlaunch trace replay"
             except OSError as exc:
-                where = f"nowhere (cannot write {self.spool}: {exc})"
+                fate = f"lost: cannot write {self.spool} ({exc})"
         if not self._warned:
             self._warned = True
+            # One line: the endpoint, the status, what happens to the spans.
             log.warning(
-                "job trace: cannot deliver to %s (%s); undelivered spans go to %s (send them"
-                " later with mlaunch trace replay)", self.otel.endpoint, why, where,
+                "job trace: cannot deliver to %s (%s); its spans are %s",
+                self.otel.endpoint, why, fate,
             )  # fmt: skip
 
     def _sender(self) -> Any:

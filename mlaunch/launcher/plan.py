@@ -105,6 +105,11 @@ class LaunchPlan:
         return self.run_dir / ec.TELEMETRY_DIR
 
     @property
+    def rdzv_id(self) -> str:
+        """The rendezvous id torchrun is given: ``--rdzv-id``, else the run id."""
+        return self.settings.launch.rdzv_id or self.run_id
+
+    @property
     def progress_file(self) -> Path:
         """The trainer's progress records."""
         return self.run_dir / ec.PROGRESS_FILE

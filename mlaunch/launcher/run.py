@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from mlaunch import envcontract as ec
-from mlaunch.launcher import jobtrace, orphan_guard, receiver_wiring
+from mlaunch.launcher import jobtrace, orphan_guard, receiver_wiring, rendezvous
 from mlaunch.launcher.hang import Watchdog
 from mlaunch.launcher.hang_report import HangReport
 from mlaunch.launcher.plan import TORCHRUN_MODULE, LaunchPlan
@@ -467,12 +467,13 @@ class LauncherRecord:
 
     def ended(
         self, exit_code: int | None, interrupted: int | None, failures: list[RankFailure],
-        error: str | None = None, hang: str | None = None,
+        error: str | None = None, hang: str | None = None, rendezvous: str | None = None,
     ) -> None:  # fmt: skip
         """The launch is over (``error``: the launcher itself stopped on an exception; ``hang``:
-        the verdict of the hang that ended it)."""
+        the verdict of the hang that ended it; ``rendezvous``: why torchrun's rendezvous
+        failed)."""
         self.data.update(
-            ended=time.time(), exit_code=exit_code, error=error, hang=hang,
+            ended=time.time(), exit_code=exit_code, error=error, hang=hang, rendezvous=rendezvous,
             signal=jobtrace.signal_name(interrupted) if interrupted is not None else None,
             failures=[
                 {"rank": f.rank, "local_rank": f.local_rank, "node": f.node,
@@ -513,6 +514,9 @@ class RunResult:
     delivered, spooled, dropped, ranks; :func:`read_span_counts`), or None when none did."""
     trace_files: list[Path] = field(default_factory=list)
     """The run directory's trace files (``traces-rank{R}.jsonl``, the file exporter's)."""
+    rendezvous_failure: str | None = None
+    """Why torchrun's rendezvous failed (:func:`~mlaunch.launcher.rendezvous.failure_cause`), when
+    torchrun gave up with no worker failed."""
     hang: HangReport | None = None
     """The hang that ended the final attempt (``--on-hang stop``), or None."""
     hangs: list[HangReport] = field(default_factory=list)
@@ -711,10 +715,13 @@ def _execute_locked(
             result.hang = watchdog.reports[-1]
             result.torchrun_tail = _tail(torchrun_log(plan))
         elif code != 0:
-            result.failures = collect_failures(
-                plan, start, _read_from(log_path, log_offset), result.interrupted
-            )
+            text = _read_from(log_path, log_offset)
+            result.failures = collect_failures(plan, start, text, result.interrupted)
             result.torchrun_tail = _tail(torchrun_log(plan))
+            if not result.failures and result.interrupted is None:
+                # No worker failed: torchrun itself gave up, most often at the rendezvous, whose
+                # cause is chained deep in a traceback of its log.
+                result.rendezvous_failure = rendezvous.failure_cause(text)
             if result.interrupted is not None and not result.failures:
                 # torchrun reports its own signal as a failure (exit 1) even when every worker
                 # stopped cleanly; the job was interrupted, which shells spell 128 + signal.
@@ -726,6 +733,7 @@ def _execute_locked(
         launch_record.ended(
             result.exit_code, result.interrupted, result.failures,
             hang=result.hang.verdict if result.hang else None,
+            rendezvous=result.rendezvous_failure,
         )  # fmt: skip
         # Before the receiver closes: in relay mode the job's last spans go through it.
         job.finish(result.exit_code, result.failures, result.interrupted)

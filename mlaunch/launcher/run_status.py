@@ -385,6 +385,8 @@ def apply_launch(st: JobStatus, run_dir: Path, rec: dict[str, Any] | None) -> No
         attempts = [s for s in spans if s.get("name") == _ATTEMPT]
         st.failed_rank = job["attributes"].get(Attr.FAILED_RANK)
         st.cause = (attempts[-1].get("status_message") if attempts else None) or "failed"
+    if rec is not None and rec.get("rendezvous"):  # recorded only when no worker failed
+        st.cause = f"rendezvous failed: {rec['rendezvous']}"
     if rec is not None and rec.get("error"):
         st.cause = st.cause or f"launcher stopped: {rec['error']}"
 

@@ -75,6 +75,26 @@ def grpc_metadata(headers: Mapping[str, str] | None) -> tuple[tuple[str, str], .
     return tuple((str(k).lower(), str(v)) for k, v in (headers or {}).items()) or None
 
 
+def failure_text(exc: BaseException) -> str:
+    """A failed send in one line: ``gRPC UNAVAILABLE: failed to connect ...``, ``HTTP 404 Not
+    Found``, the connection's own reason. Never grpc's multi-line ``_InactiveRpcError`` repr (its
+    ``debug_error_string`` is for gRPC's developers) nor urllib's ``<urlopen error ...>``."""
+    import urllib.error
+
+    code, details = getattr(exc, "code", None), getattr(exc, "details", None)
+    if callable(code) and callable(details):  # grpc.RpcError (a grpc.Call): status and details
+        name = getattr(code(), "name", str(code()))
+        text = f"gRPC {name}: {details() or ''}".rstrip(": ")
+    elif isinstance(exc, urllib.error.HTTPError):
+        text = f"HTTP {exc.code} {exc.reason}"
+    elif isinstance(exc, urllib.error.URLError):
+        reason = exc.reason
+        text = getattr(reason, "strerror", None) or str(reason)
+    else:
+        text = str(exc) or type(exc).__name__
+    return " ".join(text.split())
+
+
 def quiet_grpc() -> None:
     """Keep gRPC's C core from logging failed handshakes to stderr, for a caller that reports the
     failure itself; only effective before grpc is first imported, and a user's setting wins."""

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.peers import Listener
 
 #: The fake torch: importing it, or running its torch.distributed.run, drops a marker file.
 FAKE_INIT = """\
@@ -75,6 +76,22 @@ def mlaunch(work: Path, env: dict[str, str], *args: str) -> subprocess.Completed
         ),
         pytest.param(("--run-dir", "afile/run"), {}, "--run-dir", id="run-dir=under-a-file"),
         pytest.param(("--", "--bogus"), {}, "-- ARGS", id="passthrough=unknown-arg"),
+        pytest.param(
+            # .invalid never resolves (RFC 2606): torchrun would retry it for two minutes.
+            (
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--rdzv-id",
+                "j",
+                "--rdzv-endpoint",
+                "badhost.invalid:29500",
+            ),
+            {},
+            "--rdzv-endpoint: the rendezvous host 'badhost.invalid' does not resolve",
+            id="rdzv-endpoint=unresolvable",
+        ),  # fmt: skip
     ],
 )
 def test_bad_input_starts_no_process_and_creates_nothing(
@@ -87,6 +104,45 @@ def test_bad_input_starts_no_process_and_creates_nothing(
     assert result.stderr.startswith(named), result.stderr
     assert sorted(p.name for p in work.iterdir()) == ["afile"]  # no runs/, no run dir
     assert list(Path(env["BADINPUT_MARKERS"]).iterdir()) == []  # torch never imported or run
+
+
+def test_a_rendezvous_port_another_program_holds_is_refused_on_node_0(
+    sandbox: tuple[Path, dict[str, str]],
+) -> None:
+    work, env = sandbox
+    with Listener() as busy:  # a real listening socket: torchrun would wait on it for minutes
+        one = mlaunch(work, env, "train", "--rdzv-endpoint", f"127.0.0.1:{busy.port}")
+        slurm = {"SLURM_JOB_ID": "77", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "localhost,n2",
+                 "MASTER_PORT": str(busy.port)}  # fmt: skip
+        head = mlaunch(
+            work, {**env, **slurm, "SLURM_NODEID": "0"}, "train", "--nproc-per-node", "1"
+        )
+    for result in (one, head):
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert "Traceback" not in result.stdout + result.stderr
+        assert f"port {busy.port} is in use on this host" in result.stderr
+        assert f"held by pid {os.getpid()}" in result.stderr  # this test process holds it
+        assert len(result.stderr.splitlines()) == 1
+    assert one.stderr.startswith("--rdzv-endpoint: ")
+    assert "pick another port in --rdzv-endpoint, or omit it" in one.stderr
+    assert head.stderr.startswith("SLURM_JOB_NODELIST: ")  # where the endpoint came from
+    assert "set MASTER_PORT to a free port" in head.stderr
+    assert sorted(p.name for p in work.iterdir()) == ["afile"]
+    assert list(Path(env["BADINPUT_MARKERS"]).iterdir()) == []
+
+
+def test_other_nodes_do_not_check_the_rendezvous_port(sandbox: tuple[Path, dict[str, str]]) -> None:
+    # Node 1 only connects: the port being taken on its own machine says nothing (node 0 may be
+    # this machine too, its store already up), so the launch goes on.
+    work, env = sandbox
+    with Listener() as busy:
+        result = mlaunch(
+            work, env, "train", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1",
+            "--rdzv-id", "n1", "--rdzv-endpoint", f"127.0.0.1:{busy.port}",
+        )  # fmt: skip
+    assert "started-torchrun" in [p.name for p in Path(env["BADINPUT_MARKERS"]).iterdir()], (
+        result.stdout + result.stderr
+    )
 
 
 def test_the_detector_sees_a_real_start(sandbox: tuple[Path, dict[str, str]]) -> None:

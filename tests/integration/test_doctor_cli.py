@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from support.otlp import GrpcOtlpReceiver, closed_port_endpoint
+from support.peers import Listener
 from typer.testing import CliRunner
 
 from mlaunch.cli import app
@@ -152,6 +153,41 @@ def test_missing_config_file_is_a_bad_invocation(tmp_path: Path) -> None:
     # The same lookup and message as `mlaunch train --config`.
     assert result.stderr.startswith("--config: no config file")
     assert "shipped: " in result.stderr
+
+
+@pytest.mark.usefixtures("asked_once")
+def test_rdzv_endpoint_is_checked_as_train_checks_it_before_a_launch() -> None:
+    def rendezvous(*args: str, env: dict[str, str] | None = None) -> dict[str, str]:
+        data = json.loads(doctor("--json", *args, env=env).stdout)
+        return next(c for c in data["checks"] if c["name"] == "rendezvous port")
+
+    bad = rendezvous("--rdzv-endpoint", "badhost.invalid:29500")  # .invalid never resolves
+    with Listener() as busy:  # a real socket holding the port
+        held = rendezvous("--rdzv-endpoint", f"127.0.0.1:{busy.port}")
+        joins = rendezvous(
+            "--rdzv-endpoint", f"127.0.0.1:{busy.port}", "--nnodes", "2", "--node-rank", "1"
+        )
+        # Under SLURM, the launcher's own derivation: the job's first node, MASTER_PORT.
+        slurm = {"SLURM_JOB_ID": "9", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "localhost,n2",
+                 "MASTER_PORT": str(busy.port)}  # fmt: skip
+        head = rendezvous(env={**slurm, "SLURM_NODEID": "0"})
+        second = rendezvous(env={**slurm, "SLURM_NODEID": "1"})
+    assert bad["status"] == "fail"
+    assert "the rendezvous host 'badhost.invalid' does not resolve" in bad["message"]
+    assert held["status"] == "fail" and f"port {busy.port} is in use" in held["message"]
+    assert f"held by pid {os.getpid()}" in held["message"]  # this test process holds it
+    assert "pick another port in --rdzv-endpoint" in held["fix"]
+    # Node 1 only connects to the store node 0 hosts: the port taken is the store, reachable.
+    assert joins["status"] == "pass" and "is reachable" in joins["message"]
+    assert head["status"] == "fail" and f"localhost:{busy.port}" in head["message"]
+    assert "MASTER_PORT" in head["fix"]
+    assert second["status"] == "pass" and "is reachable" in second["message"]
+
+
+def test_a_malformed_rendezvous_flag_is_a_bad_invocation() -> None:
+    result = doctor("--rdzv-endpoint", "nohost")
+    assert result.exit_code == 2
+    assert result.stderr == "--rdzv-endpoint: 'nohost' is not host:port (e.g. 127.0.0.1:29500)\n"
 
 
 @pytest.mark.usefixtures("asked_once")

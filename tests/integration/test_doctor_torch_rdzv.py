@@ -114,3 +114,15 @@ def test_other_nodes_check_that_the_rendezvous_is_reachable(tmp_path: Path) -> N
 def test_unresolvable_rendezvous_host_fails(tmp_path: Path) -> None:
     [result] = check_rendezvous(rdzv_settings(tmp_path, "no-such-host.invalid:29500"))
     assert result.status == "fail" and "does not resolve" in result.message
+
+
+def test_an_etcd_endpoint_is_a_server_to_reach_not_a_port_to_keep_free(tmp_path: Path) -> None:
+    # etcd's endpoint is the etcd server: node 0 binds nothing there, so a listener is what it
+    # needs, not a conflict.
+    config = tmp_path / "etcd.toml"
+    with Listener() as etcd:
+        config.write_text(
+            f"[launch]\nrdzv_backend = 'etcd-v2'\nrdzv_endpoint = '127.0.0.1:{etcd.port}'\n"
+        )
+        [result] = check_rendezvous(load_settings(environ={}, config=config))
+    assert result.status == "pass" and "is reachable" in result.message

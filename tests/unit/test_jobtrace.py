@@ -5,6 +5,7 @@ in-process OTLP receiver over gRPC and HTTP) and the stdlib OTLP/JSON encoding."
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -13,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.otlp import GrpcOtlpReceiver, HangingServer, HttpOtlpReceiver
+from support.otlp import GrpcOtlpReceiver, HangingServer, HttpOtlpReceiver, closed_port_endpoint
 
 from mlaunch import envcontract as ec
 from mlaunch.launcher import attempt_entry, jobtrace
@@ -413,6 +414,39 @@ def test_the_job_trace_reaches_an_otlp_endpoint(tmp_path, receiver):
             s["span_id"] for s in otlp_json.read_spans(ec.launcher_traces_file(plan.run_dir, 0))
         }
         assert all(h.get("x-team") == "lens" for h in rx.headers)
+
+
+@pytest.mark.parametrize(
+    ("protocol", "status"),
+    [("grpc", "(gRPC UNAVAILABLE: "), ("http/protobuf", "(Connection refused)")],
+)
+def test_a_delivery_failure_is_one_line_endpoint_status_and_where_the_spans_go(
+    tmp_path, caplog, protocol, status
+):
+    # A real refused connection: gRPC's error would print as its multi-line _InactiveRpcError
+    # repr (debug_error_string and all), urllib's as "<urlopen error ...>".
+    endpoint = closed_port_endpoint()
+    flags = {
+        "telemetry.exporter": "otlp",
+        "telemetry.otel.base_endpoint": endpoint,
+        "telemetry.otel.base_protocol": protocol,
+    }
+    plan = build(tmp_path, flags)
+    with caplog.at_level(logging.WARNING, logger=jobtrace.log.name):
+        job = jobtrace.start(plan)
+        job.spawned()
+        job.finish(0)
+    (said,) = [
+        r.getMessage() for r in caplog.records if "job trace: cannot deliver" in r.getMessage()
+    ]
+    spool = ec.spooled(ec.launcher_traces_file(plan.run_dir, 0))
+    assert said.startswith(f"job trace: cannot deliver to {endpoint}"), said
+    assert status in said and "\n" not in said
+    assert "debug_error_string" not in said and "<" not in said
+    assert said.endswith(
+        f"; its spans are spooled to {spool}; send them later with mlaunch trace replay"
+    )
+    assert len(otlp_json.read_spans(spool)) == 2
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])

@@ -346,14 +346,16 @@ def test_multi_node_flags_and_run_id_from_rendezvous_id(spawned, tmp_path):
 
 
 def test_slurm_variables_fill_in_the_launch(spawned):
+    # The first node hosts the rendezvous; its name must resolve (a real launch checks), so it
+    # is this machine's 'localhost' here, the job's other nodes made-up names.
     result = invoke(
         "--global-batch-size", "16",
         env={"SLURM_JOB_ID": "991", "SLURM_NNODES": "4", "SLURM_NODEID": "3",
-             "SLURM_JOB_NODELIST": "gpu[07-10]"},
+             "SLURM_JOB_NODELIST": "localhost,gpu[08-10]"},
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     ((argv, env),) = spawned
-    assert argv[argv.index("--rdzv-endpoint") + 1] == "gpu07:29500"
+    assert argv[argv.index("--rdzv-endpoint") + 1] == "localhost:29500"
     assert argv[argv.index("--node-rank") + 1] == "3"
     assert env["MEGATRON_OTEL_RUN_ID"] == "991"
     # Node 3 of 4 shows no progress view of its own: one line points to its launcher.log.
