@@ -90,6 +90,10 @@ RECEIVER_AUTH_HEADER = "authorization"
 #: ``cuda`` when ``mlaunch train --device cuda`` asked for it (unset otherwise; ``cpu`` hides the
 #: GPUs instead): such a worker refuses to start without CUDA or with fewer GPUs than local workers.
 DEVICE = "MLAUNCH_DEVICE"
+#: ``python -P`` as a variable (Python 3.11+): nothing from the current directory on sys.path.
+#: Set for mlaunch's trainer, so a folder named ``mlaunch`` where the job starts never shadows the
+#: installed package.
+SAFE_PATH = "PYTHONSAFEPATH"
 #: W3C trace context of the launcher's ``mlaunch.job.attempt`` span, as the workers receive it
 #: (``00-<32 hex trace id>-<16 hex span id>-01``); the trainer links its first span to it.
 TRACEPARENT = "TRACEPARENT"

@@ -397,6 +397,15 @@ class PlainDisplay:
         self.console.print(Text("\n".join(hang_lines(report, self.plan)), style="bold red"),
                            soft_wrap=True)  # fmt: skip
 
+    def telemetry_off(self, rank: int, reason: str) -> None:
+        """A rank whose telemetry is off although it was asked for (its progress beat says why):
+        its spans are missing from the run, so the console says so as soon as it is known."""
+        self.console.print(
+            Text(f"telemetry off on rank {rank}: {reason}; its spans are not recorded",
+                 style="yellow"),
+            soft_wrap=True,
+        )  # fmt: skip
+
     def close(self) -> None:
         """Nothing to tear down."""
 
@@ -568,6 +577,10 @@ def print_result(
             plain.append(f"report:  mlaunch trace report {shlex.quote(str(plan.run_dir))}")
     elif t.enabled and t.exporter == "otlp":
         plain += _otlp_lines(plan, result)
+    plain += [
+        f"telemetry off on rank {rank}: {reason}"
+        for rank, reason in sorted(result.telemetry_off.items())
+    ]
     plain += _strangers(result)
     for line in plain:
         console.print(line, soft_wrap=True, highlight=False, markup=False)

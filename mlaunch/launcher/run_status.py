@@ -12,6 +12,7 @@ import contextlib
 import json
 import socket
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,9 @@ class JobStatus:
     """The newest hang the launchers' watchdogs reported for this launch (every node's ranks
     merged): ``detected_at``, ``verdict``, ``ranks`` (rank, span, iteration, frame), ``attempt``,
     ``action``, ``report``; None when none hung."""
+    telemetry_off: list[dict[str, Any]] = field(default_factory=list)
+    """Ranks of this launch whose telemetry is off although it was asked for (``rank``,
+    ``reason``: e.g. its setup failed), as their progress beats say (:func:`telemetry_off`)."""
 
     def as_json(self) -> dict[str, Any]:
         """The status as a JSON object."""
@@ -239,6 +243,32 @@ def stopped_early(prog: dict[str, Any] | None) -> bool:
         and isinstance(prog.get("train_iters"), int)
         and prog["iteration"] < prog["train_iters"]
     )
+
+
+def telemetry_off(
+    run_dir: Path, since: float | None, ranks: Iterable[int] | None = None
+) -> dict[int, str]:
+    """Rank -> why its telemetry is off although it was asked for, from the progress beats
+    (``heartbeat/rank{R}.json``: a worker whose ``mlaunch.telemetry`` setup failed says so in
+    its first beat) written since ``since`` (an earlier launch's beats are not this one's).
+    ``ranks``: only these (a launcher reads its own node's); None: every beat there."""
+    folder = run_dir / ec.HEARTBEAT_DIR
+    if ranks is None:
+        found = [ec.HEARTBEAT_FILE.parse(p.name) for p in folder.glob(ec.HEARTBEAT_FILE.glob)]
+        ranks = sorted(r for r in found if r is not None)
+    out: dict[int, str] = {}
+    for rank in ranks:
+        path = ec.heartbeat_file(run_dir, rank)
+        try:
+            if since is not None and path.stat().st_mtime < since - 1:
+                continue
+            beat = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            continue
+        reason = beat.get("telemetry_off") if isinstance(beat, dict) else None
+        if isinstance(reason, str) and reason:
+            out[rank] = reason
+    return out
 
 
 # --------------------------------------------------------------------------------------------
