@@ -383,6 +383,8 @@ def read_progress_tail(run_dir: str | Path, limit: int = 64 << 10) -> list[Progr
 
 #: The glob of every rank's traces file (what the file exporter writes).
 TRACES_FILE_GLOB = _telemetry_name("traces", RANK_SENDER.glob)
+#: The glob of every node's launcher job trace (``traces-launcher-node{N}.jsonl``).
+LAUNCHER_TRACES_FILE_GLOB = _telemetry_name("traces", LAUNCHER_SENDER.glob)
 
 
 @dataclass(frozen=True, slots=True)

@@ -569,7 +569,10 @@ def print_result(
     plain = [f"run dir: {plan.run_dir}", f"logs:    {plan.log_dir}"]
     t = plan.settings.telemetry
     if t.enabled and t.exporter == "file":
-        plain.append(f"traces:  {plan.traces_dir} ({len(result.trace_files)} file(s))")
+        files = result.trace_files
+        only_job = bool(files) and not any(f.match(ec.TRACES_FILE_GLOB) for f in files)
+        what = ": the launcher's job trace only; the workers exported no spans" if only_job else ""
+        plain.append(f"traces:  {plan.traces_dir} ({len(files)} file(s){what})")
         plain.append(f"read them: mlaunch trace summary {shlex.quote(str(plan.run_dir))}")
         if report is not None:
             plain.append(f"report:  {report}  (open it in a browser)")

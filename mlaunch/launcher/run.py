@@ -513,7 +513,9 @@ class RunResult:
     """Where the workers' spans went, summed over the ranks that wrote counts (emitted,
     delivered, spooled, dropped, ranks; :func:`read_span_counts`), or None when none did."""
     trace_files: list[Path] = field(default_factory=list)
-    """The run directory's trace files (``traces-rank{R}.jsonl``, the file exporter's)."""
+    """The run directory's trace files: the workers' (``traces-rank{R}.jsonl``, the file
+    exporter's or the embedded receiver's) and the launchers' job traces
+    (``traces-launcher-node{N}.jsonl``)."""
     hang: HangReport | None = None
     """The hang that ended the final attempt (``--on-hang stop``), or None."""
     hangs: list[HangReport] = field(default_factory=list)
@@ -749,7 +751,12 @@ def _execute_locked(
         )
     result.receiver = receiver_stats
     result.span_counts = read_span_counts(plan, start)
-    result.trace_files = sorted((plan.run_dir / ec.TELEMETRY_DIR).glob(ec.TRACES_FILE_GLOB))
+    # The launcher's job trace is a trace like the workers' (every `mlaunch trace` command reads
+    # it): counted with them, so a run whose workers exported nothing still shows its one file.
+    telemetry = plan.run_dir / ec.TELEMETRY_DIR
+    result.trace_files = sorted(
+        [*telemetry.glob(ec.TRACES_FILE_GLOB), *telemetry.glob(ec.LAUNCHER_TRACES_FILE_GLOB)]
+    )
     # The workers have exited: the store costs training nothing now. An interrupted launch
     # (Ctrl-C, SLURM's SIGTERM) is on its way out and leaves it to the first read, as does a
     # small trace (its first read builds it in under a second). One node writes it (see
