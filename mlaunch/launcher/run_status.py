@@ -338,7 +338,7 @@ def _restarts_from_trace(spans: list[dict[str, Any]]) -> list[RestartView]:
     return out
 
 
-def _saved_since(run_dir: Path, since: float) -> bool:
+def saved_since(run_dir: Path, since: float) -> bool:
     """Whether a checkpoint was committed since ``since`` (the default ``checkpoints/`` or the
     ``--save`` of ``command.txt``)."""
     roots = [run_dir / ec.CHECKPOINTS_DIR]
@@ -353,6 +353,20 @@ def _saved_since(run_dir: Path, since: float) -> bool:
             if (root / "latest_checkpointed_iteration.txt").stat().st_mtime >= since - 1:
                 return True
     return False
+
+
+def resumable_text(run_dir: str | Path, job_id: str | None) -> str:
+    """How a run whose workers stopped on a signal and saved resumes (``mlaunch status`` of a
+    preempted run, and ``mlaunch train``'s closing lines after Ctrl-C or SIGTERM)."""
+    if job_id is None:
+        return (
+            "resumable: the workers stopped on a signal and saved; `mlaunch train` with the same"
+            f" settings and --run-dir {run_dir} resumes from the checkpoint"
+        )
+    return (
+        "resumable: the workers stopped on a signal and saved; it resumes from the checkpoint"
+        f" when the job is requeued (scontrol requeue {job_id})"
+    )
 
 
 def apply_launch(st: JobStatus, run_dir: Path, rec: dict[str, Any] | None) -> None:
@@ -393,7 +407,7 @@ def apply_launch(st: JobStatus, run_dir: Path, rec: dict[str, Any] | None) -> No
         )
         recorded = []
     if sig is not None and not recorded and not st.failures:
-        saved = _saved_since(run_dir, since if since is not None else job["start_ns"] / 1e9)
+        saved = saved_since(run_dir, since if since is not None else job["start_ns"] / 1e9)
         st.state = "preempted" if saved else "interrupted"
         return
     if code == 0:

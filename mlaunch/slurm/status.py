@@ -24,6 +24,7 @@ from mlaunch.launcher.run_status import (
     launcher_record,
     node_views,
     progress,
+    resumable_text,
     stopped_early,
     telemetry_off,
 )
@@ -222,16 +223,8 @@ def status_text(st: JobStatus) -> str:
         lines.append(f"telemetry: off on rank {off['rank']}: {off['reason']}")
     for n in st.nodes:
         lines.append(f"node {n.node}:   {n.last_line or '(nothing logged yet)'}")
-    if st.state == "preempted" and st.job_id is None:
-        lines.append(
-            "resumable: the workers stopped on a signal and saved; `mlaunch train` with the same"
-            f" settings and --run-dir {st.run_dir} resumes from the checkpoint"
-        )
-    elif st.state == "preempted":
-        lines.append(
-            "resumable: the workers stopped on a signal and saved; it resumes from the checkpoint"
-            f" when the job is requeued (scontrol requeue {st.job_id})"
-        )
+    if st.state == "preempted":
+        lines.append(resumable_text(st.run_dir or "", st.job_id))
     if st.note:
         lines.append(f"note:     {st.note}")
     return "\n".join(lines)
