@@ -281,6 +281,7 @@ class RequestWatcher(threading.Thread):
             if self._beat_fd is not None:
                 with contextlib.suppress(OSError):
                     os.close(self._beat_fd)
+                self._beat_fd = None
 
     def beat(self, first: bool = False) -> None:
         """Write the progress beat when the iteration moved (or, ``first``, before any): one
@@ -291,7 +292,9 @@ class RequestWatcher(threading.Thread):
             return
         if self._beat_fd is None:
             self.heartbeat.parent.mkdir(parents=True, exist_ok=True)
-            self._beat_fd = os.open(self.heartbeat, os.O_WRONLY | os.O_CREAT, 0o644)
+            # Truncated once: an earlier process's beat may be longer than this one's lines.
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+            self._beat_fd = os.open(self.heartbeat, flags, 0o644)
         beat: dict[str, Any] = {
             "rank": self.rank,
             "iteration": mark[0] if mark else None,
