@@ -28,14 +28,23 @@ def launch(*args: str, cwd: Path, **env: str) -> tuple[int, str]:
     return finish(proc)
 
 
-def shadow(folder: Path) -> None:
-    """A folder named ``mlaunch`` that is not mlaunch (an old copy: no ``__version__``)."""
+def shadow(folder: Path, kind: str = "old copy") -> None:
+    """A folder named ``mlaunch`` that is not the installed package: an old copy (a package with
+    no ``__version__``: it shadows whatever the install is), or a clone (its root holds the
+    package one level down: Python imports the root as a namespace package, which shadows an
+    editable install)."""
+    if kind == "clone":
+        (folder / "mlaunch" / "mlaunch").mkdir(parents=True)
+        (folder / "mlaunch" / "mlaunch" / "__init__.py").write_text('__version__ = "0.0.1"\n')
+        (folder / "mlaunch" / "pyproject.toml").write_text('[project]\nname = "mlaunch"\n')
+        return
     (folder / "mlaunch").mkdir()
     (folder / "mlaunch" / "__init__.py").write_text('"""an old copy of mlaunch"""\n')
 
 
-def test_trainer_workers_import_the_installed_mlaunch_beside_a_folder_named_mlaunch(tmp_path):
-    shadow(tmp_path)
+@pytest.mark.parametrize("kind", ["old copy", "clone"])
+def test_trainer_workers_import_the_installed_mlaunch_beside_a_folder_named_mlaunch(tmp_path, kind):
+    shadow(tmp_path, kind)
     run_dir = tmp_path / "run"
     code, out = launch("--run-dir", str(run_dir), "--train-iters", "2", cwd=tmp_path)
     assert code == 0, out
