@@ -279,6 +279,7 @@ def test_a_run_whose_workers_export_nothing_has_one_trace_every_command_reads(tm
     # `--module` with no telemetry in it: the launcher's job trace is the run's only trace. Train
     # counts it, and summary, goodput and report all read it (the run directory: its store; the
     # file: the JSON), instead of "0 file(s)" beside a summary of 2 spans and exit 2 elsewhere.
+    # Stragglers, which needs the workers' spans, names what is missing.
     from support.trace_cli import trace_cli
 
     (tmp_path / "quiet.py").write_text("import time\ntime.sleep(0.3)\n")
@@ -303,3 +304,7 @@ def test_a_run_whose_workers_export_nothing_has_one_trace_every_command_reads(tm
         code, text = trace_cli("report", target, "-o", tmp_path / "report.html")
         assert code == 0, text
         assert "note: only the launcher's job trace" in text, text
+        # Stragglers compares the workers' spans: it says that is what is missing, not "no spans".
+        code, text = trace_cli("stragglers", target)
+        assert code == 2 and "only the launcher's job trace (2 spans" in text, text
+        assert "no spans in" not in text
