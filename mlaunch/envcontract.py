@@ -90,6 +90,10 @@ RECEIVER_AUTH_HEADER = "authorization"
 #: ``cuda`` when ``mlaunch train --device cuda`` asked for it (unset otherwise; ``cpu`` hides the
 #: GPUs instead): such a worker refuses to start without CUDA or with fewer GPUs than local workers.
 DEVICE = "MLAUNCH_DEVICE"
+#: ``python -P`` as a variable (Python 3.11+): nothing from the current directory on sys.path.
+#: Set for mlaunch's trainer, so a folder named ``mlaunch`` where the job starts never shadows the
+#: installed package.
+SAFE_PATH = "PYTHONSAFEPATH"
 #: W3C trace context of the launcher's ``mlaunch.job.attempt`` span, as the workers receive it
 #: (``00-<32 hex trace id>-<16 hex span id>-01``); the trainer links its first span to it.
 TRACEPARENT = "TRACEPARENT"
@@ -379,6 +383,8 @@ def read_progress_tail(run_dir: str | Path, limit: int = 64 << 10) -> list[Progr
 
 #: The glob of every rank's traces file (what the file exporter writes).
 TRACES_FILE_GLOB = _telemetry_name("traces", RANK_SENDER.glob)
+#: The glob of every node's launcher job trace (``traces-launcher-node{N}.jsonl``).
+LAUNCHER_TRACES_FILE_GLOB = _telemetry_name("traces", LAUNCHER_SENDER.glob)
 
 
 @dataclass(frozen=True, slots=True)

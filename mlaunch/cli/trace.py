@@ -330,6 +330,9 @@ def _render_goodput(report: Any) -> None:
     con.print(t)
     split = ", ".join(f"{k} {format_ms(v)}" for k, v in report.overall.restart_split_ms.items())
     con.print(f"restart cost (all ranks): {split}", highlight=False)
+    if not report.ranks:
+        con.print("only the launcher's job trace: the workers exported no spans, so none of the"
+                  " job's wall time shows as productive", highlight=False)  # fmt: skip
     con.print("[dim]ckpt = checkpoint saves, eval = evaluation, unacct = unaccounted; "
               "see `mlaunch trace goodput --help` for the definitions[/dim]")  # fmt: skip
 

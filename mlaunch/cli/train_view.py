@@ -9,6 +9,7 @@ draws, so both always agree.
 
 from __future__ import annotations
 
+import os
 import shlex
 import signal
 import statistics
@@ -31,8 +32,10 @@ from rich.text import Text
 from mlaunch import envcontract as ec
 from mlaunch.cli.render import span_tree
 from mlaunch.launcher import lens_names
+from mlaunch.launcher.checkpoint_layout import resume_iteration
 from mlaunch.launcher.plan import LaunchPlan
 from mlaunch.launcher.run import RunResult, torchrun_log
+from mlaunch.launcher.run_status import resumable_text, saved_since
 from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spans import SpanName
 from mlaunch.model.spec import format_groups
@@ -329,7 +332,16 @@ def starting_text(plan: LaunchPlan) -> str:
     torch, meet at the rendezvous and build the model) are not silent."""
     launch = plan.settings.launch
     where = f" on {launch.nnodes} nodes" if launch.nnodes > 1 else ""
-    first = "; iteration 1 follows" if plan.settings.uses_builtin_trainer else ""
+    first = ""
+    if plan.settings.uses_builtin_trainer:
+        argv = plan.argv
+        load = argv[argv.index("--load") + 1] if "--load" in argv[:-1] else None
+        resumed = resume_iteration(Path(load)) if load else None
+        first = (
+            f", loading the checkpoint of iteration {resumed}; iteration {resumed + 1} follows"
+            if resumed is not None
+            else "; iteration 1 follows"
+        )
     return (
         f"starting {plan.settings.world_size} worker(s){where} (torchrun): importing torch,"
         f" rendezvous, building the model{first} ..."
@@ -421,6 +433,15 @@ class PlainDisplay:
         """The watchdog's verdict, one line per group of ranks, and what happens next."""
         self.console.print(Text("\n".join(hang_lines(report, self.plan)), style="bold red"),
                            soft_wrap=True)  # fmt: skip
+
+    def telemetry_off(self, rank: int, reason: str) -> None:
+        """A rank whose telemetry is off although it was asked for (its progress beat says why):
+        its spans are missing from the run, so the console says so as soon as it is known."""
+        self.console.print(
+            Text(f"telemetry off on rank {rank}: {reason}; its spans are not recorded",
+                 style="yellow"),
+            soft_wrap=True,
+        )  # fmt: skip
 
     def close(self) -> None:
         """Nothing to tear down."""
@@ -592,9 +613,21 @@ def print_result(
         Panel(table, title="run", border_style="green" if result.exit_code == 0 else "red")
     )
     plain = [f"run dir: {plan.run_dir}", f"logs:    {plan.log_dir}"]
+    if (
+        result.interrupted is not None
+        and not result.failures
+        and result.hang is None
+        and saved_since(plan.run_dir, result.started)
+    ):
+        # What `mlaunch status` says of the run: said here too, where the user is looking.
+        job_id = os.environ.get("SLURM_JOB_ID") if plan.slurm else None  # requeued, not rerun
+        plain.append(resumable_text(plan.run_dir, job_id))
     t = plan.settings.telemetry
     if t.enabled and t.exporter == "file":
-        plain.append(f"traces:  {plan.traces_dir} ({len(result.trace_files)} file(s))")
+        files = result.trace_files
+        only_job = bool(files) and not any(f.match(ec.TRACES_FILE_GLOB) for f in files)
+        what = ": the launcher's job trace only; the workers exported no spans" if only_job else ""
+        plain.append(f"traces:  {plan.traces_dir} ({len(files)} file(s){what})")
         plain.append(f"read them: mlaunch trace summary {shlex.quote(str(plan.run_dir))}")
         if report is not None:
             plain.append(f"report:  {report}  (open it in a browser)")
@@ -602,6 +635,10 @@ def print_result(
             plain.append(f"report:  mlaunch trace report {shlex.quote(str(plan.run_dir))}")
     elif t.enabled and t.exporter == "otlp":
         plain += _otlp_lines(plan, result)
+    plain += [
+        f"telemetry off on rank {rank}: {reason}"
+        for rank, reason in sorted(result.telemetry_off.items())
+    ]
     plain += _strangers(result)
     for line in plain:
         console.print(line, soft_wrap=True, highlight=False, markup=False)

@@ -57,6 +57,15 @@ def _newest_manifest(root: Path) -> tuple[Path, dict[str, Any]] | None:
     return None
 
 
+def resume_iteration(root: Path) -> int | None:
+    """The iteration of the checkpoint in ``root`` a resume starts from (the marker's, else the
+    newest committed one with a readable manifest), or None when there is none: the trainer's
+    own choice, read ahead with the standard library (it may still fall back past a checkpoint
+    whose tensors fail to load)."""
+    found = _newest_manifest(root)
+    return None if found is None else ec.CHECKPOINT_ITER_DIR.parse(found[0].parent.name)
+
+
 def checkpoint_layout_problems(
     settings: Settings, targs: Sequence[str], cwd: Path
 ) -> list[Problem]:

@@ -607,7 +607,9 @@ RULES: tuple[Rule, ...] = (
         Handling.TRANSLATED,
         "with traces on: mlaunch's live-capture hook first (`mlaunch/lens_hook/inject`, a folder"
         " holding only a `sitecustomize.py`, which runs the one it shadows), then yours as it is;"
-        " it lets `mlaunch trace capture --seconds` switch nemo-lens's span groups (docs/capture.md)",
+        " it lets `mlaunch trace capture --seconds` switch nemo-lens's span groups (docs/capture.md),"
+        " and keeps a folder named `mlaunch` in the script's directory from shadowing the"
+        " installed package",
         # It depends on the inherited environment: worker_env applies it.
     ),
 )

@@ -27,6 +27,7 @@ from mlaunch.launcher import jobtrace, orphan_guard, receiver_wiring, rendezvous
 from mlaunch.launcher.hang import Watchdog
 from mlaunch.launcher.hang_report import HangReport
 from mlaunch.launcher.plan import TORCHRUN_MODULE, LaunchPlan
+from mlaunch.launcher.run_status import telemetry_off
 
 if TYPE_CHECKING:
     from mlaunch.receiver.core import ReceiverStats
@@ -513,7 +514,9 @@ class RunResult:
     """Where the workers' spans went, summed over the ranks that wrote counts (emitted,
     delivered, spooled, dropped, ranks; :func:`read_span_counts`), or None when none did."""
     trace_files: list[Path] = field(default_factory=list)
-    """The run directory's trace files (``traces-rank{R}.jsonl``, the file exporter's)."""
+    """The run directory's trace files: the workers' (``traces-rank{R}.jsonl``, the file
+    exporter's or the embedded receiver's) and the launchers' job traces
+    (``traces-launcher-node{N}.jsonl``)."""
     rendezvous_failure: str | None = None
     """Why torchrun's rendezvous failed (:func:`~mlaunch.launcher.rendezvous.failure_cause`), when
     torchrun gave up with no worker failed."""
@@ -521,6 +524,9 @@ class RunResult:
     """The hang that ended the final attempt (``--on-hang stop``), or None."""
     hangs: list[HangReport] = field(default_factory=list)
     """Every hang the watchdog reported during the launch."""
+    telemetry_off: dict[int, str] = field(default_factory=dict)
+    """This node's ranks whose telemetry is off although it was asked for, and why (their
+    progress beats: :func:`~mlaunch.launcher.run_status.telemetry_off`)."""
 
     @property
     def train_records(self) -> list[ec.ProgressStep]:
@@ -538,6 +544,8 @@ class Display(Protocol):
     def restarted(self, restart: Restart, max_restarts: int) -> None: ...
 
     def hang(self, report: HangReport) -> None: ...
+
+    def telemetry_off(self, rank: int, reason: str) -> None: ...
 
 
 #: Signals the launcher passes on as the graceful SIGTERM: Ctrl-C, SIGTERM, and SIGUSR1 (SLURM's
@@ -661,6 +669,7 @@ def _execute_locked(
     launch_record = LauncherRecord(plan, start)
     watchdog = Watchdog(plan, start, receiver, nccl_env=ec.NCCL_DEBUG_INFO_PIPE_FILE in child_env)
     stopped_hung = False  # the current attempt was stopped by the watchdog
+    beats = _TelemetryOff(plan, start)
     received: list[int] = []  # the forwarded signals (rebound to the handler's list below)
     try:
         with log_path.open("ab") as log, job.guard():
@@ -682,6 +691,8 @@ def _execute_locked(
                         records.append(record)
                         display.record(record)
                         watchdog.record(record)
+                    for rank, reason in beats.poll(final=code is not None):
+                        display.telemetry_off(rank, reason)
                     if code is not None:
                         break
                     job.poll()
@@ -710,6 +721,7 @@ def _execute_locked(
             code, time.time() - start, records, received[0] if received else None, started=start
         )
         result.hangs = watchdog.reports
+        result.telemetry_off = beats.seen
         if code != 0 and stopped_hung and watchdog.reports:
             # The workers' exits are the watchdog's doing: the hang is what failed.
             result.hang = watchdog.reports[-1]
@@ -747,7 +759,12 @@ def _execute_locked(
         )
     result.receiver = receiver_stats
     result.span_counts = read_span_counts(plan, start)
-    result.trace_files = sorted((plan.run_dir / ec.TELEMETRY_DIR).glob(ec.TRACES_FILE_GLOB))
+    # The launcher's job trace is a trace like the workers' (every `mlaunch trace` command reads
+    # it): counted with them, so a run whose workers exported nothing still shows its one file.
+    telemetry = plan.run_dir / ec.TELEMETRY_DIR
+    result.trace_files = sorted(
+        [*telemetry.glob(ec.TRACES_FILE_GLOB), *telemetry.glob(ec.LAUNCHER_TRACES_FILE_GLOB)]
+    )
     # The workers have exited: the store costs training nothing now. An interrupted launch
     # (Ctrl-C, SLURM's SIGTERM) is on its way out and leaves it to the first read, as does a
     # small trace (its first read builds it in under a second). One node writes it (see
@@ -759,6 +776,33 @@ def _execute_locked(
     ):
         finish_store(plan.run_dir)
     return result
+
+
+class _TelemetryOff:
+    """This node's ranks whose telemetry setup failed, as their progress beats say: read at most
+    once a second while the run goes on, and once more when torchrun has exited (a short run's
+    workers may be gone before the first look)."""
+
+    def __init__(self, plan: LaunchPlan, started: float) -> None:
+        launch = plan.settings.launch
+        first = launch.node_rank * launch.nproc_per_node
+        self.ranks = range(first, first + launch.nproc_per_node)
+        self.run_dir, self.started = plan.run_dir, started
+        self.seen: dict[int, str] = {}
+        self._next = 0.0
+
+    def poll(self, final: bool = False) -> list[tuple[int, str]]:
+        """The ranks newly found with their telemetry off, and why."""
+        now = time.time()
+        if not final and now < self._next:
+            return []
+        self._next = now + 1.0
+        new = []
+        for rank, reason in telemetry_off(self.run_dir, self.started, self.ranks).items():
+            if rank not in self.seen:
+                self.seen[rank] = reason
+                new.append((rank, reason))
+        return new
 
 
 def _store_due(trace_files: list[Path]) -> bool:

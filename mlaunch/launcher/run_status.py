@@ -12,6 +12,7 @@ import contextlib
 import json
 import socket
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,9 @@ class JobStatus:
     """The newest hang the launchers' watchdogs reported for this launch (every node's ranks
     merged): ``detected_at``, ``verdict``, ``ranks`` (rank, span, iteration, frame), ``attempt``,
     ``action``, ``report``; None when none hung."""
+    telemetry_off: list[dict[str, Any]] = field(default_factory=list)
+    """Ranks of this launch whose telemetry is off although it was asked for (``rank``,
+    ``reason``: e.g. its setup failed), as their progress beats say (:func:`telemetry_off`)."""
 
     def as_json(self) -> dict[str, Any]:
         """The status as a JSON object."""
@@ -241,6 +245,32 @@ def stopped_early(prog: dict[str, Any] | None) -> bool:
     )
 
 
+def telemetry_off(
+    run_dir: Path, since: float | None, ranks: Iterable[int] | None = None
+) -> dict[int, str]:
+    """Rank -> why its telemetry is off although it was asked for, from the progress beats
+    (``heartbeat/rank{R}.json``: a worker whose ``mlaunch.telemetry`` setup failed says so in
+    its first beat) written since ``since`` (an earlier launch's beats are not this one's).
+    ``ranks``: only these (a launcher reads its own node's); None: every beat there."""
+    folder = run_dir / ec.HEARTBEAT_DIR
+    if ranks is None:
+        found = [ec.HEARTBEAT_FILE.parse(p.name) for p in folder.glob(ec.HEARTBEAT_FILE.glob)]
+        ranks = sorted(r for r in found if r is not None)
+    out: dict[int, str] = {}
+    for rank in ranks:
+        path = ec.heartbeat_file(run_dir, rank)
+        try:
+            if since is not None and path.stat().st_mtime < since - 1:
+                continue
+            beat = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            continue
+        reason = beat.get("telemetry_off") if isinstance(beat, dict) else None
+        if isinstance(reason, str) and reason:
+            out[rank] = reason
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # The launcher's record and job trace
 
@@ -308,7 +338,7 @@ def _restarts_from_trace(spans: list[dict[str, Any]]) -> list[RestartView]:
     return out
 
 
-def _saved_since(run_dir: Path, since: float) -> bool:
+def saved_since(run_dir: Path, since: float) -> bool:
     """Whether a checkpoint was committed since ``since`` (the default ``checkpoints/`` or the
     ``--save`` of ``command.txt``)."""
     roots = [run_dir / ec.CHECKPOINTS_DIR]
@@ -323,6 +353,20 @@ def _saved_since(run_dir: Path, since: float) -> bool:
             if (root / "latest_checkpointed_iteration.txt").stat().st_mtime >= since - 1:
                 return True
     return False
+
+
+def resumable_text(run_dir: str | Path, job_id: str | None) -> str:
+    """How a run whose workers stopped on a signal and saved resumes (``mlaunch status`` of a
+    preempted run, and ``mlaunch train``'s closing lines after Ctrl-C or SIGTERM)."""
+    if job_id is None:
+        return (
+            "resumable: the workers stopped on a signal and saved; `mlaunch train` with the same"
+            f" settings and --run-dir {run_dir} resumes from the checkpoint"
+        )
+    return (
+        "resumable: the workers stopped on a signal and saved; it resumes from the checkpoint"
+        f" when the job is requeued (scontrol requeue {job_id})"
+    )
 
 
 def apply_launch(st: JobStatus, run_dir: Path, rec: dict[str, Any] | None) -> None:
@@ -363,7 +407,7 @@ def apply_launch(st: JobStatus, run_dir: Path, rec: dict[str, Any] | None) -> No
         )
         recorded = []
     if sig is not None and not recorded and not st.failures:
-        saved = _saved_since(run_dir, since if since is not None else job["start_ns"] / 1e9)
+        saved = saved_since(run_dir, since if since is not None else job["start_ns"] / 1e9)
         st.state = "preempted" if saved else "interrupted"
         return
     if code == 0:

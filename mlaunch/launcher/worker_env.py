@@ -34,6 +34,12 @@ def worker_environment(
     external = not settings.uses_builtin_trainer if external is None else external
     if not external:
         env = _trainer_env(settings, run_id, environ)
+        # ``python -m mlaunch.trainer`` would put the current directory first on sys.path: a
+        # folder named ``mlaunch`` there (the folder holding a clone) would shadow the installed
+        # package, and telemetry set up from it fails. The trainer is mlaunch's own code and needs
+        # nothing from the current directory (``python -P``'s variable; a script keeps its own
+        # directory: see mlaunch.lens_hook).
+        env[ec.SAFE_PATH] = "1"
     else:
         env = lens_names.worker_env(settings, run_id)
     env[ec.RUN_DIR] = str(run_dir)

@@ -24,7 +24,9 @@ from mlaunch.launcher.run_status import (
     launcher_record,
     node_views,
     progress,
+    resumable_text,
     stopped_early,
+    telemetry_off,
 )
 from mlaunch.slurm.client import SlurmError, SlurmJobInfo, job_info
 
@@ -137,7 +139,12 @@ def job_status(target: str, cwd: Path) -> JobStatus:
     if rec is not None and isinstance(rec.get("watchdog"), dict):
         st.watchdog = rec["watchdog"]
     if run_dir is not None:
-        st.hang = hang_status(run_dir, since if since is not None else (rec or {}).get("started"))
+        launched = since if since is not None else (rec or {}).get("started")
+        st.hang = hang_status(run_dir, launched)
+        st.telemetry_off = [
+            {"rank": rank, "reason": reason}
+            for rank, reason in telemetry_off(run_dir, launched).items()
+        ]
     if info is None and run_dir is not None:  # no SLURM (or it forgot it): the launch's record
         apply_launch(st, run_dir, rec)
         if st.state != "unknown":
@@ -212,18 +219,12 @@ def status_text(st: JobStatus) -> str:
         lines.append(f"          report: {st.hang['report']}")
     for r in st.restarts:
         lines.append(f"restart:  attempt {r.attempt} after {r.cause}")
+    for off in st.telemetry_off:
+        lines.append(f"telemetry: off on rank {off['rank']}: {off['reason']}")
     for n in st.nodes:
         lines.append(f"node {n.node}:   {n.last_line or '(nothing logged yet)'}")
-    if st.state == "preempted" and st.job_id is None:
-        lines.append(
-            "resumable: the workers stopped on a signal and saved; `mlaunch train` with the same"
-            f" settings and --run-dir {st.run_dir} resumes from the checkpoint"
-        )
-    elif st.state == "preempted":
-        lines.append(
-            "resumable: the workers stopped on a signal and saved; it resumes from the checkpoint"
-            f" when the job is requeued (scontrol requeue {st.job_id})"
-        )
+    if st.state == "preempted":
+        lines.append(resumable_text(st.run_dir or "", st.job_id))
     if st.note:
         lines.append(f"note:     {st.note}")
     return "\n".join(lines)

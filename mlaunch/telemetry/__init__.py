@@ -147,6 +147,10 @@ _IS_GOODPUT = Attr.IS_GOODPUT.value
 _TRACE_REGION = SpanGroup.TRACE_REGION.value
 _RUNTIME: Any = None  # mlaunch.telemetry._runtime.Runtime on an exporting rank
 _HANDLE: Telemetry | None = None
+#: Why this rank's telemetry is off although it was asked for (its setup failed), or None: the
+#: progress beat carries it to the launcher, which shows it on its console and in ``mlaunch
+#: status`` (a warning in the rank's own log alone would go unseen).
+_OFF_REASON: str | None = None
 #: The threads inside :func:`suppressed`. Consulted only after a group is found enabled, so the
 #: disabled path never pays for it.
 _SUPPRESSED: set[int] = set()
@@ -232,11 +236,12 @@ def setup(
     enabled set. Raises ``RuntimeError`` if telemetry is already set up in this process, and
     ``mlaunch.settings.SettingsError`` for invalid settings; exporter problems are only logged.
     """
-    global _ENABLED, _FINE, _RECORDED, _RUNTIME, _HANDLE
+    global _ENABLED, _FINE, _RECORDED, _RUNTIME, _HANDLE, _OFF_REASON
     if _HANDLE is not None:
         raise RuntimeError(
             "mlaunch telemetry is already set up in this process; call shutdown() first"
         )
+    _OFF_REASON = None
     if settings is None:
         from mlaunch.settings import load_telemetry_settings
 
@@ -262,9 +267,8 @@ def setup(
         try:
             from mlaunch.telemetry._runtime import Runtime
         except ImportError as exc:  # only opentelemetry-api installed: stay a no-op
-            log.warning(
-                "mlaunch telemetry: OpenTelemetry SDK unavailable (%s); telemetry is off", exc
-            )
+            _OFF_REASON = f"OpenTelemetry SDK unavailable ({exc})"
+            log.warning("mlaunch telemetry: %s; telemetry is off", _OFF_REASON)
             exporting = False
     if exporting:
         try:
@@ -279,7 +283,8 @@ def setup(
                 save_interval=save_interval,
             )
         except Exception as exc:  # telemetry must never stop training from starting
-            log.warning("mlaunch telemetry: setup failed (%s); telemetry is off", exc)
+            _OFF_REASON = f"setup failed ({type(exc).__name__}: {exc})"
+            log.warning("mlaunch telemetry: %s; telemetry is off", _OFF_REASON)
             exporting = False
     if exporting:
         groups = (
@@ -299,6 +304,7 @@ def setup(
         identity = _identity(settings, handle, resource, run_dir, save_interval)
     except Exception as exc:  # the recorder and captures are optional; never stop training
         log.warning("mlaunch telemetry: run identity unavailable (%s); no recorder", exc)
+        _start_beat(settings, rank=rank, run_dir=run_dir)  # the beat (and its reason) still go
         return handle
     recorded = _start_recorder(
         settings,
@@ -470,6 +476,7 @@ def _hang_watch(where: Path, rank: int) -> dict[str, Any]:
         "heartbeat": envcontract.heartbeat_file(where, rank) if under_launcher else None,
         "mark": lambda: RECORDER.mark,
         "on_hang": on_hang,
+        "telemetry_off": _OFF_REASON,
     }
 
 

@@ -214,7 +214,8 @@ class RequestWatcher(threading.Thread):
     the capture's acknowledgements when the training thread wakes it.
 
     Under ``mlaunch train`` it also keeps this rank's progress beat (``heartbeat``, rewritten
-    when ``mark()`` moved) and answers a ``trigger: "hang"`` request itself, on this thread
+    when ``mark()`` moved; written at once when ``telemetry_off`` says why this rank's telemetry
+    is off, so the launcher can say so before the first iteration) and answers a ``trigger: "hang"`` request itself, on this thread
     (``on_hang``): the training thread is presumed stuck, so what the launcher's hang watchdog
     asks for cannot wait for an iteration boundary that may never come."""
 
@@ -233,8 +234,10 @@ class RequestWatcher(threading.Thread):
         heartbeat: Path | None = None,
         mark: Callable[[], tuple[int, float] | None] | None = None,
         on_hang: Callable[[str, bool], None] | None = None,
+        telemetry_off: str | None = None,
     ) -> None:
         super().__init__(name="mlaunch-capture-watch", daemon=True)
+        self.telemetry_off = telemetry_off
         self.announce = announce
         self.path, self.run_id, self.rank, self.started_ns = path, run_id, rank, started_ns
         self.on_recorded = on_recorded
@@ -247,6 +250,7 @@ class RequestWatcher(threading.Thread):
         self._warned = False
         self._beat: tuple[int, float] | None = None
         self._beat_fd: int | None = None
+        self._beat_width = HEARTBEAT_WIDTH
 
     def halt(self) -> None:
         self.stopped = True
@@ -256,6 +260,9 @@ class RequestWatcher(threading.Thread):
         if self.announce:
             CONTROL.write_ack(listening=True)  # this rank takes requests
         try:
+            if self.telemetry_off is not None:
+                with contextlib.suppress(Exception):
+                    self.beat(first=True)
             while True:
                 self.wake.wait(self.INTERVAL_S)
                 self.wake.clear()
@@ -274,20 +281,32 @@ class RequestWatcher(threading.Thread):
             if self._beat_fd is not None:
                 with contextlib.suppress(OSError):
                     os.close(self._beat_fd)
+                self._beat_fd = None
 
-    def beat(self) -> None:
-        """Write the progress beat when the iteration moved: one ``pwrite`` of a fixed-width
-        line into a file opened once (no rename, no new inode: cheap on a shared file system)."""
+    def beat(self, first: bool = False) -> None:
+        """Write the progress beat when the iteration moved (or, ``first``, before any): one
+        ``pwrite`` of a fixed-width line into a file opened once (no rename, no new inode: cheap
+        on a shared file system). ``telemetry`` (when set) says why this rank's telemetry is off."""
         mark = self.mark() if self.mark is not None else None
-        if self.heartbeat is None or mark is None or mark == self._beat:
+        if self.heartbeat is None or (not first and (mark is None or mark == self._beat)):
             return
         if self._beat_fd is None:
             self.heartbeat.parent.mkdir(parents=True, exist_ok=True)
-            self._beat_fd = os.open(self.heartbeat, os.O_WRONLY | os.O_CREAT, 0o644)
-        body = json.dumps(
-            {"rank": self.rank, "iteration": mark[0], "time": mark[1], "pid": os.getpid()}
-        )
-        os.pwrite(self._beat_fd, body.ljust(HEARTBEAT_WIDTH).encode() + b"\n", 0)
+            # Truncated once: an earlier process's beat may be longer than this one's lines.
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+            self._beat_fd = os.open(self.heartbeat, flags, 0o644)
+        beat: dict[str, Any] = {
+            "rank": self.rank,
+            "iteration": mark[0] if mark else None,
+            "time": mark[1] if mark else None,
+            "pid": os.getpid(),
+        }
+        if self.telemetry_off is not None:
+            beat["telemetry_off"] = self.telemetry_off
+        body = json.dumps(beat)
+        # Never narrower than an earlier write: a shorter line must cover all of the longer one.
+        self._beat_width = max(self._beat_width, len(body))
+        os.pwrite(self._beat_fd, body.ljust(self._beat_width).encode() + b"\n", 0)
         self._beat = mark
 
     def poll(self) -> None:
@@ -339,6 +358,7 @@ def start_watcher(
     heartbeat: Path | None = None,
     mark: Callable[[], tuple[int, float] | None] | None = None,
     on_hang: Callable[[str, bool], None] | None = None,
+    telemetry_off: str | None = None,
 ) -> None:
     """Watch ``run_dir``'s request file for this rank (and write its capture acks there).
     ``announce``: write the ``listening`` ack now (a run that keeps no files, the console or
@@ -365,6 +385,7 @@ def start_watcher(
         heartbeat=heartbeat,
         mark=mark,
         on_hang=on_hang,
+        telemetry_off=telemetry_off,
     )
     CONTROL.watcher = watcher
     watcher.start()

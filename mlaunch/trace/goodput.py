@@ -244,7 +244,12 @@ class GoodputAggregator:
         else:
             lo = min((s.lo for s in live.values()), default=0)
             hi = max((s.hi for s in live.values()), default=0)
-        return GoodputReport(ranks, overall, max(0, hi - lo) / _NS_PER_MS)
+        wall_ms = max(0, hi - lo) / _NS_PER_MS
+        if not live:
+            # Only the launcher's job trace (workers that export nothing: a script without
+            # telemetry): the job's wall time, none of it shown productive by any span.
+            overall.wall_ms = overall.unaccounted_ms = wall_ms
+        return GoodputReport(ranks, overall, wall_ms)
 
 
 def _attempt_number(span: dict[str, Any]) -> int:
@@ -366,6 +371,6 @@ def goodput(reader: TraceReader) -> GoodputReport:
     malformed span (naming its file and line) or a trace without spans."""
     agg = GoodputAggregator()
     reader.feed(lambda res, spans, _: agg.add(res, spans))
-    if not any(st.hi >= st.lo for st in agg.ranks.values()):
+    if not agg.job and not any(st.hi >= st.lo for st in agg.ranks.values()):
         raise no_spans_error(reader)
     return agg.finish()

@@ -88,6 +88,6 @@ def goodput_aggregate(store: Store) -> GoodputAggregator:
         st.step_ends = array("q", ends[mine].tolist())
     for rank, name, start, end in tracked:
         agg.ranks[rank].spans.setdefault(ALIASES.get(name, name), []).append((start, end))
-    if not any(st.hi >= st.lo for st in agg.ranks.values()):
+    if not agg.job and not any(st.hi >= st.lo for st in agg.ranks.values()):
         raise no_spans_error(StoreReader(store))  # type: ignore[arg-type]
     return agg

@@ -273,3 +273,38 @@ def test_after_a_collector_outage_replay_delivers_the_launchers_job_trace(tmp_pa
         assert any(s["name"] == SpanName.ITERATION for s in rx.spans)  # the workers' too
         # and a second replay sends nothing twice
         assert "sent 0 spans" in trace_cli("replay", run_dir, "--endpoint", rx.endpoint)[1]
+
+
+def test_a_run_whose_workers_export_nothing_has_one_trace_every_command_reads(tmp_path):
+    # `--module` with no telemetry in it: the launcher's job trace is the run's only trace. Train
+    # counts it, and summary, goodput and report all read it (the run directory: its store; the
+    # file: the JSON), instead of "0 file(s)" beside a summary of 2 spans and exit 2 elsewhere.
+    # Stragglers, which needs the workers' spans, names what is missing.
+    from support.trace_cli import trace_cli
+
+    (tmp_path / "quiet.py").write_text("import time\ntime.sleep(0.3)\n")
+    run_dir = tmp_path / "run"
+    code, out = finish(
+        mlaunch("--module", "quiet", "--nproc-per-node", "1", "--run-dir", str(run_dir),
+                cwd=tmp_path, env=clean_env(COLUMNS="200"))
+    )  # fmt: skip
+    assert code == 0, out
+    assert "(1 file(s): the launcher's job trace only; the workers exported no spans)" in out
+    job_file = ec.launcher_traces_file(run_dir, 0)
+    for target in (run_dir, job_file):
+        code, text = trace_cli("summary", target)
+        assert code == 0 and "read 2 spans from 1 file(s)" in text, text
+        code, text = trace_cli("goodput", target, "--json")
+        assert code == 0, text
+        report = json.loads(text)
+        assert report["ranks"] == [] and report["overall"]["job_wall_ms"] > 0
+        assert report["overall"]["unaccounted_ms"] == report["overall"]["wall_ms"]
+        code, text = trace_cli("goodput", target)
+        assert code == 0 and "only the launcher's job trace" in text, text
+        code, text = trace_cli("report", target, "-o", tmp_path / "report.html")
+        assert code == 0, text
+        assert "note: only the launcher's job trace" in text, text
+        # Stragglers compares the workers' spans: it says that is what is missing, not "no spans".
+        code, text = trace_cli("stragglers", target)
+        assert code == 2 and "only the launcher's job trace (2 spans" in text, text
+        assert "no spans in" not in text

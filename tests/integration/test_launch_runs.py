@@ -184,6 +184,8 @@ def test_sigterm_stops_workers_flushes_traces_and_leaves_a_resumable_checkpoint(
     assert st["state"] == "preempted", st
     assert st["launcher"]["signal"] == "SIGTERM" and st["failures"] == []
     assert "resumes from the checkpoint" in status_text(run_dir)
+    # train's own closing lines say it too, in the same words (not only `mlaunch status`).
+    assert f"--run-dir {run_dir} resumes from the checkpoint" in out, out
     last = train_records(run_dir)[-1]["iteration"]
     assert 5 <= last < 400
     # Workers stopped at the same iteration, saved there and flushed their spans.
@@ -203,6 +205,9 @@ def test_sigterm_stops_workers_flushes_traces_and_leaves_a_resumable_checkpoint(
     # Resume: the same run directory picks the checkpoint up and carries on from there.
     code, out = finish(mlaunch(*args, "--train-iters", str(last + 2), cwd=tmp_path))
     assert code == 0, out
+    # Said before the workers start: where they pick up, not "iteration 1 follows".
+    assert f"loading the checkpoint of iteration {last}; iteration {last + 1} follows" in out, out
+    assert "iteration 1 follows" not in out and "resumes from the checkpoint" not in out
     resumed = [r["iteration"] for r in train_records(run_dir)]
     assert resumed[-2:] == [last + 1, last + 2]
     assert f"--load {ckpt}" in (run_dir / "command.txt").read_text()

@@ -100,3 +100,29 @@ def test_under_mlaunch_every_rank_keeps_a_progress_beat_even_with_telemetry_off(
     telemetry.set_iteration(13)
     watcher.beat()  # rewritten in place: one JSON object, no stale tail
     assert json.loads(beat.read_bytes())["iteration"] == 13
+
+
+def test_a_rank_whose_setup_failed_says_why_in_its_first_beat_before_any_iteration(
+    make_settings, tmp_path, monkeypatch
+):
+    monkeypatch.setenv(envcontract.RUN_DIR, str(tmp_path))
+    beat = envcontract.heartbeat_file(tmp_path, 0)
+    beat.parent.mkdir(parents=True)
+    beat.write_text("x" * 600)  # an earlier process's longer beat: never a stale tail
+    # A setting only this worker's code gets wrong (its save interval as text): the runtime
+    # cannot be built, telemetry is off, training goes on.
+    telemetry.setup(make_settings(), rank=0, world_size=1, run_dir=tmp_path, save_interval="10")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            first = json.loads(beat.read_bytes())
+            break
+        except ValueError:
+            time.sleep(0.02)
+    reason = first["telemetry_off"]
+    assert reason.startswith("setup failed (TypeError: ") and first["iteration"] is None
+    watcher = _stopped_watcher()
+    telemetry.set_iteration(7)
+    watcher.beat()  # every later beat keeps the reason
+    later = json.loads(beat.read_bytes())
+    assert later["iteration"] == 7 and later["telemetry_off"] == reason

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import mlaunch
 from mlaunch import envcontract as ec
 from mlaunch.launcher import capture as launcher_capture
 from mlaunch.launcher import plan as lp
@@ -266,7 +267,9 @@ PROBE = (
 )
 
 
-def _probe(tmp_path: Path, extra_path: list[str], **env: str) -> tuple[dict, str]:
+def _probe(
+    tmp_path: Path, extra_path: list[str], cwd: Path | None = None, **env: str
+) -> tuple[dict, str]:
     full = {
         **CLEAN,
         "PYTHONPATH": os.pathsep.join([str(SITE_DIR), *extra_path]),
@@ -275,8 +278,9 @@ def _probe(tmp_path: Path, extra_path: list[str], **env: str) -> tuple[dict, str
         **env,
     }
     out = subprocess.run(
-        [sys.executable, "-c", PROBE], env=full, capture_output=True, text=True, timeout=60
-    )
+        [sys.executable, "-c", PROBE], env=full, capture_output=True, text=True, timeout=60,
+        cwd=cwd or tmp_path,  # a directory with no folder named mlaunch unless a test makes one
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout), out.stderr
 
@@ -290,6 +294,23 @@ def test_the_hook_starts_one_watcher_imports_nothing_and_chains_the_users_sitecu
     assert seen["user"] == "ran"  # the sitecustomize it shadows still ran
     assert not seen["nemo"] and not seen["mlaunch"]  # loaded by path; imports neither
     assert err == ""
+
+
+def test_a_folder_named_mlaunch_where_the_worker_starts_never_shadows_the_installed_one(tmp_path):
+    # The folder holding a clone, or an old copy: `python -c`/`-m` put the current directory
+    # first on sys.path after site ran. The hook binds the installed mlaunch before that.
+    here = tmp_path / "here"
+    (here / "mlaunch").mkdir(parents=True)
+    (here / "mlaunch" / "__init__.py").write_text('"""an old copy: no __version__"""\n')
+    probe = PROBE.replace("'mlaunch' in sys.modules", "__import__('mlaunch').__version__")
+    full = {**CLEAN, "PYTHONPATH": str(SITE_DIR), "RANK": "0", ec.RUN_DIR: str(tmp_path)}
+    installed = os.environ.get("PYTHONPATH")  # the checkout under test, where one is given
+    if installed:
+        full["PYTHONPATH"] += os.pathsep + installed
+    out = subprocess.run([sys.executable, "-c", probe], env=full, capture_output=True,
+                         text=True, timeout=60, cwd=here)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["mlaunch"] == mlaunch.__version__
 
 
 def test_the_hook_stays_out_of_a_process_that_is_no_rank(tmp_path):

@@ -474,7 +474,7 @@ def test_progress_lines_per_log_interval_and_run_summary(spawned, tmp_path):
     assert "eval at iteration 10: loss 4.5000" in result.stdout
     assert "final loss  4.0000" in result.stdout and "10/10" in result.stdout
     assert "5,500 (mean of 10 records)" in result.stdout
-    assert "(1 file(s))" in result.stdout
+    assert "(2 file(s))" in result.stdout  # rank 0's and the launcher's job trace
 
 
 def test_failed_rank_reported_with_rank_exception_and_log_tail(spawned, tmp_path):

@@ -8,6 +8,36 @@ have. Nothing here may stop the worker: a failure is one line on stderr.
 """
 
 
+def _mlaunch_installed() -> None:
+    # Python puts the script's directory (``python script.py``) or the current directory
+    # (``python -m``) first on sys.path after this file ran. A folder named ``mlaunch`` there (the
+    # folder holding a clone) would shadow the installed package, and the worker's
+    # ``mlaunch.telemetry`` would fail to set up: then bind ``mlaunch`` to the installed package
+    # now (its ``__init__`` imports only ``time``). The script still imports its own modules from
+    # its directory. Without such a folder nothing is imported; an interpreter without mlaunch
+    # (or with only such a folder) is left as it is.
+    import os
+    import sys
+
+    try:
+        first = sys.argv[0] if getattr(sys, "argv", None) else ""
+        if sys.flags.safe_path:
+            return
+        path0 = (
+            os.getcwd() if first in ("", "-c", "-m") else os.path.dirname(os.path.abspath(first))
+        )
+        if not os.path.isdir(os.path.join(path0, "mlaunch")):
+            return
+        import importlib
+        import importlib.util
+
+        spec = importlib.util.find_spec("mlaunch")
+        if spec is not None and spec.origin is not None and spec.origin != "namespace":
+            importlib.import_module("mlaunch")
+    except Exception:  # never stops the worker: at worst the shadowing stays as Python has it
+        pass
+
+
 def _mlaunch_lens_hook() -> None:
     import os
     import sys
@@ -41,5 +71,6 @@ def _mlaunch_lens_hook() -> None:
         sys.stderr.write(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{exc!r}\n")
 
 
+_mlaunch_installed()
 _mlaunch_lens_hook()
-del _mlaunch_lens_hook
+del _mlaunch_installed, _mlaunch_lens_hook

@@ -58,9 +58,14 @@ def _scan(reader: TraceReader, keep_steps: bool) -> Scan:
 
 
 def _notes(
-    read_stats: ReadStats, bad_progress: int, timeline: Timeline, ranges: list[tuple[int, int]]
+    read_stats: ReadStats,
+    bad_progress: int,
+    timeline: Timeline,
+    ranges: list[tuple[int, int]],
+    workers: bool = True,
 ) -> list[str]:
-    """What the report skipped or could not show, for its Notes section."""
+    """What the report skipped or could not show, for its Notes section. ``workers`` False:
+    the trace holds only the launcher's job trace."""
     notes: list[str] = []
     if read_stats.skipped_lines:
         notes.append(f"{len(read_stats.skipped_lines)} unreadable trace line(s) skipped")
@@ -74,7 +79,10 @@ def _notes(
     if timeline.unresolved_links:
         notes.append(f"{timeline.unresolved_links} link(s) point at spans not in the window "
                      "(the sender did not export, or sent outside the window)")  # fmt: skip
-    if not ranges:
+    if not workers:
+        notes.append("only the launcher's job trace (mlaunch.job and its attempts): the workers"
+                     " exported no spans")  # fmt: skip
+    elif not ranges:
         notes.append("no megatron.train.iteration spans with an iteration (the step group is off): "
                      "the timeline shows the whole trace")  # fmt: skip
     return notes
@@ -166,9 +174,10 @@ def prepare(
     focus = scan.first_start(ranges[0][0]) if ranges else None
     timeline = build_timeline(window, segs, scan.run_start(), scan.resources, ranges, focus, marks)
 
-    first_res = scan.resources[min(scan.resources)]
+    # No worker resource when only the launcher's job trace is there: no step spans to draw from.
+    first_res = scan.resources[min(scan.resources)] if scan.resources else {}
     curve_figs, curve_source = curves(progress, scan, first_res)
-    notes = _notes(read_stats, bad_progress, timeline, ranges)
+    notes = _notes(read_stats, bad_progress, timeline, ranges, bool(scan.goodput.ranks))
     notes.extend(f"marked on the timeline: {mark_text(m)}" for m in marks)
     meta = {
         "timeline": {"spans": timeline.spans, "lanes": timeline.lanes, "links": timeline.links,

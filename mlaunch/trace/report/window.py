@@ -477,9 +477,18 @@ class Scan:
         st = self.goodput.ranks[rank]
         return st.lo, st.hi
 
+    def run_extent(self) -> tuple[int, int]:
+        """The earliest start and latest end of any span of any rank; with no rank's spans (only
+        the launcher's job trace: the workers exported nothing), the job's."""
+        ranks = self.goodput.ranks
+        if ranks:
+            return min(self.extent(r)[0] for r in ranks), max(self.extent(r)[1] for r in ranks)
+        job = self.goodput.job
+        return min(lo for lo, _ in job), max(hi for _, hi in job)
+
     def run_start(self) -> int:
-        """The earliest start of any span of any rank (time zero of the hover labels)."""
-        return min(self.extent(r)[0] for r in self.goodput.ranks)
+        """The earliest start of the run's spans (time zero of the hover labels)."""
+        return self.run_extent()[0]
 
     def iterations(self) -> list[int]:
         """The distinct iterations of the step spans, sorted."""
@@ -562,9 +571,7 @@ def segments(
     """The time ranges (ns) of the window: for each iteration range, the earliest start to the
     latest end of its steps on any rank, stretched to the run's start (end) when the range holds
     the first (last) iteration, so set-up and tail are shown. No steps: the whole trace."""
-    ranks = list(scan.goodput.ranks)
-    run_lo = min(scan.extent(r)[0] for r in ranks)
-    run_hi = max(scan.extent(r)[1] for r in ranks)
+    run_lo, run_hi = scan.run_extent()
     if not ranges:
         return [(run_lo, run_hi)]
     segs: list[tuple[int, int]] = []
