@@ -359,6 +359,11 @@ def stragglers_cmd(
 #: Rows of the stragglers table shown as text (the rest is summed up: most are noise).
 _STRAGGLER_ROWS = 10
 
+#: Characters of a row's iterations in a pipe or a file, where no terminal sets the width: a
+#: scattered set (every other iteration of a long run) would make a row thousands of characters
+#: long. The count, the extent and the first runs fit; ``--json`` has every iteration.
+_PLAIN_ITERATIONS_CHARS = 60
+
 
 def _render_stragglers(result: Any) -> None:
     from rich import box
@@ -366,7 +371,8 @@ def _render_stragglers(result: Any) -> None:
     from rich.table import Table
 
     con = Console()
-    if not con.is_terminal:  # a pipe or a file: one row a line, never folded
+    term = con.is_terminal
+    if not term:  # a pipe or a file: one row a line, never folded
         con = Console(width=1 << 16, soft_wrap=True, no_color=True, highlight=False)
     points = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in result.sync_points.items())
     con.print(
@@ -383,16 +389,30 @@ def _render_stragglers(result: Any) -> None:
     if not result.ranks:
         con.print("no rank made another wait")
         return
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("rank", "host", "phase", "caused wait", "waits", "iterations"):
-        t.add_column(col, justify="right" if col in ("rank", "caused wait", "waits") else "left")
     shown = result.ranks[:_STRAGGLER_ROWS]
-    for c in shown:
-        t.add_row(
-            str(c.rank), c.host or "-", c.phase, f"{c.caused_wait_s:.3f} s", str(c.waits),
-            format_ranks(c.iterations) or "-",
-        )  # fmt: skip
-    con.print(t)
+    cols = ("rank", "host", "phase", "caused wait", "waits", "iterations")
+
+    def table(iterations: list[str]) -> Table:
+        if term:
+            t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        else:  # plain: no box lines around the rows
+            t = Table(box=None, pad_edge=False, show_edge=False)
+        for col in cols:
+            t.add_column(
+                col, justify="right" if col in ("rank", "caused wait", "waits") else "left"
+            )
+        for c, its in zip(shown, iterations, strict=True):
+            t.add_row(
+                str(c.rank), c.host or "-", c.phase, f"{c.caused_wait_s:.3f} s", str(c.waits),
+                its,
+            )  # fmt: skip
+        return t
+
+    # The iterations get what the other columns leave of the terminal's width, so a row stays
+    # one line; a set that does not fit is summed up as a count and its first runs.
+    others = con.measure(table([""] * len(shown))).maximum - len(cols[-1])
+    width = con.width - others if term else _PLAIN_ITERATIONS_CHARS
+    con.print(table([format_ranks(c.iterations, width) or "-" for c in shown]))
     if rest := result.ranks[len(shown) :]:
         con.print(
             f"[dim]{len(rest)} more row(s), {sum(c.caused_wait_s for c in rest):.3f} s in all "
