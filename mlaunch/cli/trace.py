@@ -258,7 +258,10 @@ def export_cmd(
         except OSError as e:
             raise cannot_write(output, e) from None
         warn_skipped(reader.stats)
-        typer.echo(f"wrote {output} ({fmt.value}): {n:,} spans")
+        typer.echo(
+            f"wrote {'standard output' if is_stdout(output) else output} ({fmt.value}): {n:,} spans",
+            err=is_stdout(output),  # the spans themselves are on standard output
+        )
         return
     try:
         stats = export_chrome(reader, target)
@@ -270,9 +273,16 @@ def export_cmd(
     unresolved = (
         f", {stats.unresolved_links} links to unexported spans" if stats.unresolved_links else ""
     )
+    # The launcher's job trace is a process of its own, but no rank: counted apart.
+    ranks = stats.processes - stats.launchers
+    procs = f"{ranks} rank{'s' if ranks != 1 else ''}"
+    if stats.launchers:
+        procs += (
+            " and the launcher" if stats.launchers == 1 else f" and {stats.launchers} launchers"
+        )
     typer.echo(
         f"wrote {'standard output' if is_stdout(output) else output} ({fmt.value}): "
-        f"{stats.spans:,} spans, {stats.processes} ranks, "
+        f"{stats.spans:,} spans, {procs}, "
         f"{stats.threads} threads in {stats.lanes} lanes, {stats.flows} flows{unresolved}",
         err=is_stdout(output),  # the trace itself is on standard output: keep it clean
     )
@@ -289,12 +299,14 @@ def goodput_cmd(
     [b]wall[/b]: the launcher's mlaunch.job span (earliest start to latest end) when the run has
     one; else megatron.pretrain of older traces; else the extent of all the rank's spans.
     [b]productive[/b]: time in megatron.train.iteration (megatron.train_step) minus the first
-    iteration's excess over the rank's median step. [b]restart[/b]: startup.model_init,
-    checkpoint.load, startup.dataloader, train.first_iteration and the rest of megatron.startup,
-    outside steps, plus that excess. [b]checkpoint[/b]: checkpoint.save. [b]evaluation[/b]:
+    iteration's excess over the rank's median step. [b]startup[/b]: what every start costs, the
+    first launch's and each restart's: startup.model_init, checkpoint.load, startup.dataloader,
+    train.first_iteration and the rest of megatron.startup, outside steps, plus that excess, plus
+    requeue (the gaps between restarts). [b]checkpoint[/b]: checkpoint.save. [b]evaluation[/b]:
     evaluate. [b]unaccounted[/b]: the rest. Older traces' documented names count the same.
-    Nested spans are never counted twice (precedence step > restart > checkpoint > evaluation),
-    so the parts add up to wall. Overall = sums over ranks.
+    Nested spans are never counted twice (precedence step > startup > checkpoint > evaluation),
+    so the parts add up to wall. Overall = sums over ranks. --json keeps the names restart_ms
+    and restart_split_ms for the startup part.
     """
     from mlaunch.trace.goodput import goodput
     from mlaunch.trace.store import StoreReader
@@ -315,7 +327,7 @@ def _render_goodput(report: Any) -> None:
 
     con = Console()
     t = Table(title="goodput", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    cols = ("rank", "host", "goodput", "wall", "productive", "restart", "ckpt", "eval", "unacct")
+    cols = ("rank", "host", "goodput", "wall", "productive", "startup", "ckpt", "eval", "unacct")
     for col in cols:
         t.add_column(col, justify="left" if col == "host" else "right", no_wrap=True)
 
@@ -329,7 +341,7 @@ def _render_goodput(report: Any) -> None:
     row("all", "", report.overall, style="bold")
     con.print(t)
     split = ", ".join(f"{k} {format_ms(v)}" for k, v in report.overall.restart_split_ms.items())
-    con.print(f"restart cost (all ranks): {split}", highlight=False)
+    con.print(f"start-up cost (all ranks): {split}", highlight=False)
     con.print("[dim]ckpt = checkpoint saves, eval = evaluation, unacct = unaccounted; "
               "see `mlaunch trace goodput --help` for the definitions[/dim]")  # fmt: skip
 

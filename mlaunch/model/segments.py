@@ -33,8 +33,3 @@ def train_block(iteration: int, block_iters: int) -> int:
     save after iteration N (N = save_interval) still belongs to block 0, as in Megatron-LM."""
     return max(0, iteration - 1) // max(1, block_iters)
 
-
-def trace_count(train_iters: int, block_iters: int) -> int:
-    """The traces of one worker start that runs iterations 1..``train_iters``: its start-up
-    trace and one per block."""
-    return 1 + train_block(train_iters, block_iters) + 1 if train_iters > 0 else 1
