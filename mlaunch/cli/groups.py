@@ -153,7 +153,7 @@ def resolve_groups(
     console.print(
         f"[bold]spec[/] {spec!r}"
         + (f"  [dim](from {origin})[/]" if origin else "")
-        + f"\n[bold]groups[/] {format_groups(enabled) or '(none)'}"
+        + f"\n[bold]groups[/] {format_groups(enabled).replace(',', ', ') or '(none)'}"
     )
     if sources:
         for path, info in sorted(sources.items()):

@@ -29,8 +29,9 @@ from mlaunch.model.strategies import format_ranks
 from mlaunch.trace.durations import format_ms
 
 app = typer.Typer(
-    help="Read a run's traces without a backend (summary, goodput, Chrome/Perfetto export, HTML"
-    " report) and send its undelivered spans to a collector (replay).",
+    help="Read a run's traces without a backend (summary, goodput, stragglers, sql, a"
+    " Chrome/Perfetto export, an HTML report), turn on detail in a running job (capture) and"
+    " send its undelivered spans to a collector (replay).",
     no_args_is_help=True,
     rich_markup_mode="rich",
     cls=PlainErrorsGroup,
