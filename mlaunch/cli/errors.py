@@ -60,7 +60,8 @@ def usage_problem(exc: Any, command: str) -> tuple[str, str]:
         if exc.param.param_type_name == "argument":
             # As the usage line and the help name it (RUN_DIR|JOB_ID, PATH), not by the
             # Python parameter behind it (target, path).
-            return _argument_name(exc.param), f"a required argument is missing; see {command} --help"
+            missing = f"a required argument is missing; see {command} --help"
+            return _argument_name(exc.param), missing
         name = "/".join(getattr(exc.param, "opts", []) or [str(exc.param.name)])
         return name, f"a required option is missing; see {command} --help"
     if isinstance(exc, click.BadParameter) and exc.param is not None:

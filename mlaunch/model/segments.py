@@ -32,4 +32,3 @@ def train_block(iteration: int, block_iters: int) -> int:
     """The ``megatron.train`` block of a (1-based) iteration: iterations 1..N are block 0, so the
     save after iteration N (N = save_interval) still belongs to block 0, as in Megatron-LM."""
     return max(0, iteration - 1) // max(1, block_iters)
-
