@@ -58,8 +58,8 @@ def usage_problem(exc: Any, command: str) -> tuple[str, str]:
     if isinstance(exc, click.MissingParameter) and exc.param is not None:
         # Click leaves .message empty here and builds its text in format_message; say it plainly.
         if exc.param.param_type_name == "argument":
-            # As the usage line and the help name it (RUN_DIR|JOB_ID, PATH), not by the
-            # Python parameter behind it (target, path).
+            # As the help names it (RUN_DIR|JOB_ID), not by the Python parameter behind it
+            # (target).
             missing = f"a required argument is missing; see {command} --help"
             return _argument_name(exc.param), missing
         name = "/".join(getattr(exc.param, "opts", []) or [str(exc.param.name)])
@@ -70,8 +70,8 @@ def usage_problem(exc: Any, command: str) -> tuple[str, str]:
 
 
 def _argument_name(param: Any) -> str:
-    """A positional argument's name as the help shows it: its metavar, else its name in capitals."""
-    return str(param.metavar or str(param.name).upper())
+    """A positional argument's name as its help panel shows it: its metavar, else its name."""
+    return str(param.metavar or param.name)
 
 
 def fit_help_tables() -> None:
@@ -87,6 +87,9 @@ def fit_help_tables() -> None:
     A flag shows no value type (Typer wrote ``<bool>`` beside every flag, as if it took one),
     nor does an argument whose name says what it takes (``RUN_DIR|JOB_ID``, ``[-- ARGS]``).
     """
+    import copy
+    import dataclasses
+
     import typer.rich_utils as rich_utils
     from rich.columns import Columns
     from rich.console import Console, ConsoleOptions, Group, RenderResult
@@ -97,6 +100,9 @@ def fit_help_tables() -> None:
 
     if getattr(rich_utils.Table, "_mlaunch_fits", False):
         return
+
+    def _text(cell: Any) -> str:
+        return (cell.plain if isinstance(cell, Text) else str(cell)).strip()
 
     class FittingTable(Table):
         _mlaunch_fits = True
@@ -124,6 +130,14 @@ def fit_help_tables() -> None:
             return need <= options.max_width
 
         def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+            kept = [c for c in self.columns if any(_text(cell) for cell in c._cells)]
+            if 0 < len(kept) < len(self.columns):
+                # Typer gives every panel columns for short and negative names; empty, they
+                # still took their padding from the help text.
+                table = copy.copy(self)
+                table.columns = [dataclasses.replace(c, _index=i) for i, c in enumerate(kept)]
+                yield from table.__rich_console__(console, options)
+                return
             if not self.columns or self._fits(console, options):
                 yield from super().__rich_console__(console, options)
                 return
@@ -131,7 +145,7 @@ def fit_help_tables() -> None:
             for r in range(self.row_count):
                 cells = [column._cells[r] for column in self.columns]
                 names = [c if isinstance(c, Text) else Text(str(c)) for c in cells[:-1]]
-                rows.append(Text("  ").join(n for n in names if n.plain))
+                rows.append(Text("  ").join(n for n in names if _text(n)))
                 rows.append(Padding(cells[-1], (0, 0, 0, 4)))
             yield from console.render(Group(*rows), options)
 
