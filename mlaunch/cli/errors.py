@@ -57,12 +57,21 @@ def usage_problem(exc: Any, command: str) -> tuple[str, str]:
         return exc.option_name, exc.message
     if isinstance(exc, click.MissingParameter) and exc.param is not None:
         # Click leaves .message empty here and builds its text in format_message; say it plainly.
+        if exc.param.param_type_name == "argument":
+            # As the help names it (RUN_DIR|JOB_ID), not by the Python parameter behind it
+            # (target).
+            missing = f"a required argument is missing; see {command} --help"
+            return _argument_name(exc.param), missing
         name = "/".join(getattr(exc.param, "opts", []) or [str(exc.param.name)])
-        what = "argument" if exc.param.param_type_name == "argument" else "option"
-        return name, f"a required {what} is missing; see {command} --help"
+        return name, f"a required option is missing; see {command} --help"
     if isinstance(exc, click.BadParameter) and exc.param is not None:
         return "/".join(getattr(exc.param, "opts", []) or [str(exc.param.name)]), exc.message
     return command, exc.format_message()
+
+
+def _argument_name(param: Any) -> str:
+    """A positional argument's name as its help panel shows it: its metavar, else its name."""
+    return str(param.metavar or param.name)
 
 
 def fit_help_tables() -> None:
@@ -71,16 +80,29 @@ def fit_help_tables() -> None:
 
     Rich shrinks every column of an over-wide table and cuts what does not fit with "…": at 80
     columns ``train --help`` showed ``--otlp-traces-sa…``. Here every column but the last
-    (option names, types) keeps its width, and the last (the help text) wraps, folding a word
-    longer than the column (an environment variable's name) instead of cutting it.
+    (option names, types) keeps its width and the last (the help text) wraps at spaces. A name
+    is never split: where the help column would be narrower than its longest word (an
+    environment variable's name: ``OTEL_EXPORTER_OTLP_TRACES_E⏎NDPOINT`` at 80 columns), the
+    panel lists each option on a line of its own with its help indented under it.
+    A flag shows no value type (Typer wrote ``<bool>`` beside every flag, as if it took one),
+    nor does an argument whose name says what it takes (``RUN_DIR|JOB_ID``, ``[-- ARGS]``).
     """
+    import copy
+    import dataclasses
+
     import typer.rich_utils as rich_utils
     from rich.columns import Columns
+    from rich.console import Console, ConsoleOptions, Group, RenderResult
+    from rich.padding import Padding
     from rich.table import Table
     from rich.text import Text
+    from typer.core import TyperArgument, TyperOption
 
     if getattr(rich_utils.Table, "_mlaunch_fits", False):
         return
+
+    def _text(cell: Any) -> str:
+        return (cell.plain if isinstance(cell, Text) else str(cell)).strip()
 
     class FittingTable(Table):
         _mlaunch_fits = True
@@ -90,16 +112,54 @@ def fit_help_tables() -> None:
             last = cells[-1] if cells else None
             if isinstance(last, Columns) and all(isinstance(r, Text) for r in last.renderables):
                 # Typer lays out help + "[default: ...]" as Columns, which cuts with "…";
-                # one Text wraps and folds instead.
+                # one Text wraps instead.
                 cells[-1] = Text(" ").join(last.renderables)
-                cells[-1].overflow = "fold"
             super().add_row(*cells, **kwargs)
             for column in self.columns[:-1]:
                 column.no_wrap = True
                 column.overflow = "fold"
-            if self.columns:
-                self.columns[-1].overflow = "fold"
 
+        def _fits(self, console: Console, options: ConsoleOptions) -> bool:
+            """Whether every column but the last keeps its width and the last still holds its
+            longest word."""
+            wide = options.update_width(1 << 16)
+            need = self._extra_width
+            for i, column in enumerate(self.columns):
+                m = self._measure_column(console, wide, column)
+                need += m.minimum if i == len(self.columns) - 1 else m.maximum
+            return need <= options.max_width
+
+        def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+            kept = [c for c in self.columns if any(_text(cell) for cell in c._cells)]
+            if 0 < len(kept) < len(self.columns):
+                # Typer gives every panel columns for short and negative names; empty, they
+                # still took their padding from the help text.
+                table = copy.copy(self)
+                table.columns = [dataclasses.replace(c, _index=i) for i, c in enumerate(kept)]
+                yield from table.__rich_console__(console, options)
+                return
+            if not self.columns or self._fits(console, options):
+                yield from super().__rich_console__(console, options)
+                return
+            rows: list[Any] = []
+            for r in range(self.row_count):
+                cells = [column._cells[r] for column in self.columns]
+                names = [c if isinstance(c, Text) else Text(str(c)) for c in cells[:-1]]
+                rows.append(Text("  ").join(n for n in names if _text(n)))
+                rows.append(Padding(cells[-1], (0, 0, 0, 4)))
+            yield from console.render(Group(*rows), options)
+
+    option_type, argument_type = TyperOption.display_type_rich, TyperArgument.display_type_rich
+
+    def flag_has_no_type(self: TyperOption, ctx: Any) -> str | None:
+        return None if self.is_flag else option_type(self, ctx)
+
+    def named_argument_has_no_type(self: TyperArgument, ctx: Any) -> str | None:
+        # RUN_DIR|JOB_ID, [-- ARGS]: the name says what it takes (<list[str]> said less)
+        return None if self.metavar else argument_type(self, ctx)
+
+    TyperOption.display_type_rich = flag_has_no_type  # type: ignore[method-assign]
+    TyperArgument.display_type_rich = named_argument_has_no_type  # type: ignore[method-assign]
     rich_utils.Table = FittingTable  # type: ignore[misc]
 
 
@@ -194,6 +254,9 @@ class PlainErrorsGroup(TyperGroup):
             ) from None
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
-        """Help that never cuts a name (see :func:`fit_help_tables`) and flows."""
+        """Help that never cuts a name (see :func:`fit_help_tables`) and flows: the commands'
+        one-line summaries too (their docstrings' line breaks split sentences mid-line)."""
         _prepare_help(self)
+        for command in self.commands.values():
+            command.help = reflow(command.help)
         super().format_help(ctx, formatter)

@@ -37,6 +37,7 @@ def list_groups(
 ) -> None:
     """Every span group with its description and frequency, and the presets."""
     from mlaunch.model.groups import GROUPS, PRESETS
+    from mlaunch.model.segments import TRACE_SEGMENTS
 
     if as_json:
         payload = {
@@ -53,6 +54,7 @@ def list_groups(
     console = Console()
     console.print(groups_table())
     console.print(presets_table())
+    console.print(f"trace segments: {TRACE_SEGMENTS}", markup=False, highlight=False)
     console.print("[dim]Combine with commas; prefix '-' to exclude, e.g. 'all,-layer'.[/]")
 
 
@@ -151,7 +153,7 @@ def resolve_groups(
     console.print(
         f"[bold]spec[/] {spec!r}"
         + (f"  [dim](from {origin})[/]" if origin else "")
-        + f"\n[bold]groups[/] {format_groups(enabled) or '(none)'}"
+        + f"\n[bold]groups[/] {format_groups(enabled).replace(',', ', ') or '(none)'}"
     )
     if sources:
         for path, info in sorted(sources.items()):

@@ -16,8 +16,9 @@ def _age(s: float | None) -> str:
     return "-" if s is None else f"{s:.0f} s ago" if s >= 1 else "now"
 
 
-def render(snap: Any) -> Any:
-    """The view of one snapshot (a Rich renderable)."""
+def render(snap: Any, width: int | None = None) -> Any:
+    """The view of one snapshot (a Rich renderable) for a console ``width`` columns wide (None:
+    no limit)."""
     from rich import box
     from rich.console import Group
     from rich.markup import escape
@@ -61,11 +62,17 @@ def render(snap: Any) -> Any:
 
     strag = snap.straggler
     if strag:
-        lines.append(Text(
+        line = (
             f"straggler: rank {strag['rank']} made others wait {strag['caused_wait_s']:.2f} s "
-            f"(of {strag['of_s']:.2f} s waited) late in {strag['phase']}, iterations "
-            f"{format_ranks(strag['iterations'])}", style="yellow",
-        ))  # fmt: skip
+            f"(of {strag['of_s']:.2f} s waited) late in {strag['phase']}"
+        )
+        # The line never grows with the run: iterations that do not fit after it go on a line
+        # of their own, summed up to the width when they do not fit there either.
+        its = f", iterations {format_ranks(strag['iterations'])}"
+        if width is not None and len(line + its) > width:
+            head = "\n  iterations "
+            its = head + format_ranks(strag["iterations"], width - len(head) + 1)
+        lines.append(Text(line + its, style="yellow"))
     elif len(snap.ranks) > 1:
         lines.append(Text("straggler: none (no recent waits charged)"))
     since = snap.since_progress_s
@@ -111,13 +118,15 @@ def watch(target: str, cwd: Path) -> int:
     try:
         snap = snapshot(target, cwd, state)
         if not snap.live:  # nothing to watch: the final state, once
-            console.print(render(snap))
+            console.print(render(snap, console.width))
             return 0
-        with Live(render(snap), console=console, auto_refresh=False, transient=False) as live:
+        with Live(
+            render(snap, console.width), console=console, auto_refresh=False, transient=False
+        ) as live:
             while snap.live:
                 time.sleep(REFRESH_S)
                 snap = snapshot(target, cwd, state)
-                live.update(render(snap), refresh=True)
+                live.update(render(snap, console.width), refresh=True)
     except KeyboardInterrupt:
         console.print("stopped watching (the job goes on)")
         return 0

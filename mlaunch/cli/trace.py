@@ -29,8 +29,9 @@ from mlaunch.model.strategies import format_ranks
 from mlaunch.trace.durations import format_ms
 
 app = typer.Typer(
-    help="Read a run's traces without a backend (summary, goodput, Chrome/Perfetto export, HTML"
-    " report) and send its undelivered spans to a collector (replay).",
+    help="Read a run's traces without a backend (summary, goodput, stragglers, sql, a"
+    " Chrome/Perfetto export, an HTML report), turn on detail in a running job (capture) and"
+    " send its undelivered spans to a collector (replay).",
     no_args_is_help=True,
     rich_markup_mode="rich",
     cls=PlainErrorsGroup,
@@ -258,7 +259,10 @@ def export_cmd(
         except OSError as e:
             raise cannot_write(output, e) from None
         warn_skipped(reader.stats)
-        typer.echo(f"wrote {output} ({fmt.value}): {n:,} spans")
+        typer.echo(
+            f"wrote {'standard output' if is_stdout(output) else output} ({fmt.value}): {n:,} spans",
+            err=is_stdout(output),  # the spans themselves are on standard output
+        )
         return
     try:
         stats = export_chrome(reader, target)
@@ -270,9 +274,16 @@ def export_cmd(
     unresolved = (
         f", {stats.unresolved_links} links to unexported spans" if stats.unresolved_links else ""
     )
+    # The launcher's job trace is a process of its own, but no rank: counted apart.
+    ranks = stats.processes - stats.launchers
+    procs = f"{ranks} rank{'s' if ranks != 1 else ''}"
+    if stats.launchers:
+        procs += (
+            " and the launcher" if stats.launchers == 1 else f" and {stats.launchers} launchers"
+        )
     typer.echo(
         f"wrote {'standard output' if is_stdout(output) else output} ({fmt.value}): "
-        f"{stats.spans:,} spans, {stats.processes} ranks, "
+        f"{stats.spans:,} spans, {procs}, "
         f"{stats.threads} threads in {stats.lanes} lanes, {stats.flows} flows{unresolved}",
         err=is_stdout(output),  # the trace itself is on standard output: keep it clean
     )
@@ -289,12 +300,14 @@ def goodput_cmd(
     [b]wall[/b]: the launcher's mlaunch.job span (earliest start to latest end) when the run has
     one; else megatron.pretrain of older traces; else the extent of all the rank's spans.
     [b]productive[/b]: time in megatron.train.iteration (megatron.train_step) minus the first
-    iteration's excess over the rank's median step. [b]restart[/b]: startup.model_init,
-    checkpoint.load, startup.dataloader, train.first_iteration and the rest of megatron.startup,
-    outside steps, plus that excess. [b]checkpoint[/b]: checkpoint.save. [b]evaluation[/b]:
+    iteration's excess over the rank's median step. [b]startup[/b]: what every start costs, the
+    first launch's and each restart's: startup.model_init, checkpoint.load, startup.dataloader,
+    train.first_iteration and the rest of megatron.startup, outside steps, plus that excess, plus
+    requeue (the gaps between restarts). [b]checkpoint[/b]: checkpoint.save. [b]evaluation[/b]:
     evaluate. [b]unaccounted[/b]: the rest. Older traces' documented names count the same.
-    Nested spans are never counted twice (precedence step > restart > checkpoint > evaluation),
-    so the parts add up to wall. Overall = sums over ranks.
+    Nested spans are never counted twice (precedence step > startup > checkpoint > evaluation),
+    so the parts add up to wall. Overall = sums over ranks. --json keeps the names restart_ms
+    and restart_split_ms for the startup part.
     """
     from mlaunch.trace.goodput import goodput
     from mlaunch.trace.store import StoreReader
@@ -315,7 +328,7 @@ def _render_goodput(report: Any) -> None:
 
     con = Console()
     t = Table(title="goodput", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    cols = ("rank", "host", "goodput", "wall", "productive", "restart", "ckpt", "eval", "unacct")
+    cols = ("rank", "host", "goodput", "wall", "productive", "startup", "ckpt", "eval", "unacct")
     for col in cols:
         t.add_column(col, justify="left" if col == "host" else "right", no_wrap=True)
 
@@ -329,7 +342,7 @@ def _render_goodput(report: Any) -> None:
     row("all", "", report.overall, style="bold")
     con.print(t)
     split = ", ".join(f"{k} {format_ms(v)}" for k, v in report.overall.restart_split_ms.items())
-    con.print(f"restart cost (all ranks): {split}", highlight=False)
+    con.print(f"start-up cost (all ranks): {split}", highlight=False)
     if not report.ranks:
         con.print("only the launcher's job trace: the workers exported no spans, so none of the"
                   " job's wall time shows as productive", highlight=False)  # fmt: skip
@@ -362,6 +375,11 @@ def stragglers_cmd(
 #: Rows of the stragglers table shown as text (the rest is summed up: most are noise).
 _STRAGGLER_ROWS = 10
 
+#: Characters of a row's iterations in a pipe or a file, where no terminal sets the width: a
+#: scattered set (every other iteration of a long run) would make a row thousands of characters
+#: long. The count, the extent and the first runs fit; ``--json`` has every iteration.
+_PLAIN_ITERATIONS_CHARS = 60
+
 
 def _render_stragglers(result: Any) -> None:
     from rich import box
@@ -369,7 +387,8 @@ def _render_stragglers(result: Any) -> None:
     from rich.table import Table
 
     con = Console()
-    if not con.is_terminal:  # a pipe or a file: one row a line, never folded
+    term = con.is_terminal
+    if not term:  # a pipe or a file: one row a line, never folded
         con = Console(width=1 << 16, soft_wrap=True, no_color=True, highlight=False)
     points = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in result.sync_points.items())
     con.print(
@@ -386,16 +405,30 @@ def _render_stragglers(result: Any) -> None:
     if not result.ranks:
         con.print("no rank made another wait")
         return
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("rank", "host", "phase", "caused wait", "waits", "iterations"):
-        t.add_column(col, justify="right" if col in ("rank", "caused wait", "waits") else "left")
     shown = result.ranks[:_STRAGGLER_ROWS]
-    for c in shown:
-        t.add_row(
-            str(c.rank), c.host or "-", c.phase, f"{c.caused_wait_s:.3f} s", str(c.waits),
-            format_ranks(c.iterations) or "-",
-        )  # fmt: skip
-    con.print(t)
+    cols = ("rank", "host", "phase", "caused wait", "waits", "iterations")
+
+    def table(iterations: list[str]) -> Table:
+        if term:
+            t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        else:  # plain: no box lines around the rows
+            t = Table(box=None, pad_edge=False, show_edge=False)
+        for col in cols:
+            t.add_column(
+                col, justify="right" if col in ("rank", "caused wait", "waits") else "left"
+            )
+        for c, its in zip(shown, iterations, strict=True):
+            t.add_row(
+                str(c.rank), c.host or "-", c.phase, f"{c.caused_wait_s:.3f} s", str(c.waits),
+                its,
+            )  # fmt: skip
+        return t
+
+    # The iterations get what the other columns leave of the terminal's width, so a row stays
+    # one line; a set that does not fit is summed up as a count and its first runs.
+    others = con.measure(table([""] * len(shown))).maximum - len(cols[-1])
+    width = con.width - others if term else _PLAIN_ITERATIONS_CHARS
+    con.print(table([format_ranks(c.iterations, width) or "-" for c in shown]))
     if rest := result.ranks[len(shown) :]:
         con.print(
             f"[dim]{len(rest)} more row(s), {sum(c.caused_wait_s for c in rest):.3f} s in all "

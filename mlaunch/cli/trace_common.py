@@ -4,6 +4,9 @@ go through :func:`mlaunch.cli.errors.error`, like every other command's."""
 
 from __future__ import annotations
 
+import errno
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +26,24 @@ OUTPUT_RULE_HELP = (
 )
 
 
+#: The exit status of a writer whose reader went away: what a shell reports for ``cat`` killed by
+#: SIGPIPE (128 + 13), so ``set -o pipefail`` scripts see the same from both.
+BROKEN_PIPE_EXIT = 141
+
+
 def cannot_write(output: Path, exc: OSError) -> typer.Exit:
     """The one-line failure of an output that could not be written (a full disk, a permission
-    taken away while writing); the caller raises the returned ``typer.Exit(2)``."""
+    taken away while writing); the caller raises the returned ``typer.Exit(2)``.
+
+    A reader that went away (``-o - | head``, a FIFO closed early) is no failure: it took what
+    it wanted. As ``cat``, nothing is said, and the exit is :data:`BROKEN_PIPE_EXIT`."""
+    if exc.errno == errno.EPIPE:
+        # What is still buffered for the closed pipe would fail again at exit ("Exception
+        # ignored ... BrokenPipeError"): standard output goes to /dev/null from here on.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return typer.Exit(BROKEN_PIPE_EXIT)
     return error(
         f"--output {output}: cannot write: {exc.strerror}; fix: choose a writable output path"
     )

@@ -37,6 +37,7 @@ from mlaunch.launcher.plan import LaunchPlan
 from mlaunch.launcher.run import RunResult, torchrun_log
 from mlaunch.launcher.run_status import resumable_text, saved_since
 from mlaunch.model.groups import SpanGroup
+from mlaunch.model.segments import block_iterations, train_block
 from mlaunch.model.spans import SpanName
 from mlaunch.model.spec import format_groups
 from mlaunch.settings import (
@@ -82,6 +83,27 @@ def _sampler_text(plan: LaunchPlan) -> str:
 MIN_SAMPLED_BLOCKS = 10
 
 
+def block_iters(plan: LaunchPlan) -> tuple[int, bool]:
+    """Iterations per ``megatron.train`` block (a trace) of the workers mlaunch's trainer runs,
+    by the runtime's one rule, and whether the save interval set them: the trainer's arguments
+    carry ``--save-interval`` only when it saves periodically (``--max-restarts``'s included)."""
+    argv = plan.argv
+    interval = argv[argv.index("--save-interval") + 1] if "--save-interval" in argv[:-1] else ""
+    saving = int(interval) if interval.isdigit() else 0
+    return block_iterations(saving, plan.settings.telemetry.trace_segment_iters), saving > 0
+
+
+def traces_text(plan: LaunchPlan) -> str:
+    """How many traces each worker start writes, and why (:data:`TRACE_SEGMENTS`)."""
+    per, by_saves = block_iters(plan)
+    blocks = train_block(plan.settings.training.train_iters, per) + 1
+    why = "--save-interval: the run saves" if by_saves else "--otel-trace-segment-iters"
+    return (
+        f"{1 + blocks} per worker start: start-up, then {blocks} {SpanName.TRAIN} block(s) of"
+        f" up to {per} iterations ({why})"
+    )
+
+
 def sampling_unit(plan: LaunchPlan) -> tuple[str, str | None] | None:
     """With a trace-id ratio sampler on mlaunch's trainer: (what the sampling unit is, a warning
     when the run has too few of them for the ratio to mean anything), else None. Every span of a
@@ -91,11 +113,7 @@ def sampling_unit(plan: LaunchPlan) -> tuple[str, str | None] | None:
     if not s.uses_builtin_trainer or o.traces_sampler not in RATIO_SAMPLERS:
         return None
     ratio = 1.0 if o.traces_sampler_arg is None else o.traces_sampler_arg
-    argv = plan.argv
-    interval = argv[argv.index("--save-interval") + 1] if "--save-interval" in argv[:-1] else None
-    # The runtime's rule: a block is save_interval iterations, else trace_segment_iters.
-    per = int(interval) if interval and interval.isdigit() else s.telemetry.trace_segment_iters
-    per = max(1, per)
+    per, _ = block_iters(plan)
     blocks = -(-s.training.train_iters // per)
     unit = (
         f"a whole {SpanName.TRAIN} block ({min(per, s.training.train_iters)} iterations; all its"
@@ -261,6 +279,7 @@ def summary(plan: LaunchPlan) -> Group:
             + ")"
         )
         table.add_row("spans", est)
+    table.add_row("traces", traces_text(plan))
     parts.append(span_tree(t.groups, title="active span tree"))
     return Group(Panel(Group(*parts), title="mlaunch train"))
 

@@ -50,7 +50,7 @@ GROUPS: dict[SpanGroup, GroupInfo] = {
             SpanGroup.JOB,
             "start-up and the training blocks: megatron.startup, megatron.train "
             "(the launcher's job trace covers the whole run)",
-            "once per job, one block per save interval",
+            "start-up once per worker start, then one block per trace (see trace segments)",
             colour="#9e9e9e",
         ),
         GroupInfo(SpanGroup.CHECKPOINT, "saving checkpoints", "every save", colour="#8c564b"),

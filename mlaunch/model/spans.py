@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from mlaunch.model.groups import SpanGroup
+from mlaunch.model.segments import TRACE_SEGMENTS
 
 
 class SpanName(StrEnum):
@@ -302,7 +303,7 @@ _X = True  # readability: extra=_X / goodput=_X in the table below
 
 #: The span trees the trainer emits, in display order (a parent always precedes its children).
 #: Two roots per worker: ``megatron.startup`` (once per incarnation) and ``megatron.train`` (one
-#: per block of save_interval iterations, each a trace of its own).
+#: per block, each a trace of its own: :data:`~mlaunch.model.segments.TRACE_SEGMENTS`).
 CATALOGUE: tuple[SpanDef, ...] = (
     SpanDef(S.STARTUP, G.JOB, None, R.ONCE, (A.MODEL_TYPE,), goodput=_X,
             note="root of its own trace, one per worker incarnation"),
@@ -313,7 +314,7 @@ CATALOGUE: tuple[SpanDef, ...] = (
     SpanDef(S.CHECKPOINT_LOAD_IO_READ, G.LOAD_CHECKPOINT, S.CHECKPOINT_LOAD, R.ONCE,
             alias=L.LOAD_CHECKPOINT_IO_READ, goodput=_X),
     SpanDef(S.TRAIN, G.JOB, None, R.BLOCK, extra_attributes=(A.TRAIN_BLOCK,), goodput=_X,
-            note="root of a new trace every save_interval iterations, linked to the previous block"),
+            note=f"each block the root of a trace, linked to the previous one. {TRACE_SEGMENTS}"),
     SpanDef(S.FIRST_ITERATION, G.FIRST_ITERATION, S.TRAIN, R.ONCE, (A.ITERATION,),
             alias=L.FIRST_ITERATION, goodput=_X,
             note="wraps the first iteration this process runs"),
@@ -371,12 +372,6 @@ GOODPUT_SPAN_NAMES: frozenset[str] = frozenset(str(d.name) for d in CATALOGUE if
 
 #: Megatron-LM's step span: the one every per-step reader (summary skew, goodput, report) keys on.
 STEP_SPAN: str = SpanName.ITERATION.value
-
-
-def train_block(iteration: int, block_iters: int) -> int:
-    """The ``megatron.train`` block of a (1-based) iteration: iterations 1..N are block 0, so the
-    save after iteration N (N = save_interval) still belongs to block 0, as in Megatron-LM."""
-    return max(0, iteration - 1) // max(1, block_iters)
 
 
 def canonical_name(name: str) -> str:

@@ -150,8 +150,14 @@ def should_export(
     return bool(fn(RankInfo(rank, world_size, local_rank, export_rank, sample_rate)))
 
 
-def format_ranks(ranks: Iterable[int]) -> str:
-    """Ranks as sorted, comma-separated runs: ``[0, 1, 2, 5]`` -> ``"0-2, 5"`` (empty -> ``""``)."""
+def format_ranks(ranks: Iterable[int], width: int | None = None) -> str:
+    """Ranks (or iterations) as sorted, comma-separated runs: ``[0, 1, 2, 5]`` -> ``"0-2, 5"``
+    (empty -> ``""``).
+
+    ``width`` caps the length for a set too scattered to list in a row or a console line (every
+    other iteration of a long run is thousands of characters): past it, the count and the
+    extent, then as many leading runs as fit, e.g. ``"200 in 1-399: 1, 3, 5, ..."``. A number is
+    never cut, so the count and the extent alone may still be longer than a tiny ``width``."""
     ordered = sorted(set(ranks))
     runs: list[str] = []
     i = 0
@@ -161,4 +167,13 @@ def format_ranks(ranks: Iterable[int]) -> str:
             j += 1
         runs.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
         i = j + 1
-    return ", ".join(runs)
+    full = ", ".join(runs)
+    if width is None or len(full) <= width:
+        return full
+    text = f"{len(ordered)} in {ordered[0]}-{ordered[-1]}"
+    shown: list[str] = []
+    for run in runs:
+        if len(f"{text}: {', '.join([*shown, run])}, ...") > width:
+            break
+        shown.append(run)
+    return f"{text}: {', '.join(shown)}, ..." if shown else text

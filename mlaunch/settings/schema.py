@@ -20,6 +20,7 @@ from pydantic import (
 )
 
 from mlaunch.model.groups import SpanGroup
+from mlaunch.model.segments import DEFAULT_SEGMENT_ITERS, TRACE_SEGMENTS
 from mlaunch.model.spec import closest_word, quoted, resolve
 from mlaunch.model.strategies import exporting_ranks, load_strategy
 from mlaunch.settings.args import Arg, NotPassed
@@ -91,6 +92,10 @@ def attribute_docs(model: type[BaseModel]) -> dict[str, str]:
     return docs
 
 
+#: Texts defined once elsewhere that a docstring names by ``{NAME}`` instead of restating them.
+_DOC_TEXTS = {"{TRACE_SEGMENTS}": TRACE_SEGMENTS}
+
+
 @functools.cache
 def _class_docs() -> dict[str, dict[str, str]]:
     """Class name -> field docstrings, of every class in this file (one parse, on first use)."""
@@ -107,7 +112,10 @@ def _class_docs() -> dict[str, dict[str, str]]:
                 and isinstance(after.value, ast.Constant)
                 and isinstance(after.value.value, str)
             ):
-                docs[before.target.id] = inspect.cleandoc(after.value.value)
+                text = inspect.cleandoc(after.value.value)
+                for name, value in _DOC_TEXTS.items():
+                    text = text.replace(name, value)
+                docs[before.target.id] = text
     return out
 
 
@@ -265,8 +273,8 @@ class TelemetrySettings(_Section):
     """``service.name`` (``--otel-service-name``, ``OTEL_SERVICE_NAME``)."""
     shutdown_timeout_s: float = Field(default=5.0, gt=0, le=600)
     """Hard deadline for flushing telemetry at shutdown (mlaunch key ``SHUTDOWN_TIMEOUT``)."""
-    trace_segment_iters: int = Field(default=100, ge=1)
-    """``megatron.train`` is re-rooted into a new trace every this many iterations."""
+    trace_segment_iters: int = Field(default=DEFAULT_SEGMENT_ITERS, ge=1)
+    """{TRACE_SEGMENTS}"""
     recorder_groups: str = ""
     """Flight-recorder span-group spec (``RECORDER_GROUPS``): every rank keeps the spans of these
     groups that it does not export in memory and writes them out on a trigger; empty = off."""

@@ -72,6 +72,7 @@ from threading import Lock, get_ident
 from typing import TYPE_CHECKING, Any
 
 from mlaunch.model.groups import FINE_GRAINED_GROUPS, SpanGroup
+from mlaunch.model.segments import block_iterations
 from mlaunch.model.spans import GOODPUT_SPAN_NAMES, Attr, region_name
 from mlaunch.model.strategies import should_export
 from mlaunch.otlp import traceparent
@@ -357,8 +358,7 @@ def _identity(
     except (TypeError, ValueError):
         restart = 0
     incarnation = f"{restart}/{run_identity(os.environ)[RUN_UUID]}"
-    segment = max(1, int(settings.trace_segment_iters or 100))
-    block_iters = save_interval if save_interval and save_interval > 0 else segment
+    block_iters = block_iterations(save_interval, settings.trace_segment_iters)
     where = Path(run_dir) if run_dir else envcontract.worker_run_dir(os.environ, run_id)
     return run_id, incarnation, block_iters, where
 
@@ -638,12 +638,13 @@ def _stop_profiler(capture: _capture.Capture) -> None:
 def _profiler_metadata(capture: _capture.Capture) -> dict[str, Any]:
     """What a profiler trace carries to tie it to the run's spans: the capture, the rank and
     the trace ids of the ``megatron.train`` blocks the window covers."""
-    from mlaunch.model.spans import train_block
+    from mlaunch.model.segments import DEFAULT_SEGMENT_ITERS, train_block
 
     s = _SETUP or {}
     first = capture.first or capture.start
     last = capture.last if capture.last is not None else first
-    blocks = sorted({train_block(it, s.get("block_iters", 100)) for it in range(first, last + 1)})
+    per = s.get("block_iters", DEFAULT_SEGMENT_ITERS)
+    blocks = sorted({train_block(it, per) for it in range(first, last + 1)})
     return {
         "mlaunch.capture.id": capture.id,
         "mlaunch.run_id": s.get("run_id"),

@@ -48,7 +48,8 @@ from time import time_ns
 from typing import TYPE_CHECKING, Any
 
 from mlaunch import envcontract
-from mlaunch.model.spans import RECORDER_TRIGGERS, Attr, ResourceAttr, train_block
+from mlaunch.model.segments import train_block
+from mlaunch.model.spans import RECORDER_TRIGGERS, Attr, ResourceAttr
 from mlaunch.otlp.otlp_json import encode_span, trace_request
 from mlaunch.telemetry import _spans
 from mlaunch.telemetry._spans import (

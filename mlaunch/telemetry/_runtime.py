@@ -47,6 +47,7 @@ from opentelemetry.trace import Link, SpanContext, TraceFlags
 import mlaunch
 from mlaunch import envcontract
 from mlaunch.model.identity import RUN_UUID, run_identity
+from mlaunch.model.segments import block_iterations, train_block
 from mlaunch.model.spans import (
     K8S_RESOURCE_ATTRS,
     METRICS,
@@ -55,7 +56,6 @@ from mlaunch.model.spans import (
     Metric,
     ResourceAttr,
     SpanName,
-    train_block,
 )
 from mlaunch.otlp import traceparent
 from mlaunch.settings import TelemetrySettings
@@ -302,9 +302,7 @@ class Runtime:
         # run_uuid (it also changes when SLURM requeues the job, which starts torchrun's count
         # at 0 again), so a resumed block never reuses an earlier incarnation's trace id.
         self.incarnation = f"{self.restart}/{run_identity(environ)[RUN_UUID]}"
-        # megatron.train blocks: save_interval iterations, or K (trace_segment_iters) without saves.
-        segment_iters = max(1, int(self.settings.trace_segment_iters or 100))
-        self.block_iters = save_interval if save_interval and save_interval > 0 else segment_iters
+        self.block_iters = block_iterations(save_interval, self.settings.trace_segment_iters)
         self.block: int | None = None
         #: The span the next root megatron.train links to: this incarnation's megatron.startup,
         #: then the previous block.

@@ -90,6 +90,9 @@ class ChromeStats:
 
     spans: int = 0
     processes: int = 0
+    """Every Chrome process: the ranks, and the launcher of each node whose job trace was read."""
+    launchers: int = 0
+    """Of :attr:`processes`, the launchers' (a job trace is no rank's)."""
     threads: int = 0
     lanes: int = 0
     flows: int = 0
@@ -219,7 +222,11 @@ class ChromeExporter:
 
     def layout(self) -> ChromeStats:
         """Between the passes: lanes per thread, tids per process."""
-        st = ChromeStats(processes=len(self.hosts), threads=len(self.threads))
+        st = ChromeStats(
+            processes=len(self.hosts),
+            launchers=sum(pid >= LAUNCHER_PID for pid in self.hosts),
+            threads=len(self.threads),
+        )
         next_tid: dict[int, int] = {}
         for (rank, _), th in sorted(self.threads.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
             th.lanes = assign_lanes_columns(th.starts, th.ends, th.ids, th.parents)

@@ -1,5 +1,5 @@
 """``mlaunch trace goodput``: productive training time over wall time, per rank and overall, with
-the lost time split into restart cost, checkpoint saves, evaluation and unaccounted time.
+the lost time split into start-up cost, checkpoint saves, evaluation and unaccounted time.
 
 Spans are recognised by Megatron-LM's code names, and older traces' documented names through the
 one alias table (``mlaunch.model.spans.ALIASES``): a real Megatron-LM trace, a current mlaunch
@@ -16,7 +16,8 @@ Definitions (also in the command help and docs/trace.md), per rank:
   ``megatron.train_step``) minus the *first-iteration excess*: for each first step (the step
   inside ``megatron.train.first_iteration``; without that span, the earliest step after each
   ``megatron.startup``), ``max(0, its duration - the rank's median step)``.
-* **restart** = time in ``megatron.startup.model_init``, ``megatron.checkpoint.load``,
+* **startup** (``restart_ms`` in JSON, its first name) = what every start costs, the first
+  launch's and each restart's: time in ``megatron.startup.model_init``, ``megatron.checkpoint.load``,
   ``megatron.startup.dataloader``, ``megatron.train.first_iteration`` and the rest of
   ``megatron.startup``, not already inside a step, plus the first-iteration excess, plus
   **requeue**: the time between incarnations (a SLURM requeue, a torchrun restart) when no worker

@@ -282,7 +282,11 @@ def _export(store: Store, out: TextIO, scratch: Path) -> ChromeStats:
 
     # Layout: lanes per thread (in (pid, str(key)) order), tids per process.
     hosts, threads, labels = th.hosts, th.threads, th.labels
-    st = ChromeStats(processes=len(hosts), threads=len(threads))
+    st = ChromeStats(
+        processes=len(hosts),
+        launchers=sum(pid >= LAUNCHER_PID for pid in hosts),
+        threads=len(threads),
+    )
     targets = np.array(sorted(link_targets), np.int64)
     lane, n_lanes, hits = _lanes(store, scratch, n, len(labels), targets, np, pa)
     base = np.zeros(len(labels), np.int64)

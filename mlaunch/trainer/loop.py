@@ -24,7 +24,8 @@ import torch.distributed as dist
 from mlaunch import envcontract, telemetry
 from mlaunch.model.gpt_shape import gpt_config, train_flops_per_token
 from mlaunch.model.groups import SpanGroup as G
-from mlaunch.model.spans import Attr, SpanName, train_block
+from mlaunch.model.segments import train_block
+from mlaunch.model.spans import Attr, SpanName
 from mlaunch.settings.trainer_cli import PROG, parse_and_validate
 from mlaunch.trainer import checkpoint, testhooks
 from mlaunch.trainer.data import TokenData, load_corpus

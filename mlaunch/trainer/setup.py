@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from mlaunch import envcontract, telemetry
+from mlaunch.model.segments import block_iterations
 from mlaunch.model.spans import ResourceAttr
 from mlaunch.settings import SettingsError, TelemetrySettings, load_telemetry_settings
 from mlaunch.settings.trainer_cli import PROG
@@ -228,8 +229,7 @@ def write_error_file(
 
 
 def block_iters(args: argparse.Namespace, settings: TelemetrySettings) -> int:
-    """Iterations per ``megatron.train`` block: ``--save-interval`` when the run saves, else the
-    trace-segment count K (``MEGATRON_OTEL_TRACE_SEGMENT_ITERS``)."""
-    if args.save and args.save_interval and args.save_interval > 0:
-        return int(args.save_interval)
-    return max(1, int(getattr(settings, "trace_segment_iters", None) or 100))
+    """Iterations per ``megatron.train`` block, by the one rule
+    (:func:`~mlaunch.model.segments.block_iterations`): ``--save-interval`` when the run saves."""
+    saving = args.save_interval if args.save else 0
+    return block_iterations(saving, getattr(settings, "trace_segment_iters", None))

@@ -5,6 +5,10 @@ in one phase, and the charges that follow from the schedule."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -192,6 +196,90 @@ def test_a_trace_without_synchronising_spans_exits_2_naming_the_group(tmp_path: 
         b.span(r, S.ITERATION, 0, 100, attrs={Attr.ITERATION: 1})
     run_dir = b.write_run_dir(tmp_path / "run")
     user_error(invoke_trace("stragglers", run_dir), "no synchronising spans", "per_step")
+
+
+# --------------------------------------------------------------------------------------------
+# The text view of a long run: a straggler late in every other iteration
+
+
+def scattered(tmp_path: Path) -> Path:
+    """400 iterations: rank 1 late in forward at every odd one, rank 2 late fetching its batch
+    at every sixth: as runs, their iterations are thousands of characters."""
+    b = TraceBuilder(world_size=WORLD)
+    layout(b)
+    t = 0.0
+    for it in range(1, 401):
+        late = {1: ("forward", 50.0)} if it % 2 else {2: ("data", 30.0)} if it % 3 == 0 else None
+        t = iteration(b, it, t, late)
+    return b.write_run_dir(tmp_path / "run")
+
+
+def _rows(text: str, rows: list[dict]) -> list[str]:
+    """The lines of ``text`` that are the table's rows, one per row of ``rows``, in order."""
+    found = []
+    for r in rows:
+        row = re.compile(
+            rf"^\s*{r['rank']}\s+{r['host']}\s+{r['phase']}\s+[\d.]+ s\s+{r['waits']}\s"
+        )
+        found += [ln for ln in text.splitlines() if row.match(ln)]
+    return found
+
+
+def test_a_scattered_straggler_piped_is_one_short_row_a_line(tmp_path: Path) -> None:
+    # A real pipe, as `| less` or `| grep` gives: each row on its line, its iterations summed
+    # up as a count and the first runs (every odd iteration listed made a 2,108-character row).
+    run_dir = scattered(tmp_path)
+    rows = json.loads(invoke_trace("stragglers", run_dir, "--json").output)["ranks"]
+    assert len(rows[0]["iterations"]) == 180  # --json keeps every one
+    r = subprocess.run(
+        [sys.executable, "-m", "mlaunch", "trace", "stragglers", str(run_dir)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "COLUMNS": "80", "TERM": "xterm-256color"},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "\x1b[" not in r.stdout and "─" not in r.stdout  # plain: no styles, no box lines
+    lines = _rows(r.stdout, rows)
+    assert len(lines) == len(rows) == 2, r.stdout
+    assert "180 in 1-359: 1, 3, 5, " in lines[0] and lines[0].endswith(", ...")
+    assert "60 in 6-360: 6, 12, 18, " in lines[1]
+    assert max(map(len, r.stdout.splitlines())) <= 120, r.stdout
+
+
+@pytest.fixture(scope="module")
+def tmux() -> str:
+    """tmux, installed with apt-get when missing (skips only where it cannot be)."""
+    from support.terminal import find_or_install_tmux
+
+    path, why = find_or_install_tmux()
+    if path is None:
+        pytest.skip(why)
+    return path
+
+
+def test_a_scattered_straggler_keeps_each_row_on_one_line_of_a_100_column_terminal(
+    tmp_path: Path, tmux: str
+) -> None:
+    # A real terminal 100 columns wide: each row used to wrap to 16 lines or more.
+    from support.terminal import Pane
+
+    run_dir = scattered(tmp_path)
+    rows = json.loads(invoke_trace("stragglers", run_dir, "--json").output)["ranks"]
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    pane = Pane(tmux, f"{sys.executable} -m mlaunch trace stragglers {run_dir}", tmp_path, env,
+                width=100)  # fmt: skip
+    try:
+        screen = pane.wait_for(lambda s: "[exit " in s, 120, "the command ending")
+    finally:
+        pane.close()
+    assert "[exit 0]" in screen, screen
+    lines = _rows(screen, rows)
+    assert len(lines) == 2, screen
+    # One line a row: a wrapped row would push the next one down a line or more.
+    at = screen.splitlines().index(lines[0])
+    assert screen.splitlines()[at + 1] == lines[1], screen
+    assert "180 in 1-359: 1, 3, 5, " in lines[0] and lines[0].rstrip().endswith(", ...")
+    assert max(len(ln.rstrip()) for ln in screen.splitlines()) <= 100
+    assert "rank 1 made the others wait most" in screen
 
 
 # --------------------------------------------------------------------------------------------

@@ -162,7 +162,7 @@ def test_train_blocks_follow_save_interval_else_k() -> None:
     """Iterations 1..N are block 0 (the save after N belongs to it); without saves, N = K."""
     from types import SimpleNamespace
 
-    from mlaunch.model.spans import train_block
+    from mlaunch.model.segments import train_block
     from mlaunch.trainer.setup import block_iters
 
     settings = SimpleNamespace(trace_segment_iters=100)

@@ -14,9 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer
-
-from mlaunch.cli import build_app
+from support.help_pages import help_pages
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -40,23 +38,6 @@ def mlaunch(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
         [sys.executable, "-m", "mlaunch", *args],
         capture_output=True, text=True, timeout=180, env=env(), cwd=cwd,
     )  # fmt: skip
-
-
-def command_paths() -> list[tuple[str, ...]]:
-    """Every command and sub-command, from the app itself (a new one is pinned automatically)."""
-    root = typer.main.get_command(build_app())
-    paths: list[tuple[str, ...]] = [()]
-
-    def walk(cmd: Any, prefix: tuple[str, ...]) -> None:
-        if hasattr(cmd, "commands"):  # a group (typer vendors its own click)
-            for name, sub in sorted(cmd.commands.items()):
-                if sub.hidden:
-                    continue
-                paths.append((*prefix, name))
-                walk(sub, (*prefix, name))
-
-    walk(root, ())
-    return paths
 
 
 def shape(value: Any) -> Any:
@@ -98,39 +79,10 @@ def check(name: str, text: str) -> None:
     assert text == path.read_text(), f"{name} changed (MLAUNCH_REGEN_GOLDEN=1 to accept)"
 
 
-#: Prints every ``mlaunch PATH --help`` page of the paths given as JSON on stdin, each exactly as
-#: the command line would (``mlaunch.cli.main`` with that argv), in one process: forty process
-#: starts cost more than the rest of the unit tests together.
-HELP_PAGES = """
-import contextlib, io, json, sys
-from mlaunch.cli import main
-# As ``python -m mlaunch`` (click names the program from the __main__ module and argv[0]).
-sys.modules["__main__"].__package__ = "mlaunch"
-pages = []
-for path in json.load(sys.stdin):
-    sys.argv = ["__main__.py", *path, "--help"]
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main()
-            code = 0
-        except SystemExit as exc:
-            code = exc.code or 0
-    pages.append({"path": path, "code": code, "out": out.getvalue(), "err": err.getvalue()})
-json.dump(pages, sys.__stdout__)
-"""
-
-
 def test_every_help_text_is_unchanged() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", HELP_PAGES], input=json.dumps(command_paths()),
-        capture_output=True, text=True, timeout=180, env=env(),
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    pages = []
-    for page in json.loads(proc.stdout):
-        assert page["code"] == 0, (page["path"], page["err"])
-        pages.append(f"=== mlaunch {' '.join(page['path'])} --help\n{page['out']}")
+    pages = [
+        f"=== mlaunch {' '.join(path)} --help\n{out}" for path, out in help_pages(env()).items()
+    ]
     check("help.txt", "\n".join(pages))
 
 

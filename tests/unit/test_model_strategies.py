@@ -94,3 +94,11 @@ def test_rank_lists_format_as_runs() -> None:
     assert format_ranks([5, 0, 1, 2, 2]) == "0-2, 5"
     assert format_ranks([3]) == "3"
     assert format_ranks([]) == ""
+
+
+def test_a_scattered_set_is_summed_up_within_a_width() -> None:
+    odd = range(1, 400, 2)
+    assert format_ranks(odd, 30) == "200 in 1-399: 1, 3, 5, 7, ..."
+    assert len(format_ranks(odd, 30)) <= 30
+    assert format_ranks(odd, 5) == "200 in 1-399"  # numbers are never cut, even past the width
+    assert format_ranks([1, 2, 3, 9], 30) == "1-3, 9"  # what fits is listed in full

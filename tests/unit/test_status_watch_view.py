@@ -130,9 +130,37 @@ def test_the_watch_ends_when_slurm_says_the_job_ended(tmp_path, monkeypatch, cap
     assert "job 42 (mlaunch-tiny): completed" in out  # the final view stays
 
 
-def _text(snap: w.Snapshot) -> str:
+def test_a_scattered_straggler_keeps_the_view_within_the_width(tmp_path, monkeypatch):
+    # Rank 1 reaches the all-reduce 50 ms late at every odd one of 200 iterations: listed as
+    # runs, its iterations made the straggler line grow with the run (wrapping over many lines).
+    d = tmp_path / "runs" / "42"
+    b = TraceBuilder(world_size=2, run_id="42")
+    now_ms = (time.time_ns() - 1_700_000_000_000_000_000) / 1e6
+    for it in range(1, 201):
+        t = now_ms - 300_000 + it * 1000
+        for r in range(2):
+            late = 50 if r == 1 and it % 2 else 0
+            b.span(r, SpanName.ITERATION, t, t + 500, attrs={Attr.ITERATION: it})
+            b.span(r, SpanName.GRAD_SYNC_FINISH, t + 400 + late, t + 460,
+                   attrs={Attr.ITERATION: it})  # fmt: skip
+    b.write_run_dir(d)
+    (d / "slurm-job.json").write_text(json.dumps({"job_id": "42"}))
+    monkeypatch.setattr(st, "job_info", lambda job_id: info("RUNNING"))
+    snap = w.snapshot("42", tmp_path, w.WatchState())
+    assert snap.straggler is not None and snap.straggler["rank"] == 1
+    assert len(snap.straggler["iterations"]) > 50
+    for width in (80, 100):
+        text = _text(snap, width)
+        assert max(map(len, text.splitlines())) <= width, text
+        at = next(i for i, ln in enumerate(text.splitlines()) if ln.startswith("straggler:"))
+        assert text.splitlines()[at + 1].startswith("  iterations ")
+        assert " in 1-" in text.splitlines()[at + 1] and "1, 3, 5, " in text
+        assert not text.splitlines()[at + 2].startswith(" "), text  # two lines, whatever the run
+
+
+def _text(snap: w.Snapshot, width: int = 160) -> str:
     from rich.console import Console
 
-    con = Console(width=160, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
-    con.print(status_watch.render(snap))
+    con = Console(width=width, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    con.print(status_watch.render(snap, con.width))
     return con.export_text()

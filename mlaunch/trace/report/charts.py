@@ -17,7 +17,7 @@ from mlaunch.trace.summary import Summary
 #: Goodput categories: (label, Breakdown attribute, colour).
 GOODPUT_PARTS = (
     ("productive", "productive_ms", "#2ca02c"),
-    ("restart", "restart_ms", "#ff7f0e"),
+    ("startup", "restart_ms", "#ff7f0e"),
     ("checkpoint", "checkpoint_ms", "#8c564b"),
     ("evaluation", "evaluation_ms", "#e377c2"),
     ("unaccounted", "unaccounted_ms", "#bdbdbd"),

@@ -253,7 +253,7 @@ time / total megatron.train.iteration time.</p>{_spans_table(summary)}</section>
 <p class="hint">From {html.escape(curve_source)}.</p><div class="grid">{charts}</div></section>
 <section id="sec-goodput"><h2>Goodput</h2>
 <div class="chart" id="chart-goodput"></div>{_goodput_table(gp)}
-<p class="hint">restart cost: {html.escape(split)}. Definitions: <code>mlaunch trace goodput
+<p class="hint">start-up cost: {html.escape(split)}. Definitions: <code>mlaunch trace goodput
 --help</code>.</p></section>
 {_notes_section(notes)}
 </main>
