@@ -24,7 +24,12 @@ only pydantic; it never imports torch or the OpenTelemetry SDK.
 
 from __future__ import annotations
 
-from mlaunch.settings.loading import collect_problems, load_settings, load_telemetry_settings
+from mlaunch.settings.loading import (
+    ENDPOINT_PATHS,
+    collect_problems,
+    load_settings,
+    load_telemetry_settings,
+)
 from mlaunch.settings.names import (
     ALIAS_KEYS,
     OTEL_ENV,
@@ -62,6 +67,7 @@ from mlaunch.settings.schema import (
 from mlaunch.settings.values import Bool, parse_bool, parse_key_values
 
 __all__ = [
+    "ENDPOINT_PATHS",
     "ALIAS_KEYS",
     "CHOICES",
     "DEFAULT_GRPC_ENDPOINT",
