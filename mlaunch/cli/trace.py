@@ -212,6 +212,11 @@ def _render_summary(result: Any) -> None:
             )
     style = "red" if flags else "green"
     con.print(f"[{style}]error spans: {result.errors}  truncated spans: {result.truncated}[/]")
+    if result.shared_root_ids:
+        from mlaunch.trace.summary import SHARED_IDS_NOTE
+
+        note = SHARED_IDS_NOTE.format(n=result.shared_root_ids)
+        con.print(f"[yellow]note: {note}[/yellow]", markup=True, highlight=False)
     rd = result.read
     if rd:
         dup = rd["duplicate_spans_dropped"]

@@ -37,6 +37,10 @@ Test controls (environment):
 - ``LENS_WORKER_STOP_FILE``: iterate past ``--train-iters`` until that file exists, then
   ``LENS_WORKER_AFTER_STOP`` (default 3) more iterations, so a test decides when the loop ends
   whatever the machine's load; the report then carries ``iteration`` (the last one started).
+- ``LENS_WORKER_SEED_RANDOM=1``: seed Python's ``random`` with ``--seed`` after set-up, as
+  Megatron-LM's ``_set_random_seed`` does alike on every data-parallel rank. Under nemo-lens
+  0.1.0 the SDK's ids come from ``random``, so the ranks' span and trace ids are then identical
+  (Lens #28); 0.2.0's id generator does not depend on the seed.
 - ``LENS_WORKER_HANG_AT`` / ``LENS_WORKER_HANG_RANK`` (default 0): that rank sleeps for an hour
   inside that iteration's ``megatron.train.iteration`` span, in the first attempt only (a hang).
 """
@@ -48,6 +52,7 @@ import contextlib
 import itertools
 import json
 import os
+import random
 import signal
 import sys
 import time
@@ -312,6 +317,8 @@ def main(argv: list[str]) -> int:
     except Exception as exc:  # as in Megatron-LM: nothing catches it, the worker dies
         report.update(error=f"{type(exc).__name__}: {exc}")
         raise
+    if os.environ.get("LENS_WORKER_SEED_RANDOM") == "1":
+        random.seed(args.seed)  # the same --seed on every data-parallel rank, as Megatron-LM's
 
     from opentelemetry import context as otel_context
     from opentelemetry import trace
