@@ -14,7 +14,7 @@ from support.launch_runs import clean_env, finish, mlaunch
 from support.trace_cli import invoke_trace
 
 from mlaunch.model.spans import METRICS, Metric
-from mlaunch.otlp.otlp_json import read_metrics
+from mlaunch.otlp.otlp_json import read_metrics, read_spans
 
 pytestmark = [pytest.mark.nemo_lens, pytest.mark.slow, pytest.mark.distributed]
 
@@ -78,3 +78,44 @@ def test_report_curves_read_a_megatron_workers_metrics(lens_worker_script, tmp_p
             # The last export (at shutdown) is after the last iteration's value.
             assert points[-1] == (ITERS, pytest.approx(value(ITERS))), (engine, chart)
         assert "megatron.training.* metrics" in page.read_text()
+
+
+def test_status_watch_shows_a_megatron_workers_step_time_and_tokens_from_its_metrics(
+    lens_worker_script, tmp_path
+):
+    # The `default` groups export no step spans: the watch's step time and tokens/s can only
+    # come from the worker's metrics (Megatron-LM's names, what mlaunch's trainer records too).
+    from rich.console import Console
+
+    from mlaunch.cli.status_watch import render
+    from mlaunch.slurm.watch import WatchState, snapshot
+    from mlaunch.trace.metrics import read_metric_points
+
+    run_dir = tmp_path / "run"
+    proc = mlaunch(
+        "--script", str(lens_worker_script), "--nproc-per-node", "2", "--device", "cpu",
+        "--train-iters", str(ITERS), "--log-interval", "1", "--eval-interval", "0",
+        "--run-dir", str(run_dir), "--otel-enabled", "--otel-span-groups", "default",
+        "--otel-export-strategy", "all_ranks", cwd=tmp_path,
+        env=clean_env(LENS_WORKER_ITER_SECONDS="0.01"),
+    )  # fmt: skip
+    code, out = finish(proc)
+    assert code == 0, out[-4000:]
+    names = {
+        s["name"] for p in (run_dir / "telemetry").glob("traces-rank*.jsonl") for s in read_spans(p)
+    }
+    assert "megatron.train.iteration" not in names  # nothing but metrics to read it from
+
+    snap = snapshot(str(run_dir), tmp_path, WatchState())
+    points = read_metric_points(run_dir)
+    assert sorted(r.rank for r in snap.ranks) == [0, 1]
+    for r in snap.ranks:
+        # The last export: the step histogram's mean since the one before (here the only one,
+        # at shutdown: the mean of every step), the tokens/s gauge's last value.
+        assert r.step_ms == pytest.approx(points[r.rank]["step_ms"][-1][1])
+        assert r.tokens_per_s == pytest.approx(points[r.rank]["tokens_per_sec"][-1][1])
+        assert r.step_ms > 0 and r.tokens_per_s > 0
+    console = Console(width=160, record=True)
+    console.print(render(snap))
+    shown = console.export_text()
+    assert f"{snap.ranks[0].tokens_per_s:,.0f}" in shown, shown

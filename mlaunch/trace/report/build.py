@@ -9,13 +9,13 @@ from typing import Any
 from mlaunch import envcontract
 from mlaunch.outputs import open_output
 from mlaunch.trace.goodput import GoodputReport
+from mlaunch.trace.metrics import read_metric_points
 from mlaunch.trace.reader import ReadStats, TraceReader
 from mlaunch.trace.report import window
 from mlaunch.trace.report.charts import curves, curves_need_steps, goodput_figure, skew_figure
 from mlaunch.trace.report.page import page
 from mlaunch.trace.report.rundir import (
     default_output,
-    read_metric_points,
     read_progress,
     read_resolved,
     run_directory,

@@ -9,8 +9,9 @@ from typing import Any
 from mlaunch import envcontract
 from mlaunch.model.spans import ResourceAttr
 from mlaunch.trace.goodput import GoodputReport
+from mlaunch.trace.metrics import MetricPoints
 from mlaunch.trace.report.curve import Curve, Points
-from mlaunch.trace.report.rundir import TRAIN_KEYS, MetricPoints, Progress
+from mlaunch.trace.report.rundir import TRAIN_KEYS, Progress
 from mlaunch.trace.report.style import NS_PER_MS, fmt_ms
 from mlaunch.trace.report.window import Scan
 from mlaunch.trace.summary import Summary
@@ -136,7 +137,7 @@ def curves(
 ) -> tuple[dict[str, dict[str, Any]], str]:
     """The training-curve figures (div id -> figure) and where their data came from:
     ``progress.jsonl``, else the step spans and the workers' metrics (``metrics``,
-    :func:`~.rundir.read_metric_points`)."""
+    :func:`~mlaunch.trace.metrics.read_metric_points`)."""
     train, source = progress.train, envcontract.PROGRESS_FILE
     if not progress.has_train:
         train, source = _curves_from_steps(scan, res, metrics)

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from mlaunch import envcontract
-from mlaunch.model.spans import Metric
 from mlaunch.trace.report.curve import Curve
 
 
@@ -76,65 +75,3 @@ def read_resolved(run_dir: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
-
-
-#: The curves Megatron-LM's metrics give (its ``megatron.training.*`` instruments, which the
-#: trainer records under the same names): instrument -> the :data:`TRAIN_KEYS` curve.
-METRIC_CURVES: dict[str, str] = {
-    Metric.LOSS: "loss",
-    Metric.LEARNING_RATE: "lr",
-    Metric.GRAD_NORM: "grad_norm",
-    Metric.TOKENS_PER_SEC: "tokens_per_sec",
-    Metric.STEP_DURATION_MS: "step_ms",
-}
-
-
-#: Per rank, per curve key, ``(time ns, value)`` points (:func:`read_metric_points`).
-MetricPoints = dict[int, dict[str, list[tuple[int, float]]]]
-
-
-def read_metric_points(run_dir: Path) -> MetricPoints:
-    """Per rank, the :data:`METRIC_CURVES` values its metrics files hold
-    (``telemetry/metrics-rank<R>.jsonl``: the file exporter's, or what the embedded receiver got
-    from a Megatron-LM worker), as ``(time ns, value)`` per curve key in time order: a gauge's
-    value at each export; for the step-duration histogram (cumulative), the mean step of each
-    export interval (the change of its sum over the change of its count). Unreadable lines are
-    skipped (a torn last line of a live run)."""
-    from mlaunch.otlp.otlp_json import read_metrics
-
-    out: MetricPoints = {}
-    tel = run_dir / envcontract.TELEMETRY_DIR
-    if not tel.is_dir():
-        return out
-    for path in sorted(tel.glob("metrics-rank*.jsonl")):
-        named = envcontract.parse_telemetry_file(path.name)
-        if named is None or named.rank is None or named.spool:
-            continue
-        try:
-            metrics = read_metrics(path)
-        except (OSError, ValueError):
-            continue
-        points: dict[str, list[tuple[int, float]]] = {}
-        last_hist: tuple[float, float] | None = None
-        for m in metrics:
-            key = METRIC_CURVES.get(m["name"])
-            if key is None:
-                continue
-            for dp in m["data_points"]:
-                try:
-                    t = int(dp["timeUnixNano"])
-                    if m["kind"] == "histogram":
-                        total, count = float(dp.get("sum", 0.0)), float(dp.get("count", 0))
-                        prev = last_hist or (0.0, 0.0)
-                        last_hist = (total, count)
-                        if count <= prev[1]:
-                            continue  # no step recorded since the last export
-                        value = (total - prev[0]) / (count - prev[1])
-                    else:
-                        value = float(dp["asDouble"] if "asDouble" in dp else dp["asInt"])
-                except (KeyError, TypeError, ValueError):
-                    continue
-                points.setdefault(key, []).append((t, value))
-        if points:
-            out[named.rank] = {k: sorted(v) for k, v in points.items()}
-    return out
