@@ -435,7 +435,9 @@ def sql_cmd(
     other trace command on the run reads it from then on.
     Columns of spans: trace_id, span_id, parent_id, name, group, rank, node, iteration,
     microbatch, start_ns, end_ns, status (2 = error), truncated, attributes (JSON), links,
-    events, extra, resource_id. Examples: docs/trace.md, "SQL over a run".
+    events, extra, resource_id. Span ids are unique within a rank only (nemo-lens 0.1.0 ranks
+    seeded alike share them): join a span to its parent on rank, trace_id and parent_id.
+    Examples: docs/trace.md, "SQL over a run".
     """
     from mlaunch.trace.reader import TraceInputError
     from mlaunch.trace.store import open_store, run_sql, take_warnings
