@@ -78,13 +78,15 @@ def check_every_reader(run_dir: Path, tmp: Path, *, links_per_rank: int) -> dict
     spans = rank_spans(run_dir)
     ranks = sorted(spans)
     names: Counter[str] = Counter(s["name"] for r in ranks for s in spans[r])
-    shared_roots = {
-        k for k in shared_ids(spans)
-        if any(s["span_id"] == k[1] and not s["parent_span_id"] for s in spans[ranks[0]])
-    }  # fmt: skip
+    roots = {
+        (s["trace_id"], s["span_id"]) for r in ranks for s in spans[r] if not s["parent_span_id"]
+    }
+    shared_roots = shared_ids(spans) & roots
     results: dict[str, dict[str, Any]] = {}
     for engine, extra in ENGINES.items():
         summary = json.loads(_ok("summary", run_dir, "--json", *extra).stdout)
+        if engine == "store":  # the run directory was read through its span store
+            assert (run_dir / "trace-store" / "manifest.json").is_file()
         counts = {s["name"]: s["count"] for s in summary["spans"]}
         assert {n: counts[n] for n in names} == dict(names), engine
         assert summary["shared_root_ids"] == len(shared_roots), engine
