@@ -32,3 +32,16 @@ def test_ranks_with_their_own_ids_get_no_note(tmp_path: Path) -> None:
     write_realistic_run(run, ranks=2, steps=20, pp=1, microbatches=2, layers=2, seed=28)
     assert not shared_ids(rank_spans(run))
     assert check_every_reader(run, tmp_path, links_per_rank=1)["shared_root_ids"] == 0
+
+
+def test_a_link_resolves_on_its_own_rank_else_on_the_one_rank_that_has_the_id() -> None:
+    from mlaunch.trace.links import LinkTargets
+
+    t: LinkTargets[str] = LinkTargets()
+    t.add(0, "a", "rank 0's a")
+    t.add(1, "a", "rank 1's a")
+    t.add(2, "b", "rank 2's b")
+    assert t.resolve(1, "a") == "rank 1's a"  # a train block's link to its own rank's block
+    assert t.resolve(0, "b") == "rank 2's b"  # a pipeline receive's link to its sender
+    assert t.resolve(3, "a") is None  # two other ranks have it: which one cannot be told
+    assert t.resolve(0, "c") is None
