@@ -213,6 +213,11 @@ def _render_summary(result: Any) -> None:
             )
     style = "red" if flags else "green"
     con.print(f"[{style}]error spans: {result.errors}  truncated spans: {result.truncated}[/]")
+    if result.shared_root_ids:
+        from mlaunch.trace.summary import SHARED_IDS_NOTE
+
+        note = SHARED_IDS_NOTE.format(n=result.shared_root_ids)
+        con.print(f"[yellow]note: {note}[/yellow]", markup=True, highlight=False)
     rd = result.read
     if rd:
         dup = rd["duplicate_spans_dropped"]
@@ -466,7 +471,9 @@ def sql_cmd(
     other trace command on the run reads it from then on.
     Columns of spans: trace_id, span_id, parent_id, name, group, rank, node, iteration,
     microbatch, start_ns, end_ns, status (2 = error), truncated, attributes (JSON), links,
-    events, extra, resource_id. Examples: docs/trace.md, "SQL over a run".
+    events, extra, resource_id. Span ids are unique within a rank only (nemo-lens 0.1.0 ranks
+    seeded alike share them): join a span to its parent on rank, trace_id and parent_id.
+    Examples: docs/trace.md, "SQL over a run".
     """
     from mlaunch.trace.reader import TraceInputError
     from mlaunch.trace.store import open_store, run_sql, take_warnings

@@ -217,15 +217,16 @@ def check_otlp(settings: Settings, timeout_s: float = NET_TIMEOUT_S) -> list[Che
     """The OTLP endpoint: configured URL, TCP connect, then a real OTLP export probe."""
     t, o = settings.telemetry, settings.telemetry.otel
     if t.exporter != "otlp" and o.endpoint_configured:
-        # An endpoint from the environment does not override a config's exporter: say that the
-        # run will not send there, instead of probing a collector nothing will reach.
+        # An endpoint does not override an exporter the user chose (their own config file, a
+        # variable; a shipped config's gives way in load_settings): say that the run will not
+        # send there, instead of probing a collector nothing will reach.
         return [
             warn(
                 "otlp endpoint",
                 f"{redact_url(o.endpoint)} is configured but not used: the exporter is"
                 f" {t.exporter!r} from {settings.source('telemetry.exporter')}",
                 f"set {PRIMARY_PREFIX}EXPORTER=otlp (or pass --otel-exporter otlp) to send there;"
-                " a typed --otlp-endpoint wins over a shipped config's exporter",
+                " an endpoint you set wins only over a shipped config's exporter",
             )
         ]
     if t.exporter != "otlp":

@@ -5,11 +5,10 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
+from mlaunch.configs import CONFIGS_DIR
 from mlaunch.model.spec import quoted
 from mlaunch.settings import Problem, SettingsError
 
-#: Where the shipped example configs live (package data; top-level ``configs`` links here).
-CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
 #: The config ``mlaunch train`` runs without ``--config``.
 DEFAULT_CONFIG = "tiny"
 

@@ -20,7 +20,7 @@ from typing import Any
 from mlaunch import envcontract as ec
 from mlaunch.launcher import lens_names
 from mlaunch.launcher.checkpoint_layout import checkpoint_layout_problems, rerun_problems
-from mlaunch.launcher.configs import CONFIGS_DIR, config_launch_keys, os_reason, resolve_config
+from mlaunch.launcher.configs import config_launch_keys, os_reason, resolve_config
 from mlaunch.launcher.slurm_env import slurm_launch_values
 from mlaunch.launcher.worker_args import (
     MEGATRON_DATA_ARGS,
@@ -38,6 +38,7 @@ from mlaunch.model.spans import estimate_spans_per_iteration
 from mlaunch.model.spec import quoted
 from mlaunch.model.strategies import is_custom_strategy
 from mlaunch.settings import (
+    ENDPOINT_PATHS,
     SECRET_ENV,
     Problem,
     Settings,
@@ -338,43 +339,23 @@ def _load(
             flags[path] = value
             from_slurm[path] = var
     settings = load_settings(flags=flags, environ=environ, config=config_path)
-    typed = _endpoint_flag_over_exporter(settings, flags, config_path)
-    if typed is not None:
-        # A flag the user typed wins over a shipped config's default: tiny.toml's exporter =
-        # "file" would otherwise leave --otlp-endpoint quietly unused.
-        shipped = f"{config_path.name}'s exporter = {settings.telemetry.exporter!r}"
-        settings = load_settings(
-            flags={**flags, "telemetry.exporter": "otlp"}, environ=environ, config=config_path
-        )
-        settings._sources["telemetry.exporter"] = Source("derived", f"{typed} over {shipped}")
+    _check_endpoint_flag_used(settings, flags)
     for path, var in from_slurm.items():
         # Provenance: these came from SLURM's variables, not from a flag.
         settings._sources[path] = Source("env", var)
     return settings, bool(slurm)
 
 
-#: The endpoint flags: typed, they ask for OTLP export there.
-ENDPOINT_PATHS: tuple[str, ...] = (
-    "telemetry.otel.base_endpoint",
-    "telemetry.otel.traces_endpoint",
-    "telemetry.otel.metrics_endpoint_override",
-)
-
-
-def _endpoint_flag_over_exporter(
-    settings: Settings, flags: Mapping[str, Any], config_path: Path
-) -> str | None:
-    """The endpoint flag to let win over a shipped config's exporter (None: nothing to do).
-    An exporter chosen elsewhere (a variable, the user's own config file) is not overridden:
-    the run stops with the fix instead of sending nowhere. Both typed as flags is a choice the
-    summary's exporter row spells out."""
+def _check_endpoint_flag_used(settings: Settings, flags: Mapping[str, Any]) -> None:
+    """Refuse an endpoint flag the exporter would leave unused. Over a shipped config's exporter
+    the flag has already won (``load_settings``); an exporter the user chose elsewhere (a
+    variable, their own config file) is not overridden: the run stops with the fix instead of
+    sending nowhere. Both typed as flags is a choice the summary's exporter row spells out."""
     typed = [flag_name(p) for p in ENDPOINT_PATHS if flags.get(p) is not None]
     t = settings.telemetry
     source = settings.source("telemetry.exporter")
     if not typed or not t.enabled or t.exporter == "otlp" or source.kind == "flag":
-        return None
-    if source.kind == "file" and config_path.parent == CONFIGS_DIR:
-        return typed[0]
+        return
     raise SettingsError(
         [
             Problem(

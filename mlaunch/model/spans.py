@@ -222,17 +222,19 @@ class Metric(StrEnum):
     MEMORY_ALLOCATED_GB = "megatron.training.memory_allocated_gb"
 
 
+#: Megatron-LM's instruments as it creates them (``megatron/training/training_metrics.py``): only
+#: the step duration has a unit. A unit is part of the name a Prometheus backend gives a metric
+#: (``ms`` -> ``_milliseconds``, ``1`` on a gauge -> ``_ratio``), and the Grafana dashboard Lens
+#: ships for Megatron queries ``megatron_training_loss``, not ``megatron_training_loss_ratio``.
 METRICS: tuple[MetricDef, ...] = (
     MetricDef(Metric.STEP_DURATION_MS, "histogram", "ms", "Duration of one training iteration"),
-    MetricDef(Metric.LOSS, "gauge", "1", "Training loss (language-model cross entropy)"),
-    MetricDef(Metric.GRAD_NORM, "gauge", "1", "Global gradient norm before clipping"),
-    MetricDef(Metric.LEARNING_RATE, "gauge", "1", "Learning rate of the last iteration"),
-    MetricDef(Metric.TOKENS_PER_SEC, "gauge", "{token}/s", "Training throughput in tokens"),
-    MetricDef(Metric.THROUGHPUT_TFLOPS, "gauge", "TFLOP/s", "Model FLOPs per second, per rank"),
-    MetricDef(
-        Metric.SKIPPED_ITERS, "counter", "{iteration}", "Iterations skipped (non-finite grads)"
-    ),
-    MetricDef(Metric.MEMORY_ALLOCATED_GB, "gauge", "GiBy", "Accelerator memory allocated"),
+    MetricDef(Metric.LOSS, "gauge", "", "Training loss (language-model cross entropy)"),
+    MetricDef(Metric.GRAD_NORM, "gauge", "", "Global gradient norm before clipping"),
+    MetricDef(Metric.LEARNING_RATE, "gauge", "", "Learning rate of the last iteration"),
+    MetricDef(Metric.TOKENS_PER_SEC, "gauge", "", "Training throughput in tokens per second"),
+    MetricDef(Metric.THROUGHPUT_TFLOPS, "gauge", "", "Model TFLOP/s per rank"),
+    MetricDef(Metric.SKIPPED_ITERS, "counter", "", "Iterations skipped (non-finite grads)"),
+    MetricDef(Metric.MEMORY_ALLOCATED_GB, "gauge", "", "Peak accelerator memory allocated, GB"),
 )
 
 

@@ -25,6 +25,7 @@ only pydantic; it never imports torch or the OpenTelemetry SDK.
 from __future__ import annotations
 
 from mlaunch.settings.loading import (
+    ENDPOINT_PATHS,
     collect_problems,
     load_settings,
     load_telemetry_settings,
@@ -74,6 +75,7 @@ from mlaunch.settings.values import (
 )
 
 __all__ = [
+    "ENDPOINT_PATHS",
     "ALIAS_KEYS",
     "CHOICES",
     "DEFAULT_GRPC_ENDPOINT",

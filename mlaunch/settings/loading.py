@@ -76,11 +76,47 @@ def _merge(lower: dict[str, Any], higher: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: The endpoint settings (``--otlp-endpoint`` / ``OTEL_EXPORTER_OTLP_ENDPOINT`` and the
+#: per-signal ones): a user who names one asks for OTLP export there.
+ENDPOINT_PATHS: tuple[str, ...] = (
+    "telemetry.otel.base_endpoint",
+    "telemetry.otel.traces_endpoint",
+    "telemetry.otel.metrics_endpoint_override",
+)
+
+
+def _endpoint_over_shipped_exporter(layers: list[Layer]) -> Layer | None:
+    """A layer choosing OTLP export when the user named an endpoint (flag or variable) and the
+    only exporter given is a shipped config's (None otherwise).
+
+    A shipped config's value is mlaunch's default, not the user's choice: tiny.toml's
+    ``exporter = "file"`` would otherwise send the spans of the seed's own env-only
+    configuration (``OTEL_EXPORTER_OTLP_ENDPOINT=...``, nothing else) to files. An exporter the
+    user chose (a flag, ``MEGATRON_OTEL_EXPORTER``, their own config file) stands.
+    """
+    files = [la for la in layers if isinstance(la, FileSource)]
+    if not files or not files[0].shipped:
+        return None
+    shipped = files[0].values.get("telemetry.exporter")
+    user = [la for la in layers if not isinstance(la, FileSource)]
+    if shipped in (None, "otlp") or any("telemetry.exporter" in la.values for la in user):
+        return None
+    named = [la.origin[p] for la in user for p in ENDPOINT_PATHS if p in la.values]
+    if not named:
+        return None
+    derived = Layer()
+    why = f"{named[0]} over {files[0].path.name}'s exporter = {shipped!r}"
+    derived.set("telemetry.exporter", "otlp", Source("derived", why))
+    return derived
+
+
 def _validate(layers: list[Layer]) -> Settings:
     """Validate the merged layers (highest precedence first) and record each value's source.
 
     Raises :class:`SettingsError` with one entry per pydantic error.
     """
+    if (derived := _endpoint_over_shipped_exporter(layers)) is not None:
+        layers = [derived, *layers]
     tree: dict[str, Any] = {}
     for layer in reversed(layers):  # lowest precedence first, so higher ones overwrite
         tree = _merge(tree, layer.tree())
@@ -189,6 +225,9 @@ def load_settings(
     check_cross_fields: bool = True,
 ) -> Settings:
     """Merge flags > environment > config file > defaults into validated :class:`Settings`.
+
+    A shipped config (``CONFIGS_DIR``) is a default: an endpoint the user set (a flag or a
+    variable) wins over its exporter (:func:`_endpoint_over_shipped_exporter`).
 
     ``flags`` maps dotted paths (``"telemetry.span_groups"``) to values (None = not given).
     Raises :class:`SettingsError` listing every problem found.

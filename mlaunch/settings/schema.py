@@ -264,7 +264,7 @@ class TelemetrySettings(_Section):
     """Bridge Python logging to OTel logs."""
     exporter: Literal["otlp", "console", "file", "none"] | None = None
     """Where telemetry goes; unset = ``otlp`` when an OTLP endpoint is configured, else ``file``.
-    A typed ``--otlp-endpoint`` wins over a shipped config's exporter."""
+    An endpoint you set (flag or variable) wins over a shipped config's exporter."""
     run_id: str | None = None
     """Shared by every rank of a run; unset = SLURM_JOB_ID, else a fresh 12-hex-digit id."""
     user_id: str = ""

@@ -4,7 +4,8 @@ directory (shared with the login node under SLURM) every refresh, never from the
 Each snapshot reads only the tails of the files it needs (bounded work whatever the run's
 length): the job's state (:func:`mlaunch.slurm.status.job_status`), each rank's newest
 spans (``telemetry/traces-rank<R>.jsonl``: its iteration, step time, tokens/s and the span it
-last finished), ``progress.jsonl`` (the loss-owning rank's steps, for rolling goodput and the
+last finished; step time and tokens/s from its ``megatron.training.*`` metrics when it exports no
+step spans), ``progress.jsonl`` (the loss-owning rank's steps, for rolling goodput and the
 time since the last progress), the recent waits (:mod:`mlaunch.trace.stragglers` over the same
 tails: the current straggler), the hang timeout the launch resolved and the ``hang`` object of
 the status (when the launcher reported one), a pending capture request and flight-recorder
@@ -30,6 +31,8 @@ REFRESH_S = 2.0
 LIVE_STATES = frozenset({"running", "queued", "suspended", "unknown"})
 #: Bytes read from the end of each rank's traces file per refresh.
 TAIL_BYTES = 512 << 10
+#: Bytes read from the end of each rank's metrics file per refresh (a few exports).
+METRICS_TAIL_BYTES = 64 << 10
 #: Seconds of progress records rolling goodput is measured over.
 GOODPUT_WINDOW_S = 60.0
 #: The setting of the launch's hang timeout in ``resolved.json`` (``[launch] hang_timeout``).
@@ -134,7 +137,28 @@ def _rank_tails(run_dir: Path, now: float) -> tuple[list[RankLive], Any]:
             if step_end >= 0:
                 live.step_age_s = max(0.0, now - step_end / 1e9)
             out.append(live)
+    _metrics_fill(run_dir, out)
     return out, agg
+
+
+def _metrics_fill(run_dir: Path, ranks: list[RankLive]) -> None:
+    """Step time and tokens/s from each rank's newest ``megatron.training.*`` metrics where its
+    traces show no step: a Megatron-LM worker with the ``default`` groups exports no step spans,
+    and records these metrics under the names mlaunch's trainer uses (the embedded receiver
+    writes them to ``telemetry/metrics-rank<R>.jsonl``)."""
+    from mlaunch.trace.metrics import read_metric_points
+
+    by_rank = {r.rank: r for r in ranks}
+    for rank, points in read_metric_points(run_dir, tail_bytes=METRICS_TAIL_BYTES).items():
+        live = by_rank.get(rank)
+        if live is None:
+            live = by_rank[rank] = RankLive(rank)
+            ranks.append(live)
+        if live.step_ms is None and points.get("step_ms"):
+            live.step_ms = points["step_ms"][-1][1]
+        if live.tokens_per_s is None and points.get("tokens_per_sec"):
+            live.tokens_per_s = points["tokens_per_sec"][-1][1]
+    ranks.sort(key=lambda r: r.rank)
 
 
 def _tokens_per_iteration(attrs: dict[str, Any]) -> int | None:

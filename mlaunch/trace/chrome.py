@@ -29,6 +29,7 @@ from typing import Any, Protocol, TextIO
 
 from mlaunch.model.spans import ResourceAttr, span_def
 from mlaunch.otlp.otlp_json import attributes
+from mlaunch.trace.links import LinkTargets
 from mlaunch.trace.reader import Resource, TraceReader, is_error
 
 #: Span attributes that name the OS thread (OpenTelemetry semantic conventions).
@@ -236,15 +237,15 @@ class ChromeExporter:
             st.lanes += n_lanes
         return st
 
-    def _link_sources(self) -> dict[int, tuple[int, int, int]]:
-        """Where each linked-to span was placed: span id -> (pid, tid, start)."""
-        out: dict[int, tuple[int, int, int]] = {}
+    def _link_sources(self) -> LinkTargets[tuple[int, int, int]]:
+        """Where each linked-to span was placed: (pid, tid, start), by rank and span id."""
+        out: LinkTargets[tuple[int, int, int]] = LinkTargets()
         if not self.link_targets:
             return out
         for (rank, _), th in self.threads.items():
             for i, sid in enumerate(th.ids):
                 if sid in self.link_targets:
-                    out[sid] = (rank, th.base_tid + th.lanes[i], th.starts[i])
+                    out.add(rank, sid, (rank, th.base_tid + th.lanes[i], th.starts[i]))
         return out
 
     def write(self, reader: TraceReader, out: TextIO, st: ChromeStats) -> ChromeStats:
@@ -324,7 +325,7 @@ class ChromeExporter:
                     )
                     st.instant_events += 1
                 for lk in s.get("links") or ():
-                    src = sources.get(_sid(lk.get("spanId")))
+                    src = sources.resolve(rank, _sid(lk.get("spanId")))
                     if src is None:
                         st.unresolved_links += 1  # the linked span's rank did not export
                         continue

@@ -45,6 +45,7 @@ from mlaunch.trace.chrome import (
     _sid,
     _us,
 )
+from mlaunch.trace.links import LinkTargets
 from mlaunch.trace.reader import Resource, TraceReader
 from mlaunch.trace.store import Store, StoreReader, _sql_str
 from mlaunch.trace.summary import no_spans_error
@@ -296,9 +297,10 @@ def _export(store: Store, out: TextIO, scratch: Path) -> ChromeStats:
         next_tid[pid] = int(base[ti] + n_lanes[ti])
         st.lanes += int(n_lanes[ti])
     pid_of_thread = {ti: pid for (pid, _), ti in threads.items()}
-    sources: dict[int, tuple[int, int, int]] = {}
-    for ti, _, sid, la, start in sorted(hits):  # the JSON path's dict order: the last wins
-        sources[sid] = (pid_of_thread[ti], int(base[ti]) + la, start)
+    sources: LinkTargets[tuple[int, int, int]] = LinkTargets()
+    for ti, _, sid, la, start in sorted(hits):  # the JSON path's order: the last wins
+        pid = pid_of_thread[ti]
+        sources.add(pid, sid, (pid, int(base[ti]) + la, start))
 
     out.write('{"displayTimeUnit":"ms","otherData":')
     out.write(_dumps({"generator": "mlaunch trace export", "run_id": th.run_id,
@@ -347,7 +349,7 @@ def _export(store: Store, out: TextIO, scratch: Path) -> ChromeStats:
 class _Pass2:
     """Pass 2 over one part at a time: complete events column-wise, the rest span by span."""
 
-    def __init__(self, out: TextIO, sources: dict[int, tuple[int, int, int]], t0: int,
+    def __init__(self, out: TextIO, sources: LinkTargets[tuple[int, int, int]], t0: int,
                  st: ChromeStats) -> None:  # fmt: skip
         self.out, self.sources, self.t0, self.st = out, sources, t0, st
         self.names: dict[str, tuple[str, str]] = {}  # name -> (its JSON text, category)
@@ -462,7 +464,7 @@ class _Pass2:
                 st.instant_events += 1
         if (lk_text := t.column("links")[i].as_py()) is not None:
             for lk in loads(lk_text):
-                src = self.sources.get(_sid(lk.get("spanId")))
+                src = self.sources.resolve(pid, _sid(lk.get("spanId")))
                 if src is None:
                     st.unresolved_links += 1
                     continue

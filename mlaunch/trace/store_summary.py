@@ -184,6 +184,12 @@ def summarize_store(store: Store, *, straggler_threshold: float = 0.05) -> Summa
             " QUALIFY row_number() OVER (PARTITION BY rank ORDER BY resource_id) = 1"
             " ORDER BY rank"
         ).fetchall()
+        # The summary's SHARED_IDS_NOTE, as the streaming reader counts it: trace roots of the
+        # workers (not the launcher) whose ids more than one rank emitted.
+        (shared,) = con.execute(
+            "SELECT count(*) FROM (SELECT 1 FROM spans WHERE rank >= 0 AND parent_id IS NULL"
+            " GROUP BY trace_id, span_id HAVING count(DISTINCT rank) > 1)"
+        ).fetchone()
     finally:
         con.close()
     resources: dict[int, dict[str, Any]] = {r: loads(a) for r, a in res}
@@ -214,5 +220,5 @@ def summarize_store(store: Store, *, straggler_threshold: float = 0.05) -> Summa
         spans=stats, ranks=ranks, skew=skew,
         errors=sum(s.errors for s in stats), truncated=sum(s.truncated for s in stats),
         run={k: first[k] for k in RUN_ATTRS if k in first}, hosts=hosts,
-        rank_ids=sorted(resources), read=read_info,
+        rank_ids=sorted(resources), read=read_info, shared_root_ids=shared,
     )  # fmt: skip

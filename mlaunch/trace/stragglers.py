@@ -52,6 +52,7 @@ from typing import Any
 
 from mlaunch.model.spans import ALIASES, Attr, ResourceAttr, SpanName
 from mlaunch.otlp.otlp_json import attributes
+from mlaunch.trace.links import LinkTargets
 from mlaunch.trace.reader import Resource, TraceInputError
 
 S = SpanName
@@ -442,11 +443,12 @@ def p2p_pairs(ranks: dict[int, _Rank], missing: frozenset[str] = frozenset()) ->
         pp, dp = _stage(r)
         if pp is not None and dp is not None:
             at[(pp, dp, r.restart)] = r
-    send_ids: dict[str, tuple[_Rank, _Span]] = {}
+    # By rank and id: ranks can share ids (nemo-lens 0.1.0 seeded alike), see LinkTargets.
+    send_ids: LinkTargets[tuple[_Rank, _Span]] = LinkTargets()
     for r in ranks.values():
         for s in r.spans:
             if s.name == S.P2P_SEND_FORWARD and s.span_id:
-                send_ids[s.span_id] = (r, s)
+                send_ids.add(r.rank, s.span_id, (r, s))
 
     def pairs(recv: _Rank) -> Iterable[tuple[_Span, _Rank, _Span]]:
         pp, dp = _stage(recv)
@@ -462,7 +464,7 @@ def p2p_pairs(ranks: dict[int, _Rank], missing: frozenset[str] = frozenset()) ->
                         raise Widen  # its receive may be one the window lacks
                     if i >= 0 and not _held(recv, recvs[i]):
                         continue
-                sender = send_ids.get(lk.links[0])
+                sender = send_ids.resolve(recv.rank, lk.links[0])
                 if sender is None and recv.loaded is not None and lk.links[0] not in missing:
                     raise Widen  # the send is in the trace, outside this window
                 if sender is not None and i >= 0:

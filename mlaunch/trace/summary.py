@@ -112,6 +112,8 @@ class Summary:
     hosts: list[str]
     rank_ids: list[int]
     read: dict[str, Any] = field(default_factory=dict)
+    #: Trace roots whose (trace id, span id) more than one rank emitted (:data:`SHARED_IDS_NOTE`).
+    shared_root_ids: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the ``--json`` output)."""
@@ -126,8 +128,20 @@ class Summary:
             },
             "errors": self.errors,
             "truncated": self.truncated,
+            "shared_root_ids": self.shared_root_ids,
             "read": self.read,
         }
+
+
+#: What it means when ranks emit the same ids, and which nemo-lens fixes it: said by ``mlaunch
+#: trace summary`` whenever a trace root's ids appear on more than one rank (a span exists on one
+#: rank only, so that is never one span seen twice).
+SHARED_IDS_NOTE = (
+    "{n} trace root(s) have the same trace and span ids on more than one rank: nemo-lens 0.1.0"
+    " draws ids from Python's random, which data-parallel ranks seed alike (Lens #28); every"
+    " `mlaunch trace` reader keys spans by rank and id, so nothing is merged. nemo-lens 0.2.0"
+    " (what Megatron-LM pins) gives unique ids"
+)
 
 
 #: The launcher's job-trace spans: in the table, without a share of step time.
@@ -144,6 +158,11 @@ class SummaryAggregator:
         self.truncated: dict[str, int] = {}
         self.step_by_rank: dict[int, array[int]] = {}
         self.resources: dict[int, dict[str, Any]] = {}
+        #: The first rank of each trace root's (trace id, span id), and the roots seen on a second
+        #: rank. Roots only: a rank has few (its start-up, one per train block), so this stays
+        #: small, and ranks that draw the same ids draw them for their roots too.
+        self.root_rank: dict[tuple[Any, Any], int] = {}
+        self.shared_roots: set[tuple[Any, Any]] = set()
 
     def add(self, res: Resource, spans: list[dict[str, Any]], maybe_truncated: bool) -> None:
         """Fold one batch in. The loop is the hot path: plain dict lookups, no per-span objects."""
@@ -153,7 +172,12 @@ class SummaryAggregator:
         durations = self.durations
         steps = self.step_by_rank.get(rank)
         canon = ALIASES
+        roots = None if res.launcher else self.root_rank
         for s in spans:
+            if roots is not None and not s.get("parentSpanId"):
+                key = (s.get("traceId"), s.get("spanId"))
+                if roots.setdefault(key, rank) != rank:
+                    self.shared_roots.add(key)
             name = s["name"]
             name = canon.get(name, name)
             d = int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"])
@@ -213,6 +237,7 @@ class SummaryAggregator:
             spans=stats, ranks=ranks, skew=skew,
             errors=sum(self.errors.values()), truncated=sum(self.truncated.values()),
             run=run, hosts=hosts, rank_ids=sorted(self.resources), read=read_info,
+            shared_root_ids=len(self.shared_roots),
         )  # fmt: skip
 
     def _skew(self, threshold: float) -> tuple[list[RankSkew], Skew | None]:

@@ -134,17 +134,49 @@ def test_json_shape_is_pinned() -> None:
 @pytest.mark.usefixtures("asked_once")
 def test_plain_doctor_checks_the_config_plain_train_runs() -> None:
     # Plain `mlaunch train` runs tiny (telemetry on, all_ranks, file exporter, cpu): so does
-    # plain doctor, and an endpoint from the environment that tiny will not use is a warning.
-    data = json.loads(doctor("--json", env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}).stdout)
+    # plain doctor.
+    data = json.loads(doctor("--json").stdout)
     checks = {c["name"]: c for c in data["checks"]}
     assert "tiny.toml" in checks["configuration"]["message"]
     telemetry = checks["telemetry"]["message"]
     assert telemetry.startswith("enabled (with tiny.toml); exporter file")
     assert "strategy all_ranks" in telemetry
-    endpoint = checks["otlp endpoint"]
-    assert endpoint["status"] == "warn" and "is configured but not used" in endpoint["message"]
-    assert "exporter is 'file' from" in endpoint["message"]
+    assert checks["otlp endpoint"]["status"] == "pass"  # the file exporter needs no collector
     assert checks["cuda"]["status"] == "pass"  # tiny's device is cpu: no CUDA needed
+
+
+@pytest.mark.usefixtures("asked_once")
+def test_the_seeds_env_only_configuration_is_probed_at_its_endpoint() -> None:
+    # The seed's minimal configuration, nothing else: the endpoint the user set wins over the
+    # shipped tiny.toml's exporter = "file", as in `mlaunch train`, so doctor probes it (a real
+    # OTLP export to a real receiver).
+    with GrpcOtlpReceiver() as rx:
+        env = {
+            "MEGATRON_OTEL_ENABLED": "1",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": rx.endpoint,
+            "MEGATRON_OTEL_SPAN_GROUPS": "default",
+        }
+        data = json.loads(doctor("--json", env=env).stdout)
+        probes = len(rx.headers)  # one per request it answered
+    checks = {c["name"]: c for c in data["checks"]}
+    assert checks["telemetry"]["message"].startswith("enabled (with tiny.toml); exporter otlp")
+    endpoint = checks["otlp endpoint"]
+    assert endpoint["status"] == "pass", endpoint
+    assert probes >= 1  # the probe's export reached the receiver
+
+
+@pytest.mark.usefixtures("asked_once")
+def test_an_endpoint_the_users_own_configs_exporter_leaves_unused_is_a_warning(
+    tmp_path: Path,
+) -> None:
+    # The user's own config file chose the file exporter: the endpoint from the environment does
+    # not override that choice; doctor says the run will not send there.
+    (tmp_path / "mine.toml").write_text('[telemetry]\nenabled = true\nexporter = "file"\n')
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}
+    data = json.loads(doctor("--json", "--config", "mine.toml", env=env).stdout)
+    endpoint = {c["name"]: c for c in data["checks"]}["otlp endpoint"]
+    assert endpoint["status"] == "warn" and "is configured but not used" in endpoint["message"]
+    assert "exporter is 'file' from" in endpoint["message"] and "mine.toml" in endpoint["message"]
 
 
 def test_missing_config_file_is_a_bad_invocation(tmp_path: Path) -> None:

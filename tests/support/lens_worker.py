@@ -24,6 +24,11 @@ with), ``attempt`` (``TORCHELASTIC_RESTART_COUNT``), ``error`` (what setup raise
 at the end, ``emitted`` (spans ended on this rank's SDK provider, i.e. handed to the exporter) and
 ``finished``.
 
+Metrics: Megatron-LM's eight ``megatron.training.*`` instruments (names, kinds, units as
+``megatron/training/training_metrics.py`` creates them), recorded every ``--log-interval``
+iterations: the loss ``10/i``, the learning rate ``1e-3/i`` and the grad norm ``1 + 1/i`` of
+iteration ``i``, tokens/s from the step's time.
+
 Test controls (environment):
 
 - ``LENS_WORKER_ITER_SECONDS``: sleep inside each iteration's forward/backward (default 0.005).
@@ -37,6 +42,10 @@ Test controls (environment):
 - ``LENS_WORKER_STOP_FILE``: iterate past ``--train-iters`` until that file exists, then
   ``LENS_WORKER_AFTER_STOP`` (default 3) more iterations, so a test decides when the loop ends
   whatever the machine's load; the report then carries ``iteration`` (the last one started).
+- ``LENS_WORKER_SEED_RANDOM=1``: seed Python's ``random`` with ``--seed`` after set-up, as
+  Megatron-LM's ``_set_random_seed`` does alike on every data-parallel rank. Under nemo-lens
+  0.1.0 the SDK's ids come from ``random``, so the ranks' span and trace ids are then identical
+  (Lens #28); 0.2.0's id generator does not depend on the seed.
 - ``LENS_WORKER_HANG_AT`` / ``LENS_WORKER_HANG_RANK`` (default 0): that rank sleeps for an hour
   inside that iteration's ``megatron.train.iteration`` span, in the first attempt only (a hang).
 """
@@ -48,6 +57,7 @@ import contextlib
 import itertools
 import json
 import os
+import random
 import signal
 import sys
 import time
@@ -312,6 +322,8 @@ def main(argv: list[str]) -> int:
     except Exception as exc:  # as in Megatron-LM: nothing catches it, the worker dies
         report.update(error=f"{type(exc).__name__}: {exc}")
         raise
+    if os.environ.get("LENS_WORKER_SEED_RANDOM") == "1":
+        random.seed(args.seed)  # the same --seed on every data-parallel rank, as Megatron-LM's
 
     from opentelemetry import context as otel_context
     from opentelemetry import trace
@@ -382,8 +394,18 @@ def main(argv: list[str]) -> int:
             block.end()
             block, block_token = None, None
 
-    step_hist = handle.meter.create_histogram("megatron.training.step_duration_ms", unit="ms")
-    loss_gauge = handle.meter.create_gauge("megatron.training.loss")
+    # Megatron-LM's eight instruments as megatron/training/training_metrics.py creates them: only
+    # the step duration has a unit.
+    meter = handle.meter
+    step_hist = meter.create_histogram("megatron.training.step_duration_ms", unit="ms")
+    gauges = {
+        key: meter.create_gauge(f"megatron.training.{key}")
+        for key in ("loss", "throughput_tflops", "grad_norm", "learning_rate", "tokens_per_sec",
+                    "memory_allocated_gb")
+    }  # fmt: skip
+    # skipped_iters: Megatron adds to it only when an iteration was skipped (none here).
+    meter.create_counter("megatron.training.skipped_iters")
+    tokens_per_iter = (args.global_batch_size or args.micro_batch_size) * args.seq_length
     first = True
     stop_file = os.environ.get("LENS_WORKER_STOP_FILE")
     after_stop = int(os.environ.get("LENS_WORKER_AFTER_STOP", "3"))
@@ -457,7 +479,14 @@ def main(argv: list[str]) -> int:
         elapsed_ms = (time.perf_counter() - t0) * 1000
         step_hist.record(elapsed_ms)
         if iteration % max(1, args.log_interval) == 0:
-            loss_gauge.set(10.0 / iteration)
+            # Known values a test can find again: the loss 10/i, the learning rate 1e-3/i and
+            # the grad norm 1 + 1/i of iteration i.
+            gauges["loss"].set(10.0 / iteration)
+            gauges["learning_rate"].set(1e-3 / iteration)
+            gauges["grad_norm"].set(1.0 + 1.0 / iteration)
+            gauges["tokens_per_sec"].set(tokens_per_iter / max(elapsed_ms / 1e3, 1e-9))
+            gauges["throughput_tflops"].set(1.0)
+            gauges["memory_allocated_gb"].set(1.5)
         if args.save and save_interval > 0 and iteration % save_interval == 0:
             with managed_span("checkpoint", "megatron.checkpoint.save", tracer,
                               is_goodput_span=True, **{"megatron.iteration": iteration}):  # fmt: skip

@@ -366,13 +366,19 @@ def write_realistic_run(
     seed: int = 0,
     ckpt_every: int = 50,
     eval_every: int = 25,
+    seeded_alike: bool = False,
 ) -> int:
-    """Write a run directory of ``ranks`` trace files; return the number of spans written."""
+    """Write a run directory of ``ranks`` trace files; return the number of spans written.
+    ``seeded_alike``: every rank draws its ids from a generator seeded with ``seed`` (nemo-lens
+    0.1.0 on data-parallel ranks that seeded ``random`` alike): with ``pp=1`` the ranks' trace
+    and span ids are identical."""
     rng = random.Random(seed)
     tel = Path(run_dir) / "telemetry"
     tel.mkdir(parents=True, exist_ok=True)
     total = 0
     for rank in range(ranks):
+        if seeded_alike:
+            rng = random.Random(seed)
         res = resource_attributes(rank, world_size=ranks, pp=pp, num_layers=layers * pp)
         buf: list[dict[str, Any]] = []
         with open(tel / f"traces-rank{rank}.jsonl", "w") as f:

@@ -9,11 +9,17 @@ from typing import Any
 from mlaunch import envcontract
 from mlaunch.outputs import open_output
 from mlaunch.trace.goodput import GoodputReport
+from mlaunch.trace.metrics import read_metric_points
 from mlaunch.trace.reader import ReadStats, TraceReader
 from mlaunch.trace.report import window
 from mlaunch.trace.report.charts import curves, curves_need_steps, goodput_figure, skew_figure
 from mlaunch.trace.report.page import page
-from mlaunch.trace.report.rundir import default_output, read_progress, read_resolved, run_directory
+from mlaunch.trace.report.rundir import (
+    default_output,
+    read_progress,
+    read_resolved,
+    run_directory,
+)
 from mlaunch.trace.report.timeline import Timeline, build_timeline, mark_text
 from mlaunch.trace.report.window import (
     Mark,
@@ -176,7 +182,10 @@ def prepare(
 
     # No worker resource when only the launcher's job trace is there: no step spans to draw from.
     first_res = scan.resources[min(scan.resources)] if scan.resources else {}
-    curve_figs, curve_source = curves(progress, scan, first_res)
+    # Without progress.jsonl (a Megatron-LM worker), the workers' metrics fill the curves the
+    # step spans leave empty.
+    metric_points = read_metric_points(base_dir) if curves_need_steps(progress) else {}
+    curve_figs, curve_source = curves(progress, scan, first_res, metric_points)
     notes = _notes(read_stats, bad_progress, timeline, ranges, bool(scan.goodput.ranks))
     notes.extend(f"marked on the timeline: {mark_text(m)}" for m in marks)
     meta = {

@@ -3,11 +3,13 @@ goodput split."""
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from typing import Any
 
 from mlaunch import envcontract
 from mlaunch.model.spans import ResourceAttr
 from mlaunch.trace.goodput import GoodputReport
+from mlaunch.trace.metrics import MetricPoints
 from mlaunch.trace.report.curve import Curve, Points
 from mlaunch.trace.report.rundir import TRAIN_KEYS, Progress
 from mlaunch.trace.report.style import NS_PER_MS, fmt_ms
@@ -61,9 +63,13 @@ def _line_chart(title: str, ytitle: str, series: list[tuple[str, Points, str]]) 
     }  # fmt: skip
 
 
-def _curves_from_steps(scan: Scan, res: dict[str, Any]) -> tuple[dict[str, Curve], str]:
+def _curves_from_steps(
+    scan: Scan, res: dict[str, Any], metrics: MetricPoints | None = None
+) -> tuple[dict[str, Curve], str]:
     """Training curves rebuilt from the step spans when there is no progress file (plain
-    torchrun without the run directory, or another script), and where they came from."""
+    torchrun without the run directory, or another script such as Megatron-LM), and where they
+    came from. A curve the spans leave empty (Megatron-LM's steps carry no loss) takes the
+    ``megatron.training.*`` metrics' points (:func:`_metric_curves`)."""
     # The step spans carry iteration, loss and grad norm; take the rank that owns the loss (the
     # last pipeline stage), step time from the span, tokens/s from the resource's batch.
     owner = scan.curve_rank()
@@ -81,7 +87,43 @@ def _curves_from_steps(scan: Scan, res: dict[str, Any]) -> tuple[dict[str, Curve
         gn.add(it, s.grad_norm)
         step_ms.add(it, ms)
         tps.add(it, tokens / (ms / 1e3) if tokens and ms > 0 else None)
-    return out, f"megatron.train.iteration span attributes of rank {owner} (no progress.jsonl)"
+    source = f"megatron.train.iteration span attributes of rank {owner} (no progress.jsonl)"
+    empty = [k for k in TRAIN_KEYS if not out[k].points().xs]
+    if metrics and empty:
+        from_metrics, rank = _metric_curves(scan, owner, metrics, empty)
+        if from_metrics:
+            out.update(from_metrics)
+            names = ", ".join(k.replace("_", " ") for k in from_metrics)
+            source += f"; {names} from the megatron.training.* metrics of rank {rank}"
+    return out, source
+
+
+def _metric_curves(
+    scan: Scan, owner: int, metrics: MetricPoints, keys: list[str]
+) -> tuple[dict[str, Curve], int | None]:
+    """The ``keys`` curves from a rank's metrics (the loss owner's, else the rank with the most
+    points: Megatron-LM records them on its exporting rank), each point placed at the iteration
+    whose step last ended by the time it was exported; points before the first step are left
+    out. Returns the non-empty curves and the rank."""
+    rank = (
+        owner
+        if owner in metrics
+        else max(metrics, key=lambda r: sum(map(len, metrics[r].values())))
+    )
+    ends: list[tuple[int, int]] = sorted(
+        (s.end, s.iteration) for s in scan.rank_steps(rank if rank in scan.step_counts else owner)
+    )
+    times = [e for e, _ in ends]
+    out: dict[str, Curve] = {}
+    for key in keys:
+        curve = Curve()
+        for t, value in metrics[rank].get(key, ()):
+            i = bisect_right(times, t) - 1
+            if i >= 0:
+                curve.add(ends[i][1], value)
+        if curve.points().xs:
+            out[key] = curve
+    return out, rank
 
 
 def curves_need_steps(progress: Progress) -> bool:
@@ -91,12 +133,14 @@ def curves_need_steps(progress: Progress) -> bool:
 
 
 def curves(
-    progress: Progress, scan: Scan, res: dict[str, Any]
+    progress: Progress, scan: Scan, res: dict[str, Any], metrics: MetricPoints | None = None
 ) -> tuple[dict[str, dict[str, Any]], str]:
-    """The training-curve figures (div id -> figure) and where their data came from."""
+    """The training-curve figures (div id -> figure) and where their data came from:
+    ``progress.jsonl``, else the step spans and the workers' metrics (``metrics``,
+    :func:`~mlaunch.trace.metrics.read_metric_points`)."""
     train, source = progress.train, envcontract.PROGRESS_FILE
     if not progress.has_train:
-        train, source = _curves_from_steps(scan, res)
+        train, source = _curves_from_steps(scan, res, metrics)
         if not train:
             return {}, source
     col = {k: c.points() for k, c in train.items()}

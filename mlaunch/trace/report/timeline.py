@@ -10,6 +10,7 @@ from typing import Any
 
 from mlaunch.model.spans import ResourceAttr
 from mlaunch.trace.chrome import assign_lanes
+from mlaunch.trace.links import LinkTargets
 from mlaunch.trace.report.style import (
     GROUP_COLOURS,
     NS_PER_MS,
@@ -131,8 +132,9 @@ class _Lanes:
     tickvals: list[float] = field(default_factory=list)
     ticktext: list[str] = field(default_factory=list)
     shapes: list[dict[str, Any]] = field(default_factory=list)
-    #: Where each drawn span is: key -> (x0, x1, y), for the link arrows.
-    placed: dict[tuple[str, str], tuple[float, float, float]] = field(default_factory=dict)
+    #: Where each drawn span is: (x0, x1, y) by rank and key, for the link arrows (a span's
+    #: ids are unique only within its rank: nemo-lens 0.1.0's ranks can share them).
+    placed: LinkTargets[tuple[float, float, float]] = field(default_factory=LinkTargets)
     rows: int = 0  # the next free row
     spans: int = 0
 
@@ -163,7 +165,7 @@ class _Lanes:
             tr["y"].append(y)
             tr["hovertext"].append(_hover_text(sp, where, group, self.t0))
             tr["customdata"].append(sp.key[1])
-            self.placed[sp.key] = (x0, x1, y)
+            self.placed.add(rank, sp.key, (x0, x1, y))
             self.spans += 1
         self.rows = base_row + lane_rows + 1  # one blank row between lanes
 
@@ -171,7 +173,7 @@ class _Lanes:
 def _link_trace(
     window: dict[int, list[WSpan]],
     ranks: list[int],
-    placed: dict[tuple[str, str], tuple[float, float, float]],
+    placed: LinkTargets[tuple[float, float, float]],
 ) -> tuple[dict[str, Any] | None, int, int]:
     """The arrows from the end of each sender's span to the start of the span linking to it
     (None when there are none), the arrows drawn, and the links whose sender is not drawn."""
@@ -182,11 +184,11 @@ def _link_trace(
     for rank in ranks:
         for sp in window[rank]:
             for target in sp.links:
-                src = placed.get(target)
-                if src is None:
+                src = placed.resolve(rank, target)
+                dst = placed.resolve(rank, sp.key)
+                if src is None or dst is None:
                     unresolved += 1  # the sender's rank did not export, or is outside the window
                     continue
-                dst = placed[sp.key]
                 lx += [src[1], dst[0], None]
                 ly += [src[2], dst[2], None]
                 sizes += [0, 9, 0]
