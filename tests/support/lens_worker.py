@@ -20,7 +20,8 @@ It writes ``lens-worker-rank{R}.json`` (and ``lens-worker-rank{R}-attempt{A}.jso
 ``exporting``, ``span_groups``, ``exporter``, ``export_strategy``, ``export_rank``,
 ``export_sample_rate``, ``sampler_enabled``, ``sampler``, ``service_name``, ``run_id``,
 ``resource``, ``protocol``, ``endpoint``), ``traceparent`` (the ``TRACEPARENT`` it was started
-with), ``attempt`` (``TORCHELASTIC_RESTART_COUNT``), ``error`` (what setup raised, if it did) and,
+with), ``attempt`` (``TORCHELASTIC_RESTART_COUNT``), ``nemo_lens`` and ``python`` (the versions it runs
+under), ``error`` (what setup raised, if it did) and,
 at the end, ``emitted`` (spans ended on this rank's SDK provider, i.e. handed to the exporter) and
 ``finished``.
 
@@ -54,6 +55,7 @@ import time
 import uuid
 from pathlib import Path
 
+import nemo.lens
 from nemo.lens import NemoLensConfig, setup_telemetry
 from nemo.lens.groups import SpanGroup
 from nemo.lens.helpers import managed_span
@@ -210,6 +212,8 @@ class Report:
             "rank": rank,
             "attempt": attempt,
             "traceparent": os.environ.get("TRACEPARENT"),
+            "nemo_lens": nemo.lens.__version__,
+            "python": "{}.{}".format(*sys.version_info[:2]),
             "finished": False,
         }
 
