@@ -12,7 +12,10 @@ nothing from mlaunch. What it does, in Megatron-LM's order:
    attributes, ``setup_telemetry(config, rank, world_size, resource_attributes)``. Whatever
    nemo-lens raises stops the worker, as it stops Megatron-LM.
 3. Emits Megatron-LM's code span tree through ``nemo.lens.helpers.managed_span``: a
-   ``megatron.startup`` trace, then one ``megatron.train`` trace per ``--save-interval`` iterations
+   ``megatron.startup`` trace (backdated from ``LENS_LAUNCH_SCRIPT_START_TIME`` /
+   ``LENS_LAUNCH_SCRIPT_PRESRUN_TIME`` and ``SLURM_JOB_START_TIME`` as ``pretrain_hybrid.py``
+   and ``training.py`` do: ``pre_startup``, ``megatron.startup.launch_script``,
+   ``.container_load``, ``.imports``), then one ``megatron.train`` trace per ``--save-interval`` iterations
    (one block without saves), each linked to the previous block (the first to startup).
 
 It writes ``lens-worker-rank{R}.json`` (and ``lens-worker-rank{R}-attempt{A}.json``) into
@@ -21,7 +24,7 @@ It writes ``lens-worker-rank{R}.json`` (and ``lens-worker-rank{R}-attempt{A}.jso
 ``export_sample_rate``, ``sampler_enabled``, ``sampler``, ``service_name``, ``run_id``,
 ``resource``, ``protocol``, ``endpoint``), ``traceparent`` (the ``TRACEPARENT`` it was started
 with), ``attempt`` (``TORCHELASTIC_RESTART_COUNT``), ``nemo_lens`` and ``python`` (the versions it runs
-under), ``error`` (what setup raised, if it did) and,
+under), ``launch_stamps`` (what it read of the start-up stamps), ``error`` (what setup raised, if it did) and,
 at the end, ``emitted`` (spans ended on this rank's SDK provider, i.e. handed to the exporter) and
 ``finished``.
 
@@ -44,22 +47,26 @@ Test controls (environment):
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import itertools
-import json
-import os
-import signal
-import sys
 import time
-import uuid
-from pathlib import Path
 
-import nemo.lens
-from nemo.lens import NemoLensConfig, setup_telemetry
-from nemo.lens.groups import SpanGroup
-from nemo.lens.helpers import managed_span
-from nemo.lens.state import is_span_group_enabled
+# As Megatron-LM's entry points do, first thing, before any other import: the program's start.
+_PROGRAM_START_TIME = time.time()
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import itertools  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import uuid  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import nemo.lens  # noqa: E402
+from nemo.lens import NemoLensConfig, setup_telemetry  # noqa: E402
+from nemo.lens.groups import SpanGroup  # noqa: E402
+from nemo.lens.helpers import managed_span  # noqa: E402
+from nemo.lens.state import is_span_group_enabled  # noqa: E402
 
 
 class MegatronLikeSpanGroup(SpanGroup):
@@ -304,6 +311,25 @@ def _wait_for_every_setup(report: Report, world_size: int, limit_s: float = 120.
             time.sleep(0.05)
 
 
+def _env_float(name: str) -> float | None:
+    """pretrain_hybrid.py's reading of a stamp: stripped, empty or unparsable is None."""
+    val = os.environ.get(name, "").strip()
+    try:
+        return float(val) if val else None
+    except ValueError:
+        return None
+
+
+def launch_stamps() -> dict[str, float | None]:
+    """The start-up stamps ``pretrain_hybrid.py`` hands ``set_startup_timestamps`` (no NVRx)."""
+    return {
+        "launch_script_start": _env_float("LENS_LAUNCH_SCRIPT_START_TIME"),
+        "launch_script_presrun": _env_float("LENS_LAUNCH_SCRIPT_PRESRUN_TIME"),
+        "slurm_job_start_time": _env_float("SLURM_JOB_START_TIME"),
+        "program_start": _PROGRAM_START_TIME,
+    }
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
@@ -336,13 +362,44 @@ def main(argv: list[str]) -> int:
     microbatches = max(1, microbatches // max(1, world_size))
 
     # --- megatron.startup: the root of this incarnation's own trace ---------------------------
+    # Megatron-LM's training.py:_start_otel_job_spans with pretrain_hybrid.py's stamps: a
+    # backdated pre_startup (SLURM's job start -> the launch script's start, a trace of its own),
+    # and, when START <= PRESRUN <= the program's start, the start-up anchored at START with
+    # launch_script and container_load children; else the start-up starts at the program's start.
+    stamps = launch_stamps()
+    report.update(launch_stamps=stamps)
+    launch_start, presrun = stamps["launch_script_start"], stamps["launch_script_presrun"]
+    slurm_start = stamps["slurm_job_start_time"]
+
+    def backdated(name: str, start: float | None, end: float | None) -> None:
+        if not job_on or start is None or end is None:
+            return
+        span = tracer.start_span(name, start_time=int(start * 1e9))
+        span.set_attribute("is_goodput_span", True)
+        span.end(end_time=int(end * 1e9))
+
     startup = startup_ctx = token = None
     if job_on:
-        startup = tracer.start_span("megatron.startup", context=otel_context.Context())
+        if launch_start is not None and slurm_start is not None and slurm_start < launch_start:
+            backdated("pre_startup", slurm_start, launch_start)
+        fold = (
+            launch_start is not None
+            and presrun is not None
+            and launch_start <= presrun <= _PROGRAM_START_TIME
+        )
+        startup = tracer.start_span(
+            "megatron.startup",
+            context=otel_context.Context(),
+            start_time=int((launch_start if fold else _PROGRAM_START_TIME) * 1e9),
+        )
         startup.set_attribute("is_goodput_span", True)
         startup.set_attribute("megatron.model_type", "GPT")
         startup_ctx = startup.get_span_context()
         token = otel_context.attach(trace.set_span_in_context(startup))
+        if fold:
+            backdated("megatron.startup.launch_script", launch_start, presrun)
+            backdated("megatron.startup.container_load", presrun, _PROGRAM_START_TIME)
+        backdated("megatron.startup.imports", _PROGRAM_START_TIME, _MAIN_ENTRY_TIME)
     with managed_span("model_init", "megatron.startup.model_init", tracer, is_goodput_span=True):
         time.sleep(iter_seconds)
     with managed_span("data_loading", "megatron.startup.dataloader", tracer, is_goodput_span=True):
@@ -495,4 +552,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    _MAIN_ENTRY_TIME = time.time()  # pretrain_hybrid.py: right after entering __main__
     sys.exit(main(sys.argv[1:]))
