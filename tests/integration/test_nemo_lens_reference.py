@@ -78,3 +78,26 @@ def test_nemo_lens_rank_sampler_replaces_the_trace_sampler(lens_python, tmp_path
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "TraceIdRatio" not in report["sampler"], report["sampler"]
+
+
+def test_a_console_workers_telemetry_records_are_not_its_last_line(
+    lens_python, lens_version, tmp_path
+):
+    """``mlaunch status`` (a SLURM job) shows each node's last log line. With ``--otel-exporter
+    console`` a worker's stdout ends in the SDK's records, which nemo-lens 0.1.0 writes as indented
+    JSON blocks and 0.2.0 as compact JSON lines: neither is the line shown."""
+    from mlaunch.launcher.run_status import node_views
+
+    result, _ = _run(tmp_path, lens_python)
+    assert result.returncode == 0, result.stderr[-2000:]
+    records = result.stdout.splitlines()
+    assert '"context": {' in result.stdout  # spans, as the SDK's console exporter writes them
+    if lens_version == "0.1.0":
+        assert records[0] == "{" and records[-1] == "}"  # indented blocks
+    else:
+        assert all(line.startswith("{") and line.endswith("}") for line in records)  # JSONL
+    log = tmp_path / "run" / "logs" / "node0" / "job" / "attempt_0" / "0" / "stdout.log"
+    log.parent.mkdir(parents=True)
+    log.write_text(" iteration        1/       1 | lm loss: 1.0E+01 |\n" + result.stdout)
+    (view,) = node_views(tmp_path / "run")
+    assert view.last_line == "iteration        1/       1 | lm loss: 1.0E+01 |"
