@@ -263,7 +263,7 @@ def _logs_refuse(settings: Settings) -> str | None:
         and t.otel.protocol != "grpc"
     ):
         return (
-            f"nemo-lens 0.1.0 sends logs over OTLP/gRPC whatever the protocol, so with"
+            f"nemo-lens (0.1.0 and 0.2.0) sends logs over OTLP/gRPC whatever the protocol, so with"
             f" {t.otel.protocol} to {t.otel.endpoint} every log export would fail. Use"
             " OTEL_EXPORTER_OTLP_PROTOCOL=grpc, or turn LOGS_ENABLED off"
         )
@@ -522,7 +522,7 @@ RULES: tuple[Rule, ...] = (
         f"`{P}LOGS_ENABLED`",
         Handling.PASSED,
         f"`{P}LOGS_ENABLED`",
-        "with an http protocol to your endpoint: nemo-lens 0.1.0 sends logs over OTLP/gRPC"
+        "with an http protocol to your endpoint: nemo-lens (0.1.0, 0.2.0) sends logs over OTLP/gRPC"
         " whatever the protocol; use grpc or turn logs off",
         paths=("telemetry.logs_enabled",),
         write=_write_field("logs_enabled"),

@@ -42,7 +42,12 @@ Test controls (environment):
   ``LENS_WORKER_AFTER_STOP`` (default 3) more iterations, so a test decides when the loop ends
   whatever the machine's load; the report then carries ``iteration`` (the last one started).
 - ``LENS_WORKER_HANG_AT`` / ``LENS_WORKER_HANG_RANK`` (default 0): that rank sleeps for an hour
-  inside that iteration's ``megatron.train.iteration`` span, in the first attempt only (a hang).
+  inside that iteration's ``megatron.train.iteration`` span, in the first attempt only (a hang);
+  its report then carries ``hung`` (the iteration).
+
+SIGTERM is handled as Megatron-LM's ``training.py`` does when telemetry exports: the open
+``megatron.train`` block and start-up are ended, telemetry is shut down (under nemo-lens 0.2.0
+that ends every span still open, marked ``nemo.span.truncated``), then the default action.
 """
 
 from __future__ import annotations
@@ -417,6 +422,7 @@ def main(argv: list[str]) -> int:
     if startup is not None:
         otel_context.detach(token)
         startup.end()
+        startup = None  # ended (training.py's _end_otel_startup_span: None once closed)
 
     # --- the loop: one megatron.train trace per save interval ----------------------------------
     block = block_token = None
@@ -442,6 +448,32 @@ def main(argv: list[str]) -> int:
             otel_context.detach(block_token)
             block.end()
             block, block_token = None, None
+
+    def end_job_spans() -> None:
+        """training.py:_end_otel_job_spans: end the current block and the start-up (innermost
+        first), then shut telemetry down (nemo-lens 0.2.0 ends what is still open, marked
+        ``nemo.span.truncated``; 0.1.0 drops it). Every exit path runs it; shutdown once."""
+        nonlocal startup, token
+        end_block()
+        if startup is not None:
+            otel_context.detach(token)
+            startup.end()
+            startup = None
+        if not shut_down:
+            shut_down.append(True)
+            handle.shutdown()
+
+    shut_down: list[bool] = []
+    if handle.is_exporting:
+        # training.py's hard-terminate SIGTERM handler (installed only when telemetry exports):
+        # end and export the tree now, then the default action.
+        def on_sigterm(signum, frame) -> None:
+            with contextlib.suppress(Exception):
+                end_job_spans()
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
 
     step_hist = handle.meter.create_histogram("megatron.training.step_duration_ms", unit="ms")
     loss_gauge = handle.meter.create_gauge("megatron.training.loss")
@@ -483,6 +515,7 @@ def main(argv: list[str]) -> int:
             **{"megatron.iteration": iteration},
         ) as step_span:  # fmt: skip
             if hang_at == iteration and rank == hang_rank and attempt == "0":
+                report.update(hung=iteration)
                 time.sleep(3600)  # the hang: a rank stuck inside its iteration
             if first and burst:
                 for _ in range(burst):
@@ -545,8 +578,7 @@ def main(argv: list[str]) -> int:
                         **{"megatron.eval_iteration": k},
                     ):
                         pass
-    end_block()
-    handle.shutdown()
+    end_job_spans()
     report.update(emitted=counter.ended if counter is not None else 0, finished=True)
     return 0
 
