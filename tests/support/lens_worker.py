@@ -15,18 +15,19 @@ nothing from mlaunch. What it does, in Megatron-LM's order:
    ``megatron.startup`` trace (backdated from ``LENS_LAUNCH_SCRIPT_START_TIME`` /
    ``LENS_LAUNCH_SCRIPT_PRESRUN_TIME`` and ``SLURM_JOB_START_TIME`` as ``pretrain_hybrid.py``
    and ``training.py`` do: ``pre_startup``, ``megatron.startup.launch_script``,
-   ``.container_load``, ``.imports``), then one ``megatron.train`` trace per ``--save-interval`` iterations
-   (one block without saves), each linked to the previous block (the first to startup).
+   ``.container_load``, ``.imports``), then one ``megatron.train`` trace per ``--save-interval``
+   iterations (one block without saves), each linked to the previous block (the first to
+   startup).
 
 It writes ``lens-worker-rank{R}.json`` (and ``lens-worker-rank{R}-attempt{A}.json``) into
 ``$MLAUNCH_RUN_DIR`` (else the working directory): what nemo-lens resolved (``enabled``,
 ``exporting``, ``span_groups``, ``exporter``, ``export_strategy``, ``export_rank``,
 ``export_sample_rate``, ``sampler_enabled``, ``sampler``, ``service_name``, ``run_id``,
 ``resource``, ``protocol``, ``endpoint``), ``traceparent`` (the ``TRACEPARENT`` it was started
-with), ``attempt`` (``TORCHELASTIC_RESTART_COUNT``), ``nemo_lens`` and ``python`` (the versions it runs
-under), ``launch_stamps`` (what it read of the start-up stamps), ``error`` (what setup raised, if it did) and,
-at the end, ``emitted`` (spans ended on this rank's SDK provider, i.e. handed to the exporter) and
-``finished``.
+with), ``attempt`` (``TORCHELASTIC_RESTART_COUNT``), ``nemo_lens`` and ``python`` (the versions it
+runs under), ``launch_stamps`` (what it read of the start-up stamps), ``error`` (what setup raised,
+if it did) and, at the end, ``emitted`` (spans ended on this rank's SDK provider, i.e. handed to
+the exporter) and ``finished``.
 
 Test controls (environment):
 
