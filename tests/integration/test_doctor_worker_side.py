@@ -138,6 +138,12 @@ def test_a_working_unknown_nemo_lens_is_compared_and_only_warned_about(lens_pyth
     assert "nemo-lens 0.3.0" in result.message and "not a version mlaunch" in result.message
     assert "matches mlaunch's plan" in result.message
     assert result.fix.startswith("install nemo-lens 0.2.0")
+    # a local version label (nemo-lens installed from a git checkout) is that release
+    path = _fake_lens(tmp_path / "git", "0.2.0+b85578f", Path(source))
+    env = {"MEGATRON_OTEL_ENABLED": "1", "PYTHONPATH": str(path)}
+    result = _one(_check(env, str(lens_python)))
+    assert result.status == "pass", result
+    assert "nemo-lens 0.2.0+b85578f under" in result.message
 
 
 def test_doctor_cli_reports_the_worker_side_and_refuses_a_bad_interpreter(
