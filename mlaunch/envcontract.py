@@ -103,6 +103,18 @@ RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 #: (``mlaunch.launcher.attempt_entry``, which keeps a copy of these three names) derives the current
 #: attempt's span id from it; set only when the launcher emits a job trace.
 ATTEMPT_TRACE = "MLAUNCH_ATTEMPT_TRACE"
+#: Megatron-LM's start-up trace reads these where its entry point does (``pretrain_hybrid.py``;
+#: ``pretrain_gpt.py`` does not): Unix time in seconds as a decimal (``time.time()``) of the
+#: launch script's first line and of the moment it ran ``srun``. With both (START <= PRESRUN <= the
+#: worker's first line) ``megatron.startup`` is backdated to START, with children
+#: ``megatron.startup.launch_script`` (START -> PRESRUN) and ``.container_load`` (PRESRUN -> the
+#: worker's first line); with ``SLURM_JOB_START_TIME`` before START, a ``pre_startup`` span covers
+#: the gap. The launcher sets them (unless inherited) to its own start and to the moment it starts
+#: torchrun, so a worker's trace begins when ``mlaunch train`` did; the entry wrapper
+#: (``mlaunch.launcher.attempt_entry``, which keeps copies of the names) drops them in a restarted
+#: attempt, whose start-up began long after them.
+LAUNCH_SCRIPT_START_TIME = "LENS_LAUNCH_SCRIPT_START_TIME"
+LAUNCH_SCRIPT_PRESRUN_TIME = "LENS_LAUNCH_SCRIPT_PRESRUN_TIME"
 #: The launcher's pid, given to torchrun so that it stops when the launcher dies (orphan_guard).
 LAUNCHER_PID = "MLAUNCH_LAUNCHER_PID"
 #: Test-only fault injection understood by the trainer (never set by the launcher itself).

@@ -45,7 +45,10 @@ def _shared_run_group(item) -> str | None:
     for name in SHARED_RUN_FIXTURES:
         fixture = defs.get(name)
         if fixture and fixture[-1].scope in ("module", "session"):
-            return f"{fixture[-1].baseid or '.'}::{name}"
+            # One group per nemo-lens version: each version's shared run is its own fixture.
+            version = getattr(item, "callspec", None) and item.callspec.params.get("lens_version")
+            suffix = f"[lens{version}]" if version else ""
+            return f"{fixture[-1].baseid or '.'}::{name}{suffix}"
     return None
 
 
@@ -83,31 +86,65 @@ def _slow_modules_first(items) -> None:
     items.sort(key=lambda item: item.module not in slow)  # stable
 
 
-def _lens_python_or_skip():
-    from support.nemo_lens import LensUnavailable, lens_python
+def _lens_python_or_skip(version: str):
+    from support.nemo_lens import LensUnavailable, SharedMissing, lens_python
 
     try:
-        return lens_python()
+        return lens_python(version)
     except LensUnavailable as exc:
         pytest.skip(str(exc))
+    except SharedMissing as exc:  # CI always has shared/: its absence is a broken checkout
+        pytest.fail(str(exc), pytrace=False)
 
 
 def pytest_configure(config) -> None:
     config.addinivalue_line(
         "markers",
-        "nemo_lens: runs a worker under the real nemo-lens 0.1.0 (a cached Python >= 3.13 venv)",
+        "nemo_lens(*versions): runs a worker under the real nemo-lens (a cached venv per version);"
+        " a test using lens_version/lens_python/lens_worker_script runs once per version (ids"
+        " lens0.1.0, lens0.2.0), or only under the versions named",
+    )
+
+
+def pytest_generate_tests(metafunc) -> None:
+    """Every test that takes ``lens_version`` (directly or through ``lens_python`` /
+    ``lens_worker_script``) runs under each nemo-lens a Megatron-LM user can have: 0.1.0 (PyPI,
+    Python 3.13) and 0.2.0 (what Megatron-LM pins, Python 3.12); ``@pytest.mark.nemo_lens("0.1.0")``
+    narrows it. Session scope: one venv and one shim per version for the whole run."""
+    if "lens_version" not in metafunc.fixturenames:
+        return
+    from support.nemo_lens import VERSIONS
+
+    marker = metafunc.definition.get_closest_marker("nemo_lens")
+    versions = list(marker.args) if marker is not None and marker.args else list(VERSIONS)
+    unknown = [v for v in versions if v not in VERSIONS]
+    if unknown:
+        raise pytest.UsageError(f"nemo_lens marker names unknown versions {unknown}")
+    metafunc.parametrize(
+        "lens_version",
+        versions,
+        ids=[VERSIONS[v].test_id for v in versions],
+        indirect=True,
+        scope="session",
     )
 
 
 @pytest.fixture(scope="session")
-def lens_python():
-    """The python of a venv with the real ``nemo-lens[sdk]==0.1.0`` (built once, cached)."""
-    return _lens_python_or_skip()
+def lens_version(request) -> str:
+    """The nemo-lens version this test runs under (parametrized by pytest_generate_tests)."""
+    return request.param
 
 
 @pytest.fixture(scope="session")
-def lens_worker_script(lens_python, tmp_path_factory):
+def lens_python(lens_version):
+    """The python of a venv with the real nemo-lens ``lens_version`` and its SDK (built once,
+    cached)."""
+    return _lens_python_or_skip(lens_version)
+
+
+@pytest.fixture(scope="session")
+def lens_worker_script(lens_python, lens_version, tmp_path_factory):
     """A ``--script`` for ``mlaunch train`` that runs a Megatron-LM-like nemo-lens worker."""
     from support.nemo_lens import write_worker_shim
 
-    return write_worker_shim(tmp_path_factory.mktemp("lens-shim"), lens_python)
+    return write_worker_shim(tmp_path_factory.mktemp(f"lens-shim-{lens_version}"), lens_python)

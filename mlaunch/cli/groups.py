@@ -126,6 +126,7 @@ def resolve_groups(
                     "name": d.name,
                     "alias": d.alias,
                     "extra": d.extra,
+                    "megatron_only": d.megatron_only,
                     "goodput": d.goodput,
                     "attributes": list(d.attributes),
                     "extra_attributes": list(d.extra_attributes),

@@ -26,7 +26,8 @@ def span_placement(enabled: frozenset[SpanGroup]) -> dict[str, str | None]:
 def span_tree(enabled: frozenset[SpanGroup], title: str = "span tree") -> Tree:
     """The catalogue's span tree (Megatron-LM's code names, each span under its parent) with each
     span marked on (green) or off (dim), ``G`` where it carries ``is_goodput_span``, ``+`` for an
-    mlaunch extra, and the documented name an older trace may carry instead."""
+    mlaunch extra, "Megatron-LM only" for a span mlaunch's trainer does not emit, and the
+    documented name an older trace may carry instead."""
     placement = span_placement(enabled)
     tree = Tree(f"[bold]{title}[/]")
     nodes: dict[str | None, Tree] = {None: tree}
@@ -36,6 +37,8 @@ def span_tree(enabled: frozenset[SpanGroup], title: str = "span tree") -> Tree:
         label = f"{mark} {'+' if d.extra else ''}{d.name}  [cyan]{d.group.value}[/]"
         if d.goodput:
             label += " G"
+        if d.megatron_only:
+            label += "  [dim](Megatron-LM only)[/]"
         if d.alias:
             label += f"  [dim](documented as {d.alias})[/]"
         if d.note:

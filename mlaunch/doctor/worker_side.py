@@ -32,14 +32,19 @@ spec = json.loads(sys.argv[1])
 out = {"python": sys.version.split()[0]}
 try:
     import nemo.lens
-    from nemo.lens import NemoLensConfig
-    from nemo.lens.groups import SpanGroup
-    from nemo.lens.strategies import get_export_strategy
 except ImportError as exc:
     out.update(importable=False, error=f"{type(exc).__name__}: {exc}")
     print(json.dumps(out))
     sys.exit(0)
-out.update(importable=True, version=getattr(nemo.lens, "__version__", "?"))
+out.update(importable=True, version=str(getattr(nemo.lens, "__version__", "?")))
+try:
+    from nemo.lens import NemoLensConfig
+    from nemo.lens.groups import SpanGroup
+    from nemo.lens.strategies import get_export_strategy
+except Exception as exc:  # a nemo.lens without the API Megatron-LM uses (another version)
+    out.update(error=f"{type(exc).__name__}: {exc}", stage="import")
+    print(json.dumps(out))
+    sys.exit(0)
 try:
     from megatron.core.telemetry.span_groups import MegatronSpanGroup as groups_cls
     out["span_group_class"] = "Megatron-LM's MegatronSpanGroup"
@@ -237,17 +242,28 @@ def check_worker_side(
         return [*results, warn(name, f"could not run the worker probe: {found['failed']}",
                                "check --worker-python (a Python that can import nemo.lens)")]  # fmt: skip
     if not found.get("importable"):
-        message = (
-            f"{python} (Python {found.get('python')}) cannot import nemo.lens: a Megatron-LM"
-            " worker run by it would silently run with telemetry off"
+        return [*results, _without_nemo_lens(name, python, found, settings, external)]
+    version = str(found.get("version"))
+    # A local version label (``0.2.0+b85578f``: nemo-lens installed from a git checkout) is
+    # that release.
+    known = version.partition("+")[0] in lens_names.KNOWN_LENS_VERSIONS
+    who = f"nemo-lens {version} under {python} ({found.get('span_group_class')})"
+    if not known:
+        who = (
+            f"nemo-lens {version} under {python} (not a version mlaunch was checked against:"
+            f" {' or '.join(lens_names.KNOWN_LENS_VERSIONS)})"
         )
-        fix = (
-            "install nemo-lens[sdk]==0.1.0 (Python >= 3.13) for the workers, or name their"
-            " interpreter with --worker-python PATH"
-        )
-        return [*results, warn(name, message, fix) if external else ok(name, message, fix)]
-    who = f"nemo-lens {found.get('version')} under {python} ({found.get('span_group_class')})"
     if "error" in found:
+        if not known:  # another API: nothing to conclude about the settings, only the version
+            return [
+                *results,
+                warn(
+                    name,
+                    f"{who}: its configuration loader could not be run ({found.get('stage')}:"
+                    f" {found['error']})",
+                    lens_names.lens_install_advice(),
+                ),
+            ]
         return [
             *results,
             fail(
@@ -263,7 +279,7 @@ def check_worker_side(
     if diffs:
         return [
             *results,
-            fail(
+            (fail if known else warn)(
                 name,
                 f"{who} resolves {resolved}; it differs from mlaunch's plan: {'; '.join(diffs)}",
                 "report this as an mlaunch bug (the translation table is wrong for this setting)",
@@ -277,4 +293,32 @@ def check_worker_side(
         if view["embedded_receiver"]
         else ""
     )
-    return [*results, ok(name, f"{who} resolves {resolved}{receiver}; matches mlaunch's plan")]
+    message = f"{who} resolves {resolved}{receiver}; matches mlaunch's plan"
+    if not known:
+        return [*results, warn(name, message, lens_names.lens_install_advice())]
+    return [*results, ok(name, message)]
+
+
+def _without_nemo_lens(
+    name: str, python: str, found: Mapping[str, Any], settings: Settings, external: bool
+) -> CheckResult:
+    """The worker interpreter cannot import nemo.lens. Megatron-LM then runs with telemetry off
+    and says nothing: a failure when this run's telemetry is on, a warning when it is off (a
+    later ``--otel-enabled`` would change nothing). mlaunch's own trainer does not use
+    nemo-lens: then it is only a note about script workers."""
+    from mlaunch.launcher import lens_names
+
+    versions = " or ".join(lens_names.KNOWN_LENS_VERSIONS)
+    where = f"{python} (Python {found.get('python')}) cannot import nemo.lens ({versions})"
+    advice = lens_names.lens_install_advice()
+    if not external:
+        return ok(
+            name,
+            f"{where}; mlaunch's trainer does not need it (a --script Megatron-LM worker does:"
+            " check its interpreter with --worker-python PATH)",
+            advice,
+        )
+    message = f"{where}: a Megatron-LM worker run by it would silently run with telemetry off"
+    if settings.telemetry.enabled:
+        return fail(name, message + ", though this run's telemetry is on", advice)
+    return warn(name, message, advice)

@@ -21,11 +21,13 @@ pins them equal) and the span id is arithmetic, not a hash. Measured cost: docs/
 import os
 import sys
 
-#: Copies of ``envcontract.ATTEMPT_TRACE``, ``RESTART_COUNT`` and ``TRACEPARENT`` (this file
-#: cannot import mlaunch without ``site``; ``tests/unit/test_jobtrace.py`` keeps them equal).
+#: Copies of ``envcontract.ATTEMPT_TRACE``, ``RESTART_COUNT``, ``TRACEPARENT`` and the two
+#: ``LAUNCH_SCRIPT_*_TIME`` names (this file cannot import mlaunch without ``site``;
+#: ``tests/unit/test_jobtrace.py`` keeps them equal).
 ATTEMPT_TRACE = "MLAUNCH_ATTEMPT_TRACE"
 RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 TRACEPARENT = "TRACEPARENT"
+LAUNCH_TIMES = ("LENS_LAUNCH_SCRIPT_START_TIME", "LENS_LAUNCH_SCRIPT_PRESRUN_TIME")
 
 
 def attempt_span_id(base: str, attempt: int) -> str:
@@ -59,7 +61,8 @@ def attempt_traceparent(spec: str, attempt: int) -> str | None:
 
 
 def main(argv: list[str]) -> None:
-    """Set ``TRACEPARENT`` and become ``python -u ARGV`` (never returns)."""
+    """Set ``TRACEPARENT`` (and drop the launch stamps after a restart), then become
+    ``python -u ARGV`` (never returns)."""
     try:
         attempt = int(os.environ.get(RESTART_COUNT, "0"))
     except ValueError:
@@ -68,6 +71,13 @@ def main(argv: list[str]) -> None:
     if value is not None:  # telemetry never stops a worker: a bad value only loses the link
         os.environ[TRACEPARENT] = value
         os.environ.pop("TRACESTATE", None)  # an inherited tracestate belongs to another parent
+    if attempt > 0:
+        # The launch stamps are the first attempt's: a restarted worker's start-up began when
+        # torchrun restarted it (the launcher's attempt span and goodput's requeue cover the gap),
+        # and Megatron-LM would backdate this start-up to the launch (as it drops them itself
+        # on a restarted NVRx cohort, whose stamps are as stale).
+        for name in LAUNCH_TIMES:
+            os.environ.pop(name, None)
     if not argv:
         sys.exit("usage: python -S attempt_entry.py (-m MODULE | SCRIPT) [ARGS...]")
     os.execv(sys.executable, [sys.executable, "-u", *argv])

@@ -5,8 +5,8 @@ are, and the report files under the run directory's ``hang/`` (read by ``mlaunch
 Why py-spy: it reads a process's memory from outside (``process_vm_readv`` under ptrace rights),
 so it works for any worker - mlaunch's trainer, a Megatron-LM script, a main thread blocked in C
 code (a collective) - without the worker's cooperation; its wheel is one static binary for every
-CPython version (the launcher's Python need not be the worker's: the nemo-lens workers run 3.13),
-and ``py-spy dump --json`` gives frames as data. pystack (the other candidate) is built per
+CPython version (the launcher's Python need not be the worker's: nemo-lens workers run 3.12 or
+3.13), and ``py-spy dump --json`` gives frames as data. pystack (the other candidate) is built per
 CPython version and prints text only.
 
 The verdict is pure (:func:`judge`): a list of :class:`RankView` in, one line out.

@@ -326,6 +326,23 @@ class _Span:
     message: str = ""
 
 
+def unix_seconds(ns: int) -> str:
+    """``ns`` (Unix time in nanoseconds) as the decimal seconds Megatron-LM parses with
+    ``float()``: exact to the nanosecond in the text."""
+    return f"{ns // 10**9}.{ns % 10**9:09d}"
+
+
+def launch_times(env: Mapping[str, str], started_ns: int, presrun_ns: int) -> dict[str, str]:
+    """Megatron-LM's launch stamps (``envcontract.LAUNCH_SCRIPT_START_TIME`` /
+    ``_PRESRUN_TIME``): the launcher's start (the ``mlaunch.job`` span's) and the moment it starts
+    torchrun. A stamp already in ``env`` is kept: the user's own launch script began earlier."""
+    stamps = {
+        ec.LAUNCH_SCRIPT_START_TIME: unix_seconds(started_ns),
+        ec.LAUNCH_SCRIPT_PRESRUN_TIME: unix_seconds(presrun_ns),
+    }
+    return {k: v for k, v in stamps.items() if not env.get(k, "").strip()}
+
+
 def entry_index(argv: Sequence[str]) -> int:
     """Where the entry point (``-m MODULE ...`` or ``SCRIPT ...``) starts in a torchrun command
     line ``python -m torch.distributed.run [OPTIONS] ENTRY...``."""
@@ -393,10 +410,15 @@ class JobTrace:
 
     def wrap(self, argv: list[str], env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
         """torchrun's command with the entry wrapped by :mod:`~mlaunch.launcher.attempt_entry`,
-        and the environment with ``MLAUNCH_ATTEMPT_TRACE``."""
+        and the environment with ``MLAUNCH_ATTEMPT_TRACE`` and the launch stamps (call it right
+        before starting torchrun: that moment is the PRESRUN stamp)."""
         i = entry_index(argv)
         wrapped = [*argv[:i], *wrapper_argv(), *argv[i:]]
-        return wrapped, {**env, ec.ATTEMPT_TRACE: f"{self.trace_id}:{self.key}"}
+        return wrapped, {
+            **env,
+            ec.ATTEMPT_TRACE: f"{self.trace_id}:{self.key}",
+            **launch_times(env, self.job.start_ns, time.time_ns()),
+        }
 
     def traceparent(self, attempt: int) -> str:
         """The ``TRACEPARENT`` the workers of ``attempt`` see."""

@@ -1,7 +1,8 @@
 """What a ``--script``/``--module`` worker receives: the one translation table.
 
 An external entry point (Megatron-LM's ``pretrain_gpt.py``, or any script that configures telemetry
-as Megatron-LM does) reads its settings through nemo-lens 0.1.0's ``NemoLensConfig``, which knows
+as Megatron-LM does) reads its settings through nemo-lens's ``NemoLensConfig`` (0.1.0 and 0.2.0
+resolve configuration alike: :data:`KNOWN_LENS_VERSIONS`), which knows
 less than mlaunch: no ``file``/``none`` exporter, no ``-group`` exclusions or ``goodput``
 preset, strategies only by registered name, no ``RANK_STRATEGY``/``SAMPLING_STRATEGY``, and an
 empty value means "unset". Every telemetry setting has one :class:`Rule` here saying whether it
@@ -30,7 +31,27 @@ from mlaunch.settings import OTEL_ENV, TELEMETRY_KEYS, Settings, flag_name
 
 P = ec.PRIMARY_PREFIX
 
-#: The exporters nemo-lens 0.1.0 builds (``providers._VALID_EXPORTERS``).
+#: The nemo-lens versions this table was checked against. 0.2.0 is what Megatron-LM pins (its
+#: ``pyproject.toml`` takes NVIDIA-NeMo/Lens at git tag v0.2.0; Python >= 3.12); 0.1.0 is the
+#: ``nemo-lens`` package on PyPI (Python >= 3.13). Config fields, variables, groups, presets,
+#: strategies and the sampler are the same in both.
+KNOWN_LENS_VERSIONS: tuple[str, ...] = ("0.1.0", "0.2.0")
+#: The version Megatron-LM pins, which the advice names first.
+PINNED_LENS_VERSION = "0.2.0"
+
+
+def lens_install_advice() -> str:
+    """How to give a worker interpreter a nemo-lens Megatron-LM works with, in one line."""
+    return (
+        f"install nemo-lens {PINNED_LENS_VERSION} (what Megatron-LM pins, Python >= 3.12) with"
+        " `pip install -e .[otel]` in the Megatron-LM checkout or `pip install 'nemo-lens[sdk] @"
+        f" git+https://github.com/NVIDIA-NeMo/Lens@v{PINNED_LENS_VERSION}'`, or nemo-lens 0.1.0"
+        " from PyPI on Python >= 3.13 (`pip install 'nemo-lens[sdk]==0.1.0'`); name the workers'"
+        " interpreter with --worker-python PATH"
+    )
+
+
+#: The exporters nemo-lens builds (``providers._VALID_EXPORTERS``, 0.1.0 and 0.2.0).
 REFERENCE_EXPORTERS: tuple[str, ...] = ("otlp", "console")
 #: Trace samplers a rank-aware sampler can replace without dropping anything they would keep.
 _KEEP_ALL_SAMPLERS = frozenset({"always_on", "parentbased_always_on"})
@@ -242,7 +263,7 @@ def _logs_refuse(settings: Settings) -> str | None:
         and t.otel.protocol != "grpc"
     ):
         return (
-            f"nemo-lens 0.1.0 sends logs over OTLP/gRPC whatever the protocol, so with"
+            f"nemo-lens (0.1.0 and 0.2.0) sends logs over OTLP/gRPC whatever the protocol, so with"
             f" {t.otel.protocol} to {t.otel.endpoint} every log export would fail. Use"
             " OTEL_EXPORTER_OTLP_PROTOCOL=grpc, or turn LOGS_ENABLED off"
         )
@@ -501,7 +522,7 @@ RULES: tuple[Rule, ...] = (
         f"`{P}LOGS_ENABLED`",
         Handling.PASSED,
         f"`{P}LOGS_ENABLED`",
-        "with an http protocol to your endpoint: nemo-lens 0.1.0 sends logs over OTLP/gRPC"
+        "with an http protocol to your endpoint: nemo-lens (0.1.0, 0.2.0) sends logs over OTLP/gRPC"
         " whatever the protocol; use grpc or turn logs off",
         paths=("telemetry.logs_enabled",),
         write=_write_field("logs_enabled"),

@@ -12,7 +12,7 @@ import contextlib
 import json
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,16 +115,60 @@ class JobStatus:
 # The run directory
 
 
+#: How far back a node's last line is looked for: a worker whose console exporter writes its
+#: telemetry to stdout can write many kilobytes of records between two lines of its own.
+_LAST_LINE_WINDOWS = (8192, 256 * 1024, 4 * 1024 * 1024)
+
+
 def _last_line(path: Path) -> str | None:
+    """The last line a worker wrote that is not a record of a console telemetry exporter (None
+    when there is none in the log's last few MiB)."""
     try:
         with path.open("rb") as fh:
-            fh.seek(0, 2)
-            fh.seek(max(0, fh.tell() - 8192))
-            lines = [ln.strip() for ln in fh.read().decode(errors="replace").splitlines()]
+            size = fh.seek(0, 2)
+            for window in _LAST_LINE_WINDOWS:
+                start = max(0, size - window)
+                fh.seek(start)
+                lines = fh.read().decode(errors="replace").splitlines()
+                if start > 0 and lines:
+                    lines = lines[1:]  # the window may begin inside a line
+                found = next(_output_lines(reversed(lines)), None)
+                if found is not None or start == 0:
+                    return found
     except OSError:
         return None
-    lines = [ln for ln in lines if ln]
-    return lines[-1] if lines else None
+    return None
+
+
+#: How the SDK's ``to_json`` begins a span, a metrics batch and a log record.
+_CONSOLE_RECORD_STARTS = ('{"name": ', '{"resource_metrics": ', '{"body": ')
+
+
+def _is_console_record(line: str) -> bool:
+    """A console exporter's record written on one line (nemo-lens 0.2.0's compact JSONL)."""
+    if not (line.startswith(_CONSOLE_RECORD_STARTS) and line.endswith("}")):
+        return False
+    return not line.startswith('{"name": ') or '"context": {"trace_id": "0x' in line
+
+
+def _output_lines(newest_first: Iterable[str]) -> Iterator[str]:
+    """The non-empty lines, newest first, that are not the OpenTelemetry SDK console exporter's
+    records a ``--otel-exporter console`` worker writes to stdout: nemo-lens 0.1.0 writes each
+    as an indented JSON block (``{`` and ``}`` alone at the line start), 0.2.0 as one compact
+    JSON line. Either would otherwise be a worker's "last line"."""
+    in_block = False
+    for raw in newest_first:
+        line = raw.rstrip()
+        if in_block:
+            in_block = line != "{"
+            continue
+        if line == "}":  # the end of a 0.1.0 record: skip back to its opening brace
+            in_block = True
+            continue
+        if _is_console_record(line):  # a 0.2.0 record
+            continue
+        if line.strip():
+            yield line.strip()
 
 
 def _newest(paths: list[Path]) -> Path | None:

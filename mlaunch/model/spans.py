@@ -22,6 +22,19 @@ class SpanName(StrEnum):
     mlaunch traces carry, are :class:`LegacyName`; :data:`ALIASES` maps them here."""
 
     STARTUP = "megatron.startup"
+    # Megatron-LM's backdated start-up phases (its code emits them, mlaunch's trainer does not:
+    # ``SpanDef.megatron_only``): from SLURM_JOB_START_TIME and the launch stamps
+    # (envcontract.LAUNCH_SCRIPT_*_TIME) to the worker's first line, then its own set-up.
+    # ``pre_startup`` is the root of a trace of its own, the others children of the start-up.
+    PRE_STARTUP = "pre_startup"
+    STARTUP_LAUNCH_SCRIPT = "megatron.startup.launch_script"
+    STARTUP_CONTAINER_LOAD = "megatron.startup.container_load"
+    STARTUP_IMPORTS = "megatron.startup.imports"
+    STARTUP_ARG_PARSE = "megatron.startup.arg_parse"
+    STARTUP_INPROCESS_SETUP = "megatron.startup.inprocess_setup"
+    STARTUP_IN_JOB_SETUP = "megatron.startup.in_job_setup"
+    STARTUP_INITIALIZE_MEGATRON = "megatron.startup.initialize_megatron"
+    STARTUP_JIT_FUSION_OPTIONS = "megatron.startup.jit_fusion_options"
     MODEL_INIT = "megatron.startup.model_init"
     DATALOADER = "megatron.startup.dataloader"
     CHECKPOINT_LOAD = "megatron.checkpoint.load"
@@ -284,6 +297,9 @@ class SpanDef:
     extra_attributes: tuple[str, ...] = ()
     """Attributes mlaunch sets beyond Megatron-LM's (never on a Megatron-LM worker's spans)."""
     goodput: bool = False
+    megatron_only: bool = False
+    """Megatron-LM's code emits it and mlaunch's trainer does not: the start-up phases Megatron-LM
+    backdates from its entry point's timestamps (readers and the announced names know them)."""
 
     @property
     def is_goodput(self) -> bool:
@@ -309,6 +325,20 @@ _X = True  # readability: extra=_X / goodput=_X in the table below
 CATALOGUE: tuple[SpanDef, ...] = (
     SpanDef(S.STARTUP, G.JOB, None, R.ONCE, (A.MODEL_TYPE,), goodput=_X,
             note="root of its own trace, one per worker incarnation"),
+    SpanDef(S.PRE_STARTUP, G.JOB, None, R.ONCE, goodput=_X, megatron_only=_X,
+            note="backdated: SLURM_JOB_START_TIME to the launch, a trace of its own"),
+    SpanDef(S.STARTUP_LAUNCH_SCRIPT, G.JOB, S.STARTUP, R.ONCE, goodput=_X, megatron_only=_X,
+            note="backdated: the launch to the launcher starting the workers"),
+    SpanDef(S.STARTUP_CONTAINER_LOAD, G.JOB, S.STARTUP, R.ONCE, goodput=_X, megatron_only=_X,
+            note="backdated: to the worker's first line"),
+    SpanDef(S.STARTUP_IMPORTS, G.JOB, S.STARTUP, R.ONCE, goodput=_X, megatron_only=_X),
+    SpanDef(S.STARTUP_ARG_PARSE, G.JOB, S.STARTUP, R.ONCE, goodput=_X, megatron_only=_X),
+    SpanDef(S.STARTUP_INPROCESS_SETUP, G.JOB, S.STARTUP, R.ONCE, goodput=_X, megatron_only=_X),
+    SpanDef(S.STARTUP_IN_JOB_SETUP, G.JOB, S.STARTUP, R.ONCE, goodput=_X, megatron_only=_X),
+    SpanDef(S.STARTUP_INITIALIZE_MEGATRON, G.JOB, S.STARTUP, R.ONCE, goodput=_X,
+            megatron_only=_X),
+    SpanDef(S.STARTUP_JIT_FUSION_OPTIONS, G.JOB, S.STARTUP, R.ONCE, goodput=_X,
+            megatron_only=_X),
     SpanDef(S.MODEL_INIT, G.MODEL_INIT, S.STARTUP, R.ONCE, alias=L.MODEL_INIT, goodput=_X),
     SpanDef(S.DATALOADER, G.DATA_LOADING, S.STARTUP, R.ONCE, alias=L.DATA_SETUP, goodput=_X),
     SpanDef(S.CHECKPOINT_LOAD, G.LOAD_CHECKPOINT, S.STARTUP, R.ONCE, (A.ITERATION,),

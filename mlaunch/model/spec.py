@@ -10,6 +10,12 @@ _GROUP_NAMES: frozenset[str] = frozenset(g.value for g in SpanGroup)
 #: Every word a spec part may be (without the ``-`` exclusion prefix), presets first.
 VALID_WORDS: tuple[str, ...] = tuple(PRESETS) + tuple(g.value for g in SpanGroup)
 
+#: Words that are neither a group nor a preset but that a user has good reason to type, and the
+#: word they mean. Megatron-LM's own ``--otel-span-groups`` help names a preset ``full`` that does
+#: not exist (nemo-lens raises on it too); ``all`` is what it means. They are refused all the same
+#: (mlaunch and nemo-lens must read a spec alike), only with the right "did you mean": edit
+#: similarity alone does not reach ``all`` from ``full``.
+MISNAMED_WORDS: dict[str, str] = {"full": "all"}
 
 #: Longest bad part quoted in full in an error message; longer ones are cut (``.part`` keeps all).
 _SHOWN_PART = 60
@@ -50,7 +56,7 @@ def _groups_of(word: str, original: str) -> frozenset[SpanGroup]:
         return PRESETS[word]
     if word in _GROUP_NAMES:
         return frozenset({SpanGroup(word)})
-    raise SpanSpecError(original, closest_word(word, list(VALID_WORDS)))
+    raise SpanSpecError(original, MISNAMED_WORDS.get(word) or closest_word(word, list(VALID_WORDS)))
 
 
 def resolve(spec: str) -> frozenset[SpanGroup]:

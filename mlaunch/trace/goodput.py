@@ -17,7 +17,10 @@ Definitions (also in the command help and docs/trace.md), per rank:
   inside ``megatron.train.first_iteration``; without that span, the earliest step after each
   ``megatron.startup``), ``max(0, its duration - the rank's median step)``.
 * **startup** (``restart_ms`` in JSON, its first name) = what every start costs, the first
-  launch's and each restart's: time in ``megatron.startup.model_init``, ``megatron.checkpoint.load``,
+  launch's and each restart's: time in the launch (**launch**: Megatron-LM's backdated
+  ``pre_startup``, ``megatron.startup.launch_script`` and ``megatron.startup.container_load``,
+  from SLURM's job start or the launch stamps mlaunch hands the workers to the worker's first
+  line), ``megatron.startup.model_init``, ``megatron.checkpoint.load``,
   ``megatron.startup.dataloader``, ``megatron.train.first_iteration`` and the rest of
   ``megatron.startup``, not already inside a step, plus the first-iteration excess, plus
   **requeue**: the time between incarnations (a SLURM requeue, a torchrun restart) when no worker
@@ -58,6 +61,11 @@ _NS_PER_MS = 1e6
 #: Restart-cost components: span name -> the key it is reported under, in precedence order
 #: (``startup`` last: what the start-up span holds beyond its named children).
 RESTART_SPANS: dict[str, str] = {
+    # The launch before the worker's Python ran (Megatron-LM backdates them from the launch
+    # stamps mlaunch hands its workers, and from SLURM's job start): one key for the three.
+    SpanName.PRE_STARTUP.value: "launch",
+    SpanName.STARTUP_LAUNCH_SCRIPT.value: "launch",
+    SpanName.STARTUP_CONTAINER_LOAD.value: "launch",
     SpanName.MODEL_INIT.value: "model_init",
     SpanName.CHECKPOINT_LOAD.value: "load_checkpoint",
     SpanName.DATALOADER.value: "data_setup",
@@ -305,10 +313,10 @@ def _rank_goodput(
     excess = sum(max(0.0, (e - s) - med) for s, e in _first_steps(steps, st.spans, st.lo))
 
     covered = step_u
-    split: dict[str, float] = {}
+    split = dict.fromkeys(RESTART_SPANS.values(), 0.0)
     for name, key in RESTART_SPANS.items():
         own = subtract(clip(merge(st.spans.get(name, [])), lo, hi), covered)
-        split[key] = total(own) / _NS_PER_MS
+        split[key] += total(own) / _NS_PER_MS
         covered = merge(covered + own)
     split["first_iteration"] += excess / _NS_PER_MS
     own = subtract(clip(merge(_requeue(st, gaps, restarts, job is not None)), lo, hi), covered)

@@ -225,6 +225,13 @@ def test_the_nemo_lens_worker_sees_each_attempts_span_and_the_same_identity(
             # nemo-lens's resource (Megatron's identity rule) names the attempt's incarnation
             assert report["resource"][RUN_UUID] == attempt["attributes"][RUN_UUID]
             assert report["resource"][JOB_UUID] == job["resource"][JOB_UUID]
+            # Megatron-LM's start-up is backdated to the launch in attempt 0 only: a restarted
+            # worker gets no launch stamps (its start-up began when torchrun restarted it)
+            stamps = report["launch_stamps"]
+            if n == 0:
+                assert abs(stamps["launch_script_start"] * 1e9 - job["start_ns"]) < 1_000
+            else:
+                assert stamps["launch_script_start"] is stamps["launch_script_presrun"] is None
     assert os.path.exists(run_dir / "lens-worker-rank0-attempt1.json")
 
 

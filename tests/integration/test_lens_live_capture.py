@@ -1,6 +1,6 @@
 """Live capture in workers launched by ``mlaunch train --script`` (mlaunch/lens_hook): the real
-nemo-lens 0.1.0 worker switched to ``all`` for a time window and back, and a worker without
-nemo-lens (it traces through ``mlaunch.telemetry``) that the hook leaves alone.
+nemo-lens worker (0.1.0 and 0.2.0) switched to ``all`` for a time window and back, and a worker
+without nemo-lens (it traces through ``mlaunch.telemetry``) that the hook leaves alone.
 
 Two ranks under real torchrun; the live request comes from the real ``mlaunch trace capture``
 command, other requests are written from the test with the keys the command writes. Each worker loops until the test's stop

@@ -1,5 +1,6 @@
-"""``mlaunch train --script`` with a real nemo-lens 0.1.0 worker (configured as Megatron-LM's
-``_set_telemetry`` does): what the worker resolves equals what mlaunch resolved and recorded.
+"""``mlaunch train --script`` with a real nemo-lens worker, 0.1.0 and 0.2.0 (configured as
+Megatron-LM's ``_set_telemetry`` does): what the worker resolves equals what mlaunch resolved and
+recorded.
 
 Two ranks under real torchrun; the worker sends OTLP/gRPC to an in-process receiver (the
 assertions are about what nemo-lens resolved, read back from ``lens-worker-rank{R}.json``).

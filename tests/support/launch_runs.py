@@ -13,7 +13,10 @@ from typing import Any
 import pytest
 
 #: Variables scrubbed from the inherited environment, so the developer's shell never leaks in.
-PREFIXES = ("MEGATRON_OTEL_", "NEMO_LENS_", "OTEL_", "SLURM_", "MLAUNCH_", "TORCHELASTIC_")
+PREFIXES = (
+    "MEGATRON_OTEL_", "NEMO_LENS_", "OTEL_", "SLURM_", "MLAUNCH_", "TORCHELASTIC_",
+    "LENS_LAUNCH_SCRIPT_",
+)  # fmt: skip
 #: A generous bound for one tiny job on a loaded 2-core machine (a hang fails, not a slow run).
 TIMEOUT_S = 180
 

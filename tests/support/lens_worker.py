@@ -12,17 +12,22 @@ nothing from mlaunch. What it does, in Megatron-LM's order:
    attributes, ``setup_telemetry(config, rank, world_size, resource_attributes)``. Whatever
    nemo-lens raises stops the worker, as it stops Megatron-LM.
 3. Emits Megatron-LM's code span tree through ``nemo.lens.helpers.managed_span``: a
-   ``megatron.startup`` trace, then one ``megatron.train`` trace per ``--save-interval`` iterations
-   (one block without saves), each linked to the previous block (the first to startup).
+   ``megatron.startup`` trace (backdated from ``LENS_LAUNCH_SCRIPT_START_TIME`` /
+   ``LENS_LAUNCH_SCRIPT_PRESRUN_TIME`` and ``SLURM_JOB_START_TIME`` as ``pretrain_hybrid.py``
+   and ``training.py`` do: ``pre_startup``, ``megatron.startup.launch_script``,
+   ``.container_load``, ``.imports``), then one ``megatron.train`` trace per ``--save-interval``
+   iterations (one block without saves), each linked to the previous block (the first to
+   startup).
 
 It writes ``lens-worker-rank{R}.json`` (and ``lens-worker-rank{R}-attempt{A}.json``) into
 ``$MLAUNCH_RUN_DIR`` (else the working directory): what nemo-lens resolved (``enabled``,
 ``exporting``, ``span_groups``, ``exporter``, ``export_strategy``, ``export_rank``,
 ``export_sample_rate``, ``sampler_enabled``, ``sampler``, ``service_name``, ``run_id``,
 ``resource``, ``protocol``, ``endpoint``), ``traceparent`` (the ``TRACEPARENT`` it was started
-with), ``attempt`` (``TORCHELASTIC_RESTART_COUNT``), ``error`` (what setup raised, if it did) and,
-at the end, ``emitted`` (spans ended on this rank's SDK provider, i.e. handed to the exporter) and
-``finished``.
+with), ``attempt`` (``TORCHELASTIC_RESTART_COUNT``), ``nemo_lens`` and ``python`` (the versions it
+runs under), ``launch_stamps`` (what it read of the start-up stamps), ``error`` (what setup raised,
+if it did) and, at the end, ``emitted`` (spans ended on this rank's SDK provider, i.e. handed to
+the exporter) and ``finished``.
 
 Metrics: Megatron-LM's eight ``megatron.training.*`` instruments (names, kinds, units as
 ``megatron/training/training_metrics.py`` creates them), recorded every ``--log-interval``
@@ -47,27 +52,37 @@ Test controls (environment):
   0.1.0 the SDK's ids come from ``random``, so the ranks' span and trace ids are then identical
   (Lens #28); 0.2.0's id generator does not depend on the seed.
 - ``LENS_WORKER_HANG_AT`` / ``LENS_WORKER_HANG_RANK`` (default 0): that rank sleeps for an hour
-  inside that iteration's ``megatron.train.iteration`` span, in the first attempt only (a hang).
+  inside that iteration's ``megatron.train.iteration`` span, in the first attempt only (a hang);
+  its report then carries ``hung`` (the iteration).
+
+SIGTERM is handled as Megatron-LM's ``training.py`` does when telemetry exports: the open
+``megatron.train`` block and start-up are ended, telemetry is shut down (under nemo-lens 0.2.0
+that ends every span still open, marked ``nemo.span.truncated``), then the default action.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import itertools
-import json
-import os
-import random
-import signal
-import sys
 import time
-import uuid
-from pathlib import Path
 
-from nemo.lens import NemoLensConfig, setup_telemetry
-from nemo.lens.groups import SpanGroup
-from nemo.lens.helpers import managed_span
-from nemo.lens.state import is_span_group_enabled
+# As Megatron-LM's entry points do, first thing, before any other import: the program's start.
+_PROGRAM_START_TIME = time.time()
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import itertools  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import random  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import uuid  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import nemo.lens  # noqa: E402
+from nemo.lens import NemoLensConfig, setup_telemetry  # noqa: E402
+from nemo.lens.groups import SpanGroup  # noqa: E402
+from nemo.lens.helpers import managed_span  # noqa: E402
+from nemo.lens.state import is_span_group_enabled  # noqa: E402
 
 
 class MegatronLikeSpanGroup(SpanGroup):
@@ -220,6 +235,8 @@ class Report:
             "rank": rank,
             "attempt": attempt,
             "traceparent": os.environ.get("TRACEPARENT"),
+            "nemo_lens": nemo.lens.__version__,
+            "python": "{}.{}".format(*sys.version_info[:2]),
             "finished": False,
         }
 
@@ -310,6 +327,25 @@ def _wait_for_every_setup(report: Report, world_size: int, limit_s: float = 120.
             time.sleep(0.05)
 
 
+def _env_float(name: str) -> float | None:
+    """pretrain_hybrid.py's reading of a stamp: stripped, empty or unparsable is None."""
+    val = os.environ.get(name, "").strip()
+    try:
+        return float(val) if val else None
+    except ValueError:
+        return None
+
+
+def launch_stamps() -> dict[str, float | None]:
+    """The start-up stamps ``pretrain_hybrid.py`` hands ``set_startup_timestamps`` (no NVRx)."""
+    return {
+        "launch_script_start": _env_float("LENS_LAUNCH_SCRIPT_START_TIME"),
+        "launch_script_presrun": _env_float("LENS_LAUNCH_SCRIPT_PRESRUN_TIME"),
+        "slurm_job_start_time": _env_float("SLURM_JOB_START_TIME"),
+        "program_start": _PROGRAM_START_TIME,
+    }
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
@@ -344,13 +380,44 @@ def main(argv: list[str]) -> int:
     microbatches = max(1, microbatches // max(1, world_size))
 
     # --- megatron.startup: the root of this incarnation's own trace ---------------------------
+    # Megatron-LM's training.py:_start_otel_job_spans with pretrain_hybrid.py's stamps: a
+    # backdated pre_startup (SLURM's job start -> the launch script's start, a trace of its own),
+    # and, when START <= PRESRUN <= the program's start, the start-up anchored at START with
+    # launch_script and container_load children; else the start-up starts at the program's start.
+    stamps = launch_stamps()
+    report.update(launch_stamps=stamps)
+    launch_start, presrun = stamps["launch_script_start"], stamps["launch_script_presrun"]
+    slurm_start = stamps["slurm_job_start_time"]
+
+    def backdated(name: str, start: float | None, end: float | None) -> None:
+        if not job_on or start is None or end is None:
+            return
+        span = tracer.start_span(name, start_time=int(start * 1e9))
+        span.set_attribute("is_goodput_span", True)
+        span.end(end_time=int(end * 1e9))
+
     startup = startup_ctx = token = None
     if job_on:
-        startup = tracer.start_span("megatron.startup", context=otel_context.Context())
+        if launch_start is not None and slurm_start is not None and slurm_start < launch_start:
+            backdated("pre_startup", slurm_start, launch_start)
+        fold = (
+            launch_start is not None
+            and presrun is not None
+            and launch_start <= presrun <= _PROGRAM_START_TIME
+        )
+        startup = tracer.start_span(
+            "megatron.startup",
+            context=otel_context.Context(),
+            start_time=int((launch_start if fold else _PROGRAM_START_TIME) * 1e9),
+        )
         startup.set_attribute("is_goodput_span", True)
         startup.set_attribute("megatron.model_type", "GPT")
         startup_ctx = startup.get_span_context()
         token = otel_context.attach(trace.set_span_in_context(startup))
+        if fold:
+            backdated("megatron.startup.launch_script", launch_start, presrun)
+            backdated("megatron.startup.container_load", presrun, _PROGRAM_START_TIME)
+        backdated("megatron.startup.imports", _PROGRAM_START_TIME, _MAIN_ENTRY_TIME)
     with managed_span("model_init", "megatron.startup.model_init", tracer, is_goodput_span=True):
         time.sleep(iter_seconds)
     with managed_span("data_loading", "megatron.startup.dataloader", tracer, is_goodput_span=True):
@@ -368,6 +435,7 @@ def main(argv: list[str]) -> int:
     if startup is not None:
         otel_context.detach(token)
         startup.end()
+        startup = None  # ended (training.py's _end_otel_startup_span: None once closed)
 
     # --- the loop: one megatron.train trace per save interval ----------------------------------
     block = block_token = None
@@ -393,6 +461,32 @@ def main(argv: list[str]) -> int:
             otel_context.detach(block_token)
             block.end()
             block, block_token = None, None
+
+    def end_job_spans() -> None:
+        """training.py:_end_otel_job_spans: end the current block and the start-up (innermost
+        first), then shut telemetry down (nemo-lens 0.2.0 ends what is still open, marked
+        ``nemo.span.truncated``; 0.1.0 drops it). Every exit path runs it; shutdown once."""
+        nonlocal startup, token
+        end_block()
+        if startup is not None:
+            otel_context.detach(token)
+            startup.end()
+            startup = None
+        if not shut_down:
+            shut_down.append(True)
+            handle.shutdown()
+
+    shut_down: list[bool] = []
+    if handle.is_exporting:
+        # training.py's hard-terminate SIGTERM handler (installed only when telemetry exports):
+        # end and export the tree now, then the default action.
+        def on_sigterm(signum, frame) -> None:
+            with contextlib.suppress(Exception):
+                end_job_spans()
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
 
     # Megatron-LM's eight instruments as megatron/training/training_metrics.py creates them: only
     # the step duration has a unit.
@@ -444,6 +538,7 @@ def main(argv: list[str]) -> int:
             **{"megatron.iteration": iteration},
         ) as step_span:  # fmt: skip
             if hang_at == iteration and rank == hang_rank and attempt == "0":
+                report.update(hung=iteration)
                 time.sleep(3600)  # the hang: a rank stuck inside its iteration
             if first and burst:
                 for _ in range(burst):
@@ -513,11 +608,11 @@ def main(argv: list[str]) -> int:
                         **{"megatron.eval_iteration": k},
                     ):
                         pass
-    end_block()
-    handle.shutdown()
+    end_job_spans()
     report.update(emitted=counter.ended if counter is not None else 0, finished=True)
     return 0
 
 
 if __name__ == "__main__":
+    _MAIN_ENTRY_TIME = time.time()  # pretrain_hybrid.py: right after entering __main__
     sys.exit(main(sys.argv[1:]))

@@ -9,7 +9,7 @@ import pytest
 from support.synthetic_traces import TraceBuilder, hand_example
 from support.trace_compare import assert_same
 
-from mlaunch.model.spans import LegacyName, SpanName
+from mlaunch.model.spans import Attr, LegacyName, SpanName
 from mlaunch.trace.goodput import GoodputReport, goodput
 from mlaunch.trace.reader import TraceReader
 from mlaunch.trace.store import open_store
@@ -49,6 +49,7 @@ def test_full_tree_rank_splits_wall_time_by_hand(tmp_path: Path, legacy: bool) -
     assert b.restart_ms == pytest.approx(300)
     assert b.restart_split_ms == pytest.approx(
         {
+            "launch": 0,
             "model_init": 100,
             "load_checkpoint": 100,
             "data_setup": 50,
@@ -61,6 +62,38 @@ def test_full_tree_rank_splits_wall_time_by_hand(tmp_path: Path, legacy: bool) -
     assert b.evaluation_ms == pytest.approx(100)
     assert b.unaccounted_ms == pytest.approx(100)
     assert b.goodput == pytest.approx(0.4)
+
+
+def _megatron_launch(b: TraceBuilder) -> None:
+    """A Megatron-LM start-up backdated from the launch stamps (times in ms): pre_startup
+    0..300 (SLURM's job start to the launch), startup 300..700 with launch_script 300..400,
+    container_load 400..450, model_init 450..550; one step 700..800."""
+    b.span(0, S.PRE_STARTUP, 0, 300)
+    startup = b.span(0, S.STARTUP, 300, 700)
+    b.span(0, S.STARTUP_LAUNCH_SCRIPT, 300, 400, parent=startup)
+    b.span(0, S.STARTUP_CONTAINER_LOAD, 400, 450, parent=startup)
+    b.span(0, S.MODEL_INIT, 450, 550, parent=startup)
+    train = b.span(0, S.TRAIN, 700, 800)
+    b.span(0, S.ITERATION, 700, 800, parent=train, attrs={Attr.ITERATION: 1})
+
+
+def test_the_launch_before_a_megatron_workers_python_is_restart_time(tmp_path: Path) -> None:
+    # Wall = the launcher's job 300..800: launch_script + container_load = 150 (pre_startup lies
+    # before the job); model_init 100; the rest of the start-up 400-150-100 = 150; the step 100.
+    b = TraceBuilder(world_size=1)
+    _megatron_launch(b)
+    b.span(TraceBuilder.LAUNCHER, S.JOB, 300, 800)
+    bd = _report(tmp_path / "job", b).ranks[0].breakdown
+    assert bd.restart_split_ms["launch"] == pytest.approx(150)
+    assert bd.restart_split_ms["model_init"] == pytest.approx(100)
+    assert bd.restart_split_ms["startup"] == pytest.approx(150)
+    assert (bd.wall_ms, bd.productive_ms, bd.unaccounted_ms) == pytest.approx((500, 100, 0))
+    # Without the launcher's trace the wall is the rank's extent, 0..800: pre_startup too.
+    b = TraceBuilder(world_size=1)
+    _megatron_launch(b)
+    bd = _report(tmp_path / "collector", b).ranks[0].breakdown
+    assert bd.restart_split_ms["launch"] == pytest.approx(450)
+    assert (bd.wall_ms, bd.unaccounted_ms) == pytest.approx((800, 0))
 
 
 def test_rank_without_job_span_uses_span_extent(tmp_path: Path) -> None:

@@ -74,7 +74,7 @@ def expected_counts(groups: frozenset[SpanGroup], rank: int) -> Counter:
     }  # fmt: skip
     out: Counter = Counter()
     for d in CATALOGUE:
-        if d.group not in groups or not _emitted_on(d.stages, stage):
+        if d.group not in groups or not _emitted_on(d.stages, stage) or d.megatron_only:
             continue
         if d.name in (SpanName.CHECKPOINT_LOAD, SpanName.CHECKPOINT_LOAD_IO_READ):
             continue  # no --load in this job

@@ -56,6 +56,7 @@ FILES: dict[str, str | bytes | None] = {
     "spec_int.toml": "[telemetry]\nspan_groups = 5\n",
     "section_scalar.toml": "launch = 3\n",
     "bad_spec.toml": "[telemetry]\nspan_groups = 'per_stepp'\n",
+    "full_spec.toml": "[telemetry]\nspan_groups = 'full'\n",
     "bad_header.toml": "[telemetry.otel]\nheaders = 'abc'\n",
     "array_value.toml": "[model]\nnum_layers = [2, 4]\n",
     "not_toml.toml": "this is not toml {{{\n",
@@ -163,6 +164,18 @@ TRAIN: dict[str, Bad] = {
     "span-groups=per_stepp": train(
         "--otel-span-groups", "per_stepp", names=("--otel-span-groups", "per_stepp", "per_step")
     ),
+    # Megatron-LM's own --otel-span-groups help names a preset `full` that does not exist.
+    "span-groups=full": train(
+        "--otel-span-groups", "full", names=("--otel-span-groups", "'full'", "did you mean 'all'")
+    ),
+    "span-groups=full-for-a-script": train(
+        "--script",
+        "x.py",
+        "--otel-enabled",
+        "--otel-span-groups",
+        "per_step,-full",
+        names=("--otel-span-groups", "'-full'", "did you mean 'all'"),
+    ),  # fmt: skip
     "span-groups=dash-only": train("--otel-span-groups", "-", names=("--otel-span-groups", "'-'")),
     "span-groups=unicode-défault": train(
         "--otel-span-groups", "défault", names=("--otel-span-groups", "défault", "'default'")
@@ -288,6 +301,10 @@ TRAIN: dict[str, Bad] = {
     "env:NEMO_LENS_EXPORTR-typo": train(
         names=("NEMO_LENS_EXPORTR", "NEMO_LENS_EXPORTER"), env={"NEMO_LENS_EXPORTR": "file"}
     ),
+    "env:SPAN_GROUPS=full": train(
+        names=("MEGATRON_OTEL_SPAN_GROUPS", "did you mean 'all'"),
+        env={"MEGATRON_OTEL_SPAN_GROUPS": "full"},
+    ),
     "env:SPAN_GROUPS=per_stepp": train(
         names="NEMO_LENS_SPAN_GROUPS", env={"NEMO_LENS_SPAN_GROUPS": "per_stepp"}
     ),
@@ -371,6 +388,9 @@ TRAIN: dict[str, Bad] = {
         "--config", "section_scalar.toml", names=("[launch]", "table")
     ),
     "config:bad-spec": train("--config", "bad_spec.toml", names=("[telemetry] span_groups",)),
+    "config:spec-full": train(
+        "--config", "full_spec.toml", names=("[telemetry] span_groups", "did you mean 'all'")
+    ),
     "config:bad-header": train("--config", "bad_header.toml", names=("[telemetry.otel] headers",)),
     "config:array-value": train("--config", "array_value.toml", names=("[model] num_layers",)),
     "config:run-dir-under-a-regular-file": train(
@@ -404,6 +424,11 @@ OTHER: dict[str, Bad] = {
     "unknown-trace-command": Bad(("trace", "sumary", "x"), ("no such command", "'summary'")),
     "groups-resolve=-layer-before-dashes": Bad(("groups", "resolve", "-layer"), ("-- -layer",)),
     "groups-resolve=per_stepp": Bad(("groups", "resolve", "per_stepp"), ("SPEC", "per_step")),
+    "groups-resolve=full": Bad(("groups", "resolve", "full"), ("SPEC", "did you mean 'all'")),
+    "capture-groups=full": Bad(
+        ("trace", "capture", "runx", "--groups", "full", "--iterations", "2"),
+        ("--groups", "'full'", "did you mean 'all'"),
+    ),
     "groups-resolve=dash-only": Bad(("groups", "resolve", "-"), ("SPEC", "'-'")),
     "groups-resolve=unicode-défault": Bad(("groups", "resolve", "défault"), ("SPEC", "défault")),
     "groups-resolve=10000-chars": Bad(("groups", "resolve", LONG_SPEC), ("SPEC", "10000")),

@@ -88,6 +88,22 @@ def test_wrap_puts_the_entry_wrapper_where_torchrun_reads_its_entry(tmp_path, en
     assert trace_id == job.trace_id and ec.ATTEMPT_TRACE not in plan.child_env
 
 
+def test_wrap_hands_the_workers_the_launch_stamps_megatron_backdates_its_start_up_from(tmp_path):
+    plan = build(tmp_path)
+    job = jobtrace.JobTrace(plan, environ=CLEAN, sinks=[])
+    before = time.time_ns()
+    _, env = job.wrap(plan.argv, plan.child_env)
+    after = time.time_ns()
+    start, presrun = env[ec.LAUNCH_SCRIPT_START_TIME], env[ec.LAUNCH_SCRIPT_PRESRUN_TIME]
+    # Unix seconds as Megatron-LM's float() reads them, to the nanosecond in the text
+    assert start == f"{job.job.start_ns // 10**9}.{job.job.start_ns % 10**9:09d}"
+    assert int(presrun.replace(".", "")) in range(before, after + 1)
+    assert float(start) <= float(presrun)
+    # a stamp the user's own launch script set is kept (it began earlier); the other is added
+    _, env = job.wrap(plan.argv, {**plan.child_env, ec.LAUNCH_SCRIPT_START_TIME: "12.5"})
+    assert env[ec.LAUNCH_SCRIPT_START_TIME] == "12.5" and ec.LAUNCH_SCRIPT_PRESRUN_TIME in env
+
+
 def test_entry_index_skips_valued_and_flag_options():
     argv = ["py", "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--rdzv-id=x"]
     assert jobtrace.entry_index([*argv, "train.py", "--lr", "1"]) == len(argv)
@@ -104,19 +120,23 @@ def test_the_worker_wrapper_sets_the_attempts_traceparent_and_execs_the_entry(tm
         ec.RESTART_COUNT: str(attempt),
         "TRACESTATE": "vendor=stale",
     }
+    env[ec.LAUNCH_SCRIPT_START_TIME] = env[ec.LAUNCH_SCRIPT_PRESRUN_TIME] = "12.5"
     code = "import os, json; print(json.dumps([os.getpid(), os.environ.get('TRACEPARENT'),"
-    code += " os.environ.get('TRACESTATE')]))"
+    code += " os.environ.get('TRACESTATE'), os.environ.get('LENS_LAUNCH_SCRIPT_START_TIME'),"
+    code += " os.environ.get('LENS_LAUNCH_SCRIPT_PRESRUN_TIME')]))"
     proc = subprocess.Popen(
         [*jobtrace.wrapper_argv()[1:], "-c", code],
         env=env, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     out, _ = proc.communicate(timeout=60)
-    pid, seen, state = json.loads(out)
+    pid, seen, state, *stamps = json.loads(out)
     assert pid == proc.pid  # exec: torchrun's signals and exit codes are the real worker's
     assert seen == job.traceparent(attempt)
     assert attempt_entry.traceparent(job.trace_id, attempt_entry.attempt_span_id(job.key, attempt))
     assert state is None
     assert job.traceparent(0) != job.traceparent(1)
+    # the launch stamps are the first attempt's: a restarted worker's start-up is not the launch
+    assert stamps == (["12.5", "12.5"] if attempt == 0 else [None, None])
 
 
 def test_a_malformed_attempt_trace_loses_only_the_link():
@@ -134,6 +154,10 @@ def test_the_wrappers_copies_of_the_variable_names_are_envcontracts():
     assert attempt_entry.ATTEMPT_TRACE == ec.ATTEMPT_TRACE
     assert attempt_entry.RESTART_COUNT == ec.RESTART_COUNT
     assert attempt_entry.TRACEPARENT == ec.TRACEPARENT
+    assert attempt_entry.LAUNCH_TIMES == (
+        ec.LAUNCH_SCRIPT_START_TIME,
+        ec.LAUNCH_SCRIPT_PRESRUN_TIME,
+    )
 
 
 def test_attempt_span_ids_are_distinct_and_never_zero():

@@ -78,6 +78,16 @@ def test_catalogue_parents_precede_children_and_exist() -> None:
 #: The spans Megatron-LM's code emits, written out: code name -> (group, documented alias, is_goodput_span).
 MEGATRON_CODE_SPANS: dict[str, tuple[str, str | None, bool]] = {
     "megatron.startup": ("job", None, True),
+    # backdated by training.py from the entry point's stamps (mlaunch's trainer emits none)
+    "pre_startup": ("job", None, True),
+    "megatron.startup.launch_script": ("job", None, True),
+    "megatron.startup.container_load": ("job", None, True),
+    "megatron.startup.imports": ("job", None, True),
+    "megatron.startup.arg_parse": ("job", None, True),
+    "megatron.startup.inprocess_setup": ("job", None, True),
+    "megatron.startup.in_job_setup": ("job", None, True),
+    "megatron.startup.initialize_megatron": ("job", None, True),
+    "megatron.startup.jit_fusion_options": ("job", None, True),
     "megatron.startup.model_init": ("model_init", "megatron.model_init", True),
     "megatron.startup.dataloader": ("data_loading", "megatron.data.setup", True),
     "megatron.checkpoint.load": ("load_checkpoint", "megatron.load_checkpoint", True),

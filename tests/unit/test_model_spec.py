@@ -54,6 +54,10 @@ def test_exclusion_removes_after_all_additions() -> None:
         ("default, layr", "layr", "layer"),
         ("all,-layers", "-layers", "layer"),
         ("zzzz", "zzzz", None),
+        # Megatron-LM's --otel-span-groups help names a preset `full`; none exists
+        ("full", "full", "all"),
+        ("per_step, FULL", "FULL", "all"),
+        ("all,-full", "-full", "all"),
         ("all,-", "-", None),
     ],
 )
