@@ -43,7 +43,6 @@ import statistics
 import threading
 from collections import deque
 from pathlib import Path
-from random import getrandbits
 from time import time_ns
 from typing import TYPE_CHECKING, Any
 
@@ -78,10 +77,11 @@ _ERROR = 2
 
 
 #: Span ids of recorded spans: a counter from a random start (one C call, cheaper than
-#: ``getrandbits``); 63 random bits keep two ranks' ids apart. Read with ``next(_ids)``: the
+#: ``getrandbits``); 63 random bits from the OS keep two ranks' ids apart (not from ``random``,
+#: which the training seed sets alike on data-parallel ranks). Read with ``next(_ids)``: the
 #: builtin reaches the iterator's slot directly, about 90 instructions less than calling the
 #: bound ``__next__`` method-wrapper.
-_ids = itertools.count((getrandbits(62) << 1) | 1)
+_ids = itertools.count((int.from_bytes(os.urandom(8), "big") >> 2 << 1) | 1)
 #: The one span state object (``_spans.STATE`` is never rebound, only its fields change).
 _STATE = _spans.STATE
 

@@ -162,12 +162,11 @@ def build_resource_attributes(
 
 
 class _SegmentIdGenerator(IdGenerator):
-    """Root spans get the current trace id (startup or block); span ids are random as in the SDK."""
+    """Root spans get the current trace id (startup or block); span ids are random as in the SDK,
+    from the fast path's seed-independent source (:data:`_spans.span_id_bits`)."""
 
     def generate_span_id(self) -> int:
-        from random import getrandbits
-
-        return getrandbits(64) or 1
+        return _spans.span_id_bits(64) or 1
 
     def generate_trace_id(self) -> int:
         return _spans.STATE.trace_id

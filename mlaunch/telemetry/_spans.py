@@ -16,16 +16,22 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import threading
 import traceback
 from collections import deque
-from random import getrandbits
+from random import Random
 from time import time_ns
 from typing import Any
 
 from mlaunch.model.spans import Attr
 
 _TRUNCATED = Attr.TRUNCATED.value
+#: Every span id's random bits, from a generator of its own seeded by the OS: Python's ``random``
+#: is seeded alike on every data-parallel rank (the trainer's --seed, as Megatron-LM's), so ids
+#: drawn from it were identical across those ranks (as nemo-lens 0.1.0's are, Lens #28). A bound
+#: method, as the module-level ``getrandbits`` was: the hot path pays the same call.
+span_id_bits = Random(os.urandom(16)).getrandbits
 _ERROR = 2  # StatusCode.ERROR
 
 _tls = threading.local()
@@ -167,7 +173,7 @@ class FineSpan:
             self.trace_id = state.trace_id
             self.parent_id = 0
             self.sampled = state.root_sampled(self.trace_id, self.name)
-        self.span_id = getrandbits(64) or 1
+        self.span_id = span_id_bits(64) or 1
         stack.append(self)
         self.start = time_ns()
         return self

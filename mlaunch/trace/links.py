@@ -20,16 +20,17 @@ class LinkTargets(Generic[T]):
     __slots__ = ("_by_id",)
 
     def __init__(self) -> None:
-        self._by_id: dict[Hashable, dict[int, T]] = {}
+        self._by_id: dict[Hashable, dict[Hashable, T]] = {}
 
     def __bool__(self) -> bool:
         return bool(self._by_id)
 
-    def add(self, rank: int, span_id: Hashable, value: T) -> None:
-        """Record where the span ``span_id`` of ``rank`` is."""
+    def add(self, rank: Hashable, span_id: Hashable, value: T) -> None:
+        """Record where the span ``span_id`` of ``rank`` is (a rank number, or any key that
+        tells the ranks' processes apart, such as rank and incarnation)."""
         self._by_id.setdefault(span_id, {})[rank] = value
 
-    def resolve(self, rank: int, span_id: Hashable) -> T | None:
+    def resolve(self, rank: Hashable, span_id: Hashable) -> T | None:
         """The span a link from ``rank`` to ``span_id`` names: the linking rank's own span of that
         id (Megatron-LM links a train block to its rank's previous one), else the one other rank
         that has it (a pipeline receive linked to its sender); None when no rank has it, or

@@ -443,15 +443,17 @@ def p2p_pairs(ranks: dict[int, _Rank], missing: frozenset[str] = frozenset()) ->
         pp, dp = _stage(r)
         if pp is not None and dp is not None:
             at[(pp, dp, r.restart)] = r
-    # By rank and id: ranks can share ids (nemo-lens 0.1.0 seeded alike), see LinkTargets.
+    # By rank (and incarnation) and id: ranks can share ids (nemo-lens 0.1.0 seeded alike), see
+    # LinkTargets.
     send_ids: LinkTargets[tuple[_Rank, _Span]] = LinkTargets()
     for r in ranks.values():
         for s in r.spans:
             if s.name == S.P2P_SEND_FORWARD and s.span_id:
-                send_ids.add(r.rank, s.span_id, (r, s))
+                send_ids.add((r.rank, r.restart), s.span_id, (r, s))
 
     def pairs(recv: _Rank) -> Iterable[tuple[_Span, _Rank, _Span]]:
         pp, dp = _stage(recv)
+        prev = at.get((pp - 1, dp, recv.restart)) if pp is not None and dp is not None else None
         if recv.linked:  # the link names the sender's span: no guessing which send it was
             linked = [s for s in recv.spans if s.name == S.PP_RECV_FORWARD_LINKED and s.links]
             recvs = [s for s in recv.spans if s.name == S.P2P_RECV_FORWARD]
@@ -464,12 +466,16 @@ def p2p_pairs(ranks: dict[int, _Rank], missing: frozenset[str] = frozenset()) ->
                         raise Widen  # its receive may be one the window lacks
                     if i >= 0 and not _held(recv, recvs[i]):
                         continue
-                sender = send_ids.resolve(recv.rank, lk.links[0])
+                # The sender is the previous stage's rank of this replica: its span of that id
+                # first, as the link's own rank's would be for a block link.
+                sender = send_ids.resolve(
+                    (prev.rank, prev.restart) if prev else (recv.rank, recv.restart), lk.links[0]
+                )
                 if sender is None and recv.loaded is not None and lk.links[0] not in missing:
                     raise Widen  # the send is in the trace, outside this window
                 if sender is not None and i >= 0:
                     yield recvs[i], sender[0], sender[1]
-        elif pp is not None and dp is not None and (prev := at.get((pp - 1, dp, recv.restart))):
+        elif prev is not None:
             yield from _ordered(recv, prev, S.P2P_RECV_FORWARD, S.P2P_SEND_FORWARD)
         if pp is not None and dp is not None and (nxt := at.get((pp + 1, dp, recv.restart))):
             yield from _ordered(recv, nxt, S.P2P_RECV_BACKWARD, S.P2P_SEND_BACKWARD)

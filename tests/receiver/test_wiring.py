@@ -43,8 +43,9 @@ def build(tmp_path: Path, flags: dict, env: dict | None = None) -> lp.LaunchPlan
         ({}, {"OTEL_SDK_DISABLED": "true"}, None),
         ({**OTLP}, {"OTEL_EXPORTER_OTLP_ENDPOINT": EP}, "relay"),  # relay: on for scripts
         ({**OTLP, "launch.otlp_relay": False}, {"OTEL_EXPORTER_OTLP_ENDPOINT": EP}, None),
-        # The shipped tiny config says "file": a script gets it through the receiver.
-        ({}, {"OTEL_EXPORTER_OTLP_ENDPOINT": EP}, "embedded"),
+        # The shipped tiny config says "file", but an endpoint the user set wins over a shipped
+        # config's exporter (the seed's env-only configuration): relayed to it.
+        ({}, {"OTEL_EXPORTER_OTLP_ENDPOINT": EP}, "relay"),
         ({"script": False}, {}, None),  # mlaunch's trainer: its own file exporter
         ({**OTLP, "script": False}, {"OTEL_EXPORTER_OTLP_ENDPOINT": EP}, None),  # spools itself
         (

@@ -38,14 +38,22 @@ def test_a_rank_slow_in_forward_is_named_although_every_step_time_is_the_same(tm
 
     # Every rank's step of a slow iteration holds the whole 1 s sleep (the step's all-ranks
     # reduce waits for rank 1): per-rank step times are the same, the slow rank's included.
+    # The data-parallel replicas seed Python's random alike (--seed): their span ids must
+    # still be their own (they were not: every send_forward id was on two ranks).
+    ids_of: dict[int, set[str]] = {}
     for rank in range(4):
         spans = read_spans(run.run_dir / "telemetry" / f"traces-rank{rank}.jsonl")
+        ids_of[rank] = {s["span_id"] for s in spans}
         steps = {
             s["attributes"][Attr.ITERATION]: (s["end_ns"] - s["start_ns"]) / 1e9
             for s in spans
             if s["name"] == SpanName.ITERATION
         }
         assert all(steps[i] >= 1.0 for i in SLOW_AT), (rank, steps)
+
+    for rank in range(4):
+        for other in range(rank + 1, 4):
+            assert not ids_of[rank] & ids_of[other], (rank, other)
 
     res = invoke_trace("stragglers", run.run_dir, "--json")
     assert res.exit_code == 0, res.output
