@@ -187,17 +187,6 @@ class ResourceAttr(StrEnum):
     GPU_PCI_BUS_ID = "dl.gpu.pci_bus_id"
 
 
-#: SLURM variable -> resource attribute, set when the variable is present.
-SLURM_RESOURCE_ATTRS: dict[str, str] = {
-    "SLURM_JOB_ID": "slurm.job.id",
-    "SLURM_JOB_NAME": "slurm.job.name",
-    "SLURM_JOB_NODELIST": "slurm.nodelist",
-    "SLURM_NNODES": "slurm.nnodes",
-    "SLURM_NTASKS": "slurm.ntasks",
-    "SLURM_JOB_PARTITION": "slurm.partition",
-    "SLURM_CLUSTER_NAME": "slurm.cluster.name",
-}
-
 #: Kubernetes variable (downward API / conventional names) -> resource attribute.
 K8S_RESOURCE_ATTRS: dict[str, str] = {
     "POD_NAMESPACE": "k8s.namespace.name",
