@@ -444,10 +444,14 @@ def estimate_spans_per_iteration(
     dp: int = 1,
     offload: bool = False,
 ) -> list[int]:
-    """Estimated spans per training iteration for each pipeline stage (index = stage).
+    """Spans per training iteration and exporting rank, for each pipeline stage (index = stage).
 
-    Counts the steady-state spans only (one-off spans like ``megatron.startup`` and per-save or
-    per-eval spans are excluded). Layers are split evenly across stages.
+    One iteration is its ``megatron.train.iteration`` span and everything beneath it (with the
+    step group off: what would be beneath it), the same in every iteration, the first included;
+    what hangs outside every iteration is not counted: start-up, the block root, the first
+    iteration's ``megatron.train.first_iteration`` wrapper, checkpoint saves, evaluations.
+    Layers are split evenly across stages. Checked against real runs'
+    traces (tests/integration/test_spans_per_iteration.py).
     """
     layers_per_stage = max(1, layers // max(1, pp))
     per_repeat = {
