@@ -1,10 +1,12 @@
 """The span catalogue: every span mlaunch's trainer emits, under the name Megatron-LM's code
 emits (its code, not its documentation), with its group, parent, repetition, attributes,
 ``is_goodput_span`` mark, documented alias and whether it is an mlaunch extra; the one alias
-table every trace reader uses; plus the attribute, resource and metric names.
+table every trace reader uses; plus the attribute, resource and metric names (the SLURM resource
+attributes: :mod:`.identity`); and the spans-per-iteration estimate.
 
 This is the single source that the trainer, the CLI tree view, the trace readers and the contract
-tests all use; no other module spells a ``megatron.*`` name as a literal.
+tests all use; no other module emits or matches a span by a ``megatron.*`` name spelled as a
+literal (a message may quote one).
 """
 
 from __future__ import annotations
