@@ -1,4 +1,5 @@
-"""The ``mlaunch`` command line: thin Typer commands that parse, call and render.
+"""The ``mlaunch`` command line: Typer commands that parse, call and render (the views beside them:
+``train_view``, ``status_watch``, ``render``; the logic below, in the packages they call).
 
 Only the command being run is imported: ``mlaunch groups resolve`` never pays for the
 launcher, doctor or trace modules (nor, through them, pydantic, torch or the OTel SDK).

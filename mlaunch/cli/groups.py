@@ -26,9 +26,11 @@ app = typer.Typer(
     help="Span groups: list them, resolve a spec.", no_args_is_help=True, cls=PlainErrorsGroup
 )
 
-# The embedded default run's shape (configs/tiny.toml): 2 layers, 2 microbatches, 1 stage.
+# The embedded default run's shape (configs/tiny.toml): 2 layers, 2 microbatches, 1 stage, 2
+# data-parallel replicas (so its grad_sync spans count: a real default run exports them).
 _DEFAULT_LAYERS = 2
 _DEFAULT_MICROBATCHES = 2
+_DEFAULT_DP = 2
 
 
 @app.command("list", cls=PlainErrorsCommand)
@@ -96,6 +98,7 @@ def resolve_groups(
     ),
     layers: int = typer.Option(_DEFAULT_LAYERS, "--layers", min=1, help="Transformer layers (L)."),
     pp: int = typer.Option(1, "--pp", min=1, help="Pipeline-parallel stages (P)."),
+    dp: int = typer.Option(_DEFAULT_DP, "--dp", min=1, help="Data-parallel replicas (D)."),
 ) -> None:
     """The resolved groups, the span tree with each span on or off, and spans per iteration.
 
@@ -113,7 +116,7 @@ def resolve_groups(
         raise fail([("--layers", f"{layers} layers cannot be split evenly across {pp} stages")])
 
     per_stage = estimate_spans_per_iteration(
-        enabled, microbatches=microbatches, layers=layers, pp=pp
+        enabled, microbatches=microbatches, layers=layers, pp=pp, dp=dp
     )
     if as_json:
         placement = span_placement(enabled)
@@ -141,6 +144,7 @@ def resolve_groups(
                 "microbatches": microbatches,
                 "layers": layers,
                 "pp": pp,
+                "dp": dp,
                 "spans_per_iteration_per_stage": per_stage,
                 "max_spans_per_iteration_per_rank": max(per_stage),
             },
@@ -167,4 +171,4 @@ def resolve_groups(
         "[dim]G = carries is_goodput_span; + = an mlaunch extra (Megatron-LM emits nothing like "
         "it); readers accept the documented names too.[/]"
     )
-    console.print(estimate_line(enabled, microbatches=microbatches, layers=layers, pp=pp))
+    console.print(estimate_line(enabled, microbatches=microbatches, layers=layers, pp=pp, dp=dp))

@@ -132,7 +132,10 @@ def estimate_line(
     per_stage = estimate_spans_per_iteration(
         enabled, microbatches=microbatches, layers=layers, pp=pp, dp=dp
     )
-    shape = f"{microbatches} microbatches, {layers} layers, {pp} pipeline stage(s)"
+    shape = (
+        f"{microbatches} microbatches, {layers} layers, {pp} pipeline stage(s), "
+        f"{dp} data-parallel replica(s)"
+    )
     if pp == 1:
         return f"~{per_stage[0]} spans per iteration per exporting rank ({shape})"
     stages = ", ".join(f"stage {i}: {n}" for i, n in enumerate(per_stage))

@@ -11,6 +11,7 @@ CLI (``mlaunch.cli.doctor``) only renders. One module per concern:
 - ``otlp``: the OTLP endpoint, with a real export and a diagnosis when it fails;
 - ``host``: host name, rendezvous port, run directory and disk space, SLURM, Kubernetes;
 - ``worker_side``: nemo-lens's own configuration loader under the worker's interpreter;
+- ``hang_stacks``: whether the hang watchdog can read the workers' stacks (py-spy, ptrace);
 - ``process``: the killable subprocesses the probes run in.
 
 The configuration is validated by :func:`mlaunch.settings.collect_problems`, the same sources

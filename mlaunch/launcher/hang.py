@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlaunch import envcontract as ec
 from mlaunch.launcher.hang_report import HangReport, Worker, collect, write_merged
+from mlaunch.model.spans import STEP_SPAN
 
 if TYPE_CHECKING:  # the type only: importing this module never loads the settings layer
     from mlaunch.launcher.plan import LaunchPlan
@@ -309,7 +310,7 @@ class Watchdog:
         names = {
             "heartbeat": "mlaunch.telemetry progress beats",
             "progress": ec.PROGRESS_FILE,
-            "receiver": "megatron.train.iteration spans (embedded receiver)",
+            "receiver": f"{STEP_SPAN} spans (embedded receiver)",
         }
         found = [names[s] for s in sorted(self._sources)]
         return ", ".join(found) if found else "worker output (no iteration source)"

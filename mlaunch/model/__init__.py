@@ -1,6 +1,8 @@
 """The pure model of mlaunch: span groups, presets, spec resolution, the span catalogue and rank
-export strategies (and, in :mod:`.gpt_shape`, the trained GPT's shape and size). Standard library
-only, so every command can import it cheaply."""
+export strategies; and, in their own modules, the run identity with the one table of SLURM
+resource attributes (:mod:`.identity`), the trace-segment rule (:mod:`.segments`), what counts
+as training text (:mod:`.corpus`) and the trained GPT's shape and size (:mod:`.gpt_shape`).
+Standard library only, so every command can import it cheaply."""
 
 from mlaunch.model.groups import (
     ALL_GROUPS,

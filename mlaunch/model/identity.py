@@ -14,11 +14,14 @@ from collections.abc import Mapping
 #: Resource attribute keys of the run identity.
 JOB_UUID = "nemo.lens.job_uuid"
 RUN_UUID = "nemo.lens.run_uuid"
-TORCHELASTIC_RESTART_ATTR = "slurm.torchelastic.restart_count"
 
-#: Environment variable -> resource attribute, set when the variable is non-empty (Megatron-LM's
-#: SLURM and NVRx identity; ``LENS_SLURM_SLUID`` is exported by the launch script from sacct).
-IDENTITY_ENV_ATTRS: dict[str, str] = {
+#: Environment variable -> resource attribute, set when the variable is non-empty: the one table
+#: of SLURM (and NVRx, torchelastic) resource attributes, which every producer (each rank's
+#: telemetry, the launcher's job trace) exports through :func:`run_identity`. The first eleven are
+#: Megatron-LM's names (``build_telemetry_resource_attrs``; ``LENS_SLURM_SLUID`` and
+#: ``LENS_SLURM_ARRAY_SLUID`` are exported by its launch script from sacct); the last five are
+#: mlaunch's own, under names Megatron-LM does not use.
+SLURM_RESOURCE_ATTRS: dict[str, str] = {
     "SLURM_JOB_ID": "slurm.job.id",
     "LENS_SLURM_SLUID": "slurm.sluid",
     "SLURM_CLUSTER_NAME": "slurm.cluster",
@@ -29,18 +32,25 @@ IDENTITY_ENV_ATTRS: dict[str, str] = {
     "NVRX_CYCLE": "nvrx.cycle",
     "NVRX_INFRA_RANK": "nvrx.infra_rank",
     "NVRX_MEMBERSHIP": "nvrx.membership",
+    "TORCHELASTIC_RESTART_COUNT": "slurm.torchelastic.restart_count",
+    "SLURM_JOB_NAME": "slurm.job.name",
+    "SLURM_JOB_NODELIST": "slurm.nodelist",
+    "SLURM_NNODES": "slurm.nnodes",
+    "SLURM_NTASKS": "slurm.ntasks",
+    "SLURM_JOB_PARTITION": "slurm.partition",
 }
 
 
 def run_identity(environ: Mapping[str, str]) -> dict[str, str]:
-    """The identity resource attributes for a process started with ``environ``.
+    """The identity resource attributes for a process started with ``environ``: every
+    :data:`SLURM_RESOURCE_ATTRS` entry whose variable is set, and the two uuids.
 
     ``job_uuid = uuid5(URL, "nemo.lens.job/<cluster>/<job>")``; ``run_uuid = uuid5(URL,
     "nemo.lens.run/" + "/".join(parts))`` with parts = cluster, job, ``sr<SLURM_RESTART_COUNT>``
     (not for job arrays, whose elements requeue one by one) and ``te<TORCHELASTIC_RESTART_COUNT>``
     when that variable is set. Exactly Megatron-LM's rule (``build_telemetry_resource_attrs``).
     """
-    attrs = {attr: environ[var] for var, attr in IDENTITY_ENV_ATTRS.items() if environ.get(var)}
+    attrs = {attr: environ[var] for var, attr in SLURM_RESOURCE_ATTRS.items() if environ.get(var)}
     cluster = environ.get("SLURM_CLUSTER_NAME", "nocluster")
     is_array = "SLURM_ARRAY_TASK_ID" in environ
     job = (
@@ -52,7 +62,6 @@ def run_identity(environ: Mapping[str, str]) -> dict[str, str]:
     te = environ.get("TORCHELASTIC_RESTART_COUNT")
     if te is not None:
         parts.append("te" + te)
-        attrs[TORCHELASTIC_RESTART_ATTR] = te
     attrs[JOB_UUID] = str(uuid.uuid5(uuid.NAMESPACE_URL, f"nemo.lens.job/{cluster}/{job}"))
     attrs[RUN_UUID] = str(uuid.uuid5(uuid.NAMESPACE_URL, "nemo.lens.run/" + "/".join(parts)))
     return attrs

@@ -1,10 +1,12 @@
 """The span catalogue: every span mlaunch's trainer emits, under the name Megatron-LM's code
 emits (its code, not its documentation), with its group, parent, repetition, attributes,
 ``is_goodput_span`` mark, documented alias and whether it is an mlaunch extra; the one alias
-table every trace reader uses; plus the attribute, resource and metric names.
+table every trace reader uses; plus the attribute, resource and metric names (the SLURM resource
+attributes: :mod:`.identity`); and the spans-per-iteration estimate.
 
 This is the single source that the trainer, the CLI tree view, the trace readers and the contract
-tests all use; no other module spells a ``megatron.*`` name as a literal.
+tests all use; no other module emits or matches a span by a ``megatron.*`` name spelled as a
+literal (a message may quote one).
 """
 
 from __future__ import annotations
@@ -186,17 +188,6 @@ class ResourceAttr(StrEnum):
     GPU_SERIAL = "dl.gpu.serial"
     GPU_PCI_BUS_ID = "dl.gpu.pci_bus_id"
 
-
-#: SLURM variable -> resource attribute, set when the variable is present.
-SLURM_RESOURCE_ATTRS: dict[str, str] = {
-    "SLURM_JOB_ID": "slurm.job.id",
-    "SLURM_JOB_NAME": "slurm.job.name",
-    "SLURM_JOB_NODELIST": "slurm.nodelist",
-    "SLURM_NNODES": "slurm.nnodes",
-    "SLURM_NTASKS": "slurm.ntasks",
-    "SLURM_JOB_PARTITION": "slurm.partition",
-    "SLURM_CLUSTER_NAME": "slurm.cluster.name",
-}
 
 #: Kubernetes variable (downward API / conventional names) -> resource attribute.
 K8S_RESOURCE_ATTRS: dict[str, str] = {
@@ -455,10 +446,14 @@ def estimate_spans_per_iteration(
     dp: int = 1,
     offload: bool = False,
 ) -> list[int]:
-    """Estimated spans per training iteration for each pipeline stage (index = stage).
+    """Spans per training iteration and exporting rank, for each pipeline stage (index = stage).
 
-    Counts the steady-state spans only (one-off spans like ``megatron.startup`` and per-save or
-    per-eval spans are excluded). Layers are split evenly across stages.
+    One iteration is its ``megatron.train.iteration`` span and everything beneath it (with the
+    step group off: what would be beneath it), the same in every iteration, the first included;
+    what hangs outside every iteration is not counted: start-up, the block root, the first
+    iteration's ``megatron.train.first_iteration`` wrapper, checkpoint saves, evaluations.
+    Layers are split evenly across stages. Checked against real runs'
+    traces (tests/integration/test_spans_per_iteration.py).
     """
     layers_per_stage = max(1, layers // max(1, pp))
     per_repeat = {

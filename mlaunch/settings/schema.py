@@ -1,5 +1,5 @@
-"""The schema: one pydantic section per configuration area, the whole :class:`Settings`, and
-the checks between sections. Every setting is defined here once."""
+"""The schema: one pydantic section per configuration area and the whole :class:`Settings`.
+Every setting is defined here once; the checks between sections are :mod:`.checks`."""
 
 from __future__ import annotations
 

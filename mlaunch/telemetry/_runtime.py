@@ -51,7 +51,6 @@ from mlaunch.model.segments import block_iterations, train_block
 from mlaunch.model.spans import (
     K8S_RESOURCE_ATTRS,
     METRICS,
-    SLURM_RESOURCE_ATTRS,
     Attr,
     Metric,
     ResourceAttr,
@@ -131,7 +130,7 @@ def build_resource_attributes(
         "telemetry.sdk.version": sdk_version,
     }
     attrs.update(getattr(settings.otel, "resource_attributes", None) or {})
-    for env_key, attr in (*SLURM_RESOURCE_ATTRS.items(), *K8S_RESOURCE_ATTRS.items()):
+    for env_key, attr in K8S_RESOURCE_ATTRS.items():
         value = environ.get(env_key, "").strip()
         if value:
             attrs[attr] = value

@@ -17,7 +17,7 @@ import pytest
 from support.launch_runs import TIMEOUT_S, clean_env, finish, free_port, mlaunch
 
 from mlaunch import envcontract as ec
-from mlaunch.model.identity import JOB_UUID, RUN_UUID, run_identity
+from mlaunch.model.identity import JOB_UUID, RUN_UUID, SLURM_RESOURCE_ATTRS, run_identity
 from mlaunch.model.spans import Attr, ResourceAttr, SpanName
 from mlaunch.otlp.otlp_json import read_spans
 
@@ -69,6 +69,25 @@ def script_run(tmp_path: Path, *args: str, **env: str):
     return proc, run_dir
 
 
+#: Every variable of the SLURM resource table, as a one-node SLURM job (an array element, under
+#: NVRx) has them: the run's traces must carry exactly the table's attributes, once each.
+SLURM_ENV = {
+    "SLURM_JOB_ID": "4242", "LENS_SLURM_SLUID": "sluid-4242", "SLURM_CLUSTER_NAME": "lab",
+    "SLURM_ARRAY_JOB_ID": "4240", "SLURM_ARRAY_TASK_ID": "2", "LENS_SLURM_ARRAY_SLUID": "sluid-4240",
+    "SLURM_RESTART_COUNT": "3", "NVRX_CYCLE": "1", "NVRX_INFRA_RANK": "0", "NVRX_MEMBERSHIP": "m1",
+    "SLURM_JOB_NAME": "tiny", "SLURM_JOB_NODELIST": "localhost", "SLURM_NNODES": "1",
+    "SLURM_NODEID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_PARTITION": "gpu",
+}  # fmt: skip
+
+#: Megatron-LM's names for them (MEGATRON.md section 4), written out rather than read from the
+#: table, so a renamed entry fails here.
+MEGATRON_SLURM_ATTRS = {
+    "slurm.job.id", "slurm.sluid", "slurm.cluster", "slurm.array.job_id", "slurm.array.task_id",
+    "slurm.array.sluid", "slurm.restart_count", "nvrx.cycle", "nvrx.infra_rank",
+    "nvrx.membership", "slurm.torchelastic.restart_count",
+}  # fmt: skip
+
+
 @dataclass
 class WrappedRun:
     """A 2-iteration trainer run under ``bash -c 'sleep 5; exec mlaunch train ...'``."""
@@ -81,7 +100,7 @@ class WrappedRun:
 
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory) -> WrappedRun:
-    """One trainer run (SLURM's cluster name and restart count set) for the tests of what a
+    """One trainer run (as a one-node SLURM job: :data:`SLURM_ENV`) for the tests of what a
     clean trainer run's job trace holds. It runs in a wrapper process that sleeps 5 s before it
     execs mlaunch (the job span starts when mlaunch did): every trainer run is started that way
     somewhere (a shell, srun), and it spares a second run of the same kind."""
@@ -93,7 +112,7 @@ def real_run(tmp_path_factory) -> WrappedRun:
     run_dir = tmp_path / "run"
     train = [sys.executable, "-m", "mlaunch", "train", "--run-dir", str(run_dir),
              "--train-iters", "2", "--eval-interval", "0"]  # fmt: skip
-    env = clean_env(SLURM_CLUSTER_NAME="lab", SLURM_RESTART_COUNT="3")
+    env = clean_env(**SLURM_ENV, MASTER_PORT=str(free_port()))
     before_ns = time.time_ns()
     proc = subprocess.Popen(
         ["bash", "-c", f"sleep 5; exec {shlex.join(train)}"], cwd=tmp_path, env=env,
@@ -117,7 +136,7 @@ def test_a_trainer_run_has_one_job_and_one_clean_attempt_with_the_run_identity(r
     assert job["status_code"] == attempt["status_code"] == 0
     assert job["start_ns"] < attempt["start_ns"] < attempt["end_ns"] <= job["end_ns"]
     resolved = json.loads((run_dir / "resolved.json").read_text())
-    identity = run_identity({"SLURM_CLUSTER_NAME": "lab", "SLURM_RESTART_COUNT": "3"})
+    identity = run_identity(SLURM_ENV)
     for span in (job, attempt):
         res = span["resource"]
         assert res[JOB_UUID] == identity[JOB_UUID] and res[RUN_UUID] == identity[RUN_UUID]
@@ -126,12 +145,36 @@ def test_a_trainer_run_has_one_job_and_one_clean_attempt_with_the_run_identity(r
         assert res[ResourceAttr.RUN_ID] == resolved["run_id"]
         assert res[ResourceAttr.NODE_RANK] == 0 and res[ResourceAttr.HOST_NAME]
         assert res[ResourceAttr.PROCESS_PID] == real_run.pid
-    workers = run_identity(
-        {"SLURM_CLUSTER_NAME": "lab", "SLURM_RESTART_COUNT": "3", ec.RESTART_COUNT: "0"}
-    )
+    workers = run_identity({**SLURM_ENV, ec.RESTART_COUNT: "0"})
     assert attempt["attributes"][RUN_UUID] == workers[RUN_UUID]
     # The trainer ran under the wrapper and still wrote its own traces.
     assert (run_dir / "telemetry" / "traces-rank0.jsonl").exists()
+
+
+def test_every_span_of_a_slurm_run_carries_exactly_the_one_table_of_slurm_attributes(real_run):
+    """The launcher's job trace and every rank's spans and metrics carry the SLURM table's
+    attributes under Megatron-LM's names, each once: no second name for the same variable (the
+    rank's old ``slurm.cluster.name`` beside ``slurm.cluster``)."""
+    assert set(SLURM_RESOURCE_ATTRS.values()) >= MEGATRON_SLURM_ATTRS
+    table = {SLURM_RESOURCE_ATTRS[var]: value for var, value in SLURM_ENV.items()
+             if var in SLURM_RESOURCE_ATTRS}  # fmt: skip
+    telemetry = real_run.run_dir / "telemetry"
+    files = {"launcher": ec.launcher_traces_file(real_run.run_dir, 0)}
+    files |= {f"rank{r}": telemetry / f"traces-rank{r}.jsonl" for r in (0, 1)}
+    for who, path in files.items():
+        spans = read_spans(path)
+        assert spans, who
+        # the workers also carry their torchelastic attempt; the launcher spans every attempt
+        want = table if who == "launcher" else {**table, "slurm.torchelastic.restart_count": "0"}
+        for span in spans:
+            got = {k: v for k, v in span["resource"].items() if k.startswith(("slurm.", "nvrx."))}
+            assert got == want, (who, span["name"])
+    for rank in (0, 1):
+        for line in (telemetry / f"metrics-rank{rank}.jsonl").read_text().splitlines():
+            for block in json.loads(line)["resourceMetrics"]:
+                keys = [a["key"] for a in block["resource"]["attributes"]]
+                slurm = [k for k in keys if k.startswith(("slurm.", "nvrx."))]
+                assert sorted(slurm) == sorted({**table, "slurm.torchelastic.restart_count": "0"})
 
 
 def test_a_sigkilled_worker_ends_attempt_0_and_the_restart_sees_attempt_1(tmp_path):

@@ -191,12 +191,17 @@ def resource_attributes(args: argparse.Namespace, local_rank: int, world_size: i
         "megatron.ckpt_format": args.ckpt_format,
         "megatron.precision": "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32",
     }
-    for attr, var in (
+    for attr, var in (  # MEGATRON.md section 4, written out as Megatron-LM does (not mlaunch's)
         ("slurm.job.id", "SLURM_JOB_ID"),
+        ("slurm.sluid", "LENS_SLURM_SLUID"),
         ("slurm.cluster", "SLURM_CLUSTER_NAME"),
         ("slurm.array.job_id", "SLURM_ARRAY_JOB_ID"),
         ("slurm.array.task_id", "SLURM_ARRAY_TASK_ID"),
+        ("slurm.array.sluid", "LENS_SLURM_ARRAY_SLUID"),
         ("slurm.restart_count", "SLURM_RESTART_COUNT"),
+        ("nvrx.cycle", "NVRX_CYCLE"),
+        ("nvrx.infra_rank", "NVRX_INFRA_RANK"),
+        ("nvrx.membership", "NVRX_MEMBERSHIP"),
     ):
         if os.environ.get(var):
             attrs[attr] = os.environ[var]

@@ -295,12 +295,31 @@ def test_no_layer_imports_a_layer_above_it(layer: str) -> None:
     assert not bad, "\n".join(bad)
 
 
+def _extensions() -> dict[str, Path]:
+    """The C extensions setup.py declares (``Extension("mlaunch.x._c", sources=[...])``), by
+    dotted name: modules whether or not this tree has built them."""
+    found: dict[str, Path] = {}
+    for node in ast.walk(ast.parse(REPO.joinpath("setup.py").read_text(encoding="utf-8"))):
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "id", getattr(node.func, "attr", None)) == "Extension"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        ):
+            found[node.args[0].value] = REPO / "setup.py"
+    return found
+
+
 def _modules() -> dict[str, Path]:
-    """Every module of mlaunch by dotted name: its sources and its compiled extensions."""
+    """Every module of mlaunch by dotted name: its sources and its compiled extensions, built or
+    not (else ``from mlaunch.telemetry import _cspan`` reads as an import of the package in an
+    unbuilt tree, a cycle that is none)."""
     found = {_source_module(p): p for p in sorted(PACKAGE.rglob("*.py"))}
     for p in sorted(PACKAGE.rglob("*.so")):  # _cspan.cpython-311-x86_64-linux-gnu.so -> _cspan
         rel = p.relative_to(REPO)
         found.setdefault(".".join([*rel.parent.parts, p.name.split(".")[0]]), p)
+    for name, path in _extensions().items():
+        found.setdefault(name, path)
     return found
 
 
@@ -393,3 +412,6 @@ def test_the_cycle_finder_sees_a_cycle_through_a_lazy_import() -> None:
     assert import_cycles({"a": {"b": imp("a", "b")}, "b": {}}) == []
     graph = module_graph()
     assert "mlaunch.receiver" not in graph["mlaunch.receiver.core"]  # from . import frontends
+    # a compiled submodule is a module, built here or not: the package is not imported
+    assert "mlaunch.telemetry._cspan" in _extensions()
+    assert "mlaunch.telemetry" not in graph["mlaunch.telemetry._recorder"]
