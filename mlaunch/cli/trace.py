@@ -651,7 +651,7 @@ def capture_cmd(
         raise error(str(e)) from None
     if not as_json:
         typer.echo(_capture_text(req))
-    if wait and req.live:
+    if wait:  # a live capture's end, or (--recorded alone) every rank's dump
         req = wait_for_capture(req)
     if as_json:
         typer.echo(json.dumps(req.as_json(), indent=2))

@@ -19,8 +19,14 @@ from typing import Any
 
 from mlaunch import envcontract as ec
 from mlaunch.model.spans import Attr, SpanName
+from mlaunch.rundir.state import RunState
 
 _JOB, _ATTEMPT = SpanName.JOB.value, SpanName.JOB_ATTEMPT.value
+
+#: The states in which workers may still be there to answer (anything else is the run's end:
+#: completed, failed, preempted, interrupted, cancelled, launcher died). ``unknown``: a run
+#: directory with neither a launcher record nor SLURM to say (a worker started another way).
+LIVE_STATES = frozenset({"running", "queued", "suspended", "unknown"})
 
 
 @dataclass
@@ -105,10 +111,38 @@ class JobStatus:
     telemetry_off: list[dict[str, Any]] = field(default_factory=list)
     """Ranks of this launch whose telemetry is off although it was asked for (``rank``,
     ``reason``: e.g. its setup failed), as their progress beats say (:func:`telemetry_off`)."""
+    captures: list[dict[str, Any]] = field(default_factory=list)
+    """This launch's capture requests, each with its phase in the capture's life (``id``,
+    ``phase``, ``groups``, ``iterations``, ``ranks``: :class:`mlaunch.rundir.state.CaptureState`)."""
+    dumps: list[dict[str, Any]] = field(default_factory=list)
+    """This launch's flight-recorder dumps (``rank``, ``seq``, ``trigger``, ``time_ns``,
+    ``spans``, ``iterations``), oldest first."""
+    run: RunState | None = field(default=None, repr=False, compare=False)
+    """The run model every view reads (:meth:`attach_run_state`); not part of the JSON."""
+
+    @property
+    def live(self) -> bool:
+        """Whether workers may still be there (:data:`LIVE_STATES`)."""
+        return self.state in LIVE_STATES
+
+    def attach_run_state(self, since: float | None) -> None:
+        """Read the run model of ``run_dir`` for this state (ended unless :attr:`live`) and
+        fill :attr:`captures` and :attr:`dumps` from it: every view shows the same phases."""
+        if self.run_dir is None:
+            return
+        self.run = RunState.read(self.run_dir, ended=not self.live, since=since)
+        model = self.run.as_json()
+        self.captures, self.dumps = model["captures"], model["dumps"]
 
     def as_json(self) -> dict[str, Any]:
         """The status as a JSON object."""
-        return asdict(self)
+        run, self.run = self.run, None
+        try:
+            out = asdict(self)
+        finally:
+            self.run = run
+        out.pop("run", None)
+        return out
 
 
 # --------------------------------------------------------------------------------------------

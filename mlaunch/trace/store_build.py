@@ -28,6 +28,7 @@ from orjson import dumps as _dumps
 from orjson import loads as _loads
 
 from mlaunch.model.spans import ResourceAttr
+from mlaunch.rundir.atomic import atomic_path
 from mlaunch.trace.reader import (
     ReadStats,
     Resource,
@@ -150,14 +151,8 @@ def _write_atomic(table: Any, path: Path) -> None:
     no file under the final name (the temporary one is removed on failure)."""
     import pyarrow.parquet as pq
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
+    with atomic_path(path) as tmp:
         pq.write_table(table, tmp, compression="zstd", use_dictionary=_DICTIONARY)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 class _Resources:
