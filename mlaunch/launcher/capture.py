@@ -233,29 +233,15 @@ def _window(
 
 
 def running_capture(run_dir: Path, run_id: str | None) -> str | None:
-    """The id of a live capture of this run that has not ended on every rank, else None."""
-    request = read_capture_request(run_dir)
-    if request is None or request.get("start_iteration") is None:
+    """The id of a live capture of this run that is not over (the run model's phase), else
+    None."""
+    capture = RunState.read(run_dir, ended=False).capture
+    request = read_capture_request(run_dir) or {}
+    if capture is None or capture.final or capture.groups is None:
         return None
     if run_id and request.get("run_id") and request["run_id"] != run_id:
         return None
-    rid = request.get("id")
-    acks = read_acks(run_dir)
-    listening = [
-        r
-        for r, a in acks.items()
-        if int(a.get("started_ns") or 0) <= int(request.get("created_ns") or 0)
-    ]
-    wanted = request.get("ranks")
-    expected = [r for r in listening if wanted is None or r in wanted]
-    if expected and all(
-        acks[r].get("id") == rid and acks[r].get("state") in ec.CAPTURE_FINAL_STATES
-        for r in expected
-    ):
-        return None
-    if time.time_ns() > int(request.get("expires_ns") or 0):
-        return None  # a rank never answered (it died, or has no telemetry): not running now
-    return str(rid)
+    return capture.id
 
 
 def request_capture(

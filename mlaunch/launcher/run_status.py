@@ -19,6 +19,7 @@ from typing import Any
 
 from mlaunch import envcontract as ec
 from mlaunch.model.spans import Attr, SpanName
+from mlaunch.rundir.records import read_heartbeats, read_launcher_record
 from mlaunch.rundir.state import RunState
 
 _JOB, _ATTEMPT = SpanName.JOB.value, SpanName.JOB_ATTEMPT.value
@@ -330,22 +331,14 @@ def telemetry_off(
     (``heartbeat/rank{R}.json``: a worker whose ``mlaunch.telemetry`` setup failed says so in
     its first beat) written since ``since`` (an earlier launch's beats are not this one's).
     ``ranks``: only these (a launcher reads its own node's); None: every beat there."""
-    folder = run_dir / ec.HEARTBEAT_DIR
-    if ranks is None:
-        found = [ec.HEARTBEAT_FILE.parse(p.name) for p in folder.glob(ec.HEARTBEAT_FILE.glob)]
-        ranks = sorted(r for r in found if r is not None)
+    beats = read_heartbeats(run_dir)
     out: dict[int, str] = {}
-    for rank in ranks:
-        path = ec.heartbeat_file(run_dir, rank)
-        try:
-            if since is not None and path.stat().st_mtime < since - 1:
-                continue
-            beat = json.loads(path.read_bytes())
-        except (OSError, ValueError):
+    for rank in sorted(beats) if ranks is None else ranks:
+        beat = beats.get(rank)
+        if beat is None or (since is not None and beat.written < since - 1):
             continue
-        reason = beat.get("telemetry_off") if isinstance(beat, dict) else None
-        if isinstance(reason, str) and reason:
-            out[rank] = reason
+        if beat.telemetry_off:
+            out[rank] = beat.telemetry_off
     return out
 
 
@@ -355,11 +348,7 @@ def telemetry_off(
 
 def launcher_record(run_dir: Path) -> dict[str, Any] | None:
     """Node 0's launcher record of the newest launch (``launcher-node0.json``), or None."""
-    try:
-        data = json.loads(ec.launcher_record_file(run_dir, 0).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and isinstance(data.get("started"), int | float) else None
+    return read_launcher_record(run_dir, 0)
 
 
 def _pid_alive(pid: Any) -> bool:

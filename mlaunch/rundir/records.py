@@ -19,6 +19,7 @@ from mlaunch.rundir.layout import (
     PROGRESS_FILE,
     RECORDER_INDEX_FILE,
     TELEMETRY_DIR,
+    heartbeat_file,
     launcher_record_file,
 )
 
@@ -149,26 +150,34 @@ class Heartbeat:
     written: float
 
 
+def read_heartbeat(run_dir: str | Path, rank: int) -> Heartbeat | None:
+    """One rank's beat, or None when it has none (or it cannot be read)."""
+    path = heartbeat_file(run_dir, rank)
+    body = read_json_object(path)
+    if body is None:
+        return None
+    try:
+        written = path.stat().st_mtime
+    except OSError:
+        return None
+    it, t, pid = body.get("iteration"), body.get("time"), body.get("pid")
+    off = body.get("telemetry_off")
+    return Heartbeat(
+        rank, it if isinstance(it, int) else None, t if isinstance(t, int | float) else None,
+        pid if isinstance(pid, int) else None, body.get("ended") is True,
+        off if isinstance(off, str) and off else None, written,
+    )  # fmt: skip
+
+
 def read_heartbeats(run_dir: str | Path) -> dict[int, Heartbeat]:
     """Every rank's beat (rank -> beat); unreadable ones are left out."""
     out: dict[int, Heartbeat] = {}
     folder = Path(run_dir) / HEARTBEAT_DIR
     for path in folder.glob(HEARTBEAT_FILE.glob) if folder.is_dir() else ():
         rank = HEARTBEAT_FILE.parse(path.name)
-        body = read_json_object(path)
-        if rank is None or body is None:
-            continue
-        try:
-            written = path.stat().st_mtime
-        except OSError:
-            continue
-        it, t, pid = body.get("iteration"), body.get("time"), body.get("pid")
-        off = body.get("telemetry_off")
-        out[rank] = Heartbeat(
-            rank, it if isinstance(it, int) else None, t if isinstance(t, int | float) else None,
-            pid if isinstance(pid, int) else None, body.get("ended") is True,
-            off if isinstance(off, str) and off else None, written,
-        )  # fmt: skip
+        beat = read_heartbeat(run_dir, rank) if rank is not None else None
+        if beat is not None:
+            out[rank] = beat  # type: ignore[index]
     return out
 
 
@@ -299,6 +308,7 @@ def read_launcher_record(run_dir: str | Path, node_rank: int = 0) -> dict[str, A
 
 
 __all__ = [
+    "read_heartbeat",
     "read_captures_log",
     "read_json_object",
     "Heartbeat",

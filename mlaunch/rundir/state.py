@@ -16,6 +16,7 @@ A recorder-only request (``--recorded``) is ``done`` once a rank dumped after it
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -179,9 +180,14 @@ class RunState:
         wanted = [int(r) for r in ranks] if isinstance(ranks, list) else None
         live = request.get("start_iteration") is not None or request.get("start_ns") is not None
         groups = str(request.get("groups") or "") if live else None
-        answers: dict[int, dict[str, Any]] = {
-            r: a for r, a in read_acks(self.run_dir).items() if a.get("id") == rid
-        }
+        acks = read_acks(self.run_dir)
+        answers: dict[int, dict[str, Any]] = {r: a for r, a in acks.items() if a.get("id") == rid}
+        # The ranks that listened when it was written (their process started before it) and
+        # that it asks: each must end it before it is over.
+        expected = {
+            r for r, a in acks.items()
+            if int(a.get("started_ns") or 0) <= (created or 0) and (wanted is None or r in wanted)
+        }  # fmt: skip
         for rank, ack in read_lens_acks(self.run_dir, rid).items():
             answers.setdefault(rank, ack)
         states = {r: str(a.get("state")) for r, a in answers.items()}
@@ -197,7 +203,9 @@ class RunState:
             return CaptureState(rid, phase, None, its, wanted, True, created, states, note)
         if not states:
             phase = "missed" if self.ended else "requested"
-        elif all(s in CAPTURE_FINAL_STATES for s in states.values()) or self.ended:
+        elif self.ended or (
+            all(s in CAPTURE_FINAL_STATES for s in states.values()) and expected <= set(states)
+        ):
             if any(s == "done" for s in states.values()):
                 phase = "done"
             elif all(
@@ -206,10 +214,18 @@ class RunState:
                 phase, note = "refused", _first_note(answers)
             else:
                 phase, note = "missed", _first_note(answers)
-        elif "running" in states.values():
-            phase = "running"
+        elif "running" in states.values() or any(
+            s in CAPTURE_FINAL_STATES for s in states.values()
+        ):
+            phase = "running"  # some rank is in its window, or past it while others are not yet
         else:
             phase = "scheduled"
+        expires = request.get("expires_ns")
+        if phase not in FINAL_PHASES and isinstance(expires, int) and time.time_ns() > expires:
+            # Its window and the grace after it have passed: a rank never answered (it died,
+            # or has no telemetry); what the others captured stands.
+            done = any(s == "done" for s in states.values())
+            phase, note = ("done" if done else "missed"), "a rank never answered"
         if phase == "missed" and note is None and self.ended:
             note = "the run ended before the capture's window"
         return CaptureState(
