@@ -33,14 +33,13 @@ from mlaunch.lens_hook import START_LEAD_S
 from mlaunch.model.spec import SpanSpecError, format_groups, resolve
 from mlaunch.rundir.atomic import write_json
 from mlaunch.rundir.records import (
-    append_line,
+    capture_answers,
     read_acks,
     read_capture_request,
-    read_captures_log,
     read_dumps,
     read_lens_acks,
 )
-from mlaunch.rundir.state import RunState
+from mlaunch.rundir.state import RunState, log_superseded
 from mlaunch.settings import recorded_off_reason
 
 #: How far ahead of the furthest rank a capture starts, in seconds of its iterations: the
@@ -369,7 +368,7 @@ def request_capture(
             if not listening and seconds is not None:
                 # No mlaunch.telemetry worker said it listens: nemo-lens workers answer instead.
                 req.expected_ranks = req.lens_ranks or None
-    close_previous(run_dir)
+    log_superseded(run_dir)
     write_json(run_dir / ec.CAPTURE_REQUEST_FILE, body)  # a worker never reads half a request
     return req
 
@@ -392,9 +391,7 @@ def wait_for_capture(
             req.expected_ranks = [
                 r for r in listening if req.ranks is None or r in req.ranks
             ] or None
-        req.outcome = {r: a for r, a in acks.items() if a.get("id") == req.id}
-        for rank, ack in read_lens_acks(req.run_dir, req.id).items():
-            req.outcome.setdefault(rank, ack)
+        req.outcome = capture_answers(acks, req.id, read_lens_acks(req.run_dir, req.id))
         if req.complete or time.time() >= deadline:
             return req
         time.sleep(poll_s)
@@ -466,11 +463,3 @@ def _wait_for_dumps(
         if RunState.read(req.run_dir).ended:
             return req
         time.sleep(poll_s)
-
-
-def close_previous(run_dir: Path) -> None:
-    """Before a new request replaces the request file: the capture it held goes to the captures
-    log with its phase now (its acks are replaced next), so the run model keeps it."""
-    previous = RunState.read(run_dir, ended=False).capture
-    if previous is not None and previous.id not in {c["id"] for c in read_captures_log(run_dir)}:
-        append_line(run_dir / ec.CAPTURES_LOG_FILE, previous.log_record())

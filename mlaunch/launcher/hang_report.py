@@ -31,6 +31,7 @@ from mlaunch import envcontract as ec
 from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spans import SPANS, Attr, canonical_name
 from mlaunch.rundir.atomic import write_json
+from mlaunch.rundir.state import log_superseded
 
 #: How long one ``py-spy dump`` may take (it pauses the worker while it reads its stacks).
 PY_SPY_TIMEOUT_S = 20.0
@@ -321,6 +322,7 @@ def request_hang_spans(run_dir: Path, run_id: str) -> str:
         "id": rid, "created_ns": time.time_ns(), "run_id": run_id, "ranks": None,
         "recorded": True, "trigger": "hang", "open_spans": True,
     }  # fmt: skip
+    log_superseded(run_dir)  # a user's capture it replaces stays in the run model
     write_json(run_dir / ec.CAPTURE_REQUEST_FILE, body)
     return rid
 

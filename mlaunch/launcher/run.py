@@ -303,7 +303,7 @@ def collect_failures(
         rank = int(data.get("rank", ec.ERROR_FILE.parse(path.name) or 0))
         local = rank % nproc
         folder = local_dirs.get(local)
-        here = folder is not None and (folder / "error.json").exists()
+        here = folder is not None and (folder / ec.TORCHELASTIC_ERROR_FILE).exists()
         log_path, tail = _rank_log(folder if here else None)
         if here:
             seen_local.add(local)
@@ -314,9 +314,9 @@ def collect_failures(
             )
         )  # fmt: skip
     for local, folder in sorted(local_dirs.items()):
-        if local in seen_local or not (folder / "error.json").exists():
+        if local in seen_local or not (folder / ec.TORCHELASTIC_ERROR_FILE).exists():
             continue
-        exc_type, message = _torchelastic_error(folder / "error.json")
+        exc_type, message = _torchelastic_error(folder / ec.TORCHELASTIC_ERROR_FILE)
         log_path, tail = _rank_log(folder)
         rank = (
             plan.settings.launch.node_rank * nproc + local

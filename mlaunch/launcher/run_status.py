@@ -380,9 +380,7 @@ def job_trace(run_dir: Path, since: float | None) -> list[dict[str, Any]]:
     from mlaunch.otlp.otlp_json import read_spans
 
     spans: list[dict[str, Any]] = []
-    for path in sorted(
-        (run_dir / ec.TELEMETRY_DIR).glob("traces-" + ec.LAUNCHER_SENDER.glob + ".jsonl")
-    ):
+    for path in sorted((run_dir / ec.TELEMETRY_DIR).glob(ec.LAUNCHER_TRACES_FILE_GLOB)):
         try:
             spans += read_spans(path)
         except (OSError, ValueError):
@@ -417,7 +415,7 @@ def saved_since(run_dir: Path, since: float) -> bool:
         pass
     for root in roots:
         with contextlib.suppress(OSError):
-            if (root / "latest_checkpointed_iteration.txt").stat().st_mtime >= since - 1:
+            if (root / ec.CHECKPOINT_TRACKER_FILE).stat().st_mtime >= since - 1:
                 return True
     return False
 

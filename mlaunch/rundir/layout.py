@@ -76,6 +76,8 @@ SLURM_OUTPUT_GLOB = SLURM_OUTPUT_TEMPLATE.replace("%j", "*")
 LAUNCHER_LOG = "launcher.log"
 #: torchrun's own output (its restarts, a group's failure), under each node's log directory.
 TORCHRUN_LOG = "torchrun.log"
+#: What torchelastic's ``@record`` leaves in a failed worker's log folder (torch's name).
+TORCHELASTIC_ERROR_FILE = "error.json"
 #: ``mlaunch trace report``'s page, at the top of the run directory unless ``-o`` says otherwise.
 REPORT_FILE = "report.html"
 #: Under :data:`TELEMETRY_DIR`: what earlier ``mlaunch trace replay`` runs delivered (per spool
@@ -193,6 +195,8 @@ def hang_dir(run_dir: str | Path) -> Path:
 
 #: The glob of every rank's traces file (what the file exporter writes).
 TRACES_FILE_GLOB = _telemetry_name("traces", RANK_SENDER.glob)
+#: The glob of every rank's metrics file.
+METRICS_FILE_GLOB = _telemetry_name("metrics", RANK_SENDER.glob)
 #: The glob of every node's launcher job trace (``traces-launcher-node{N}.jsonl``).
 LAUNCHER_TRACES_FILE_GLOB = _telemetry_name("traces", LAUNCHER_SENDER.glob)
 
@@ -322,6 +326,8 @@ def tee_file(run_dir: str | Path, rank: int) -> Path:
 
 
 __all__ = [
+    "METRICS_FILE_GLOB",
+    "TORCHELASTIC_ERROR_FILE",
     "CAPTURES_LOG_FILE",
     "RECORDER_INDEX_FILE",
     "recorder_index_file",

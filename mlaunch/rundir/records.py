@@ -237,6 +237,21 @@ def read_lens_acks(run_dir: str | Path, request_id: str) -> dict[int, dict[str, 
     return out
 
 
+def capture_answers(
+    acks: dict[int, dict[str, Any]], request_id: str, lens: dict[int, dict[str, Any]]
+) -> dict[int, dict[str, Any]]:
+    """Each rank's answer to ``request_id``: its mlaunch worker's ack, else its nemo-lens hook's.
+    A process that runs ``mlaunch.telemetry`` (it wrote an mlaunch ack, for any request) answers
+    for its rank whatever its hook says: the hook in such a worker refuses iteration windows,
+    which the mlaunch worker takes, so its refusal must not end the capture early."""
+    out = {r: a for r, a in acks.items() if a.get("id") == request_id}
+    mlaunch_pids = {a.get("pid") for a in acks.values() if a.get("pid") is not None}
+    for rank, ack in lens.items():
+        if rank not in out and ack.get("pid") not in mlaunch_pids:
+            out[rank] = ack
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class RecorderDump:
     """One flight-recorder dump of one rank (a line of its :data:`~.layout.RECORDER_INDEX_FILE`,
@@ -308,6 +323,7 @@ def read_launcher_record(run_dir: str | Path, node_rank: int = 0) -> dict[str, A
 
 
 __all__ = [
+    "capture_answers",
     "read_heartbeat",
     "read_captures_log",
     "read_json_object",

@@ -21,11 +21,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from mlaunch.rundir.layout import CAPTURE_FINAL_STATES
+from mlaunch.rundir.layout import CAPTURE_FINAL_STATES, CAPTURES_LOG_FILE
 from mlaunch.rundir.records import (
     Heartbeat,
     ProgressStep,
     RecorderDump,
+    append_line,
+    capture_answers,
     read_acks,
     read_capture_request,
     read_captures_log,
@@ -181,15 +183,13 @@ class RunState:
         live = request.get("start_iteration") is not None or request.get("start_ns") is not None
         groups = str(request.get("groups") or "") if live else None
         acks = read_acks(self.run_dir)
-        answers: dict[int, dict[str, Any]] = {r: a for r, a in acks.items() if a.get("id") == rid}
+        answers = capture_answers(acks, rid, read_lens_acks(self.run_dir, rid))
         # The ranks that listened when it was written (their process started before it) and
         # that it asks: each must end it before it is over.
         expected = {
             r for r, a in acks.items()
             if int(a.get("started_ns") or 0) <= (created or 0) and (wanted is None or r in wanted)
         }  # fmt: skip
-        for rank, ack in read_lens_acks(self.run_dir, rid).items():
-            answers.setdefault(rank, ack)
         states = {r: str(a.get("state")) for r, a in answers.items()}
         note = None
         if not live:  # a recorder-only request: done once a rank dumped after it
@@ -279,3 +279,12 @@ def _first_note(answers: dict[int, dict[str, Any]]) -> str | None:
         if note:
             return str(note)
     return None
+
+
+def log_superseded(run_dir: str | Path) -> None:
+    """Before a new request replaces the request file (``trace capture``, the hang watchdog):
+    the capture it held goes to the captures log with its phase now (its acks are replaced
+    next), so the run model keeps every capture of the run."""
+    previous = RunState.read(run_dir, ended=False).capture
+    if previous is not None and previous.id not in {c["id"] for c in read_captures_log(run_dir)}:
+        append_line(Path(run_dir) / CAPTURES_LOG_FILE, previous.log_record())

@@ -127,3 +127,30 @@ def test_the_hook_writes_its_ack_through_rundir_without_mlaunch_installed(tmp_pa
                          timeout=60, cwd=tmp_path, env=env)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert json.loads((tmp_path / "ack.json").read_text()) == {"id": "x"}
+
+
+def test_a_capture_stays_in_the_run_model_when_the_hang_watchdog_replaces_its_request(tmp_path):
+    from mlaunch.launcher.hang_report import request_hang_spans
+
+    _request(tmp_path)
+    for rank in (0, 1):
+        _ack(tmp_path, rank, id="c1", state="done", first_iteration=20, last_iteration=22)
+    request_hang_spans(tmp_path, "r")
+    assert json.loads((tmp_path / lay.CAPTURE_REQUEST_FILE).read_text())["trigger"] == "hang"
+    assert RunState.read(tmp_path, ended=True).as_json()["captures"] == [
+        {"id": "c1", "phase": "done", "groups": "all", "iterations": [20, 22], "ranks": None}
+    ]
+
+
+def test_the_lens_hook_in_an_mlaunch_worker_never_answers_for_it(tmp_path):
+    # The hook in a worker that runs mlaunch.telemetry refuses iteration windows at once; the
+    # mlaunch worker takes them a moment later: the refusal must not end the capture.
+    _request(tmp_path)
+    for rank in (0, 1):
+        _ack(tmp_path, rank, state="listening", id=None, pid=100 + rank)
+        path = (
+            tmp_path / lay.TELEMETRY_DIR / lay.LENS_CAPTURE_ACK_TEMPLATE.format(rank=rank, id="c1")
+        )
+        atomic.write_json(path, {"id": "c1", "rank": rank, "pid": 100 + rank, "applied": False,
+                                 "reason": "nemo-lens workers capture by time"})  # fmt: skip
+    assert RunState.read(tmp_path, ended=False).capture.phase == "requested"  # type: ignore[union-attr]
