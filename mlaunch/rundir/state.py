@@ -112,14 +112,15 @@ class RunState:
         cls, run_dir: str | Path, *, ended: bool | None = None, since: float | None = None
     ) -> RunState:
         """Read ``run_dir``. ``ended`` None: from node 0's launcher record (ended when it says
-        so; a directory without one is taken as ended). ``since``: the launch's start (epoch
+        so; a directory without one, whose workers were started some other way, is taken as
+        running, as ``mlaunch status`` takes its ``unknown`` state). ``since``: the launch's start (epoch
         seconds); what an earlier launch left (requests, dumps, beats) is not this one's."""
         run_dir = Path(run_dir)
         launcher = read_launcher_record(run_dir)
         if since is None and launcher is not None:
             since = float(launcher["started"])
         if ended is None:
-            ended = launcher is None or launcher.get("ended") is not None
+            ended = launcher is not None and launcher.get("ended") is not None
         state = cls(run_dir, ended, read_progress_tail(run_dir), launcher)
         state.heartbeats = {
             r: b for r, b in read_heartbeats(run_dir).items() if since is None or b.written >= since
@@ -141,15 +142,6 @@ class RunState:
         return state
 
     # --- progress -------------------------------------------------------------------------------
-
-    @property
-    def iteration(self) -> int | None:
-        """The newest iteration of ``progress.jsonl``, else the furthest beat's."""
-        for rec in reversed(self.progress):
-            if isinstance(rec.iteration, int):
-                return rec.iteration
-        beats = [b.iteration for b in self.heartbeats.values() if b.iteration is not None]
-        return max(beats) if beats else None
 
     def hang_suspected(self) -> bool:
         """Whether the time since the last progress means anything: only while the run runs (a

@@ -250,10 +250,11 @@ def snapshot(target: str, cwd: Path, state: WatchState, now: float | None = None
     ends = [r.time for r in records[-1:]]
     ends += [now - r.step_age_s for r in snap.ranks if r.step_age_s is not None]
     # A finished run has no hang suspicion: its last progress is simply its end.
-    snap.since_progress_s = max(0.0, now - max(ends)) if ends and st.live else None
-    snap.hang_timeout = hang_timeout(run_dir) if st.live else None
+    suspect = st.run is not None and st.run.hang_suspected()
+    snap.since_progress_s = max(0.0, now - max(ends)) if ends and suspect else None
+    snap.hang_timeout = hang_timeout(run_dir) if suspect else None
     wd = st.watchdog
-    if st.live and isinstance(wd, dict) and isinstance(wd.get("timeout_s"), int | float):
+    if suspect and isinstance(wd, dict) and isinstance(wd.get("timeout_s"), int | float):
         # The bound the launcher's watchdog applies now (auto's 10x median, or the start-up
         # bound before the first iteration), not only the setting as written.
         phase = "start-up, " if wd.get("starting") else ""

@@ -28,7 +28,7 @@ from orjson import dumps as _dumps
 from orjson import loads as _loads
 
 from mlaunch.model.spans import ResourceAttr
-from mlaunch.rundir.atomic import atomic_path
+from mlaunch.rundir.atomic import atomic_path, write_atomic
 from mlaunch.trace.reader import (
     ReadStats,
     Resource,
@@ -393,9 +393,7 @@ def build_store(
             parts=parts_list, spans=total, read=read, complete=complete,
         )  # fmt: skip
         if base is not None:
-            mtmp = final / f".{MANIFEST}.tmp"
-            mtmp.write_text(json.dumps(asdict(man)))
-            os.replace(mtmp, final / MANIFEST)
+            write_atomic(final / MANIFEST, json.dumps(asdict(man)))
             return man
         (tmp / MANIFEST).write_text(json.dumps(asdict(man)))
         old = run_dir / f".{STORE_DIR}.old"
