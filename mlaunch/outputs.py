@@ -29,6 +29,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
+from mlaunch.rundir.atomic import atomic_path
+
 #: What the first bytes of ``mlaunch trace export``'s and ``mlaunch trace report``'s files hold:
 #: an existing file inside a run directory whose head contains one of these is an earlier output,
 #: which may be replaced. Pinned against the writers by tests/trace/test_trace_hostile.py
@@ -124,14 +126,7 @@ def open_output(
         with open(path, "w", encoding=encoding) as f:  # never replaced: /dev/null stays a device
             yield f
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding=encoding) as f:
-            if st is not None:  # keep the replaced file's permissions
-                os.chmod(tmp, stat.S_IMODE(st.st_mode))
-            yield f
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+    with atomic_path(path) as tmp, open(tmp, "w", encoding=encoding) as f:
+        if st is not None:  # keep the replaced file's permissions
+            os.chmod(tmp, stat.S_IMODE(st.st_mode))
+        yield f

@@ -25,7 +25,7 @@ def render(snap: Any, width: int | None = None) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    from mlaunch.slurm.status import status_text
+    from mlaunch.slurm.status import capture_text, status_text
 
     st = snap.status
     head = status_text(st).splitlines()[0]
@@ -84,15 +84,7 @@ def render(snap: Any, width: int | None = None) -> Any:
         lines.append(Text(f"hang: {msg}"))
     if snap.hang:
         lines.append(Text(f"hang detected: {snap.hang.get('verdict')}", style="bold red"))
-    if snap.capture:
-        c = snap.capture
-        what = "flight recorders" if c.get("recorded") else "capture"
-        who = "every rank" if c.get("ranks") is None else f"ranks {format_ranks(c['ranks'])}"
-        created = c.get("created_ns")
-        when = (
-            f", requested {_age(time.time() - created / 1e9)}" if isinstance(created, int) else ""
-        )
-        lines.append(Text(f"capture: {c.get('id')} ({what} of {who}{when})"))
+    lines += [Text(f"capture: {capture_text(c)}") for c in snap.captures]
     if snap.recorder_writing:
         lines.append(Text(
             f"recorder: ranks {format_ranks(snap.recorder_writing)} writing their dumps",

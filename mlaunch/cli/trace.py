@@ -613,7 +613,10 @@ def capture_cmd(
         False, "--recorded", help="Every selected rank writes what its flight recorder holds now."
     ),
     wait: bool = typer.Option(
-        False, "--wait", help="Wait until every selected rank has applied and ended the capture."
+        False,
+        "--wait",
+        help="Wait until every selected rank has applied and ended the capture (with --recorded"
+        " alone: written its dump).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON for machines."),
 ) -> None:
@@ -624,7 +627,8 @@ def capture_cmd(
 
     The request goes into the run directory, which each worker reads at most once a second; a
     request left behind never applies to a later run or restart. Exit 2, with nothing written,
-    for a finished run, an unknown rank, a bad spec or window, or while another capture runs.
+    for a run that is not running, --recorded on a run without a flight recorder, an unknown
+    rank, a bad spec or window, or while another capture runs.
     """
     from mlaunch.launcher.capture import CaptureInputError, request_capture, wait_for_capture
     from mlaunch.launcher.run_status import JobStatus
@@ -651,7 +655,7 @@ def capture_cmd(
         raise error(str(e)) from None
     if not as_json:
         typer.echo(_capture_text(req))
-    if wait and req.live:
+    if wait:  # a live capture's end, or (--recorded alone) every rank's dump
         req = wait_for_capture(req)
     if as_json:
         typer.echo(json.dumps(req.as_json(), indent=2))

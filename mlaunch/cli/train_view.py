@@ -658,6 +658,20 @@ def print_result(
         f"telemetry off on rank {rank}: {reason}"
         for rank, reason in sorted(result.telemetry_off.items())
     ]
+    plain += run_model_lines(plan.run_dir, result.started)
     plain += _strangers(result)
     for line in plain:
         console.print(line, soft_wrap=True, highlight=False, markup=False)
+
+
+def run_model_lines(run_dir: Path, started: float | None) -> list[str]:
+    """This launch's captures and recorder dumps as ``mlaunch status`` shows them (the same
+    run model, read once the run ended: a capture still open at the end is missed)."""
+    from mlaunch.rundir.state import RunState
+    from mlaunch.slurm.status import capture_text, dumps_text
+
+    model = RunState.read(run_dir, ended=True, since=started).as_json()
+    lines = [f"capture: {capture_text(c)}" for c in model["captures"]]
+    if model["dumps"]:
+        lines.append(f"recorder: {dumps_text(model['dumps'])}")
+    return lines

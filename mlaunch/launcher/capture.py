@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import secrets
 import statistics
 import time
@@ -29,14 +28,19 @@ from pathlib import Path
 from typing import Any
 
 from mlaunch import envcontract as ec
-from mlaunch.launcher.run_status import JobStatus
+from mlaunch.launcher.run_status import LIVE_STATES, JobStatus
 from mlaunch.lens_hook import START_LEAD_S
 from mlaunch.model.spec import SpanSpecError, format_groups, resolve
+from mlaunch.rundir.atomic import write_json
+from mlaunch.rundir.records import (
+    capture_answers,
+    read_acks,
+    read_capture_request,
+    read_dumps,
+    read_lens_acks,
+)
+from mlaunch.rundir.state import RunState, log_superseded
 from mlaunch.settings import recorded_off_reason
-
-#: Run states in which no worker is left to read a request.
-FINISHED_STATES = frozenset({"completed", "failed", "preempted", "cancelled", "timeout"})
-
 
 #: How far ahead of the furthest rank a capture starts, in seconds of its iterations: the
 #: watchers read the request at most a second after it is written, and a rank that exports
@@ -48,6 +52,10 @@ STEP_SAMPLES = 20
 #: After its expected end, how long a capture without every ack still counts as running (a
 #: slow rank may be behind), and how long ``--wait`` waits for the last acks.
 GRACE_S = 60.0
+
+
+#: The setting of the flight recorder's groups in ``resolved.json`` (empty: no recorder).
+RECORDER_SETTING = "telemetry.recorder_groups"
 
 
 class CaptureInputError(ValueError):
@@ -178,21 +186,6 @@ def _run_id(run_dir: Path) -> str | None:
     return str(value) if value else None
 
 
-def read_acks(run_dir: Path) -> dict[int, dict[str, Any]]:
-    """Every rank's latest capture ack (rank -> body); unreadable ones are left out."""
-    out: dict[int, dict[str, Any]] = {}
-    folder = run_dir / ec.TELEMETRY_DIR
-    for path in folder.glob(ec.CAPTURE_ACK_FILE.glob) if folder.is_dir() else ():
-        rank = ec.CAPTURE_ACK_FILE.parse(path.name)
-        try:
-            body = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if rank is not None and isinstance(body, dict):
-            out[rank] = body
-    return out
-
-
 def _recent_steps(run_dir: Path) -> tuple[int | None, float | None]:
     """The newest iteration in ``progress.jsonl`` and the median step time (s) of the newest
     records."""
@@ -239,32 +232,15 @@ def _window(
 
 
 def running_capture(run_dir: Path, run_id: str | None) -> str | None:
-    """The id of a live capture of this run that has not ended on every rank, else None."""
-    try:
-        request = json.loads((run_dir / ec.CAPTURE_REQUEST_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(request, dict) or request.get("start_iteration") is None:
+    """The id of a live capture of this run that is not over (the run model's phase), else
+    None."""
+    capture = RunState.read(run_dir, ended=False).capture
+    request = read_capture_request(run_dir) or {}
+    if capture is None or capture.final or capture.groups is None:
         return None
     if run_id and request.get("run_id") and request["run_id"] != run_id:
         return None
-    rid = request.get("id")
-    acks = read_acks(run_dir)
-    listening = [
-        r
-        for r, a in acks.items()
-        if int(a.get("started_ns") or 0) <= int(request.get("created_ns") or 0)
-    ]
-    wanted = request.get("ranks")
-    expected = [r for r in listening if wanted is None or r in wanted]
-    if expected and all(
-        acks[r].get("id") == rid and acks[r].get("state") in ec.CAPTURE_FINAL_STATES
-        for r in expected
-    ):
-        return None
-    if time.time_ns() > int(request.get("expires_ns") or 0):
-        return None  # a rank never answered (it died, or has no telemetry): not running now
-    return str(rid)
+    return capture.id
 
 
 def request_capture(
@@ -296,8 +272,13 @@ def request_capture(
     if st.run_dir is None:
         raise CaptureInputError(f"{target}: no run directory found for it")
     run_dir = Path(st.run_dir)
-    if st.state in FINISHED_STATES:
-        raise CaptureInputError(f"{run_dir}: the run has {st.state}; no worker is left to capture")
+    if st.state not in LIVE_STATES:
+        # Completed, failed, stopped by a signal (preempted, interrupted), or its launcher died:
+        # no worker is left to read a request.
+        raise CaptureInputError(
+            f"{run_dir}: the run has {st.state.replace('_', ' ')} (it is not running);"
+            " no worker is left to capture"
+        )
     script_run = bool(_setting(run_dir, "launch.script") or _setting(run_dir, "launch.module"))
     if not st.progress and not (script_run and spec is not None and seconds is not None):
         raise CaptureInputError(
@@ -317,6 +298,11 @@ def request_capture(
     if (off := recorded_off_reason(_resolved(run_dir).get("settings") or {})) is not None:
         raise CaptureInputError(
             f"{run_dir}: telemetry is off in this run ({off}): no worker watches for requests"
+        )
+    if recorded and _setting(run_dir, RECORDER_SETTING) == "":
+        raise CaptureInputError(
+            f"{run_dir}: this run has no flight recorder (--otel-recorder-groups was empty at"
+            " launch), so --recorded has nothing to dump; launch with --otel-recorder-groups SPEC"
         )
     run_id = _run_id(run_dir)
     if (busy := running_capture(run_dir, run_id)) is not None:
@@ -382,10 +368,8 @@ def request_capture(
             if not listening and seconds is not None:
                 # No mlaunch.telemetry worker said it listens: nemo-lens workers answer instead.
                 req.expected_ranks = req.lens_ranks or None
-    path = run_dir / ec.CAPTURE_REQUEST_FILE
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(body) + "\n", encoding="utf-8")
-    os.replace(tmp, path)  # a worker never reads half a request
+    log_superseded(run_dir)
+    write_json(run_dir / ec.CAPTURE_REQUEST_FILE, body)  # a worker never reads half a request
     return req
 
 
@@ -395,11 +379,10 @@ def wait_for_capture(
     """Follow the acks until every expected rank ended the capture (done or missed), the run
     finished, or the capture's window plus :data:`GRACE_S` has passed; fills ``req.outcome``."""
     req.waited = True
-    try:
-        body = json.loads((req.run_dir / ec.CAPTURE_REQUEST_FILE).read_text(encoding="utf-8"))
-        expires = int(body.get("expires_ns") or 0) / 1e9
-    except (OSError, ValueError):
-        expires = 0.0
+    body = read_capture_request(req.run_dir) or {}
+    if not req.live:
+        return _wait_for_dumps(req, body, poll_s, timeout_s)
+    expires = int(body.get("expires_ns") or 0) / 1e9
     deadline = time.time() + timeout_s if timeout_s is not None else max(expires, time.time() + 10)
     while True:
         acks = read_acks(req.run_dir)
@@ -408,9 +391,7 @@ def wait_for_capture(
             req.expected_ranks = [
                 r for r in listening if req.ranks is None or r in req.ranks
             ] or None
-        req.outcome = {r: a for r, a in acks.items() if a.get("id") == req.id}
-        for rank, ack in read_lens_acks(req.run_dir, req.id).items():
-            req.outcome.setdefault(rank, ack)
+        req.outcome = capture_answers(acks, req.id, read_lens_acks(req.run_dir, req.id))
         if req.complete or time.time() >= deadline:
             return req
         time.sleep(poll_s)
@@ -455,22 +436,30 @@ def lens_capture_ranks(run_dir: Path) -> tuple[list[int], dict[int, str]]:
     return exporting, {r: why for r in range(world) if r not in exporting}
 
 
-def read_lens_acks(run_dir: Path, request_id: str) -> dict[int, dict[str, Any]]:
-    """nemo-lens workers' answers to request ``request_id`` (``mlaunch.lens_hook``), in the shape
-    of an mlaunch worker's ack: ``state`` done once the groups were switched back, missed when
-    not applied (``note`` says why), running in between."""
-    out: dict[int, dict[str, Any]] = {}
-    folder = run_dir / ec.TELEMETRY_DIR
-    pattern = ec.LENS_CAPTURE_ACK_TEMPLATE.format(rank="*", id=request_id)
-    for path in folder.glob(pattern) if folder.is_dir() else ():
-        try:
-            body = json.loads(path.read_text(encoding="utf-8"))
-            rank = int(body["rank"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if not body.get("applied"):
-            state = "missed"
-        else:
-            state = "done" if body.get("ended_ns") else "running"
-        out[rank] = {**body, "state": state, "note": body.get("reason") or None}
-    return out
+def _wait_for_dumps(
+    req: CaptureRequest, body: dict[str, Any], poll_s: float, timeout_s: float | None
+) -> CaptureRequest:
+    """``--recorded --wait``: until every expected rank has written the dump the request asked
+    for (its recorder's index says so), the run ended, or :data:`GRACE_S` has passed."""
+    created = int(body.get("created_ns") or time.time_ns())
+    deadline = time.time() + (timeout_s if timeout_s is not None else GRACE_S)
+    if req.expected_ranks is None:
+        world = _world_size(req.run_dir, read_acks(req.run_dir))
+        every = list(range(world)) if world else None
+        req.expected_ranks = req.ranks if req.ranks is not None else every
+    while True:
+        req.outcome = {}
+        for d in read_dumps(req.run_dir):
+            if d.trigger == "request" and d.time_ns >= created:
+                lo, hi = d.iterations or (None, None)
+                req.outcome[d.rank] = {
+                    "state": "done", "first_iteration": lo, "last_iteration": hi,
+                    "note": f"{d.spans} spans written",
+                }  # fmt: skip
+        if req.expected_ranks is None and req.outcome:
+            req.expected_ranks = sorted(req.outcome)
+        if req.complete or time.time() >= deadline:
+            return req
+        if RunState.read(req.run_dir).ended:
+            return req
+        time.sleep(poll_s)

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from mlaunch import envcontract as ec
 from mlaunch.launcher.hang_report import HangReport, Worker, collect, write_merged
 from mlaunch.model.spans import STEP_SPAN
+from mlaunch.rundir.records import read_heartbeat
 
 if TYPE_CHECKING:  # the type only: importing this module never loads the settings layer
     from mlaunch.launcher.plan import LaunchPlan
@@ -276,16 +277,12 @@ class Watchdog:
 
     def _read_sources(self, torchrun_pid: int, now: float) -> None:
         for w in self._local_workers(torchrun_pid, now):
-            path = ec.heartbeat_file(self.plan.run_dir, w.rank)
-            try:
-                beat = json.loads(path.read_bytes())
-            except (OSError, ValueError):
-                continue
-            if beat.get("pid") != w.pid:
-                continue  # an earlier attempt's worker wrote it
+            beat = read_heartbeat(self.plan.run_dir, w.rank)
+            if beat is None or beat.pid != w.pid:
+                continue  # none yet, or an earlier attempt's worker wrote it
             self._beats.add(w.rank)
-            if isinstance(beat.get("iteration"), int) and isinstance(beat.get("time"), float):
-                self._observe("heartbeat", w.rank, beat["iteration"], beat["time"])
+            if beat.iteration is not None and isinstance(beat.time, float):
+                self._observe("heartbeat", w.rank, beat.iteration, beat.time)
         if self.receiver is not None:
             for rank, iteration, start_ns, end_ns in self.receiver.take_iterations():
                 self._observe(

@@ -30,6 +30,8 @@ from typing import Any
 from mlaunch import envcontract as ec
 from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spans import SPANS, Attr, canonical_name
+from mlaunch.rundir.atomic import write_json
+from mlaunch.rundir.state import log_superseded
 
 #: How long one ``py-spy dump`` may take (it pauses the worker while it reads its stacks).
 PY_SPY_TIMEOUT_S = 20.0
@@ -320,10 +322,8 @@ def request_hang_spans(run_dir: Path, run_id: str) -> str:
         "id": rid, "created_ns": time.time_ns(), "run_id": run_id, "ranks": None,
         "recorded": True, "trigger": "hang", "open_spans": True,
     }  # fmt: skip
-    path = run_dir / ec.CAPTURE_REQUEST_FILE
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(body) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    log_superseded(run_dir)  # a user's capture it replaces stays in the run model
+    write_json(run_dir / ec.CAPTURE_REQUEST_FILE, body)
     return rid
 
 
@@ -440,7 +440,7 @@ def collect(
 def write_report(run_dir: Path, report: HangReport) -> None:
     """This node's report, then the merge of every node's report present (``report.json``)."""
     hang = ec.hang_dir(run_dir)
-    _write_atomic(hang / ec.HANG_NODE_REPORT.name(report.node), report.as_json())
+    write_json(hang / ec.HANG_NODE_REPORT.name(report.node), report.as_json(), indent=1)
     write_merged(run_dir)
 
 
@@ -448,13 +448,7 @@ def write_merged(run_dir: Path) -> None:
     """``report.json``: the merge of every node's report present now."""
     merged = merged_report(run_dir)
     if merged is not None:
-        _write_atomic(ec.hang_dir(run_dir) / ec.HANG_REPORT_FILE, merged)
-
-
-def _write_atomic(path: Path, body: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(body, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+        write_json(ec.hang_dir(run_dir) / ec.HANG_REPORT_FILE, merged, indent=1)
 
 
 # --------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from mlaunch.launcher.hang import Watchdog
 from mlaunch.launcher.hang_report import HangReport
 from mlaunch.launcher.plan import TORCHRUN_MODULE, LaunchPlan
 from mlaunch.launcher.run_status import telemetry_off
+from mlaunch.rundir.atomic import write_atomic
 
 if TYPE_CHECKING:
     from mlaunch.receiver.core import ReceiverStats
@@ -56,13 +57,7 @@ def _write_private(path: Path, text: str, mode: int = 0o600) -> None:
     """Write ``text`` to ``path`` with ``mode`` from the file's creation (never briefly readable by
     others, as a chmod after writing would allow), atomically: nodes sharing a run directory
     may write the same file at once, and a reader never sees half of one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()  # a leftover of a crashed launch: O_EXCL must not inherit its mode
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    write_atomic(path, text, mode=mode)
 
 
 class RunDirBusy(Exception):
@@ -308,7 +303,7 @@ def collect_failures(
         rank = int(data.get("rank", ec.ERROR_FILE.parse(path.name) or 0))
         local = rank % nproc
         folder = local_dirs.get(local)
-        here = folder is not None and (folder / "error.json").exists()
+        here = folder is not None and (folder / ec.TORCHELASTIC_ERROR_FILE).exists()
         log_path, tail = _rank_log(folder if here else None)
         if here:
             seen_local.add(local)
@@ -319,9 +314,9 @@ def collect_failures(
             )
         )  # fmt: skip
     for local, folder in sorted(local_dirs.items()):
-        if local in seen_local or not (folder / "error.json").exists():
+        if local in seen_local or not (folder / ec.TORCHELASTIC_ERROR_FILE).exists():
             continue
-        exc_type, message = _torchelastic_error(folder / "error.json")
+        exc_type, message = _torchelastic_error(folder / ec.TORCHELASTIC_ERROR_FILE)
         log_path, tail = _rank_log(folder)
         rank = (
             plan.settings.launch.node_rank * nproc + local

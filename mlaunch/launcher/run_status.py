@@ -19,8 +19,15 @@ from typing import Any
 
 from mlaunch import envcontract as ec
 from mlaunch.model.spans import Attr, SpanName
+from mlaunch.rundir.records import read_heartbeats, read_launcher_record
+from mlaunch.rundir.state import RunState
 
 _JOB, _ATTEMPT = SpanName.JOB.value, SpanName.JOB_ATTEMPT.value
+
+#: The states in which workers may still be there to answer (anything else is the run's end:
+#: completed, failed, preempted, interrupted, cancelled, launcher died). ``unknown``: a run
+#: directory with neither a launcher record nor SLURM to say (a worker started another way).
+LIVE_STATES = frozenset({"running", "queued", "suspended", "unknown"})
 
 
 @dataclass
@@ -105,10 +112,38 @@ class JobStatus:
     telemetry_off: list[dict[str, Any]] = field(default_factory=list)
     """Ranks of this launch whose telemetry is off although it was asked for (``rank``,
     ``reason``: e.g. its setup failed), as their progress beats say (:func:`telemetry_off`)."""
+    captures: list[dict[str, Any]] = field(default_factory=list)
+    """This launch's capture requests, each with its phase in the capture's life (``id``,
+    ``phase``, ``groups``, ``iterations``, ``ranks``: :class:`mlaunch.rundir.state.CaptureState`)."""
+    dumps: list[dict[str, Any]] = field(default_factory=list)
+    """This launch's flight-recorder dumps (``rank``, ``seq``, ``trigger``, ``time_ns``,
+    ``spans``, ``iterations``), oldest first."""
+    run: RunState | None = field(default=None, repr=False, compare=False)
+    """The run model every view reads (:meth:`attach_run_state`); not part of the JSON."""
+
+    @property
+    def live(self) -> bool:
+        """Whether workers may still be there (:data:`LIVE_STATES`)."""
+        return self.state in LIVE_STATES
+
+    def attach_run_state(self, since: float | None) -> None:
+        """Read the run model of ``run_dir`` for this state (ended unless :attr:`live`) and
+        fill :attr:`captures` and :attr:`dumps` from it: every view shows the same phases."""
+        if self.run_dir is None:
+            return
+        self.run = RunState.read(self.run_dir, ended=not self.live, since=since)
+        model = self.run.as_json()
+        self.captures, self.dumps = model["captures"], model["dumps"]
 
     def as_json(self) -> dict[str, Any]:
         """The status as a JSON object."""
-        return asdict(self)
+        run, self.run = self.run, None
+        try:
+            out = asdict(self)
+        finally:
+            self.run = run
+        out.pop("run", None)
+        return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -296,22 +331,14 @@ def telemetry_off(
     (``heartbeat/rank{R}.json``: a worker whose ``mlaunch.telemetry`` setup failed says so in
     its first beat) written since ``since`` (an earlier launch's beats are not this one's).
     ``ranks``: only these (a launcher reads its own node's); None: every beat there."""
-    folder = run_dir / ec.HEARTBEAT_DIR
-    if ranks is None:
-        found = [ec.HEARTBEAT_FILE.parse(p.name) for p in folder.glob(ec.HEARTBEAT_FILE.glob)]
-        ranks = sorted(r for r in found if r is not None)
+    beats = read_heartbeats(run_dir)
     out: dict[int, str] = {}
-    for rank in ranks:
-        path = ec.heartbeat_file(run_dir, rank)
-        try:
-            if since is not None and path.stat().st_mtime < since - 1:
-                continue
-            beat = json.loads(path.read_bytes())
-        except (OSError, ValueError):
+    for rank in sorted(beats) if ranks is None else ranks:
+        beat = beats.get(rank)
+        if beat is None or (since is not None and beat.written < since - 1):
             continue
-        reason = beat.get("telemetry_off") if isinstance(beat, dict) else None
-        if isinstance(reason, str) and reason:
-            out[rank] = reason
+        if beat.telemetry_off:
+            out[rank] = beat.telemetry_off
     return out
 
 
@@ -321,11 +348,7 @@ def telemetry_off(
 
 def launcher_record(run_dir: Path) -> dict[str, Any] | None:
     """Node 0's launcher record of the newest launch (``launcher-node0.json``), or None."""
-    try:
-        data = json.loads(ec.launcher_record_file(run_dir, 0).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and isinstance(data.get("started"), int | float) else None
+    return read_launcher_record(run_dir, 0)
 
 
 def _pid_alive(pid: Any) -> bool:
@@ -357,9 +380,7 @@ def job_trace(run_dir: Path, since: float | None) -> list[dict[str, Any]]:
     from mlaunch.otlp.otlp_json import read_spans
 
     spans: list[dict[str, Any]] = []
-    for path in sorted(
-        (run_dir / ec.TELEMETRY_DIR).glob("traces-" + ec.LAUNCHER_SENDER.glob + ".jsonl")
-    ):
+    for path in sorted((run_dir / ec.TELEMETRY_DIR).glob(ec.LAUNCHER_TRACES_FILE_GLOB)):
         try:
             spans += read_spans(path)
         except (OSError, ValueError):
@@ -394,7 +415,7 @@ def saved_since(run_dir: Path, since: float) -> bool:
         pass
     for root in roots:
         with contextlib.suppress(OSError):
-            if (root / "latest_checkpointed_iteration.txt").stat().st_mtime >= since - 1:
+            if (root / ec.CHECKPOINT_TRACKER_FILE).stat().st_mtime >= since - 1:
                 return True
     return False
 

@@ -98,9 +98,9 @@ class Refused(ValueError):
     """A request for this rank that cannot be applied (the reason goes into the ack)."""
 
 
-def resolve_groups(spec: str) -> frozenset[str]:
-    """The group names of a span-group spec, by mlaunch's own resolver (presets, ``-group``,
-    ``goodput``), loaded from the mlaunch next to this file when the interpreter has none."""
+def _load_mlaunch() -> None:
+    """Make ``import mlaunch.<standard-library module>`` work: the mlaunch next to this file is
+    loaded (the package object only) when the interpreter has none."""
     import importlib.util
 
     if "mlaunch" not in sys.modules and importlib.util.find_spec("mlaunch") is None:
@@ -112,6 +112,12 @@ def resolve_groups(spec: str) -> frozenset[str]:
         module = importlib.util.module_from_spec(spec_)
         sys.modules["mlaunch"] = module
         spec_.loader.exec_module(module)
+
+
+def resolve_groups(spec: str) -> frozenset[str]:
+    """The group names of a span-group spec, by mlaunch's own resolver (presets, ``-group``,
+    ``goodput``), loaded from the mlaunch next to this file when the interpreter has none."""
+    _load_mlaunch()
     from mlaunch.model.spec import resolve
 
     return frozenset(g.value for g in resolve(spec))
@@ -312,17 +318,13 @@ class LensCapture:
         )  # fmt: skip
 
     def _write_ack(self, body: dict[str, object]) -> None:
-        import json
+        _load_mlaunch()
+        from mlaunch.rundir.atomic import write_json
 
         body = {**body, "rank": self.rank, "pid": os.getpid()}
         path = self.ack_path(body["id"])
         try:
-            os.makedirs(self.ack_dir, exist_ok=True)
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(body, f, sort_keys=True)
-                f.write("\n")
-            os.replace(tmp, path)  # a reader never sees half an ack
+            write_json(path, dict(sorted(body.items())))  # a reader never sees half an ack
         except OSError as exc:
             self._log("ack", f"cannot write {path} ({exc})")
 

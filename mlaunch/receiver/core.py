@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import hmac
 import json
-import os
 import secrets
 import sys
 import threading
@@ -52,6 +51,7 @@ from mlaunch.receiver.limits import MAX_REQUEST_BYTES, RETRY_AFTER_S  # noqa: F4
 from mlaunch.receiver.signals import SIGNALS, Signal
 from mlaunch.receiver.store_append import StoreAppender
 from mlaunch.receiver.upstream import Sender, Upstream
+from mlaunch.rundir.atomic import write_json
 
 #: The queue's budget in request bytes (serialized protobuf); beyond it requests are refused.
 MAX_QUEUED_BYTES = 64 * 1024 * 1024
@@ -558,10 +558,7 @@ class Receiver:
     def _write_stats(self) -> None:
         path = envcontract.receiver_stats_file(self.run_dir, self.node_rank)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(self.stats.to_json(), indent=1) + "\n")
-            os.replace(tmp, path)
+            write_json(path, self.stats.to_json(), indent=1)
         except Exception as exc:
             self.problem("stats", f"cannot write {path} ({exc})")
 

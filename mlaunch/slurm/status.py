@@ -96,7 +96,15 @@ def _run_dir_of(job_id: str, info: SlurmJobInfo | None, cwd: Path) -> Path | Non
 
 def job_status(target: str, cwd: Path) -> JobStatus:
     """The status of ``target``: a run directory or a job id. Raises :class:`StatusInputError`
-    when it is neither; a missing SLURM only leaves the SLURM half out."""
+    when it is neither; a missing SLURM only leaves the SLURM half out. The run model
+    (:class:`mlaunch.rundir.state.RunState`: captures, dumps) is read for the state decided."""
+    st, since = _job_status(target, cwd)
+    st.attach_run_state(since)
+    return st
+
+
+def _job_status(target: str, cwd: Path) -> tuple[JobStatus, float | None]:
+    """:func:`job_status` without the run model, and the start of the launch it describes."""
     path = Path(target).expanduser()
     path = path if path.is_absolute() else cwd / path
     run_dir: Path | None = None
@@ -136,10 +144,10 @@ def job_status(target: str, cwd: Path) -> JobStatus:
         st.incarnation = info.restarts + 1 if info.restarts is not None else None
         st.state = STATES.get(info.state, info.state.lower())
     rec = launcher_record(run_dir) if run_dir is not None else None
+    launched = since if since is not None else (rec or {}).get("started")
     if rec is not None and isinstance(rec.get("watchdog"), dict):
         st.watchdog = rec["watchdog"]
     if run_dir is not None:
-        launched = since if since is not None else (rec or {}).get("started")
         st.hang = hang_status(run_dir, launched)
         st.telemetry_off = [
             {"rank": rank, "reason": reason}
@@ -149,7 +157,7 @@ def job_status(target: str, cwd: Path) -> JobStatus:
         apply_launch(st, run_dir, rec)
         if st.state != "unknown":
             hang_cause(st)
-            return st
+            return st, launched
         if st.failures:  # a run directory with neither: what its files tell
             st.state = "failed"
         elif st.progress and not stopped_early(st.progress):
@@ -159,7 +167,7 @@ def job_status(target: str, cwd: Path) -> JobStatus:
         # The workers stopped on a signal (preemption, the time-limit warning, scancel
         # --signal) and saved: the job can resume from its checkpoint.
         st.state = "preempted"
-    return st
+    return st, launched
 
 
 # --------------------------------------------------------------------------------------------
@@ -221,6 +229,9 @@ def status_text(st: JobStatus) -> str:
         lines.append(f"restart:  attempt {r.attempt} after {r.cause}")
     for off in st.telemetry_off:
         lines.append(f"telemetry: off on rank {off['rank']}: {off['reason']}")
+    lines += [f"capture:  {capture_text(c)}" for c in st.captures]
+    if st.dumps:
+        lines.append(f"recorder: {dumps_text(st.dumps)}")
     for n in st.nodes:
         lines.append(f"node {n.node}:   {n.last_line or '(nothing logged yet)'}")
     if st.state == "preempted":
@@ -228,3 +239,31 @@ def status_text(st: JobStatus) -> str:
     if st.note:
         lines.append(f"note:     {st.note}")
     return "\n".join(lines)
+
+
+def capture_text(c: dict[str, Any]) -> str:
+    """One capture as ``status`` and ``status --watch`` show it: its id, what, and its phase."""
+    from mlaunch.model.strategies import format_ranks
+
+    what = (
+        f"groups {c['groups'] or '(none)'}" if c.get("groups") is not None else "flight recorders"
+    )
+    who = "every rank" if c.get("ranks") is None else f"ranks {format_ranks(c['ranks'])}"
+    its = c.get("iterations")
+    where = ""
+    if its:
+        where = f", iteration {its[0]}" if its[0] == its[1] else f", iterations {its[0]}-{its[1]}"
+    return f"{c['id']} ({what} of {who}{where}): {c['phase']}"
+
+
+def dumps_text(dumps: list[dict[str, Any]]) -> str:
+    """The recorder dumps in one line: how many, from which ranks, why."""
+    from mlaunch.model.strategies import format_ranks
+
+    ranks = sorted({d["rank"] for d in dumps})
+    triggers = sorted({d["trigger"] for d in dumps})
+    n = len(dumps)
+    return (
+        f"{n} dump{'s' if n != 1 else ''} from rank{'s' if len(ranks) != 1 else ''}"
+        f" {format_ranks(ranks)} ({', '.join(triggers)})"
+    )

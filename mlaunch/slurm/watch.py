@@ -21,14 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from mlaunch import envcontract as ec
-from mlaunch.launcher.run_status import JobStatus
+from mlaunch.launcher.run_status import LIVE_STATES, JobStatus
 from mlaunch.model.spans import STEP_SPAN, Attr, ResourceAttr
 from mlaunch.slurm.status import job_status
 
 #: Seconds between refreshes.
 REFRESH_S = 2.0
-#: States in which the watch goes on (anything else is the run's end).
-LIVE_STATES = frozenset({"running", "queued", "suspended", "unknown"})
 #: Bytes read from the end of each rank's traces file per refresh.
 TAIL_BYTES = 512 << 10
 #: Bytes read from the end of each rank's metrics file per refresh (a few exports).
@@ -72,13 +70,19 @@ class Snapshot:
     hang: dict[str, Any] | None = None
     straggler: dict[str, Any] | None = None
     """The top row of ``trace stragglers`` over the recent tails (rank, phase, caused_wait_s)."""
-    capture: dict[str, Any] | None = None
+    captures: list[dict[str, Any]] = field(default_factory=list)
+    """The launch's captures with their phases (``status --json``'s ``captures``)."""
     recorder_writing: list[int] = field(default_factory=list)
     recorder_dumps: list[int] = field(default_factory=list)
 
     @property
     def live(self) -> bool:
         return self.status.state in LIVE_STATES
+
+    @property
+    def capture(self) -> dict[str, Any] | None:
+        """The newest capture of the launch."""
+        return self.captures[-1] if self.captures else None
 
 
 @dataclass
@@ -207,20 +211,6 @@ def hang_timeout(run_dir: Path) -> str | None:
     return None if value is None else str(value)
 
 
-def _capture(run_dir: Path, since: float | None) -> dict[str, Any] | None:
-    """The capture request of this launch, when one is there (workers leave it in place)."""
-    try:
-        req = json.loads((run_dir / ec.CAPTURE_REQUEST_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(req, dict):
-        return None
-    created = req.get("created_ns")
-    if since is not None and isinstance(created, int) and created / 1e9 < since:
-        return None  # an earlier launch's
-    return req
-
-
 def _recorders(run_dir: Path, state: WatchState) -> tuple[list[int], list[int]]:
     """(ranks whose recorder file grew since the last refresh, ranks with any dump)."""
     growing, present = [], []
@@ -259,17 +249,22 @@ def snapshot(target: str, cwd: Path, state: WatchState, now: float | None = None
         snap.train_iters = records[-1].train_iters
     ends = [r.time for r in records[-1:]]
     ends += [now - r.step_age_s for r in snap.ranks if r.step_age_s is not None]
-    snap.since_progress_s = max(0.0, now - max(ends)) if ends else None
-    snap.hang_timeout = hang_timeout(run_dir)
-    wd = st.as_json().get("watchdog")
-    if isinstance(wd, dict) and isinstance(wd.get("timeout_s"), int | float):
+    # A finished run has no hang suspicion: its last progress is simply its end.
+    suspect = st.run is not None and st.run.hang_suspected()
+    snap.since_progress_s = max(0.0, now - max(ends)) if ends and suspect else None
+    snap.hang_timeout = hang_timeout(run_dir) if suspect else None
+    wd = st.watchdog
+    if suspect and isinstance(wd, dict) and isinstance(wd.get("timeout_s"), int | float):
         # The bound the launcher's watchdog applies now (auto's 10x median, or the start-up
         # bound before the first iteration), not only the setting as written.
         phase = "start-up, " if wd.get("starting") else ""
         snap.hang_timeout = f"{wd['timeout_s']:g} s ({phase}{wd.get('setting')})"
     snap.straggler = _straggler(agg)
-    snap.capture = _capture(run_dir, started)
-    snap.recorder_writing, snap.recorder_dumps = _recorders(run_dir, state)
+    snap.captures = st.captures
+    snap.recorder_writing, present = _recorders(run_dir, state)
+    if not st.live:
+        snap.recorder_writing = []  # nothing is being written after the run
+    snap.recorder_dumps = sorted(set(present) | {d["rank"] for d in st.dumps})
     if snap.hang:
         current = {r.get("rank"): r for r in snap.hang.get("ranks") or [] if isinstance(r, dict)}
         for live in snap.ranks:

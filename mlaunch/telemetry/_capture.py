@@ -32,6 +32,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ from typing import Any
 
 from mlaunch import envcontract
 from mlaunch.model.spec import SpanSpecError, resolve
+from mlaunch.rundir.atomic import write_json
 
 log = logging.getLogger("mlaunch.telemetry")
 
@@ -179,27 +181,30 @@ class Controller:
         if watcher is not None:
             watcher.wake.set()
 
-    def write_ack(self, listening: bool = False) -> None:
+    def write_ack(self, listening: bool = False, ended: bool = False) -> None:
         """Write the capture's acknowledgement when its state changed since the last one (with
-        no capture yet: the ``listening`` ack, when ``listening``). Never raises (an unwritable
-        run directory only loses the ack)."""
+        no capture yet: the ``listening`` ack, when ``listening``). ``ended``: this rank's
+        telemetry shuts down, so the ack says it no longer listens (``ended``, or the capture's
+        final state with ``ended_ns``): an ack never says ``listening`` after the run. Never
+        raises (an unwritable run directory only loses the ack)."""
         capture, run_dir = self.capture, self.run_dir
-        if run_dir is None or (capture is None and not listening):
+        if run_dir is None or (capture is None and not listening and self._acked is None):
             return
         with self._ack_lock:
-            key = (capture.id, capture.state) if capture is not None else ("", "listening")
+            state = "listening" if capture is None else capture.state
+            key = ("" if capture is None else capture.id, "ended" if ended else state)
             if key == self._acked:
                 return
-            body = {"state": "listening", "id": None, "rank": self.rank}
+            body: dict[str, Any] = {"state": "listening", "id": None, "rank": self.rank}
             if capture is not None:
                 body = capture.ack(self.rank)
+            if ended:
+                body["ended_ns"] = time.time_ns()
+                if body["state"] not in FINAL_STATES:
+                    body["state"] = "ended"
             body.update(self.identity)
             try:
-                path = envcontract.capture_ack_file(run_dir, self.rank)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_name(f".{path.name}.tmp")
-                tmp.write_text(json.dumps(body) + "\n", encoding="utf-8")
-                os.replace(tmp, path)
+                write_json(envcontract.capture_ack_file(run_dir, self.rank), body)
                 self._acked = key
             except OSError as exc:
                 log.warning("mlaunch telemetry: cannot write the capture ack (%s)", exc)
@@ -283,12 +288,16 @@ class RequestWatcher(threading.Thread):
                     os.close(self._beat_fd)
                 self._beat_fd = None
 
-    def beat(self, first: bool = False) -> None:
+    def beat(self, first: bool = False, ended: bool = False) -> None:
         """Write the progress beat when the iteration moved (or, ``first``, before any): one
         ``pwrite`` of a fixed-width line into a file opened once (no rename, no new inode: cheap
-        on a shared file system). ``telemetry`` (when set) says why this rank's telemetry is off."""
+        on a shared file system). ``telemetry`` (when set) says why this rank's telemetry is off.
+        ``ended``: the last beat, at shutdown, whatever moved (the beats are once a second, so
+        without it a run's last iterations would never reach the file), marked ``ended``."""
         mark = self.mark() if self.mark is not None else None
-        if self.heartbeat is None or (not first and (mark is None or mark == self._beat)):
+        if self.heartbeat is None or (
+            not first and not ended and (mark is None or mark == self._beat)
+        ):
             return
         if self._beat_fd is None:
             self.heartbeat.parent.mkdir(parents=True, exist_ok=True)
@@ -303,6 +312,8 @@ class RequestWatcher(threading.Thread):
         }
         if self.telemetry_off is not None:
             beat["telemetry_off"] = self.telemetry_off
+        if ended:
+            beat["ended"] = True
         body = json.dumps(beat)
         # Never narrower than an earlier write: a shorter line must cover all of the longer one.
         self._beat_width = max(self._beat_width, len(body))
@@ -392,7 +403,15 @@ def start_watcher(
 
 
 def stop_watcher() -> None:
-    """Stop the watcher (shutdown, or a forked child); the last ack is written first."""
+    """Stop the watcher at shutdown: the last beat (this rank's final iteration) and the last
+    ack are written first, both marked ended, so neither outlives the run as a live rank's."""
+    watcher = CONTROL.watcher
+    if watcher is not None:
+        watcher.halt()  # its thread writes nothing more: the final beat and ack are these
+        with contextlib.suppress(Exception):
+            watcher.join(timeout=2.0)
+        with contextlib.suppress(Exception):
+            watcher.beat(ended=True)
     with contextlib.suppress(Exception):
-        CONTROL.write_ack()
+        CONTROL.write_ack(ended=True)
     CONTROL.reset()

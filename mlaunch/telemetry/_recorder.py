@@ -50,6 +50,9 @@ from mlaunch import envcontract
 from mlaunch.model.segments import train_block
 from mlaunch.model.spans import RECORDER_TRIGGERS, Attr, ResourceAttr
 from mlaunch.otlp.otlp_json import encode_span, trace_request
+from mlaunch.rundir.atomic import write_json
+from mlaunch.rundir.layout import RECORDER_FILE, RECORDER_INDEX_FILE
+from mlaunch.rundir.records import append_line, dump_record
 from mlaunch.telemetry import _spans
 from mlaunch.telemetry._spans import (
     STARTUP_TRACE,
@@ -428,6 +431,9 @@ class Recorder:
         try:
             # Copies first (each one C call under the GIL): a ``hang`` dump runs on the watcher
             # thread, and a training thread that is not stuck after all may append meanwhile.
+            held = [it for it, _ in list(self.ring)] + (
+                [self.current_iteration] * bool(self.current)
+            )
             spans = [s for _, batch in list(self.ring) for s in batch]
             current = self.current[:]
             del self.current[: len(current)]
@@ -436,6 +442,7 @@ class Recorder:
             if self._written_open:  # ended since an earlier dump wrote it open: not twice
                 spans = [s for s in spans if s.span_id not in self._written_open]
             if not spans:
+                _index_dump(self.path, self.dumps, trigger, 0, [])  # answered: nothing held
                 return 0
             seq = self.dumps
             encoded = [_encode(s, trigger, seq) for s in spans]
@@ -456,6 +463,7 @@ class Recorder:
                 with contextlib.suppress(OSError):
                     os.fsync(f.fileno())
             self.dumps += 1
+            _index_dump(self.path, seq, trigger, len(spans), held)
             log.info(
                 "mlaunch telemetry: flight recorder wrote %d spans (%s) to %s",
                 len(spans), trigger, self.path,
@@ -542,6 +550,14 @@ def open_span_stacks() -> list[dict[str, Any]]:
     return out
 
 
+def _index_dump(path: Path, seq: int, trigger: str, spans: int, iterations: list[int]) -> None:
+    """The dump's line in the recorder's index (what ``mlaunch status`` and the report read)."""
+    rank = RECORDER_FILE.parse(path.name)
+    if rank is not None:
+        index = path.with_name(RECORDER_INDEX_FILE.name(rank))
+        append_line(index, dump_record(rank, seq, trigger, spans, iterations))
+
+
 def write_open_spans(path: Path, rank: int, request_id: str) -> None:
     """Write this process's open-span stacks for a hang report (atomically: the launcher reads
     the file once it appears)."""
@@ -555,7 +571,4 @@ def write_open_spans(path: Path, rank: int, request_id: str) -> None:
         "iteration_started": mark[1] if mark else None,
         "threads": open_span_stacks(),
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(body) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_json(path, body)

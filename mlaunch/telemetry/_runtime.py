@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -57,6 +56,7 @@ from mlaunch.model.spans import (
     SpanName,
 )
 from mlaunch.otlp import traceparent
+from mlaunch.rundir.atomic import write_json
 from mlaunch.settings import TelemetrySettings
 from mlaunch.settings.run_id import choose_run_id, torchrun_shared_ids
 from mlaunch.telemetry import _spans
@@ -559,12 +559,7 @@ class Runtime:
         raises: telemetry must not break a run's end)."""
         path = envcontract.span_counts_file(self.run_dir, self.rank)
         with contextlib.suppress(Exception):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_text(
-                json.dumps({**counts, "rank": self.rank, "spool": str(self.spool.traces.path)})
-            )
-            os.replace(tmp, path)
+            write_json(path, {**counts, "rank": self.rank, "spool": str(self.spool.traces.path)})
 
     def _drop(self, reason: str, n: int) -> None:
         """Count ``n`` spans as dropped for ``reason`` (the caller logged why; call locked)."""

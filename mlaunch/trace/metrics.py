@@ -92,7 +92,7 @@ def read_metric_points(run_dir: Path, tail_bytes: int | None = None) -> MetricPo
     tel = run_dir / envcontract.TELEMETRY_DIR
     if not tel.is_dir():
         return out
-    for path in sorted(tel.glob("metrics-rank*.jsonl")):
+    for path in sorted(tel.glob(envcontract.METRICS_FILE_GLOB)):
         named = envcontract.parse_telemetry_file(path.name)
         if named is None or named.rank is None or named.spool:
             continue

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import fcntl
 import http.client
 import json
-import os
 import urllib.error
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -30,6 +28,7 @@ from mlaunch import envcontract
 from mlaunch.endpoints import DEFAULT_PORTS, Endpoint, EndpointError, parse_endpoint
 from mlaunch.otlp import otlp_json
 from mlaunch.otlp import send as otlp_send
+from mlaunch.rundir.atomic import Busy, locked, write_atomic
 
 PROTOCOLS = ("grpc", "http/protobuf")
 
@@ -251,22 +250,19 @@ def _read_ledger(path: Path) -> dict[str, dict[str, int]]:
 
 
 def _write_ledger(path: Path, ledger: Mapping[str, Mapping[str, int]]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"files": ledger}, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps({"files": ledger}, indent=1, sort_keys=True))
 
 
 @contextlib.contextmanager
 def _exclusive(telemetry_dir: Path) -> Iterator[None]:
-    with open(telemetry_dir / envcontract.REPLAY_LOCK_FILE, "w") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ReplayInputError(
-                f"{telemetry_dir.parent}: another `mlaunch trace replay` of this run is in progress; "
-                "wait for it to finish"
-            ) from None
-        yield
+    try:
+        with locked(telemetry_dir / envcontract.REPLAY_LOCK_FILE, blocking=False):
+            yield
+    except Busy:
+        raise ReplayInputError(
+            f"{telemetry_dir.parent}: another `mlaunch trace replay` of this run is in progress; "
+            "wait for it to finish"
+        ) from None
 
 
 def _complete_lines(path: Path, offset: int) -> Iterator[tuple[int, bytes]]:

@@ -28,6 +28,7 @@ from orjson import dumps as _dumps
 from orjson import loads as _loads
 
 from mlaunch.model.spans import ResourceAttr
+from mlaunch.rundir.atomic import atomic_path, write_atomic
 from mlaunch.trace.reader import (
     ReadStats,
     Resource,
@@ -150,14 +151,8 @@ def _write_atomic(table: Any, path: Path) -> None:
     no file under the final name (the temporary one is removed on failure)."""
     import pyarrow.parquet as pq
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
+    with atomic_path(path) as tmp:
         pq.write_table(table, tmp, compression="zstd", use_dictionary=_DICTIONARY)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 class _Resources:
@@ -398,9 +393,7 @@ def build_store(
             parts=parts_list, spans=total, read=read, complete=complete,
         )  # fmt: skip
         if base is not None:
-            mtmp = final / f".{MANIFEST}.tmp"
-            mtmp.write_text(json.dumps(asdict(man)))
-            os.replace(mtmp, final / MANIFEST)
+            write_atomic(final / MANIFEST, json.dumps(asdict(man)))
             return man
         (tmp / MANIFEST).write_text(json.dumps(asdict(man)))
         old = run_dir / f".{STORE_DIR}.old"

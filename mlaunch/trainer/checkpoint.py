@@ -32,6 +32,7 @@ import torch.distributed as dist
 from mlaunch import envcontract, telemetry
 from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spans import Attr, SpanName
+from mlaunch.rundir.atomic import fsync_dir, write_atomic
 from mlaunch.trainer.parallel import Topology
 
 # The layout's names are the run-directory schema's (the launcher reads them too).
@@ -51,23 +52,6 @@ def iter_dir_name(iteration: int) -> str:
 def shard_dir_name(pp_rank: int, pp: int) -> str:
     """Megatron's shard directory: ``mp_rank_00`` without PP, ``mp_rank_00_001`` with it."""
     return "mp_rank_00" if pp == 1 else f"mp_rank_00_{pp_rank:03d}"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _barrier(topo: Topology) -> None:
@@ -107,7 +91,9 @@ def check_shared(root: str | Path, topo: Topology, environ: dict[str, str] | Non
     token = root / f"{SHARED_TOKEN_PREFIX}{int(nonce.item()):014x}"
     if topo.rank == 0:
         root.mkdir(parents=True, exist_ok=True)
-        _write_atomic(token, b"written by rank 0 to check that every node sees this directory\n")
+        write_atomic(
+            token, b"written by rank 0 to check that every node sees this directory\n", fsync=True
+        )
     _barrier(topo)
     missing = torch.zeros(topo.world_size, dtype=torch.int64, device=topo.device)
     if int(env.get("LOCAL_RANK", "0") or 0) == 0 and not token.is_file():
@@ -212,14 +198,14 @@ def _commit(root: Path, tmp: Path, final: Path, iteration: int, pp: int) -> None
     # so pipeline stages can never resume from different iterations.
     manifest = {"iteration": iteration, "format": "torch", "pipeline_stages": pp, "files": files}
     # The manifest is written last: a directory without one never verifies.
-    _write_atomic(tmp / MANIFEST_FILE, json.dumps(manifest, indent=1).encode())
-    _fsync_dir(tmp)
+    write_atomic(tmp / MANIFEST_FILE, json.dumps(manifest, indent=1), fsync=True)
+    fsync_dir(tmp)
     if final.exists():  # re-saving an iteration after a resume
         shutil.rmtree(final)
     os.replace(tmp, final)
-    _fsync_dir(root)
-    _write_atomic(root / TRACKER_FILE, f"{iteration}\n".encode())
-    _fsync_dir(root)
+    fsync_dir(root)
+    write_atomic(root / TRACKER_FILE, f"{iteration}\n", fsync=True)
+    fsync_dir(root)
 
 
 def _prune(root: Path, keep_last: int) -> None:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.launch_runs import clean_env, finish, mlaunch, progress
+from support.launch_runs import clean_env, finish, mlaunch, progress, status
 
 from mlaunch import envcontract as ec
 from mlaunch.launcher.capture import lens_capture_ranks
@@ -143,6 +143,11 @@ def test_a_nemo_lens_worker_is_switched_to_all_for_a_time_window_and_back(
     applied, ended = ack["applied_ns"], ack["ended_ns"]
     ranks, why = lens_capture_ranks(run_dir)  # what the command will say
     assert ranks == [1] and set(why) == {0}
+    # The run model has the same capture life for nemo-lens workers: done (rank 1 captured,
+    # rank 0 refused), a time window, so no iterations.
+    (capture,) = status(run_dir)["captures"]
+    assert capture == {"id": rid, "phase": "done", "groups": "all", "iterations": None,
+                       "ranks": None}  # fmt: skip
 
     for r in range(2):
         report = _read_json(reports[r])

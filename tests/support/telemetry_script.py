@@ -4,7 +4,7 @@ span in each, until the file named by ``SCRIPT_STOP_FILE`` exists (so a test dec
 whatever the machine's load).
 
 Rank 0 writes one ``progress.jsonl`` line per iteration (what ``mlaunch trace capture`` waits
-for). At the end every rank writes ``script-worker-rank{R}.json``: ``iterations``, ``threads``
+for, and whose step time sets a live capture's lead). At the end every rank writes ``script-worker-rank{R}.json``: ``iterations``, ``threads``
 (the names of its threads), ``sitecustomize`` (the file Python's ``site`` imported, or null),
 ``user_sitecustomize`` (what a user's own sitecustomize set, if it ran) and ``nemo_lens``
 (whether nemo-lens was ever imported).
@@ -47,7 +47,9 @@ def main() -> int:
                     time.sleep(ITER_SECONDS)
                 if rank == 0:
                     with open(run_dir / "progress.jsonl", "a") as f:
-                        f.write(json.dumps({"iteration": iterations, "loss": 1.0}) + "\n")
+                        line = {"iteration": iterations, "loss": 1.0,
+                                "step_ms": ITER_SECONDS * 1e3}  # fmt: skip
+                        f.write(json.dumps(line) + "\n")
     site = sys.modules.get("sitecustomize")
     report = {
         "iterations": iterations,

@@ -67,6 +67,7 @@ def test_groups_commands_import_no_heavy_module(args: list[str]) -> None:
     ("module", "forbidden"),
     [
         ("mlaunch.model", ("pydantic", "typer", "rich", "opentelemetry", "torch")),
+        ("mlaunch.rundir.state", ("pydantic", "typer", "rich", "opentelemetry", "torch")),
         ("mlaunch.settings", ("torch", "opentelemetry", "grpc")),
         # The API alone: the SDK loads only when a rank builds a runtime (setup).
         ("mlaunch.telemetry", ("torch", "opentelemetry.sdk")),
@@ -264,6 +265,9 @@ def _top_level_names() -> tuple[str, ...]:
 #: :func:`test_the_library_never_imports_the_cli`.
 LAYER_RULES: dict[str, tuple[str, ...]] = {
     "mlaunch.model": tuple(n for n in _top_level_names() if n != "mlaunch.model"),
+    # The run directory's owner sits beside model and envcontract: everything may read it, and it
+    # reads nothing of mlaunch (a nemo-lens worker's hook loads it by path, standard library only).
+    "mlaunch.rundir": tuple(n for n in _top_level_names() if n != "mlaunch.rundir"),
     "mlaunch.settings": ("mlaunch.trainer", "mlaunch.launcher", "mlaunch.cli"),
     "mlaunch.telemetry": ("mlaunch.launcher", "mlaunch.cli", "mlaunch.trainer"),
     "mlaunch.trace": ("mlaunch.launcher", "mlaunch.cli", "mlaunch.trainer"),

@@ -8,6 +8,7 @@ from typing import Any
 
 from mlaunch import envcontract
 from mlaunch.outputs import open_output
+from mlaunch.rundir.state import RunState
 from mlaunch.trace.goodput import GoodputReport
 from mlaunch.trace.metrics import read_metric_points
 from mlaunch.trace.reader import ReadStats, TraceReader
@@ -30,6 +31,24 @@ from mlaunch.trace.report.window import (
 )
 from mlaunch.trace.store import StoreReader, open_reader
 from mlaunch.trace.summary import Summary, no_spans_error
+
+
+def with_run_model(marks: list[Mark], model: RunState) -> list[Mark]:
+    """``marks`` with the iterations the run model knows where their spans could not tell: a
+    capture's (by id) from its acks or schedule, a recorder dump's (by trigger and rank) from
+    the recorder's index."""
+    captures = {c.id: c.iterations for c in model.captures if c.iterations is not None}
+    out = []
+    for m in marks:
+        its = m.iterations
+        if its is None and m.kind == "capture":
+            its = captures.get(m.label)
+        elif its is None and m.kind == "recorder":
+            held = [d.iterations for d in model.dumps
+                    if d.trigger == m.label and d.rank in m.ranks and d.iterations]  # fmt: skip
+            its = (min(a for a, _ in held), max(b for _, b in held)) if held else None  # type: ignore[misc]
+        out.append(m._replace(iterations=its) if its != m.iterations else m)
+    return out
 
 
 @dataclass
@@ -168,10 +187,13 @@ def prepare(
     gp = scan.goodput.finish()
 
     present = scan.iterations()
-    marks = scan.marks()
-    ranges = choose_iterations(
-        present, iterations, include=[m.iterations for m in marks if m.iterations is not None]
-    )
+    # The run model says which iterations each capture and dump covered: under per_step a
+    # capture's step spans were exported before it began and carry no capture id, so its mark
+    # alone cannot tell; the default window shows every one of them.
+    model = RunState.read(base_dir)
+    marks = with_run_model(scan.marks(), model)
+    include = [m.iterations for m in marks if m.iterations is not None]
+    ranges = choose_iterations(present, iterations, include=include + model.window_includes())
     segs = segments(scan, ranges, present)
     if isinstance(reader, StoreReader):
         window = collect_window_store(reader.store, segs)

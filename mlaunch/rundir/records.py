@@ -1,0 +1,346 @@
+"""The typed records of the run directory: ``progress.jsonl``'s lines, and (below) the records
+the launcher and the workers leave (attempts, captures, recorder dumps, hang reports, beats)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from mlaunch.rundir.layout import (
+    CAPTURE_ACK_FILE,
+    CAPTURE_REQUEST_FILE,
+    CAPTURES_LOG_FILE,
+    HEARTBEAT_DIR,
+    HEARTBEAT_FILE,
+    LENS_CAPTURE_ACK_TEMPLATE,
+    PROGRESS_FILE,
+    RECORDER_INDEX_FILE,
+    TELEMETRY_DIR,
+    heartbeat_file,
+    launcher_record_file,
+)
+
+# ``progress.jsonl`` (:data:`PROGRESS_FILE`): one JSON object per line, appended and flushed by the
+# rank that owns the loss, one per iteration and one per evaluation. Its two records are these
+# dataclasses (their fields, in order, are the JSON keys): the trainer writes them with
+# :func:`progress_line`, readers read them back with :func:`read_progress_record`. Every field may
+# read as None: a non-finite float is written as null, and an earlier trainer's line, or a cut
+# one, may lack keys, which read as None rather than make the line unreadable.
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressStep:
+    """One training iteration's line of ``progress.jsonl``."""
+
+    iteration: int | None
+    train_iters: int | None
+    loss: float | None
+    lr: float | None
+    grad_norm: float | None
+    tokens_per_sec: float | None
+    step_ms: float | None
+    #: CPU time of the whole process during the step (steadier than wall time on a shared host).
+    cpu_ms: float | None
+    skipped: bool | None
+    #: Wall clock at the end of the step: a reader can see stalls between steps.
+    time: float | None
+    #: Data parallelism only (else left out): the step's gradient buckets, and how many of them
+    #: the last backward launched itself (all of them when the all-reduce overlaps backward).
+    grad_buckets: int | None = None
+    grad_buckets_in_backward: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressEval:
+    """One evaluation's line of ``progress.jsonl``."""
+
+    iteration: int | None
+    eval_loss: float | None
+    #: The greedy completion of a held-out prompt (``--sample-tokens``), else left out.
+    sample: str | None = None
+
+
+#: The fields a record leaves out of its line when they are None (they apply to some runs only).
+_OPTIONAL_PROGRESS_FIELDS = frozenset({"grad_buckets", "grad_buckets_in_backward", "sample"})
+
+
+def progress_line(record: ProgressStep | ProgressEval) -> str:
+    """``record`` as its line of ``progress.jsonl`` (with the newline); a non-finite float is
+    written as ``null`` (JSON has no NaN)."""
+    out: dict[str, Any] = {}
+    for f in fields(record):
+        value = getattr(record, f.name)
+        if value is None and f.name in _OPTIONAL_PROGRESS_FIELDS:
+            continue
+        out[f.name] = None if isinstance(value, float) and not math.isfinite(value) else value
+    return json.dumps(out) + "\n"
+
+
+#: Either record of ``progress.jsonl``.
+ProgressRecord = ProgressStep | ProgressEval
+
+_STEP_FIELDS = tuple(f.name for f in fields(ProgressStep))
+_EVAL_FIELDS = tuple(f.name for f in fields(ProgressEval))
+
+
+def read_progress_record(raw: bytes | str) -> ProgressRecord | None:
+    """One line of ``progress.jsonl`` as its record: an evaluation's when it has ``eval_loss``,
+    else a step's when it has ``loss``; None for a line that is neither, or no JSON object (a
+    crash can cut the last line). A key the line lacks reads as None; values are the line's own,
+    unchecked (a reader checks the type of what it uses, as it checked the JSON object's), and
+    keys no record has are dropped."""
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    if "eval_loss" in record:
+        return ProgressEval(**{name: record.get(name) for name in _EVAL_FIELDS})
+    if "loss" in record:
+        return ProgressStep(**{name: record.get(name) for name in _STEP_FIELDS})
+    return None
+
+
+def read_progress_tail(run_dir: str | Path, limit: int = 64 << 10) -> list[ProgressStep]:
+    """The training records in the last ``limit`` bytes of ``run_dir``'s ``progress.jsonl``,
+    oldest first ([] when it cannot be read): what a view of a running job needs of a file that
+    grows with the run, without reading it whole. The line the cut falls inside is dropped."""
+    try:
+        with (Path(run_dir) / PROGRESS_FILE).open("rb") as fh:
+            size = fh.seek(0, 2)
+            fh.seek(max(0, size - limit))
+            lines = fh.read().splitlines()
+    except OSError:
+        return []
+    if size > limit:
+        lines = lines[1:]
+    return [r for r in map(read_progress_record, lines) if isinstance(r, ProgressStep)]
+
+
+# --------------------------------------------------------------------------------------------
+# The records the launcher and the workers leave (each written by :mod:`.atomic`, or a beat
+# rewritten in place at a fixed width): read here, once, for :class:`~.state.RunState`.
+
+
+def read_json_object(path: str | Path) -> dict[str, Any] | None:
+    """The JSON object at ``path``; None when missing, unreadable or not an object."""
+    try:
+        body = json.loads(Path(path).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """One rank's progress beat (:data:`~.layout.HEARTBEAT_FILE`): the iteration it last started
+    and when; ``ended`` once its telemetry shut down (the last beat of the process)."""
+
+    rank: int
+    iteration: int | None
+    time: float | None
+    pid: int | None
+    ended: bool
+    telemetry_off: str | None
+    #: When the file was last written (its mtime): an earlier launch's beats are older.
+    written: float
+
+
+def read_heartbeat(run_dir: str | Path, rank: int) -> Heartbeat | None:
+    """One rank's beat, or None when it has none (or it cannot be read)."""
+    path = heartbeat_file(run_dir, rank)
+    body = read_json_object(path)
+    if body is None:
+        return None
+    try:
+        written = path.stat().st_mtime
+    except OSError:
+        return None
+    it, t, pid = body.get("iteration"), body.get("time"), body.get("pid")
+    off = body.get("telemetry_off")
+    return Heartbeat(
+        rank, it if isinstance(it, int) else None, t if isinstance(t, int | float) else None,
+        pid if isinstance(pid, int) else None, body.get("ended") is True,
+        off if isinstance(off, str) and off else None, written,
+    )  # fmt: skip
+
+
+def read_heartbeats(run_dir: str | Path) -> dict[int, Heartbeat]:
+    """Every rank's beat (rank -> beat); unreadable ones are left out."""
+    out: dict[int, Heartbeat] = {}
+    folder = Path(run_dir) / HEARTBEAT_DIR
+    for path in folder.glob(HEARTBEAT_FILE.glob) if folder.is_dir() else ():
+        rank = HEARTBEAT_FILE.parse(path.name)
+        beat = read_heartbeat(run_dir, rank) if rank is not None else None
+        if beat is not None:
+            out[rank] = beat  # type: ignore[index]
+    return out
+
+
+def read_capture_request(run_dir: str | Path) -> dict[str, Any] | None:
+    """The request at the top of the run directory (:data:`~.layout.CAPTURE_REQUEST_FILE`)."""
+    return read_json_object(Path(run_dir) / CAPTURE_REQUEST_FILE)
+
+
+def read_captures_log(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The superseded captures (:data:`~.layout.CAPTURES_LOG_FILE`), oldest first."""
+    try:
+        lines = (Path(run_dir) / CAPTURES_LOG_FILE).read_bytes().splitlines()
+    except OSError:
+        return []
+    out = []
+    for raw in lines:
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(body, dict) and body.get("id"):
+            out.append(body)
+    return out
+
+
+def read_acks(run_dir: str | Path) -> dict[int, dict[str, Any]]:
+    """Every mlaunch worker's latest capture ack (rank -> body); unreadable ones are left out."""
+    out: dict[int, dict[str, Any]] = {}
+    folder = Path(run_dir) / TELEMETRY_DIR
+    for path in folder.glob(CAPTURE_ACK_FILE.glob) if folder.is_dir() else ():
+        rank = CAPTURE_ACK_FILE.parse(path.name)
+        body = read_json_object(path)
+        if rank is not None and body is not None:
+            out[rank] = body
+    return out
+
+
+def read_lens_acks(run_dir: str | Path, request_id: str) -> dict[int, dict[str, Any]]:
+    """nemo-lens workers' answers to request ``request_id`` (``mlaunch.lens_hook``), in the shape
+    of an mlaunch worker's ack: ``state`` done once the groups were switched back, missed when
+    not applied (``note`` says why), running in between."""
+    out: dict[int, dict[str, Any]] = {}
+    folder = Path(run_dir) / TELEMETRY_DIR
+    pattern = LENS_CAPTURE_ACK_TEMPLATE.format(rank="*", id=request_id)
+    for path in folder.glob(pattern) if folder.is_dir() else ():
+        body = read_json_object(path)
+        try:
+            rank = int(body["rank"])  # type: ignore[index]
+        except (KeyError, TypeError, ValueError):
+            continue
+        assert body is not None
+        if not body.get("applied"):
+            state = "missed"
+        else:
+            state = "done" if body.get("ended_ns") else "running"
+        out[rank] = {**body, "state": state, "note": body.get("reason") or None}
+    return out
+
+
+def capture_answers(
+    acks: dict[int, dict[str, Any]], request_id: str, lens: dict[int, dict[str, Any]]
+) -> dict[int, dict[str, Any]]:
+    """Each rank's answer to ``request_id``: its mlaunch worker's ack, else its nemo-lens hook's.
+    A process that runs ``mlaunch.telemetry`` (it wrote an mlaunch ack, for any request) answers
+    for its rank whatever its hook says: the hook in such a worker refuses iteration windows,
+    which the mlaunch worker takes, so its refusal must not end the capture early."""
+    out = {r: a for r, a in acks.items() if a.get("id") == request_id}
+    mlaunch_pids = {a.get("pid") for a in acks.values() if a.get("pid") is not None}
+    for rank, ack in lens.items():
+        if rank not in out and ack.get("pid") not in mlaunch_pids:
+            out[rank] = ack
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class RecorderDump:
+    """One flight-recorder dump of one rank (a line of its :data:`~.layout.RECORDER_INDEX_FILE`,
+    written beside the dump itself): why, when, and the iterations the ring held."""
+
+    rank: int
+    seq: int
+    trigger: str
+    time_ns: int
+    spans: int
+    iterations: tuple[int, int] | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank, "seq": self.seq, "trigger": self.trigger, "time_ns": self.time_ns,
+            "spans": self.spans, "iterations": list(self.iterations) if self.iterations else None,
+        }  # fmt: skip
+
+
+def dump_record(
+    rank: int, seq: int, trigger: str, spans: int, iterations: list[int]
+) -> dict[str, Any]:
+    """The index line of one dump (the recorder appends it after the dump's own line)."""
+    import time
+
+    its = [min(iterations), max(iterations)] if iterations else None
+    return {"rank": rank, "seq": seq, "trigger": trigger, "time_ns": time.time_ns(),
+            "spans": spans, "iterations": its}  # fmt: skip
+
+
+def append_line(path: str | Path, body: dict[str, Any]) -> None:
+    """Append ``body`` as one JSON line (one ``write``: a reader never sees half of it)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(body) + "\n")
+
+
+def read_dumps(run_dir: str | Path) -> list[RecorderDump]:
+    """Every rank's recorder dumps, oldest first (cut or unreadable lines skipped)."""
+    out: list[RecorderDump] = []
+    folder = Path(run_dir) / TELEMETRY_DIR
+    for path in folder.glob(RECORDER_INDEX_FILE.glob) if folder.is_dir() else ():
+        if RECORDER_INDEX_FILE.parse(path.name) is None:
+            continue
+        try:
+            lines = path.read_bytes().splitlines()
+        except OSError:
+            continue
+        for raw in lines:
+            try:
+                d = json.loads(raw)
+                its = d.get("iterations")
+                out.append(RecorderDump(
+                    int(d["rank"]), int(d["seq"]), str(d["trigger"]), int(d["time_ns"]),
+                    int(d.get("spans") or 0),
+                    (int(its[0]), int(its[1])) if isinstance(its, list) and len(its) == 2 else None,
+                ))  # fmt: skip
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
+    return sorted(out, key=lambda d: (d.time_ns, d.rank))
+
+
+def read_launcher_record(run_dir: str | Path, node_rank: int = 0) -> dict[str, Any] | None:
+    """One node's launcher record of the newest launch (pid, host, start, attempts, restarts,
+    how it ended), or None."""
+    data = read_json_object(launcher_record_file(run_dir, node_rank))
+    return data if data is not None and isinstance(data.get("started"), int | float) else None
+
+
+__all__ = [
+    "capture_answers",
+    "read_heartbeat",
+    "read_captures_log",
+    "read_json_object",
+    "Heartbeat",
+    "read_heartbeats",
+    "read_capture_request",
+    "read_acks",
+    "read_lens_acks",
+    "RecorderDump",
+    "dump_record",
+    "append_line",
+    "read_dumps",
+    "read_launcher_record",
+    "ProgressStep",
+    "ProgressEval",
+    "progress_line",
+    "ProgressRecord",
+    "read_progress_record",
+    "read_progress_tail",
+]
