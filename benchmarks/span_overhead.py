@@ -1,6 +1,7 @@
 """Per-call cost of mlaunch's span sites, side by side with the alternatives, in one run.
 
     python benchmarks/span_overhead.py [--quick] [--spans N]
+    python benchmarks/span_overhead.py --base REV [--rounds N]
 
 Prints ns per call (best of several repeats, loop overhead included and shown) and ratios:
 a plain function call; a frozenset membership check; ``is_enabled``; mlaunch's disabled
@@ -18,6 +19,15 @@ BatchSpanProcessor and the official OTLP gRPC exporter, as nemo-lens builds it).
 own process after a warm-up.
 
 Then the flight recorder: a recorded (kept, not exported) span on a rank that exports nothing.
+
+``--base REV`` compares the hot path of this tree with a git revision instead (an A/B run, as
+``recorded_span_ab.py`` does for the recorder): ``REV``'s ``mlaunch`` extracted twice (the second
+copy the A/A control: the same code, so its ratio to the first is the noise floor) and this tree,
+each in a long-lived worker set up as the table below (an exporting rank, every group but
+``activation_offload``, exporter ``none``); the workers take turns, one chunk per row, the order
+rotated every round, so a load change on a shared machine hits all three alike. Rows: the
+disabled ``with span``, ``is_enabled`` (off) and the enabled fine-grained span, thread CPU ns per
+call, median and minimum over the rounds.
 
 Goals (a cheaper hot path than a plain OTel SDK span; issues 3 and 14): disabled ``with span`` <= 150 ns, ``is_enabled``
 <= 40 ns, enabled fine-grained span <= 2.5 us of training-thread time; whole-process CPU per fine
@@ -38,7 +48,9 @@ import timeit
 from contextlib import contextmanager
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# An A/B worker (``--worker ROOT``) imports mlaunch from ROOT (a copy of the base), not this tree.
+_ROOT = sys.argv[sys.argv.index("--worker") + 1] if "--worker" in sys.argv else None
+sys.path.insert(0, _ROOT or str(Path(__file__).resolve().parents[1]))
 
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult  # noqa: E402
@@ -240,6 +252,66 @@ def print_whole(results: dict[str, dict[str, float]]) -> None:
         print(f"  {labels[mode]} / reference: {ratio:.3f}x (goal <= {WHOLE_GOAL}x) {verdict}")
 
 
+# ------------------------------------------------------------------------------------------------
+# A/B against a git revision
+
+#: Row -> (statement, calls per chunk): a chunk of each takes some tens of milliseconds.
+AB_ROWS = {
+    "disabled `with span`": ("with span(OFF, NAME): pass", 200_000),
+    "is_enabled (off)": ("is_enabled(OFF)", 400_000),
+    "fine span (enabled)": ("with span(FINE, NAME): pass", 20_000),
+}
+
+
+def ab_worker(root: str) -> None:
+    """Serve chunks: read a row label per line, print its thread CPU ns per call (``root``'s
+    mlaunch, set up as the main table's rows)."""
+    if not telemetry.__file__.startswith(root):
+        raise SystemExit(f"worker imported {telemetry.__file__}, not the code under {root}")
+    logging.getLogger("opentelemetry").setLevel(logging.ERROR)
+    settings = load_telemetry_settings(
+        environ={
+            "MEGATRON_OTEL_ENABLED": "1",
+            "MEGATRON_OTEL_SPAN_GROUPS": "all,-activation_offload",
+            "MEGATRON_OTEL_EXPORT_STRATEGY": "all_ranks",
+            "MEGATRON_OTEL_EXPORTER": "none",
+            "MEGATRON_OTEL_METRICS_ENABLED": "0",
+            "MEGATRON_OTEL_RUN_ID": "bench",
+        }
+    )
+    telemetry.setup(settings, rank=0, world_size=1, run_dir=tempfile.mkdtemp(prefix="mlaunch-ab-"))
+    env = {
+        "span": telemetry.span,
+        "is_enabled": telemetry.is_enabled,
+        "OFF": G.ACTIVATION_OFFLOAD.value,
+        "FINE": G.LAYER.value,
+        "NAME": S.LAYER_FORWARD.value,
+    }
+    timers = {
+        row: (timeit.Timer(stmt, timer=time.thread_time, globals=env), n)
+        for row, (stmt, n) in AB_ROWS.items()
+    }
+    print("ready", flush=True)
+    for line in sys.stdin:
+        timer, n = timers[line.strip()]
+        ns = timer.timeit(n) / n * 1e9
+        telemetry._spans.STATE.queue.clear()  # the export thread must not steal the next chunk
+        print(f"{ns:.2f}", flush=True)
+
+
+def ab_main(base: str, rounds: int) -> None:
+    """This tree's hot path against ``base`` (see the module docstring)."""
+    from recorded_span_ab import base_copies, print_rows, run_rounds  # a sibling script
+
+    roots = base_copies(base, "mlaunch-span-ab-")
+    res = run_rounds(__file__, roots, AB_ROWS, rounds)
+    print(
+        f"span hot path, this tree vs {base} (base2: a second copy of it, the A/A control); "
+        f"{rounds} rounds, thread CPU ns per call"
+    )
+    print_rows(res, AB_ROWS, digits=1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations (smoke run)")
@@ -247,10 +319,19 @@ def main() -> None:
     parser.add_argument(
         "--only-whole", action="store_true", help="only the whole-process comparison"
     )
+    parser.add_argument("--base", default=None, help="A/B: compare the hot path with this git rev")
+    parser.add_argument("--rounds", type=int, default=30, help="A/B: chunks per worker and row")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--receiver", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--whole-child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("endpoint", nargs="?", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        ab_worker(args.worker)
+        return
+    if args.base:
+        ab_main(args.base, args.rounds)
+        return
     if args.receiver:
         receiver_main()
         return

@@ -8,18 +8,40 @@ Hot path
     ``span(group, name)`` checks ``group`` against a module-level frozenset and, when the group is
     off, returns one preallocated null span: no generator, no span, no context object. It is its
     own context manager and has the span methods instrumented code calls, all doing nothing, so
-    ``with span(...) as s: s.set_attribute(...)`` needs no "is telemetry on" branch. A
-    non-exporting rank, or disabled telemetry, has an empty enabled set. Inside
+    ``with span(...) as s: s.set_attribute(...)`` needs no "is telemetry on" branch. Disabled
+    telemetry has an empty enabled set, and so has a non-exporting rank but for the groups its
+    flight recorder keeps and a running live capture adds. Inside
     :func:`suppressed` every span of the calling thread is that null span, and no span context is
     handed on (:func:`inject`, :func:`current_context_ints`).
 
-Two span paths, one stack
-    Groups in ``FINE_GRAINED_GROUPS`` (microbatch, layer, communication, activation_offload,
-    trace_region) go through a record: the training thread stores name, ids, parent, times,
-    attributes and links, and the export thread turns records into SDK spans. Other groups are
-    SDK spans. Both push onto one per-thread stack, so parents are right in both directions.
-    Fine spans are not attached to the OTel context (that would cost what the record saves):
-    OTel-instrumented code inside a fine span sees the nearest coarse span as current.
+One route, three span paths, one stack
+    Every constructor (``span``, ``linked_span``, ``device_span``, ``deferred_linked_span``,
+    ``trace_region``, ``trace_fn``) goes through :func:`span`'s route, in one order: off (or
+    suppressed) -> the null span; a group of the flight recorder -> a recorded span; an exported
+    fine group -> a record; a group a live capture added -> exported and marked with its id;
+    anything else -> an SDK span. The others only add what they carry to what it returns (a link,
+    device timing). Groups in ``FINE_GRAINED_GROUPS`` (microbatch, layer, communication,
+    activation_offload, trace_region) go through a record: the training thread stores name, ids,
+    parent, times, attributes and links, and the export thread turns records into SDK spans.
+    Other groups are SDK spans. A recorded span (``_recorder``) is kept in the flight recorder's
+    ring of the last iterations, on every rank, and written only when a trigger dumps it. All
+    three push onto one per-thread stack, so parents are right in every direction. Fine spans are
+    not attached to the OTel context (that would cost what the record saves): OTel-instrumented
+    code inside a fine span sees the nearest coarse span as current.
+
+State and identity
+    Everything between :func:`setup` and :func:`shutdown` lives in one state object
+    (``_core.Core``); the route reads a few module globals that ``_publish`` alone derives from
+    it. The worker's identity (run id, incarnation, block size, run directory) is derived once in
+    ``setup`` (``_core.worker_identity``) and handed to the runtime (the exporter), the flight
+    recorder, the request watcher and the progress beat.
+
+Live capture and the flight recorder
+    ``mlaunch trace capture`` asks a running worker, through a request file its watcher thread
+    reads, for a window of extra groups (a live capture, switched on and off at iteration
+    boundaries by ``set_iteration``: the state machine is in ``_capture``) or a dump of the
+    flight recorder. Under ``mlaunch train`` the same thread keeps this rank's progress beat and
+    answers the launcher's hang requests, with telemetry on or off.
 
 Trace structure and identity (as Megatron-LM's code emits them)
     A worker emits no run-long span. ``megatron.startup`` is the root of the start-up trace;
@@ -71,15 +93,15 @@ from pathlib import Path
 from threading import Lock, get_ident
 from typing import TYPE_CHECKING, Any
 
-from mlaunch.model.groups import FINE_GRAINED_GROUPS, SpanGroup
-from mlaunch.model.segments import block_iterations
+from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spans import GOODPUT_SPAN_NAMES, Attr, region_name
 from mlaunch.model.strategies import should_export
 from mlaunch.otlp import traceparent
 from mlaunch.telemetry import _capture, _devicetime, _spans
 from mlaunch.telemetry._context_ints import context_from_ints, context_ints
+from mlaunch.telemetry._core import ALL_FINE, Core, Identity, worker_identity
 from mlaunch.telemetry._devicetime import CudaEventTimer, HostClock
-from mlaunch.telemetry._recorder import RECORDER, RecordedSpan, new_recorded
+from mlaunch.telemetry._recorder import RECORDER, RecordedSpan
 from mlaunch.telemetry._recorder import RootRecordedSpan as _RootRecorded
 from mlaunch.telemetry._spans import CoarseSpan, FineSpan
 
@@ -118,8 +140,14 @@ __all__ = [
     "set_profiler_hooks",
 ]
 
-# The hot-path state. Plain ``str`` members (not the StrEnum) so membership tests hash and compare
-# at C speed whether callers pass ``SpanGroup.X`` or ``"x"``.
+#: Everything this process's telemetry holds (the handle, the runtimes, the worker's identity, the
+#: groups by route): the one state object. The span constructors read the module globals below,
+#: which :func:`_publish` alone derives from it.
+_CORE = Core()
+
+# The hot path's routes (see ``Core.routes``), published from :data:`_CORE`. Plain ``str``
+# members (not the StrEnum) so membership tests hash and compare at C speed whether callers pass
+# ``SpanGroup.X`` or ``"x"``.
 _ENABLED: frozenset[str] = frozenset()
 _FINE: frozenset[str] = frozenset()
 #: The flight recorder's groups this rank does not export (recorded, see ``_recorder``); also
@@ -131,27 +159,11 @@ _RECORDED: frozenset[str] = frozenset()
 _CAPTURED: frozenset[str] = frozenset()
 _CAPTURE_VALUE = ""
 _CAPTURE_ID = Attr.CAPTURE_ID.value
-_ALL_FINE: frozenset[str] = frozenset(g.value for g in FINE_GRAINED_GROUPS)
-#: What ``setup`` was given (the on-demand exporter of a live capture is built from it).
-_SETUP: dict[str, Any] | None = None
-#: A live capture's exporter on a rank that exports nothing (built on demand, then idle).
-_CAPTURE_RUNTIME: Any = None
-#: The enabled sets and runtime from before a running capture (restored when it ends).
-_SAVED: tuple[Any, ...] | None = None
-#: ``set_profiler_hooks``: (start, stop), or None.
-_PROFILER_HOOKS: tuple[Callable[..., Any], Callable[..., Any]] | None = None
-#: When this process imported telemetry: a capture request written before it is not for it.
-_STARTED_NS = time.time_ns()
+_ALL_FINE: frozenset[str] = ALL_FINE
 #: Names that carry ``is_goodput_span=true`` (Megatron-LM's marks; none is fine-grained).
 _GOODPUT: frozenset[str] = GOODPUT_SPAN_NAMES
 _IS_GOODPUT = Attr.IS_GOODPUT.value
 _TRACE_REGION = SpanGroup.TRACE_REGION.value
-_RUNTIME: Any = None  # mlaunch.telemetry._runtime.Runtime on an exporting rank
-_HANDLE: Telemetry | None = None
-#: Why this rank's telemetry is off although it was asked for (its setup failed), or None: the
-#: progress beat carries it to the launcher, which shows it on its console and in ``mlaunch
-#: status`` (a warning in the rank's own log alone would go unseen).
-_OFF_REASON: str | None = None
 #: The threads inside :func:`suppressed`. Consulted only after a group is found enabled, so the
 #: disabled path never pays for it.
 _SUPPRESSED: set[int] = set()
@@ -159,6 +171,14 @@ _SUPPRESSED: set[int] = set()
 #: bool first, which costs about half of what asking a set for its truthiness does.
 _ANY_SUPPRESSED = False
 _SUPPRESSED_LOCK = Lock()
+
+
+def _publish() -> None:
+    """Derive the hot path's routes from :data:`_CORE` (after setup, a capture's switch,
+    shutdown, a fork): the one writer of those globals."""
+    global _ENABLED, _FINE, _RECORDED, _CAPTURED, _CAPTURE_VALUE
+    _ENABLED, _FINE, _RECORDED, _CAPTURED = _CORE.routes()
+    _CAPTURE_VALUE = _CORE.capture_id
 
 
 class Telemetry:
@@ -199,7 +219,7 @@ class Telemetry:
 
     def shutdown(self, timeout_s: float | None = None) -> None:
         """Flush and stop exporters within a hard deadline; idempotent."""
-        if _HANDLE is self:
+        if _CORE.handle is self:
             shutdown(timeout_s)
         elif self._runtime is not None:
             self._runtime.shutdown(timeout_s)
@@ -237,20 +257,19 @@ def setup(
     enabled set. Raises ``RuntimeError`` if telemetry is already set up in this process, and
     ``mlaunch.settings.SettingsError`` for invalid settings; exporter problems are only logged.
     """
-    global _ENABLED, _FINE, _RECORDED, _RUNTIME, _HANDLE, _OFF_REASON
-    if _HANDLE is not None:
+    core = _CORE
+    if core.handle is not None:
         raise RuntimeError(
             "mlaunch telemetry is already set up in this process; call shutdown() first"
         )
-    _OFF_REASON = None
+    core.off_reason = None
     if settings is None:
         from mlaunch.settings import load_telemetry_settings
 
         settings = load_telemetry_settings()
-    handle = Telemetry()
+    telemetry_on = bool(settings.enabled) and not settings.otel.sdk_disabled
     exporting = (
-        bool(settings.enabled)
-        and not settings.otel.sdk_disabled
+        telemetry_on
         and should_export(
             settings.export_strategy,
             rank=rank,
@@ -259,150 +278,117 @@ def setup(
             export_rank=settings.export_rank,
             sample_rate=settings.export_sample_rate,
         )
+        and (settings.traces_enabled or settings.metrics_enabled or settings.logs_enabled)
     )
-    if exporting and not (
-        settings.traces_enabled or settings.metrics_enabled or settings.logs_enabled
-    ):
-        exporting = False
-    if exporting:
-        try:
-            from mlaunch.telemetry._runtime import Runtime
-        except ImportError as exc:  # only opentelemetry-api installed: stay a no-op
-            _OFF_REASON = f"OpenTelemetry SDK unavailable ({exc})"
-            log.warning("mlaunch telemetry: %s; telemetry is off", _OFF_REASON)
-            exporting = False
-    if exporting:
-        try:
-            runtime = Runtime(
+    identity = None
+    if telemetry_on or _under_launcher():
+        try:  # once: the runtime, the recorder, the watcher and the beat all get this one
+            identity = worker_identity(
                 settings,
                 rank=rank,
                 world_size=world_size,
                 local_rank=local_rank,
                 resource=resource,
                 run_dir=run_dir,
-                environ=os.environ,
                 save_interval=save_interval,
+                environ=os.environ,
             )
         except Exception as exc:  # telemetry must never stop training from starting
-            _OFF_REASON = f"setup failed ({type(exc).__name__}: {exc})"
-            log.warning("mlaunch telemetry: %s; telemetry is off", _OFF_REASON)
-            exporting = False
-    if exporting:
+            if exporting:
+                _turn_off(f"setup failed ({type(exc).__name__}: {exc})")
+                exporting = False
+            else:
+                log.warning("mlaunch telemetry: run identity unavailable (%s); no recorder", exc)
+            # No recorder and no captures, but under ``mlaunch train`` the progress beat (and
+            # the reason telemetry is off) still go: the run and its directory without the
+            # caller's block size and resource, which are what can be wrong here.
+            telemetry_on = False
+            with contextlib.suppress(Exception):
+                identity = worker_identity(
+                    settings,
+                    rank=rank,
+                    world_size=world_size,
+                    local_rank=local_rank,
+                    resource=None,
+                    run_dir=run_dir,
+                    save_interval=0,
+                    environ=os.environ,
+                )
+    runtime = _start_runtime(settings, identity) if exporting and identity is not None else None
+    handle = Telemetry()
+    if runtime is not None:
         groups = (
             frozenset(str(getattr(g, "value", g)) for g in settings.groups)
             if settings.traces_enabled
             else frozenset()
         )
         handle = Telemetry(groups, True, runtime)
-        _RUNTIME = runtime
-        _FINE = groups & frozenset(g.value for g in FINE_GRAINED_GROUPS)
-        _ENABLED = groups
-    _HANDLE = handle
-    if not settings.enabled or settings.otel.sdk_disabled:
-        _start_beat(settings, rank=rank, run_dir=run_dir)
-        return handle
-    try:
-        identity = _identity(settings, handle, resource, run_dir, save_interval)
-    except Exception as exc:  # the recorder and captures are optional; never stop training
-        log.warning("mlaunch telemetry: run identity unavailable (%s); no recorder", exc)
-        _start_beat(settings, rank=rank, run_dir=run_dir)  # the beat (and its reason) still go
-        return handle
-    recorded = _start_recorder(
-        settings,
-        handle,
-        identity,
-        rank=rank,
-        world_size=world_size,
-        local_rank=local_rank,
-        resource=resource,
-    )
-    if recorded:
-        _RECORDED = recorded
-        _ENABLED = _ENABLED | recorded
-    _start_capture_watch(
-        settings,
-        identity,
-        rank=rank,
-        world_size=world_size,
-        local_rank=local_rank,
-        resource=resource,
-        save_interval=save_interval,
-    )
+    core.handle, core.settings, core.identity = handle, settings, identity
+    core.runtime, core.exported = runtime, handle.enabled_groups
+    if telemetry_on and identity is not None:
+        core.recorded = _start_recorder(settings, identity, own_trace_ids=runtime is None)
+    _publish()
+    if identity is not None:
+        _start_watch(settings, identity, telemetry_on)
     return handle
 
 
-def _identity(
-    settings: TelemetrySettings,
-    handle: Telemetry,
-    resource: Mapping[str, Any] | None,
-    run_dir: str | Path | None,
-    save_interval: int,
-) -> tuple[str, str, int, Path]:
-    """This rank's run id, incarnation, block size and run directory: the runtime's on an
-    exporting rank, else derived by the same rules (``Runtime._init_identity``), so a rank that
-    exports nothing still names the same traces and reads the same request file."""
-    runtime = handle._runtime
-    if runtime is not None:
-        return runtime.run_id, runtime.incarnation, runtime.block_iters, runtime.run_dir
+def _under_launcher() -> bool:
+    """Whether this worker runs under ``mlaunch train`` (``MLAUNCH_RUN_DIR`` set)."""
     from mlaunch import envcontract
-    from mlaunch.model.identity import RUN_UUID, run_identity
-    from mlaunch.model.spans import ResourceAttr
-    from mlaunch.settings.run_id import choose_run_id, torchrun_shared_ids
 
-    run_id = choose_run_id(settings.run_id, os.environ, shared=torchrun_shared_ids(os.environ))
-    restart = dict(resource or {}).get(
-        ResourceAttr.RESTART_COUNT, os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    )
+    return bool(os.environ.get(envcontract.RUN_DIR, "").strip())
+
+
+def _turn_off(reason: str) -> None:
+    """This rank's telemetry is off although it was asked for: say why (the progress beat
+    carries the reason to the launcher's console)."""
+    _CORE.off_reason = reason
+    log.warning("mlaunch telemetry: %s; telemetry is off", reason)
+
+
+def _start_runtime(settings: TelemetrySettings, identity: Identity) -> Any:
+    """This exporting rank's runtime; None (and the reason noted) when it cannot start."""
     try:
-        restart = int(restart)
-    except (TypeError, ValueError):
-        restart = 0
-    incarnation = f"{restart}/{run_identity(os.environ)[RUN_UUID]}"
-    block_iters = block_iterations(save_interval, settings.trace_segment_iters)
-    where = Path(run_dir) if run_dir else envcontract.worker_run_dir(os.environ, run_id)
-    return run_id, incarnation, block_iters, where
+        from mlaunch.telemetry._runtime import Runtime
+    except ImportError as exc:  # only opentelemetry-api installed: stay a no-op
+        _turn_off(f"OpenTelemetry SDK unavailable ({exc})")
+        return None
+    try:
+        return Runtime(settings, identity, environ=os.environ)
+    except Exception as exc:  # telemetry must never stop training from starting
+        _turn_off(f"setup failed ({type(exc).__name__}: {exc})")
+        return None
 
 
 def _start_recorder(
-    settings: TelemetrySettings,
-    handle: Telemetry,
-    identity: tuple[str, str, int, Path],
-    *,
-    rank: int,
-    world_size: int,
-    local_rank: int,
-    resource: Mapping[str, Any] | None,
+    settings: TelemetrySettings, identity: Identity, *, own_trace_ids: bool
 ) -> frozenset[str]:
     """Start the flight recorder on this rank (every rank, exporting or not) when telemetry is
     on and ``recorder_groups`` names groups this rank does not export; returns those groups."""
     spec = getattr(settings, "recorder_group_set", frozenset())
     if not spec:
         return frozenset()
-    recorded = frozenset(str(getattr(g, "value", g)) for g in spec) - handle.enabled_groups
+    recorded = frozenset(str(getattr(g, "value", g)) for g in spec) - _CORE.exported
     if not recorded:
         return frozenset()
     try:
-        from mlaunch import envcontract
         from mlaunch.telemetry._recorder import recorder_resource
 
-        run_id, incarnation, block_iters, where = identity
         RECORDER.start(
             iters=int(settings.recorder_iters),
             max_bytes=int(float(settings.recorder_max_mib) * (1 << 20)),
             slow_factor=float(settings.recorder_slow_factor),
-            path=envcontract.recorder_file(where, rank),
             resource=recorder_resource(
                 settings,
-                run_id=run_id,
-                rank=rank,
-                world_size=world_size,
-                local_rank=local_rank,
-                extra=resource,
+                run_id=identity.run_id,
+                rank=identity.rank,
+                world_size=identity.world_size,
+                local_rank=identity.local_rank,
+                extra=identity.resource,
             ),
-            own_trace_ids=handle._runtime is None,
-            run_id=run_id,
-            incarnation=incarnation,
-            block_iters=block_iters,
+            own_trace_ids=own_trace_ids,
+            identity=identity,
         )
     except Exception as exc:  # the recorder must never stop training from starting
         log.warning("mlaunch telemetry: flight recorder setup failed (%s); it is off", exc)
@@ -410,58 +396,17 @@ def _start_recorder(
     return recorded
 
 
-# ------------------------------------------------------------------------------------------------
-# Live capture (``mlaunch trace capture --groups``; the request channel is ``_capture``)
-
-
-def _start_capture_watch(
-    settings: TelemetrySettings,
-    identity: tuple[str, str, int, Path],
-    *,
-    rank: int,
-    world_size: int,
-    local_rank: int,
-    resource: Mapping[str, Any] | None,
-    save_interval: int,
-) -> None:
-    """Watch the run directory's request file on this rank (any rank with telemetry on)."""
-    global _SETUP
-    run_id, incarnation, block_iters, where = identity
-    _SETUP = {
-        "settings": settings,
-        "rank": rank,
-        "world_size": world_size,
-        "local_rank": local_rank,
-        "resource": resource,
-        "run_dir": where,
-        "save_interval": save_interval,
-        "run_id": run_id,
-        "incarnation": incarnation,
-        "block_iters": block_iters,
-    }
-    try:
-        _capture.start_watcher(
-            where,
-            run_id,
-            rank,
-            _STARTED_NS,
-            RECORDER.request_dump,
-            world_size=world_size,
-            exporting=_HANDLE is not None and _HANDLE.exporting,
-            # A console or "none" run leaves no files unasked (the CLI still learns its world
-            # size from resolved.json).
-            announce=settings.exporter not in ("console", "none"),
-            prepare=_prepare_capture,
-            **_hang_watch(where, rank),
-        )
-    except Exception as exc:  # captures are optional; never stop training for them
-        log.warning("mlaunch telemetry: capture requests are off (%s)", exc)
-
-
-def _hang_watch(where: Path, rank: int) -> dict[str, Any]:
-    """The request watcher's part for the launcher's hang watchdog: its answer to a hang
-    request and, under ``mlaunch train`` (``MLAUNCH_RUN_DIR`` set), this rank's progress beat."""
+def _start_watch(settings: TelemetrySettings, identity: Identity, telemetry_on: bool) -> None:
+    """Watch the run directory's request file on this rank: with telemetry on, for live
+    captures, recorder dumps and the launcher's hang requests (and, under ``mlaunch train``, the
+    progress beat); with it off, under ``mlaunch train`` only, for the beat and hang requests
+    (one ``stat`` a second; the command refuses captures on such a run)."""
     from mlaunch import envcontract
+
+    under_launcher = _under_launcher()
+    if not telemetry_on and not under_launcher:
+        return
+    where, rank = identity.run_dir, identity.rank
 
     def on_hang(request_id: str, open_spans: bool) -> None:
         from mlaunch.telemetry._recorder import write_open_spans
@@ -471,204 +416,24 @@ def _hang_watch(where: Path, rank: int) -> dict[str, Any]:
             write_open_spans(path, rank, request_id)
         RECORDER.dump("hang")  # no-op when the recorder is off
 
-    under_launcher = bool(os.environ.get(envcontract.RUN_DIR, "").strip())
-    return {
-        "heartbeat": envcontract.heartbeat_file(where, rank) if under_launcher else None,
-        "mark": lambda: RECORDER.mark,
-        "on_hang": on_hang,
-        "telemetry_off": _OFF_REASON,
-    }
-
-
-def _start_beat(settings: TelemetrySettings, *, rank: int, run_dir: str | Path | None) -> None:
-    """Under ``mlaunch train``, a rank with telemetry off still keeps a progress beat and
-    answers the launcher's hang requests (the request watcher's thread, one ``stat`` a second);
-    it takes no captures (the command refuses them on such a run)."""
-    from mlaunch import envcontract
-
-    if not os.environ.get(envcontract.RUN_DIR, "").strip():
-        return
     try:
-        from mlaunch.settings.run_id import choose_run_id, torchrun_shared_ids
-
-        run_id = choose_run_id(settings.run_id, os.environ, shared=torchrun_shared_ids(os.environ))
-        where = Path(run_dir) if run_dir else envcontract.worker_run_dir(os.environ, run_id)
         _capture.start_watcher(
-            where, run_id, rank, _STARTED_NS, RECORDER.request_dump,
-            world_size=0, exporting=False, announce=False, captures=False,
-            **_hang_watch(where, rank),
-        )  # fmt: skip
-    except Exception as exc:  # never stops training from starting
-        log.warning("mlaunch telemetry: progress beat not started (%s)", exc)
-
-
-def _prepare_capture(capture: _capture.Capture) -> None:
-    """Before a capture is armed (the watcher thread): on a rank that exports nothing, build
-    the exporter now, off the training thread, with the run's settings (the same sink: file,
-    OTLP or the embedded receiver), traces only and no rank sampling; the training thread
-    installs it at the switch. It stays, idle, for later captures until shutdown."""
-    global _CAPTURE_RUNTIME
-    setup_args = _SETUP
-    if setup_args is None:
-        raise RuntimeError("telemetry is not set up")
-    if _HANDLE is not None and _HANDLE._runtime is not None:
-        return  # this rank exports: its runtime takes the captured spans
-    capture.exporter_started = True
-    if _CAPTURE_RUNTIME is not None:
-        return
-    from mlaunch.telemetry._runtime import Runtime
-
-    settings = setup_args["settings"].model_copy(
-        update={
-            "traces_enabled": True,
-            "metrics_enabled": False,
-            "logs_enabled": False,
-            "sampler_enabled": False,
-        }
-    )
-    _CAPTURE_RUNTIME = Runtime(
-        settings,
-        rank=setup_args["rank"],
-        world_size=setup_args["world_size"],
-        local_rank=setup_args["local_rank"],
-        resource=setup_args["resource"],
-        run_dir=setup_args["run_dir"],
-        environ=os.environ,
-        save_interval=setup_args["save_interval"],
-        install_now=False,
-    )
-
-
-def _capture_boundary(iteration: int) -> None:
-    """The training thread reached :data:`_capture.AT`: start, continue or end the capture.
-    While a capture runs this is called at every iteration (it notes how far the window got, so
-    a run that ends inside it acks the right last iteration); outside one, never."""
-    capture = _capture.CONTROL.capture
-    try:
-        if capture is None or capture.state in _capture.FINAL_STATES:
-            _capture.AT = _capture.NEVER
-            return
-        if capture.state == "scheduled":
-            if capture.end is not None and iteration >= capture.end:
-                capture.state, capture.note = "missed", f"this rank was at iteration {iteration}"
-                _capture.AT = _capture.NEVER
-                _capture.CONTROL.changed()
-                return
-            _switch_on(capture, iteration)
-            capture.last = iteration
-            _capture.AT = iteration + 1
-            _capture.CONTROL.changed()
-            return
-        if iteration == capture.last:  # set_iteration again for the same iteration
-            return
-        if capture.end is not None:
-            over = iteration >= capture.end
-        else:
-            over = time.time_ns() >= capture.switched_ns + int(capture.seconds * 1e9)  # type: ignore[operator]
-        if not over:
-            capture.last = iteration
-            _capture.AT = iteration + 1
-            return
-        _switch_off(capture)
-        _capture.AT = _capture.NEVER
-        _capture.CONTROL.changed()
-    except Exception as exc:  # telemetry never breaks training: the capture ends here
-        log.warning("mlaunch telemetry: live capture failed (%s)", exc)
-        _capture.AT = _capture.NEVER
-        if capture is not None and capture.state == "running":
-            with contextlib.suppress(Exception):
-                _switch_off(capture)
-        if capture is not None:
-            capture.state, capture.note = "done", f"ended early: {exc}"
-        _capture.CONTROL.changed()
-
-
-def _switch_on(capture: _capture.Capture, iteration: int) -> None:
-    global _ENABLED, _FINE, _RECORDED, _CAPTURED, _CAPTURE_VALUE, _RUNTIME, _SAVED
-    _SAVED = (_ENABLED, _FINE, _RECORDED, _RUNTIME)
-    exported = _HANDLE.enabled_groups if _HANDLE is not None else frozenset()
-    if _RUNTIME is None and _CAPTURE_RUNTIME is not None:
-        _CAPTURE_RUNTIME.install_spans(iteration)
-        _RUNTIME = _CAPTURE_RUNTIME  # its set_iteration keeps the block trace ids during it
-    added = capture.groups - exported
-    _CAPTURE_VALUE = capture.id
-    _CAPTURED = added
-    _RECORDED = _RECORDED - added  # exported, not recorded, while the capture runs
-    _ENABLED = _ENABLED | added
-    capture.state, capture.first, capture.switched_ns = "running", iteration, time.time_ns()
-    if capture.profiler:
-        _start_profiler(capture)
-
-
-def _switch_off(capture: _capture.Capture) -> None:
-    global _ENABLED, _FINE, _RECORDED, _CAPTURED, _RUNTIME, _SAVED
-    if _SAVED is not None:
-        _ENABLED, _FINE, _RECORDED, _RUNTIME = _SAVED
-        _SAVED = None
-    _CAPTURED = frozenset()
-    capture.state = "done"
-    if capture.profiler_handle is not None:
-        _stop_profiler(capture)
-
-
-def _start_profiler(capture: _capture.Capture) -> None:
-    hooks = _PROFILER_HOOKS
-    if hooks is None or _SETUP is None:
-        capture.note = "no profiler here: the worker registered none (mlaunch's trainer does)"
-        return
-    from mlaunch import envcontract
-
-    path = envcontract.profiler_trace_file(_SETUP["run_dir"], _SETUP["rank"], capture.id)
-    try:
-        capture.profiler_handle = hooks[0](path)
-        capture.profiler_file = str(path)
-    except Exception as exc:
-        capture.note = f"profiler did not start: {exc}"
-
-
-def _stop_profiler(capture: _capture.Capture) -> None:
-    handle, capture.profiler_handle = capture.profiler_handle, None
-    try:
-        _PROFILER_HOOKS[1](handle, _profiler_metadata(capture))  # type: ignore[index]
-    except Exception as exc:
-        capture.note = f"profiler trace not written: {exc}"
-        capture.profiler_file = None
-
-
-def _profiler_metadata(capture: _capture.Capture) -> dict[str, Any]:
-    """What a profiler trace carries to tie it to the run's spans: the capture, the rank and
-    the trace ids of the ``megatron.train`` blocks the window covers."""
-    from mlaunch.model.segments import DEFAULT_SEGMENT_ITERS, train_block
-
-    s = _SETUP or {}
-    first = capture.first or capture.start
-    last = capture.last if capture.last is not None else first
-    per = s.get("block_iters", DEFAULT_SEGMENT_ITERS)
-    blocks = sorted({train_block(it, per) for it in range(first, last + 1)})
-    return {
-        "mlaunch.capture.id": capture.id,
-        "mlaunch.run_id": s.get("run_id"),
-        "rank": s.get("rank"),
-        "first_iteration": first,
-        "last_iteration": last,
-        "trace_ids": [
-            f"{_spans.segment_trace_id(s.get('run_id', ''), s.get('incarnation', ''), b):032x}"
-            for b in blocks
-        ],
-    }
-
-
-def _end_capture_at_shutdown() -> None:
-    """A capture still running when the job ends (its last iteration was the run's) ends here,
-    and its ack is written before the watcher stops."""
-    capture = _capture.CONTROL.capture
-    _capture.AT = _capture.NEVER
-    if capture is None:
-        return
-    if capture.state == "running":
-        _switch_off(capture)
-    elif capture.state == "scheduled":
-        capture.state, capture.note = "missed", "the run ended before the capture started"
+            identity,
+            _CORE.started_ns,
+            RECORDER.request_dump,
+            exporting=_CORE.runtime is not None,
+            # A console or "none" run leaves no files unasked (the CLI still learns its world
+            # size from resolved.json).
+            announce=telemetry_on and settings.exporter not in ("console", "none"),
+            prepare=functools.partial(_capture.prepare_exporter, _CORE),
+            captures=telemetry_on,
+            heartbeat=envcontract.heartbeat_file(where, rank) if under_launcher else None,
+            mark=lambda: RECORDER.mark,
+            on_hang=on_hang,
+            telemetry_off=_CORE.off_reason,
+        )
+    except Exception as exc:  # captures and the beat are optional; never stop training
+        log.warning("mlaunch telemetry: capture requests are off (%s)", exc)
 
 
 def set_profiler_hooks(
@@ -678,23 +443,19 @@ def set_profiler_hooks(
     torch.profiler; telemetry never imports torch): ``start(path)`` starts it and returns a
     handle, ``stop(handle, metadata)`` stops it and writes the trace to ``path`` with
     ``metadata`` (capture id, rank, the run's trace ids) in it. None removes them."""
-    global _PROFILER_HOOKS
-    _PROFILER_HOOKS = (start, stop) if start is not None and stop is not None else None
+    _CORE.profiler_hooks = (start, stop) if start is not None and stop is not None else None
 
 
 def _forget_in_child() -> None:
     """A forked child (e.g. a DataLoader worker) inherits the state but not the export thread:
     make telemetry a no-op there instead of queueing spans nobody exports."""
-    global _ENABLED, _FINE, _RECORDED, _RUNTIME, _HANDLE
-    if _RUNTIME is not None:
-        _RUNTIME._closed = True  # its atexit hook must not flush the parent's data from here
-    global _CAPTURED, _CAPTURE_RUNTIME, _SAVED, _SETUP
-    if _CAPTURE_RUNTIME is not None:
-        _CAPTURE_RUNTIME._closed = True
+    for rt in (_CORE.runtime, _CORE.capture_runtime):
+        if rt is not None:
+            rt._closed = True  # its atexit hook must not flush the parent's data from here
     RECORDER.stop()
     _capture.CONTROL.reset()
-    _ENABLED = _FINE = _RECORDED = _CAPTURED = frozenset()
-    _RUNTIME = _HANDLE = _CAPTURE_RUNTIME = _SAVED = _SETUP = None
+    _CORE.forget()
+    _publish()
     _devicetime.reset()
 
 
@@ -705,21 +466,18 @@ if hasattr(os, "register_at_fork"):
 def shutdown(timeout_s: float | None = None) -> None:
     """Shut down the process's telemetry (idempotent): ends open spans as truncated, exports or
     spools everything within the hard deadline (``shutdown_timeout_s`` by default)."""
-    global _ENABLED, _FINE, _RECORDED, _RUNTIME, _HANDLE
-    global _CAPTURED, _CAPTURE_RUNTIME, _SAVED, _SETUP
+    core = _CORE
     with contextlib.suppress(Exception):
-        _end_capture_at_shutdown()
+        _capture.end_at_shutdown(core)
     _capture.stop_watcher()
-    runtime = _RUNTIME
-    extra = _CAPTURE_RUNTIME if _CAPTURE_RUNTIME is not runtime else None
-    _ENABLED = _FINE = _RECORDED = _CAPTURED = frozenset()  # new spans are no-ops from here on
-    _CAPTURE_RUNTIME = _SAVED = _SETUP = None
+    runtime = core.active_runtime
+    extra = core.capture_runtime if core.capture_runtime is not runtime else None
+    core.forget()
+    _publish()  # new spans are no-ops from here on
     RECORDER.stop()  # what was not dumped on a trigger is dropped (it was never to be exported)
     with contextlib.suppress(Exception):  # device-timed spans still pending leave, host-timed
         _devicetime.resolve(None, final=True)
     _devicetime.reset()
-    _RUNTIME = None
-    _HANDLE = None
     for rt in (runtime, extra):
         if rt is None:
             continue
@@ -884,34 +642,13 @@ def linked_span(
     """Like :func:`span`, with an OTel Link to the span context in ``carrier_or_context``.
 
     ``carrier_or_context`` is a W3C carrier dict (``traceparent``), a ``SpanContext`` (from
-    :func:`extract` or :func:`context_from_ints`), or None (no link).
+    :func:`extract` or :func:`context_from_ints`), or None (no link). A recorded span carries no
+    link (a dump has none).
     """
-    if group not in _ENABLED or _suppressed_here():
-        return _NULL
-    if attrs is not None:
-        attributes = _merged(attrs, attributes)
-    links = None
-    try:
-        ctx = carrier_or_context
-        if isinstance(ctx, Mapping):
-            ctx = extract(ctx)
-        if ctx is not None and getattr(ctx, "is_valid", False):
-            from opentelemetry.trace import Link
-
-            links = [Link(ctx)]
-    except Exception as exc:  # a bad carrier must not break training
-        log.debug("mlaunch telemetry: ignoring bad link context (%s)", exc)
-    if group in _FINE:
-        return FineSpan(name, attributes, links)
-    if group in _RECORDED:
-        return new_recorded(name, attributes)
-    if group in _CAPTURED:
-        attributes[_CAPTURE_ID] = _CAPTURE_VALUE
-        if group in _ALL_FINE:
-            return FineSpan(name, attributes, links)
-    if name in _GOODPUT:
-        attributes[_IS_GOODPUT] = True
-    return CoarseSpan(name, attributes, links)
+    s = span(group, name, _joined(attrs, attributes))  # the route: span's, with its order
+    if type(s) is FineSpan or type(s) is CoarseSpan:
+        s.links = _links(carrier_or_context)
+    return s
 
 
 def device_span(
@@ -920,15 +657,12 @@ def device_span(
     """Like :func:`span`, for a span that covers device work: with an event timer installed
     (:func:`set_event_timer`; the trainer installs CUDA events on a GPU) its start and end are
     device events, and its times are resolved at the step's sync point
-    (:func:`resolve_device_spans`); without one it is exactly :func:`span`. Fine-grained groups
-    only (a coarse group gets a plain span)."""
-    if _devicetime.TIMER is None or group not in _FINE:
-        return span(group, name, attrs, False, **attributes)  # host-timed: exactly span()
-    if group not in _ENABLED or _suppressed_here():
-        return _NULL
-    if attrs is not None:
-        attributes = _merged(attrs, attributes)
-    return _devicetime.DeviceTimedSpan(name, attributes)
+    (:func:`resolve_device_spans`); without one it is exactly :func:`span`. Exported
+    fine-grained groups only (any other group gets what :func:`span` gives it)."""
+    s = span(group, name, _joined(attrs, attributes))  # the route: span's, with its order
+    if _devicetime.TIMER is not None and type(s) is FineSpan and group in _FINE:
+        return _devicetime.DeviceTimedSpan.around(s)
+    return s
 
 
 def deferred_linked_span(
@@ -940,16 +674,43 @@ def deferred_linked_span(
 ) -> Any:
     """A span linked to the span context ``read_ints()`` returns (as :func:`context_from_ints`
     takes it), read only at the step's sync point (:func:`resolve_device_spans`), so the context can
-    sit in a buffer a device copy fills without anyone waiting for it. Fine-grained groups only."""
-    if group not in _ENABLED or _suppressed_here():
-        return _NULL
-    if attrs is not None:
-        attributes = _merged(attrs, attributes)
-    if group in _RECORDED:  # dumps carry no links: never read a buffer a device copy may fill
-        return new_recorded(name, attributes)
-    if group not in _FINE:
-        return linked_span(group, name, context_from_ints(read_ints()), **attributes)
-    return _devicetime.DeviceTimedSpan(name, attributes, read_ints)
+    sit in a buffer a device copy fills without anyone waiting for it. Exported fine-grained groups
+    only: any other group reads the context now (a coarse or captured span, as
+    :func:`linked_span`), or never (a recorded span: dumps carry no links, and the buffer may
+    still be filling)."""
+    s = span(group, name, _joined(attrs, attributes))  # the route: span's, with its order
+    if type(s) is FineSpan:
+        if group in _FINE:
+            return _devicetime.DeviceTimedSpan.around(s, read_ints)
+        s.links = _links(context_from_ints(read_ints()))
+    elif type(s) is CoarseSpan:
+        s.links = _links(context_from_ints(read_ints()))
+    return s
+
+
+def _joined(attrs: Mapping[Any, Any] | None, attributes: dict[str, Any]) -> Mapping[Any, Any]:
+    """The ``attrs`` and keyword attributes of a constructor built on :func:`span`, as the one
+    mapping :func:`span` takes (so an attribute named like one of its parameters stays an
+    attribute)."""
+    if attrs is None:
+        return attributes
+    return {**attrs, **attributes} if attributes else attrs
+
+
+def _links(carrier_or_context: Any) -> list[Any] | None:
+    """``[Link(context)]`` for a carrier dict or a span context; None when there is no valid
+    one. Never raises (a bad carrier must not break training)."""
+    try:
+        ctx = carrier_or_context
+        if isinstance(ctx, Mapping):
+            ctx = extract(ctx)
+        if ctx is not None and getattr(ctx, "is_valid", False):
+            from opentelemetry.trace import Link
+
+            return [Link(ctx)]
+    except Exception as exc:
+        log.debug("mlaunch telemetry: ignoring bad link context (%s)", exc)
+    return None
 
 
 def set_event_timer(timer: Any) -> None:
@@ -1003,14 +764,14 @@ def set_iteration(iteration: int) -> None:
     A live capture switches here: this compare is all it costs the loop outside its
     boundaries (see ``_capture``)."""
     RECORDER.mark = (iteration, time.time())  # the progress beat the hang watchdog reads
-    if iteration >= _capture.AT:
-        _capture_boundary(iteration)
+    if iteration >= _capture.AT and _capture.boundary(_CORE, iteration):
+        _publish()  # a live capture switched its groups on or off
     if RECORDER.active:
         try:
             RECORDER.set_iteration(int(iteration))
         except Exception as exc:
             log.warning("mlaunch telemetry: flight recorder: set_iteration failed (%s)", exc)
-    runtime = _RUNTIME
+    runtime = _CORE.active_runtime
     if runtime is None:
         return
     try:
@@ -1101,7 +862,7 @@ def record_step(
     """Record the ``megatron.training.*`` metrics for one training iteration (exporting ranks
     only): one step-duration histogram sample, the gauges given, and the skipped-iterations
     counter."""
-    runtime = _RUNTIME
+    runtime = _CORE.active_runtime
     if runtime is None:
         return
     try:

@@ -22,6 +22,15 @@ Switching at the same iteration
     the request only after the start (a stalled rank) captures what is left of the window; past
     it, the capture is ``missed``. Acknowledgements (:func:`envcontract.capture_ack_file`) are
     written by the watcher thread, never by the training thread.
+
+The switch
+    The worker side of a capture is a small state machine on the training thread
+    (:func:`boundary`): ``scheduled`` -> ``running`` at the start iteration (:func:`switch_on`:
+    the groups go on, exported and marked with the capture's id; on a rank that exports nothing
+    the exporter :func:`prepare_exporter` built off the training thread takes them) -> ``done``
+    after the window (:func:`switch_off`); ``scheduled`` -> ``missed`` when the rank is past the
+    window, or the run ends first (:func:`end_at_shutdown`). The groups live in the telemetry
+    state object (``_core.Core``); ``telemetry`` republishes the span routes after a switch.
 """
 
 from __future__ import annotations
@@ -36,11 +45,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlaunch import envcontract
 from mlaunch.model.spec import SpanSpecError, resolve
 from mlaunch.rundir.atomic import write_json
+
+if TYPE_CHECKING:
+    from mlaunch.telemetry._core import Core, Identity
 
 log = logging.getLogger("mlaunch.telemetry")
 
@@ -355,13 +367,10 @@ HEARTBEAT_WIDTH = 160
 
 
 def start_watcher(
-    run_dir: Path,
-    run_id: str,
-    rank: int,
+    identity: Identity,
     started_ns: int,
     on_recorded: Callable[[], None],
     *,
-    world_size: int,
     exporting: bool,
     announce: bool = True,
     prepare: Callable[[Capture], None] | None = None,
@@ -371,22 +380,24 @@ def start_watcher(
     on_hang: Callable[[str, bool], None] | None = None,
     telemetry_off: str | None = None,
 ) -> None:
-    """Watch ``run_dir``'s request file for this rank (and write its capture acks there).
-    ``announce``: write the ``listening`` ack now (a run that keeps no files, the console or
-    ``none`` exporter, writes acks only once a request came). ``captures`` False (telemetry
-    off): only the progress beat and the hang watchdog's requests."""
+    """Watch the run directory's request file for this rank (``identity``: the worker's, as
+    ``setup`` derived it) and write its capture acks there. ``announce``: write the
+    ``listening`` ack now (a run that keeps no files, the console or ``none`` exporter, writes
+    acks only once a request came). ``captures`` False (telemetry off): only the progress beat
+    and the hang watchdog's requests."""
+    run_dir, run_id, rank = Path(identity.run_dir), identity.run_id, identity.rank
     CONTROL.reset()
-    CONTROL.rank, CONTROL.run_dir = rank, Path(run_dir)
+    CONTROL.rank, CONTROL.run_dir = rank, run_dir
     CONTROL.prepare = prepare
     CONTROL.identity = {
         "run_id": run_id,
-        "world_size": world_size,
+        "world_size": identity.world_size,
         "exporting": exporting,
         "started_ns": started_ns,
         "pid": os.getpid(),
     }
     watcher = RequestWatcher(
-        Path(run_dir) / envcontract.CAPTURE_REQUEST_FILE,
+        run_dir / envcontract.CAPTURE_REQUEST_FILE,
         run_id,
         rank,
         started_ns,
@@ -415,3 +426,167 @@ def stop_watcher() -> None:
     with contextlib.suppress(Exception):
         CONTROL.write_ack(ended=True)
     CONTROL.reset()
+
+
+# ------------------------------------------------------------------------------------------------
+# The switch: the worker side of a live capture, on the training thread
+#
+# scheduled -> running (at ``start``: the capture's groups go on) -> done (after the window:
+# back off); scheduled -> missed (past the window before this rank got there, or the run ended
+# first). The groups live in the telemetry state object (``_core.Core``): the switch changes
+# ``core.captured`` / ``core.capturing`` and returns True, and ``telemetry.set_iteration``
+# republishes the span routes the hot path reads.
+
+
+def boundary(core: Core, iteration: int) -> bool:
+    """The training thread reached :data:`AT`: start, continue or end the capture. While a
+    capture runs this is called at every iteration (it notes how far the window got, so a run
+    that ends inside it acks the right last iteration); outside one, never. Returns whether the
+    enabled groups changed. Never raises (a failure ends the capture here)."""
+    global AT
+    capture = CONTROL.capture
+    try:
+        if capture is None or capture.state in FINAL_STATES:
+            AT = NEVER
+            return False
+        if capture.state == "scheduled":
+            if capture.end is not None and iteration >= capture.end:
+                capture.state, capture.note = "missed", f"this rank was at iteration {iteration}"
+                AT = NEVER
+                CONTROL.changed()
+                return False
+            switch_on(core, capture, iteration)
+            capture.last = iteration
+            AT = iteration + 1
+            CONTROL.changed()
+            return True
+        if iteration == capture.last:  # set_iteration again for the same iteration
+            return False
+        if capture.end is not None:
+            over = iteration >= capture.end
+        else:
+            over = time.time_ns() >= capture.switched_ns + int(capture.seconds * 1e9)  # type: ignore[operator]
+        if not over:
+            capture.last = iteration
+            AT = iteration + 1
+            return False
+        switch_off(core, capture)
+        AT = NEVER
+        CONTROL.changed()
+        return True
+    except Exception as exc:  # telemetry never breaks training: the capture ends here
+        log.warning("mlaunch telemetry: live capture failed (%s)", exc)
+        AT = NEVER
+        if capture is not None and capture.state == "running":
+            with contextlib.suppress(Exception):
+                switch_off(core, capture)
+        if capture is not None:
+            capture.state, capture.note = "done", f"ended early: {exc}"
+        CONTROL.changed()
+        return True
+
+
+def switch_on(core: Core, capture: Capture, iteration: int) -> None:
+    """The capture's groups on, from ``iteration``: exported (not recorded) and marked with its
+    id; on a rank that exports nothing, the exporter ``prepare_exporter`` built takes them."""
+    if core.runtime is None and core.capture_runtime is not None:
+        core.capture_runtime.install_spans(iteration)
+    core.captured = capture.groups - core.exported
+    core.capture_id = capture.id
+    core.capturing = True  # the capture runtime's set_iteration keeps the block trace ids
+    capture.state, capture.first, capture.switched_ns = "running", iteration, time.time_ns()
+    if capture.profiler:
+        _start_profiler(core, capture)
+
+
+def switch_off(core: Core, capture: Capture) -> None:
+    """The capture's groups back off (the exported and recorded ones as before it)."""
+    core.capturing = False
+    core.captured = frozenset()
+    capture.state = "done"
+    if capture.profiler_handle is not None:
+        _stop_profiler(core, capture)
+
+
+def end_at_shutdown(core: Core) -> None:
+    """A capture still running when the job ends (its last iteration was the run's) ends here,
+    and its ack is written before the watcher stops."""
+    global AT
+    capture = CONTROL.capture
+    AT = NEVER
+    if capture is None:
+        return
+    if capture.state == "running":
+        switch_off(core, capture)
+    elif capture.state == "scheduled":
+        capture.state, capture.note = "missed", "the run ended before the capture started"
+
+
+def prepare_exporter(core: Core, capture: Capture) -> None:
+    """Before a capture is armed (the watcher thread): on a rank that exports nothing, build
+    the exporter now, off the training thread, with the run's settings (the same sink: file,
+    OTLP or the embedded receiver), traces only and no rank sampling; the training thread
+    installs it at the switch. It stays, idle, for later captures until shutdown."""
+    settings, identity = core.settings, core.identity
+    if settings is None or identity is None:
+        raise RuntimeError("telemetry is not set up")
+    if core.runtime is not None:
+        return  # this rank exports: its runtime takes the captured spans
+    capture.exporter_started = True
+    if core.capture_runtime is not None:
+        return
+    from mlaunch.telemetry._runtime import Runtime
+
+    settings = settings.model_copy(
+        update={
+            "traces_enabled": True,
+            "metrics_enabled": False,
+            "logs_enabled": False,
+            "sampler_enabled": False,
+        }
+    )
+    core.capture_runtime = Runtime(settings, identity, environ=os.environ, install_now=False)
+
+
+def _start_profiler(core: Core, capture: Capture) -> None:
+    hooks, identity = core.profiler_hooks, core.identity
+    if hooks is None or identity is None:
+        capture.note = "no profiler here: the worker registered none (mlaunch's trainer does)"
+        return
+    path = envcontract.profiler_trace_file(identity.run_dir, identity.rank, capture.id)
+    try:
+        capture.profiler_handle = hooks[0](path)
+        capture.profiler_file = str(path)
+    except Exception as exc:
+        capture.note = f"profiler did not start: {exc}"
+
+
+def _stop_profiler(core: Core, capture: Capture) -> None:
+    handle, capture.profiler_handle = capture.profiler_handle, None
+    try:
+        core.profiler_hooks[1](handle, profiler_metadata(core.identity, capture))  # type: ignore[index]
+    except Exception as exc:
+        capture.note = f"profiler trace not written: {exc}"
+        capture.profiler_file = None
+
+
+def profiler_metadata(identity: Identity | None, capture: Capture) -> dict[str, Any]:
+    """What a profiler trace carries to tie it to the run's spans: the capture, the rank and
+    the trace ids of the ``megatron.train`` blocks the window covers."""
+    from mlaunch.model.segments import DEFAULT_SEGMENT_ITERS, train_block
+    from mlaunch.telemetry._spans import segment_trace_id
+
+    first = capture.first or capture.start
+    last = capture.last if capture.last is not None else first
+    per = identity.block_iters if identity is not None else DEFAULT_SEGMENT_ITERS
+    run_id = identity.run_id if identity is not None else ""
+    incarnation = identity.incarnation if identity is not None else ""
+    blocks = sorted({train_block(it, per) for it in range(first, last + 1)})
+    return {
+        "mlaunch.capture.id": capture.id,
+        "mlaunch.run_id": identity.run_id if identity is not None else None,
+        "rank": identity.rank if identity is not None else None,
+        "first_iteration": first,
+        "last_iteration": last,
+        "trace_ids": [f"{segment_trace_id(run_id, incarnation, b):032x}" for b in blocks],
+    }

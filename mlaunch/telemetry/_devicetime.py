@@ -116,6 +116,17 @@ class DeviceTimedSpan:
         self._first: Any = None
         self._link_reader = link_reader
 
+    @classmethod
+    def around(
+        cls, span: FineSpan, link_reader: Callable[[], Any] | None = None
+    ) -> DeviceTimedSpan:
+        """Device timing for ``span``, a fine span the span route made (not yet entered)."""
+        self = cls.__new__(cls)
+        self.span = span
+        self._first = None
+        self._link_reader = link_reader
+        return self
+
     def __enter__(self) -> FineSpan:
         span = self.span.__enter__()
         timer = TIMER

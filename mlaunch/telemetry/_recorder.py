@@ -21,7 +21,8 @@ Identity
     Recorded spans share the run's trace ids (the same deterministic ids every rank derives, see
     ``mlaunch.telemetry``), and a recorded span opened inside an exported one has that span as its
     parent, so a dump nests under the exported iteration spans. On a rank that exports nothing the
-    recorder keeps the trace id itself (the runtime does it on an exporting rank). An exported
+    recorder keeps the trace id itself (the runtime does it on an exporting rank), from the
+    worker's identity (``_core.Identity``, the one ``setup`` derives for both). An exported
     ``megatron.train`` changes its ids when a new block re-roots it, so at each block change the
     recorder first fixes the ids of the exported parents of what it holds (one pass over the ring
     every block, not a cost per span).
@@ -66,6 +67,7 @@ from mlaunch.telemetry._spans import (
 
 if TYPE_CHECKING:
     from mlaunch.settings import TelemetrySettings
+    from mlaunch.telemetry._core import Identity
 
 log = logging.getLogger("mlaunch.telemetry")
 
@@ -325,13 +327,17 @@ class Recorder:
         iters: int,
         max_bytes: int,
         slow_factor: float,
-        path: Path,
         resource: dict[str, Any],
         own_trace_ids: bool,
-        run_id: str,
-        incarnation: str,
-        block_iters: int,
+        identity: Identity,
     ) -> None:
+        """Keep the last ``iters`` iterations' spans (at most ``max_bytes``), dumped to this
+        rank's recorder file of the run directory; ``own_trace_ids``: this rank exports nothing,
+        so the recorder moves the block trace ids itself (from the same identity the exporter
+        would use)."""
+        run_id, incarnation = identity.run_id, identity.incarnation
+        path = envcontract.recorder_file(identity.run_dir, identity.rank)
+        block_iters = identity.block_iters
         self.iters = max(1, iters)
         self.max_bytes = max(SPAN_BYTES, max_bytes)
         self.slow_factor = slow_factor

@@ -30,7 +30,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -45,8 +44,8 @@ from opentelemetry.trace import Link, SpanContext, TraceFlags
 
 import mlaunch
 from mlaunch import envcontract
-from mlaunch.model.identity import RUN_UUID, run_identity
-from mlaunch.model.segments import block_iterations, train_block
+from mlaunch.model.identity import run_identity
+from mlaunch.model.segments import train_block
 from mlaunch.model.spans import (
     K8S_RESOURCE_ATTRS,
     METRICS,
@@ -58,8 +57,8 @@ from mlaunch.model.spans import (
 from mlaunch.otlp import traceparent
 from mlaunch.rundir.atomic import write_json
 from mlaunch.settings import TelemetrySettings
-from mlaunch.settings.run_id import choose_run_id, torchrun_shared_ids
 from mlaunch.telemetry import _spans
+from mlaunch.telemetry._core import Identity
 from mlaunch.telemetry._encode import Limits, SpanEncoder
 from mlaunch.telemetry._logbridge import LogBridge, install_log_bridge
 from mlaunch.telemetry._sinks import FailingSink, LineFile, Sink, Spool, build_sink
@@ -86,7 +85,6 @@ DEFAULT_FILE_METRIC_INTERVAL_MS = 10_000
 #: More ended spans than this waiting in one drain means the exporter is behind; the oldest go
 #: to the spool file instead of growing memory without bound.
 MAX_PENDING_SPANS = 200_000
-_RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
@@ -225,29 +223,28 @@ logging.getLogger("opentelemetry.attributes").addFilter(_ATTRIBUTE_LOG_FILTER)
 
 
 class Runtime:
-    """Everything an exporting rank holds; built by ``mlaunch.telemetry.setup``."""
+    """Everything an exporting rank holds; built by ``mlaunch.telemetry.setup`` (and, on a rank
+    that exports nothing, by a live capture) with the worker's :class:`Identity`, derived once."""
 
     def __init__(
         self,
         settings: TelemetrySettings,
+        identity: Identity,
         *,
-        rank: int,
-        world_size: int,
-        local_rank: int,
-        resource: Mapping[str, Any] | None,
-        run_dir: str | Path | None,
         environ: Mapping[str, str],
-        save_interval: int = 0,
         install_now: bool = True,
     ) -> None:
         self.settings = settings
-        self.rank = rank
-        self.run_id = choose_run_id(settings.run_id, environ, shared=torchrun_shared_ids(environ))
-        self.run_dir = (
-            Path(run_dir) if run_dir else envcontract.worker_run_dir(environ, self.run_id)
-        )
+        self.identity = identity
+        self.rank = rank = identity.rank
+        self.run_id = identity.run_id
+        self.run_dir = identity.run_dir
+        self.incarnation = identity.incarnation
+        self.block_iters = identity.block_iters
         self.log_once = _LogOnce()
-        extra = self._init_identity(resource, environ, save_interval)
+        self._init_chain(environ)
+        extra = dict(identity.resource)
+        extra.setdefault(ResourceAttr.RESTART_COUNT, identity.restart)
         self.traces_on = bool(settings.traces_enabled)
         self.metrics_on = bool(settings.metrics_enabled)
         self.resource = Resource(
@@ -255,8 +252,8 @@ class Runtime:
                 settings,
                 run_id=self.run_id,
                 rank=rank,
-                world_size=world_size,
-                local_rank=local_rank,
+                world_size=identity.world_size,
+                local_rank=identity.local_rank,
                 extra=extra,
                 environ=environ,
             )
@@ -284,29 +281,13 @@ class Runtime:
 
     # --- construction steps ---------------------------------------------------------------------
 
-    def _init_identity(
-        self, resource: Mapping[str, Any] | None, environ: Mapping[str, str], save_interval: int
-    ) -> dict[str, Any]:
-        """The restart count, the incarnation, the block size and the trace chain's start; returns
-        the extra resource attributes with the restart count filled in."""
-        extra = dict(resource or {})
-        restart = extra.get(ResourceAttr.RESTART_COUNT, environ.get(_RESTART_ENV, "0"))
-        try:
-            self.restart = int(restart)
-        except (TypeError, ValueError):
-            self.restart = 0
-        extra.setdefault(ResourceAttr.RESTART_COUNT, self.restart)
-        # The incarnation the trace ids are derived from: the torchrun restart, and Megatron-LM's
-        # run_uuid (it also changes when SLURM requeues the job, which starts torchrun's count
-        # at 0 again), so a resumed block never reuses an earlier incarnation's trace id.
-        self.incarnation = f"{self.restart}/{run_identity(environ)[RUN_UUID]}"
-        self.block_iters = block_iterations(save_interval, self.settings.trace_segment_iters)
+    def _init_chain(self, environ: Mapping[str, str]) -> None:
+        """The trace chain's start: no block yet, and the launcher's attempt span to link to."""
         self.block: int | None = None
         #: The span the next root megatron.train links to: this incarnation's megatron.startup,
         #: then the previous block.
         self.chain: SpanContext | None = None
         self.launcher_link = self._launcher_link(environ)
-        return extra
 
     def _init_tracing(self) -> None:
         """The sampler and the TracerProvider whose ended spans go to the export queue."""

@@ -1,4 +1,4 @@
-"""Span recording for both paths, sharing one per-thread span stack.
+"""Span recording for the two exported paths (records and SDK spans), sharing one span stack.
 
 - Fine-grained groups (``FINE_GRAINED_GROUPS``) use :class:`FineSpan`: the training thread only
   records name, ids, parent, times, attributes, events and links into a slotted object and appends
@@ -6,10 +6,11 @@
 - Coarse groups use :class:`CoarseSpan`: a real SDK span (samplers, processors, OTel context),
   started with an explicit parent taken from the same stack.
 
-Because both kinds push themselves onto the same per-thread stack, a fine span's parent can be a
-coarse span and a coarse span's parent can be a fine span. This module imports nothing from
-OpenTelemetry: the runtime (the only module importing the SDK) installs the few callables the
-coarse path needs into :data:`STATE`.
+Because both kinds push themselves onto the same per-thread stack (as the flight recorder's
+recorded spans, ``_recorder``, do too), a fine span's parent can be a coarse span and a coarse
+span's parent can be a fine span. This module imports nothing from OpenTelemetry: the runtime
+(the only module importing the SDK) installs the few callables the coarse path needs into
+:data:`STATE`.
 """
 
 from __future__ import annotations

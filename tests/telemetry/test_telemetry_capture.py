@@ -159,3 +159,40 @@ def test_a_rank_that_cannot_build_its_exporter_acks_missed(make_settings, tmp_pa
     assert _ack(tmp_path, 0)["state"] == "missed"
     _iterations(1, 8)  # training goes on untouched
     assert not telemetry.is_enabled(G.LAYER)
+
+
+def test_the_worker_identity_is_derived_once_for_the_recorder_watcher_and_exporter(
+    make_settings, tmp_path, monkeypatch
+):
+    """One run id choice per setup: the flight recorder, the request watcher, the progress beat
+    and a capture's on-demand exporter all get the identity setup derived (a second derivation
+    could pick another run id or directory where the environment changed in between)."""
+    from mlaunch.settings import run_id
+
+    calls = []
+    real = run_id.choose_run_id
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run_id, "choose_run_id", counted)
+    monkeypatch.setenv(envcontract.RUN_DIR, str(tmp_path))  # under mlaunch train: the beat too
+    telemetry.setup(
+        make_settings(EXPORT_STRATEGY="single_rank", SPAN_GROUPS="default", RECORDER_GROUPS="layer"),
+        rank=0, world_size=2, run_dir=tmp_path,
+    )  # fmt: skip
+    capture = _capture_request()
+    _capture.CONTROL.schedule(capture)  # builds this rank's exporter for the capture
+    assert capture.exporter_started
+    _iterations(1, 8)
+    assert capture.state == "done"
+    assert telemetry.recorder_dump("request") > 0  # iteration 8's layer spans, recorded again
+    telemetry.shutdown(2.0)
+    assert len(calls) == 1
+    assert sorted(_captured(tmp_path, 0)) == [5, 6, 7]
+    # The exporter and the recorder name the same block trace: one identity.
+    exported = otlp_json.read_spans(envcontract.traces_file(tmp_path, 0))
+    recorded = otlp_json.read_spans(envcontract.recorder_file(tmp_path, 0))
+    assert {s["trace_id"] for s in recorded} == {s["trace_id"] for s in exported}
+    assert envcontract.heartbeat_file(tmp_path, 0).exists()
