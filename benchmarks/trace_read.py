@@ -25,11 +25,12 @@ span with attributes), then times, in one process:
 
 * ``--decoders``: the OTLP-JSON decoder candidates of the store's first read (issue 41), each a
   whole process between two orjson-only floors, its ratio to them with their A/A beside it:
-  ``c`` (the C scanner, what the store build runs), ``orjson`` (the reader's orjson decode
-  feeding Arrow columns: the build's path where C is not built or refuses a chunk), both full
-  first reads (build + summary); ``pyarrow`` (``pyarrow.json`` against the OTLP schema) and
-  ``duckdb`` (DuckDB's ``read_ndjson`` with the OTLP structure as an explicit schema, unnested),
-  decode to the span columns only: a lower bound of their first read (see ``_decode_columns``).
+  ``pyarrow`` (:mod:`mlaunch.trace.store_decode`, the store's decoder) and ``orjson`` (the
+  reader's orjson decode feeding Arrow columns, the build's path for a chunk pyarrow refuses),
+  both full first reads (build + summary); ``duckdb`` (DuckDB's ``read_ndjson`` with the OTLP
+  structure as an explicit schema, unnested), the decode to the span columns only: a lower bound
+  of its first read (see ``_decode_columns``). The hand-written C scanner measured beside them
+  (``mlaunch/trace/_cscan.c``, 0.6-0.7x) was deleted once pyarrow met the goal.
 
 * ``--writers``: only where the store is written (the run-end build, the receiver's appends,
   a worker writing Parquet in its exporter), each against its A/A control (see ``_writers``).
@@ -41,7 +42,7 @@ printing its wall, CPU and peak RSS (the whole process) against the goal of 1 Gi
 
 Run: ``python benchmarks/trace_read.py [--spans 1000000] [--no-json] [--no-export]
 [--no-report] [--no-store] [--readers] [--repeat N] [--writers [--append-min-mib 64]]
-[--decoders [c,orjson,pyarrow,duckdb]]``;
+[--decoders [pyarrow,orjson,duckdb]]``;
 ``--store-only --spans 100000000`` for the store passes at 10^8 spans (generated straight into
 the store: no JSON, no progress.jsonl; ``--skip-readers stragglers,...`` leaves readers out;
 ``--microbatches 1 --layers 1``: 11 spans a step, not 61, for shapes of many steps); ``--run DIR`` for
@@ -132,59 +133,28 @@ _DUCK_RS = (f"STRUCT(resource STRUCT(attributes {_KV}), scopeSpans STRUCT(scope 
 
 
 def _decode_columns(run: Path, how: str) -> int:
-    """The span columns of every trace file decoded by a library candidate, into Arrow: ids,
+    """The span columns of every trace file decoded by DuckDB, into Arrow: ids,
     name, the times as int64, the status code, the iteration attribute and the attributes as JSON
     text, the resource per span. Less than a first read does (no events/links/extra text, no
     group, no Parquet write, no summary), so a ratio above the goal here rules the candidate out."""
-    files = sorted((run / "telemetry").glob("traces-rank*.jsonl"))
-    if how == "duckdb":
-        import duckdb
+    if how != "duckdb":
+        raise ValueError(how)
+    import duckdb
 
-        glob = str(run / "telemetry" / "traces-rank*.jsonl")
-        q = f"""
-        WITH l AS (SELECT unnest(resourceSpans) AS rs FROM read_ndjson('{glob}',
-              columns={{'resourceSpans': '{_DUCK_RS}'}}, maximum_object_size=1073741824)),
-          s AS (SELECT to_json(rs.resource) AS res, unnest(rs.scopeSpans) AS ss FROM l),
-          sp AS (SELECT res, unnest(ss.spans) AS x FROM s)
-        SELECT x.traceId, x.spanId, nullif(x.parentSpanId, '') AS parent_id, x.name,
-          TRY_CAST(list_filter(x.attributes, lambda a: a.key = 'megatron.iteration')[1]
-                   .value.intValue AS BIGINT) AS iteration,
-          CAST(x.startTimeUnixNano AS BIGINT) AS start_ns,
-          CAST(x.endTimeUnixNano AS BIGINT) AS end_ns, coalesce(x.status.code, 0) AS status,
-          CASE WHEN len(x.attributes) > 0 THEN to_json(x.attributes) END AS attributes, res
-        FROM sp"""
-        return duckdb.connect().sql(q).to_arrow_table().num_rows
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.json as pj
-
-    n = 0
-    s, kv = pa.string(), pa.list_(pa.struct([("key", pa.string()), ("value", pa.struct([
-        ("stringValue", pa.string()), ("boolValue", pa.bool_()), ("intValue", pa.string()),
-        ("doubleValue", pa.float64())]))]))  # fmt: skip
-    span = pa.struct([("traceId", s), ("spanId", s), ("parentSpanId", s), ("name", s),
-                      ("kind", pa.int64()), ("startTimeUnixNano", s), ("endTimeUnixNano", s),
-                      ("attributes", kv),
-                      ("status", pa.struct([("message", s), ("code", pa.int64())]))])  # fmt: skip
-    schema = pa.schema([("resourceSpans", pa.list_(pa.struct([
-        ("resource", pa.struct([("attributes", kv)])),
-        ("scopeSpans", pa.list_(pa.struct([("spans", pa.list_(span))])))])))])  # fmt: skip
-    for f in files:
-        t = pj.read_json(
-            f,
-            parse_options=pj.ParseOptions(
-                explicit_schema=schema, unexpected_field_behavior="ignore"
-            ),
-        )
-        entries = t.column(0).combine_chunks().flatten()
-        sp = entries.field("scopeSpans").flatten().field("spans").flatten()
-        a = sp.field("attributes")
-        cols = [sp.field("traceId"), sp.field("spanId"), sp.field("name"),
-                sp.field("startTimeUnixNano").cast(pa.int64()),
-                sp.field("endTimeUnixNano").cast(pa.int64()), sp.field("status").field("code"),
-                pc.list_value_length(a)]  # fmt: skip
-        n += len(cols[0])
-    return n
+    glob = str(run / "telemetry" / "traces-rank*.jsonl")
+    q = f"""
+    WITH l AS (SELECT unnest(resourceSpans) AS rs FROM read_ndjson('{glob}',
+          columns={{'resourceSpans': '{_DUCK_RS}'}}, maximum_object_size=1073741824)),
+      s AS (SELECT to_json(rs.resource) AS res, unnest(rs.scopeSpans) AS ss FROM l),
+      sp AS (SELECT res, unnest(ss.spans) AS x FROM s)
+    SELECT x.traceId, x.spanId, nullif(x.parentSpanId, '') AS parent_id, x.name,
+      TRY_CAST(list_filter(x.attributes, lambda a: a.key = 'megatron.iteration')[1]
+               .value.intValue AS BIGINT) AS iteration,
+      CAST(x.startTimeUnixNano AS BIGINT) AS start_ns,
+      CAST(x.endTimeUnixNano AS BIGINT) AS end_ns, coalesce(x.status.code, 0) AS status,
+      CASE WHEN len(x.attributes) > 0 THEN to_json(x.attributes) END AS attributes, res
+    FROM sp"""
+    return duckdb.connect().sql(q).to_arrow_table().num_rows
 
 
 def _child(what: str, run_s: str) -> None:
@@ -193,7 +163,7 @@ def _child(what: str, run_s: str) -> None:
     if what in ("decode", "decode-fields"):  # the floors, as whole processes: no pyarrow/DuckDB
         _timed(what, lambda: _decode_only(run, orjson.loads, what == "decode-fields"), None)
         return
-    if what.startswith("columns-"):  # a library candidate's decode (--decoders)
+    if what.startswith("columns-"):  # DuckDB's decode (--decoders)
         _timed(what, lambda: _decode_columns(run, what.removeprefix("columns-")), None)
         return
     if what == "first-read-orjson":  # the reader's orjson decode for every chunk (--decoders)
@@ -304,8 +274,7 @@ def _first_read(run: Path, repeat: int) -> None:
 
 
 #: ``--decoders``: candidate -> the :func:`_child` pass that measures it.
-DECODERS = {"c": "first-read", "orjson": "first-read-orjson", "pyarrow": "columns-pyarrow",
-            "duckdb": "columns-duckdb"}  # fmt: skip
+DECODERS = {"pyarrow": "first-read", "orjson": "first-read-orjson", "duckdb": "columns-duckdb"}
 
 
 def _decoders(run: Path, repeat: int, only: list[str]) -> None:

@@ -1,7 +1,7 @@
 """The span store's column-wise decoder (mlaunch/trace/store_decode.py) writes the store the
 JSON reader's path writes, value for value, and leaves to the reader every line it cannot take
-exactly (so errors keep the reader's file:line messages). Its pyarrow path: the C scanner in
-front of it is turned off here (tests/trace/test_trace_store_cscan.py compares the two)."""
+exactly (so errors keep the reader's file:line messages). Hypothesis fuzzes it against the
+reader in tests/trace/test_trace_store_decode_fuzz.py."""
 
 from __future__ import annotations
 
@@ -21,18 +21,12 @@ from support.synthetic_traces import (
     write_realistic_run,
 )
 
-from mlaunch import envcontract
 from mlaunch.trace import store_decode
 from mlaunch.trace.reader import TraceInputError, TraceReader
 from mlaunch.trace.store_build import build_store
 from mlaunch.trace.store_layout import STORE_DIR
 
 _JSON_COLUMNS = ("attributes", "links", "events", "extra")
-
-
-@pytest.fixture(autouse=True)
-def _pyarrow_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(envcontract.PURE_PYTHON_STORE, "1")
 
 
 def _store(run: Path, columnar: bool) -> dict[str, Any]:

@@ -1,10 +1,11 @@
-"""The C scanner (mlaunch/trace/_cscan.c parses untrusted OTLP-JSON) fuzzed against the library
-decoder it stands in for: the reader's orjson decode. Hypothesis writes hostile lines (random byte
-mutations, truncations, deep nesting, huge numbers, bytes that are no UTF-8, members of the wrong
-JSON type) from valid requests; for each, C either refuses the chunk (None: the reader then reads
-it and names what is wrong) or gives the store exactly what the reader's decode gives, and never
-takes what the reader refuses. A whole build of such a file writes the reader's store or stops
-with the reader's error, never a crash. Derandomized: the same examples on every run."""
+"""The store's OTLP-JSON decoder (mlaunch/trace/store_decode.py: pyarrow's JSON parser and Arrow
+compute) fuzzed against the reader's orjson decode, the reference it stands in for. Hypothesis
+writes hostile lines (random byte mutations, truncations, deep nesting, huge numbers, bytes that
+are no UTF-8, members of the wrong JSON type) from valid requests; for each, the decoder either
+refuses the chunk (None: the reader then reads it and names what is wrong) or gives the store
+exactly what the reader's decode gives, and never takes what the reader refuses. A whole build of
+such a file writes the reader's store or stops with the reader's error, never anything else.
+Derandomized: the same examples on every run."""
 
 from __future__ import annotations
 
@@ -14,16 +15,101 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import pytest
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.synthetic_traces import request_line, resource_attributes
-from test_trace_store_cscan import _ALPHABET, BUILT, _decoded, _reference, _rows, _store
 from test_trace_store_decode import _hard_values, _span
 
-from mlaunch.trace.reader import TraceInputError
+from mlaunch.trace import store_decode
+from mlaunch.trace.reader import TraceFile, TraceInputError, TraceReader
+from mlaunch.trace.store_build import _Columns, _Resources, build_store
+from mlaunch.trace.store_layout import STORE_DIR, file_schema
 
-pytestmark = pytest.mark.skipif(not BUILT, reason="the C scanner is not built here")
+_JSON_COLUMNS = ("attributes", "links", "events", "extra")
+#: What a mutation writes: JSON's structure, what strings and numbers hold, and hostile bytes.
+_ALPHABET = [*b'{}[]:,"\\ 0123456789-+.eEtrufalsn', *b"abkz/", 0, 7, 10, 13, 0x7F, 0x80, 0xC3,
+             0xE2, 0xED, 0xF0, 0xFF]  # fmt: skip
+
+
+def _rows(table: Any) -> dict[str, list[Any]]:
+    """A table's columns as lists, the JSON-text ones decoded (their spelling is free) with an
+    explicit ``null`` member read as an absent one (the decoder's documented rule)."""
+    cols = table.to_pydict()
+    for c in _JSON_COLUMNS:
+        cols[c] = [None if x is None else _no_nulls(orjson.loads(x)) for x in cols[c]]
+    return cols
+
+
+def _no_nulls(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _no_nulls(x) for k, x in v.items() if x is not None}
+    if isinstance(v, list):
+        return [_no_nulls(x) for x in v]
+    return v
+
+
+def _reference(data: bytes) -> tuple[Any, list[Any]] | None:
+    """What the reader's own decoding of ``data`` gives the store (None where it refuses a
+    line): the span table and the resources' rows."""
+    reader = TraceReader([TraceFile(Path("telemetry/otel-traces.jsonl"), None)])
+    tf = reader.files[0]
+    cols, resources = _Columns(), _Resources()
+    try:
+        # (numbered from 2: a first line that is no JSON makes the reader look at the file)
+        for no, raw in enumerate(data.split(b"\n")[:-1], 2):
+            reader.line_no = no
+            raw += b"\n"
+            for res, spans, flagged in reader.decode_line(tf, raw):
+                rid = resources.id_of(res)
+                cols.add(rid, resources.rows["node"][rid], spans, flagged)
+    except (TraceInputError, OverflowError, pa.ArrowInvalid):
+        return None
+    return cols.table(), resources.table().to_pylist()
+
+
+def _decoded(data: bytes, lines: int) -> tuple[Any, list[Any]] | None:
+    """What the decoder gives the store for the chunk, as the builder uses it (None: refused)."""
+    chunk = store_decode.parse(data, lines)
+    if chunk is None:
+        return None
+    reader = TraceReader([TraceFile(Path("telemetry/otel-traces.jsonl"), None)])
+    resources = _Resources()
+    seen: dict[str | None, Any] = {}
+    rids = []
+    for text, n in zip(chunk.resources, chunk.span_counts, strict=True):
+        r = seen.get(text)
+        if r is None:
+            attrs = None if text is None else orjson.loads(text)
+            try:
+                r = seen[text] = reader.resource(attrs, reader.files[0])
+            except ValueError:  # a rank that is no integer: the builder leaves it to the reader
+                return None
+        rids.append(resources.id_of(r) if n else -1)
+    nodes = [resources.rows["node"][i] if i >= 0 else None for i in rids]
+    table = store_decode.span_table(chunk, rids, nodes, file_schema())
+    if table is None:
+        return None
+    table.validate(full=True)
+    return table, resources.table().to_pylist()
+
+
+def _store(run: Path, columnar: bool) -> dict[str, Any] | str:
+    """Everything a build of a copy of ``run`` writes (the decoder's, or the reader's alone),
+    or the one-line error it stops with."""
+    copy = run.parent / f"{run.name}-{columnar}"
+    shutil.copytree(run, copy)
+    try:
+        man = build_store(copy, TraceReader.open(copy), columnar=columnar)
+    except TraceInputError as e:
+        return e.render().replace(str(copy), "RUN")
+    parts = [(rel.split("/")[1], _rows(pq.read_table(copy / STORE_DIR / rel))) for rel in man.parts]
+    res = pq.read_table(copy / STORE_DIR / "resources.parquet").to_pylist()
+    man.read["torn_lines"] = [[Path(p).relative_to(copy), n] for p, n in man.read["torn_lines"]]
+    return {"parts": parts, "resources": res, "read": man.read, "complete": man.complete}
+
 
 FUZZ = settings(
     max_examples=150,
@@ -35,7 +121,7 @@ FUZZ = settings(
 
 
 def _bases() -> list[bytes]:
-    """Valid request lines C takes: the hard values, an iteration/microbatch/truncation span."""
+    """Valid request lines the decoder takes: the hard values, an iteration/microbatch/truncation span."""
     res = resource_attributes(0, world_size=2)
     hard = _hard_values()
     iteration = _span("megatron.forward", "0b" * 8, 3, 9, attributes=[
@@ -50,14 +136,15 @@ BASES = _bases()
 
 
 def _check(data: bytes) -> str:
-    """The property, for one chunk: C refuses it, or gives the reader's table and resources.
+    """The property, for one chunk: the decoder refuses it, or gives the reader's table and
+    resources.
     Returns which (the tests check both happen)."""
     n = data.count(b"\n")
-    got = _decoded(data, n, "c")
+    got = _decoded(data, n)
     if got is None:
         return "refused"
     ref = _reference(data)
-    assert ref is not None, data  # C took a line the reader refuses
+    assert ref is not None, data  # the decoder took a line the reader refuses
     assert _rows(got[0]) == _rows(ref[0]), data
     assert got[1] == ref[1], data
     return "taken"
@@ -109,8 +196,8 @@ def test_truncations(base: bytes, cut: float) -> None:
     if torn:
         assert _check(_lines(torn)) == "refused"
     # a chunk whose last line has no newline yet (a file being written): refused, not read short
-    assert _decoded(_lines(base) + torn, 2, "c") is None
-    assert torn == b"" or _decoded(_lines(base) + torn, 1, "c") is None
+    assert _decoded(_lines(base) + torn, 2) is None
+    assert torn == b"" or _decoded(_lines(base) + torn, 1) is None
 
 
 #: Where a JSON value sits in the first base line: a span member, an attribute value, a time.
@@ -230,28 +317,12 @@ def test_members_of_the_wrong_type(base: bytes, path: tuple[Any, ...], value: An
 def test_a_build_of_a_hostile_file_is_the_readers_store_or_its_error(
     base: bytes, ops: list[Any]
 ) -> None:
-    """The whole build (C, the reader behind it) against the reader alone: the same store, or
-    the same one-line error naming the file and line; nothing else raised."""
+    """The whole build (the decoder, the reader behind it) against the reader alone: the same
+    store, or the same one-line error naming the file and line; nothing else raised."""
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "run"
         (run / "telemetry").mkdir(parents=True)
         (run / "telemetry" / "traces-rank0.jsonl").write_bytes(
             _lines(BASES[1], _mutated(base, ops), BASES[2])
         )
-        out = {}
-        for mode in ("c", "reader"):
-            try:
-                out[mode] = _store(run, mode, _NoPatch())
-                out[mode].pop("taken")
-            except TraceInputError as e:
-                out[mode] = e.render().replace(f"{run}-{mode}", "RUN")
-            shutil.rmtree(run.parent / f"{run.name}-{mode}", ignore_errors=True)
-        assert out["c"] == out["reader"]
-
-
-class _NoPatch:
-    """What :func:`test_trace_store_cscan._store` needs of pytest's monkeypatch, outside a
-    fixture (hypothesis runs many examples in one test call)."""
-
-    def context(self) -> Any:
-        return pytest.MonkeyPatch.context()
+        assert _store(run, columnar=True) == _store(run, columnar=False)
