@@ -30,7 +30,8 @@ SOURCE = REPO / "mlaunch" / "telemetry" / "_cspan.c"
 
 
 class PythonUnavailable(RuntimeError):
-    """No interpreter of that version on this machine (the tests skip)."""
+    """No interpreter of that version, or no C compiler, on this machine (the tests skip, as
+    the extension's own tests do where ``pip install`` could not build it)."""
 
 
 def _python(version: tuple[int, int], cache: Path) -> str:
@@ -73,6 +74,8 @@ def _compile(python: str, out_dir: Path) -> Path:
 def cspan_python(version: tuple[int, int], dest: Path) -> tuple[str, Path]:
     """``(python, pythonpath)``: an interpreter of ``version`` and ``dest`` holding a copy of
     this tree's ``mlaunch`` with ``_cspan`` built for it."""
+    if shutil.which("cc") is None:
+        raise PythonUnavailable("no C compiler (cc) to build the extension with")
     cache = _cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / "cspan.lock", "w") as lock:
