@@ -77,6 +77,23 @@ def test_the_column_wise_store_equals_the_readers_on_synthetic_runs(
     assert _decoded_by_reader(real, monkeypatch) == 0
 
 
+def test_many_chunks_and_parts_give_the_readers_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trace read in dozens of chunks (64 KiB of lines each): the columns of one chunk never
+    leak into the next, and the resources and entries stay aligned across chunks."""
+    from mlaunch.trace import store_build
+
+    run = tmp_path / "many"
+    write_realistic_run(run, ranks=4, steps=40, seed=4, batch=29)
+    monkeypatch.setattr(store_build, "CHUNK_BYTES", 64 << 10)
+    taken = []
+    parse = store_build.parse
+    monkeypatch.setattr(store_build, "parse", lambda *a: taken.append(c := parse(*a)) or c)
+    assert _store(run, columnar=True) == _store(run, columnar=False)
+    assert sum(c is not None for c in taken) >= 40, "the run was not read in many chunks"
+
+
 def test_values_written_once_per_distinct_value_give_the_readers_store(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
