@@ -19,12 +19,13 @@ text of a column may differ in key order or number spelling (``1e+20`` for ``1e2
 what it decodes to; an explicit ``null`` member is read as an absent one.
 
 The one OTLP-JSON decoder of the store (issue 41 measured the candidates: ``python
-benchmarks/trace_read.py --decoders``). First read (the build and the summary, whole processes,
-10^6 spans on a shared 2-core machine): 1.05-1.24x the CPU of the bare orjson decode (goal
-<= 1.5x), where the reader's orjson decode feeding Arrow columns costs 3.6x and DuckDB's
-``read_ndjson`` (an explicit schema of the OTLP structure, unnested) 10x for the decode alone; a
-hand-written C scanner (0.6-0.7x) was dropped as pyarrow meets the goal without parsing untrusted
-input in C. At 2x10^5 spans the interpreter's and the libraries' import is a larger share.
+benchmarks/trace_read.py --spans 1000000 --decoders``). First read (the build and the summary,
+whole processes, 10^6 spans on a shared 2-core machine): 0.88-1.24x the CPU of the bare orjson
+decode (goal <= 1.5x), where the reader's orjson decode feeding Arrow columns costs 3.0-3.6x and
+DuckDB's ``read_ndjson`` (an explicit schema of the OTLP structure, unnested) 10-16x for the
+decode alone; a hand-written C scanner (0.6-0.7x) was dropped as pyarrow meets the goal without
+parsing untrusted input in C. At 2x10^5 spans the interpreter's and the libraries' import is a
+larger share of the process.
 
 Standalone like the reader: pyarrow and numpy only (both come with the store).
 """
