@@ -191,7 +191,7 @@ def parse(data: bytes, lines: int) -> Chunk | None:
         spans = _flat(spans_of)
         escaped = b"\\" in data
         resources = _text(entries.field("resource"), escaped).to_pylist()
-    except (pa.ArrowInvalid, _Refused):
+    except (pa.ArrowException, _Refused):  # any Arrow error: the reader reads (and names) it
         return None
     scope_entry = pc.list_parent_indices(scopes_of).to_numpy()
     span_entry = scope_entry[pc.list_parent_indices(spans_of).to_numpy()]
@@ -265,7 +265,7 @@ def span_table(chunk: Chunk, resource_ids: Any, nodes: list[str | None], schema:
                                 extra_text),
             "resource_id": pa.array(np.asarray(resource_ids, np.int32)[chunk.span_entry]),
         }  # fmt: skip
-    except (pa.ArrowInvalid, _Refused):
+    except (pa.ArrowException, _Refused):  # any Arrow error: the reader reads (and names) it
         return None
     return pa.Table.from_pydict(cols, schema)
 

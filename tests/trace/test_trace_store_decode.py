@@ -287,6 +287,31 @@ def test_a_malformed_span_is_named_by_the_readers_message(tmp_path: Path) -> Non
     assert not (run / STORE_DIR).exists()
 
 
+@pytest.mark.parametrize("events", [[None, None], [None]])
+def test_a_list_of_nulls_is_named_by_the_readers_message_not_an_arrow_error(
+    tmp_path: Path, events: list[None]
+) -> None:
+    """pyarrow infers a member left out of its schema; a list of nulls there (``events``) made
+    it raise ArrowIndexError (not ArrowInvalid), which escaped the build as a traceback. Found by
+    test_trace_store_decode_fuzz.py: any Arrow error refuses the chunk, and the reader names it."""
+    run = tmp_path / "run"
+    write_realistic_run(run, ranks=1, steps=2, pp=1, batch=5)
+    path = run / "telemetry" / "traces-rank0.jsonl"
+    lines = path.read_text().splitlines()
+    bad = json.loads(lines[1])
+    bad["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["events"] = events
+    lines[1] = json.dumps(bad, separators=(",", ":"))
+    path.write_text("\n".join(lines) + "\n")
+    messages = []
+    for columnar in (True, False):
+        with pytest.raises(TraceInputError) as e:
+            build_store(run, TraceReader.open(run), columnar=columnar)
+        messages.append(e.value.render())
+    assert messages[0] == messages[1]
+    assert f"{path}:2: malformed span" in messages[0]
+    assert not (run / STORE_DIR).exists()
+
+
 def test_bytes_that_are_no_utf8_are_refused_as_the_reader_refuses_them(tmp_path: Path) -> None:
     """pyarrow's parser keeps such bytes in a string; the reader calls the line invalid JSON."""
     run = tmp_path / "run"
