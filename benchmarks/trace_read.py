@@ -23,6 +23,15 @@ span with attributes), then times, in one process:
   ``trace report`` likewise, store (column-wise) against JSON with the A/A beside it, then the
   store read back as span dicts (``--no-report`` skips these).
 
+* ``--decoders``: the OTLP-JSON decoder candidates of the store's first read (issue 41), each a
+  whole process between two orjson-only floors, its ratio to them with their A/A beside it:
+  ``pyarrow`` (:mod:`mlaunch.trace.store_decode`, the store's decoder) and ``orjson`` (the
+  reader's orjson decode feeding Arrow columns, the build's path for a chunk pyarrow refuses),
+  both full first reads (build + summary); ``duckdb`` (DuckDB's ``read_ndjson`` with the OTLP
+  structure as an explicit schema, unnested), the decode to the span columns only: a lower bound
+  of its first read (see ``_decode_columns``). The hand-written C scanner measured beside them
+  (``mlaunch/trace/_cscan.c``, 0.6-0.7x) was deleted once pyarrow met the goal.
+
 * ``--writers``: only where the store is written (the run-end build, the receiver's appends,
   a worker writing Parquet in its exporter), each against its A/A control (see ``_writers``).
 
@@ -32,7 +41,8 @@ printing its wall, CPU and peak RSS (the whole process) against the goal of 1 Gi
 (``--store-only`` always; ``--readers`` after the other store passes).
 
 Run: ``python benchmarks/trace_read.py [--spans 1000000] [--no-json] [--no-export]
-[--no-report] [--no-store] [--readers] [--repeat N] [--writers [--append-min-mib 64]]``;
+[--no-report] [--no-store] [--readers] [--repeat N] [--writers [--append-min-mib 64]]
+[--decoders [pyarrow,orjson,duckdb]]``;
 ``--store-only --spans 100000000`` for the store passes at 10^8 spans (generated straight into
 the store: no JSON, no progress.jsonl; ``--skip-readers stragglers,...`` leaves readers out;
 ``--microbatches 1 --layers 1``: 11 spans a step, not 61, for shapes of many steps); ``--run DIR`` for
@@ -112,12 +122,55 @@ def _timed(label: str, fn: Callable[[], int], base: float | None) -> float:
     return rate
 
 
+#: The OTLP-JSON span members the library candidates read (what the store's columns need).
+_KV = ("STRUCT(key VARCHAR, value STRUCT(stringValue VARCHAR, boolValue BOOLEAN, "
+       "intValue VARCHAR, doubleValue DOUBLE))[]")  # fmt: skip
+_DUCK_SPAN = (f"STRUCT(traceId VARCHAR, spanId VARCHAR, parentSpanId VARCHAR, name VARCHAR, "
+              f"kind BIGINT, startTimeUnixNano VARCHAR, endTimeUnixNano VARCHAR, attributes {_KV}, "
+              f"events JSON, links JSON, status STRUCT(message VARCHAR, code BIGINT))")  # fmt: skip
+_DUCK_RS = (f"STRUCT(resource STRUCT(attributes {_KV}), scopeSpans STRUCT(scope STRUCT(name "
+            f"VARCHAR, version VARCHAR), spans {_DUCK_SPAN}[])[])[]")  # fmt: skip
+
+
+def _decode_columns(run: Path, how: str) -> int:
+    """The span columns of every trace file decoded by DuckDB, into Arrow: ids,
+    name, the times as int64, the status code, the iteration attribute and the attributes as JSON
+    text, the resource per span. Less than a first read does (no events/links/extra text, no
+    group, no Parquet write, no summary), so a ratio above the goal here rules the candidate out."""
+    if how != "duckdb":
+        raise ValueError(how)
+    import duckdb
+
+    glob = str(run / "telemetry" / "traces-rank*.jsonl")
+    q = f"""
+    WITH l AS (SELECT unnest(resourceSpans) AS rs FROM read_ndjson('{glob}',
+          columns={{'resourceSpans': '{_DUCK_RS}'}}, maximum_object_size=1073741824)),
+      s AS (SELECT to_json(rs.resource) AS res, unnest(rs.scopeSpans) AS ss FROM l),
+      sp AS (SELECT res, unnest(ss.spans) AS x FROM s)
+    SELECT x.traceId, x.spanId, nullif(x.parentSpanId, '') AS parent_id, x.name,
+      TRY_CAST(list_filter(x.attributes, lambda a: a.key = 'megatron.iteration')[1]
+               .value.intValue AS BIGINT) AS iteration,
+      CAST(x.startTimeUnixNano AS BIGINT) AS start_ns,
+      CAST(x.endTimeUnixNano AS BIGINT) AS end_ns, coalesce(x.status.code, 0) AS status,
+      CASE WHEN len(x.attributes) > 0 THEN to_json(x.attributes) END AS attributes, res
+    FROM sp"""
+    return duckdb.connect().sql(q).to_arrow_table().num_rows
+
+
 def _child(what: str, run_s: str) -> None:
     """One span-store pass in this (fresh) process: its wall, CPU (all threads) and peak RSS."""
     run = Path(run_s)
     if what in ("decode", "decode-fields"):  # the floors, as whole processes: no pyarrow/DuckDB
         _timed(what, lambda: _decode_only(run, orjson.loads, what == "decode-fields"), None)
         return
+    if what.startswith("columns-"):  # DuckDB's decode (--decoders)
+        _timed(what, lambda: _decode_columns(run, what.removeprefix("columns-")), None)
+        return
+    if what == "first-read-orjson":  # the reader's orjson decode for every chunk (--decoders)
+        import mlaunch.trace.store_build
+
+        mlaunch.trace.store_build.parse = lambda data, lines: None
+        what = "first-read"
     from mlaunch.trace.store import StoreReader, open_store, run_sql
     from mlaunch.trace.store_goodput import goodput_store as goodput_of_store
     from mlaunch.trace.store_summary import summarize_store
@@ -218,6 +271,29 @@ def _first_read(run: Path, repeat: int) -> None:
               f"decode (whole process {a:.2f} / {b:.2f} CPU-s, A/A {b / a:.2f}) = "
               f"{2 * first / (fa + fb):.2f}x decode + four fields a span ({fa:.2f} / {fb:.2f} "
               f"CPU-s, A/A {fb / fa:.2f}); goal <= 1.5x")  # fmt: skip
+
+
+#: ``--decoders``: candidate -> the :func:`_child` pass that measures it.
+DECODERS = {"pyarrow": "first-read", "orjson": "first-read-orjson", "duckdb": "columns-duckdb"}
+
+
+def _decoders(run: Path, repeat: int, only: list[str]) -> None:
+    """Each decoder candidate between two orjson-only floors (whole processes, all threads),
+    ``repeat`` times: its ratio to their mean, their A/A beside it (the noise it is read against)."""
+    import shutil
+
+    from mlaunch.trace.store_layout import STORE_DIR
+
+    for _ in range(repeat):
+        a = _process_cpu("decode", run)
+        for name in only:
+            shutil.rmtree(run / STORE_DIR, ignore_errors=True)
+            cpu = _process_cpu(DECODERS[name], run)
+            b = _process_cpu("decode", run)
+            kind = "first read" if DECODERS[name].startswith("first-read") else "decode only"
+            print(f"decoder {name:<8} {kind:<11} {cpu:7.2f} CPU-s = {2 * cpu / (a + b):5.2f}x "
+                  f"orjson decode ({a:.2f} / {b:.2f} CPU-s, A/A {b / a:.2f}); goal <= 1.5x")  # fmt: skip
+            a = b
 
 
 def _export_compare(run: Path, repeat: int) -> None:
@@ -615,6 +691,14 @@ def main() -> None:
         help="--writers: the receiver's first append after this much JSON (the "
         "receiver's own step; smaller to see more steps on a small run)",
     )
+    p.add_argument(
+        "--decoders",
+        nargs="?",
+        const=",".join(DECODERS),
+        metavar="A,B",
+        help=f"only the OTLP-JSON decoder candidates of the first read, each against the orjson "
+        f"floor with its A/A (default all: {','.join(DECODERS)})",
+    )
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)  # one store pass, in a subprocess
     p.add_argument("--readers", action="store_true",
                    help="with the store passes: every reader of the store as a whole process "
@@ -671,6 +755,10 @@ def main() -> None:
             r = TraceReader.open(run)
             return export_chrome(r, Path(tmp) / "trace.json").spans
 
+        if args.decoders:
+            _decoders(run, args.repeat, args.decoders.split(","))
+            print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+            return
         if args.writers:
             _writers(run, n, args.append_min_mib, args.repeat)
             print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")

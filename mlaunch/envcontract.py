@@ -147,9 +147,6 @@ TEE_SPANS = "MLAUNCH_TEST_TEE_SPANS"
 #: ``1``: the flight recorder's recorded spans use their pure-Python classes even where the C
 #: accelerator (``mlaunch.telemetry._cspan``) is built (the same behaviour, slower; tests run both).
 PURE_PYTHON_SPANS = "MLAUNCH_PURE_PYTHON_SPANS"
-#: ``1``: the span store's build reads OTLP-JSON with its pyarrow decoder even where the C
-#: scanner (``mlaunch.trace._cscan``) is built (the same store, slower; tests run both).
-PURE_PYTHON_STORE = "MLAUNCH_PURE_PYTHON_STORE"
 #: The signals that stop training gracefully (``--preempt-signals`` wins), e.g. ``SIGTERM,SIGUSR1``.
 PREEMPT_SIGNALS = "MLAUNCH_PREEMPT_SIGNALS"
 

@@ -11,8 +11,8 @@ of JSON: a smaller trace's first read builds it in under a second), both through
 for a run that has only JSON. Measured (``benchmarks/trace_read.py --writers``, 10^6 spans): a
 worker writing Parquet in its file exporter would spend about 10x the CPU per span of its JSON
 encoding (4.5 us against 0.47) on the training host, while the run-end build costs training
-nothing (the workers have exited; 2.3 CPU-s at the end of the run, 0.5x a JSON decode, with
-the C scanner of :mod:`mlaunch.trace.store_decode`) and the receiver's appends 2x one build in
+nothing (the workers have exited; 1-2x the CPU of a JSON decode at the end of the run, with the
+pyarrow decoder of :mod:`mlaunch.trace.store_decode`) and the receiver's appends 2x one build in
 all, in a niced process off the path that receives spans. One writer at a time, and none
 under a reader (:class:`_RunLock`).
 

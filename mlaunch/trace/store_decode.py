@@ -18,27 +18,23 @@ in a string. What it takes, it writes as the reader's path would, value for valu
 text of a column may differ in key order or number spelling (``1e+20`` for ``1e20``), never in
 what it decodes to; an explicit ``null`` member is read as an absent one.
 
-First, where it is built, the C scanner (``mlaunch/trace/_cscan.c``, an optional extension:
-``pip install`` compiles it where it can) reads the chunk's bytes once into the store's columns,
-the JSON-text columns as slices of the lines (the same rule: what they decode to, not their
-spelling). It takes less than pyarrow does (the schema, strict JSON, no ``null``, no escape in a
-key, an id or a name...) and refuses the rest whole: the chunk then goes the pyarrow way above,
-then, if refused again, to the reader. :data:`~mlaunch.envcontract.PURE_PYTHON_STORE` turns it
-off (the tests compare both). Measured (``benchmarks/trace_read.py``, first read: the build and
-the summary, whole processes): 0.6-1.0x the CPU of the bare orjson decode at 10^6 spans, 0.7x at
-10^7, against 1.65-2.15x with the pyarrow path alone; the C scan itself is about 0.2x of the
-decode, the Parquet write 0.1-0.2x, the interpreter and imports most of the rest.
+The one OTLP-JSON decoder of the store (issue 41 measured the candidates: ``python
+benchmarks/trace_read.py --spans 1000000 --decoders``). First read (the build and the summary,
+whole processes, 10^6 spans on a shared 2-core machine): 0.88-1.24x the CPU of the bare orjson
+decode (goal <= 1.5x), where the reader's orjson decode feeding Arrow columns costs 3.0-3.6x and
+DuckDB's ``read_ndjson`` (an explicit schema of the OTLP structure, unnested) 10-16x for the
+decode alone; a hand-written C scanner (0.6-0.7x) was dropped as pyarrow meets the goal without
+parsing untrusted input in C. At 2x10^5 spans the interpreter's and the libraries' import is a
+larger share of the process.
 
 Standalone like the reader: pyarrow and numpy only (both come with the store).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
-from mlaunch import envcontract
 from mlaunch.model.spans import SPANS, TRUNCATED_ATTRS, Attr
 from mlaunch.otlp.otlp_json import any_value
 
@@ -161,60 +157,8 @@ class Chunk:
     span_counts: Any  # numpy int64
     #: Per span: the index of its entry.
     span_entry: Any  # numpy int64
-    spans: Any  # pyarrow StructArray, one row a span (None where the C scanner read the chunk)
+    spans: Any  # pyarrow StructArray, one row a span
     escaped: bool  # the raw lines hold a backslash: strings are escaped when written back
-    #: The C scanner's columns (the store's, less group, node and resource_id), or None.
-    columns: dict[str, Any] | None = None
-
-
-#: The columns :func:`scan` fills, in the order ``_cscan.scan`` returns them (its ``C_*``), with
-#: their types; the last is each span's ``resourceSpans`` entry.
-_SCANNED = (("trace_id", "string"), ("span_id", "string"), ("parent_id", "string"),
-            ("name", "string"), ("iteration", "int64"), ("microbatch", "int64"),
-            ("start_ns", "int64"), ("end_ns", "int64"), ("status", "int8"),
-            ("truncated", "bool"), ("attributes", "string"), ("links", "string"),
-            ("events", "string"), ("extra", "string"), ("entry", "int64"))  # fmt: skip
-
-_CSCAN: Any = None  # the extension module once imported; False where it is not built
-
-
-def c_scanner() -> Any:
-    """``mlaunch.trace._cscan`` when it is built and not turned off, else None."""
-    global _CSCAN
-    if os.environ.get(envcontract.PURE_PYTHON_STORE, "") == "1":
-        return None
-    if _CSCAN is None:
-        try:
-            from mlaunch.trace import _cscan
-        except ImportError:  # not compiled here (no compiler or headers at install): pyarrow's
-            _CSCAN = False
-        else:
-            _CSCAN = _cscan
-    return _CSCAN or None
-
-
-def scan(data: bytes, lines: int) -> Chunk | None:
-    """``lines`` complete request lines read by the C scanner, or None where it is not built,
-    turned off, or refuses them (see the module docstring)."""
-    cscan = c_scanner()
-    if cscan is None:
-        return None
-    out = cscan.scan(data, lines, *(tuple(k.encode() for k in keys) for keys in
-                                    (ITER_KEYS, MB_KEYS, TRUNCATED_ATTRS)))  # fmt: skip
-    if out is None:
-        return None
-    import numpy as np
-    import pyarrow as pa
-
-    n, resources, cols = out
-    arrays = {}
-    for (name, kind), (valid, nulls, *bufs) in zip(_SCANNED, cols, strict=True):
-        buffers = [None if valid is None else pa.py_buffer(valid), *map(pa.py_buffer, bufs)]
-        arrays[name] = pa.Array.from_buffers(getattr(pa, kind + "_" if kind == "bool" else kind)(),
-                                             n, buffers, null_count=nulls)  # fmt: skip
-    entry = arrays.pop("entry").to_numpy()
-    counts = np.bincount(entry, minlength=len(resources))
-    return Chunk(resources, counts, entry, None, False, arrays)
 
 
 def parse(data: bytes, lines: int) -> Chunk | None:
@@ -225,9 +169,6 @@ def parse(data: bytes, lines: int) -> Chunk | None:
     import pyarrow.compute as pc
     import pyarrow.json as pj
 
-    chunk = scan(data, lines)
-    if chunk is not None:
-        return chunk
     if not data.isascii():  # (a check that costs about nothing for the usual ASCII lines)
         try:
             data.decode("utf-8")  # pyarrow keeps bytes that are no UTF-8; the reader refuses them
@@ -250,7 +191,7 @@ def parse(data: bytes, lines: int) -> Chunk | None:
         spans = _flat(spans_of)
         escaped = b"\\" in data
         resources = _text(entries.field("resource"), escaped).to_pylist()
-    except (pa.ArrowInvalid, _Refused):
+    except (pa.ArrowException, _Refused):  # any Arrow error: the reader reads (and names) it
         return None
     scope_entry = pc.list_parent_indices(scopes_of).to_numpy()
     span_entry = scope_entry[pc.list_parent_indices(spans_of).to_numpy()]
@@ -275,8 +216,6 @@ def span_table(chunk: Chunk, resource_ids: Any, nodes: list[str | None], schema:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    if chunk.columns is not None:
-        return _scanned_table(chunk, resource_ids, nodes, schema)
     sp, esc = chunk.spans, chunk.escaped
     n = len(sp)
     f = {name: sp.field(name) for name in sp.type.names}
@@ -326,25 +265,9 @@ def span_table(chunk: Chunk, resource_ids: Any, nodes: list[str | None], schema:
                                 extra_text),
             "resource_id": pa.array(np.asarray(resource_ids, np.int32)[chunk.span_entry]),
         }  # fmt: skip
-    except (pa.ArrowInvalid, _Refused):
+    except (pa.ArrowException, _Refused):  # any Arrow error: the reader reads (and names) it
         return None
     return pa.Table.from_pydict(cols, schema)
-
-
-def _scanned_table(chunk: Chunk, resource_ids: Any, nodes: list[str | None], schema: Any) -> Any:
-    """:func:`span_table` of the columns the C scanner filled: only the per-resource columns and
-    the group are left to add."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    cols = dict(chunk.columns or {})
-    enc = pc.dictionary_encode(cols["name"])
-    groups = pa.array([GROUPS.get(x) for x in enc.dictionary.to_pylist()], pa.string())
-    cols["group"] = pc.take(groups, enc.indices)
-    cols["node"] = pc.take(pa.array(nodes, pa.string()), chunk.span_entry)
-    cols["resource_id"] = pa.array(np.asarray(resource_ids, np.int32)[chunk.span_entry])
-    return pa.Table.from_pydict({f.name: cols[f.name] for f in schema}, schema)
 
 
 def _int(a: Any) -> Any:

@@ -25,7 +25,7 @@ from support.trace_compare import store_rows
 from mlaunch import envcontract
 from mlaunch.model.spans import SpanName
 from mlaunch.otlp.otlp_json import read_spans
-from mlaunch.trace import store_decode
+from mlaunch.trace import store_build
 from mlaunch.trace.reader import TraceReader
 from mlaunch.trace.store import open_store
 from mlaunch.trace.store_build import build_store
@@ -78,9 +78,9 @@ def test_script_with_no_collector_writes_every_span_for_every_trace_command(
     assert stats["signals"]["traces"]["written_items"] == n
     assert stats["signals"]["traces"]["lost_items"] == 0
     assert stats["signals"]["metrics"]["written_items"] > 0  # nemo-lens's metrics too
-    taken: list[object] = []  # the chunks the C scanner read (the first command builds the store)
-    scan = store_decode.scan
-    monkeypatch.setattr(store_decode, "scan", lambda *a: taken.append(c := scan(*a)) or c)
+    taken: list[object] = []  # the chunks the decoder read (the first command builds the store)
+    parse = store_build.parse
+    monkeypatch.setattr(store_build, "parse", lambda *a: taken.append(c := parse(*a)) or c)
     for args in (
         ("summary", run_dir),
         ("goodput", run_dir),
@@ -92,11 +92,10 @@ def test_script_with_no_collector_writes_every_span_for_every_trace_command(
     assert (tmp_path / "report.html").stat().st_size > 0
     assert len(json.loads((tmp_path / "trace.json").read_text())["traceEvents"]) >= n
     # The store those commands read holds, row for row, what the JSON reader's own build of the
-    # same files holds: nemo-lens's OTLP as the receiver wrote it, read by the C scanner.
+    # same files holds: nemo-lens's OTLP as the receiver wrote it, read by the decoder.
     store = open_store(run_dir, build=False)
     assert store is not None
-    if store_decode.c_scanner() is not None:
-        assert any(c is not None for c in taken), "the C scanner took no chunk of the run"
+    assert any(c is not None for c in taken), "the decoder took no chunk of the run"
     reference = tmp_path / "reference"
     shutil.copytree(run_dir / "telemetry", reference / "telemetry")
     build_store(reference, TraceReader.open(reference), columnar=False)

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.cpythons import PYTHONS, PythonUnavailable, cspan_python
 
 from mlaunch import envcontract
 from mlaunch.telemetry import _recorder
@@ -80,23 +81,41 @@ for s in spans:
     out.append([s["name"], s["trace_id"], order.get(s["parent_span_id"], s["parent_span_id"]),
                 s["attributes"], s["status_code"], s["status_message"]])
 events = {r.name: [(n, a) for n, a, _ in getattr(r, "events", None) or ()] for r in kept}
-print(json.dumps({"base": _recorder.SPAN_BASE.__module__, "spans": out, "events": events}))
+# A rebound module global is seen at the next span: C caches the globals it reads while the
+# module's dict is unchanged, told so by CPython's dict internals (a version tag on 3.11, a dict
+# watcher on 3.12+).
+other, saved = [], _recorder._CURRENT
+_recorder._CURRENT = other
+with telemetry.span(G.LAYER, "after_rebind"):
+    pass
+_recorder._CURRENT = saved
+with telemetry.span(G.LAYER, "after_restore"):
+    pass
+rebound = [[s.name for s in other], [s.name for s in saved][-1:]]
+print(json.dumps({"base": _recorder.SPAN_BASE.__module__, "spans": out, "events": events,
+                  "python": sys.version_info[:2], "rebound": rebound}))
 telemetry.shutdown(1.0)
 """
 
 
-def _run(tmp_path: Path, pure: bool) -> dict:
+def _run(
+    tmp_path: Path, pure: bool, python: str = sys.executable, path: Path | None = None
+) -> dict:
+    """SEQUENCE's output under ``python`` (with ``path`` first on its PYTHONPATH, if given)."""
     env = dict(os.environ)
     env.pop(envcontract.PURE_PYTHON_SPANS, None)
     if pure:
         env[envcontract.PURE_PYTHON_SPANS] = "1"
+    if path is not None:
+        env["PYTHONPATH"] = str(path)
     run_dir = tmp_path / ("pure" if pure else "default")
     proc = subprocess.run(
-        [sys.executable, "-c", SEQUENCE, str(run_dir)],
+        [python, "-c", SEQUENCE, str(run_dir)],
         env=env,
         capture_output=True,
         text=True,
         timeout=120,
+        cwd=tmp_path,  # not the checkout: `-c` puts the cwd first on sys.path
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -131,8 +150,29 @@ def test_c_span_is_in_use_where_built_and_has_the_python_definitions_slots():
 
 def test_c_and_pure_python_spans_dump_the_same(tmp_path):
     default, pure = _run(tmp_path, pure=False), _run(tmp_path, pure=True)
-    assert pure["base"] == "mlaunch.telemetry._recorder"
     assert default["base"] == ("mlaunch.telemetry._cspan" if BUILT else pure["base"])
+    _same_dumps(default, pure)
+
+
+@pytest.mark.parametrize("version", PYTHONS, ids=[f"py{a}.{b}" for a, b in PYTHONS])
+def test_c_and_pure_python_spans_dump_the_same_on_each_cpython(tmp_path, version):
+    """_cspan.c reads CPython's dict internals, which differ between minor versions: built from
+    the current source for each supported CPython, it is in use there and dumps what the
+    pure-Python spans dump."""
+    try:
+        python, path = cspan_python(version, tmp_path / "lib")
+    except PythonUnavailable as exc:
+        pytest.skip(str(exc))
+    default = _run(tmp_path, pure=False, python=python, path=path)
+    pure = _run(tmp_path, pure=True, python=python, path=path)
+    assert default["python"] == pure["python"] == list(version)
+    assert default["base"] == "mlaunch.telemetry._cspan"
+    _same_dumps(default, pure)
+
+
+def _same_dumps(default: dict, pure: dict) -> None:
+    assert pure["base"] == "mlaunch.telemetry._recorder"
+    assert default["rebound"] == pure["rebound"] == [["after_rebind"], ["after_restore"]]
     assert default["spans"] == pure["spans"]
     assert default["events"] == pure["events"]
     # The sequence reached what it means to compare.

@@ -1,7 +1,7 @@
 """The span store's column-wise decoder (mlaunch/trace/store_decode.py) writes the store the
 JSON reader's path writes, value for value, and leaves to the reader every line it cannot take
-exactly (so errors keep the reader's file:line messages). Its pyarrow path: the C scanner in
-front of it is turned off here (tests/trace/test_trace_store_cscan.py compares the two)."""
+exactly (so errors keep the reader's file:line messages). Hypothesis fuzzes it against the
+reader in tests/trace/test_trace_store_decode_fuzz.py."""
 
 from __future__ import annotations
 
@@ -21,18 +21,12 @@ from support.synthetic_traces import (
     write_realistic_run,
 )
 
-from mlaunch import envcontract
 from mlaunch.trace import store_decode
 from mlaunch.trace.reader import TraceInputError, TraceReader
 from mlaunch.trace.store_build import build_store
 from mlaunch.trace.store_layout import STORE_DIR
 
 _JSON_COLUMNS = ("attributes", "links", "events", "extra")
-
-
-@pytest.fixture(autouse=True)
-def _pyarrow_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(envcontract.PURE_PYTHON_STORE, "1")
 
 
 def _store(run: Path, columnar: bool) -> dict[str, Any]:
@@ -81,6 +75,23 @@ def test_the_column_wise_store_equals_the_readers_on_synthetic_runs(
         assert _store(run, columnar=True) == _store(run, columnar=False), run.name
     # not vacuous: the realistic run's lines never became Python dicts
     assert _decoded_by_reader(real, monkeypatch) == 0
+
+
+def test_many_chunks_and_parts_give_the_readers_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trace read in dozens of chunks (64 KiB of lines each): the columns of one chunk never
+    leak into the next, and the resources and entries stay aligned across chunks."""
+    from mlaunch.trace import store_build
+
+    run = tmp_path / "many"
+    write_realistic_run(run, ranks=4, steps=40, seed=4, batch=29)
+    monkeypatch.setattr(store_build, "CHUNK_BYTES", 64 << 10)
+    taken = []
+    parse = store_build.parse
+    monkeypatch.setattr(store_build, "parse", lambda *a: taken.append(c := parse(*a)) or c)
+    assert _store(run, columnar=True) == _store(run, columnar=False)
+    assert sum(c is not None for c in taken) >= 40, "the run was not read in many chunks"
 
 
 def test_values_written_once_per_distinct_value_give_the_readers_store(
@@ -273,6 +284,31 @@ def test_a_malformed_span_is_named_by_the_readers_message(tmp_path: Path) -> Non
         messages.append(e.value.render())
     assert messages[0] == messages[1]
     assert f"{path}:3: malformed span: a span without a 'name'" in messages[0]
+    assert not (run / STORE_DIR).exists()
+
+
+@pytest.mark.parametrize("events", [[None, None], [None]])
+def test_a_list_of_nulls_is_named_by_the_readers_message_not_an_arrow_error(
+    tmp_path: Path, events: list[None]
+) -> None:
+    """pyarrow infers a member left out of its schema; a list of nulls there (``events``) made
+    it raise ArrowIndexError (not ArrowInvalid), which escaped the build as a traceback. Found by
+    test_trace_store_decode_fuzz.py: any Arrow error refuses the chunk, and the reader names it."""
+    run = tmp_path / "run"
+    write_realistic_run(run, ranks=1, steps=2, pp=1, batch=5)
+    path = run / "telemetry" / "traces-rank0.jsonl"
+    lines = path.read_text().splitlines()
+    bad = json.loads(lines[1])
+    bad["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["events"] = events
+    lines[1] = json.dumps(bad, separators=(",", ":"))
+    path.write_text("\n".join(lines) + "\n")
+    messages = []
+    for columnar in (True, False):
+        with pytest.raises(TraceInputError) as e:
+            build_store(run, TraceReader.open(run), columnar=columnar)
+        messages.append(e.value.render())
+    assert messages[0] == messages[1]
+    assert f"{path}:2: malformed span" in messages[0]
     assert not (run / STORE_DIR).exists()
 
 
