@@ -127,9 +127,16 @@ class RunState:
         }
         state.dumps = [d for d in read_dumps(run_dir) if since is None or d.time_ns >= since * 1e9]
 
+        # A request older than every listening worker's start is one they all ignore (left by an
+        # earlier run or incarnation: telemetry/_capture.py's rule), with or without a launcher.
+        starts = [int(a.get("started_ns") or 0) for a in read_acks(run_dir).values()]
+        first_start = min(starts) if starts else 0
+
         def this_launch(body: dict[str, Any]) -> bool:
             created = body.get("created_ns")
-            return since is None or not isinstance(created, int) or created >= since * 1e9
+            if not isinstance(created, int):
+                return True
+            return created >= first_start and (since is None or created >= since * 1e9)
 
         for closed in read_captures_log(run_dir):
             if this_launch(closed):
