@@ -70,7 +70,6 @@ from mlaunch.trace.stragglers import (
     p2p_pairs,
     p2p_waits,
     rows,
-    stragglers_in_memory,
 )
 
 S = SpanName
@@ -581,15 +580,3 @@ def _int(v: Any) -> int | None:
         return None if v is None else int(v)
     except (TypeError, ValueError):
         return None
-
-
-def find_stragglers(reader: Any) -> Stragglers:
-    """Charge the waits of ``reader``'s trace: a store's a window of iterations at a time
-    (:func:`stragglers_store`, memory bounded whatever the trace's size), a JSON reader's (a
-    single file, ``--skip-invalid``) all in memory
-    (:func:`~mlaunch.trace.stragglers.stragglers_in_memory`); this dispatch lives here, above
-    both ways, so neither module imports the other. Raises ``TraceInputError`` for a trace
-    without spans, with one exporting rank, or without synchronising spans."""
-    if isinstance(reader, StoreReader):
-        return stragglers_store(reader.store)
-    return stragglers_in_memory(reader)

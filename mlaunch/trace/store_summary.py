@@ -1,10 +1,10 @@
-"""``mlaunch trace summary`` on the span store: the same :class:`~mlaunch.trace.summary.Summary`
-as the streaming reader, computed by vectorised DuckDB aggregates over the Parquet parts, grouped
+"""``mlaunch trace summary``: the :class:`~mlaunch.trace.summary.Summary` of a span store,
+computed by vectorised DuckDB aggregates over the Parquet parts, grouped
 on the stored names (memory bounded by DuckDB's limit, not by the trace). Percentiles are those
 of :func:`mlaunch.trace.stats.percentile` to the last bit: DuckDB fetches the two closest ranks
 of each group (:func:`~mlaunch.trace.stats.closest_ranks`) and Python interpolates between them
 (DuckDB's own ``quantile_cont`` interpolates in another form, which can differ in the last bit:
-enough to print 173 ms where the JSON path prints 174).
+enough to print 173 ms where the exact interpolation prints 174).
 """
 
 from __future__ import annotations
