@@ -510,7 +510,7 @@ class StoreReader:
 
 def _runs(rids: list[int]) -> Iterator[tuple[int, int, int]]:
     """``(resource id, first row, end row)`` of each run of consecutive rows from one resource:
-    the JSON reader hands out one resource's spans at a time, so the store's readers do too."""
+    the OTLP batches hand out one resource's spans at a time, so the store's reader does too."""
     n = len(rids)
     i = 0
     while i < n:
@@ -525,7 +525,7 @@ def _runs(rids: list[int]) -> Iterator[tuple[int, int, int]]:
 def _batches(
     batch: Any, resources: dict[int, Resource]
 ) -> Iterator[tuple[Resource, list[dict[str, Any]], bool]]:
-    """Spans as the JSON reader hands them out, grouped into runs of one resource. An attribute
+    """Spans as OTLP span dicts, grouped into runs of one resource. An attribute
     list or ``extra`` text repeated in the batch (most are: the part stores them dictionary-
     encoded) is decoded once: each span gets its own list of the same entries, to read."""
     c = batch.to_pydict()

@@ -294,7 +294,7 @@ def _export(store: Store, out: TextIO, scratch: Path) -> ChromeStats:
         st.lanes += int(n_lanes[ti])
     pid_of_thread = {ti: pid for (pid, _), ti in threads.items()}
     sources: LinkTargets[tuple[int, int, int]] = LinkTargets()
-    for ti, _, sid, la, start in sorted(hits):  # the JSON path's order: the last wins
+    for ti, _, sid, la, start in sorted(hits):  # read order: the last wins
         pid = pid_of_thread[ti]
         sources.add(pid, sid, (pid, int(base[ti]) + la, start))
 
@@ -430,7 +430,7 @@ class _Pass2:
         self.out.write(_joined(s))
 
     def _x_line(self, t: Any, i: int, pid: int, tid: int, start: int, end: int) -> str:
-        """The JSON path's complete event of row ``i``, span by span."""
+        """The complete event of row ``i``, span by span."""
         row = {c: t.column(c)[i].as_py() for c in _PASS2}
         args = attributes(loads(row["attributes"])) if row["attributes"] is not None else {}
         extra = loads(row["extra"]) if row["extra"] is not None else {}

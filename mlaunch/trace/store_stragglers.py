@@ -1,6 +1,7 @@
 """``mlaunch trace stragglers`` on the span store, a window of iterations at a time: memory
 bounded by the window, not by the trace (:mod:`mlaunch.trace.stragglers` holds the rules; the
-JSON reader's path runs them on the whole trace at once, and both give the same answer).
+windowed answer equals theirs on the whole trace at once, which tests/trace/test_trace_stragglers.py
+checks).
 
 What the analysis needs of the whole trace is read first, by DuckDB: each rank's resource, steps
 and collective ends, which ranks' receives carry links, and which linked sends are in no rank's
@@ -136,8 +137,9 @@ class _Trace:
 
 
 def stragglers_store(store: Store) -> Stragglers:
-    """The straggler analysis of the store's spans. Raises ``TraceInputError`` as
-    :func:`find_stragglers` does."""
+    """The straggler analysis of the store's spans, a window of iterations at a time (memory
+    bounded by the window, whatever the trace's size). Raises ``TraceInputError`` for a trace
+    without spans, with one exporting rank, or without synchronising spans."""
     with Spill(store.scratch_dir()) as spill:
         return _stragglers(store, spill)
 

@@ -178,13 +178,13 @@ def summarize_store(store: Store, *, straggler_threshold: float = 0.05) -> Summa
             con, "rank", lambda rs: f"{where} AND rank IN ({', '.join(map(str, rs))})", step_counts
         )
         steps = [(r, n, sq[r][0], sq[r][1]) for r, n in step_counts.items()]
-        # The first (in read order) non-launcher resource of each rank, as the streaming reader.
+        # The first (in read order) non-launcher resource of each rank.
         res = con.execute(
             "SELECT rank, attributes FROM resources WHERE NOT launcher"
             " QUALIFY row_number() OVER (PARTITION BY rank ORDER BY resource_id) = 1"
             " ORDER BY rank"
         ).fetchall()
-        # The summary's SHARED_IDS_NOTE, as the streaming reader counts it: trace roots of the
+        # The summary's SHARED_IDS_NOTE: trace roots of the
         # workers (not the launcher) whose ids more than one rank emitted.
         (shared,) = con.execute(
             "SELECT count(*) FROM (SELECT 1 FROM spans WHERE rank >= 0 AND parent_id IS NULL"
