@@ -7,8 +7,8 @@ span with attributes), then times, in one process:
 * ``decode json`` / ``decode orjson``: decoding every line and counting spans — the floor any
   reader pays (the reader uses orjson, falling back to json); the passes are reported as a
   ratio to the orjson floor;
-* ``summary``, ``goodput``: the full streaming passes the commands run;
-* ``export``: Chrome JSON (skipped with ``--no-export``; it keeps a record per span);
+* ``summary``, ``goodput``, ``export`` (Chrome JSON; ``--no-export`` skips it): what a command's
+  first read does, in this process: build the store, then the analysis on it;
 * the span store (``--no-store`` skips it), each pass in a fresh process so that its
   peak RSS is its own: ``first read`` = building the store from the JSON plus the summary on it
   (goal: <= 1.5x the orjson decode CPU), ``summary store`` (goal: <= 3 s wall at 10^7 spans),
@@ -17,11 +17,12 @@ span with attributes), then times, in one process:
   imports and all threads: what a user's ``mlaunch trace summary`` pays), against a process
   that only decodes with orjson, run before and after it: their ratio (A/A) is printed beside
   it, the noise of the machine the ratio is read against (``--repeat N`` runs the trio N times);
-  and Chrome export from the store (column-wise) against export from the JSON, whole processes,
-  with the JSON export run before and after it (A/A), then from the store read back as span
-  dicts; the three outputs are checked to be the same bytes (``--no-export`` skips these);
-  ``trace report`` likewise, store (column-wise) against JSON with the A/A beside it, then the
-  store read back as span dicts (``--no-report`` skips these).
+  and Chrome export and ``trace report`` from the store, whole processes (``--no-export``,
+  ``--no-report`` skip them).
+
+* ``--bare``: only the issue's two read ratios, whole processes against the orjson decode of the
+  same input: ``mlaunch trace summary FILE`` of one traces file (the run's rank files joined;
+  goal <= 3x) and of the run directory, each a first read (``--no-json --bare --spans 500000``).
 
 * ``--decoders``: the OTLP-JSON decoder candidates of the store's first read (issue 41), each a
   whole process between two orjson-only floors, its ratio to them with their A/A beside it:
@@ -69,18 +70,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from support.synthetic_traces import spans_per_step, write_realistic_run  # noqa: E402
 
-from mlaunch.trace.goodput import goodput  # noqa: E402
 from mlaunch.trace.reader import TraceReader  # noqa: E402
+from mlaunch.trace.store import open_reader  # noqa: E402
 from mlaunch.trace.store_chrome import export_chrome  # noqa: E402
-from mlaunch.trace.summary import summarize  # noqa: E402
+from mlaunch.trace.store_goodput import goodput_store  # noqa: E402
+from mlaunch.trace.store_summary import summarize_store  # noqa: E402
 
 
 def _decode_only(run: Path, loads: Callable[[bytes], Any], fields: bool = False) -> int:
-    """Decode every line and count spans; ``fields``: also pull four fields of each span (name,
-    span id, start, end), the issue's own floor ("a bare orjson loop that only pulls four fields
-    per span"), a little above the decode alone."""
+    """Decode every line of ``run``'s traces files (``run`` itself when it is one file) and count
+    spans; ``fields``: also pull four fields of each span (name, span id, start, end), the
+    issue's own floor ("a bare orjson loop that only pulls four fields per span"), a little above
+    the decode alone."""
     n = 0
-    for f in sorted((run / "telemetry").glob("traces-rank*.jsonl")):
+    files = [run] if run.is_file() else sorted((run / "telemetry").glob("traces-rank*.jsonl"))
+    for f in files:
         with open(f, "rb") as fh:
             for line in fh:
                 for rs in loads(line)["resourceSpans"]:
@@ -192,21 +196,9 @@ def _child(what: str, run_s: str) -> None:
         res = run_sql(open_store(run, build=False), "SELECT name, count(*) FROM spans GROUP BY 1")
         return sum(r[1] for r in res.rows)
 
-    def export_json() -> int:
-        return export_chrome(TraceReader.open(run), run.parent / "export-json.json").spans
-
     def export_store() -> int:  # the column-wise export (mlaunch/trace/store_chrome.py)
         reader = StoreReader(open_store(run, build=False))
         return export_chrome(reader, run.parent / "export-store.json").spans
-
-    def export_store_rows() -> int:  # the store read back as span dicts, as before store_chrome
-        from mlaunch.outputs import open_output
-        from mlaunch.trace.chrome import ChromeExporter
-
-        reader, ex = StoreReader(open_store(run, build=False)), ChromeExporter()
-        reader.feed(lambda res, spans, _: ex.scan(res, spans))
-        with open_output(run.parent / "export-store-rows.json") as f:
-            return ex.write(reader.reread(), f, ex.layout()).spans
 
     def report(reader: Any) -> int:
         from mlaunch.trace.report.build import prepare, render
@@ -218,31 +210,14 @@ def _child(what: str, run_s: str) -> None:
     def store_spans() -> int:
         return open_store(run, build=False).manifest.spans
 
-    class _Rows:  # the store read back as span dicts (the report's path before window_store)
-        def __init__(self, r: Any) -> None:
-            self.r = r
-
-        def __getattr__(self, k: str) -> Any:
-            return getattr(self.r, k)
-
-        def __iter__(self) -> Any:
-            return iter(self.r)
-
-        def reread(self) -> Any:
-            return _Rows(self.r.reread())
-
     if what.startswith("report-"):
-        reader = {
-            "report-json": lambda: TraceReader.open(run),
-            "report-store": lambda: StoreReader(open_store(run, build=False)),
-            "report-store-rows": lambda: _Rows(StoreReader(open_store(run, build=False))),
-        }
+        reader = {"report-store": lambda: StoreReader(open_store(run, build=False))}
         _timed(what, lambda: report(reader[what]()), None)  # fmt: skip
         return
 
     fn = {"first-read": first_read, "summary-store": summary_store,
-          "goodput-store": goodput_store, "sql-count": sql_count, "export-json": export_json,
-          "export-store": export_store, "export-store-rows": export_store_rows}[what]  # fmt: skip
+          "goodput-store": goodput_store, "sql-count": sql_count,
+          "export-store": export_store}[what]  # fmt: skip
     _timed(what, fn, None)
 
 
@@ -297,43 +272,56 @@ def _decoders(run: Path, repeat: int, only: list[str]) -> None:
 
 
 def _export_compare(run: Path, repeat: int) -> None:
-    """Chrome export, whole processes: from the JSON, from the store (column-wise), from the
-    JSON again (the A/A control), ``repeat`` times; then once from the store read back as span
-    dicts (the path before store_chrome). The outputs must be the same bytes."""
+    """Chrome export from the store (column-wise), whole processes, ``repeat`` times (the JSON
+    path it was compared with is gone: every export reads the store)."""
     for _ in range(repeat):
-        a = _process_cpu("export-json", run)
         new = _process_cpu("export-store", run)
-        b = _process_cpu("export-json", run)
-        print(f"export from the store (whole process) {new:.2f} CPU-s = {2 * new / (a + b):.3f}x "
-              f"export from the JSON (whole process {a:.2f} / {b:.2f} CPU-s, A/A {b / a:.2f})")  # fmt: skip
-    rows = _process_cpu("export-store-rows", run)
-    print(f"export from the store as span dicts (whole process) {rows:.2f} CPU-s")
-    same = all(
-        (run.parent / f"export-{k}.json").read_bytes()
-        == (run.parent / "export-json.json").read_bytes()
-        for k in ("store", "store-rows")
-    )
-    print(f"the three exports are {'the same bytes' if same else 'DIFFERENT'}")
-    for k in ("json", "store", "store-rows"):
-        (run.parent / f"export-{k}.json").unlink()
-    if not same:
-        raise SystemExit("the exports differ")
+        print(f"export from the store (whole process) {new:.2f} CPU-s")
+    (run.parent / "export-store.json").unlink()
 
 
 def _report_compare(run: Path, repeat: int) -> None:
-    """``trace report`` (data and page), whole processes: from the JSON, from the store
-    (column-wise), from the JSON again (A/A), ``repeat`` times; then once from the store read
-    back as span dicts. (That the data agree is tests/report/test_report_store.py's.)"""
+    """``trace report`` (data and page) from the store, whole processes, ``repeat`` times."""
     for _ in range(repeat):
-        a = _process_cpu("report-json", run)
         new = _process_cpu("report-store", run)
-        b = _process_cpu("report-json", run)
-        print(f"report from the store (whole process) {new:.2f} CPU-s = {2 * new / (a + b):.3f}x "
-              f"report from the JSON (whole process {a:.2f} / {b:.2f} CPU-s, A/A {b / a:.2f})")  # fmt: skip
-    rows = _process_cpu("report-store-rows", run)
-    print(f"report from the store as span dicts (whole process) {rows:.2f} CPU-s")
-    for k in ("json", "store", "store-rows"):
-        (run.parent / f"report-{k}.html").unlink(missing_ok=True)
+        print(f"report from the store (whole process) {new:.2f} CPU-s")
+    (run.parent / "report-store.html").unlink(missing_ok=True)
+
+
+def _cli_cpu(argv: list[str]) -> float:
+    """The CPU seconds of one ``mlaunch trace`` command as a whole process (:func:`_cli_child`)."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        subprocess.run([sys.executable, __file__, "--cli-child", out.name, *argv], check=True)
+        got = json.loads(Path(out.name).read_text())
+    if got["code"]:
+        raise SystemExit(f"mlaunch trace {' '.join(argv)}: exit {got['code']}")
+    return float(got["cpu_s"])
+
+
+def _bare_reads(run: Path, repeat: int) -> None:
+    """The issue's two read ratios, whole processes against a process that only decodes the same
+    input with orjson (run before and after: their A/A beside): ``mlaunch trace summary FILE`` of
+    one traces file (the rank files of ``run`` joined; goal <= 3x) and of the run directory,
+    each a first read (no store yet: it builds one beside the input, then reads it)."""
+    import shutil
+
+    from mlaunch.trace.store import store_site
+
+    bare = run.parent / "bare" / "traces.jsonl"
+    bare.parent.mkdir(exist_ok=True)
+    with open(bare, "wb") as out:
+        for f in sorted((run / "telemetry").glob("traces-rank*.jsonl")):
+            out.write(f.read_bytes())
+    for label, path in (("bare file", bare), ("run directory", run)):
+        for _ in range(repeat):
+            shutil.rmtree(store_site(path), ignore_errors=True)
+            a = _process_cpu("decode", path)
+            cmd = _cli_cpu(["summary", str(path)])
+            b = _process_cpu("decode", path)
+            print(f"trace summary {label} (first read, whole process) {cmd:.2f} CPU-s = "
+                  f"{2 * cmd / (a + b):.2f}x the orjson decode (whole process {a:.2f} / {b:.2f} "
+                  f"CPU-s, A/A {b / a:.2f}){'; goal <= 3x' if path == bare else ''}")  # fmt: skip
+    shutil.rmtree(bare.parent)
 
 
 #: Every reader of the store, as the user runs it: (label, ``mlaunch trace`` arguments after the
@@ -699,6 +687,9 @@ def main() -> None:
         help=f"only the OTLP-JSON decoder candidates of the first read, each against the orjson "
         f"floor with its A/A (default all: {','.join(DECODERS)})",
     )
+    p.add_argument("--bare", action="store_true",
+                   help="only `mlaunch trace summary` of one traces file and of the run "
+                   "directory, first reads, against the orjson decode (the issue's ratios)")  # fmt: skip
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)  # one store pass, in a subprocess
     p.add_argument("--readers", action="store_true",
                    help="with the store passes: every reader of the store as a whole process "
@@ -741,19 +732,24 @@ def main() -> None:
         print(f"generated {n:,} spans, {size / 2**20:,.0f} MiB in {args.ranks} files "
               f"({time.perf_counter() - t:.1f} s); Python {sys.version.split()[0]}")  # fmt: skip
 
+        def fresh() -> Any:  # what a command's first read does: build the store, open it
+            import shutil
+
+            shutil.rmtree(run / "trace-store", ignore_errors=True)
+            return open_reader(run)
+
         def summary_pass() -> int:
-            r = TraceReader.open(run)
-            summarize(r)
+            r = fresh()
+            summarize_store(r.store)
             return r.stats.spans
 
         def goodput_pass() -> int:
-            r = TraceReader.open(run)
-            goodput(r)
+            r = fresh()
+            goodput_store(r.store)
             return r.stats.spans
 
         def export_pass() -> int:
-            r = TraceReader.open(run)
-            return export_chrome(r, Path(tmp) / "trace.json").spans
+            return export_chrome(fresh(), Path(tmp) / "trace.json").spans
 
         if args.decoders:
             _decoders(run, args.repeat, args.decoders.split(","))
@@ -774,6 +770,10 @@ def main() -> None:
             verdict = "meets" if rate >= 200_000 else "MISSES"
             print(f"summary {verdict} the 200,000 spans/s goal ({rate:,.0f} spans per CPU "
                   "second)")  # fmt: skip
+        if args.bare:
+            _bare_reads(run, args.repeat)
+            print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+            return
         if not args.no_store:
             _first_read(run, args.repeat)
             sb = sum(f.stat().st_size for f in (run / "trace-store").rglob("*.parquet"))

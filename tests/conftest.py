@@ -21,6 +21,16 @@ pytest_plugins = ["support.cpu_accounting"]
 # (a single-worker SLURM "node" spent 300 ms of CPU on an iteration that takes 20 with one).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# The span stores `mlaunch trace` keeps in the cache directory (an input it cannot store beside,
+# a --skip-invalid read) go to a directory of the suite's, never the user's ~/.cache; each xdist
+# worker and every process a test starts inherits it.
+if "MLAUNCH_TEST_CACHE" not in os.environ:
+    import tempfile
+
+    os.environ["MLAUNCH_TEST_CACHE"] = os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(
+        prefix="mlaunch-test-cache-"
+    )
+
 # Bytecode is cached for the suite even where the machine's environment says not to
 # (PYTHONDONTWRITEBYTECODE=1, as on the CI image): each of the hundreds of processes the suite
 # starts (a launcher, torchrun's workers, a CLI call) would compile mlaunch's modules from source

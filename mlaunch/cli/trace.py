@@ -1,10 +1,25 @@
-"""``mlaunch trace summary|export|goodput PATH`` and ``replay RUN_DIR``: thin commands over
-:mod:`mlaunch.trace`.
+"""``mlaunch trace``: the commands that read a run's traces without a backend and the two that
+act on a run.
 
-PATH is a run directory (its ``telemetry/traces-rank*.jsonl`` and ``spool-traces-rank*.jsonl``,
-deduplicated) or any OTLP/JSON lines file, e.g. what an OpenTelemetry collector's file exporter
-writes. Bad input exits 2 with the file, the line and the fix; never a traceback. Nothing here
-imports torch or the OpenTelemetry SDK.
+Readers, each through the input's span store (:func:`mlaunch.trace.store.open_reader`): PATH is
+a run directory (its ``telemetry/traces-rank*.jsonl`` and ``spool-traces-rank*.jsonl``,
+deduplicated), a directory of trace files, or any OTLP/JSON lines file, e.g. what an
+OpenTelemetry collector's file exporter writes; the store is built beside it on the first read
+(or in the cache directory where that cannot be written).
+
+* ``summary`` (per-name statistics, step skew), ``goodput`` (the wall-time split), ``stragglers``
+  (who makes the others wait): computed by :mod:`mlaunch.trace` and rendered here as tables
+  (``--json`` for machines);
+* ``export`` (Chrome trace-event JSON, or OTLP-JSON back) and ``sql`` (DuckDB over the store);
+* ``report`` (the HTML report), defined in :mod:`mlaunch.cli.trace_report` and registered last.
+
+On a run: ``capture`` (turn on span groups, the profiler or the flight recorders in a running
+job: :mod:`mlaunch.launcher.capture`) and ``replay`` (send the spans and metrics a run could not
+deliver to a collector: :mod:`mlaunch.trace.replay`).
+
+What lives here is the command line: options, the rendering of results as text, and bad input
+turned into one line and exit 2 with the file, the line and the fix, never a traceback. Nothing
+here imports torch or the OpenTelemetry SDK.
 """
 
 from __future__ import annotations
@@ -118,22 +133,12 @@ def summary_cmd(
     ranks' medians. Synchronous collectives make step times equal; `mlaunch trace stragglers`
     names the rank the others wait for.
     """
-    from mlaunch.trace.store import StoreReader
     from mlaunch.trace.store_summary import summarize_store
-    from mlaunch.trace.summary import summarize
 
     def compute(reader: Any) -> Any:
-        if isinstance(reader, StoreReader):  # one vectorised query instead of a span loop
-            return summarize_store(reader.store, straggler_threshold=straggler_threshold)
-        return summarize(reader, straggler_threshold=straggler_threshold)
+        return summarize_store(reader.store, straggler_threshold=straggler_threshold)
 
-    _show(
-        path,
-        skip_invalid,
-        compute,
-        as_json,
-        _render_summary,
-    )
+    _show(path, skip_invalid, compute, as_json, _render_summary)
 
 
 def _render_summary(result: Any) -> None:
@@ -314,16 +319,9 @@ def goodput_cmd(
     so the parts add up to wall. Overall = sums over ranks. --json keeps the names restart_ms
     and restart_split_ms for the startup part.
     """
-    from mlaunch.trace.goodput import goodput
-    from mlaunch.trace.store import StoreReader
     from mlaunch.trace.store_goodput import goodput_store
 
-    def compute(reader: Any) -> Any:
-        if isinstance(reader, StoreReader):  # a few queries instead of a span loop
-            return goodput_store(reader.store)
-        return goodput(reader)
-
-    _show(path, skip_invalid, compute, as_json, _render_goodput)
+    _show(path, skip_invalid, lambda r: goodput_store(r.store), as_json, _render_goodput)
 
 
 def _render_goodput(report: Any) -> None:
@@ -372,9 +370,9 @@ def stragglers_cmd(
     spans of every rank (--otel-export-strategy all_ranks, or the flight recorders): with one
     exporting rank it exits 2 and says how to get them. docs/hangs.md has the details.
     """
-    from mlaunch.trace.store_stragglers import find_stragglers
+    from mlaunch.trace.store_stragglers import stragglers_store
 
-    _show(path, skip_invalid, find_stragglers, as_json, _render_stragglers)
+    _show(path, skip_invalid, lambda r: stragglers_store(r.store), as_json, _render_stragglers)
 
 
 #: Rows of the stragglers table shown as text (the rest is summed up: most are noise).
@@ -458,46 +456,39 @@ class SqlFormat(StrEnum):
 
 @app.command("sql", cls=PlainErrorsCommand)
 def sql_cmd(
-    run_dir: Path = typer.Argument(
-        ..., help="A run directory (runs/<run_id>).", show_default=False
-    ),
+    run_dir: Path = typer.Argument(..., help=_PATH_HELP, show_default=False),
     query: str = typer.Argument(..., help="A DuckDB SQL query.", show_default=False),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list of row objects."),
     as_csv: bool = typer.Option(False, "--csv", help="Print CSV with a header row."),
 ) -> None:
     """Run SQL over a run's span store: views [b]spans[/b] (one row per span) and [b]resources[/b].
 
-    The store (RUN_DIR/trace-store, Parquet) is built from the run's OTLP-JSON on first use; every
-    other trace command on the run reads it from then on.
-    Columns of spans: trace_id, span_id, parent_id, name, group, rank, node, iteration,
-    microbatch, start_ns, end_ns, status (2 = error), truncated, attributes (JSON), links,
-    events, extra, resource_id. Span ids are unique within a rank only (nemo-lens 0.1.0 ranks
-    seeded alike share them): join a span to its parent on rank, trace_id and parent_id.
+    The store (RUN_DIR/trace-store, Parquet; a traces file's beside it, or in
+    $XDG_CACHE_HOME/mlaunch/stores where that cannot be written) is built from the OTLP-JSON on
+    first use; every other trace command reads it from then on.
+    Columns of spans: trace_id, span_id, parent_id, name, group, rank, node, iteration (the
+    span's own, else its enclosing megatron.train.iteration step's on its rank), microbatch,
+    start_ns, end_ns, duration_ns (end - start, >= 0), status (2 = error), truncated,
+    attributes (JSON), links, events, extra, resource_id; docs/trace.md says each. Span ids are
+    unique within a rank only (nemo-lens 0.1.0 ranks seeded alike share them): join a span to
+    its parent on rank, trace_id and parent_id.
     Examples: docs/trace.md, "SQL over a run".
     """
     from mlaunch.trace.reader import TraceInputError
-    from mlaunch.trace.store import open_store, run_sql, take_warnings
+    from mlaunch.trace.store import run_sql
 
     if as_json and as_csv:
         raise error("--json and --csv are exclusive; fix: pass one of them")
-    if not run_dir.is_dir():
-        raise error(f"{run_dir}: not a run directory; fix: pass a run directory (runs/<run_id>)")
+    if not (run_dir.is_dir() or run_dir.is_file()):
+        raise error(
+            f"{run_dir}: not a run directory or a traces file; fix: pass a run directory"
+            " (runs/<run_id>) or an OTLP-JSON traces file"
+        )
+    reader = _open(run_dir, skip_invalid=False)
     try:
-        store = open_store(run_dir)
-        for w in take_warnings() + (store.warnings if store else []):
-            typer.echo(f"warning: {w}", err=True)
-        if store is None:
-            raise error(
-                f"{run_dir}: cannot build the span store (the run directory is not writable); "
-                "fix: copy the run directory somewhere writable"
-            )
-        result = run_sql(store, query)
+        result = run_sql(reader.store, query)
     except TraceInputError as e:
         raise error(e.render().replace("\n  fix:", "; fix:")) from None
-    except OSError as e:
-        raise error(
-            f"{run_dir}: {e.strerror or e}; fix: check the path and its permissions"
-        ) from None
     _print_rows(result.columns, result.rows, "json" if as_json else "csv" if as_csv else "table")
 
 

@@ -1,5 +1,22 @@
-"""Reading exported traces without a backend: ``mlaunch trace summary|export|goodput``.
+"""Reading exported traces without a backend: ``mlaunch trace summary|goodput|stragglers|
+export|report|sql`` (:mod:`mlaunch.cli.trace`) and ``replay`` of undelivered spans.
 
-Everything here streams OTLP/JSON lines (see :mod:`mlaunch.trace.reader`) and imports neither
-torch nor the OpenTelemetry SDK.
+One engine: every input (a run directory, a directory of trace files, one OTLP-JSON file) is
+read through its span store, Parquet queried with DuckDB (:mod:`.store`; opened by
+:func:`.store.open_reader`, built beside the input or in the cache directory on the first read).
+In the order the data flows:
+
+* :mod:`.reader` finds a run's trace files and decodes OTLP-JSON lines (the rank of each
+  resource, torn and malformed lines); :mod:`.store_decode` decodes them column-wise;
+  :mod:`.store_build` writes the store, :mod:`.store_layout` names its files and schema, and
+  :mod:`.store` opens, locks and refreshes it, runs ``trace sql`` and exports OTLP-JSON;
+* the analyses on the store: :mod:`.store_summary` (with the result types of :mod:`.summary`),
+  :mod:`.store_goodput` (the rules of :mod:`.goodput`), :mod:`.store_stragglers` and
+  :mod:`.store_steps` (the rules of :mod:`.stragglers`, whose aggregator also serves the live
+  tail of ``status --watch``), :mod:`.store_chrome` (the Chrome format of :mod:`.chrome`) and
+  :mod:`.report` (the HTML report); :mod:`.stats`, :mod:`.durations` and :mod:`.links` are
+  their shared helpers, :mod:`.metrics` reads the workers' metric files;
+* :mod:`.replay` sends a run's spool files to a collector.
+
+Nothing here imports torch or the OpenTelemetry SDK.
 """

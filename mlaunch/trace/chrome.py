@@ -13,10 +13,9 @@ together. Span attributes become ``args``; span events become thread-scoped inst
 Timestamps are microseconds relative to the earliest span (``otherData.t0_unix_nano`` holds the
 origin): absolute Unix microseconds as doubles would lose the nanoseconds and break nesting.
 
-Two passes over the input keep memory small: lane assignment needs each thread's spans sorted,
-so pass 1 keeps only start, end, span id and parent id per span (four int64s in ``array('q')``
-columns) and assigns lanes; pass 2 re-reads the files in the same order and writes each event as
-it goes, finding its lane by its position in its thread.
+This module holds the format's rules that the writer (:mod:`mlaunch.trace.store_chrome`, over
+the span store) and the report's timeline (:func:`assign_lanes`) share: process ids, span ids as
+integers, microsecond times and the lane rule (:class:`LaneSweep`).
 """
 
 from __future__ import annotations
@@ -24,13 +23,10 @@ from __future__ import annotations
 import json
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol, TextIO
+from dataclasses import dataclass
+from typing import Protocol
 
-from mlaunch.model.spans import ResourceAttr, span_def
-from mlaunch.otlp.otlp_json import attributes
-from mlaunch.trace.links import LinkTargets
-from mlaunch.trace.reader import Resource, TraceReader, is_error
+from mlaunch.trace.reader import Resource
 
 #: Span attributes that name the OS thread (OpenTelemetry semantic conventions).
 THREAD_ID_ATTR = "thread.id"
@@ -55,34 +51,6 @@ def _sid(hex_id: str | None) -> int:
     except ValueError:  # not hex: any stable number keeps links and nesting consistent
         v = int.from_bytes(hex_id.encode()[-8:].rjust(8, b"\0"), "big")
     return v - (1 << 64) if v >= 1 << 63 else v
-
-
-def _thread_key(span: dict[str, Any]) -> tuple[Any, Any]:
-    """(thread id, thread name) from the span's attributes, without decoding all of them."""
-    tid = tname = None
-    for kv in span.get("attributes") or ():
-        k = kv.get("key") if isinstance(kv, dict) else None
-        if k in (THREAD_ID_ATTR, THREAD_NAME_ATTR):
-            v = attributes([kv])[k]
-            if k == THREAD_ID_ATTR:
-                tid = v
-            else:
-                tname = v
-    return tid, tname
-
-
-@dataclass
-class _Thread:
-    """Pass-1 columns of one (rank, OS thread), then its lanes."""
-
-    label: str
-    starts: array[int] = field(default_factory=lambda: array("q"))
-    ends: array[int] = field(default_factory=lambda: array("q"))
-    ids: array[int] = field(default_factory=lambda: array("q"))
-    parents: array[int] = field(default_factory=lambda: array("q"))
-    lanes: array[int] = field(default_factory=lambda: array("H"))
-    base_tid: int = 0
-    written: int = 0  # pass 2: spans of this thread written so far
 
 
 @dataclass
@@ -182,160 +150,3 @@ class LaneSweep:
             open_lane[sid] = chosen
             out.append(chosen)
         return out
-
-
-class ChromeExporter:
-    """Pass 1 (:meth:`scan`) then pass 2 (:meth:`write`) over the same files."""
-
-    def __init__(self) -> None:
-        self.threads: dict[tuple[int, Any], _Thread] = {}
-        self.hosts: dict[int, str | None] = {}
-        self.run_id: Any = None
-        self.t0: int | None = None
-        self.link_targets: set[int] = set()
-
-    def scan(self, res: Resource, spans: list[dict[str, Any]]) -> None:
-        """Pass 1: keep four int64s per span, per thread; note link targets."""
-        rank = _pid(res)
-        if rank not in self.hosts:
-            host = res.attrs.get(ResourceAttr.HOST_NAME)
-            self.hosts[rank] = None if host is None else str(host)
-            self.run_id = self.run_id or res.attrs.get(ResourceAttr.RUN_ID)
-        t0 = self.t0
-        for s in spans:
-            start, end = int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])
-            if t0 is None or start < t0:
-                t0 = start
-            tkey, tname = _thread_key(s)
-            th = self.threads.get((rank, tkey))
-            if th is None:
-                label = "main" if tkey is None else f"thread {tkey}"
-                if tname:
-                    label = f"{tname} ({tkey})"
-                th = self.threads[(rank, tkey)] = _Thread(label)
-            th.starts.append(start)
-            th.ends.append(max(start, end))  # a clock step back must not break nesting
-            th.ids.append(_sid(s.get("spanId")))
-            th.parents.append(_sid(s.get("parentSpanId")))
-            for lk in s.get("links") or ():
-                self.link_targets.add(_sid(lk.get("spanId")))
-        self.t0 = t0
-
-    def layout(self) -> ChromeStats:
-        """Between the passes: lanes per thread, tids per process."""
-        st = ChromeStats(
-            processes=len(self.hosts),
-            launchers=sum(pid >= LAUNCHER_PID for pid in self.hosts),
-            threads=len(self.threads),
-        )
-        next_tid: dict[int, int] = {}
-        for (rank, _), th in sorted(self.threads.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
-            th.lanes = assign_lanes_columns(th.starts, th.ends, th.ids, th.parents)
-            th.base_tid = next_tid.get(rank, 0)
-            n_lanes = 1 + max(th.lanes, default=0)
-            next_tid[rank] = th.base_tid + n_lanes
-            st.lanes += n_lanes
-        return st
-
-    def _link_sources(self) -> LinkTargets[tuple[int, int, int]]:
-        """Where each linked-to span was placed: (pid, tid, start), by rank and span id."""
-        out: LinkTargets[tuple[int, int, int]] = LinkTargets()
-        if not self.link_targets:
-            return out
-        for (rank, _), th in self.threads.items():
-            for i, sid in enumerate(th.ids):
-                if sid in self.link_targets:
-                    out.add(rank, sid, (rank, th.base_tid + th.lanes[i], th.starts[i]))
-        return out
-
-    def write(self, reader: TraceReader, out: TextIO, st: ChromeStats) -> ChromeStats:
-        """Pass 2: stream every event to ``out``."""
-        t0 = self.t0 or 0
-        sources = self._link_sources()
-        out.write('{"displayTimeUnit":"ms","otherData":')
-        out.write(_dumps({"generator": "mlaunch trace export", "run_id": self.run_id,
-                          "t0_unix_nano": str(t0)}))  # fmt: skip
-        out.write(',"traceEvents":[\n')
-        first = True
-
-        def emit(ev: str) -> None:
-            nonlocal first
-            out.write(ev if first else ",\n" + ev)
-            first = False
-
-        for rank in sorted(self.hosts):
-            host = self.hosts[rank]
-            pname = (
-                f"launcher (node {rank - LAUNCHER_PID})" if rank >= LAUNCHER_PID else f"rank {rank}"
-            ) + (f" ({host})" if host else "")
-            emit(_dumps({"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
-                         "args": {"name": pname}}))  # fmt: skip
-            emit(_dumps({"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0,
-                         "args": {"sort_index": rank}}))  # fmt: skip
-        for (rank, _), th in sorted(self.threads.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
-            for k in range(1 + max(th.lanes, default=0)):
-                label = th.label if k == 0 else f"{th.label} lane {k}"
-                tid = th.base_tid + k
-                emit(_dumps({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid,
-                             "args": {"name": label}}))  # fmt: skip
-                emit(_dumps({"name": "thread_sort_index", "ph": "M", "pid": rank, "tid": tid,
-                             "args": {"sort_index": tid}}))  # fmt: skip
-
-        cats: dict[str, str] = {}
-        flow_id = 0
-        for res, spans, _ in reader:
-            rank = _pid(res)
-            for s in spans:
-                args = attributes(s.get("attributes"))
-                try:
-                    th = self.threads[(rank, args.get(THREAD_ID_ATTR))]
-                    i = th.written
-                    lane = th.lanes[i]
-                except (KeyError, IndexError):
-                    raise reader.error_here(
-                        "the trace changed between export's two reads",
-                        fix="export again once the run has finished writing",
-                    ) from None
-                th.written += 1
-                tid = th.base_tid + lane
-                name = s["name"]
-                cat = cats.get(name)
-                if cat is None:
-                    try:
-                        cat = cats[name] = str(span_def(name).group)
-                    except KeyError:
-                        cat = cats[name] = "span"
-                args["span_id"] = s.get("spanId", "")
-                if is_error(s):
-                    args["status"] = "ERROR"
-                    if msg := (s.get("status") or {}).get("message"):
-                        args["status_message"] = msg
-                start = th.starts[i]
-                emit(
-                    f'{{"name":{_dumps(name)},"cat":"{cat}","ph":"X","pid":{rank},"tid":{tid},'
-                    f'"ts":{_us(start - t0)},"dur":{_us(th.ends[i] - start)},"args":{_dumps(args)}}}'
-                )
-                st.spans += 1
-                for ev in s.get("events") or ():
-                    emit(
-                        f'{{"name":{_dumps(str(ev.get("name", "event")))},"cat":"event","ph":"i",'
-                        f'"s":"t","pid":{rank},"tid":{tid},'
-                        f'"ts":{_us(int(ev["timeUnixNano"]) - t0)},'
-                        f'"args":{_dumps(attributes(ev.get("attributes")))}}}'
-                    )
-                    st.instant_events += 1
-                for lk in s.get("links") or ():
-                    src = sources.resolve(rank, _sid(lk.get("spanId")))
-                    if src is None:
-                        st.unresolved_links += 1  # the linked span's rank did not export
-                        continue
-                    flow_id += 1
-                    spid, stid, sstart = src
-                    emit(_dumps({"name": "link", "cat": "link", "ph": "s", "id": flow_id,
-                                 "pid": spid, "tid": stid, "ts": _us(sstart - t0)}))  # fmt: skip
-                    emit(_dumps({"name": "link", "cat": "link", "ph": "f", "bp": "e",
-                                 "id": flow_id, "pid": rank, "tid": tid,
-                                 "ts": _us(start - t0)}))  # fmt: skip
-                    st.flows += 1
-        out.write("\n]}\n")
-        return st

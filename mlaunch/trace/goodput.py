@@ -52,9 +52,8 @@ from typing import Any
 from mlaunch.model.identity import RUN_UUID
 from mlaunch.model.spans import ALIASES, STEP_SPAN, Attr, LegacyName, ResourceAttr, SpanName
 from mlaunch.otlp.otlp_json import attributes
-from mlaunch.trace.reader import Resource, TraceReader
+from mlaunch.trace.reader import Resource
 from mlaunch.trace.stats import Interval, clip, median, merge, subtract, total
-from mlaunch.trace.summary import no_spans_error
 
 _NS_PER_MS = 1e6
 
@@ -373,13 +372,3 @@ def _first_steps(
         if j < len(ordered) and ordered[j][0] < pe:
             out.append(ordered[j])
     return out
-
-
-def goodput(reader: TraceReader) -> GoodputReport:
-    """Read every batch of ``reader`` once and compute goodput. Raises ``TraceInputError`` for a
-    malformed span (naming its file and line) or a trace without spans."""
-    agg = GoodputAggregator()
-    reader.feed(lambda res, spans, _: agg.add(res, spans))
-    if not agg.job and not any(st.hi >= st.lo for st in agg.ranks.values()):
-        raise no_spans_error(reader)
-    return agg.finish()

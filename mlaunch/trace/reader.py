@@ -365,7 +365,8 @@ class TraceReader:
         #: Per file: [bytes, lines] of its complete (newline-terminated) lines read so far.
         self.complete: dict[Path, list[int]] = {}
         self.skip_invalid = skip_invalid
-        #: Bytes of each file read (its size when first opened); a second pass reuses them.
+        #: Bytes of each file read (its size when first opened: a file still growing is read
+        #: to a fixed end).
         self.limits: dict[Path, int] = dict(limits or {})
         self.stats = ReadStats()
         self.path: Path | None = None
@@ -381,27 +382,12 @@ class TraceReader:
         """A reader over everything :func:`discover` finds at ``path``."""
         return cls(discover(Path(path)), skip_invalid=skip_invalid)
 
-    def reread(self) -> TraceReader:
-        """A fresh reader over the same files and exactly the bytes this one read (for a
-        second pass over a trace that may still be growing)."""
-        return TraceReader(self.files, skip_invalid=self.skip_invalid, limits=self.limits)
-
     def error_here(self, message: str, fix: str = "") -> TraceInputError:
         """An error pointing at the line being read."""
         return TraceInputError(
             message, path=self.path, line=self.line_no or None,
             fix=fix or "repair or delete that line, or pass --skip-invalid to ignore bad lines",
         )  # fmt: skip
-
-    def feed(self, add: Callable[[Resource, list[dict[str, Any]], bool], object]) -> None:
-        """Hand every batch to ``add(resource, spans, maybe_truncated)``. A span that ``add``
-        cannot use (it raises KeyError, ValueError, TypeError or AttributeError) becomes a
-        ``TraceInputError`` naming the file and line it came from."""
-        for res, spans, flagged in self:
-            try:
-                add(res, spans, flagged)
-            except (KeyError, ValueError, TypeError, AttributeError) as e:
-                raise self.error_here(f"malformed span ({type(e).__name__}: {e})") from None
 
     def _bad_line(self, why: str) -> None:
         if not self.skip_invalid:

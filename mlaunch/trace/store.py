@@ -1,5 +1,5 @@
 """The columnar span store, opened and read: built on a run's first read (or brought up to date
-with what its OTLP-JSON gained), held under the run's lock, read back as the JSON reader's batches,
+with what its OTLP-JSON gained), held under the run's lock, read back as OTLP span batches,
 queried with SQL, exported. Its files and schema: :mod:`mlaunch.trace.store_layout`; writing them:
 :mod:`mlaunch.trace.store_build`.
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import itertools
 import os
 import subprocess
@@ -43,6 +44,7 @@ from typing import Any
 from orjson import dumps as _dumps
 from orjson import loads as _loads
 
+from mlaunch.model.spans import ALIASES, STEP_SPAN
 from mlaunch.trace.reader import (
     ReadStats,
     Resource,
@@ -54,6 +56,7 @@ from mlaunch.trace.reader import (
 from mlaunch.trace.store_build import append_starts, build_store, compact_store, fragmented
 from mlaunch.trace.store_layout import (
     COLUMNS,
+    STORE_DIR,
     Manifest,
     StoreError,
     is_fresh,
@@ -66,7 +69,8 @@ from mlaunch.trace.store_layout import (
 
 @dataclass
 class Store:
-    """An opened store: its directory, manifest and the parts to read."""
+    """An opened store: the directory its sources are named from, its manifest and the parts to
+    read."""
 
     run_dir: Path
     manifest: Manifest
@@ -74,6 +78,8 @@ class Store:
     warnings: list[str]
     #: The run's lock, held shared while this store is open (set by :func:`open_store`).
     lock: _RunLock | None = field(default=None, repr=False, compare=False)
+    #: Where the store is: ``run_dir/trace-store`` for a run directory, else :func:`store_site`.
+    where: Path | None = None
 
     def close(self) -> None:
         """Let writers (the receiver's appends, a compaction) replace the parts read here."""
@@ -87,7 +93,7 @@ class Store:
 
     @property
     def root(self) -> Path:
-        return store_dir(self.run_dir)
+        return self.where or store_dir(self.run_dir)
 
     def stats(self) -> ReadStats:
         r = self.manifest.read
@@ -95,6 +101,8 @@ class Store:
             files=r["files"], lines=r["lines"], spans=r["spans"],
             duplicate_spans=r["duplicate_spans"], metric_lines=r["metric_lines"],
             torn_lines=[(Path(p), n) for p, n in r["torn_lines"]],
+            skipped_lines=[(Path(p), n, why) for p, n, why in r.get("skipped_lines", [])],
+            skipped_spans=[(Path(p), n, why) for p, n, why in r.get("skipped_spans", [])],
         )  # fmt: skip
 
     def trace_files(self) -> list[TraceFile]:
@@ -109,10 +117,15 @@ class Store:
         when the store cannot be written (a read-only copy)."""
         return self.root if os.access(self.root, os.W_OK) else Path(tempfile.gettempdir())
 
-    def connect(self, memory_limit: str | None = None) -> Any:
+    def connect(self, memory_limit: str | None = None, *, derived: bool = False) -> Any:
         """A DuckDB connection with the views ``spans`` and ``resources``: every store reader's
         (the one place DuckDB's memory and spill directory are set). ``memory_limit``: less
-        than :data:`DUCKDB_MEMORY`, for a reader that holds more of its own meanwhile."""
+        than :data:`DUCKDB_MEMORY`, for a reader that holds more of its own meanwhile.
+
+        ``derived`` (``mlaunch trace sql``): ``spans`` also has the columns derived from the
+        stored ones (:data:`SPANS_COLUMNS`: ``duration_ns``, and ``iteration`` inherited from the
+        enclosing step), the stored rows being ``stored_spans``. The analyses read the stored
+        columns only, without the join that inheriting takes."""
         import duckdb
 
         con = duckdb.connect()
@@ -126,17 +139,20 @@ class Store:
         con.execute(f"SET temp_directory={_sql_str(spill)}")
         con.execute("SET preserve_insertion_order=true")
         con.execute("SET enable_progress_bar=false")
+        stored = "spans" if not derived else "stored_spans"
         if self.parts:
             files = ", ".join(_sql_str(p) for p in self.parts)
             con.execute(
-                f"CREATE VIEW spans AS SELECT {', '.join(_QUOTED)} FROM read_parquet([{files}],"
+                f"CREATE VIEW {stored} AS SELECT {', '.join(_QUOTED)} FROM read_parquet([{files}],"
                 " hive_partitioning = true, hive_types = {'rank': INTEGER})"
             )
         else:
             cols = ", ".join(
                 f'CAST(NULL AS {_duck_type(f.type)}) AS "{f.name}"' for f in span_schema()
             )
-            con.execute(f"CREATE VIEW spans AS SELECT {cols} WHERE false")
+            con.execute(f"CREATE VIEW {stored} AS SELECT {cols} WHERE false")
+        if derived:
+            con.execute(_SPANS_VIEW)
         res = _sql_str(self.root / "resources.parquet")
         con.execute(f"CREATE VIEW resources AS SELECT * FROM read_parquet({res})")
         return con
@@ -151,6 +167,37 @@ DUCKDB_THREADS: int | None = None
 _SPILLS = itertools.count()
 
 _QUOTED = [f'"{c}"' for c in COLUMNS]  # the view's columns in schema order (rank in place)
+
+#: The columns of ``mlaunch trace sql``'s ``spans`` view: the stored ones (``iteration`` filled
+#: in), with ``duration_ns`` after ``end_ns``. docs/trace.md and ``trace sql --help`` say each.
+SPANS_COLUMNS = tuple(x for c in COLUMNS for x in ((c, "duration_ns") if c == "end_ns" else (c,)))
+_STEP_NAMES = ", ".join(
+    "'" + n + "'" for n in sorted({STEP_SPAN, *(a for a, c in ALIASES.items() if c == STEP_SPAN)})
+)
+#: ``spans`` with the derived columns. A span without an iteration of its own takes that of the
+#: step (``megatron.train.iteration``) of its rank that encloses it in time: the latest step
+#: that starts at or before it (an as-of join: one sort of each side, no self-join on parent
+#: ids, which are unique per rank only) if the span also ends within it. A span between steps
+#: (start-up, a checkpoint save, evaluation) keeps none.
+_SPANS_VIEW = f"""
+CREATE VIEW spans AS
+WITH steps AS (
+    SELECT rank, start_ns AS step_start, end_ns AS step_end, iteration AS step_iteration
+    FROM stored_spans WHERE name IN ({_STEP_NAMES}) AND iteration IS NOT NULL
+)
+SELECT {
+    ", ".join(
+        "coalesce(s.iteration, CASE WHEN s.end_ns <= st.step_end THEN st.step_iteration END)"
+        " AS iteration"
+        if c == "iteration"
+        else "greatest(s.end_ns - s.start_ns, 0) AS duration_ns"
+        if c == "duration_ns"
+        else f's."{c}"'
+        for c in SPANS_COLUMNS
+    )
+}
+FROM stored_spans s ASOF LEFT JOIN steps st ON s.rank = st.rank AND s.start_ns >= st.step_start
+"""
 
 
 def _duck_type(t: Any) -> str:
@@ -219,22 +266,48 @@ class _RunLock:
             os.close(self.fd)  # releases the lock
 
 
-def open_store(path: Path, *, build: bool = True) -> Store | None:
-    """The store of the run directory ``path``, built (or rebuilt) from its OTLP-JSON when it is
-    missing, stale or torn. None when ``path`` is not a run directory, when the run directory
-    cannot be written (a read-only copy: the caller reads the JSON) or when building was refused
-    (``build=False``). A malformed trace raises the reader's ``TraceInputError`` as reading the
-    JSON would. The store returned holds the run's lock shared (:class:`_RunLock`) until it is
-    closed or collected; building holds it exclusive."""
-    if not path.is_dir():
+def store_site(path: Path, *, cache: bool = False, skip_invalid: bool = False) -> Path:
+    """Where the store of ``path`` goes: a run directory's (or any directory's) in it
+    (``trace-store``), a bare file's beside it (``.<name>.trace-store``); with ``cache`` (the
+    place beside it cannot be written: an archive, someone else's run) under
+    ``$XDG_CACHE_HOME/mlaunch/stores/<hash of the path>/``. A ``--skip-invalid`` read keeps its
+    store in the cache only, apart from the strict one: a store holds what its read accepted,
+    so a lenient store never hides a malformed line from a later strict read."""
+    if not cache and not skip_invalid:
+        return store_dir(path) if path.is_dir() else path.with_name(f".{path.name}.{STORE_DIR}")
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    key = hashlib.sha256(os.path.realpath(path).encode()).hexdigest()[:20]
+    return Path(
+        base, "mlaunch", "stores", key + ("-skip-invalid" if skip_invalid else ""), STORE_DIR
+    )
+
+
+def open_store(
+    path: Path, *, build: bool = True, cache: bool = False, skip_invalid: bool = False
+) -> Store | None:
+    """The store of ``path`` (a run directory, any directory of trace files, or one OTLP-JSON
+    file; placed by :func:`store_site`), built (or rebuilt) from its OTLP-JSON when it is
+    missing, stale or torn. None when ``path`` is neither a file nor a directory, when the place
+    of the store cannot be written (the caller tries ``cache=True``) or when building was refused
+    (``build=False``). A malformed trace raises the reader's ``TraceInputError`` (as reading the
+    JSON would; ``skip_invalid``: the bad lines and spans are dropped and counted in the store's
+    read stats). The store returned holds the lock of the directory that holds it, shared
+    (:class:`_RunLock`), until it is closed or collected; building holds it exclusive."""
+    if not (path.is_dir() or path.is_file()):
         return None
-    lock = _RunLock.take(path)
+    root = store_site(path, cache=cache, skip_invalid=skip_invalid)
+    if cache or skip_invalid:
+        try:
+            root.parent.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return None
+    lock = _RunLock.take(root.parent)
     try:
-        store = _open_store(path, build=False)
+        store = _open_store(path, root, build=False, skip_invalid=skip_invalid)
         if store is None and build:
             with lock.exclusive() if lock else contextlib.nullcontext():
                 # Whoever held the lock before may have just brought the store up to date.
-                store = _open_store(path, build=True)
+                store = _open_store(path, root, build=True, skip_invalid=skip_invalid)
     except BaseException:
         if lock:
             lock.release()
@@ -247,53 +320,56 @@ def open_store(path: Path, *, build: bool = True) -> Store | None:
     return store
 
 
-def _open_store(path: Path, *, build: bool) -> Store | None:
+def _open_store(path: Path, root: Path, *, build: bool, skip_invalid: bool) -> Store | None:
     warnings: list[str] = []
-    man = load_manifest(path)
+    run_dir = path if path.is_dir() else path.parent  # what the manifest names sources from
+    man = load_manifest(run_dir, root)
     files: list[TraceFile] | None
     try:
         files = discover(path)
     except TraceInputError:
         files = None  # the JSON is gone (moved away after compaction): the store alone
     if man is not None:
-        bad = torn_parts(path, man)
+        bad = torn_parts(run_dir, man, root)
         for p in bad:
             warnings.append(f"{p}: not a readable Parquet file (torn or truncated)")
-        if not bad and (files is None or is_fresh(path, man, files)):
-            parts = [store_dir(path) / rel for rel in man.parts]
-            return Store(path, man, parts, warnings)
+        if not bad and (files is None or is_fresh(run_dir, man, files)):
+            parts = [root / rel for rel in man.parts]
+            return Store(run_dir, man, parts, warnings, where=root)
         if files is None:
             if any(p.name == "resources.parquet" for p in bad):
                 raise StoreError(
                     "the span store's resources.parquet is torn and there is no OTLP-JSON to "
-                    "rebuild it from", path=store_dir(path),
+                    "rebuild it from", path=root,
                     fix="restore the run's telemetry/traces-rank*.jsonl or the store from a copy",
                 )  # fmt: skip
             warnings = [w + "; skipped" for w in warnings]
-            parts = [store_dir(path) / rel for rel in man.parts]
-            return Store(path, man, [p for p in parts if p not in bad], warnings)
+            parts = [root / rel for rel in man.parts]
+            return Store(run_dir, man, [p for p in parts if p not in bad], warnings, where=root)
         warnings = [w + "; rebuilt from the OTLP-JSON" for w in warnings]
     if files is None or not build:
         if files is None:
             discover(path)  # raises the reader's "no trace files found"
         return None
+    if not os.access(root.parent, os.W_OK):
+        return None  # read-only (an archive, someone else's run): the caller tries the cache
     # A live run (its files grew since the store was written): read only what was appended.
-    starts = append_starts(path, man, files) if man is not None and not warnings else None
-    reader = TraceReader(files, starts=starts)
+    starts = append_starts(run_dir, man, files) if man is not None and not warnings else None
+    reader = TraceReader(files, starts=starts, skip_invalid=skip_invalid)
     try:
-        man = build_store(path, reader, base=man if starts is not None else None)
-        if starts is not None and fragmented(path, man):
-            man = compact_store(path, man)
+        man = build_store(run_dir, reader, base=man if starts is not None else None, root=root)
+        if starts is not None and fragmented(run_dir, man, root):
+            man = compact_store(run_dir, man, root=root)
     except OSError as e:
-        # A read-only run directory or a full disk: nothing was lost (the JSON stays and the
-        # half-built store was removed); the caller reads the JSON instead. A directory the user
-        # may not write (an archive, someone else's run) is no news: only the rest is warned of.
+        # A read-only directory or a full disk: nothing was lost (the JSON stays and the
+        # half-built store was removed); the caller tries the cache directory. A directory the
+        # user may not write (an archive, someone else's run) is no news: only the rest is
+        # warned of.
         if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
-            warnings.append(f"{store_dir(path)}: cannot write the span store "
-                            f"({e.strerror or e}); read the OTLP-JSON instead")  # fmt: skip
+            warnings.append(f"{root}: cannot write the span store ({e.strerror or e})")
         _pending_warnings.extend(warnings)
         return None
-    return Store(path, man, [store_dir(path) / rel for rel in man.parts], warnings)
+    return Store(run_dir, man, [root / rel for rel in man.parts], warnings, where=root)
 
 
 #: Warnings of a store that could not be opened (the caller prints them).
@@ -355,44 +431,47 @@ def main(argv: Sequence[str]) -> int:
     return 0
 
 
-def open_reader(path: Path, *, skip_invalid: bool = False) -> TraceReader | StoreReader:
-    """The reader for ``path``: a run directory's store, built on its first read and brought up
-    to date with what the JSON gained since; else (a single file, a directory that cannot be
-    written) the JSON reader. Building costs about one JSON decode (the column-wise decoder,
-    benchmarks/trace_read.py), so even a one-off summary of a JSON-only run pays little more
-    than a read of the JSON, and every later command reads Parquet. ``--skip-invalid`` reads the
-    JSON: a store holds only what a strict read accepts, so it never hides a malformed line
-    from a later strict read."""
-    if not skip_invalid and path.is_dir():
-        store = open_store(path)
-        if store is not None:
-            _pending_warnings.extend(store.warnings)
-            return StoreReader(store)
-    return TraceReader.open(path, skip_invalid=skip_invalid)
+def open_reader(path: Path, *, skip_invalid: bool = False) -> StoreReader:
+    """The reader of ``path`` (a run directory, a directory of trace files or one OTLP-JSON
+    file): always its span store (:func:`open_store`), built on the first read and brought up to
+    date with what the JSON gained since, beside the input or, where that cannot be written, in
+    the cache directory (:func:`store_site`). Building costs about one JSON decode (the
+    column-wise decoder, benchmarks/trace_read.py), so a one-off summary of a JSON-only input
+    pays little more than a read of the JSON, and every later command reads Parquet.
+
+    ``--skip-invalid`` reads the strict store when it is current (it holds every line: nothing
+    to skip), else builds a lenient one of its own in the cache. A path that cannot be stored
+    anywhere raises ``TraceInputError``."""
+    if skip_invalid:
+        store = open_store(path, build=False) or open_store(path, skip_invalid=True)
+    else:
+        store = open_store(path) or open_store(path, cache=True)
+    if store is None:
+        discover(path)  # a path that is no trace input: the reader's message
+        raise TraceInputError(
+            f"cannot write the span store beside the input nor in {store_site(path, cache=True)}",
+            path=path, fix="set XDG_CACHE_HOME to a writable directory",
+        )  # fmt: skip
+    _pending_warnings.extend(store.warnings)
+    return StoreReader(store)
 
 
 class StoreReader:
-    """A :class:`~mlaunch.trace.reader.TraceReader` look-alike over the store: the same
-    ``(resource, spans, maybe_truncated)`` batches, rebuilt from the Parquet rows a record batch
-    at a time (memory bounded by the batch), so every consumer of the JSON reader (goodput,
-    export, report) reads the store unchanged."""
+    """The reader every ``mlaunch trace`` command gets (:func:`open_reader`): the store, its
+    files and read stats, and its spans read back as OTLP span dicts in
+    ``(resource, spans, maybe_truncated)`` batches of one resource, a record batch at a time
+    (memory bounded by the batch), for what needs whole spans (the OTLP-JSON export, the
+    report's step and mark scan, the live tail's aggregator in tests). The analyses read the
+    store's columns (:attr:`store`) directly."""
 
-    def __init__(self, store: Store, *, timing_only: bool = False) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
-        #: Spans with only their name and times (and the attributes of the launcher's job
-        #: spans): what goodput reads. Reads 3 of the columns and builds small dicts: several
-        #: times faster than whole spans.
-        self.timing_only = timing_only
         self.files = store.trace_files()
         self.skip_invalid = False
         self.stats = store.stats()
         self.path: Path | None = None
         self.line_no = 0
-        self.limits: dict[Path, int] = {}
         self._resources: dict[int, Resource] | None = None
-
-    def reread(self) -> StoreReader:
-        return StoreReader(self.store, timing_only=self.timing_only)
 
     def error_here(self, message: str, fix: str = "") -> TraceInputError:
         return TraceInputError(message, path=self.path, fix=fix or "rebuild the store: delete "
@@ -422,23 +501,16 @@ class StoreReader:
         import pyarrow.parquet as pq
 
         resources = self.resources()
-        cols = _TIMING_COLUMNS if self.timing_only else None
-        convert = _timing_batches if self.timing_only else _batches
         for part in self.store.parts:
             self.path = part
-            for batch in pq.ParquetFile(part).iter_batches(batch_size=65_536, columns=cols):
-                yield from convert(batch, resources)
+            for batch in pq.ParquetFile(part).iter_batches(batch_size=65_536):
+                yield from _batches(batch, resources)
         self.path = None
-
-
-_TIMING_COLUMNS = ["name", "start_ns", "end_ns", "resource_id", "attributes"]
-#: Spans whose attributes goodput reads (the attempt number of a launcher attempt).
-_NEEDS_ATTRS = frozenset({"mlaunch.job", "mlaunch.job.attempt"})
 
 
 def _runs(rids: list[int]) -> Iterator[tuple[int, int, int]]:
     """``(resource id, first row, end row)`` of each run of consecutive rows from one resource:
-    the JSON reader hands out one resource's spans at a time, so the store's readers do too."""
+    the OTLP batches hand out one resource's spans at a time, so the store's reader does too."""
     n = len(rids)
     i = 0
     while i < n:
@@ -450,29 +522,10 @@ def _runs(rids: list[int]) -> Iterator[tuple[int, int, int]]:
         i = j
 
 
-def _timing_batches(
-    batch: Any, resources: dict[int, Resource]
-) -> Iterator[tuple[Resource, list[dict[str, Any]], bool]]:
-    names = batch.column(0).to_pylist()
-    starts = batch.column(1).to_pylist()
-    ends = batch.column(2).to_pylist()
-    attrs = batch.column(4)
-    needs = _NEEDS_ATTRS
-    for rid, i, j in _runs(batch.column(3).to_pylist()):
-        spans: list[dict[str, Any]] = []
-        for k in range(i, j):
-            name = names[k]
-            s = {"name": name, "startTimeUnixNano": starts[k], "endTimeUnixNano": ends[k]}
-            if name in needs and (a := attrs[k].as_py()) is not None:
-                s["attributes"] = _loads(a)
-            spans.append(s)
-        yield resources[rid], spans, False
-
-
 def _batches(
     batch: Any, resources: dict[int, Resource]
 ) -> Iterator[tuple[Resource, list[dict[str, Any]], bool]]:
-    """Spans as the JSON reader hands them out, grouped into runs of one resource. An attribute
+    """Spans as OTLP span dicts, grouped into runs of one resource. An attribute
     list or ``extra`` text repeated in the batch (most are: the part stores them dictionary-
     encoded) is decoded once: each span gets its own list of the same entries, to read."""
     c = batch.to_pydict()
@@ -527,7 +580,7 @@ def run_sql(store: Store, query: str) -> SqlResult:
     error, an unknown table or column) raises ``TraceInputError`` with DuckDB's first line."""
     import duckdb
 
-    con = store.connect()
+    con = store.connect(derived=True)
     try:
         cur = con.execute(query)
         if cur.description is None:
@@ -538,13 +591,13 @@ def run_sql(store: Store, query: str) -> SqlResult:
         bad = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException)
         raise TraceInputError(
             f"{'bad SQL' if isinstance(e, bad) else 'query failed'}: {first}",
-            fix="the views are `spans` and `resources`; columns: " + ", ".join(COLUMNS),
+            fix="the views are `spans` and `resources`; columns: " + ", ".join(SPANS_COLUMNS),
         ) from None
     finally:
         con.close()
 
 
-def export_otlp_json(reader: TraceReader | StoreReader, out_path: Path) -> int:
+def export_otlp_json(reader: StoreReader, out_path: Path) -> int:
     """Write every span ``reader`` reads as OTLP-JSON lines (one ``ExportTraceServiceRequest``
     per batch: the interchange format every OTLP tool reads) to ``out_path``, by the rule of
     :mod:`mlaunch.outputs`; the number of spans written. The launcher's job trace keeps its

@@ -51,7 +51,6 @@ from mlaunch.trace.store_layout import (
     MANIFEST,
     SCHEMA_VERSION,
     SEGMENT_ROWS,
-    STORE_DIR,
     Manifest,
     file_schema,
     part_rank,
@@ -344,6 +343,7 @@ def build_store(
     segment_rows: int = SEGMENT_ROWS,
     base: Manifest | None = None,
     columnar: bool = True,
+    root: Path | None = None,
 ) -> Manifest:
     """Read every span of ``reader`` (a reader over ``run_dir``'s files) once and write the store.
 
@@ -357,11 +357,15 @@ def build_store(
 
     With ``base`` (the current store's manifest; ``reader`` starts where it ended), the spans
     read are appended as new parts instead, then ``resources.parquet`` and the manifest are
-    replaced (each atomically, the manifest last): until then the store is the old one."""
+    replaced (each atomically, the manifest last): until then the store is the old one.
+
+    ``root``: where the store goes (default ``run_dir/trace-store``; a bare file's store beside
+    it, or in the cache directory: :func:`mlaunch.trace.store.store_site`); source paths in the
+    manifest stay relative to ``run_dir``."""
     import pyarrow.parquet as pq
 
-    final = store_dir(run_dir)
-    tmp = final if base is not None else run_dir / f".{STORE_DIR}.new"
+    final = root or store_dir(run_dir)
+    tmp = final if base is not None else _beside(final, "new")
     if base is None:
         shutil.rmtree(tmp, ignore_errors=True)
     sources = source_stats(run_dir, reader.files)
@@ -396,7 +400,7 @@ def build_store(
             write_atomic(final / MANIFEST, json.dumps(asdict(man)))
             return man
         (tmp / MANIFEST).write_text(json.dumps(asdict(man)))
-        old = run_dir / f".{STORE_DIR}.old"
+        old = _beside(final, "old")
         shutil.rmtree(old, ignore_errors=True)
         if final.exists():
             os.replace(final, old)
@@ -416,7 +420,13 @@ def build_store(
 MAX_EXTRA_PARTS = 8
 
 
-def fragmented(run_dir: Path, man: Manifest) -> bool:
+def _beside(final: Path, what: str) -> Path:
+    """The temporary directory a new store is written to (``new``) or the old one moved to
+    (``old``), beside ``final``: a rename away, on the same file system."""
+    return final.with_name(f".{final.name}.{what}")
+
+
+def fragmented(run_dir: Path, man: Manifest, root: Path | None = None) -> bool:
     """Whether appends left some rank with many more parts than its rows need."""
     import pyarrow.parquet as pq
 
@@ -426,21 +436,23 @@ def fragmented(run_dir: Path, man: Manifest) -> bool:
     if all(len(v) <= MAX_EXTRA_PARTS + 1 for v in per_rank.values()):
         return False  # cheap: no part's footer read
     for v in per_rank.values():
-        rows = sum(pq.read_metadata(store_dir(run_dir) / rel).num_rows for rel in v)
+        rows = sum(pq.read_metadata((root or store_dir(run_dir)) / rel).num_rows for rel in v)
         if len(v) > -(-rows // SEGMENT_ROWS) + MAX_EXTRA_PARTS:
             return True
     return False
 
 
-def compact_store(run_dir: Path, man: Manifest, *, segment_rows: int = SEGMENT_ROWS) -> Manifest:
+def compact_store(
+    run_dir: Path, man: Manifest, *, segment_rows: int = SEGMENT_ROWS, root: Path | None = None
+) -> Manifest:
     """Rewrite the store's parts, in read order, ``segment_rows`` rows a part (a live run's
     appends leave many small ones). Built beside the store and swapped in whole, manifest last,
     as a full build is: an interruption or a full disk leaves the store as it was. Memory: one
     part's rows."""
     import pyarrow.parquet as pq
 
-    final = store_dir(run_dir)
-    tmp = run_dir / f".{STORE_DIR}.new"
+    final = root or store_dir(run_dir)
+    tmp = _beside(final, "new")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         parts = _Parts(tmp, [], segment_rows)
@@ -450,7 +462,7 @@ def compact_store(run_dir: Path, man: Manifest, *, segment_rows: int = SEGMENT_R
         shutil.copyfile(final / "resources.parquet", tmp / "resources.parquet")
         out = Manifest(**{**asdict(man), "parts": parts.parts})
         (tmp / MANIFEST).write_text(json.dumps(asdict(out)))
-        old = run_dir / f".{STORE_DIR}.old"
+        old = _beside(final, "old")
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
         os.replace(tmp, final)
@@ -473,6 +485,8 @@ def _merge_read(base: Manifest, tail: dict[str, Any], run_dir: Path) -> dict[str
         "spans": old["spans"] + tail["spans"],
         "duplicate_spans": old["duplicate_spans"] + tail["duplicate_spans"],
         "metric_lines": old["metric_lines"] + tail["metric_lines"], "torn_lines": torn,
+        "skipped_lines": old.get("skipped_lines", []) + tail["skipped_lines"],
+        "skipped_spans": old.get("skipped_spans", []) + tail["skipped_spans"],
     }  # fmt: skip
 
 
@@ -503,4 +517,7 @@ def _read_json(stats: ReadStats, run_dir: Path) -> dict[str, Any]:
         "files": stats.files, "lines": stats.lines, "spans": stats.spans,
         "duplicate_spans": stats.duplicate_spans, "metric_lines": stats.metric_lines,
         "torn_lines": [[str(p), n] for p, n in stats.torn_lines],
+        # What a --skip-invalid build dropped: warned of on every read of that store.
+        "skipped_lines": [[str(p), n, why] for p, n, why in stats.skipped_lines],
+        "skipped_spans": [[str(p), n, why] for p, n, why in stats.skipped_spans],
     }  # fmt: skip

@@ -1,5 +1,5 @@
-"""``mlaunch trace export --format chrome`` on the span store: the same bytes as
-:class:`~mlaunch.trace.chrome.ChromeExporter` over the JSON, built column-wise.
+"""``mlaunch trace export --format chrome``: the span store as Chrome trace-event JSON for
+Perfetto and chrome://tracing (the layout: :mod:`mlaunch.trace.chrome`), built column-wise.
 
 Pass 1 reads seven columns of every part (times, ids, resource, attributes as a dictionary,
 links): span ids are decoded from hex in one ``bytes.fromhex`` per part, the thread of a span
@@ -7,19 +7,19 @@ comes from its attribute list, decoded once per dictionary entry of the part (th
 them dictionary-encoded; nothing is cached across parts, so memory does not grow with the number
 of distinct lists), and each part's (row, thread, start, end, id, parent) columns are written to
 a scratch Parquet file. The layout: DuckDB sorts those rows by thread, start, longest first and
-read order (the order the JSON path's :func:`~mlaunch.trace.chrome.assign_lanes_columns` sorts
-each thread's spans in), spilling to disk past its memory limit, and hands them over a record
+read order (the order :func:`~mlaunch.trace.chrome.assign_lanes_columns` sorts each
+thread's spans in), spilling to disk past its memory limit, and hands them over a record
 batch at a time to the same greedy rule (:class:`~mlaunch.trace.chrome.LaneSweep`), which holds
 only the open spans. Pass 2 writes each part's complete events as one Arrow string array
 (``binary_join_element_wise`` of per-span columns: name and args texts taken from per-entry
 tables, times formatted from integer nanoseconds) and writes its bytes in one call. Only the few
-spans the columns cannot say exactly are written by the JSON path's code, span by span: spans
+spans the columns cannot say exactly are written span by span: spans
 with an ERROR status (their message is in ``extra``), attribute lists with a key the exporter
 itself sets (``span_id``, ``status``, ``status_message``), ids that are not 16 hex digits; and
 the span events and links that follow a span.
 
 Memory: one part's rows, DuckDB's limit, and each span's lane (2 bytes: 200 MB at 10^8 spans;
-the JSON path's pass 1 keeps 32 bytes a span). Disk: the scratch rows (about 45 bytes a span,
+a list of span records would take 32 bytes a span). Disk: the scratch rows (about 45 bytes a span,
 in the store's directory) and DuckDB's spill, both removed when the export ends.
 """
 
@@ -38,7 +38,6 @@ from mlaunch.trace.chrome import (
     LAUNCHER_PID,
     THREAD_ID_ATTR,
     THREAD_NAME_ATTR,
-    ChromeExporter,
     ChromeStats,
     LaneSweep,
     _dumps,
@@ -46,7 +45,7 @@ from mlaunch.trace.chrome import (
     _us,
 )
 from mlaunch.trace.links import LinkTargets
-from mlaunch.trace.reader import Resource, TraceReader
+from mlaunch.trace.reader import Resource
 from mlaunch.trace.store import Store, StoreReader, _sql_str
 from mlaunch.trace.summary import no_spans_error
 
@@ -107,7 +106,7 @@ def _args(text: str | None) -> dict[str, Any]:
 
 
 def _thread_of(text: str | None) -> tuple[Any, Any]:
-    """(thread key, thread name) of an attribute list, as the JSON path's ``_thread_key``."""
+    """(thread key, thread name) of an attribute list: ``thread.id`` and ``thread.name``."""
     a = _args(text)
     return a.get(THREAD_ID_ATTR), a.get(THREAD_NAME_ATTR)
 
@@ -236,8 +235,7 @@ def _lanes(store: Store, scratch: Path, n: int, n_threads: int, targets: Any, np
 
 
 def export_chrome_store(store: Store, out: TextIO) -> ChromeStats:
-    """Write the store's spans as Chrome trace-event JSON to ``out`` (what
-    :meth:`ChromeExporter.write` writes for the same spans read from the JSON). Raises
+    """Write the store's spans as Chrome trace-event JSON to ``out``. Raises
     ``TraceInputError`` for a store without spans."""
     import tempfile
 
@@ -249,8 +247,6 @@ def _export(store: Store, out: TextIO, scratch: Path) -> ChromeStats:
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from mlaunch.trace.summary import no_spans_error
 
     reader = StoreReader(store)
     th = _Threads(reader.resources())
@@ -298,7 +294,7 @@ def _export(store: Store, out: TextIO, scratch: Path) -> ChromeStats:
         st.lanes += int(n_lanes[ti])
     pid_of_thread = {ti: pid for (pid, _), ti in threads.items()}
     sources: LinkTargets[tuple[int, int, int]] = LinkTargets()
-    for ti, _, sid, la, start in sorted(hits):  # the JSON path's order: the last wins
+    for ti, _, sid, la, start in sorted(hits):  # read order: the last wins
         pid = pid_of_thread[ti]
         sources.add(pid, sid, (pid, int(base[ti]) + la, start))
 
@@ -434,7 +430,7 @@ class _Pass2:
         self.out.write(_joined(s))
 
     def _x_line(self, t: Any, i: int, pid: int, tid: int, start: int, end: int) -> str:
-        """The JSON path's complete event of row ``i``, span by span."""
+        """The complete event of row ``i``, span by span."""
         row = {c: t.column(c)[i].as_py() for c in _PASS2}
         args = attributes(loads(row["attributes"])) if row["attributes"] is not None else {}
         extra = loads(row["extra"]) if row["extra"] is not None else {}
@@ -506,29 +502,10 @@ def _us_text(ns: Any, np: Any, pa: Any) -> Any:
     return text
 
 
-def export_chrome(reader: TraceReader, out_path: Path) -> ChromeStats:
-    """Write Chrome trace-event JSON for everything ``reader`` reads to ``out_path`` (two passes
-    over its files; the second reads exactly the bytes the first did, so a run still writing can
-    be exported). ``out_path`` is written by the rule of :mod:`mlaunch.outputs` (checked by the
-    caller). Raises ``TraceInputError`` for a malformed span (naming its file and line) or a
-    trace without spans; ``OSError`` when the output cannot be written. A run's span store
-    (``StoreReader``) is exported column-wise (:func:`export_chrome_store`), to the same bytes;
-    this dispatch lives here, above both ways, so neither module imports the other."""
-    from mlaunch.trace.store import StoreReader
-
-    if isinstance(reader, StoreReader):
-        with open_output(out_path) as f:
-            return export_chrome_store(reader.store, f)
-    ex = ChromeExporter()
-    reader.feed(lambda res, spans, _: ex.scan(res, spans))
-    if ex.t0 is None:
-        raise no_spans_error(reader)
-    stats = ex.layout()
-    again = reader.reread()
-    try:
-        # never leave a half-written trace that looks complete: open_output renames into place
-        with open_output(out_path) as f:
-            ex.write(again, f, stats)
-    except (KeyError, ValueError, TypeError, AttributeError) as e:
-        raise again.error_here(f"malformed span ({type(e).__name__}: {e})") from None
-    return stats
+def export_chrome(reader: StoreReader, out_path: Path) -> ChromeStats:
+    """Write Chrome trace-event JSON for the store ``reader`` reads to ``out_path``, by the rule
+    of :mod:`mlaunch.outputs` (checked by the caller): never a half-written trace that looks
+    complete. Raises ``TraceInputError`` for a trace without spans; ``OSError`` when the output
+    cannot be written."""
+    with open_output(out_path) as f:
+        return export_chrome_store(reader.store, f)

@@ -124,9 +124,10 @@ def part_rank(rel: str) -> int:
     return int(rel.split("/")[1].removeprefix("rank="))
 
 
-def load_manifest(run_dir: Path) -> Manifest | None:
-    """The store's manifest, or None when there is no (complete, current-version) store."""
-    p = store_dir(run_dir) / MANIFEST
+def load_manifest(run_dir: Path, root: Path | None = None) -> Manifest | None:
+    """The store's manifest (the store at ``root``, by default ``run_dir``'s), or None when there
+    is no (complete, current-version) store."""
+    p = (root or store_dir(run_dir)) / MANIFEST
     try:
         d = json.loads(p.read_text())
         man = Manifest(**d)
@@ -143,13 +144,13 @@ def is_fresh(run_dir: Path, man: Manifest, files: Sequence[TraceFile]) -> bool:
         return False
 
 
-def torn_parts(run_dir: Path, man: Manifest) -> list[Path]:
+def torn_parts(run_dir: Path, man: Manifest, root: Path | None = None) -> list[Path]:
     """The store's parts that are missing or not readable Parquet (a footer check: cheap)."""
     import pyarrow.parquet as pq
 
     bad = []
     for rel in [*man.parts, "resources.parquet"]:
-        p = store_dir(run_dir) / rel
+        p = (root or store_dir(run_dir)) / rel
         try:
             pq.read_metadata(p)
         except (OSError, ValueError, Exception):  # pyarrow raises ArrowInvalid for a torn file

@@ -1,6 +1,7 @@
 """``mlaunch trace stragglers`` on the span store, a window of iterations at a time: memory
 bounded by the window, not by the trace (:mod:`mlaunch.trace.stragglers` holds the rules; the
-JSON reader's path runs them on the whole trace at once, and both give the same answer).
+windowed answer equals theirs on the whole trace at once, which tests/trace/test_trace_stragglers.py
+checks).
 
 What the analysis needs of the whole trace is read first, by DuckDB: each rank's resource, steps
 and collective ends, which ranks' receives carry links, and which linked sends are in no rank's
@@ -70,7 +71,6 @@ from mlaunch.trace.stragglers import (
     p2p_pairs,
     p2p_waits,
     rows,
-    stragglers_in_memory,
 )
 
 S = SpanName
@@ -137,8 +137,9 @@ class _Trace:
 
 
 def stragglers_store(store: Store) -> Stragglers:
-    """The straggler analysis of the store's spans. Raises ``TraceInputError`` as
-    :func:`find_stragglers` does."""
+    """The straggler analysis of the store's spans, a window of iterations at a time (memory
+    bounded by the window, whatever the trace's size). Raises ``TraceInputError`` for a trace
+    without spans, with one exporting rank, or without synchronising spans."""
     with Spill(store.scratch_dir()) as spill:
         return _stragglers(store, spill)
 
@@ -581,15 +582,3 @@ def _int(v: Any) -> int | None:
         return None if v is None else int(v)
     except (TypeError, ValueError):
         return None
-
-
-def find_stragglers(reader: Any) -> Stragglers:
-    """Charge the waits of ``reader``'s trace: a store's a window of iterations at a time
-    (:func:`stragglers_store`, memory bounded whatever the trace's size), a JSON reader's (a
-    single file, ``--skip-invalid``) all in memory
-    (:func:`~mlaunch.trace.stragglers.stragglers_in_memory`); this dispatch lives here, above
-    both ways, so neither module imports the other. Raises ``TraceInputError`` for a trace
-    without spans, with one exporting rank, or without synchronising spans."""
-    if isinstance(reader, StoreReader):
-        return stragglers_store(reader.store)
-    return stragglers_in_memory(reader)

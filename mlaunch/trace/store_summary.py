@@ -1,10 +1,10 @@
-"""``mlaunch trace summary`` on the span store: the same :class:`~mlaunch.trace.summary.Summary`
-as the streaming reader, computed by vectorised DuckDB aggregates over the Parquet parts, grouped
+"""``mlaunch trace summary``: the :class:`~mlaunch.trace.summary.Summary` of a span store,
+computed by vectorised DuckDB aggregates over the Parquet parts, grouped
 on the stored names (memory bounded by DuckDB's limit, not by the trace). Percentiles are those
 of :func:`mlaunch.trace.stats.percentile` to the last bit: DuckDB fetches the two closest ranks
 of each group (:func:`~mlaunch.trace.stats.closest_ranks`) and Python interpolates between them
 (DuckDB's own ``quantile_cont`` interpolates in another form, which can differ in the last bit:
-enough to print 173 ms where the JSON path prints 174).
+enough to print 173 ms where the exact interpolation prints 174).
 """
 
 from __future__ import annotations
@@ -178,13 +178,13 @@ def summarize_store(store: Store, *, straggler_threshold: float = 0.05) -> Summa
             con, "rank", lambda rs: f"{where} AND rank IN ({', '.join(map(str, rs))})", step_counts
         )
         steps = [(r, n, sq[r][0], sq[r][1]) for r, n in step_counts.items()]
-        # The first (in read order) non-launcher resource of each rank, as the streaming reader.
+        # The first (in read order) non-launcher resource of each rank.
         res = con.execute(
             "SELECT rank, attributes FROM resources WHERE NOT launcher"
             " QUALIFY row_number() OVER (PARTITION BY rank ORDER BY resource_id) = 1"
             " ORDER BY rank"
         ).fetchall()
-        # The summary's SHARED_IDS_NOTE, as the streaming reader counts it: trace roots of the
+        # The summary's SHARED_IDS_NOTE: trace roots of the
         # workers (not the launcher) whose ids more than one rank emitted.
         (shared,) = con.execute(
             "SELECT count(*) FROM (SELECT 1 FROM spans WHERE rank >= 0 AND parent_id IS NULL"

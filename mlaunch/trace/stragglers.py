@@ -32,13 +32,12 @@ itself waiting on a pipeline neighbour), the charge passes on to whoever those w
 charged to, so a stage that is late only because its upstream stage was slow does not take the
 blame.
 
-Where it runs (:func:`mlaunch.trace.store_stragglers.find_stragglers` decides): a run directory
-is read through its span store, a window of iterations at a time
-(:mod:`mlaunch.trace.store_stragglers`: memory bounded by the window, whatever the trace's size); a JSON reader (a single file, ``--skip-invalid``, a run that
-cannot be written) and the live view's tails (:class:`StragglerAggregator`) keep the whole trace
-in memory and run :func:`analyse` on it. Both run the functions below; a window hands each
-rank only its part of the trace (:attr:`_Rank.loaded`, :attr:`_Rank.complete`), and whatever
-the rules look up outside it raises :class:`Widen` rather than answer differently.
+Where it runs: ``mlaunch trace stragglers`` reads the span store a window of iterations at a
+time (:func:`mlaunch.trace.store_stragglers.stragglers_store`: memory bounded by the window,
+whatever the trace's size); the live view's tails (``status --watch``: :class:`StragglerAggregator`)
+keep their few spans in memory and run :func:`analyse` on them. Both run the functions below; a
+window hands each rank only its part of the trace (:attr:`_Rank.loaded`, :attr:`_Rank.complete`),
+and whatever the rules look up outside it raises :class:`Widen` rather than answer differently.
 """
 
 from __future__ import annotations
@@ -752,20 +751,6 @@ def no_sync_error() -> TraceInputError:
         fix="rerun with --otel-span-groups per_step,microbatch (per_step includes "
         "communication; microbatch splits forward from backward)",
     )
-
-
-def stragglers_in_memory(reader: Any) -> Stragglers:
-    """:func:`~mlaunch.trace.store_stragglers.find_stragglers` with every phase span of every rank in memory: read every batch
-    of ``reader`` (a JSON or store reader), then :func:`analyse`."""
-    agg = StragglerAggregator()
-    reader.feed(agg.add)
-    ranks = {k: v for k, v in agg.ranks.items() if v.spans or v.steps}
-    world = next(
-        (w for r in ranks.values() if (w := r.attr_int(ResourceAttr.WORLD_SIZE)) is not None), None
-    )
-    synced = any(s.name in SYNC_NAMES for r in ranks.values() for s in r.spans)
-    check_input(reader, list(ranks), world, synced)
-    return analyse(ranks)
 
 
 #: The spans that make a synchronising point.

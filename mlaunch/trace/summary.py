@@ -1,5 +1,7 @@
 """``mlaunch trace summary``: per-span-name duration statistics, per-rank step skew (stragglers),
-error/truncated counts and the run's resource attributes, computed in one streaming pass.
+error/truncated counts and the run's resource attributes: the result types and the rules
+(:func:`rank_skew`, :func:`no_spans_error`); the span store computes them
+(:mod:`mlaunch.trace.store_summary`).
 
 Definitions (also in the command help and docs/trace.md):
 
@@ -23,22 +25,17 @@ Definitions (also in the command help and docs/trace.md):
 
 from __future__ import annotations
 
-from array import array
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mlaunch.model.spans import ALIASES, STEP_SPAN, ResourceAttr, SpanName
+from mlaunch.model.spans import STEP_SPAN, ResourceAttr, SpanName
 from mlaunch.trace.reader import (
     EXPORT_ADVICE,
-    ReadStats,
-    Resource,
     TraceInputError,
     TraceReader,
     export_advice,
-    is_error,
-    is_truncated,
 )
-from mlaunch.trace.stats import median, percentile
+from mlaunch.trace.stats import median
 
 _NS_PER_MS = 1e6
 STEP = STEP_SPAN
@@ -148,107 +145,6 @@ SHARED_IDS_NOTE = (
 _LAUNCHER = frozenset({SpanName.JOB.value, SpanName.JOB_ATTEMPT.value})
 
 
-class SummaryAggregator:
-    """Streaming per-name aggregates: durations in compact ``array('q')`` (8 bytes a span), never
-    the span dicts themselves."""
-
-    def __init__(self) -> None:
-        self.durations: dict[str, array[int]] = {}
-        self.errors: dict[str, int] = {}
-        self.truncated: dict[str, int] = {}
-        self.step_by_rank: dict[int, array[int]] = {}
-        self.resources: dict[int, dict[str, Any]] = {}
-        #: The first rank of each trace root's (trace id, span id), and the roots seen on a second
-        #: rank. Roots only: a rank has few (its start-up, one per train block), so this stays
-        #: small, and ranks that draw the same ids draw them for their roots too.
-        self.root_rank: dict[tuple[Any, Any], int] = {}
-        self.shared_roots: set[tuple[Any, Any]] = set()
-
-    def add(self, res: Resource, spans: list[dict[str, Any]], maybe_truncated: bool) -> None:
-        """Fold one batch in. The loop is the hot path: plain dict lookups, no per-span objects."""
-        rank = res.rank
-        if rank not in self.resources and not res.launcher:
-            self.resources[rank] = res.attrs
-        durations = self.durations
-        steps = self.step_by_rank.get(rank)
-        canon = ALIASES
-        roots = None if res.launcher else self.root_rank
-        for s in spans:
-            if roots is not None and not s.get("parentSpanId"):
-                key = (s.get("traceId"), s.get("spanId"))
-                if roots.setdefault(key, rank) != rank:
-                    self.shared_roots.add(key)
-            name = s["name"]
-            name = canon.get(name, name)
-            d = int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"])
-            if d < 0:  # a wall-clock step back between start and end: count it as instant
-                d = 0
-            a = durations.get(name)
-            if a is None:
-                a = durations[name] = array("q")
-            a.append(d)
-            if name == STEP:
-                if steps is None:
-                    steps = self.step_by_rank[rank] = array("q")
-                steps.append(d)
-            if is_error(s):
-                self.errors[name] = self.errors.get(name, 0) + 1
-            if maybe_truncated and is_truncated(s):
-                self.truncated[name] = self.truncated.get(name, 0) + 1
-
-    def finish(
-        self, read: ReadStats | None = None, *, straggler_threshold: float = 0.05
-    ) -> Summary:
-        """The summary of everything added so far."""
-        step_total = sum(self.durations.get(STEP, ()))
-        stats: list[NameStats] = []
-        for name, arr in self.durations.items():
-            vals = sorted(arr)
-            tot = sum(vals)
-            stats.append(
-                NameStats(
-                    name=name, count=len(vals), total_ms=tot / _NS_PER_MS,
-                    mean_ms=tot / len(vals) / _NS_PER_MS,
-                    p50_ms=percentile(vals, 50) / _NS_PER_MS,
-                    p95_ms=percentile(vals, 95) / _NS_PER_MS,
-                    max_ms=vals[-1] / _NS_PER_MS,
-                    share=(tot / step_total) if step_total and name not in _LAUNCHER else None,
-                    errors=self.errors.get(name, 0), truncated=self.truncated.get(name, 0),
-                )
-            )  # fmt: skip
-        stats.sort(key=lambda s: (-s.total_ms, s.name))
-
-        ranks, skew = self._skew(straggler_threshold)
-        hosts = sorted(
-            {str(h) for r in self.resources.values() if (h := r.get(ResourceAttr.HOST_NAME))}
-        )
-        first = self.resources[min(self.resources)] if self.resources else {}
-        run = {k: first[k] for k in RUN_ATTRS if k in first}
-        read_info: dict[str, Any] = {}
-        if read is not None:
-            read_info = {
-                "files": read.files, "lines": read.lines, "spans": read.spans,
-                "duplicate_spans_dropped": read.duplicate_spans,
-                "skipped_lines": [f"{p}:{n}: {why}" for p, n, why in read.skipped_lines],
-                "skipped_spans": [f"{p}:{n}: {why}" for p, n, why in read.skipped_spans],
-                "torn_lines": [f"{p}:{n}" for p, n in read.torn_lines],
-            }  # fmt: skip
-        return Summary(
-            spans=stats, ranks=ranks, skew=skew,
-            errors=sum(self.errors.values()), truncated=sum(self.truncated.values()),
-            run=run, hosts=hosts, rank_ids=sorted(self.resources), read=read_info,
-            shared_root_ids=len(self.shared_roots),
-        )  # fmt: skip
-
-    def _skew(self, threshold: float) -> tuple[list[RankSkew], Skew | None]:
-        medians = {r: median(a) for r, a in self.step_by_rank.items() if len(a)}
-        per_rank = []
-        for r in sorted(medians):
-            vals = sorted(self.step_by_rank[r])
-            per_rank.append((r, len(vals), medians[r], percentile(vals, 95)))
-        return rank_skew(per_rank, self.resources, threshold)
-
-
 def rank_skew(
     per_rank: list[tuple[int, int, float, float]],
     resources: dict[int, dict[str, Any]],
@@ -276,16 +172,6 @@ def rank_skew(
         slowest_median_ms=slowest.median_ms, slowest_ratio=slowest.ratio,
         threshold=threshold, stragglers=[x.rank for x in ranks if x.straggler],
     )  # fmt: skip
-
-
-def summarize(reader: TraceReader, *, straggler_threshold: float = 0.05) -> Summary:
-    """Read every batch of ``reader`` once and summarize it. Raises ``TraceInputError`` for a
-    malformed span (naming its file and line) or a trace without spans."""
-    agg = SummaryAggregator()
-    reader.feed(agg.add)
-    if not agg.durations:
-        raise no_spans_error(reader)
-    return agg.finish(reader.stats, straggler_threshold=straggler_threshold)
 
 
 def no_spans_error(reader: TraceReader) -> TraceInputError:

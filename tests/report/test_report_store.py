@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from report_synth import write_per_step_run
 from support.synthetic_traces import TraceBuilder, hand_example, write_realistic_run
-from support.trace_compare import assert_same
+from support.trace_compare import assert_same, fresh_store
 
 from mlaunch.model.spans import Attr, SpanName
 from mlaunch.trace.reader import TraceInputError, TraceReader
@@ -53,9 +53,14 @@ def _runs(tmp_path: Path) -> list[Path]:
 
 
 def _agree(run: Path, iterations: tuple[int, int] | None = None) -> None:
-    old = prepare(run, TraceReader.open(run), iterations)
+    """The report of a store cut into parts of 3 rows equals that of a store built afresh in
+    one piece (the JSON reader this compared with is gone: every report reads a store)."""
+    from mlaunch.trace.store_build import build_store
+
+    old = prepare(run, StoreReader(fresh_store(run)), iterations)
+    build_store(run, TraceReader.open(run), segment_rows=3)
     store = open_store(run)
-    assert store is not None
+    assert store is not None and len(store.parts) > 2
     new = prepare(run, StoreReader(store), iterations)
     assert_same(old.summary.to_json(), new.summary.to_json(), str(run))
     assert old.goodput.to_json() == new.goodput.to_json()
@@ -87,7 +92,7 @@ def test_a_chosen_window_from_the_store_equals_the_json_paths(
 def test_a_window_too_large_is_refused_from_the_store_too(tmp_path: Path, monkeypatch) -> None:
     run = write_per_step_run(tmp_path / "run", iterations=10)
     monkeypatch.setattr(window, "MAX_TIMELINE_SPANS", 5)  # one limit: the store's reads it too
-    for reader in (TraceReader.open(run), StoreReader(open_store(run))):
+    for reader in (StoreReader(open_store(run)),):
         with pytest.raises(TraceInputError, match="more than 5 spans"):
             prepare(run, reader)
     shutil.rmtree(run)
@@ -121,12 +126,11 @@ def test_with_a_progress_file_pass_one_keeps_no_steps_and_places_the_same_window
     import orjson
 
     from mlaunch import envcontract
-    from mlaunch.trace.report.build import _scan
     from mlaunch.trace.report.window_store import StoreScan
 
     run = tmp_path / "run"
     write_realistic_run(run, ranks=4, steps=20, seed=5)
-    without = prepare(run, TraceReader.open(run))
+    without = prepare(run, StoreReader(fresh_store(run)))
     assert without.curve_source.startswith("megatron.train.iteration span attributes")
     records = [{"iteration": i, "loss": 5.0 - i / 10, "lr": 1e-3} for i in range(1, 21)]
     (run / envcontract.PROGRESS_FILE).write_bytes(
@@ -134,7 +138,7 @@ def test_with_a_progress_file_pass_one_keeps_no_steps_and_places_the_same_window
     )
     store = open_store(run)
     assert store is not None
-    every = _scan(TraceReader.open(run), True)
+    every = StoreScan(fresh_store(run), True)
     steps = [st for r in every.steps.values() for st in r]
     ranges = [(1, 3), (9, 11), (18, 20)]
     expected = [
@@ -142,7 +146,7 @@ def test_with_a_progress_file_pass_one_keeps_no_steps_and_places_the_same_window
          max(s.end for s in steps if a <= s.iteration <= b)) for a, b in ranges
     ]  # fmt: skip
     for keep in (True, False):
-        for scan in (_scan(TraceReader.open(run), keep), StoreScan(store, keep)):
+        for scan in (StoreScan(store, keep),):
             held = sum(len(s) for s in scan.steps.values())
             assert (held > 0) == keep
             present = scan.iterations()

@@ -53,3 +53,44 @@ def json_store_rows(run_dir: Any, scratch: Any) -> tuple[list[tuple[str, dict]],
     store = open_store(scratch)
     assert store is not None
     return store_rows(store)
+
+
+def fresh_store(path: Any) -> Any:
+    """The span store of a copy of ``path``'s OTLP-JSON (a run directory's ``telemetry/``, or
+    one file), built afresh in a directory of its own: the reference that a store built another
+    way (appends, a compaction, small parts, during the run) must read the same as."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from mlaunch.trace.store import open_store
+
+    path = Path(path)
+    scratch = Path(tempfile.mkdtemp(prefix="fresh-store-"))
+    if path.is_file():
+        shutil.copy2(path, scratch / path.name)
+        store = open_store(scratch / path.name)
+    else:
+        src = path / "telemetry" if (path / "telemetry").is_dir() else path
+        shutil.copytree(src, scratch / "telemetry", ignore=shutil.ignore_patterns("trace-store*"))
+        store = open_store(scratch)
+    assert store is not None
+    return store
+
+
+def stragglers_unwindowed(reader: Any) -> Any:
+    """The stragglers of every batch ``reader`` hands out (a store's), every phase span of every
+    rank in memory at once (the live tail's :class:`StragglerAggregator`, then ``analyse``): the
+    reference that the store's window-at-a-time analysis must equal whatever its window size."""
+    from mlaunch.model.spans import ResourceAttr
+    from mlaunch.trace.stragglers import SYNC_NAMES, StragglerAggregator, analyse, check_input
+
+    agg = StragglerAggregator()
+    reader.feed(agg.add)
+    ranks = {k: v for k, v in agg.ranks.items() if v.spans or v.steps}
+    world = next(
+        (w for r in ranks.values() if (w := r.attr_int(ResourceAttr.WORLD_SIZE)) is not None), None
+    )
+    synced = any(s.name in SYNC_NAMES for r in ranks.values() for s in r.spans)
+    check_input(reader, list(ranks), world, synced)
+    return analyse(ranks)

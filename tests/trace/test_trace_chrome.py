@@ -18,7 +18,7 @@ from support.synthetic_traces import (
 )
 
 from mlaunch.model.spans import SpanName
-from mlaunch.trace.reader import TraceReader
+from mlaunch.trace.store import open_reader
 from mlaunch.trace.store_chrome import export_chrome
 
 S = SpanName
@@ -27,7 +27,7 @@ S = SpanName
 def _export(tmp_path: Path, b: TraceBuilder) -> dict[str, Any]:
     b.write_run_dir(tmp_path / "run")
     out = tmp_path / "trace.json"
-    export_chrome(TraceReader.open(tmp_path / "run"), out)
+    export_chrome(open_reader(tmp_path / "run"), out)
     return json.loads(out.read_text())
 
 
@@ -127,7 +127,7 @@ def test_links_become_flow_events_bound_to_both_slices(tmp_path: Path) -> None:
 def test_realistic_run_exports_valid_nested_trace(tmp_path: Path, pp: int) -> None:
     n = write_realistic_run(tmp_path / "run", ranks=2, steps=6, pp=pp, ckpt_every=3, eval_every=2)
     out = tmp_path / "t.json"
-    stats = export_chrome(TraceReader.open(tmp_path / "run"), out)
+    stats = export_chrome(open_reader(tmp_path / "run"), out)
     xs = check_chrome_trace(json.loads(out.read_text()))
     assert len(xs) == stats.spans == n
     # The generated tree nests properly, so no extra lanes are needed.

@@ -13,11 +13,11 @@ import pytest
 from support.synthetic_traces import TraceBuilder, check_chrome_trace
 
 from mlaunch.model.spans import SpanName
-from mlaunch.trace.goodput import goodput
-from mlaunch.trace.reader import TraceReader
 from mlaunch.trace.report.build import render_report
+from mlaunch.trace.store import open_reader
 from mlaunch.trace.store_chrome import export_chrome
-from mlaunch.trace.summary import summarize
+from mlaunch.trace.store_goodput import goodput_store
+from mlaunch.trace.store_summary import summarize_store
 
 S = SpanName
 
@@ -44,7 +44,7 @@ LATE = {S.ACTIVATION_OFFLOAD: 75.0, S.ACTIVATION_RELOAD: 50.0, S.MICROBATCH_BACK
 def test_chrome_export_keeps_a_child_that_ends_after_its_parent_whole(tmp_path: Path) -> None:
     _gpu_like_step().write_run_dir(tmp_path / "run")
     out = tmp_path / "trace.json"
-    export_chrome(TraceReader.open(tmp_path / "run"), out)
+    export_chrome(open_reader(tmp_path / "run"), out)
     xs = check_chrome_trace(json.loads(out.read_text()))  # every thread's slices still nest
     by_name = {e["name"]: e for e in xs}
     assert len(xs) == len(by_name) == 7
@@ -58,15 +58,15 @@ def test_chrome_export_keeps_a_child_that_ends_after_its_parent_whole(tmp_path: 
 
 def test_summary_and_goodput_read_device_timed_children_as_they_are(tmp_path: Path) -> None:
     _gpu_like_step().write_run_dir(tmp_path / "gpu")
-    summary = summarize(TraceReader.open(tmp_path / "gpu"))
+    summary = summarize_store(open_reader(tmp_path / "gpu").store)
     rows = {x.name: x for x in summary.spans}
     for name, dur_ms in LATE.items():
         assert rows[name].count == 1 and rows[name].p50_ms == pytest.approx(dur_ms)
     assert rows[S.ITERATION].p50_ms == pytest.approx(200)
     # Goodput is decided by the step spans: the device-timed children change nothing.
     _gpu_like_step(device_spans=False).write_run_dir(tmp_path / "host")
-    gpu = goodput(TraceReader.open(tmp_path / "gpu")).ranks[0].breakdown
-    host = goodput(TraceReader.open(tmp_path / "host")).ranks[0].breakdown
+    gpu = goodput_store(open_reader(tmp_path / "gpu").store).ranks[0].breakdown
+    host = goodput_store(open_reader(tmp_path / "host").store).ranks[0].breakdown
     assert gpu.to_json() == host.to_json()
     assert gpu.productive_ms == pytest.approx(200) and gpu.wall_ms == pytest.approx(200)
 

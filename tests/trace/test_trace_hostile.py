@@ -126,7 +126,7 @@ def test_a_file_of_the_run_directory_is_refused_but_earlier_outputs_are_replaced
 def test_full_disk_leaves_no_temporary_file_and_the_old_output(
     run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str
 ) -> None:
-    from mlaunch.trace import chrome, store_chrome
+    from mlaunch.trace import store_chrome
 
     out = tmp_path / "trace.json"
     out.write_text("previous export")
@@ -135,13 +135,8 @@ def test_full_disk_leaves_no_temporary_file_and_the_old_output(
         self.out.write('{"displayTimeUnit":"ms"')
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    def full_json(self: Any, reader: Any, f: Any, st: Any) -> None:
-        f.write('{"displayTimeUnit":"ms"')
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    # the run directory's export reads its span store (store_chrome); --skip-invalid, the JSON
+    # every export reads a span store (store_chrome); --skip-invalid, a store of its own
     monkeypatch.setattr(store_chrome._Pass2, "part", full_store)
-    monkeypatch.setattr(chrome.ChromeExporter, "write", full_json)
     extra = ["--skip-invalid"] if source == "json" else []
     r = _invoke("export", run_dir, "-o", out, *extra)
     assert r.exit_code == 2 and "No space left on device" in r.output, r.output

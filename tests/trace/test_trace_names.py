@@ -28,11 +28,11 @@ from support.synthetic_traces import hand_example
 from mlaunch.model.spans import ALIASES, STEP_SPAN, LegacyName, SpanName, canonical_name
 from mlaunch.otlp import otlp_json
 from mlaunch.trace.chrome import LAUNCHER_PID
-from mlaunch.trace.goodput import goodput
-from mlaunch.trace.reader import TraceReader
 from mlaunch.trace.report import write_report
+from mlaunch.trace.store import open_reader
 from mlaunch.trace.store_chrome import export_chrome
-from mlaunch.trace.summary import summarize
+from mlaunch.trace.store_goodput import goodput_store
+from mlaunch.trace.store_summary import summarize_store
 
 #: The spans only one shape has: the legacy umbrella, and the start-up root that replaced it.
 _SHAPE_ONLY = {LegacyName.PRETRAIN.value, SpanName.STARTUP.value}
@@ -45,7 +45,7 @@ def _run(tmp_path: Path, *, legacy: bool, job: tuple[float, float] | None = None
 
 
 def _summary_rows(run: Path) -> dict[str, Any]:
-    d = summarize(TraceReader.open(run)).to_json()
+    d = summarize_store(open_reader(run).store).to_json()
     rows = {s["name"]: s for s in d["spans"] if s["name"] not in _SHAPE_ONLY}
     for row in rows.values():
         row.pop("share")  # the same numbers, but the umbrella's row shifts nothing else
@@ -65,8 +65,8 @@ def test_summary_reads_old_names_as_the_code_names(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("job", [None, JOB], ids=["no-job-span", "job-span"])
 def test_goodput_is_the_same_for_code_and_documented_names(tmp_path: Path, job) -> None:
-    code = goodput(TraceReader.open(_run(tmp_path, legacy=False, job=job))).to_json()
-    legacy = goodput(TraceReader.open(_run(tmp_path, legacy=True, job=job))).to_json()
+    code = goodput_store(open_reader(_run(tmp_path, legacy=False, job=job)).store).to_json()
+    legacy = goodput_store(open_reader(_run(tmp_path, legacy=True, job=job)).store).to_json()
     for r in (*code["ranks"], *legacy["ranks"]):
         r.pop("wall_source")
     assert code == legacy
@@ -87,7 +87,7 @@ def test_goodput_is_the_same_for_code_and_documented_names(tmp_path: Path, job) 
 
 def test_goodput_names_its_wall_source(tmp_path: Path) -> None:
     def sources(**kw: Any) -> list[str]:
-        return [r.wall_source for r in goodput(TraceReader.open(_run(tmp_path, **kw))).ranks]
+        return [r.wall_source for r in goodput_store(open_reader(_run(tmp_path, **kw)).store).ranks]
 
     assert sources(legacy=False, job=JOB) == [SpanName.JOB, SpanName.JOB]
     assert sources(legacy=True) == [LegacyName.PRETRAIN, "span extent"]
@@ -95,7 +95,7 @@ def test_goodput_names_its_wall_source(tmp_path: Path) -> None:
 
 
 def _chrome_slices(run: Path, out: Path) -> tuple[list[tuple], Any]:
-    stats = export_chrome(TraceReader.open(run), out)
+    stats = export_chrome(open_reader(run), out)
     doc = json.loads(out.read_text())
     xs = sorted(
         (canonical_name(e["name"]), e["pid"], e["ts"], e["dur"], e["cat"])
@@ -114,7 +114,7 @@ def test_perfetto_export_gives_the_same_slices_and_categories(tmp_path: Path) ->
 
 def test_perfetto_export_shows_the_launchers_job_trace_as_its_own_process(tmp_path: Path) -> None:
     out = tmp_path / "job.json"
-    export_chrome(TraceReader.open(_run(tmp_path, legacy=False, job=JOB)), out)
+    export_chrome(open_reader(_run(tmp_path, legacy=False, job=JOB)), out)
     doc = json.loads(out.read_text())
     names = {
         e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "process_name"
@@ -221,7 +221,7 @@ def test_a_megatron_trace_from_the_real_nemo_lens_is_summarized(lens_trace: Path
             blocks.setdefault(s["resource"]["dl.rank"], set()).add(s["trace_id"])
     assert len(blocks) == 2 and blocks[0].isdisjoint(blocks[1])
 
-    d = summarize(TraceReader.open(lens_trace)).to_json()
+    d = summarize_store(open_reader(lens_trace).store).to_json()
     rows = {s["name"]: s for s in d["spans"]}
     assert rows[STEP_SPAN]["count"] == 2 * LENS_ITERS
     assert rows[SpanName.TRAIN]["count"] == 2 * (LENS_ITERS // LENS_SAVE_INTERVAL)
@@ -232,7 +232,7 @@ def test_a_megatron_trace_from_the_real_nemo_lens_is_summarized(lens_trace: Path
 
 @pytest.mark.nemo_lens
 def test_a_megatron_trace_gives_a_goodput_figure(lens_trace: Path) -> None:
-    rep = goodput(TraceReader.open(lens_trace))
+    rep = goodput_store(open_reader(lens_trace).store)
     assert [r.steps for r in rep.ranks] == [LENS_ITERS, LENS_ITERS]
     assert 0.0 < rep.overall.goodput < 1.0
     for r in rep.ranks:
@@ -246,7 +246,7 @@ def test_a_megatron_trace_gives_a_goodput_figure(lens_trace: Path) -> None:
 @pytest.mark.nemo_lens
 def test_a_megatron_trace_exports_to_perfetto_and_reports(lens_trace: Path, tmp_path) -> None:
     out = tmp_path / "lens.json"
-    stats = export_chrome(TraceReader.open(lens_trace), out)
+    stats = export_chrome(open_reader(lens_trace), out)
     assert stats.processes == 2
     # Each block links to the previous one (the first to startup): flows within each rank.
     assert stats.flows == 2 * (LENS_ITERS // LENS_SAVE_INTERVAL)

@@ -11,6 +11,7 @@ from support.synthetic_traces import TraceBuilder, encode_attributes, ms, reques
 from mlaunch.model.spans import SpanName
 from mlaunch.otlp.otlp_json import attributes
 from mlaunch.trace.reader import TraceReader, discover
+from mlaunch.trace.store import open_reader
 
 
 def _all_spans(path: Path) -> list[tuple[int, str]]:
@@ -82,13 +83,13 @@ def test_rank_falls_back_to_file_name_without_dl_rank(tmp_path: Path) -> None:
 
 def test_numbers_are_accepted_where_strings_are_usual(tmp_path: Path) -> None:
     # int64 fields may be JSON numbers; the summary must read them the same.
-    from mlaunch.trace.summary import summarize
+    from mlaunch.trace.store_summary import summarize_store
 
     span = {"traceId": "a" * 32, "spanId": "b" * 16, "name": SpanName.ITERATION,
             "startTimeUnixNano": ms(0), "endTimeUnixNano": ms(2), "status": {"code": 2}}  # fmt: skip
     f = tmp_path / "t.jsonl"
     f.write_text(request_line({"dl.rank": 0}, [span]) + "\n")
-    s = summarize(TraceReader.open(f))
+    s = summarize_store(open_reader(f).store)
     assert s.spans[0].total_ms == 2 and s.errors == 1
 
 

@@ -99,26 +99,22 @@ def test_goodput_accounts_for_all_wall_time(run_dir: Path, reference: list[dict]
 def test_the_span_store_reads_the_real_run_as_the_json_reader(
     run_dir: Path, tmp_path: Path
 ) -> None:
-    """Old (streaming JSON) and new (span store) readers agree on a real run's trace."""
+    """The store the launcher built at the run's end reads the same as one built afresh from a
+    copy of the run's OTLP-JSON (the streaming JSON reader this compared with is gone)."""
     import shutil
 
-    from support.trace_compare import assert_same
+    from support.trace_compare import assert_same, fresh_store
 
-    from mlaunch.trace.goodput import goodput
-    from mlaunch.trace.reader import TraceReader
-    from mlaunch.trace.store import StoreReader, open_store
+    from mlaunch.trace.store import open_store
     from mlaunch.trace.store_goodput import goodput_store
     from mlaunch.trace.store_summary import summarize_store
-    from mlaunch.trace.summary import summarize
 
     run = shutil.copytree(run_dir, tmp_path / "run")  # the module's run stays as the run left it
     store = open_store(run)
     assert store is not None
-    assert_same(summarize(TraceReader.open(run)).to_json(), summarize_store(store).to_json())
-    assert_same(goodput(TraceReader.open(run)).to_json(), goodput(StoreReader(store)).to_json())
-    fast = goodput(StoreReader(store, timing_only=True)).to_json()
-    assert_same(goodput(TraceReader.open(run)).to_json(), fast)
-    assert_same(goodput(TraceReader.open(run)).to_json(), goodput_store(store).to_json())
+    ref = fresh_store(run)
+    assert_same(summarize_store(ref).to_json(), summarize_store(store).to_json())
+    assert_same(goodput_store(ref).to_json(), goodput_store(store).to_json())
 
 
 def test_a_store_of_the_receivers_files_equals_the_store_of_the_workers_files(
@@ -134,15 +130,13 @@ def test_a_store_of_the_receivers_files_equals_the_store_of_the_workers_files(
     import time
 
     from support.otlp import RECEIVER_TOKEN
-    from support.trace_compare import assert_same, json_store_rows, store_rows
+    from support.trace_compare import assert_same, fresh_store, json_store_rows, store_rows
 
     from mlaunch.otlp.otlp_json import decode_traces_line
     from mlaunch.receiver import Receiver
-    from mlaunch.trace.reader import TraceReader
     from mlaunch.trace.store import open_store, update_store
     from mlaunch.trace.store_layout import load_manifest
     from mlaunch.trace.store_summary import summarize_store
-    from mlaunch.trace.summary import summarize
 
     def spans_in(text: str) -> int:
         return sum(len(ss["spans"]) for line in text.splitlines()
@@ -186,7 +180,8 @@ def test_a_store_of_the_receivers_files_equals_the_store_of_the_workers_files(
     assert stored() == first < total
     live = open_store(received)  # a read while the run is written: store parts + the JSON tail
     assert live is not None and live.manifest.spans == total
-    assert_same(summarize(TraceReader.open(received)).to_json(), summarize_store(live).to_json())
+    ref = summarize_store(fresh_store(received)).to_json()
+    assert_same(ref, summarize_store(live).to_json())
 
     stats = rx.close()
     assert stats.store_appends >= 1
@@ -203,16 +198,17 @@ def test_a_store_of_the_receivers_files_equals_the_store_of_the_workers_files(
 def test_chrome_export_from_the_store_is_the_json_paths_bytes(
     run_dir: Path, tmp_path: Path
 ) -> None:
-    """The column-wise export from the span store (store_chrome.py) writes exactly the bytes the
-    JSON path writes for the real run's trace."""
+    """The export of the store the launcher built writes exactly the bytes of a store built
+    afresh from the run's OTLP-JSON."""
     import shutil
 
-    from mlaunch.trace.reader import TraceReader
+    from support.trace_compare import fresh_store
+
     from mlaunch.trace.store import StoreReader, open_store
     from mlaunch.trace.store_chrome import export_chrome
 
     run = shutil.copytree(run_dir, tmp_path / "run")
-    old = export_chrome(TraceReader.open(run), tmp_path / "old.json")
+    old = export_chrome(StoreReader(fresh_store(run)), tmp_path / "old.json")
     store = open_store(run)
     assert store is not None
     new = export_chrome(StoreReader(store), tmp_path / "new.json")
@@ -223,19 +219,18 @@ def test_chrome_export_from_the_store_is_the_json_paths_bytes(
 def test_the_report_from_the_store_prepares_the_json_paths_data(
     run_dir: Path, tmp_path: Path
 ) -> None:
-    """The report's data from the span store (report/window_store.py) equals the JSON path's on
-    the real run (the summary within the store's DuckDB percentile rounding)."""
+    """The report's data from the store the launcher built equals that of a store built afresh
+    from the run's OTLP-JSON."""
     import shutil
     from dataclasses import replace
 
-    from support.trace_compare import assert_same
+    from support.trace_compare import assert_same, fresh_store
 
-    from mlaunch.trace.reader import TraceReader
     from mlaunch.trace.report.build import prepare, render
     from mlaunch.trace.store import StoreReader, open_store
 
     run = shutil.copytree(run_dir, tmp_path / "run")
-    old = prepare(run, TraceReader.open(run))
+    old = prepare(run, StoreReader(fresh_store(run)))
     store = open_store(run)
     assert store is not None
     new = prepare(run, StoreReader(store))

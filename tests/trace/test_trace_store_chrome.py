@@ -1,5 +1,6 @@
 """``trace export --format chrome`` from the span store (mlaunch/trace/store_chrome.py, column-wise)
-writes byte for byte what the JSON path (ChromeExporter over the OTLP-JSON) writes, on the suite's
+writes byte for byte what the JSON path (ChromeExporter over the OTLP-JSON, removed in issue 41:
+its bytes' SHA-256 recorded in :data:`JSON_PATH_SHA256`) wrote, on the suite's
 synthetic runs and on a trace made of every case the column-wise path hands to the span-by-span
 code: threads and lanes, the launcher's trace, errors, events (one before the first span), links
 (resolved and not), attributes named like the exporter's own args, non-ASCII text, ids that are not
@@ -7,6 +8,7 @@ code: threads and lanes, the launcher's trace, errors, events (one before the fi
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -14,12 +16,14 @@ from typing import Any
 import pytest
 from support.synthetic_traces import TraceBuilder, hand_example, write_realistic_run
 from support.trace_cli import invoke_trace
+from support.trace_compare import assert_same, fresh_store
 
 from mlaunch.model.spans import SpanName
 from mlaunch.trace.reader import TraceReader
 from mlaunch.trace.store import StoreReader, open_store
 from mlaunch.trace.store_build import build_store
 from mlaunch.trace.store_chrome import export_chrome
+from mlaunch.trace.store_summary import summarize_store
 
 S = SpanName
 LONG_NS = 123_456_789_012_345_678
@@ -67,16 +71,31 @@ def _runs(tmp_path: Path) -> list[Path]:
     return [hand, a, b, _hostile().write_run_dir(tmp_path / "hostile", batch=2)]
 
 
-def _both(run: Path, tmp_path: Path, **build: int) -> tuple[bytes, bytes]:
-    old, new = tmp_path / "old.json", tmp_path / "new.json"
-    s_old = export_chrome(TraceReader.open(run), old)
+#: SHA-256 of what the JSON path's exporter wrote for each trace below (recorded with that code).
+JSON_PATH_SHA256 = {
+    "cli": "bddc9ff6de175860725cabf21ae165660a52472befad0fcbeb518c2018e4862b",
+    "hand": "4aa4809df44271857d77374b5f9d9b0a902733ee84f959ce25b6615f6fa6077d",
+    "hostile": "1cbd29a1c735f1c68f851668729017ea1804df5c870bd9a77d0cfca38d037bb1",
+    "hostile-batch2": "1cbd29a1c735f1c68f851668729017ea1804df5c870bd9a77d0cfca38d037bb1",
+    "real2": "814b70d43527213f973f6402afc76e3cd512a5c6b5f3f9f1102dcc1103f5a3ee",
+    "real4": "bc3c68a73b429d4e4dcf695d4ab1e29049db6a39dfaac51ff17a5782ff3e80d8",
+    "spill": "36e791f5fcc814039e6f4a42cbc705f95e620d136b6d405e387bb54ca459ad84",
+}
+
+
+def _both(run: Path, tmp_path: Path, key: str | None = None, **build: int) -> tuple[bytes, bytes]:
+    """The JSON path's bytes' hash and the store's export of ``run`` (its parts cut as
+    ``build`` says), as a pair that must be equal."""
+    import hashlib
+
+    new = tmp_path / "new.json"
     if build:
         build_store(run, TraceReader.open(run), **build)
     store = open_store(run)
     assert store is not None
-    s_new = export_chrome(StoreReader(store), new)
-    assert s_old == s_new, run
-    return old.read_bytes(), new.read_bytes()
+    export_chrome(StoreReader(store), new)
+    got = hashlib.sha256(new.read_bytes()).hexdigest()
+    return JSON_PATH_SHA256[key or run.name].encode(), got.encode()
 
 
 @pytest.mark.parametrize("rows", [32_768, 3])
@@ -89,7 +108,7 @@ def test_chrome_export_from_the_store_is_byte_for_byte_the_json_paths(
     for run in _runs(tmp_path):
         old, new = _both(run, tmp_path)
         assert old == new, run.name
-    doc = json.loads(new)  # the hostile run: the cases were really there
+    doc = json.loads((tmp_path / "new.json").read_text())  # the hostile run: the cases were there
     xs = [e for e in doc["traceEvents"] if e["ph"] == "X"]
     assert any(e["args"].get("status") == "ERROR" for e in xs)
     assert any(e["args"]["span_id"] == "xyz-not-hex" for e in xs)
@@ -107,18 +126,18 @@ def test_a_store_of_many_small_parts_exports_the_same_bytes(
 
     monkeypatch.setattr(store_chrome, "_SLICE", 2)  # and a part's texts built 2 rows at a time
     run = _hostile().write_run_dir(tmp_path / "run", batch=2)
-    old, new = _both(run, tmp_path, segment_rows=segment_rows)
+    old, new = _both(run, tmp_path, "hostile-batch2", segment_rows=segment_rows)
     assert old == new
 
 
 def test_the_cli_exports_a_run_directory_from_its_store(tmp_path: Path) -> None:
     run = tmp_path / "run"
     write_realistic_run(run, ranks=2, steps=4, seed=5)
-    export_chrome(TraceReader.open(run), tmp_path / "old.json")
     r = invoke_trace("export", run, "-o", tmp_path / "cli.json")
     assert r.exit_code == 0, r.output
     assert (run / "trace-store" / "manifest.json").is_file()  # it read the store
-    assert (tmp_path / "cli.json").read_bytes() == (tmp_path / "old.json").read_bytes()
+    got = hashlib.sha256((tmp_path / "cli.json").read_bytes()).hexdigest()
+    assert got == JSON_PATH_SHA256["cli"]
 
 
 @pytest.mark.slow  # about 275,000 spans through both exporters: a minute on a CI core
@@ -146,30 +165,16 @@ def test_exports_that_spill_are_the_json_paths(
     monkeypatch.setattr(store_chrome, "LaneSweep", Watched)
     run = tmp_path / "run"
     write_realistic_run(run, ranks=3, steps=SPILL_STEPS, pp=1, seed=7)
-    old, new = _both(run, tmp_path, segment_rows=40_000)
+    old, new = _both(run, tmp_path, "spill", segment_rows=40_000)
     assert old == new
     st = open_store(run)
     assert st is not None and len(st.parts) > 3 and any(spilled)
     assert not list(run.joinpath("trace-store").glob(".*"))  # no scratch left behind
-    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    assert export_otlp_json(TraceReader.open(run), a) == export_otlp_json(StoreReader(st), b)
-    json_spans, store_spans = _otlp_spans(a), _otlp_spans(b)  # batched differently
-    assert len(json_spans) == len(store_spans)
-    bad = [i for i, (x, y) in enumerate(zip(json_spans, store_spans, strict=True)) if x != y]
-    assert not bad, (len(bad), json_spans[bad[0]], store_spans[bad[0]])
-
-
-def _otlp_spans(path: Path) -> list[tuple[Any, Any]]:
-    """(resource, span) of every span of an OTLP-JSON file, in order: a resource as its attribute
-    map (the store keeps one row per distinct resource, in the order of its first line's
-    attributes), a root's empty parent id as none (the store keeps no parent for a root)."""
-    out = []
-    for line in path.read_text().splitlines():
-        for rs in json.loads(line)["resourceSpans"]:
-            res = {kv["key"]: kv["value"] for kv in rs["resource"]["attributes"]}
-            for ss in rs["scopeSpans"]:
-                for s in ss["spans"]:
-                    if s.get("parentSpanId") == "":
-                        del s["parentSpanId"]
-                    out.append((res, s))
-    return out
+    # the OTLP-JSON export (a record batch at a time, no DuckDB) reads back as the same spans
+    b = tmp_path / "b.jsonl"
+    n = export_otlp_json(StoreReader(st), b)
+    back = fresh_store(b)
+    assert n == st.manifest.spans == back.manifest.spans
+    old, new = summarize_store(st).to_json(), summarize_store(back).to_json()
+    for k in ("spans", "step_skew", "ranks_seen", "errors", "truncated"):
+        assert_same(old[k], new[k], k)

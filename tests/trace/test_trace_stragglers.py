@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 from support.synthetic_traces import TraceBuilder, resource_attributes
 from support.trace_cli import invoke_trace, user_error
+from support.trace_compare import stragglers_unwindowed
 
 from mlaunch.model.spans import Attr, ResourceAttr, SpanName
-from mlaunch.trace.reader import TraceInputError, TraceReader
-from mlaunch.trace.store import Store, open_store
-from mlaunch.trace.store_stragglers import find_stragglers
+from mlaunch.trace.reader import TraceInputError
+from mlaunch.trace.store import Store, open_reader, open_store
+from mlaunch.trace.store_stragglers import stragglers_store
 
 S = SpanName
 DP, PP = 2, 2
@@ -107,7 +108,7 @@ def test_a_rank_slow_in_forward_is_charged_every_wait_it_caused(tmp_path: Path) 
     # than its replica for the activation, and rank 3's all-reduce peer (rank 2) 500 ms for
     # rank 3, which was late only because it waited for rank 1.
     run_dir = run(tmp_path, {2: {1: ("forward", 500.0)}, 4: {1: ("forward", 500.0)}})
-    result = find_stragglers(TraceReader.open(run_dir))
+    result = stragglers_store(open_reader(run_dir).store)
     top = result.ranks[0]
     assert (top.rank, top.phase, top.iterations) == (1, "forward", [2, 4])
     assert top.caused_wait_s == pytest.approx(2 * 1.5, abs=1e-6)
@@ -123,7 +124,7 @@ def test_the_phase_is_where_the_late_rank_lost_its_time(tmp_path: Path) -> None:
     # its all-reduce peer (rank 3) waits 280 ms for it, and so does rank 0's peer (rank 1), for
     # rank 0 waited for rank 2's gradient. Nobody is charged for the receive rank 2 skipped.
     run_dir = run(tmp_path, {3: {2: ("data", 300.0)}})
-    rows = find_stragglers(TraceReader.open(run_dir)).ranks
+    rows = stragglers_store(open_reader(run_dir).store).ranks
     assert [(c.rank, c.phase, c.iterations) for c in rows] == [(2, "data_loading", [3])]
     assert rows[0].caused_wait_s == pytest.approx(3 * 0.28, abs=1e-6)
     assert rows[0].waits == 3
@@ -131,20 +132,9 @@ def test_the_phase_is_where_the_late_rank_lost_its_time(tmp_path: Path) -> None:
 
 def test_balanced_run_charges_nobody(tmp_path: Path) -> None:
     # Pipeline bubbles are the schedule's: every replica waits the same, so nobody is charged.
-    result = find_stragglers(TraceReader.open(run(tmp_path, {})))
+    result = stragglers_store(open_reader(run(tmp_path, {})).store)
     assert result.ranks == []
     assert result.total_wait_s == 0
-
-
-def test_the_store_gives_the_same_answer_as_the_json(tmp_path: Path) -> None:
-    run_dir = run(tmp_path, {2: {3: ("forward", 200.0)}})
-    from_json = find_stragglers(TraceReader.open(run_dir)).to_json()
-    store = open_store(run_dir)
-    assert store is not None
-    from mlaunch.trace.store import StoreReader
-
-    assert find_stragglers(StoreReader(store)).to_json() == from_json
-    assert from_json["ranks"][0]["rank"] == 3
 
 
 def test_one_exporting_rank_says_how_to_get_every_rank(tmp_path: Path) -> None:
@@ -155,7 +145,7 @@ def test_one_exporting_rank_says_how_to_get_every_rank(tmp_path: Path) -> None:
         del b.spans[r]
     run_dir = b.write_run_dir(tmp_path / "run")
     with pytest.raises(TraceInputError, match="only rank 3 of 4 exported spans"):
-        find_stragglers(TraceReader.open(run_dir))
+        stragglers_store(open_reader(run_dir).store)
     user_error(invoke_trace("stragglers", run_dir), "only rank 3 of 4", "all_ranks", "--recorded")
 
 
@@ -183,7 +173,7 @@ def test_some_ranks_missing_runs_and_names_them(tmp_path: Path) -> None:
     iteration(b, 2, 1000.0, {1: ("forward", 300.0)})
     del b.spans[2]  # e.g. the sampled strategy left rank 2 out
     run_dir = b.write_run_dir(tmp_path / "run")
-    result = find_stragglers(TraceReader.open(run_dir))
+    result = stragglers_store(open_reader(run_dir).store)
     assert result.missing_ranks == [2] and result.ranks_seen == [0, 1, 3]
     assert (result.ranks[0].rank, result.ranks[0].phase) == (1, "forward")
     text = invoke_trace("stragglers", run_dir)
@@ -360,12 +350,11 @@ TRACES = {
 def _whole_in_memory(tmp_path: Path, trace: str) -> tuple[Path, Store, dict]:
     """One of TRACES written, its store, and the answer of the whole trace analysed at once."""
     from mlaunch.trace.store import StoreReader
-    from mlaunch.trace.stragglers import stragglers_in_memory
 
     run_dir = TRACES[trace](tmp_path)
     store = open_store(run_dir)
     assert store is not None
-    return run_dir, store, stragglers_in_memory(StoreReader(store)).to_json()
+    return run_dir, store, stragglers_unwindowed(StoreReader(store)).to_json()
 
 
 @pytest.mark.parametrize("trace", sorted(TRACES))
@@ -375,17 +364,15 @@ def test_the_windowed_analysis_equals_the_whole_trace_in_memory(
 ) -> None:
     # One iteration a window (every halo and widening rule at work), a few, and one window.
     from mlaunch.trace import store_stragglers
-    from mlaunch.trace.store import StoreReader
-    from mlaunch.trace.stragglers import stragglers_in_memory
 
     run_dir, store, whole = _whole_in_memory(tmp_path, trace)
-    assert whole == stragglers_in_memory(TraceReader.open(run_dir)).to_json()
+    assert whole == stragglers_unwindowed(open_reader(run_dir)).to_json()
     monkeypatch.setattr(store_stragglers, "WINDOW_SPANS", window_spans)
     monkeypatch.setattr(store_stragglers, "CACHE_ROWS", 50)
     loads: list[bool] = []
     real_load = store_stragglers._load
     monkeypatch.setattr(store_stragglers, "_load", lambda *a: loads.append(a[-1]) or real_load(*a))
-    assert find_stragglers(StoreReader(store)).to_json() == whole
+    assert stragglers_store(store).to_json() == whole
     if window_spans == 1:  # a window per iteration, none of them the whole trace
         assert len(loads) > 4 and not any(loads)
     if trace != "balanced":
@@ -402,12 +389,12 @@ def test_a_window_holds_a_run_of_the_steps_and_widens_past_its_edges(
 
     from mlaunch.trace import store_steps, store_stragglers
     from mlaunch.trace.store import StoreReader
-    from mlaunch.trace.stragglers import Widen, stragglers_in_memory
+    from mlaunch.trace.stragglers import Widen
 
     run_dir = realistic(tmp_path)
     store = open_store(run_dir)
     assert store is not None
-    whole = stragglers_in_memory(StoreReader(store)).to_json()
+    whole = stragglers_unwindowed(StoreReader(store)).to_json()
     assert whole["ranks"], whole
     monkeypatch.setattr(store_stragglers, "WINDOW_SPANS", 1)
     held: list[tuple[int, int]] = []
@@ -419,7 +406,7 @@ def test_a_window_holds_a_run_of_the_steps_and_widens_past_its_edges(
         return ranks
 
     monkeypatch.setattr(store_stragglers, "_load", load)
-    assert find_stragglers(StoreReader(store)).to_json() == whole
+    assert stragglers_store(store).to_json() == whole
     assert held and all(n <= total for n, total in held)
     assert any(n < total // 4 for n, total in held), held
 
@@ -447,7 +434,6 @@ def test_steps_kept_on_disk_give_the_answer_kept_in_memory(
     # window's run at a time: tiny blocks and spool writes put every edge of them at work, and
     # the files are gone afterwards.
     from mlaunch.trace import store_steps, store_stragglers
-    from mlaunch.trace.store import StoreReader
 
     _, store, whole = _whole_in_memory(tmp_path, trace)
     monkeypatch.setattr(store_stragglers, "WINDOW_SPANS", window_spans)
@@ -462,7 +448,7 @@ def test_steps_kept_on_disk_give_the_answer_kept_in_memory(
         real_blob(self, path)  # type: ignore[arg-type]
 
     monkeypatch.setattr(store_steps.Blob, "__init__", blob)
-    assert find_stragglers(StoreReader(store)).to_json() == whole
+    assert stragglers_store(store).to_json() == whole
     assert files and all(f is not None and not f.exists() for f in files), files
     assert not files[0].parent.exists()  # the scratch directory too
 

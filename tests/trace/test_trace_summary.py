@@ -9,14 +9,15 @@ import pytest
 from support.synthetic_traces import TraceBuilder, hand_example
 
 from mlaunch.model.spans import ResourceAttr, SpanName
-from mlaunch.trace.reader import TraceReader
 from mlaunch.trace.stats import percentile
-from mlaunch.trace.summary import Summary, summarize
+from mlaunch.trace.store import open_reader
+from mlaunch.trace.store_summary import summarize_store
+from mlaunch.trace.summary import Summary
 
 
 def _summary(tmp_path: Path, b: TraceBuilder, **kw: float) -> Summary:
     b.write_run_dir(tmp_path)
-    return summarize(TraceReader.open(tmp_path), **kw)
+    return summarize_store(open_reader(tmp_path).store, **kw)
 
 
 def _by_name(s: Summary) -> dict[str, object]:

@@ -33,17 +33,27 @@ passes over the trace; :mod:`.window_store` the same passes on the span store, c
 number formats they share) and :mod:`.build` (all of it for one run directory).
 """
 
-from mlaunch.trace.report.build import ReportResult, render_report, write_report
-from mlaunch.trace.report.rundir import default_output, run_directory
-from mlaunch.trace.report.window import EDGE_ITERATIONS, choose_iterations, parse_iterations
+from __future__ import annotations
 
-__all__ = [
-    "EDGE_ITERATIONS",
-    "ReportResult",
-    "choose_iterations",
-    "default_output",
-    "parse_iterations",
-    "render_report",
-    "run_directory",
-    "write_report",
-]
+from typing import Any
+
+#: The package's public names and the module that defines each. Imported on first use (PEP 562),
+#: not here: a submodule (``.window_store``) imports the package first, and a package that
+#: imported ``.build`` up front would import that submodule back half-initialised (the cycle
+#: package -> build -> window_store -> package).
+_EXPORTS = {
+    "ReportResult": "build", "render_report": "build", "write_report": "build",
+    "default_output": "rundir", "run_directory": "rundir",
+    "EDGE_ITERATIONS": "window", "choose_iterations": "window", "parse_iterations": "window",
+}  # fmt: skip
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -11,8 +11,7 @@ from mlaunch.outputs import open_output
 from mlaunch.rundir.state import RunState
 from mlaunch.trace.goodput import GoodputReport
 from mlaunch.trace.metrics import read_metric_points
-from mlaunch.trace.reader import ReadStats, TraceReader
-from mlaunch.trace.report import window
+from mlaunch.trace.reader import ReadStats
 from mlaunch.trace.report.charts import curves, curves_need_steps, goodput_figure, skew_figure
 from mlaunch.trace.report.page import page
 from mlaunch.trace.report.rundir import (
@@ -22,15 +21,10 @@ from mlaunch.trace.report.rundir import (
     run_directory,
 )
 from mlaunch.trace.report.timeline import Timeline, build_timeline, mark_text
-from mlaunch.trace.report.window import (
-    Mark,
-    Scan,
-    choose_iterations,
-    collect_window,
-    segments,
-)
+from mlaunch.trace.report.window import Mark, choose_iterations, segments
+from mlaunch.trace.report.window_store import StoreScan, collect_window_store
 from mlaunch.trace.store import StoreReader, open_reader
-from mlaunch.trace.summary import Summary, no_spans_error
+from mlaunch.trace.summary import Summary
 
 
 def with_run_model(marks: list[Mark], model: RunState) -> list[Mark]:
@@ -70,16 +64,6 @@ class ReportResult:
         with open_output(out) as f:  # the rule of mlaunch.outputs (checked by the caller)
             f.write(self.html)
         return out
-
-
-def _scan(reader: TraceReader, keep_steps: bool) -> Scan:
-    """Pass 1 over the trace; a span a consumer cannot use is reported at its line."""
-    scan = Scan(keep_steps, max_kept=window.MAX_KEPT_STEPS)
-    scan.reread = reader.reread
-    reader.feed(scan.add)
-    if not scan.summary.durations:
-        raise no_spans_error(reader)
-    return scan
 
 
 def _notes(
@@ -138,14 +122,13 @@ def render_report(
     window outside the trace.
     """
     run_dir = Path(run_dir)
-    # The run's span store when it has one (built on first read), else the JSON.
+    # The span store of the input (built on its first read: mlaunch.trace.store.open_reader).
     return render_from(run_dir, open_reader(run_dir, skip_invalid=skip_invalid), iterations)
 
 
 @dataclass
 class ReportData:
-    """Everything the page shows, before it is written as HTML (the JSON and the store paths
-    must prepare the same)."""
+    """Everything the page shows, before it is written as HTML."""
 
     run_dir: Path
     summary: Summary
@@ -161,29 +144,21 @@ class ReportData:
 
 
 def render_from(
-    run_dir: Path, reader: TraceReader | StoreReader, iterations: tuple[int, int] | None = None
+    run_dir: Path, reader: StoreReader, iterations: tuple[int, int] | None = None
 ) -> ReportResult:
     """:func:`render_report` of what ``reader`` reads."""
     return render(prepare(run_dir, reader, iterations))
 
 
 def prepare(
-    run_dir: Path, reader: TraceReader | StoreReader, iterations: tuple[int, int] | None = None
+    run_dir: Path, reader: StoreReader, iterations: tuple[int, int] | None = None
 ) -> ReportData:
-    """The report's data: a store is read column-wise (:mod:`.window_store`), the JSON span by
-    span."""
+    """The report's data, read column-wise from the store (:mod:`.window_store`)."""
     read_stats = reader.stats
     base_dir = run_directory(run_dir)
     progress, bad_progress = read_progress(base_dir)
-    if isinstance(reader, StoreReader):
-        from mlaunch.trace.report.window_store import StoreScan, collect_window_store
-
-        store_scan = StoreScan(reader.store, curves_need_steps(progress))
-        scan: Scan = store_scan
-        summary = store_scan.result
-    else:
-        scan = _scan(reader, curves_need_steps(progress))
-        summary = scan.summary.finish(read_stats)
+    scan = StoreScan(reader.store, curves_need_steps(progress))
+    summary = scan.result
     gp = scan.goodput.finish()
 
     present = scan.iterations()
@@ -195,10 +170,7 @@ def prepare(
     include = [m.iterations for m in marks if m.iterations is not None]
     ranges = choose_iterations(present, iterations, include=include + model.window_includes())
     segs = segments(scan, ranges, present)
-    if isinstance(reader, StoreReader):
-        window = collect_window_store(reader.store, segs)
-    else:
-        window = collect_window(reader.reread(), segs)
+    window = collect_window_store(reader.store, segs)
     focus = scan.first_start(ranges[0][0]) if ranges else None
     timeline = build_timeline(window, segs, scan.run_start(), scan.resources, ranges, focus, marks)
 

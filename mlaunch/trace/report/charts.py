@@ -128,7 +128,7 @@ def _metric_curves(
 
 def curves_need_steps(progress: Progress) -> bool:
     """Whether :func:`curves` draws from the step spans (no training record in ``progress``):
-    only then does the JSON path's pass 1 keep every rank's steps (:attr:`Scan.keep_steps`)."""
+    only then does pass 1 keep every rank's steps (:attr:`Scan.keep_steps`)."""
     return not progress.has_train
 
 

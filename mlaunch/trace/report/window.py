@@ -1,21 +1,21 @@
-"""The timeline's window of iterations and the two passes over the trace files that place it.
-
-Pass 1 (:class:`Scan`) feeds the summary and goodput aggregators and keeps each iteration's step
-times (24 bytes an iteration, whatever the number of ranks); they place the window. Pass 2 (:func:`collect_window`) keeps only
-the spans that overlap it, so a long run's report holds no more than the window in memory.
+"""The timeline's window of iterations: choosing it (:func:`choose_iterations`, the report's
+window API), and what pass 1 over the span store keeps to place it (:class:`Scan`: each
+iteration's step times, 24 bytes an iteration whatever the number of ranks, the steps the
+curves need and the capture and recorder marks). The passes themselves read the store
+(:mod:`.window_store`); pass 2 keeps only the spans that overlap the window, so a long run's
+report holds no more than the window in memory.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 from mlaunch.model.spans import ALIASES, STEP_SPAN, Attr
 from mlaunch.otlp.otlp_json import any_value, attributes
 from mlaunch.trace.goodput import GoodputAggregator
-from mlaunch.trace.reader import Resource, TraceInputError, TraceReader, is_error
-from mlaunch.trace.summary import SummaryAggregator
+from mlaunch.trace.reader import TraceInputError
 
 #: Iterations shown at each end of the run by the default timeline window.
 EDGE_ITERATIONS = 3
@@ -313,12 +313,11 @@ class IterationTimes:
 
 
 class Scan:
-    """Pass 1: the summary and goodput aggregates, plus each iteration's step times (to place
-    the window), each rank's count of steps and, with ``keep_steps`` (the curves need them when
+    """Pass 1: the goodput aggregate (filled by :class:`~.window_store.StoreScan`), each
+    iteration's step times (to place the window), each rank's count of steps and, with ``keep_steps`` (the curves need them when
     ``progress.jsonl`` is missing), every rank's steps (41 bytes a step) up to ``max_kept``."""
 
     def __init__(self, keep_steps: bool = True, max_kept: int | None = None) -> None:
-        self.summary = SummaryAggregator()
         self.goodput = GoodputAggregator()
         #: Each iteration's earliest step start and latest step end on any rank: what places the
         #: window (24 bytes an iteration, whatever the number of ranks).
@@ -335,25 +334,10 @@ class Scan:
         self.dropped_steps = False
         self._pruned: set[int] = set()
         self._kept = 0
-        #: A fresh pass over the trace (``TraceReader.reread``), for the steps dropped.
-        self.reread: Callable[[], Any] | None = None
         #: Each rank's [steps, steps with a loss]: which rank the curves are drawn from.
         self.step_counts: dict[int, list[int]] = {}
         self._captures: dict[str, _MarkAcc] = {}
         self._dumps: dict[tuple[str, int, Any], _MarkAcc] = {}  # (trigger, rank, dump)
-
-    def add(self, res: Resource, spans: list[dict[str, Any]], flagged: bool) -> None:
-        """Fold one batch in."""
-        self.summary.add(res, spans, flagged)
-        self.goodput.add(res, spans, flagged)
-        if res.launcher:  # the launcher's job trace: in the aggregates, no lane of its own
-            return
-        self.note(res.rank, spans)
-
-    @property
-    def resources(self) -> dict[int, dict[str, Any]]:
-        """The attributes of each rank's first (worker) resource."""
-        return self.summary.resources
 
     def note(self, rank: int, spans: list[dict[str, Any]]) -> None:
         """Fold in the steps and marks of one worker batch (the span store hands only the
@@ -413,21 +397,14 @@ class Scan:
         return owner if owner is not None and owner in self.step_counts else None
 
     def rank_steps(self, rank: int) -> Iterator[Step]:
-        """``rank``'s steps in read order: kept by pass 1, or read again (:attr:`reread`) when
-        it dropped them."""
+        """``rank``'s steps in read order: kept by pass 1, or read again when it dropped them."""
         if self.kept_whole(rank):
             return iter(self.steps[rank])
         return self._steps_again(rank)
 
     def _steps_again(self, rank: int) -> Iterator[Step]:
-        assert self.reread is not None, "steps dropped by a scan that cannot read them again"
-        for res, spans, _ in self.reread():
-            if res.launcher or res.rank != rank:
-                continue
-            for s in spans:
-                name = s["name"]
-                if ALIASES.get(name, name) == _STEP and (step := step_of(s)) is not None:
-                    yield step
+        """``rank``'s steps read again from the trace (the store's scan reads its parts)."""
+        raise NotImplementedError
 
     def _note_mark(
         self,
@@ -596,31 +573,3 @@ def in_window(start: int, end: int, segs: Sequence[tuple[int, int]]) -> bool:
     if start == end:
         return any(lo <= start <= hi for lo, hi in segs)
     return any(start < hi and end > lo for lo, hi in segs)
-
-
-def collect_window(reader: TraceReader, segs: list[tuple[int, int]]) -> dict[int, list[WSpan]]:
-    """Pass 2: the spans overlapping any segment, per rank, attributes decoded. Raises
-    ``TraceInputError`` past :data:`MAX_TIMELINE_SPANS`."""
-    out: dict[int, list[WSpan]] = {}
-    kept = 0
-    for res, spans, _ in reader:
-        if res.launcher:
-            continue
-        keep = out.setdefault(res.rank, [])
-        for s in spans:
-            start, end = int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])
-            if not in_window(start, end, segs):
-                continue
-            links = [(lk.get("traceId", ""), lk.get("spanId", "")) for lk in s.get("links") or ()]
-            keep.append(
-                WSpan(start, end, s["name"], (s.get("traceId", ""), s.get("spanId", "")),
-                      s.get("parentSpanId") or "", attributes(s.get("attributes")), links,
-                      is_error(s))
-            )  # fmt: skip
-            kept += 1
-            if kept > MAX_TIMELINE_SPANS:
-                raise TraceInputError(
-                    f"the timeline window holds more than {MAX_TIMELINE_SPANS:,} spans",
-                    fix="choose fewer iterations with --iterations A:B",
-                )
-    return out

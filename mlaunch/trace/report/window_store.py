@@ -95,7 +95,7 @@ def _step_runs(
     parts: list[Path], res: dict[int, Any], *, marks: bool, scan: Scan | None = None
 ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
     """The worker spans of ``parts`` that can be a step (or, with ``marks``, a mark) as span
-    dicts, in runs of one rank, as the JSON reader hands out batches; ``scan``: every worker
+    dicts, in runs of one rank; ``scan``: every worker
     rank a part holds gets its (empty) steps first, in order of its first row."""
     import numpy as np
     import pyarrow as pa
@@ -143,7 +143,7 @@ def _step_runs(
 
 def collect_window_store(store: Store, segs: list[tuple[int, int]]) -> dict[int, list[WSpan]]:
     """:func:`~.window.collect_window` on the store. Raises ``TraceInputError`` past
-    :data:`~.window.MAX_TIMELINE_SPANS` (read from there: one limit for both paths)."""
+    :data:`~.window.MAX_TIMELINE_SPANS` (read from there, where the tests lower it)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
