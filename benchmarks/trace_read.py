@@ -74,7 +74,7 @@ from mlaunch.trace.reader import TraceReader  # noqa: E402
 from mlaunch.trace.store import open_reader  # noqa: E402
 from mlaunch.trace.store_chrome import export_chrome  # noqa: E402
 from mlaunch.trace.store_goodput import goodput_store  # noqa: E402
-from mlaunch.trace.store_summary import summarize_store  # noqa: E402
+from mlaunch.trace.summary import summarize_store  # noqa: E402
 
 
 def _decode_only(run: Path, loads: Callable[[bytes], Any], fields: bool = False) -> int:
@@ -177,7 +177,7 @@ def _child(what: str, run_s: str) -> None:
         what = "first-read"
     from mlaunch.trace.store import StoreReader, open_store, run_sql
     from mlaunch.trace.store_goodput import goodput_store as goodput_of_store
-    from mlaunch.trace.store_summary import summarize_store
+    from mlaunch.trace.summary import summarize_store
 
     def first_read() -> int:
         store = open_store(run)

@@ -133,7 +133,7 @@ def summary_cmd(
     ranks' medians. Synchronous collectives make step times equal; `mlaunch trace stragglers`
     names the rank the others wait for.
     """
-    from mlaunch.trace.store_summary import summarize_store
+    from mlaunch.trace.summary import summarize_store
 
     def compute(reader: Any) -> Any:
         return summarize_store(reader.store, straggler_threshold=straggler_threshold)

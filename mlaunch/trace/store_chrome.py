@@ -45,9 +45,8 @@ from mlaunch.trace.chrome import (
     _us,
 )
 from mlaunch.trace.links import LinkTargets
-from mlaunch.trace.reader import Resource
+from mlaunch.trace.reader import Resource, no_spans_error
 from mlaunch.trace.store import Store, StoreReader, _sql_str
-from mlaunch.trace.summary import no_spans_error
 
 #: Keys the exporter adds to ``args`` after the span's attributes: a list that already has one
 #: would have it overwritten in place (dict order), so such spans take the span-by-span path.

@@ -39,8 +39,8 @@ def goodput_aggregate(store: Store) -> GoodputAggregator:
     """The streaming aggregator's state after every span of the store, filled by the queries
     (``mlaunch trace report`` reads the ranks' extents from it). Raises ``TraceInputError`` for
     a store without spans."""
+    from mlaunch.trace.reader import no_spans_error
     from mlaunch.trace.store import StoreReader
-    from mlaunch.trace.summary import no_spans_error
 
     launcher_names = _in(sorted(LAUNCHER_SPANS))
     con = store.connect()

@@ -760,7 +760,7 @@ SYNC_NAMES = frozenset({S.GRAD_SYNC_FINISH, S.P2P_RECV_FORWARD, S.P2P_RECV_BACKW
 def check_input(reader: Any, ranks: list[int], world: int | None, synced: bool) -> None:
     """Raise ``TraceInputError`` for a trace without spans (no ``ranks``), with one exporting
     rank, or without synchronising spans (not ``synced``)."""
-    from mlaunch.trace.summary import no_spans_error
+    from mlaunch.trace.reader import no_spans_error
 
     if not ranks:
         raise no_spans_error(reader)

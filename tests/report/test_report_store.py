@@ -1,7 +1,7 @@
 """``mlaunch trace report`` from the span store (mlaunch/trace/report/window_store.py: Arrow
 filters, only steps, marks and the window's spans become dicts) prepares the data the JSON path
 prepares: the same timeline, curves, goodput, notes, marks and window; the summary equal within
-the float rounding of the store's DuckDB percentiles (store_summary.py, as `trace summary`); and
+the float rounding of the store's DuckDB percentiles (summary.py, as `trace summary`); and
 the page built from either is the same HTML once it is given the same summary."""
 
 from __future__ import annotations

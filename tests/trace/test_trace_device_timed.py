@@ -17,7 +17,7 @@ from mlaunch.trace.report.build import render_report
 from mlaunch.trace.store import open_reader
 from mlaunch.trace.store_chrome import export_chrome
 from mlaunch.trace.store_goodput import goodput_store
-from mlaunch.trace.store_summary import summarize_store
+from mlaunch.trace.summary import summarize_store
 
 S = SpanName
 

@@ -32,7 +32,7 @@ from mlaunch.trace.report import write_report
 from mlaunch.trace.store import open_reader
 from mlaunch.trace.store_chrome import export_chrome
 from mlaunch.trace.store_goodput import goodput_store
-from mlaunch.trace.store_summary import summarize_store
+from mlaunch.trace.summary import summarize_store
 
 #: The spans only one shape has: the legacy umbrella, and the start-up root that replaced it.
 _SHAPE_ONLY = {LegacyName.PRETRAIN.value, SpanName.STARTUP.value}

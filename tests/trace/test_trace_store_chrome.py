@@ -23,7 +23,7 @@ from mlaunch.trace.reader import TraceReader
 from mlaunch.trace.store import StoreReader, open_store
 from mlaunch.trace.store_build import build_store
 from mlaunch.trace.store_chrome import export_chrome
-from mlaunch.trace.store_summary import summarize_store
+from mlaunch.trace.summary import summarize_store
 
 S = SpanName
 LONG_NS = 123_456_789_012_345_678

@@ -38,7 +38,7 @@ class StoreScan(Scan):
     used (the finished :class:`Summary` is :attr:`result`)."""
 
     def __init__(self, store: Store, keep_steps: bool = True) -> None:
-        from mlaunch.trace.store_summary import summarize_store
+        from mlaunch.trace.summary import summarize_store
 
         super().__init__(keep_steps, max_kept=window.MAX_KEPT_STEPS)
         self.result: Summary = summarize_store(store)  # raises for a store without spans
