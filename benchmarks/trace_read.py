@@ -70,10 +70,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from support.synthetic_traces import spans_per_step, write_realistic_run  # noqa: E402
 
+from mlaunch.trace.goodput import goodput_store  # noqa: E402
 from mlaunch.trace.reader import TraceReader  # noqa: E402
 from mlaunch.trace.store import open_reader  # noqa: E402
 from mlaunch.trace.store_chrome import export_chrome  # noqa: E402
-from mlaunch.trace.store_goodput import goodput_store  # noqa: E402
 from mlaunch.trace.summary import summarize_store  # noqa: E402
 
 
@@ -175,8 +175,8 @@ def _child(what: str, run_s: str) -> None:
 
         mlaunch.trace.store_build.parse = lambda data, lines: None
         what = "first-read"
+    from mlaunch.trace.goodput import goodput_store as goodput_of_store
     from mlaunch.trace.store import StoreReader, open_store, run_sql
-    from mlaunch.trace.store_goodput import goodput_store as goodput_of_store
     from mlaunch.trace.summary import summarize_store
 
     def first_read() -> int:

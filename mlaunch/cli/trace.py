@@ -319,7 +319,7 @@ def goodput_cmd(
     so the parts add up to wall. Overall = sums over ranks. --json keeps the names restart_ms
     and restart_split_ms for the startup part.
     """
-    from mlaunch.trace.store_goodput import goodput_store
+    from mlaunch.trace.goodput import goodput_store
 
     _show(path, skip_invalid, lambda r: goodput_store(r.store), as_json, _render_goodput)
 

@@ -11,8 +11,7 @@ In the order the data flows:
   :mod:`.store_build` writes the store, :mod:`.store_layout` names its files and schema, and
   :mod:`.store` opens, locks and refreshes it, runs ``trace sql`` and exports OTLP-JSON;
 * the analyses on the store, one module each (result types, rules and the store queries):
-  :mod:`.summary`,
-  :mod:`.store_goodput` (the rules of :mod:`.goodput`), :mod:`.store_stragglers` and
+  :mod:`.summary`, :mod:`.goodput`, :mod:`.store_stragglers` and
   :mod:`.store_steps` (the rules of :mod:`.stragglers`, whose aggregator also serves the live
   tail of ``status --watch``), :mod:`.store_chrome` (the Chrome format of :mod:`.chrome`) and
   :mod:`.report` (the HTML report); :mod:`.stats`, :mod:`.durations` and :mod:`.links` are

@@ -40,8 +40,8 @@ from orjson import loads
 
 from mlaunch.model.spans import ALIASES, Attr, ResourceAttr, SpanName
 from mlaunch.otlp.otlp_json import attributes
+from mlaunch.trace.goodput import _in, _names
 from mlaunch.trace.store import Store, StoreReader
-from mlaunch.trace.store_goodput import _in, _names
 from mlaunch.trace.store_steps import (
     IterationStarts,
     SortedEnds,

@@ -105,8 +105,8 @@ def test_the_span_store_reads_the_real_run_as_the_json_reader(
 
     from support.trace_compare import assert_same, fresh_store
 
+    from mlaunch.trace.goodput import goodput_store
     from mlaunch.trace.store import open_store
-    from mlaunch.trace.store_goodput import goodput_store
     from mlaunch.trace.summary import summarize_store
 
     run = shutil.copytree(run_dir, tmp_path / "run")  # the module's run stays as the run left it

@@ -22,10 +22,10 @@ from orjson import loads
 
 from mlaunch.model.spans import ALIASES
 from mlaunch.otlp.otlp_json import attributes
+from mlaunch.trace.goodput import goodput_aggregate
 from mlaunch.trace.report import window
 from mlaunch.trace.report.window import _MARK_KEYS, _STEP, RankSteps, Scan, Step, WSpan, step_of
 from mlaunch.trace.store import Store, StoreReader
-from mlaunch.trace.store_goodput import goodput_aggregate
 from mlaunch.trace.summary import Summary
 
 _STEP_NAMES = sorted({_STEP, *(n for n, c in ALIASES.items() if c == _STEP)})
