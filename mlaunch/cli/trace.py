@@ -370,7 +370,7 @@ def stragglers_cmd(
     spans of every rank (--otel-export-strategy all_ranks, or the flight recorders): with one
     exporting rank it exits 2 and says how to get them. docs/hangs.md has the details.
     """
-    from mlaunch.trace.store_stragglers import stragglers_store
+    from mlaunch.trace.stragglers import stragglers_store
 
     _show(path, skip_invalid, lambda r: stragglers_store(r.store), as_json, _render_stragglers)
 
