@@ -250,8 +250,8 @@ def export_cmd(
     microseconds from the earliest span.
     """
     from mlaunch.outputs import OutputError, check_output, is_stdout
+    from mlaunch.trace.chrome import export_chrome
     from mlaunch.trace.reader import TraceInputError
-    from mlaunch.trace.store_chrome import export_chrome
 
     try:  # the checks that need no input first: a bad -o is reported before any reading
         check_output(output)

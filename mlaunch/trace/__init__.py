@@ -12,9 +12,10 @@ In the order the data flows:
   :mod:`.store` opens, locks and refreshes it, runs ``trace sql`` and exports OTLP-JSON;
 * the analyses on the store, one module each (result types, rules and the store queries):
   :mod:`.summary`, :mod:`.goodput`, :mod:`.stragglers` (whose aggregator also serves the live
-  tail of ``status --watch``; :mod:`.store_steps` sorts its steps a rank at a time), :mod:`.store_chrome` (the Chrome format of :mod:`.chrome`) and
-  :mod:`.report` (the HTML report); :mod:`.stats`, :mod:`.durations` and :mod:`.links` are
-  their shared helpers, :mod:`.metrics` reads the workers' metric files;
+  tail of ``status --watch``; :mod:`.store_steps` sorts its steps a rank at a time),
+  :mod:`.chrome` (``export --format chrome``) and :mod:`.report` (the HTML report);
+  :mod:`.stats`, :mod:`.durations` and :mod:`.links` are their shared helpers, :mod:`.metrics`
+  reads the workers' metric files;
 * :mod:`.replay` sends a run's spool files to a collector.
 
 Nothing here imports torch or the OpenTelemetry SDK.

@@ -204,8 +204,8 @@ def test_chrome_export_from_the_store_is_the_json_paths_bytes(
 
     from support.trace_compare import fresh_store
 
+    from mlaunch.trace.chrome import export_chrome
     from mlaunch.trace.store import StoreReader, open_store
-    from mlaunch.trace.store_chrome import export_chrome
 
     run = shutil.copytree(run_dir, tmp_path / "run")
     old = export_chrome(StoreReader(fresh_store(run)), tmp_path / "old.json")

@@ -17,11 +17,11 @@ from support.synthetic_traces import hand_example, write_realistic_run
 from support.trace_cli import invoke_trace, user_error
 from support.trace_compare import assert_same, fresh_store
 
+from mlaunch.trace.chrome import export_chrome
 from mlaunch.trace.goodput import goodput_store
 from mlaunch.trace.reader import TraceReader
 from mlaunch.trace.store import StoreReader, open_store, take_warnings
 from mlaunch.trace.store_build import build_store
-from mlaunch.trace.store_chrome import export_chrome
 from mlaunch.trace.store_layout import STORE_DIR
 from mlaunch.trace.summary import summarize_store
 
