@@ -70,11 +70,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from support.synthetic_traces import spans_per_step, write_realistic_run  # noqa: E402
 
+from mlaunch.trace.chrome import export_chrome  # noqa: E402
+from mlaunch.trace.goodput import goodput_store  # noqa: E402
 from mlaunch.trace.reader import TraceReader  # noqa: E402
 from mlaunch.trace.store import open_reader  # noqa: E402
-from mlaunch.trace.store_chrome import export_chrome  # noqa: E402
-from mlaunch.trace.store_goodput import goodput_store  # noqa: E402
-from mlaunch.trace.store_summary import summarize_store  # noqa: E402
+from mlaunch.trace.summary import summarize_store  # noqa: E402
 
 
 def _decode_only(run: Path, loads: Callable[[bytes], Any], fields: bool = False) -> int:
@@ -175,9 +175,9 @@ def _child(what: str, run_s: str) -> None:
 
         mlaunch.trace.store_build.parse = lambda data, lines: None
         what = "first-read"
+    from mlaunch.trace.goodput import goodput_store as goodput_of_store
     from mlaunch.trace.store import StoreReader, open_store, run_sql
-    from mlaunch.trace.store_goodput import goodput_store as goodput_of_store
-    from mlaunch.trace.store_summary import summarize_store
+    from mlaunch.trace.summary import summarize_store
 
     def first_read() -> int:
         store = open_store(run)
@@ -196,7 +196,7 @@ def _child(what: str, run_s: str) -> None:
         res = run_sql(open_store(run, build=False), "SELECT name, count(*) FROM spans GROUP BY 1")
         return sum(r[1] for r in res.rows)
 
-    def export_store() -> int:  # the column-wise export (mlaunch/trace/store_chrome.py)
+    def export_store() -> int:  # the column-wise export (mlaunch/trace/chrome.py)
         reader = StoreReader(open_store(run, build=False))
         return export_chrome(reader, run.parent / "export-store.json").spans
 

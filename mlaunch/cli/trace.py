@@ -133,7 +133,7 @@ def summary_cmd(
     ranks' medians. Synchronous collectives make step times equal; `mlaunch trace stragglers`
     names the rank the others wait for.
     """
-    from mlaunch.trace.store_summary import summarize_store
+    from mlaunch.trace.summary import summarize_store
 
     def compute(reader: Any) -> Any:
         return summarize_store(reader.store, straggler_threshold=straggler_threshold)
@@ -250,8 +250,8 @@ def export_cmd(
     microseconds from the earliest span.
     """
     from mlaunch.outputs import OutputError, check_output, is_stdout
+    from mlaunch.trace.chrome import export_chrome
     from mlaunch.trace.reader import TraceInputError
-    from mlaunch.trace.store_chrome import export_chrome
 
     try:  # the checks that need no input first: a bad -o is reported before any reading
         check_output(output)
@@ -319,7 +319,7 @@ def goodput_cmd(
     so the parts add up to wall. Overall = sums over ranks. --json keeps the names restart_ms
     and restart_split_ms for the startup part.
     """
-    from mlaunch.trace.store_goodput import goodput_store
+    from mlaunch.trace.goodput import goodput_store
 
     _show(path, skip_invalid, lambda r: goodput_store(r.store), as_json, _render_goodput)
 
@@ -370,7 +370,7 @@ def stragglers_cmd(
     spans of every rank (--otel-export-strategy all_ranks, or the flight recorders): with one
     exporting rank it exits 2 and says how to get them. docs/hangs.md has the details.
     """
-    from mlaunch.trace.store_stragglers import stragglers_store
+    from mlaunch.trace.stragglers import stragglers_store
 
     _show(path, skip_invalid, lambda r: stragglers_store(r.store), as_json, _render_stragglers)
 

@@ -10,12 +10,12 @@ In the order the data flows:
   resource, torn and malformed lines); :mod:`.store_decode` decodes them column-wise;
   :mod:`.store_build` writes the store, :mod:`.store_layout` names its files and schema, and
   :mod:`.store` opens, locks and refreshes it, runs ``trace sql`` and exports OTLP-JSON;
-* the analyses on the store: :mod:`.store_summary` (with the result types of :mod:`.summary`),
-  :mod:`.store_goodput` (the rules of :mod:`.goodput`), :mod:`.store_stragglers` and
-  :mod:`.store_steps` (the rules of :mod:`.stragglers`, whose aggregator also serves the live
-  tail of ``status --watch``), :mod:`.store_chrome` (the Chrome format of :mod:`.chrome`) and
-  :mod:`.report` (the HTML report); :mod:`.stats`, :mod:`.durations` and :mod:`.links` are
-  their shared helpers, :mod:`.metrics` reads the workers' metric files;
+* the analyses on the store, one module each (result types, rules and the store queries):
+  :mod:`.summary`, :mod:`.goodput`, :mod:`.stragglers` (whose aggregator also serves the live
+  tail of ``status --watch``; :mod:`.store_steps` sorts its steps a rank at a time),
+  :mod:`.chrome` (``export --format chrome``) and :mod:`.report` (the HTML report);
+  :mod:`.stats`, :mod:`.durations` and :mod:`.links` are their shared helpers, :mod:`.metrics`
+  reads the workers' metric files;
 * :mod:`.replay` sends a run's spool files to a collector.
 
 Nothing here imports torch or the OpenTelemetry SDK.

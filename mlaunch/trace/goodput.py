@@ -40,6 +40,13 @@ so nested or overlapping spans are never counted twice (``io_write`` inside ``ch
 is not even read; ``first_iteration`` wrapping a step contributes only its time outside the
 step). The categories therefore add up to wall exactly. **Overall** sums every rank's times
 (rank-seconds); its goodput is total productive / total wall.
+
+On the span store (:func:`goodput_store`), the aggregator's state (:class:`GoodputAggregator`) is
+filled by a few DuckDB queries, then :meth:`GoodputAggregator.finish` attributes the time. What
+goodput reads of a span is its name and times: the extents come from one aggregate per resource,
+and only the spans goodput keeps (steps: 16 bytes each, the rare phase spans, the launcher's job
+spans) leave DuckDB, as arrays. Every use of those lists in ``finish`` is independent of their
+order, and they are fetched in read order anyway.
 """
 
 from __future__ import annotations
@@ -49,11 +56,14 @@ from bisect import bisect_left
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from orjson import loads
+
 from mlaunch.model.identity import RUN_UUID
 from mlaunch.model.spans import ALIASES, STEP_SPAN, Attr, LegacyName, ResourceAttr, SpanName
 from mlaunch.otlp.otlp_json import attributes
-from mlaunch.trace.reader import Resource
+from mlaunch.trace.reader import Resource, no_spans_error
 from mlaunch.trace.stats import Interval, clip, median, merge, subtract, total
+from mlaunch.trace.store import Store, StoreReader
 
 _NS_PER_MS = 1e6
 
@@ -157,7 +167,7 @@ class GoodputReport:
 
 @dataclass
 class _RankState:
-    """Streaming state of one rank: step intervals as compact arrays, the rest as short lists."""
+    """The state of one rank: step intervals as compact arrays, the rest as short lists."""
 
     host: str | None
     lo: int = 2**63 - 1
@@ -170,8 +180,8 @@ class _RankState:
 
 
 class GoodputAggregator:
-    """Streaming goodput: keeps step intervals (16 bytes a step), the rare phase spans and the
-    launcher's job spans."""
+    """Goodput's state: step intervals (16 bytes a step), the rare phase spans and the launcher's
+    job spans, filled from the store by :func:`goodput_aggregate`."""
 
     def __init__(self) -> None:
         self.ranks: dict[int, _RankState] = {}
@@ -203,37 +213,6 @@ class GoodputAggregator:
         else:
             ext[0], ext[1] = min(ext[0], lo), max(ext[1], hi)
         st.lo, st.hi = min(st.lo, lo), max(st.hi, hi)
-
-    def add(
-        self, res: Resource, spans: list[dict[str, Any]], maybe_truncated: bool = False
-    ) -> None:
-        """Fold one batch in."""
-        if res.launcher:
-            for s in spans:
-                self.launcher_span(s, int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"]))
-            return
-        st = self.state(res)
-        lo, hi = 2**63 - 1, -(2**63)  # this batch's extent
-        canon = ALIASES
-        for s in spans:
-            start = int(s["startTimeUnixNano"])
-            end = int(s["endTimeUnixNano"])
-            name = s["name"]
-            if name in LAUNCHER_SPANS:  # a collector file that mixes the launcher's spans in
-                self.launcher_span(s, start, end)
-                continue
-            if start < lo:
-                lo = start
-            if end > hi:
-                hi = end
-            name = canon.get(name, name)
-            if name == _STEP:
-                st.step_starts.append(start)
-                st.step_ends.append(end)
-            elif name in TRACKED:
-                st.spans.setdefault(name, []).append((start, end))
-        if lo <= hi:
-            self.widen(st, res, lo, hi)
 
     def finish(self) -> GoodputReport:
         """Attribute every rank's wall time."""
@@ -372,3 +351,73 @@ def _first_steps(
         if j < len(ordered) and ordered[j][0] < pe:
             out.append(ordered[j])
     return out
+
+
+def _names(canon: frozenset[str] | set[str]) -> list[str]:
+    """The stored names the stream reads as one of ``canon`` (its rule: the alias table's name,
+    else the name as written): the code names and older traces' documented ones."""
+    return sorted(n for n in {*canon, *ALIASES} if ALIASES.get(n, n) in canon)
+
+
+def _in(names: list[str]) -> str:
+    return ", ".join("'" + n.replace("'", "''") + "'" for n in names)
+
+
+def goodput_store(store: Store) -> GoodputReport:
+    """The goodput of the store's spans. Raises ``TraceInputError`` for a store without spans."""
+    return goodput_aggregate(store).finish()
+
+
+def goodput_aggregate(store: Store) -> GoodputAggregator:
+    """The streaming aggregator's state after every span of the store, filled by the queries
+    (``mlaunch trace report`` reads the ranks' extents from it). Raises ``TraceInputError`` for
+    a store without spans."""
+    launcher_names = _in(sorted(LAUNCHER_SPANS))
+    con = store.connect()
+    try:
+        res = con.execute(
+            "SELECT resource_id, rank, launcher, attributes FROM resources ORDER BY resource_id"
+        ).fetchall()
+        # Literal lists, not subqueries: constant filters DuckDB pushes into the Parquet scan.
+        extents = con.execute(
+            "SELECT resource_id, min(start_ns), max(end_ns) FROM spans"
+            f" WHERE name NOT IN ({launcher_names}) GROUP BY resource_id"
+        ).fetchall()
+        job_spans = con.execute(
+            f"SELECT name, start_ns, end_ns, attributes FROM spans WHERE name IN ({launcher_names})"
+        ).fetchall()
+        # Every span of a worker resource that goodput keeps (the launcher's own ones: above).
+        workers = ", ".join(str(rid) for rid, _, launcher, _ in res if not launcher) or "NULL"
+        keep = f"resource_id IN ({workers}) AND name IN"
+        steps = con.execute(
+            f"SELECT rank, start_ns, end_ns FROM spans WHERE {keep} ({_in(_names({STEP_SPAN}))})"
+        ).fetchnumpy()
+        tracked = con.execute(
+            f"SELECT rank, name, start_ns, end_ns FROM spans WHERE {keep} ({_in(_names(TRACKED))})"
+        ).fetchall()
+    finally:
+        con.close()
+
+    agg = GoodputAggregator()
+    for name, start, end, attrs in job_spans:
+        s = {"name": name} if attrs is None else {"name": name, "attributes": loads(attrs)}
+        agg.launcher_span(s, start, end)
+    extent = {rid: (lo, hi) for rid, lo, hi in extents}
+    for rid, rank, launcher, attrs in res:  # in read order, as the stream meets them
+        if launcher:
+            continue
+        r = Resource(loads(attrs), rank)
+        st = agg.state(r)
+        if rid in extent:
+            agg.widen(st, r, *extent[rid])
+    ranks, starts, ends = steps["rank"], steps["start_ns"], steps["end_ns"]
+    for r in sorted(set(ranks.tolist())):
+        mine = ranks == r
+        st = agg.ranks[int(r)]
+        st.step_starts = array("q", starts[mine].tolist())
+        st.step_ends = array("q", ends[mine].tolist())
+    for rank, name, start, end in tracked:
+        agg.ranks[rank].spans.setdefault(ALIASES.get(name, name), []).append((start, end))
+    if not agg.job and not any(st.hi >= st.lo for st in agg.ranks.values()):
+        raise no_spans_error(StoreReader(store))  # type: ignore[arg-type]
+    return agg

@@ -575,3 +575,25 @@ class TraceReader:
                 )
                 rank = self._process_ranks.setdefault(ident, len(self._process_ranks))
         return Resource(attrs, int(rank))
+
+
+def no_spans_error(reader: TraceReader) -> TraceInputError:
+    """The error for input that parsed but held no spans (empty files, a metrics file), or, for
+    a command that needs the workers' spans, only the launcher's job trace (which is a trace:
+    summary, goodput and report read it)."""
+    files = list(reader.files)
+    if reader.stats.spans and files and all(getattr(f, "launcher", False) for f in files):
+        return TraceInputError(
+            f"only the launcher's job trace ({reader.stats.spans:,} spans: mlaunch.job and its"
+            " attempts) and no worker spans: the workers exported none",
+            fix="`mlaunch trace summary`, `goodput` and `report` read the job trace; for the"
+            " workers' spans, turn their telemetry on (mlaunch's trainer, a script using"
+            " mlaunch.telemetry, or Megatron-LM with --otel-enabled)",
+        )
+    names = ", ".join(str(f.path) for f in files[:3])
+    extra = " (it holds metrics only)" if reader.stats.metric_lines else ""
+    return TraceInputError(
+        f"no spans in {names}{extra}",
+        fix="point at the traces file (traces-rank<R>.jsonl) or the run directory; "
+        + (export_advice(reader.files[0].path) if reader.files else EXPORT_ADVICE),
+    )

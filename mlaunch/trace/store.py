@@ -604,7 +604,7 @@ def export_otlp_json(reader: StoreReader, out_path: Path) -> int:
     resource (``dl.node_rank``), so reading the output back gives the same ranks."""
     from mlaunch.otlp.otlp_json import encode_attributes
     from mlaunch.outputs import open_output
-    from mlaunch.trace.summary import no_spans_error
+    from mlaunch.trace.reader import no_spans_error
 
     n = 0
     # Each resource's encoding, by identity; the resource is kept with it, so that its id() is

@@ -1,9 +1,9 @@
 """Each rank's steps and collective ends, sorted, for the windowed ``stragglers`` of
-:mod:`mlaunch.trace.store_stragglers`: read once in any order (:class:`Spool`), sorted a rank
+:mod:`mlaunch.trace.stragglers`: read once in any order (:class:`Spool`), sorted a rank
 at a time into a :class:`Blob` (in memory, or a file of the store's scratch directory), then
 found by what stays small (:class:`SortedSteps`, :class:`SortedEnds`: the first key of every
 :data:`BLOCK`-th row) and handed to the rules a window's run at a time (:class:`WindowSteps`,
-:class:`WindowEnds`), which raise :class:`~mlaunch.trace.stragglers.Widen` where the run is not
+:class:`WindowEnds`), which raise :class:`Widen` where the run is not
 the whole trace."""
 
 from __future__ import annotations
@@ -17,7 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from mlaunch.trace.stragglers import Widen
+
+class Widen(Exception):
+    """A window's analysis reached spans the window does not hold: it needs a wider one."""
+
 
 #: Rows of a block of a rank's sorted steps (or ends): a search reads one block, and of every
 #: block only its first key (and the steps' largest end) stays in memory, 16 bytes.
@@ -61,7 +64,7 @@ class Steps:
 class WindowSteps(Steps):
     """The steps a window holds of a rank: the run ``[first, first + len)`` of its sorted steps
     around what the window loaded. A lookup answers as on every step, or raises
-    :class:`~mlaunch.trace.stragglers.Widen` when the answer is a step the run lacks (the run's
+    :class:`Widen` when the answer is a step the run lacks (the run's
     edge is not the trace's): the rules never see an answer the whole trace would not give."""
 
     __slots__ = ("first", "total")
@@ -81,7 +84,7 @@ class WindowSteps(Steps):
 class WindowEnds:
     """The collective ends a window holds of a rank, as :class:`WindowSteps` holds its steps:
     the run ``[first, first + len)`` of the sorted ends; :meth:`before` answers as on every
-    end, or raises :class:`~mlaunch.trace.stragglers.Widen`."""
+    end, or raises :class:`Widen`."""
 
     __slots__ = ("ends", "first", "total")
 
@@ -98,7 +101,7 @@ class WindowEnds:
 
 class Blob:
     """Bytes appended once, then read back by offset: in memory (a bytearray), or, for a trace
-    of more than :data:`~mlaunch.trace.store_stragglers.STEPS_IN_MEMORY` steps, in a file of
+    of more than :data:`~mlaunch.trace.stragglers.STEPS_IN_MEMORY` steps, in a file of
     the store's scratch directory read with ``os.pread`` (not mapped: the mapped pages a read
     touches would count in the peak RSS)."""
 

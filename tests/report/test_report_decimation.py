@@ -19,7 +19,7 @@ from mlaunch.model.spans import Attr, SpanName
 from mlaunch.trace.report import curve, window
 from mlaunch.trace.report.build import prepare
 from mlaunch.trace.report.curve import Curve
-from mlaunch.trace.report.window_store import StoreScan
+from mlaunch.trace.report.window import StoreScan
 from mlaunch.trace.store import StoreReader, open_store
 
 ITERATIONS = 400

@@ -1,7 +1,7 @@
-"""``mlaunch trace report`` from the span store (mlaunch/trace/report/window_store.py: Arrow
+"""``mlaunch trace report`` from the span store (mlaunch/trace/report/window.py: Arrow
 filters, only steps, marks and the window's spans become dicts) prepares the data the JSON path
 prepares: the same timeline, curves, goodput, notes, marks and window; the summary equal within
-the float rounding of the store's DuckDB percentiles (store_summary.py, as `trace summary`); and
+the float rounding of the store's DuckDB percentiles (summary.py, as `trace summary`); and
 the page built from either is the same HTML once it is given the same summary."""
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def test_with_a_progress_file_pass_one_keeps_no_steps_and_places_the_same_window
     import orjson
 
     from mlaunch import envcontract
-    from mlaunch.trace.report.window_store import StoreScan
+    from mlaunch.trace.report.window import StoreScan
 
     run = tmp_path / "run"
     write_realistic_run(run, ranks=4, steps=20, seed=5)

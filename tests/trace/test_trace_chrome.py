@@ -18,8 +18,8 @@ from support.synthetic_traces import (
 )
 
 from mlaunch.model.spans import SpanName
+from mlaunch.trace.chrome import export_chrome
 from mlaunch.trace.store import open_reader
-from mlaunch.trace.store_chrome import export_chrome
 
 S = SpanName
 

@@ -13,11 +13,11 @@ import pytest
 from support.synthetic_traces import TraceBuilder, check_chrome_trace
 
 from mlaunch.model.spans import SpanName
+from mlaunch.trace.chrome import export_chrome
+from mlaunch.trace.goodput import goodput_store
 from mlaunch.trace.report.build import render_report
 from mlaunch.trace.store import open_reader
-from mlaunch.trace.store_chrome import export_chrome
-from mlaunch.trace.store_goodput import goodput_store
-from mlaunch.trace.store_summary import summarize_store
+from mlaunch.trace.summary import summarize_store
 
 S = SpanName
 

@@ -9,9 +9,8 @@ import pytest
 from support.synthetic_traces import TraceBuilder, hand_example
 
 from mlaunch.model.spans import Attr, LegacyName, SpanName
-from mlaunch.trace.goodput import GoodputReport
+from mlaunch.trace.goodput import GoodputReport, goodput_store
 from mlaunch.trace.store import open_store
-from mlaunch.trace.store_goodput import goodput_store
 
 S = SpanName
 

@@ -126,7 +126,7 @@ def test_a_file_of_the_run_directory_is_refused_but_earlier_outputs_are_replaced
 def test_full_disk_leaves_no_temporary_file_and_the_old_output(
     run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str
 ) -> None:
-    from mlaunch.trace import store_chrome
+    from mlaunch.trace import chrome
 
     out = tmp_path / "trace.json"
     out.write_text("previous export")
@@ -135,8 +135,8 @@ def test_full_disk_leaves_no_temporary_file_and_the_old_output(
         self.out.write('{"displayTimeUnit":"ms"')
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    # every export reads a span store (store_chrome); --skip-invalid, a store of its own
-    monkeypatch.setattr(store_chrome._Pass2, "part", full_store)
+    # every export reads a span store (chrome.export_chrome); --skip-invalid, a store of its own
+    monkeypatch.setattr(chrome._Pass2, "part", full_store)
     extra = ["--skip-invalid"] if source == "json" else []
     r = _invoke("export", run_dir, "-o", out, *extra)
     assert r.exit_code == 2 and "No space left on device" in r.output, r.output

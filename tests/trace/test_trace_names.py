@@ -27,12 +27,11 @@ from support.synthetic_traces import hand_example
 
 from mlaunch.model.spans import ALIASES, STEP_SPAN, LegacyName, SpanName, canonical_name
 from mlaunch.otlp import otlp_json
-from mlaunch.trace.chrome import LAUNCHER_PID
+from mlaunch.trace.chrome import LAUNCHER_PID, export_chrome
+from mlaunch.trace.goodput import goodput_store
 from mlaunch.trace.report import write_report
 from mlaunch.trace.store import open_reader
-from mlaunch.trace.store_chrome import export_chrome
-from mlaunch.trace.store_goodput import goodput_store
-from mlaunch.trace.store_summary import summarize_store
+from mlaunch.trace.summary import summarize_store
 
 #: The spans only one shape has: the legacy umbrella, and the start-up root that replaced it.
 _SHAPE_ONLY = {LegacyName.PRETRAIN.value, SpanName.STARTUP.value}

@@ -83,7 +83,7 @@ def test_rank_falls_back_to_file_name_without_dl_rank(tmp_path: Path) -> None:
 
 def test_numbers_are_accepted_where_strings_are_usual(tmp_path: Path) -> None:
     # int64 fields may be JSON numbers; the summary must read them the same.
-    from mlaunch.trace.store_summary import summarize_store
+    from mlaunch.trace.summary import summarize_store
 
     span = {"traceId": "a" * 32, "spanId": "b" * 16, "name": SpanName.ITERATION,
             "startTimeUnixNano": ms(0), "endTimeUnixNano": ms(2), "status": {"code": 2}}  # fmt: skip

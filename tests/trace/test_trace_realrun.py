@@ -105,9 +105,9 @@ def test_the_span_store_reads_the_real_run_as_the_json_reader(
 
     from support.trace_compare import assert_same, fresh_store
 
+    from mlaunch.trace.goodput import goodput_store
     from mlaunch.trace.store import open_store
-    from mlaunch.trace.store_goodput import goodput_store
-    from mlaunch.trace.store_summary import summarize_store
+    from mlaunch.trace.summary import summarize_store
 
     run = shutil.copytree(run_dir, tmp_path / "run")  # the module's run stays as the run left it
     store = open_store(run)
@@ -136,7 +136,7 @@ def test_a_store_of_the_receivers_files_equals_the_store_of_the_workers_files(
     from mlaunch.receiver import Receiver
     from mlaunch.trace.store import open_store, update_store
     from mlaunch.trace.store_layout import load_manifest
-    from mlaunch.trace.store_summary import summarize_store
+    from mlaunch.trace.summary import summarize_store
 
     def spans_in(text: str) -> int:
         return sum(len(ss["spans"]) for line in text.splitlines()
@@ -204,8 +204,8 @@ def test_chrome_export_from_the_store_is_the_json_paths_bytes(
 
     from support.trace_compare import fresh_store
 
+    from mlaunch.trace.chrome import export_chrome
     from mlaunch.trace.store import StoreReader, open_store
-    from mlaunch.trace.store_chrome import export_chrome
 
     run = shutil.copytree(run_dir, tmp_path / "run")
     old = export_chrome(StoreReader(fresh_store(run)), tmp_path / "old.json")

@@ -17,13 +17,13 @@ from support.synthetic_traces import hand_example, write_realistic_run
 from support.trace_cli import invoke_trace, user_error
 from support.trace_compare import assert_same, fresh_store
 
+from mlaunch.trace.chrome import export_chrome
+from mlaunch.trace.goodput import goodput_store
 from mlaunch.trace.reader import TraceReader
 from mlaunch.trace.store import StoreReader, open_store, take_warnings
 from mlaunch.trace.store_build import build_store
-from mlaunch.trace.store_chrome import export_chrome
-from mlaunch.trace.store_goodput import goodput_store
 from mlaunch.trace.store_layout import STORE_DIR
-from mlaunch.trace.store_summary import summarize_store
+from mlaunch.trace.summary import summarize_store
 
 
 def _runs(tmp_path: Path) -> list[Path]:
@@ -386,7 +386,7 @@ def test_percentiles_in_buckets_equal_the_one_scan(
 ) -> None:
     """Past QUANTILE_BUCKET spans the names' exact percentiles are taken a bucket at a time
     (bounded memory); the result is the same."""
-    import mlaunch.trace.store_summary as ss
+    import mlaunch.trace.summary as ss
 
     run = tmp_path / "run"
     write_realistic_run(run, steps=10)
@@ -402,7 +402,7 @@ def test_a_name_written_both_ways_is_summarised_as_one(
     """Old and new traces in one run (the store groups on the stored names, then merges an older
     trace's documented name into the code name): the same summary as the JSON reader's, in one
     scan and in buckets."""
-    import mlaunch.trace.store_summary as ss
+    import mlaunch.trace.summary as ss
 
     run = hand_example()[0].write_run_dir(tmp_path / "run")
     old = hand_example(legacy=True)[0].write_run_dir(tmp_path / "old")
@@ -608,7 +608,7 @@ def test_store_percentiles_are_the_json_paths_to_the_last_bit(tmp_path: Path) ->
     checkpoints) and per rank (the steps), in one scan and in buckets."""
     from support.synthetic_traces import TraceBuilder
 
-    import mlaunch.trace.store_summary as ss
+    import mlaunch.trace.summary as ss
     from mlaunch.model.spans import STEP_SPAN, SpanName
 
     b = TraceBuilder(world_size=2)

@@ -1,4 +1,4 @@
-"""``trace export --format chrome`` from the span store (mlaunch/trace/store_chrome.py, column-wise)
+"""``trace export --format chrome`` from the span store (mlaunch/trace/chrome.py, column-wise)
 writes byte for byte what the JSON path (ChromeExporter over the OTLP-JSON, removed in issue 41:
 its bytes' SHA-256 recorded in :data:`JSON_PATH_SHA256`) wrote, on the suite's
 synthetic runs and on a trace made of every case the column-wise path hands to the span-by-span
@@ -19,11 +19,11 @@ from support.trace_cli import invoke_trace
 from support.trace_compare import assert_same, fresh_store
 
 from mlaunch.model.spans import SpanName
+from mlaunch.trace.chrome import export_chrome
 from mlaunch.trace.reader import TraceReader
 from mlaunch.trace.store import StoreReader, open_store
 from mlaunch.trace.store_build import build_store
-from mlaunch.trace.store_chrome import export_chrome
-from mlaunch.trace.store_summary import summarize_store
+from mlaunch.trace.summary import summarize_store
 
 S = SpanName
 LONG_NS = 123_456_789_012_345_678
@@ -102,9 +102,9 @@ def _both(run: Path, tmp_path: Path, key: str | None = None, **build: int) -> tu
 def test_chrome_export_from_the_store_is_byte_for_byte_the_json_paths(
     tmp_path: Path, rows: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mlaunch.trace import store_chrome
+    from mlaunch.trace import chrome
 
-    monkeypatch.setattr(store_chrome, "_SLICE", rows)  # the texts of a part built in slices
+    monkeypatch.setattr(chrome, "_SLICE", rows)  # the texts of a part built in slices
     for run in _runs(tmp_path):
         old, new = _both(run, tmp_path)
         assert old == new, run.name
@@ -122,9 +122,9 @@ def test_chrome_export_from_the_store_is_byte_for_byte_the_json_paths(
 def test_a_store_of_many_small_parts_exports_the_same_bytes(
     tmp_path: Path, segment_rows: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mlaunch.trace import store_chrome
+    from mlaunch.trace import chrome
 
-    monkeypatch.setattr(store_chrome, "_SLICE", 2)  # and a part's texts built 2 rows at a time
+    monkeypatch.setattr(chrome, "_SLICE", 2)  # and a part's texts built 2 rows at a time
     run = _hostile().write_run_dir(tmp_path / "run", batch=2)
     old, new = _both(run, tmp_path, "hostile-batch2", segment_rows=segment_rows)
     assert old == new
@@ -148,11 +148,11 @@ def test_exports_that_spill_are_the_json_paths(
     (each thread's spans by start) goes to disk, as at 10^8 spans, and the chrome export is still
     the JSON path's bytes; the OTLP-JSON export (a record batch at a time, no DuckDB) holds the
     same spans as the JSON's."""
-    from mlaunch.trace import store, store_chrome
+    from mlaunch.trace import chrome, store
     from mlaunch.trace.chrome import LaneSweep
     from mlaunch.trace.store import export_otlp_json
 
-    monkeypatch.setattr(store_chrome, "SORT_MEMORY", "24MB")
+    monkeypatch.setattr(chrome, "SORT_MEMORY", "24MB")
     monkeypatch.setattr(store, "DUCKDB_THREADS", 1)
     spilled: list[bool] = []
 
@@ -162,7 +162,7 @@ def test_exports_that_spill_are_the_json_paths(
             spilled.append(bool(spill))
             return super().feed(*cols)
 
-    monkeypatch.setattr(store_chrome, "LaneSweep", Watched)
+    monkeypatch.setattr(chrome, "LaneSweep", Watched)
     run = tmp_path / "run"
     write_realistic_run(run, ranks=3, steps=SPILL_STEPS, pp=1, seed=7)
     old, new = _both(run, tmp_path, "spill", segment_rows=40_000)

@@ -19,7 +19,7 @@ from support.trace_compare import stragglers_unwindowed
 from mlaunch.model.spans import Attr, ResourceAttr, SpanName
 from mlaunch.trace.reader import TraceInputError
 from mlaunch.trace.store import Store, open_reader, open_store
-from mlaunch.trace.store_stragglers import stragglers_store
+from mlaunch.trace.stragglers import stragglers_store
 
 S = SpanName
 DP, PP = 2, 2
@@ -363,15 +363,15 @@ def test_the_windowed_analysis_equals_the_whole_trace_in_memory(
     tmp_path: Path, trace: str, window_spans: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # One iteration a window (every halo and widening rule at work), a few, and one window.
-    from mlaunch.trace import store_stragglers
+    from mlaunch.trace import stragglers
 
     run_dir, store, whole = _whole_in_memory(tmp_path, trace)
     assert whole == stragglers_unwindowed(open_reader(run_dir)).to_json()
-    monkeypatch.setattr(store_stragglers, "WINDOW_SPANS", window_spans)
-    monkeypatch.setattr(store_stragglers, "CACHE_ROWS", 50)
+    monkeypatch.setattr(stragglers, "WINDOW_SPANS", window_spans)
+    monkeypatch.setattr(stragglers, "CACHE_ROWS", 50)
     loads: list[bool] = []
-    real_load = store_stragglers._load
-    monkeypatch.setattr(store_stragglers, "_load", lambda *a: loads.append(a[-1]) or real_load(*a))
+    real_load = stragglers._load
+    monkeypatch.setattr(stragglers, "_load", lambda *a: loads.append(a[-1]) or real_load(*a))
     assert stragglers_store(store).to_json() == whole
     if window_spans == 1:  # a window per iteration, none of them the whole trace
         assert len(loads) > 4 and not any(loads)
@@ -387,25 +387,25 @@ def test_a_window_holds_a_run_of_the_steps_and_widens_past_its_edges(
     # whole trace's, and a lookup past the run's edge widens instead of answering.
     from array import array
 
-    from mlaunch.trace import store_steps, store_stragglers
+    from mlaunch.trace import store_steps, stragglers
     from mlaunch.trace.store import StoreReader
-    from mlaunch.trace.stragglers import Widen
+    from mlaunch.trace.store_steps import Widen
 
     run_dir = realistic(tmp_path)
     store = open_store(run_dir)
     assert store is not None
     whole = stragglers_unwindowed(StoreReader(store)).to_json()
     assert whole["ranks"], whole
-    monkeypatch.setattr(store_stragglers, "WINDOW_SPANS", 1)
+    monkeypatch.setattr(stragglers, "WINDOW_SPANS", 1)
     held: list[tuple[int, int]] = []
-    real_load = store_stragglers._load
+    real_load = stragglers._load
 
     def load(*a: object) -> object:
         ranks = real_load(*a)
         held.extend((len(r.steps), r.steps.total) for r in ranks.values())
         return ranks
 
-    monkeypatch.setattr(store_stragglers, "_load", load)
+    monkeypatch.setattr(stragglers, "_load", load)
     assert stragglers_store(store).to_json() == whole
     assert held and all(n <= total for n, total in held)
     assert any(n < total // 4 for n, total in held), held
@@ -433,11 +433,11 @@ def test_steps_kept_on_disk_give_the_answer_kept_in_memory(
     # Past STEPS_IN_MEMORY the steps and collective ends live in scratch files, read back a
     # window's run at a time: tiny blocks and spool writes put every edge of them at work, and
     # the files are gone afterwards.
-    from mlaunch.trace import store_steps, store_stragglers
+    from mlaunch.trace import store_steps, stragglers
 
     _, store, whole = _whole_in_memory(tmp_path, trace)
-    monkeypatch.setattr(store_stragglers, "WINDOW_SPANS", window_spans)
-    monkeypatch.setattr(store_stragglers, "STEPS_IN_MEMORY", 0)
+    monkeypatch.setattr(stragglers, "WINDOW_SPANS", window_spans)
+    monkeypatch.setattr(stragglers, "STEPS_IN_MEMORY", 0)
     monkeypatch.setattr(store_steps, "BLOCK", 2)
     monkeypatch.setattr(store_steps, "SPOOL_ROWS", 7)
     files: list[Path] = []
@@ -465,7 +465,7 @@ def test_sorted_steps_and_ends_answer_as_the_whole_arrays(
     import numpy as np
 
     from mlaunch.trace import store_steps as ss
-    from mlaunch.trace.stragglers import Widen
+    from mlaunch.trace.store_steps import Widen
 
     monkeypatch.setattr(ss, "BLOCK", 3)
     rng = random.Random(5)

@@ -11,8 +11,7 @@ from support.synthetic_traces import TraceBuilder, hand_example
 from mlaunch.model.spans import ResourceAttr, SpanName
 from mlaunch.trace.stats import percentile
 from mlaunch.trace.store import open_reader
-from mlaunch.trace.store_summary import summarize_store
-from mlaunch.trace.summary import Summary
+from mlaunch.trace.summary import Summary, summarize_store
 
 
 def _summary(tmp_path: Path, b: TraceBuilder, **kw: float) -> Summary:

@@ -27,8 +27,7 @@ plotly is used only for its JavaScript bundle: figures are written as plain JSON
 ``Plotly.newPlot``, which keeps the Python side free of plotly's (slow) figure validation.
 
 The package, in the order the data flows: :mod:`.window` (the iteration window and the two
-passes over the trace; :mod:`.window_store` the same passes on the span store, column-wise),
-:mod:`.rundir` (the files beside the traces), :mod:`.timeline` and
+passes over the span store, column-wise), :mod:`.rundir` (the files beside the traces), :mod:`.timeline` and
 :mod:`.charts` (the figures), :mod:`.page` (the HTML; :mod:`.style` holds the names, colours and
 number formats they share) and :mod:`.build` (all of it for one run directory).
 """
@@ -38,9 +37,8 @@ from __future__ import annotations
 from typing import Any
 
 #: The package's public names and the module that defines each. Imported on first use (PEP 562),
-#: not here: a submodule (``.window_store``) imports the package first, and a package that
-#: imported ``.build`` up front would import that submodule back half-initialised (the cycle
-#: package -> build -> window_store -> package).
+#: not here: every submodule's import runs this file first, and one that imported ``.build`` up
+#: front would load the whole report (and its store readers) for any one of them.
 _EXPORTS = {
     "ReportResult": "build", "render_report": "build", "write_report": "build",
     "default_output": "rundir", "run_directory": "rundir",

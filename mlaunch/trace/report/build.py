@@ -21,8 +21,13 @@ from mlaunch.trace.report.rundir import (
     run_directory,
 )
 from mlaunch.trace.report.timeline import Timeline, build_timeline, mark_text
-from mlaunch.trace.report.window import Mark, choose_iterations, segments
-from mlaunch.trace.report.window_store import StoreScan, collect_window_store
+from mlaunch.trace.report.window import (
+    Mark,
+    StoreScan,
+    choose_iterations,
+    collect_window,
+    segments,
+)
 from mlaunch.trace.store import StoreReader, open_reader
 from mlaunch.trace.summary import Summary
 
@@ -153,7 +158,7 @@ def render_from(
 def prepare(
     run_dir: Path, reader: StoreReader, iterations: tuple[int, int] | None = None
 ) -> ReportData:
-    """The report's data, read column-wise from the store (:mod:`.window_store`)."""
+    """The report's data, read column-wise from the store (:mod:`.window`)."""
     read_stats = reader.stats
     base_dir = run_directory(run_dir)
     progress, bad_progress = read_progress(base_dir)
@@ -170,7 +175,7 @@ def prepare(
     include = [m.iterations for m in marks if m.iterations is not None]
     ranges = choose_iterations(present, iterations, include=include + model.window_includes())
     segs = segments(scan, ranges, present)
-    window = collect_window_store(reader.store, segs)
+    window = collect_window(reader.store, segs)
     focus = scan.first_start(ranges[0][0]) if ranges else None
     timeline = build_timeline(window, segs, scan.run_start(), scan.resources, ranges, focus, marks)
 
