@@ -63,7 +63,7 @@ from mlaunch.model.spans import ALIASES, STEP_SPAN, Attr, LegacyName, ResourceAt
 from mlaunch.otlp.otlp_json import attributes
 from mlaunch.trace.reader import Resource, no_spans_error
 from mlaunch.trace.stats import Interval, clip, median, merge, subtract, total
-from mlaunch.trace.store import Store, StoreReader
+from mlaunch.trace.store import Store, StoreReader, _sql_in
 
 _NS_PER_MS = 1e6
 
@@ -359,10 +359,6 @@ def _names(canon: frozenset[str] | set[str]) -> list[str]:
     return sorted(n for n in {*canon, *ALIASES} if ALIASES.get(n, n) in canon)
 
 
-def _in(names: list[str]) -> str:
-    return ", ".join("'" + n.replace("'", "''") + "'" for n in names)
-
-
 def goodput_store(store: Store) -> GoodputReport:
     """The goodput of the store's spans. Raises ``TraceInputError`` for a store without spans."""
     return goodput_aggregate(store).finish()
@@ -372,7 +368,7 @@ def goodput_aggregate(store: Store) -> GoodputAggregator:
     """The streaming aggregator's state after every span of the store, filled by the queries
     (``mlaunch trace report`` reads the ranks' extents from it). Raises ``TraceInputError`` for
     a store without spans."""
-    launcher_names = _in(sorted(LAUNCHER_SPANS))
+    launcher_names = _sql_in(sorted(LAUNCHER_SPANS))
     con = store.connect()
     try:
         res = con.execute(
@@ -390,10 +386,10 @@ def goodput_aggregate(store: Store) -> GoodputAggregator:
         workers = ", ".join(str(rid) for rid, _, launcher, _ in res if not launcher) or "NULL"
         keep = f"resource_id IN ({workers}) AND name IN"
         steps = con.execute(
-            f"SELECT rank, start_ns, end_ns FROM spans WHERE {keep} ({_in(_names({STEP_SPAN}))})"
+            f"SELECT rank, start_ns, end_ns FROM spans WHERE {keep} ({_sql_in(_names({STEP_SPAN}))})"
         ).fetchnumpy()
         tracked = con.execute(
-            f"SELECT rank, name, start_ns, end_ns FROM spans WHERE {keep} ({_in(_names(TRACKED))})"
+            f"SELECT rank, name, start_ns, end_ns FROM spans WHERE {keep} ({_sql_in(_names(TRACKED))})"
         ).fetchall()
     finally:
         con.close()

@@ -205,8 +205,15 @@ def _duck_type(t: Any) -> str:
             "bool": "BOOLEAN"}[str(t)]  # fmt: skip
 
 
-def _sql_str(p: Path) -> str:
+def _sql_str(p: str | Path) -> str:
+    """``p`` as an SQL string literal (a path or a span name)."""
     return "'" + str(p).replace("'", "''") + "'"
+
+
+def _sql_in(names: list[str]) -> str:
+    """A literal IN list (a constant filter DuckDB pushes into the Parquet scan; a subquery
+    would be a join)."""
+    return ", ".join(_sql_str(n) for n in names)
 
 
 class _RunLock:

@@ -80,10 +80,10 @@ from orjson import loads
 
 from mlaunch.model.spans import ALIASES, Attr, ResourceAttr, SpanName
 from mlaunch.otlp.otlp_json import attributes
-from mlaunch.trace.goodput import _in, _names
+from mlaunch.trace.goodput import _names
 from mlaunch.trace.links import LinkTargets
 from mlaunch.trace.reader import Resource, TraceInputError, no_spans_error
-from mlaunch.trace.store import Store, StoreReader
+from mlaunch.trace.store import Store, StoreReader, _sql_in
 from mlaunch.trace.store_steps import (
     IterationStarts,
     SortedEnds,
@@ -1175,12 +1175,12 @@ def _read_trace(store: Store, spill: Spill) -> tuple[_Trace, int | None, bool]:
         workers = [rid for rid, _, launcher, _ in res if not launcher]
         attrs_of = {rid: a for rid, _, launcher, a in res if not launcher}
         where = f"resource_id IN ({', '.join(map(str, workers)) or 'NULL'})"
-        sync = _in(_names(SYNC_NAMES))
+        sync = _sql_in(_names(SYNC_NAMES))
         per_rank = con.execute(
-            f"SELECT rank, min(resource_id), count(*) FILTER (WHERE name IN ({_in(_SPAN_NAMES)})),"
+            f"SELECT rank, min(resource_id), count(*) FILTER (WHERE name IN ({_sql_in(_SPAN_NAMES)})),"
             f" count(*) FILTER (WHERE name IN ({sync})),"
-            f" count(*) FILTER (WHERE name IN ({_in(_P2P_NAMES)})),"
-            f" count(*) FILTER (WHERE name IN ({_in(_STEP_NAMES)}))"
+            f" count(*) FILTER (WHERE name IN ({_sql_in(_P2P_NAMES)})),"
+            f" count(*) FILTER (WHERE name IN ({_sql_in(_STEP_NAMES)}))"
             f" FROM spans WHERE {where} GROUP BY rank ORDER BY 2"
         ).fetchall()
         on_disk = sum(row[5] for row in per_rank) > STEPS_IN_MEMORY
@@ -1192,7 +1192,7 @@ def _read_trace(store: Store, spill: Spill) -> tuple[_Trace, int | None, bool]:
             seen[rank] = set()
             spool.add_rank(rank)
         step_names = frozenset(_STEP_NAMES)
-        read = f"{where} AND name IN ({_in(_STEP_NAMES + _FINISH_NAMES)})"
+        read = f"{where} AND name IN ({_sql_in(_STEP_NAMES + _FINISH_NAMES)})"
         # Only an id written twice (a recorder dump repeats what the exporter wrote) needs the
         # first-seen check: a set of every id would grow with the trace.
         twice: dict[int, set[str]] = {rank: set() for rank in metas}
@@ -1203,7 +1203,7 @@ def _read_trace(store: Store, spill: Spill) -> tuple[_Trace, int | None, bool]:
             twice[rank].add(sid)
         cur = con.sql(
             "SELECT rank, name, start_ns, end_ns, span_id,"
-            f" CASE WHEN name IN ({_in(_STEP_NAMES)}) THEN attributes END FROM spans"
+            f" CASE WHEN name IN ({_sql_in(_STEP_NAMES)}) THEN attributes END FROM spans"
             f" WHERE {read}"
         )
         reader = StoreReader(store)
@@ -1250,10 +1250,10 @@ def _read_trace(store: Store, spill: Spill) -> tuple[_Trace, int | None, bool]:
         linked = con.execute(
             "WITH t AS (SELECT rank, list_filter(json_extract_string(links, '$[*].spanId'),"
             f" {_lambda(con)} x IS NOT NULL AND x <> '')[1] AS id FROM spans"
-            f" WHERE {where} AND name IN ({_in(_names({S.PP_RECV_FORWARD_LINKED}))})"
+            f" WHERE {where} AND name IN ({_sql_in(_names({S.PP_RECV_FORWARD_LINKED}))})"
             " AND links IS NOT NULL)"
             " SELECT rank, id, id IN (SELECT span_id FROM spans"
-            f"  WHERE {where} AND name IN ({_in(_names({S.P2P_SEND_FORWARD}))}))"
+            f"  WHERE {where} AND name IN ({_sql_in(_names({S.P2P_SEND_FORWARD}))}))"
             " FROM t WHERE id IS NOT NULL GROUP BY ALL"
         ).fetchall()
     finally:

@@ -38,7 +38,7 @@ from orjson import loads
 from mlaunch.model.spans import ALIASES, STEP_SPAN, ResourceAttr, SpanName
 from mlaunch.trace.reader import no_spans_error
 from mlaunch.trace.stats import closest_ranks, interpolate, median
-from mlaunch.trace.store import Store, StoreReader
+from mlaunch.trace.store import Store, StoreReader, _sql_in, _sql_str
 
 _NS_PER_MS = 1e6
 STEP = STEP_SPAN
@@ -200,18 +200,8 @@ def _canon_sql(names: list[str]) -> str:
     legacy = [n for n in names if n in ALIASES]
     if not legacy:
         return "name"
-    cases = " ".join(f"WHEN {_lit(n)} THEN {_lit(ALIASES[n])}" for n in legacy)
+    cases = " ".join(f"WHEN {_sql_str(n)} THEN {_sql_str(ALIASES[n])}" for n in legacy)
     return f"CASE name {cases} ELSE name END"
-
-
-def _lit(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
-
-
-def _in(names: list[str]) -> str:
-    """A literal IN list (a constant filter DuckDB pushes into the Parquet scan; a subquery
-    would be a join)."""
-    return ", ".join(_lit(n) for n in names)
 
 
 #: The percentiles the summary shows: p50, p95.
@@ -303,7 +293,7 @@ def _by_name(con: Any, spans: int) -> list[tuple[Any, ...]]:
         if names:
             q.update(_percentiles(
                 con, _canon_sql(names),
-                lambda cs: f"WHERE name IN ({_in([n for c in cs for n in members[c]])})",
+                lambda cs: f"WHERE name IN ({_sql_in([n for c in cs for n in members[c]])})",
                 {c: merged[c][0] for c in canon},
             ))  # fmt: skip
     return [(c, m[0], m[1], q[c][0], q[c][1], m[2], m[3], m[4]) for c, m in merged.items()]
@@ -317,7 +307,7 @@ def summarize_store(store: Store, *, straggler_threshold: float = 0.05) -> Summa
         if not by_name:
             raise no_spans_error(StoreReader(store))  # type: ignore[arg-type]
         step_names = [STEP_SPAN, *(legacy for legacy, c in ALIASES.items() if c == STEP_SPAN)]
-        where = f"WHERE name IN ({_in(step_names)})"
+        where = f"WHERE name IN ({_sql_in(step_names)})"
         step_counts = dict(
             con.execute(
                 f"SELECT rank, count(*) FROM spans {where} GROUP BY rank ORDER BY rank"
