@@ -31,6 +31,7 @@ from mlaunch import envcontract as ec
 from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spans import SPANS, Attr, canonical_name
 from mlaunch.rundir.atomic import write_json
+from mlaunch.rundir.records import read_hang_reports
 from mlaunch.rundir.state import log_superseded
 
 #: How long one ``py-spy dump`` may take (it pauses the worker while it reads its stacks).
@@ -463,30 +464,23 @@ def _view(data: dict[str, Any]) -> RankView:
 def merged_report(run_dir: Path, since: float | None = None) -> dict[str, Any] | None:
     """Every node's hang report merged (the newest hang of each node detected since ``since``):
     the ranks of all nodes, the verdict judged over them all, the earliest detection."""
-    nodes = []
-    for path in sorted(ec.hang_dir(run_dir).glob(ec.HANG_NODE_REPORT.glob)):
-        data = _read_json(path)
-        if data is None or not isinstance(data.get("detected_at"), int | float):
-            continue
-        if since is not None and data["detected_at"] < since - 1:
-            continue
-        nodes.append(data)
+    nodes = read_hang_reports(run_dir, since)
     if not nodes:
         return None
-    latest = max(int(n.get("attempt") or 0) for n in nodes)
-    nodes = [n for n in nodes if int(n.get("attempt") or 0) == latest]  # one hang, not two
-    views = [_view(r) for n in nodes for r in n.get("ranks") or [] if isinstance(r, dict)]
-    first = min(nodes, key=lambda n: n["detected_at"])
+    latest = max(n.attempt for n in nodes)
+    nodes = [n for n in nodes if n.attempt == latest]  # one hang, not two
+    views = [_view(r) for n in nodes for r in n.ranks]
+    first = min(nodes, key=lambda n: n.detected_at)
     return {
-        "detected_at": first["detected_at"],
-        "verdict": judge(views) if len(nodes) > 1 else first.get("verdict", judge(views)),
+        "detected_at": first.detected_at,
+        "verdict": judge(views) if len(nodes) > 1 or first.verdict is None else first.verdict,
         "ranks": [asdict(v) for v in sorted(views, key=lambda v: v.rank)],
-        "nodes": [n.get("node") for n in nodes],
-        "attempt": max(int(n.get("attempt") or 0) for n in nodes),
-        "action": first.get("action"),
-        "timeout_s": first.get("timeout_s"),
-        "collect_s": max(float(n.get("collect_s") or 0) for n in nodes),
-        "nccl": first.get("nccl"),
+        "nodes": [n.node for n in nodes],
+        "attempt": latest,
+        "action": first.action,
+        "timeout_s": first.timeout_s,
+        "collect_s": max(n.collect_s for n in nodes),
+        "nccl": first.nccl,
     }
 
 

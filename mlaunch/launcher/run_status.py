@@ -19,7 +19,7 @@ from typing import Any
 
 from mlaunch import envcontract as ec
 from mlaunch.model.spans import Attr, SpanName
-from mlaunch.rundir.records import read_heartbeats, read_launcher_record
+from mlaunch.rundir.records import LauncherAttempts, read_heartbeats, read_launcher_record
 from mlaunch.rundir.state import RunState
 
 _JOB, _ATTEMPT = SpanName.JOB.value, SpanName.JOB_ATTEMPT.value
@@ -346,7 +346,7 @@ def telemetry_off(
 # The launcher's record and job trace
 
 
-def launcher_record(run_dir: Path) -> dict[str, Any] | None:
+def launcher_record(run_dir: Path) -> LauncherAttempts | None:
     """Node 0's launcher record of the newest launch (``launcher-node0.json``), or None."""
     return read_launcher_record(run_dir, 0)
 
@@ -363,15 +363,11 @@ def _pid_alive(pid: Any) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z" and b"mlaunch" in cmdline
 
 
-def _launcher_view(rec: dict[str, Any]) -> LauncherView:
-    ended = rec.get("ended")
+def _launcher_view(rec: LauncherAttempts) -> LauncherView:
     alive = None
-    if ended is None and rec.get("host") == socket.gethostname():
-        alive = _pid_alive(rec.get("pid"))
-    return LauncherView(
-        rec.get("pid"), rec.get("host"), rec.get("started"), ended, rec.get("exit_code"),
-        rec.get("signal"), alive,
-    )  # fmt: skip
+    if rec.ended is None and rec.host == socket.gethostname():
+        alive = _pid_alive(rec.pid)
+    return LauncherView(rec.pid, rec.host, rec.started, rec.ended, rec.exit_code, rec.signal, alive)
 
 
 def job_trace(run_dir: Path, since: float | None) -> list[dict[str, Any]]:
@@ -434,19 +430,16 @@ def resumable_text(run_dir: str | Path, job_id: str | None) -> str:
     )
 
 
-def apply_launch(st: JobStatus, run_dir: Path, rec: dict[str, Any] | None) -> None:
+def apply_launch(st: JobStatus, run_dir: Path, rec: LauncherAttempts | None) -> None:
     """Outside SLURM: the state from the newest launch's record and job trace."""
-    since = rec["started"] if rec else None
+    since = rec.started if rec else None
     spans = job_trace(run_dir, since)
     jobs = [s for s in spans if s.get("name") == _JOB]
     job = jobs[-1] if jobs else None
     if rec is not None:
         st.launcher = _launcher_view(rec)
-        st.attempt = rec.get("attempt") if isinstance(rec.get("attempt"), int) else None
-        st.restarts = [
-            RestartView(r.get("attempt"), r.get("rank"), str(r.get("cause")), r.get("time"))
-            for r in rec.get("restarts") or [] if isinstance(r, dict)
-        ]  # fmt: skip
+        st.attempt = rec.attempt
+        st.restarts = [RestartView(r.attempt, r.rank, r.cause, r.time) for r in rec.restarts]  # type: ignore[arg-type]
     elif job is None:
         return  # neither: the run directory alone tells (below)
     if not st.restarts:
@@ -458,12 +451,12 @@ def apply_launch(st: JobStatus, run_dir: Path, rec: dict[str, Any] | None) -> No
     # before torchrun made the next attempt's folder (the restart's time), so no slack here.
     restarted = bool(st.restarts and st.restarts[-1].time)
     st.failures = failures(run_dir, final_since, 0.0 if restarted else 1.0)
-    if rec is not None and rec.get("ended") is None:
+    if rec is not None and rec.ended is None:
         st.state = "launcher_died" if st.launcher and st.launcher.alive is False else "running"
         return
     if rec is not None:
-        code, sig = rec.get("exit_code"), rec.get("signal")
-        recorded = [f for f in rec.get("failures") or [] if isinstance(f, dict)]
+        code, sig = rec.exit_code, rec.signal
+        recorded = list(rec.failures)
     else:
         assert job is not None
         code, sig = (
@@ -484,20 +477,19 @@ def apply_launch(st: JobStatus, run_dir: Path, rec: dict[str, Any] | None) -> No
         st.failed_rank, st.cause = f.rank, f"{f.exception_type}: {f.message}"
     elif recorded:
         f0 = recorded[0]
-        st.failed_rank = f0.get("rank")
-        what, msg = str(f0.get("exception_type") or "error"), str(f0.get("message") or "")
+        st.failed_rank = f0.rank
+        what, msg = f0.exception_type or "error", f0.message or ""
         st.cause = f"{what}: {msg}" if msg else what
-        if isinstance(f0.get("rank"), int):
-            st.failures = [Failure(f0["rank"], f0.get("node"), what, msg, None, None,
-                                   f0.get("log"))]  # fmt: skip
+        if f0.rank is not None:
+            st.failures = [Failure(f0.rank, f0.node, what, msg, None, None, f0.log)]
     elif job is not None:
         attempts = [s for s in spans if s.get("name") == _ATTEMPT]
         st.failed_rank = job["attributes"].get(Attr.FAILED_RANK)
         st.cause = (attempts[-1].get("status_message") if attempts else None) or "failed"
-    if rec is not None and rec.get("rendezvous"):  # recorded only when no worker failed
-        st.cause = f"rendezvous failed: {rec['rendezvous']}"
-    if rec is not None and rec.get("error"):
-        st.cause = st.cause or f"launcher stopped: {rec['error']}"
+    if rec is not None and rec.rendezvous:  # recorded only when no worker failed
+        st.cause = f"rendezvous failed: {rec.rendezvous}"
+    if rec is not None and rec.error:
+        st.cause = st.cause or f"launcher stopped: {rec.error}"
 
 
 def hang_cause(st: JobStatus) -> None:

@@ -144,9 +144,9 @@ def _job_status(target: str, cwd: Path) -> tuple[JobStatus, float | None]:
         st.incarnation = info.restarts + 1 if info.restarts is not None else None
         st.state = STATES.get(info.state, info.state.lower())
     rec = launcher_record(run_dir) if run_dir is not None else None
-    launched = since if since is not None else (rec or {}).get("started")
-    if rec is not None and isinstance(rec.get("watchdog"), dict):
-        st.watchdog = rec["watchdog"]
+    launched = since if since is not None else (rec.started if rec is not None else None)
+    if rec is not None and rec.watchdog is not None:
+        st.watchdog = rec.watchdog
     if run_dir is not None:
         st.hang = hang_status(run_dir, launched)
         st.telemetry_off = [
