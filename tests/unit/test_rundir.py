@@ -195,3 +195,15 @@ def test_the_launcher_record_and_hang_reports_read_back_typed_in_the_run_model(t
     assert RunState.read(tmp_path, since=started + 10).hang_reports == []
     lay.launcher_record_file(tmp_path, 0).write_text('{"started": "yesterday"}')
     assert RunState.read(tmp_path).launcher is None
+
+
+def test_flock_has_one_implementation_in_the_tree():
+    """Every lock (the launcher's lifetime lock, the trace store's, the run directory's) goes
+    through rundir.atomic: one flock, one Busy, one rule for who holds it."""
+    root = Path(__file__).resolve().parents[2] / "mlaunch"
+    users = sorted(
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
+        if "fcntl.flock" in p.read_text(encoding="utf-8")
+    )
+    assert users == ["rundir/atomic.py"]
