@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mlaunch import envcontract as ec
 from mlaunch.launcher.hang_report import HangReport, Worker, collect, write_merged
 from mlaunch.model.spans import STEP_SPAN
-from mlaunch.rundir.records import read_hang_reports, read_heartbeat
+from mlaunch.rundir import layout as lay
+from mlaunch.rundir.records import ProgressRecord, ProgressStep, read_hang_reports, read_heartbeat
 
 if TYPE_CHECKING:  # the type only: importing this module never loads the settings layer
     from mlaunch.launcher.plan import LaunchPlan
@@ -144,9 +144,9 @@ class Watchdog:
         self.attempt = attempt
         self._attempt_start(when)
 
-    def record(self, record: ec.ProgressRecord) -> None:
+    def record(self, record: ProgressRecord) -> None:
         """A progress.jsonl record (mlaunch's trainer)."""
-        if isinstance(record, ec.ProgressStep) and isinstance(record.iteration, int):
+        if isinstance(record, ProgressStep) and isinstance(record.iteration, int):
             t = record.time
             self._observe(
                 "progress", 0, record.iteration, t if isinstance(t, int | float) else time.time()
@@ -301,7 +301,7 @@ class Watchdog:
     def _source(self) -> str:
         names = {
             "heartbeat": "mlaunch.telemetry progress beats",
-            "progress": ec.PROGRESS_FILE,
+            "progress": lay.PROGRESS_FILE,
             "receiver": f"{STEP_SPAN} spans (embedded receiver)",
         }
         found = [names[s] for s in sorted(self._sources)]
