@@ -207,3 +207,16 @@ def test_flock_has_one_implementation_in_the_tree():
         if "fcntl.flock" in p.read_text(encoding="utf-8")
     )
     assert users == ["rundir/atomic.py"]
+
+
+def test_envcontract_names_environment_variables_only():
+    """The run directory's names and records have one home (mlaunch.rundir): envcontract no
+    longer re-exports them, so no call site reaches them a second way."""
+    from mlaunch import envcontract as ec
+    from mlaunch.rundir import records
+
+    names = {*lay.__all__, *records.__all__} - {
+        "default_run_dir"
+    }  # envcontract's run_dir() uses it
+    leaked = sorted(n for n in names if hasattr(ec, n))
+    assert leaked == []
