@@ -121,10 +121,10 @@ def run_burst(
 ) -> dict[str, Any]:
     """One burst; returns the measurements (see the module docstring)."""
     sys.path.insert(0, str(_REPO))
-    from mlaunch import envcontract
     from mlaunch.launcher.receiver_wiring import token_env
     from mlaunch.otlp.otlp_json import read_spans
     from mlaunch.receiver import Receiver
+    from mlaunch.rundir import layout as lay
 
     tmp = None
     if run_dir is None:
@@ -173,7 +173,7 @@ def run_burst(
     written_at = time.time()
     peak = _vm("VmHWM")
     stats = rx.close()
-    files = {r: envcontract.traces_file(run_dir, r) for r in range(workers)}
+    files = {r: lay.traces_file(run_dir, r) for r in range(workers)}
     in_files = {r: len(read_spans(p)) if p.exists() else 0 for r, p in files.items()}
     out = {
         "protocol": protocol,

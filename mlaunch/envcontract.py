@@ -9,11 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-# The run directory's layout and its progress records live in mlaunch.rundir (every path named
-# once there); re-exported here for the modules that still reach them through envcontract.
-from mlaunch.rundir.layout import *  # noqa: F403
+# The run directory's default place (its layout and records: mlaunch.rundir, not re-exported).
 from mlaunch.rundir.layout import default_run_dir
-from mlaunch.rundir.records import *  # noqa: F403
 
 #: Primary and fallback prefixes of the telemetry keys: a ``MEGATRON_OTEL_*`` variable wins over
 #: the ``NEMO_LENS_*`` one of the same key (nemo-lens's spelling, still understood).

@@ -102,7 +102,7 @@ def run_sbatch(
         return RUN_FAILED
     for note in job.notes:
         typer.echo(f"note: {note}")
-    from mlaunch import envcontract as ec
+    from mlaunch.rundir import layout as lay
 
     rd = shlex.quote(str(sub.run_dir))
     o = job.options
@@ -111,10 +111,10 @@ def run_sbatch(
         + (" (held: scontrol release " + sub.job_id + ")" if sub.held else "")
     )
     typer.echo(f"run dir: {sub.run_dir}")
-    typer.echo(f"script:  {sub.run_dir / ec.JOB_SCRIPT_FILE}")
+    typer.echo(f"script:  {sub.run_dir / lay.JOB_SCRIPT_FILE}")
     typer.echo("follow it:")
     typer.echo(f"  mlaunch status {sub.job_id}")
-    typer.echo(f"  tail -f {rd}/{ec.SLURM_OUTPUT_TEMPLATE.replace('%j', sub.job_id)}")
+    typer.echo(f"  tail -f {rd}/{lay.SLURM_OUTPUT_TEMPLATE.replace('%j', sub.job_id)}")
     typer.echo(f"  mlaunch trace summary {rd}")
     typer.echo(f"  scancel {sub.job_id}")
     return 0

@@ -70,8 +70,8 @@ def warn_skipped(stats: Any) -> None:
 def check_output_or_exit(output: Path, path: Path, files: Any) -> Path:
     """The path to write ``output`` to by the rule of :mod:`mlaunch.outputs`, checked against
     the input ``path`` and its trace ``files``; a refused target exits 2 with one line."""
-    from mlaunch.envcontract import TELEMETRY_DIR
     from mlaunch.outputs import OutputError, check_output
+    from mlaunch.rundir.layout import TELEMETRY_DIR
     from mlaunch.trace.report import run_directory
 
     run_dir = run_directory(path)

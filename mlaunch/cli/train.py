@@ -185,12 +185,12 @@ def _node_console(plan: LaunchPlan, console: Any) -> Any:
     interleaved."""
     from rich.console import Console
 
-    from mlaunch import envcontract as ec
+    from mlaunch.rundir import layout as lay
 
     launch = plan.settings.launch  # the run directory exists: called once torchrun runs
     if launch.nnodes == 1 or launch.node_rank == 0:
         return console
-    log = (plan.log_dir / ec.LAUNCHER_LOG).open("a", encoding="utf-8")
+    log = (plan.log_dir / lay.LAUNCHER_LOG).open("a", encoding="utf-8")
     return Console(file=log, width=120, force_terminal=False)
 
 

@@ -29,7 +29,6 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from mlaunch import envcontract as ec
 from mlaunch.cli.render import span_tree
 from mlaunch.launcher import lens_names
 from mlaunch.launcher.checkpoint_layout import resume_iteration
@@ -40,6 +39,8 @@ from mlaunch.model.groups import SpanGroup
 from mlaunch.model.segments import block_iterations, train_block
 from mlaunch.model.spans import SpanName
 from mlaunch.model.spec import format_groups
+from mlaunch.rundir import layout as lay
+from mlaunch.rundir.records import ProgressEval, ProgressRecord
 from mlaunch.settings import (
     RATIO_SAMPLERS,
     flag_name,
@@ -387,7 +388,7 @@ def hang_lines(report: Any, plan: LaunchPlan | None) -> list[str]:
     ]
     lines += [f"  {part}" for part in report.verdict.split("; ")]
     if plan is not None:
-        lines.append(f"  report: {ec.hang_dir(plan.run_dir) / ec.HANG_REPORT_FILE}")
+        lines.append(f"  report: {lay.hang_dir(plan.run_dir) / lay.HANG_REPORT_FILE}")
     if report.action == "stop":
         lines.append("  stopping the workers (SIGTERM, then SIGKILL)")
     return lines
@@ -403,9 +404,9 @@ class PlainDisplay:
         self.log_interval = max(1, log_interval)
         self.plan = plan
 
-    def record(self, record: ec.ProgressRecord) -> None:
+    def record(self, record: ProgressRecord) -> None:
         """Print a record at each log interval (and the first and last iterations)."""
-        if isinstance(record, ec.ProgressEval):
+        if isinstance(record, ProgressEval):
             self.console.print(
                 f"eval at iteration {record.iteration}: loss {_fmt(record.eval_loss, '.4f')}",
                 highlight=False,
@@ -486,9 +487,9 @@ class BarDisplay(PlainDisplay):
         self.task = self.progress.add_task("train", total=total, loss="-", tps="-")
         self.progress.start()
 
-    def record(self, record: ec.ProgressRecord) -> None:
+    def record(self, record: ProgressRecord) -> None:
         """Advance the bar (evaluation results are printed above it)."""
-        if isinstance(record, ec.ProgressEval):
+        if isinstance(record, ProgressEval):
             super().record(record)
             return
         self.progress.update(
@@ -591,7 +592,8 @@ def print_result(
             soft_wrap=True,
         )
         console.print(
-            Text(f"hang report: {ec.hang_dir(plan.run_dir) / ec.HANG_REPORT_FILE}"), soft_wrap=True
+            Text(f"hang report: {lay.hang_dir(plan.run_dir) / lay.HANG_REPORT_FILE}"),
+            soft_wrap=True,
         )
     elif result.rendezvous_failure is not None:
         # One line, not torchrun's traceback: its cause is chained under "See inner exception".
@@ -644,7 +646,7 @@ def print_result(
     t = plan.settings.telemetry
     if t.enabled and t.exporter == "file":
         files = result.trace_files
-        only_job = bool(files) and not any(f.match(ec.TRACES_FILE_GLOB) for f in files)
+        only_job = bool(files) and not any(f.match(lay.TRACES_FILE_GLOB) for f in files)
         what = ": the launcher's job trace only; the workers exported no spans" if only_job else ""
         plain.append(f"traces:  {plan.traces_dir} ({len(files)} file(s){what})")
         plain.append(f"read them: mlaunch trace summary {shlex.quote(str(plan.run_dir))}")

@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mlaunch import envcontract as ec
 from mlaunch.doctor.results import NET_TIMEOUT_S, CheckResult, fail, ok, warn
 from mlaunch.launcher.rendezvous import check_endpoint, split_endpoint
 from mlaunch.model.gpt_shape import count_parameters, gpt_config
 from mlaunch.model.spec import quoted
+from mlaunch.rundir import layout as lay
 from mlaunch.settings import Settings
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ def check_run_dir(settings: Settings, cwd: Path | None = None) -> list[CheckResu
     results = [ok("run directory", f"{where} is writable")]
     t = settings.training
     checkpoints = bool(t.save) or t.save_interval > 0
-    ckpt_dir = Path(t.save).expanduser() if t.save else run_dir / ec.CHECKPOINTS_DIR
+    ckpt_dir = Path(t.save).expanduser() if t.save else run_dir / lay.CHECKPOINTS_DIR
     ckpt_anchor = anchor
     if checkpoints:
         try:

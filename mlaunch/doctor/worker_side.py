@@ -9,12 +9,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mlaunch import envcontract as ec
 from mlaunch.doctor.process import ProbeProcess, last_line
 from mlaunch.doctor.results import CheckResult, fail, ok, warn
 from mlaunch.envcontract import FALLBACK_PREFIX, PRIMARY_PREFIX
 from mlaunch.model.groups import ALL_GROUPS as ALL_SPAN_GROUPS
 from mlaunch.model.strategies import format_ranks
+from mlaunch.rundir import layout as lay
 from mlaunch.settings import Settings
 
 #: Seconds the worker interpreter may take to import nemo-lens and resolve its configuration.
@@ -167,7 +167,7 @@ def _worker_launch(
 
     run_id = settings.telemetry.run_id or "doctor"
     env, removed, _ = worker_environment(
-        settings, run_id, ec.default_run_dir(run_id, Path.cwd()), environ, external=True
+        settings, run_id, lay.default_run_dir(run_id, Path.cwd()), environ, external=True
     )
     child = {k: v for k, v in environ.items() if k not in removed}
     child.update(env)

@@ -31,6 +31,7 @@ from mlaunch import envcontract as ec
 from mlaunch.launcher.run_status import LIVE_STATES, JobStatus
 from mlaunch.lens_hook import START_LEAD_S
 from mlaunch.model.spec import SpanSpecError, format_groups, resolve
+from mlaunch.rundir import layout as lay
 from mlaunch.rundir.atomic import write_json
 from mlaunch.rundir.records import (
     capture_answers,
@@ -38,6 +39,7 @@ from mlaunch.rundir.records import (
     read_capture_request,
     read_dumps,
     read_lens_acks,
+    read_progress_tail,
 )
 from mlaunch.rundir.state import RunState, log_superseded
 from mlaunch.settings import recorded_off_reason
@@ -99,7 +101,7 @@ class CaptureRequest:
             "ranks": "all" if self.ranks is None else self.ranks,
             "recorded": self.recorded,
             "iteration": self.iteration,
-            "request_file": str(self.run_dir / ec.CAPTURE_REQUEST_FILE),
+            "request_file": str(self.run_dir / lay.CAPTURE_REQUEST_FILE),
         }
         if self.live:
             out.update(
@@ -138,7 +140,7 @@ class CaptureRequest:
         if self.outcome is None or not self.expected_ranks:
             return False
         return all(
-            self.outcome.get(r, {}).get("state") in ec.CAPTURE_FINAL_STATES
+            self.outcome.get(r, {}).get("state") in lay.CAPTURE_FINAL_STATES
             for r in self.expected_ranks
         )
 
@@ -159,7 +161,7 @@ def parse_ranks(text: str) -> list[int] | None:
 
 def _resolved(run_dir: Path) -> dict[str, Any]:
     try:
-        data = json.loads((run_dir / ec.RESOLVED_JSON_FILE).read_text(encoding="utf-8"))
+        data = json.loads((run_dir / lay.RESOLVED_JSON_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -191,7 +193,7 @@ def _recent_steps(run_dir: Path) -> tuple[int | None, float | None]:
     records."""
     iteration: int | None = None
     steps: list[float] = []
-    for record in reversed(ec.read_progress_tail(run_dir)):
+    for record in reversed(read_progress_tail(run_dir)):
         if not isinstance(record.iteration, int):
             continue
         iteration = record.iteration if iteration is None else iteration
@@ -282,7 +284,7 @@ def request_capture(
     script_run = bool(_setting(run_dir, "launch.script") or _setting(run_dir, "launch.module"))
     if not st.progress and not (script_run and spec is not None and seconds is not None):
         raise CaptureInputError(
-            f"{run_dir}: no training progress yet ({ec.PROGRESS_FILE}); capture once it trains"
+            f"{run_dir}: no training progress yet ({lay.PROGRESS_FILE}); capture once it trains"
             + (
                 " (a Megatron-LM/nemo-lens worker writes none: capture it by time, --seconds S)"
                 if script_run
@@ -369,7 +371,7 @@ def request_capture(
                 # No mlaunch.telemetry worker said it listens: nemo-lens workers answer instead.
                 req.expected_ranks = req.lens_ranks or None
     log_superseded(run_dir)
-    write_json(run_dir / ec.CAPTURE_REQUEST_FILE, body)  # a worker never reads half a request
+    write_json(run_dir / lay.CAPTURE_REQUEST_FILE, body)  # a worker never reads half a request
     return req
 
 
@@ -407,7 +409,7 @@ def lens_capture_ranks(run_dir: Path) -> tuple[list[int], dict[int, str]]:
     has no readable ``resolved.json``.
     """
     try:
-        data = json.loads((Path(run_dir) / ec.RESOLVED_JSON_FILE).read_text(encoding="utf-8"))
+        data = json.loads((Path(run_dir) / lay.RESOLVED_JSON_FILE).read_text(encoding="utf-8"))
         world = int(data["world_size"])
         exporting = sorted(int(r) for r in data.get("exporting_ranks") or ())
         settings = data.get("settings") or {}

@@ -9,13 +9,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mlaunch import envcontract as ec
+from mlaunch.rundir import layout as lay
 from mlaunch.settings import Problem, Settings, flag_name
 
 #: Checkpoint files the launcher reads (stdlib only, the launcher never imports torch), named by
 #: the run-directory schema as the trainer's are.
-CHECKPOINT_TRACKER_FILE = ec.CHECKPOINT_TRACKER_FILE
-CHECKPOINT_MANIFEST_FILE = ec.CHECKPOINT_MANIFEST_FILE
+CHECKPOINT_TRACKER_FILE = lay.CHECKPOINT_TRACKER_FILE
+CHECKPOINT_MANIFEST_FILE = lay.CHECKPOINT_MANIFEST_FILE
 #: Settings that fix the shape of what a checkpoint holds: resuming with another value of any of
 #: them cannot load its tensors (compared when the checkpoint's run left its ``resolved.json``).
 CHECKPOINT_LAYOUT_SETTINGS = (
@@ -32,7 +32,7 @@ CHECKPOINT_LAYOUT_SETTINGS = (
 def _newest_manifest(root: Path) -> tuple[Path, dict[str, Any]] | None:
     """The manifest of the checkpoint a resume would start from (the marker's, else the newest
     committed one), or None when there is none to read."""
-    iter_dir = ec.CHECKPOINT_ITER_DIR
+    iter_dir = lay.CHECKPOINT_ITER_DIR
     try:
         found = [it for p in root.iterdir() if (it := iter_dir.parse(p.name)) is not None]
         marker = (
@@ -63,7 +63,7 @@ def resume_iteration(root: Path) -> int | None:
     own choice, read ahead with the standard library (it may still fall back past a checkpoint
     whose tensors fail to load)."""
     found = _newest_manifest(root)
-    return None if found is None else ec.CHECKPOINT_ITER_DIR.parse(found[0].parent.name)
+    return None if found is None else lay.CHECKPOINT_ITER_DIR.parse(found[0].parent.name)
 
 
 def checkpoint_layout_problems(
@@ -84,9 +84,9 @@ def checkpoint_layout_problems(
     theirs: dict[str, Any] = {}
     with contextlib.suppress(TypeError, ValueError):
         theirs["parallelism.pipeline_model_parallel_size"] = int(manifest.get("pipeline_stages", 1))
-    if root.name == ec.CHECKPOINTS_DIR:
+    if root.name == lay.CHECKPOINTS_DIR:
         with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
-            table = json.loads((root.parent / ec.RESOLVED_JSON_FILE).read_text(encoding="utf-8"))
+            table = json.loads((root.parent / lay.RESOLVED_JSON_FILE).read_text(encoding="utf-8"))
             for path in CHECKPOINT_LAYOUT_SETTINGS:
                 entry = table["settings"].get(path)
                 if isinstance(entry, dict) and "value" in entry:
@@ -120,18 +120,18 @@ def _earlier_run(run_dir: Path, run_id: str) -> tuple[str, int] | None:
     None. A record of this same run id is not another run: a SLURM requeue (the run id is the
     job id) and every node of a multi-node job share it."""
     try:
-        table = json.loads((run_dir / ec.RESOLVED_JSON_FILE).read_text(encoding="utf-8"))
+        table = json.loads((run_dir / lay.RESOLVED_JSON_FILE).read_text(encoding="utf-8"))
         theirs = str(table["run_id"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if theirs == run_id:
         return None
     try:
-        with (run_dir / ec.PROGRESS_FILE).open("rb") as f:
+        with (run_dir / lay.PROGRESS_FILE).open("rb") as f:
             iterations = sum(1 for line in f if line.strip())
     except OSError:
         iterations = 0
-    traces = any((run_dir / ec.TELEMETRY_DIR).glob(ec.TRACES_FILE_GLOB))
+    traces = any((run_dir / lay.TELEMETRY_DIR).glob(lay.TRACES_FILE_GLOB))
     return (theirs, iterations) if iterations or traces else None
 
 
@@ -148,7 +148,7 @@ def rerun_problems(
     if found is None:
         return []
     theirs, iterations = found
-    what = f"{iterations} iteration(s) in {ec.PROGRESS_FILE}" if iterations else "its traces"
+    what = f"{iterations} iteration(s) in {lay.PROGRESS_FILE}" if iterations else "its traces"
     return [
         Problem(
             settings.label("launch.run_dir"),

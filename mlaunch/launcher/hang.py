@@ -24,7 +24,6 @@ No torch import here.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import statistics
@@ -34,10 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mlaunch import envcontract as ec
 from mlaunch.launcher.hang_report import HangReport, Worker, collect, write_merged
 from mlaunch.model.spans import STEP_SPAN
-from mlaunch.rundir.records import read_heartbeat
+from mlaunch.rundir import layout as lay
+from mlaunch.rundir.records import ProgressRecord, ProgressStep, read_hang_reports, read_heartbeat
 
 if TYPE_CHECKING:  # the type only: importing this module never loads the settings layer
     from mlaunch.launcher.plan import LaunchPlan
@@ -145,9 +144,9 @@ class Watchdog:
         self.attempt = attempt
         self._attempt_start(when)
 
-    def record(self, record: ec.ProgressRecord) -> None:
+    def record(self, record: ProgressRecord) -> None:
         """A progress.jsonl record (mlaunch's trainer)."""
-        if isinstance(record, ec.ProgressStep) and isinstance(record.iteration, int):
+        if isinstance(record, ProgressStep) and isinstance(record.iteration, int):
             t = record.time
             self._observe(
                 "progress", 0, record.iteration, t if isinstance(t, int | float) else time.time()
@@ -226,15 +225,11 @@ class Watchdog:
         if nnodes <= 1 or not self.reports:
             return
         mine = self.reports[-1]
-        hang = ec.hang_dir(self.plan.run_dir)
         deadline = time.monotonic() + PEER_WAIT_S
         while time.monotonic() < deadline:
-            done = 0
-            for node in range(nnodes):
-                with contextlib.suppress(OSError, ValueError):
-                    body = json.loads((hang / ec.HANG_NODE_REPORT.name(node)).read_text())
-                    fresh = body.get("detected_at", 0) >= mine.detected_at - mine.timeout_s
-                    done += bool(fresh and body.get("attempt") == mine.attempt)
+            # Every node's report of this hang (detected within a timeout of this node's).
+            peers = read_hang_reports(self.plan.run_dir, mine.detected_at - mine.timeout_s + 1)
+            done = len({r.node for r in peers if r.attempt == mine.attempt and r.node is not None})
             if done >= nnodes:
                 return
             time.sleep(0.2)
@@ -306,7 +301,7 @@ class Watchdog:
     def _source(self) -> str:
         names = {
             "heartbeat": "mlaunch.telemetry progress beats",
-            "progress": ec.PROGRESS_FILE,
+            "progress": lay.PROGRESS_FILE,
             "receiver": f"{STEP_SPAN} spans (embedded receiver)",
         }
         found = [names[s] for s in sorted(self._sources)]

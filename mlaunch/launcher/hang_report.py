@@ -27,10 +27,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlaunch import envcontract as ec
 from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spans import SPANS, Attr, canonical_name
+from mlaunch.rundir import layout as lay
 from mlaunch.rundir.atomic import write_json
+from mlaunch.rundir.records import read_hang_reports
 from mlaunch.rundir.state import log_superseded
 
 #: How long one ``py-spy dump`` may take (it pauses the worker while it reads its stacks).
@@ -323,7 +324,7 @@ def request_hang_spans(run_dir: Path, run_id: str) -> str:
         "recorded": True, "trigger": "hang", "open_spans": True,
     }  # fmt: skip
     log_superseded(run_dir)  # a user's capture it replaces stays in the run model
-    write_json(run_dir / ec.CAPTURE_REQUEST_FILE, body)
+    write_json(run_dir / lay.CAPTURE_REQUEST_FILE, body)
     return rid
 
 
@@ -335,7 +336,7 @@ def _fresh_hang_request(run_dir: Path, since: float) -> str | None:
     """The id of the hang request in the run directory when one was written in the last
     :data:`HANG_REQUEST_FRESH_S` (by this or another node's launcher) and after ``since`` (the
     attempt's start: older ones its workers ignore), else None."""
-    body = _read_json(run_dir / ec.CAPTURE_REQUEST_FILE)
+    body = _read_json(run_dir / lay.CAPTURE_REQUEST_FILE)
     if body is None or body.get("trigger") != "hang" or not isinstance(body.get("created_ns"), int):
         return None
     if body["created_ns"] < max(time.time_ns() - HANG_REQUEST_FRESH_S * 1e9, since * 1e9):
@@ -356,10 +357,10 @@ def nccl_dump(run_dir: Path, ranks: list[int], nccl_env: bool) -> dict[str, Any]
     say where the dumps go, or why there are none (a gloo job has no NCCL flight recorder)."""
     if not nccl_env:
         return {"available": False, "note": "not available: the job does not use NCCL (gloo)"}
-    hang = ec.hang_dir(run_dir)
+    hang = lay.hang_dir(run_dir)
     asked = []
     for rank in ranks:
-        pipe = hang / f"{ec.NCCL_PIPE_PREFIX}{rank}.pipe"
+        pipe = hang / f"{lay.NCCL_PIPE_PREFIX}{rank}.pipe"
         with contextlib.suppress(OSError):  # no pipe: that rank has no NCCL process group
             fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
             try:
@@ -367,9 +368,9 @@ def nccl_dump(run_dir: Path, ranks: list[int], nccl_env: bool) -> dict[str, Any]
                 asked.append(rank)
             finally:
                 os.close(fd)
-    files = [str(hang / f"{ec.NCCL_TRACE_PREFIX}{r}") for r in ranks]
+    files = [str(hang / f"{lay.NCCL_TRACE_PREFIX}{r}") for r in ranks]
     note = (
-        f"dump asked of rank(s) {','.join(map(str, asked))}; torch writes {ec.NCCL_TRACE_PREFIX}<R>"
+        f"dump asked of rank(s) {','.join(map(str, asked))}; torch writes {lay.NCCL_TRACE_PREFIX}<R>"
         if asked
         else "no NCCL process group answered (none created yet, or not NCCL); torch dumps"
         " there itself when NCCL's own timeout fires"
@@ -384,13 +385,13 @@ def collect(
     """Collect every local worker's stacks (in parallel), the mlaunch workers' open spans, the
     NCCL dump; judge; write the stack files and this node's report. Never raises on a worker
     that cannot be read (its rank says why)."""
-    hang = ec.hang_dir(run_dir)
+    hang = lay.hang_dir(run_dir)
     hang.mkdir(parents=True, exist_ok=True)
     rid = _fresh_hang_request(run_dir, since) or ""  # another node asked already: its answers count
     if not rid and mlaunch_ranks:
         for w in workers:  # an earlier hang's files must not be read as this one's
             with contextlib.suppress(OSError):
-                (hang / ec.HANG_SPANS_FILE.name(w.rank)).unlink()
+                (hang / lay.HANG_SPANS_FILE.name(w.rank)).unlink()
         rid = request_hang_spans(run_dir, run_id)
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(workers)))) as pool:
         dumps = list(pool.map(lambda w: dump_stacks(w.pid), workers))
@@ -401,7 +402,7 @@ def collect(
         v = RankView(w.rank, w.local_rank, w.pid, collect_s=round(took, 3), error=error,
                      process=process_state(w.pid))  # fmt: skip
         if threads is not None:
-            path = hang / ec.HANG_STACKS_FILE.name(w.rank)
+            path = hang / lay.HANG_STACKS_FILE.name(w.rank)
             path.write_text(stacks_text(threads, w.rank, w.pid), encoding="utf-8")
             v.stacks_file = str(path)
             main = main_thread(threads, w.pid)
@@ -418,7 +419,7 @@ def collect(
         # Nodes writing the one request file at once: the workers answer whichever landed.
         asked = {rid, _fresh_hang_request(run_dir, since)}
         for rank, v in list(pending.items()):
-            path = hang / ec.HANG_SPANS_FILE.name(rank)
+            path = hang / lay.HANG_SPANS_FILE.name(rank)
             body = _read_json(path)
             if body is not None and body.get("request") in asked:
                 _span_facts(v, body, now_ns)
@@ -427,8 +428,8 @@ def collect(
         if pending:
             time.sleep(0.1)
     report.recorder_files = sorted(
-        str(ec.recorder_file(run_dir, v.rank)) for v in views
-        if ec.recorder_file(run_dir, v.rank).exists()
+        str(lay.recorder_file(run_dir, v.rank)) for v in views
+        if lay.recorder_file(run_dir, v.rank).exists()
     )  # fmt: skip
     report.ranks = views
     report.verdict = judge(views)
@@ -439,8 +440,8 @@ def collect(
 
 def write_report(run_dir: Path, report: HangReport) -> None:
     """This node's report, then the merge of every node's report present (``report.json``)."""
-    hang = ec.hang_dir(run_dir)
-    write_json(hang / ec.HANG_NODE_REPORT.name(report.node), report.as_json(), indent=1)
+    hang = lay.hang_dir(run_dir)
+    write_json(hang / lay.HANG_NODE_REPORT.name(report.node), report.as_json(), indent=1)
     write_merged(run_dir)
 
 
@@ -448,7 +449,7 @@ def write_merged(run_dir: Path) -> None:
     """``report.json``: the merge of every node's report present now."""
     merged = merged_report(run_dir)
     if merged is not None:
-        write_json(ec.hang_dir(run_dir) / ec.HANG_REPORT_FILE, merged, indent=1)
+        write_json(lay.hang_dir(run_dir) / lay.HANG_REPORT_FILE, merged, indent=1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -463,30 +464,23 @@ def _view(data: dict[str, Any]) -> RankView:
 def merged_report(run_dir: Path, since: float | None = None) -> dict[str, Any] | None:
     """Every node's hang report merged (the newest hang of each node detected since ``since``):
     the ranks of all nodes, the verdict judged over them all, the earliest detection."""
-    nodes = []
-    for path in sorted(ec.hang_dir(run_dir).glob(ec.HANG_NODE_REPORT.glob)):
-        data = _read_json(path)
-        if data is None or not isinstance(data.get("detected_at"), int | float):
-            continue
-        if since is not None and data["detected_at"] < since - 1:
-            continue
-        nodes.append(data)
+    nodes = read_hang_reports(run_dir, since)
     if not nodes:
         return None
-    latest = max(int(n.get("attempt") or 0) for n in nodes)
-    nodes = [n for n in nodes if int(n.get("attempt") or 0) == latest]  # one hang, not two
-    views = [_view(r) for n in nodes for r in n.get("ranks") or [] if isinstance(r, dict)]
-    first = min(nodes, key=lambda n: n["detected_at"])
+    latest = max(n.attempt for n in nodes)
+    nodes = [n for n in nodes if n.attempt == latest]  # one hang, not two
+    views = [_view(r) for n in nodes for r in n.ranks]
+    first = min(nodes, key=lambda n: n.detected_at)
     return {
-        "detected_at": first["detected_at"],
-        "verdict": judge(views) if len(nodes) > 1 else first.get("verdict", judge(views)),
+        "detected_at": first.detected_at,
+        "verdict": judge(views) if len(nodes) > 1 or first.verdict is None else first.verdict,
         "ranks": [asdict(v) for v in sorted(views, key=lambda v: v.rank)],
-        "nodes": [n.get("node") for n in nodes],
-        "attempt": max(int(n.get("attempt") or 0) for n in nodes),
-        "action": first.get("action"),
-        "timeout_s": first.get("timeout_s"),
-        "collect_s": max(float(n.get("collect_s") or 0) for n in nodes),
-        "nccl": first.get("nccl"),
+        "nodes": [n.node for n in nodes],
+        "attempt": latest,
+        "action": first.action,
+        "timeout_s": first.timeout_s,
+        "collect_s": max(n.collect_s for n in nodes),
+        "nccl": first.nccl,
     }
 
 
@@ -504,5 +498,5 @@ def hang_status(run_dir: Path, since: float | None = None) -> dict[str, Any] | N
         ],
         "attempt": merged["attempt"],
         "action": merged["action"],
-        "report": str(ec.hang_dir(run_dir) / ec.HANG_REPORT_FILE),
+        "report": str(lay.hang_dir(run_dir) / lay.HANG_REPORT_FILE),
     }

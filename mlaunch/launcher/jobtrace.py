@@ -59,6 +59,7 @@ from mlaunch.launcher.attempt_entry import attempt_span_id, traceparent
 from mlaunch.model.identity import RUN_UUID, run_identity
 from mlaunch.model.spans import Attr, ResourceAttr, SpanName
 from mlaunch.otlp import traceparent as traceparent_header
+from mlaunch.rundir import layout as lay
 
 if TYPE_CHECKING:  # the types only: importing this module never loads the settings layer
     from mlaunch.launcher.plan import LaunchPlan
@@ -288,10 +289,10 @@ class UpstreamSink:
 
 def default_sinks(plan: LaunchPlan) -> list[SpanSink]:
     """The file, plus the endpoint when the run exports over OTLP."""
-    sinks: list[SpanSink] = [FileSink(ec.launcher_traces_file(plan.run_dir, _node(plan)))]
+    sinks: list[SpanSink] = [FileSink(lay.launcher_traces_file(plan.run_dir, _node(plan)))]
     t = plan.settings.telemetry
     if t.exporter == "otlp" and t.otel.endpoint_configured:
-        spool = ec.spooled(ec.launcher_traces_file(plan.run_dir, _node(plan)))
+        spool = lay.spooled(lay.launcher_traces_file(plan.run_dir, _node(plan)))
         sinks.append(UpstreamSink(t.otel, min(t.shutdown_timeout_s, UPSTREAM_CLOSE_S), spool))
     return sinks
 
@@ -302,7 +303,7 @@ def relay_sinks(plan: LaunchPlan, receiver: Any) -> list[SpanSink] | None:
     default sinks)."""
     if receiver is None or receiver.stats.mode != "relay":
         return None
-    path = ec.launcher_traces_file(plan.run_dir, _node(plan))
+    path = lay.launcher_traces_file(plan.run_dir, _node(plan))
     return [FileSink(path), ReceiverSink(receiver, path)]
 
 
@@ -400,7 +401,7 @@ class JobTrace:
         self.job = _Span(SpanName.JOB.value, _hex(16, seed, "job"), parent[1] if parent else "",
                          mlaunch.STARTED_NS)  # fmt: skip
         self.attempts: list[_Span] = []
-        self._log_offset = self._size(plan.log_dir / ec.TORCHRUN_LOG)
+        self._log_offset = self._size(plan.log_dir / lay.TORCHRUN_LOG)
         self._since = time.time()
         self._interrupt: int | None = None
         self._failed_rank: int | None = None
@@ -514,8 +515,8 @@ class JobTrace:
             return local_rank
         # Several: the rendezvous orders the nodes, so only the trainer's error file (written by
         # the failing rank itself during this attempt) can say which global rank it was.
-        for path in self.plan.run_dir.glob(ec.ERROR_FILE.glob):
-            rank = ec.ERROR_FILE.parse(path.name)
+        for path in self.plan.run_dir.glob(lay.ERROR_FILE.glob):
+            rank = lay.ERROR_FILE.parse(path.name)
             if rank is None:
                 continue
             with contextlib.suppress(OSError):
@@ -525,7 +526,7 @@ class JobTrace:
         return None
 
     def _new_lines(self) -> list[str]:
-        path = self.plan.log_dir / ec.TORCHRUN_LOG
+        path = self.plan.log_dir / lay.TORCHRUN_LOG
         try:
             with path.open("rb") as fh:
                 fh.seek(self._log_offset)

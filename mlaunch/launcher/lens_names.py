@@ -27,6 +27,7 @@ from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spans import CATALOGUE
 from mlaunch.model.spec import format_groups
 from mlaunch.model.strategies import ExportStrategy
+from mlaunch.rundir import layout as lay
 from mlaunch.settings import OTEL_ENV, TELEMETRY_KEYS, Settings, flag_name
 
 P = ec.PRIMARY_PREFIX
@@ -289,7 +290,7 @@ def _exporter_applied(settings: Settings) -> str | None:
     if embedded_receiver(settings):
         return (
             "exporter 'file' -> 'otlp' to the launcher's embedded OTLP receiver on loopback,"
-            f" which writes {ec.TELEMETRY_DIR}/ in the run directory (nemo-lens has no file"
+            f" which writes {lay.TELEMETRY_DIR}/ in the run directory (nemo-lens has no file"
             " exporter)"
         )
     return None

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlaunch import envcontract as ec
 from mlaunch.launcher import lens_names
 from mlaunch.launcher.checkpoint_layout import checkpoint_layout_problems, rerun_problems
 from mlaunch.launcher.configs import config_launch_keys, os_reason, resolve_config
@@ -37,6 +36,7 @@ from mlaunch.launcher.worker_env import worker_environment
 from mlaunch.model.spans import estimate_spans_per_iteration
 from mlaunch.model.spec import quoted
 from mlaunch.model.strategies import is_custom_strategy
+from mlaunch.rundir import layout as lay
 from mlaunch.settings import (
     ENDPOINT_PATHS,
     SECRET_ENV,
@@ -103,7 +103,7 @@ class LaunchPlan:
     @property
     def traces_dir(self) -> Path:
         """Where the file exporter writes (one file per exporting rank)."""
-        return self.run_dir / ec.TELEMETRY_DIR
+        return self.run_dir / lay.TELEMETRY_DIR
 
     @property
     def rdzv_id(self) -> str:
@@ -113,7 +113,7 @@ class LaunchPlan:
     @property
     def progress_file(self) -> Path:
         """The trainer's progress records."""
-        return self.run_dir / ec.PROGRESS_FILE
+        return self.run_dir / lay.PROGRESS_FILE
 
     def shown_env(self, show_secrets: bool = False) -> dict[str, str]:
         """:attr:`worker_env` as it may be displayed or written: secrets redacted unless asked."""
@@ -294,7 +294,7 @@ def build_plan(
             )
         )
     run_dir = _run_dir(settings, run_id, cwd, problems)
-    log_dir = run_dir / ec.LOGS_DIR / ec.NODE_LOG_DIR.name(settings.launch.node_rank)
+    log_dir = run_dir / lay.LOGS_DIR / lay.NODE_LOG_DIR.name(settings.launch.node_rank)
     entry, megatron_why = _entry(settings, run_id, run_dir, passthrough, cwd, problems)
     ranks, spans = _telemetry_estimates(settings)
     if problems:
@@ -372,7 +372,7 @@ def _run_dir(settings: Settings, run_id: str, cwd: Path, problems: list[Problem]
     """The run directory (absolute); it and the checkpoint directory must be creatable."""
     launch = settings.launch
     run_dir = (
-        Path(launch.run_dir).expanduser() if launch.run_dir else ec.default_run_dir(run_id, cwd)
+        Path(launch.run_dir).expanduser() if launch.run_dir else lay.default_run_dir(run_id, cwd)
     )
     if not run_dir.is_absolute():
         run_dir = cwd / run_dir

@@ -8,7 +8,6 @@ why. Still no torch import here: torchrun is a subprocess.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import re
@@ -28,7 +27,9 @@ from mlaunch.launcher.hang import Watchdog
 from mlaunch.launcher.hang_report import HangReport
 from mlaunch.launcher.plan import TORCHRUN_MODULE, LaunchPlan
 from mlaunch.launcher.run_status import telemetry_off
-from mlaunch.rundir.atomic import write_atomic
+from mlaunch.rundir import layout as lay
+from mlaunch.rundir.atomic import Busy, take_lock, write_atomic
+from mlaunch.rundir.records import ProgressRecord, ProgressStep, read_progress_record
 
 if TYPE_CHECKING:
     from mlaunch.receiver.core import ReceiverStats
@@ -64,11 +65,12 @@ class RunDirBusy(Exception):
     """Another launcher (of this node rank) holds the run directory."""
 
 
-def _lock_owner(fd: int) -> str:
+def _lock_owner(path: Path) -> str:
     """Who holds the lock, as the holder wrote it (pid, host, run id, start time)."""
     try:
-        info = json.loads(os.pread(fd, 4096, 0).decode("utf-8", "replace") or "{}")
-    except ValueError:
+        with path.open("rb") as fh:
+            info = json.loads(fh.read(4096).decode("utf-8", "replace") or "{}")
+    except (OSError, ValueError):
         info = {}
     if not isinstance(info, dict) or "pid" not in info:
         return "another mlaunch train"
@@ -84,17 +86,13 @@ def lock_run_dir(plan: LaunchPlan) -> int:
     leaves a stale lock). Raises :class:`RunDirBusy` naming the holder when another launcher has
     it; then nothing in the directory has been touched but the (empty) lock file itself."""
     plan.run_dir.mkdir(parents=True, exist_ok=True)
-    path = ec.run_lock_file(plan.run_dir, plan.settings.launch.node_rank)
-    # O_CLOEXEC (Python's default): torchrun and the workers do not hold the lock.
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    path = lay.run_lock_file(plan.run_dir, plan.settings.launch.node_rank)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        owner = _lock_owner(fd)
-        os.close(fd)
+        fd = take_lock(path, blocking=False)  # O_CLOEXEC: torchrun and the workers do not hold it
+    except Busy:
         raise RunDirBusy(
-            f"{plan.run_dir} is in use by {owner}; wait for it to end, or give this run another"
-            " --run-dir"
+            f"{plan.run_dir} is in use by {_lock_owner(path)}; wait for it to end, or give this"
+            " run another --run-dir"
         ) from None
     info = {
         "pid": os.getpid(),
@@ -111,17 +109,17 @@ def create_run_dir(plan: LaunchPlan, *, show_secrets: bool = False) -> None:
     """Create the run directory with ``resolved.env`` (0600), ``resolved.json`` and
     ``command.txt``. Several nodes may share one run directory: each writes the same files."""
     plan.log_dir.mkdir(parents=True, exist_ok=True)
-    (plan.run_dir / ec.TELEMETRY_DIR).mkdir(exist_ok=True)
+    (plan.run_dir / lay.TELEMETRY_DIR).mkdir(exist_ok=True)
     if ec.NCCL_DEBUG_INFO_PIPE_FILE in plan.child_env:  # torch makes its dump pipes in hang/
-        ec.hang_dir(plan.run_dir).mkdir(exist_ok=True)
-    _write_private(plan.run_dir / ec.RESOLVED_ENV_FILE, plan.resolved_env_text(show_secrets))
-    _write_private(plan.run_dir / ec.RESOLVED_JSON_FILE, plan.resolved_json_text(show_secrets))
-    _write_private(plan.run_dir / ec.COMMAND_FILE, plan.command_text(), 0o644)
+        lay.hang_dir(plan.run_dir).mkdir(exist_ok=True)
+    _write_private(plan.run_dir / lay.RESOLVED_ENV_FILE, plan.resolved_env_text(show_secrets))
+    _write_private(plan.run_dir / lay.RESOLVED_JSON_FILE, plan.resolved_json_text(show_secrets))
+    _write_private(plan.run_dir / lay.COMMAND_FILE, plan.command_text(), 0o644)
 
 
 def torchrun_log(plan: LaunchPlan) -> Path:
     """torchrun's own output (agent messages), kept out of the terminal."""
-    return plan.log_dir / ec.TORCHRUN_LOG
+    return plan.log_dir / lay.TORCHRUN_LOG
 
 
 def guarded(argv: list[str]) -> list[str]:
@@ -156,7 +154,7 @@ class ProgressTail:
         self.offset = path.stat().st_size if path.exists() else 0
         self._partial = b""
 
-    def read(self) -> list[ec.ProgressRecord]:
+    def read(self) -> list[ProgressRecord]:
         """New records since the last call (a half-written last line waits for the next; a
         line that is no record is skipped)."""
         try:
@@ -171,7 +169,7 @@ class ProgressTail:
         self._partial = lines.pop()
         out = []
         for line in lines:
-            record = ec.read_progress_record(line)
+            record = read_progress_record(line)
             if record is not None:
                 out.append(record)
         return out
@@ -293,17 +291,17 @@ def collect_failures(
     local_dirs = _local_rank_dirs(plan, since)
     failures: list[RankFailure] = []
     seen_local: set[int] = set()
-    for path in sorted(plan.run_dir.glob(ec.ERROR_FILE.glob)):
+    for path in sorted(plan.run_dir.glob(lay.ERROR_FILE.glob)):
         try:
             if path.stat().st_mtime < since - 1:
                 continue
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        rank = int(data.get("rank", ec.ERROR_FILE.parse(path.name) or 0))
+        rank = int(data.get("rank", lay.ERROR_FILE.parse(path.name) or 0))
         local = rank % nproc
         folder = local_dirs.get(local)
-        here = folder is not None and (folder / ec.TORCHELASTIC_ERROR_FILE).exists()
+        here = folder is not None and (folder / lay.TORCHELASTIC_ERROR_FILE).exists()
         log_path, tail = _rank_log(folder if here else None)
         if here:
             seen_local.add(local)
@@ -314,9 +312,9 @@ def collect_failures(
             )
         )  # fmt: skip
     for local, folder in sorted(local_dirs.items()):
-        if local in seen_local or not (folder / ec.TORCHELASTIC_ERROR_FILE).exists():
+        if local in seen_local or not (folder / lay.TORCHELASTIC_ERROR_FILE).exists():
             continue
-        exc_type, message = _torchelastic_error(folder / ec.TORCHELASTIC_ERROR_FILE)
+        exc_type, message = _torchelastic_error(folder / lay.TORCHELASTIC_ERROR_FILE)
         log_path, tail = _rank_log(folder)
         rank = (
             plan.settings.launch.node_rank * nproc + local
@@ -417,13 +415,13 @@ class RestartWatch:
 
 
 class LauncherRecord:
-    """This node's :func:`~mlaunch.envcontract.launcher_record_file`: written when the launch
+    """This node's :func:`~mlaunch.lay.launcher_record_file`: written when the launch
     starts, at each restart and when it ends (atomically: a reader never sees half). A launcher
     killed by SIGKILL leaves it without ``ended``, its pid gone: ``mlaunch status`` tells that
     from a run that is still going. Writing it never stops a launch."""
 
     def __init__(self, plan: LaunchPlan, started: float) -> None:
-        self.path = ec.launcher_record_file(plan.run_dir, plan.settings.launch.node_rank)
+        self.path = lay.launcher_record_file(plan.run_dir, plan.settings.launch.node_rank)
         self.data: dict[str, Any] = {
             "pid": os.getpid(), "host": socket.gethostname(), "run_id": plan.run_id,
             "node": plan.settings.launch.node_rank, "started": started, "attempt": 0,
@@ -495,7 +493,7 @@ class RunResult:
 
     exit_code: int
     wall_s: float
-    records: list[ec.ProgressRecord]
+    records: list[ProgressRecord]
     """Every progress record this launch saw (training and eval)."""
     interrupted: int | None = None
     """The signal forwarded to the job, if any."""
@@ -524,15 +522,15 @@ class RunResult:
     progress beats: :func:`~mlaunch.launcher.run_status.telemetry_off`)."""
 
     @property
-    def train_records(self) -> list[ec.ProgressStep]:
+    def train_records(self) -> list[ProgressStep]:
         """The training records (not evaluation ones)."""
-        return [r for r in self.records if isinstance(r, ec.ProgressStep)]
+        return [r for r in self.records if isinstance(r, ProgressStep)]
 
 
 class Display(Protocol):
     """What the follower reports progress to (a Rich bar, plain lines, or nothing)."""
 
-    def record(self, record: ec.ProgressRecord) -> None: ...
+    def record(self, record: ProgressRecord) -> None: ...
 
     def interrupted(self, signum: int, forced: bool = False) -> None: ...
 
@@ -648,7 +646,7 @@ def _execute_locked(
     create_run_dir(plan, show_secrets=show_secrets)
     tail = ProgressTail(plan.progress_file)
     start = time.time()
-    records: list[ec.ProgressRecord] = []
+    records: list[ProgressRecord] = []
     spawn_fn = spawn_fn or spawn
     # The embedded OTLP receiver / relay (None when the plan does not call for one). Started
     # before torchrun so the workers' environment can point at it; closed (flushed, spooled,
@@ -756,9 +754,9 @@ def _execute_locked(
     result.span_counts = read_span_counts(plan, start)
     # The launcher's job trace is a trace like the workers' (every `mlaunch trace` command reads
     # it): counted with them, so a run whose workers exported nothing still shows its one file.
-    telemetry = plan.run_dir / ec.TELEMETRY_DIR
+    telemetry = plan.run_dir / lay.TELEMETRY_DIR
     result.trace_files = sorted(
-        [*telemetry.glob(ec.TRACES_FILE_GLOB), *telemetry.glob(ec.LAUNCHER_TRACES_FILE_GLOB)]
+        [*telemetry.glob(lay.TRACES_FILE_GLOB), *telemetry.glob(lay.LAUNCHER_TRACES_FILE_GLOB)]
     )
     # The workers have exited: the store costs training nothing now. An interrupted launch
     # (Ctrl-C, SLURM's SIGTERM) is on its way out and leaves it to the first read, as does a
@@ -855,7 +853,7 @@ def read_span_counts(plan: LaunchPlan, since: float) -> dict[str, int] | None:
     when no rank wrote one."""
     total = {"emitted": 0, "delivered": 0, "spooled": 0, "dropped": 0, "ranks": 0}
     for rank in range(plan.settings.world_size):
-        path = ec.span_counts_file(plan.run_dir, rank)
+        path = lay.span_counts_file(plan.run_dir, rank)
         try:
             if path.stat().st_mtime < since - 1:
                 continue  # an earlier launch's

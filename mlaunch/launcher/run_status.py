@@ -17,9 +17,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlaunch import envcontract as ec
 from mlaunch.model.spans import Attr, SpanName
-from mlaunch.rundir.records import read_heartbeats, read_launcher_record
+from mlaunch.rundir import layout as lay
+from mlaunch.rundir.records import (
+    LauncherAttempts,
+    read_heartbeats,
+    read_launcher_record,
+    read_progress_tail,
+)
 from mlaunch.rundir.state import RunState
 
 _JOB, _ATTEMPT = SpanName.JOB.value, SpanName.JOB_ATTEMPT.value
@@ -218,7 +223,7 @@ def _newest(paths: list[Path]) -> Path | None:
 
 def _nproc(run_dir: Path) -> int | None:
     try:
-        data = json.loads((run_dir / ec.RESOLVED_JSON_FILE).read_text(encoding="utf-8"))
+        data = json.loads((run_dir / lay.RESOLVED_JSON_FILE).read_text(encoding="utf-8"))
         return int(data["settings"]["launch.nproc_per_node"]["value"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -234,8 +239,8 @@ def _rank_log(
     if local is None:
         return None, None
     marks = [f"[rank{rank}]", message[:80]] if message else [f"[rank{rank}]"]
-    for path in (run_dir / ec.LOGS_DIR).glob(
-        f"{ec.NODE_LOG_DIR.glob}/*/attempt_*/{local}/std*.log"
+    for path in (run_dir / lay.LOGS_DIR).glob(
+        f"{lay.NODE_LOG_DIR.glob}/*/attempt_*/{local}/std*.log"
     ):
         try:
             if since is not None and path.stat().st_mtime < since - 1:
@@ -244,7 +249,7 @@ def _rank_log(
         except OSError:
             continue
         if any(m and m in text for m in marks):
-            return ec.NODE_LOG_DIR.parse(path.relative_to(run_dir / ec.LOGS_DIR).parts[0]), path
+            return lay.NODE_LOG_DIR.parse(path.relative_to(run_dir / lay.LOGS_DIR).parts[0]), path
     return None, None
 
 
@@ -252,15 +257,15 @@ def node_views(run_dir: Path, since: float | None = None) -> list[NodeView]:
     """Each node's most recently written worker log (or its launcher's progress view, or
     torchrun's log) since ``since`` (this incarnation's start), and its last line."""
     views = []
-    for folder in sorted((run_dir / ec.LOGS_DIR).glob(ec.NODE_LOG_DIR.glob)):
-        number = ec.NODE_LOG_DIR.parse(folder.name)
+    for folder in sorted((run_dir / lay.LOGS_DIR).glob(lay.NODE_LOG_DIR.glob)):
+        number = lay.NODE_LOG_DIR.parse(folder.name)
         if number is None:
             continue
         # A worker's log, or (nodes other than 0) the launcher's progress view, whichever is newer.
         # Node 0's progress view is the job's output (the other nodes write only a pointer there).
-        first = folder.name == ec.NODE_LOG_DIR.name(0)
-        outputs = sorted(run_dir.glob(ec.SLURM_OUTPUT_GLOB)) if first else []
-        logs = [*folder.glob("*/attempt_*/*/std*.log"), folder / ec.LAUNCHER_LOG, *outputs]
+        first = folder.name == lay.NODE_LOG_DIR.name(0)
+        outputs = sorted(run_dir.glob(lay.SLURM_OUTPUT_GLOB)) if first else []
+        logs = [*folder.glob("*/attempt_*/*/std*.log"), folder / lay.LAUNCHER_LOG, *outputs]
         logs = [p for p in logs if p.is_file() and p.stat().st_size > 0]
         if since is not None:
             logs = [p for p in logs if p.stat().st_mtime >= since - 1]
@@ -278,12 +283,12 @@ def failures(run_dir: Path, since: float | None = None, slack_s: float = 1.0) ->
     coarse file clock), the first to fail first."""
     nproc = _nproc(run_dir)
     out = []
-    for path in run_dir.glob(ec.ERROR_FILE.glob):
+    for path in run_dir.glob(lay.ERROR_FILE.glob):
         try:
             if since is not None and path.stat().st_mtime < since - slack_s:
                 continue  # an earlier incarnation's
             data = json.loads(path.read_text(encoding="utf-8"))
-            rank = int(data.get("rank", ec.ERROR_FILE.parse(path.name)))
+            rank = int(data.get("rank", lay.ERROR_FILE.parse(path.name)))
         except (OSError, ValueError, TypeError):
             continue
         message = str(data.get("message", ""))
@@ -299,7 +304,7 @@ def failures(run_dir: Path, since: float | None = None, slack_s: float = 1.0) ->
 
 def progress(run_dir: Path) -> dict[str, Any] | None:
     """The newest training record of ``progress.jsonl`` (iteration, loss, age)."""
-    steps = ec.read_progress_tail(run_dir)
+    steps = read_progress_tail(run_dir)
     if not steps:
         return None
     record = steps[-1]
@@ -346,7 +351,7 @@ def telemetry_off(
 # The launcher's record and job trace
 
 
-def launcher_record(run_dir: Path) -> dict[str, Any] | None:
+def launcher_record(run_dir: Path) -> LauncherAttempts | None:
     """Node 0's launcher record of the newest launch (``launcher-node0.json``), or None."""
     return read_launcher_record(run_dir, 0)
 
@@ -363,15 +368,11 @@ def _pid_alive(pid: Any) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z" and b"mlaunch" in cmdline
 
 
-def _launcher_view(rec: dict[str, Any]) -> LauncherView:
-    ended = rec.get("ended")
+def _launcher_view(rec: LauncherAttempts) -> LauncherView:
     alive = None
-    if ended is None and rec.get("host") == socket.gethostname():
-        alive = _pid_alive(rec.get("pid"))
-    return LauncherView(
-        rec.get("pid"), rec.get("host"), rec.get("started"), ended, rec.get("exit_code"),
-        rec.get("signal"), alive,
-    )  # fmt: skip
+    if rec.ended is None and rec.host == socket.gethostname():
+        alive = _pid_alive(rec.pid)
+    return LauncherView(rec.pid, rec.host, rec.started, rec.ended, rec.exit_code, rec.signal, alive)
 
 
 def job_trace(run_dir: Path, since: float | None) -> list[dict[str, Any]]:
@@ -380,7 +381,7 @@ def job_trace(run_dir: Path, since: float | None) -> list[dict[str, Any]]:
     from mlaunch.otlp.otlp_json import read_spans
 
     spans: list[dict[str, Any]] = []
-    for path in sorted((run_dir / ec.TELEMETRY_DIR).glob(ec.LAUNCHER_TRACES_FILE_GLOB)):
+    for path in sorted((run_dir / lay.TELEMETRY_DIR).glob(lay.LAUNCHER_TRACES_FILE_GLOB)):
         try:
             spans += read_spans(path)
         except (OSError, ValueError):
@@ -406,16 +407,16 @@ def _restarts_from_trace(spans: list[dict[str, Any]]) -> list[RestartView]:
 def saved_since(run_dir: Path, since: float) -> bool:
     """Whether a checkpoint was committed since ``since`` (the default ``checkpoints/`` or the
     ``--save`` of ``command.txt``)."""
-    roots = [run_dir / ec.CHECKPOINTS_DIR]
+    roots = [run_dir / lay.CHECKPOINTS_DIR]
     try:
-        argv = (run_dir / ec.COMMAND_FILE).read_text(encoding="utf-8").split()
+        argv = (run_dir / lay.COMMAND_FILE).read_text(encoding="utf-8").split()
         if "--save" in argv[:-1]:
             roots.append(Path(argv[argv.index("--save") + 1].strip("'\"")))
     except OSError:
         pass
     for root in roots:
         with contextlib.suppress(OSError):
-            if (root / ec.CHECKPOINT_TRACKER_FILE).stat().st_mtime >= since - 1:
+            if (root / lay.CHECKPOINT_TRACKER_FILE).stat().st_mtime >= since - 1:
                 return True
     return False
 
@@ -434,19 +435,16 @@ def resumable_text(run_dir: str | Path, job_id: str | None) -> str:
     )
 
 
-def apply_launch(st: JobStatus, run_dir: Path, rec: dict[str, Any] | None) -> None:
+def apply_launch(st: JobStatus, run_dir: Path, rec: LauncherAttempts | None) -> None:
     """Outside SLURM: the state from the newest launch's record and job trace."""
-    since = rec["started"] if rec else None
+    since = rec.started if rec else None
     spans = job_trace(run_dir, since)
     jobs = [s for s in spans if s.get("name") == _JOB]
     job = jobs[-1] if jobs else None
     if rec is not None:
         st.launcher = _launcher_view(rec)
-        st.attempt = rec.get("attempt") if isinstance(rec.get("attempt"), int) else None
-        st.restarts = [
-            RestartView(r.get("attempt"), r.get("rank"), str(r.get("cause")), r.get("time"))
-            for r in rec.get("restarts") or [] if isinstance(r, dict)
-        ]  # fmt: skip
+        st.attempt = rec.attempt
+        st.restarts = [RestartView(r.attempt, r.rank, r.cause, r.time) for r in rec.restarts]  # type: ignore[arg-type]
     elif job is None:
         return  # neither: the run directory alone tells (below)
     if not st.restarts:
@@ -458,12 +456,12 @@ def apply_launch(st: JobStatus, run_dir: Path, rec: dict[str, Any] | None) -> No
     # before torchrun made the next attempt's folder (the restart's time), so no slack here.
     restarted = bool(st.restarts and st.restarts[-1].time)
     st.failures = failures(run_dir, final_since, 0.0 if restarted else 1.0)
-    if rec is not None and rec.get("ended") is None:
+    if rec is not None and rec.ended is None:
         st.state = "launcher_died" if st.launcher and st.launcher.alive is False else "running"
         return
     if rec is not None:
-        code, sig = rec.get("exit_code"), rec.get("signal")
-        recorded = [f for f in rec.get("failures") or [] if isinstance(f, dict)]
+        code, sig = rec.exit_code, rec.signal
+        recorded = list(rec.failures)
     else:
         assert job is not None
         code, sig = (
@@ -484,20 +482,19 @@ def apply_launch(st: JobStatus, run_dir: Path, rec: dict[str, Any] | None) -> No
         st.failed_rank, st.cause = f.rank, f"{f.exception_type}: {f.message}"
     elif recorded:
         f0 = recorded[0]
-        st.failed_rank = f0.get("rank")
-        what, msg = str(f0.get("exception_type") or "error"), str(f0.get("message") or "")
+        st.failed_rank = f0.rank
+        what, msg = f0.exception_type or "error", f0.message or ""
         st.cause = f"{what}: {msg}" if msg else what
-        if isinstance(f0.get("rank"), int):
-            st.failures = [Failure(f0["rank"], f0.get("node"), what, msg, None, None,
-                                   f0.get("log"))]  # fmt: skip
+        if f0.rank is not None:
+            st.failures = [Failure(f0.rank, f0.node, what, msg, None, None, f0.log)]
     elif job is not None:
         attempts = [s for s in spans if s.get("name") == _ATTEMPT]
         st.failed_rank = job["attributes"].get(Attr.FAILED_RANK)
         st.cause = (attempts[-1].get("status_message") if attempts else None) or "failed"
-    if rec is not None and rec.get("rendezvous"):  # recorded only when no worker failed
-        st.cause = f"rendezvous failed: {rec['rendezvous']}"
-    if rec is not None and rec.get("error"):
-        st.cause = st.cause or f"launcher stopped: {rec['error']}"
+    if rec is not None and rec.rendezvous:  # recorded only when no worker failed
+        st.cause = f"rendezvous failed: {rec.rendezvous}"
+    if rec is not None and rec.error:
+        st.cause = st.cause or f"launcher stopped: {rec.error}"
 
 
 def hang_cause(st: JobStatus) -> None:

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mlaunch import envcontract as ec
 from mlaunch.launcher import lens_names
+from mlaunch.rundir import layout as lay
 from mlaunch.settings import Problem, Settings, arg_tables
 from mlaunch.settings.trainer_cli import build_parser, validate
 
@@ -80,7 +80,7 @@ def trainer_args(settings: Settings, run_dir: Path, *, megatron: bool = False) -
         # start over. Every tenth of the run loses at most 10% of the work to one failure.
         interval = restart_save_interval(t.train_iters)
         values["training.save_interval"] = interval
-    own = run_dir / ec.CHECKPOINTS_DIR
+    own = run_dir / lay.CHECKPOINTS_DIR
     if interval == 0:
         values["training.save_interval"] = None
         if t.save is None and _holds_files(own):

@@ -11,6 +11,7 @@ from typing import Any
 from mlaunch import envcontract as ec
 from mlaunch.launcher import lens_names
 from mlaunch.lens_hook import SITE_DIR
+from mlaunch.rundir import layout as lay
 from mlaunch.settings import OTEL_ENV, TELEMETRY_KEYS, Settings
 
 _env_value = lens_names.env_text
@@ -124,11 +125,11 @@ def nccl_flight_recorder_env(
     set is left as it is; a CPU job (gloo) gets none."""
     if settings.launch.device == "cpu":
         return {}
-    hang = ec.hang_dir(run_dir)
+    hang = lay.hang_dir(run_dir)
     wanted = {
         ec.NCCL_TRACE_BUFFER_SIZE: str(NCCL_TRACE_ENTRIES),
         ec.NCCL_DUMP_ON_TIMEOUT: "1",
-        ec.NCCL_DEBUG_INFO_TEMP_FILE: str(hang / ec.NCCL_TRACE_PREFIX),
-        ec.NCCL_DEBUG_INFO_PIPE_FILE: str(hang / ec.NCCL_PIPE_PREFIX),
+        ec.NCCL_DEBUG_INFO_TEMP_FILE: str(hang / lay.NCCL_TRACE_PREFIX),
+        ec.NCCL_DEBUG_INFO_PIPE_FILE: str(hang / lay.NCCL_PIPE_PREFIX),
     }
     return {k: v for k, v in wanted.items() if not environ.get(k, "").strip()}

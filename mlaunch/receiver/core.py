@@ -51,6 +51,7 @@ from mlaunch.receiver.limits import MAX_REQUEST_BYTES, RETRY_AFTER_S  # noqa: F4
 from mlaunch.receiver.signals import SIGNALS, Signal
 from mlaunch.receiver.store_append import StoreAppender
 from mlaunch.receiver.upstream import Sender, Upstream
+from mlaunch.rundir import layout as lay
 from mlaunch.rundir.atomic import write_json
 
 #: The queue's budget in request bytes (serialized protobuf); beyond it requests are refused.
@@ -277,7 +278,7 @@ class Receiver:
         self.problem(
             "unauthenticated",
             "refused a request without this job's token (not one of its workers; counted in"
-            f" {envcontract.receiver_stats_file(self.run_dir, self.node_rank).name})",
+            f" {lay.receiver_stats_file(self.run_dir, self.node_rank).name})",
         )
 
     # ---- intake -------------------------------------------------------------------------
@@ -324,7 +325,7 @@ class Receiver:
         self.problem(
             "full",
             f"queue full ({self.max_queued_bytes // 2**20} MiB): asking workers to retry"
-            f" (counted in {envcontract.receiver_stats_file(self.run_dir, self.node_rank).name})",
+            f" (counted in {lay.receiver_stats_file(self.run_dir, self.node_rank).name})",
         )
 
     def has_room(self, nbytes: int) -> bool:
@@ -455,7 +456,7 @@ class Receiver:
             self.problem(
                 f"upstream-{sig.name}",
                 f"cannot deliver {sig.name} to {sender.upstream.describe()} ({exc}); spooling to"
-                f" {envcontract.TELEMETRY_DIR}/spool-{sig.name}-*.jsonl (send later with"
+                f" {lay.TELEMETRY_DIR}/spool-{sig.name}-*.jsonl (send later with"
                 " `mlaunch trace replay`)",
             )
             return False
@@ -468,11 +469,11 @@ class Receiver:
         for rank, part in parts.items():
             n = sig.items(part)
             if local is not None:
-                path = envcontract.spooled(local) if spool else local
+                path = lay.spooled(local) if spool else local
             elif spool:
-                path = envcontract.spool_file(self.run_dir, rank, sig.name)
+                path = lay.spool_file(self.run_dir, rank, sig.name)
             else:
-                path = envcontract.received_file(self.run_dir, sig.name, rank)
+                path = lay.received_file(self.run_dir, sig.name, rank)
             try:
                 line = json.dumps(sig.to_json(part), separators=(",", ":")).encode() + b"\n"
                 fh = self._files.get(path)
@@ -556,7 +557,7 @@ class Receiver:
         return self.stats
 
     def _write_stats(self) -> None:
-        path = envcontract.receiver_stats_file(self.run_dir, self.node_rank)
+        path = lay.receiver_stats_file(self.run_dir, self.node_rank)
         try:
             write_json(path, self.stats.to_json(), indent=1)
         except Exception as exc:

@@ -106,19 +106,40 @@ class Busy(Exception):
     """Another process holds the lock (:func:`locked` with ``blocking=False``)."""
 
 
+def flock(fd: int, *, shared: bool = False, blocking: bool = True) -> None:
+    """The one ``flock`` of the tree: take (or convert: shared <-> exclusive) the lock on the
+    open descriptor ``fd``. Raises :class:`Busy` when ``blocking`` is False and another process
+    holds it. A lock ends when its descriptor closes, with the process, a crash included."""
+    op = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if blocking else fcntl.LOCK_NB)
+    try:
+        fcntl.flock(fd, op)
+    except BlockingIOError:
+        raise Busy(f"fd {fd}") from None
+
+
+def take_lock(path: str | Path, *, blocking: bool = True, shared: bool = False) -> int:
+    """Hold an ``flock`` on ``path`` (created when missing) until the returned descriptor is
+    closed: a lifetime lock (the launcher's on its node's run directory). O_CLOEXEC (Python's
+    default): a child process never holds it. Raises :class:`Busy` as :func:`flock`, the
+    descriptor closed."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        flock(fd, shared=shared, blocking=blocking)
+    except BaseException as exc:
+        os.close(fd)
+        if isinstance(exc, Busy):
+            raise Busy(str(path)) from None
+        raise
+    return fd
+
+
 @contextlib.contextmanager
 def locked(path: str | Path, *, blocking: bool = True, shared: bool = False) -> Iterator[int]:
     """Hold an ``flock`` on ``path`` (created when missing) for the block; yields its open
     descriptor (a holder may write who it is into it). Raises :class:`Busy` when ``blocking`` is
     False and another process holds it. The lock ends with the process, a crash included."""
-    flags = os.O_RDWR | os.O_CREAT
-    fd = os.open(path, flags, 0o644)
+    fd = take_lock(path, blocking=blocking, shared=shared)
     try:
-        op = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if blocking else fcntl.LOCK_NB)
-        try:
-            fcntl.flock(fd, op)
-        except BlockingIOError:
-            raise Busy(str(path)) from None
         yield fd
     finally:
         os.close(fd)

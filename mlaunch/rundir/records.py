@@ -13,12 +13,14 @@ from mlaunch.rundir.layout import (
     CAPTURE_ACK_FILE,
     CAPTURE_REQUEST_FILE,
     CAPTURES_LOG_FILE,
+    HANG_NODE_REPORT,
     HEARTBEAT_DIR,
     HEARTBEAT_FILE,
     LENS_CAPTURE_ACK_TEMPLATE,
     PROGRESS_FILE,
     RECORDER_INDEX_FILE,
     TELEMETRY_DIR,
+    hang_dir,
     heartbeat_file,
     launcher_record_file,
 )
@@ -315,11 +317,151 @@ def read_dumps(run_dir: str | Path) -> list[RecorderDump]:
     return sorted(out, key=lambda d: (d.time_ns, d.rank))
 
 
-def read_launcher_record(run_dir: str | Path, node_rank: int = 0) -> dict[str, Any] | None:
-    """One node's launcher record of the newest launch (pid, host, start, attempts, restarts,
-    how it ended), or None."""
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _num(v: Any) -> float | None:
+    return v if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+@dataclass(frozen=True, slots=True)
+class LauncherRestart:
+    """One restart of the worker group by torchrun (the record's ``restarts``): attempt
+    ``attempt`` began after ``cause`` (rank ``rank`` failed the one before)."""
+
+    attempt: int | None
+    rank: int | None
+    cause: str
+    time: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class LauncherFailure:
+    """A failed rank of the final attempt as the launcher recorded it when the launch ended."""
+
+    rank: int | None
+    local_rank: int | None
+    node: int | None
+    exception_type: str | None
+    message: str | None
+    log: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class LauncherHang:
+    """A hang the node's watchdog declared (the record's ``hangs``)."""
+
+    attempt: int | None
+    detected_at: float | None
+    verdict: str | None
+    action: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class LauncherAttempts:
+    """One node's launcher record of the newest launch (:func:`~.layout.launcher_record_file`,
+    written by :class:`mlaunch.launcher.run.LauncherRecord`): who launched, when, the attempt it
+    is in, its restarts and hangs, and how it ended (``ended`` None: not ended, or the launcher
+    was killed). A value of the wrong type reads as None (a record of an earlier mlaunch)."""
+
+    started: float
+    pid: int | None = None
+    host: str | None = None
+    run_id: str | None = None
+    node: int | None = None
+    attempt: int | None = None
+    restarts: tuple[LauncherRestart, ...] = ()
+    ended: float | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    failures: tuple[LauncherFailure, ...] = ()
+    #: The launcher itself stopped on an exception.
+    error: str | None = None
+    #: The verdict of the hang that ended the launch.
+    hang: str | None = None
+    #: Why torchrun's rendezvous failed (recorded only when no worker failed).
+    rendezvous: str | None = None
+    #: The hang watchdog's state as last written (``mlaunch status --json``'s ``watchdog``).
+    watchdog: dict[str, Any] | None = None
+    hangs: tuple[LauncherHang, ...] = ()
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> LauncherAttempts | None:
+        started = _num(body.get("started"))
+        if started is None:
+            return None
+        rows = lambda key: [r for r in body.get(key) or [] if isinstance(r, dict)]  # noqa: E731
+        watchdog = body.get("watchdog")
+        return cls(
+            started, _int(body.get("pid")), _str(body.get("host")), _str(body.get("run_id")),
+            _int(body.get("node")), _int(body.get("attempt")),
+            tuple(LauncherRestart(_int(r.get("attempt")), _int(r.get("rank")), str(r.get("cause")),
+                                  _num(r.get("time"))) for r in rows("restarts")),
+            _num(body.get("ended")), _int(body.get("exit_code")), _str(body.get("signal")),
+            tuple(LauncherFailure(_int(f.get("rank")), _int(f.get("local_rank")),
+                                  _int(f.get("node")), _str(f.get("exception_type")),
+                                  _str(f.get("message")), _str(f.get("log"))) for f in rows("failures")),
+            _str(body.get("error")), _str(body.get("hang")), _str(body.get("rendezvous")),
+            watchdog if isinstance(watchdog, dict) else None,
+            tuple(LauncherHang(_int(h.get("attempt")), _num(h.get("detected_at")),
+                               _str(h.get("verdict")), _str(h.get("action"))) for h in rows("hangs")),
+        )  # fmt: skip
+
+
+def read_launcher_record(run_dir: str | Path, node_rank: int = 0) -> LauncherAttempts | None:
+    """One node's launcher record of the newest launch, or None (missing, unreadable, or
+    without a start)."""
     data = read_json_object(launcher_record_file(run_dir, node_rank))
-    return data if data is not None and isinstance(data.get("started"), int | float) else None
+    return LauncherAttempts.from_json(data) if data is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeHangReport:
+    """One node's hang report (:data:`~.layout.HANG_NODE_REPORT`, written by
+    :func:`mlaunch.launcher.hang_report.write_report`): when its watchdog declared the attempt
+    hung, what it saw of its ranks (``ranks``: the report's rank objects as written) and what it
+    did. The merge of every node's (the verdict judged over all ranks) is the launcher's."""
+
+    node: int | None
+    detected_at: float
+    attempt: int
+    action: str | None
+    verdict: str | None
+    timeout_s: float | None
+    collect_s: float
+    ranks: tuple[dict[str, Any], ...]
+    nccl: dict[str, Any] | None
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> NodeHangReport | None:
+        detected = _num(body.get("detected_at"))
+        if detected is None:
+            return None
+        nccl = body.get("nccl")
+        return cls(
+            _int(body.get("node")), detected, int(body.get("attempt") or 0),
+            _str(body.get("action")), _str(body.get("verdict")), _num(body.get("timeout_s")),
+            float(body.get("collect_s") or 0),
+            tuple(r for r in body.get("ranks") or [] if isinstance(r, dict)),
+            nccl if isinstance(nccl, dict) else None,
+        )  # fmt: skip
+
+
+def read_hang_reports(run_dir: str | Path, since: float | None = None) -> list[NodeHangReport]:
+    """Every node's hang report detected since ``since`` (a second of slack: the launch's start
+    is the launcher's clock), in node order; unreadable ones are left out."""
+    out: list[NodeHangReport] = []
+    for path in sorted(hang_dir(run_dir).glob(HANG_NODE_REPORT.glob)):
+        body = read_json_object(path)
+        report = NodeHangReport.from_json(body) if body is not None else None
+        if report is not None and (since is None or report.detected_at >= since - 1):
+            out.append(report)
+    return out
 
 
 __all__ = [
@@ -337,6 +479,12 @@ __all__ = [
     "append_line",
     "read_dumps",
     "read_launcher_record",
+    "LauncherAttempts",
+    "LauncherRestart",
+    "LauncherFailure",
+    "LauncherHang",
+    "NodeHangReport",
+    "read_hang_reports",
     "ProgressStep",
     "ProgressEval",
     "progress_line",

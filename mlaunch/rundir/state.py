@@ -24,6 +24,8 @@ from typing import Any
 from mlaunch.rundir.layout import CAPTURE_FINAL_STATES, CAPTURES_LOG_FILE
 from mlaunch.rundir.records import (
     Heartbeat,
+    LauncherAttempts,
+    NodeHangReport,
     ProgressStep,
     RecorderDump,
     append_line,
@@ -32,6 +34,7 @@ from mlaunch.rundir.records import (
     read_capture_request,
     read_captures_log,
     read_dumps,
+    read_hang_reports,
     read_heartbeats,
     read_launcher_record,
     read_lens_acks,
@@ -102,10 +105,13 @@ class RunState:
     #: SLURM: :meth:`read` takes it, since only SLURM knows a batch job's end).
     ended: bool
     progress: list[ProgressStep] = field(default_factory=list)
-    launcher: dict[str, Any] | None = None
+    launcher: LauncherAttempts | None = None
     heartbeats: dict[int, Heartbeat] = field(default_factory=dict)
     captures: list[CaptureState] = field(default_factory=list)
     dumps: list[RecorderDump] = field(default_factory=list)
+    #: Every node's hang report of this launch (node order): merged by the launcher's
+    #: :func:`mlaunch.launcher.hang_report.merged_report` for ``mlaunch status``.
+    hang_reports: list[NodeHangReport] = field(default_factory=list)
 
     @classmethod
     def read(
@@ -118,14 +124,15 @@ class RunState:
         run_dir = Path(run_dir)
         launcher = read_launcher_record(run_dir)
         if since is None and launcher is not None:
-            since = float(launcher["started"])
+            since = launcher.started
         if ended is None:
-            ended = launcher is not None and launcher.get("ended") is not None
+            ended = launcher is not None and launcher.ended is not None
         state = cls(run_dir, ended, read_progress_tail(run_dir), launcher)
         state.heartbeats = {
             r: b for r, b in read_heartbeats(run_dir).items() if since is None or b.written >= since
         }
         state.dumps = [d for d in read_dumps(run_dir) if since is None or d.time_ns >= since * 1e9]
+        state.hang_reports = read_hang_reports(run_dir, since)
 
         # A request older than every listening worker's start is one they all ignore (left by an
         # earlier run or incarnation: telemetry/_capture.py's rule), with or without a launcher.

@@ -53,6 +53,7 @@ from typing import Any
 from mlaunch import envcontract as ec
 from mlaunch.launcher.plan import LaunchPlan, build_plan, settings_table
 from mlaunch.launcher.worker_args import restart_save_interval
+from mlaunch.rundir import layout as lay
 from mlaunch.settings import OTEL_ENV, SECRET_ENV, TELEMETRY_KEYS, SettingsError, flag_name
 
 #: Seconds of warning before the time limit (``--signal-grace``): one iteration plus a save.
@@ -166,7 +167,7 @@ class BatchJob:
     def output_pattern(self) -> str:
         """``#SBATCH --output``: the run directory's ``slurm-%j.out``."""
         where = self.fixed_run_dir or (self.run_dir_prefix / "%j")  # type: ignore[operator]
-        return str(where / ec.SLURM_OUTPUT_TEMPLATE)
+        return str(where / lay.SLURM_OUTPUT_TEMPLATE)
 
     @property
     def workers_per_node(self) -> int:

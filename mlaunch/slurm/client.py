@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mlaunch import envcontract as ec
+from mlaunch.rundir import layout as lay
 
 if TYPE_CHECKING:  # ``mlaunch status`` never pays for the settings layer
     from mlaunch.slurm.batch import BatchJob
@@ -85,7 +85,7 @@ def submit(job: BatchJob, script: str, environ: Mapping[str, str]) -> Submission
     run_dir = job.run_dir(job_id)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / ec.JOB_SCRIPT_FILE).write_text(script, encoding="utf-8")
+        (run_dir / lay.JOB_SCRIPT_FILE).write_text(script, encoding="utf-8")
         record = {
             "job_id": job_id,
             "submitted": time.time(),
@@ -94,9 +94,9 @@ def submit(job: BatchJob, script: str, environ: Mapping[str, str]) -> Submission
             "nodes": job.options.nodes,
             "workers_per_node": job.workers_per_node,
             "run_dir": str(run_dir),
-            "script": ec.JOB_SCRIPT_FILE,
+            "script": lay.JOB_SCRIPT_FILE,
         }
-        (run_dir / ec.SLURM_JOB_FILE).write_text(json.dumps(record, indent=1) + "\n")
+        (run_dir / lay.SLURM_JOB_FILE).write_text(json.dumps(record, indent=1) + "\n")
     except OSError as exc:
         cancel(job_id, environ)
         raise SlurmError(

@@ -14,7 +14,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-from mlaunch import envcontract as ec
 from mlaunch.launcher.hang_report import hang_status
 from mlaunch.launcher.run_status import (
     JobStatus,
@@ -28,6 +27,7 @@ from mlaunch.launcher.run_status import (
     stopped_early,
     telemetry_off,
 )
+from mlaunch.rundir import layout as lay
 from mlaunch.slurm.client import SlurmError, SlurmJobInfo, job_info
 
 #: SLURM state -> mlaunch's word for it.
@@ -56,7 +56,7 @@ class StatusInputError(ValueError):
 
 def _job_record(run_dir: Path) -> dict[str, Any]:
     try:
-        data = json.loads((run_dir / ec.SLURM_JOB_FILE).read_text(encoding="utf-8"))
+        data = json.loads((run_dir / lay.SLURM_JOB_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -67,7 +67,7 @@ def _job_id_of(run_dir: Path) -> str | None:
     if jid := _job_record(run_dir).get("job_id"):
         return str(jid)
     try:
-        data = json.loads((run_dir / ec.RESOLVED_JSON_FILE).read_text(encoding="utf-8"))
+        data = json.loads((run_dir / lay.RESOLVED_JSON_FILE).read_text(encoding="utf-8"))
         env = data.get("environment", {})
     except (OSError, ValueError, AttributeError):
         return None
@@ -85,7 +85,7 @@ def _run_dir_of(job_id: str, info: SlurmJobInfo | None, cwd: Path) -> Path | Non
         candidates.append(Path(info.work_dir) / "runs" / job_id)
     candidates.append(cwd / "runs" / job_id)
     for c in candidates:
-        if (c / ec.SLURM_JOB_FILE).is_file() or (c / ec.RESOLVED_JSON_FILE).is_file():
+        if (c / lay.SLURM_JOB_FILE).is_file() or (c / lay.RESOLVED_JSON_FILE).is_file():
             return c
     return None
 
@@ -137,16 +137,16 @@ def _job_status(target: str, cwd: Path) -> tuple[JobStatus, float | None]:
         st.progress = progress(run_dir)
         st.nodes = node_views(run_dir, since)
         st.failures = failures(run_dir, since)
-        outputs = sorted(run_dir.glob(ec.SLURM_OUTPUT_GLOB))
+        outputs = sorted(run_dir.glob(lay.SLURM_OUTPUT_GLOB))
         st.output = str(outputs[-1]) if outputs else None
     if info is not None:
         st.slurm = info.as_json()
         st.incarnation = info.restarts + 1 if info.restarts is not None else None
         st.state = STATES.get(info.state, info.state.lower())
     rec = launcher_record(run_dir) if run_dir is not None else None
-    launched = since if since is not None else (rec or {}).get("started")
-    if rec is not None and isinstance(rec.get("watchdog"), dict):
-        st.watchdog = rec["watchdog"]
+    launched = since if since is not None else (rec.started if rec is not None else None)
+    if rec is not None and rec.watchdog is not None:
+        st.watchdog = rec.watchdog
     if run_dir is not None:
         st.hang = hang_status(run_dir, launched)
         st.telemetry_off = [

@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlaunch import envcontract as ec
 from mlaunch.launcher.run_status import LIVE_STATES, JobStatus
 from mlaunch.model.spans import STEP_SPAN, Attr, ResourceAttr
+from mlaunch.rundir import layout as lay
+from mlaunch.rundir.records import ProgressStep, read_progress_tail
 from mlaunch.slurm.status import job_status
 
 #: Seconds between refreshes.
@@ -112,8 +113,8 @@ def _rank_tails(run_dir: Path, now: float) -> tuple[list[RankLive], Any]:
 
     agg = StragglerAggregator()
     out: list[RankLive] = []
-    for path in sorted((run_dir / ec.TELEMETRY_DIR).glob(ec.TRACES_FILE_GLOB)):
-        named = ec.parse_telemetry_file(path.name)
+    for path in sorted((run_dir / lay.TELEMETRY_DIR).glob(lay.TRACES_FILE_GLOB)):
+        named = lay.parse_telemetry_file(path.name)
         if named is None or named.rank is None or named.spool:
             continue
         live = RankLive(named.rank)
@@ -179,13 +180,13 @@ def _iteration(span: dict[str, Any]) -> int | None:
     return int(it) if isinstance(it, int | float) else None
 
 
-def _progress_records(run_dir: Path, limit: int = 256 << 10) -> list[ec.ProgressStep]:
+def _progress_records(run_dir: Path, limit: int = 256 << 10) -> list[ProgressStep]:
     """The timed training records in the last ``limit`` bytes of ``progress.jsonl``."""
-    return [r for r in ec.read_progress_tail(run_dir, limit) if isinstance(r.time, int | float)]
+    return [r for r in read_progress_tail(run_dir, limit) if isinstance(r.time, int | float)]
 
 
 def rolling_goodput(
-    records: list[ec.ProgressStep], now: float, started: float | None, window_s: float
+    records: list[ProgressStep], now: float, started: float | None, window_s: float
 ) -> tuple[float | None, float | None]:
     """Step time over wall time in the last ``window_s`` (or since the launch, if later):
     (goodput, window). None when no step ended in the window."""
@@ -204,7 +205,7 @@ def rolling_goodput(
 def hang_timeout(run_dir: Path) -> str | None:
     """The hang timeout the launch resolved (``resolved.json``), as written; None without one."""
     try:
-        data = json.loads((run_dir / ec.RESOLVED_JSON_FILE).read_text(encoding="utf-8"))
+        data = json.loads((run_dir / lay.RESOLVED_JSON_FILE).read_text(encoding="utf-8"))
         value = data["settings"][HANG_TIMEOUT_SETTING]["value"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -214,8 +215,8 @@ def hang_timeout(run_dir: Path) -> str | None:
 def _recorders(run_dir: Path, state: WatchState) -> tuple[list[int], list[int]]:
     """(ranks whose recorder file grew since the last refresh, ranks with any dump)."""
     growing, present = [], []
-    for path in (run_dir / ec.TELEMETRY_DIR).glob(ec.RECORDER_FILE.glob):
-        rank = ec.RECORDER_FILE.parse(path.name)
+    for path in (run_dir / lay.TELEMETRY_DIR).glob(lay.RECORDER_FILE.glob):
+        rank = lay.RECORDER_FILE.parse(path.name)
         if rank is None:
             continue
         try:

@@ -401,7 +401,7 @@ def _start_watch(settings: TelemetrySettings, identity: Identity, telemetry_on: 
     captures, recorder dumps and the launcher's hang requests (and, under ``mlaunch train``, the
     progress beat); with it off, under ``mlaunch train`` only, for the beat and hang requests
     (one ``stat`` a second; the command refuses captures on such a run)."""
-    from mlaunch import envcontract
+    from mlaunch.rundir import layout as lay
 
     under_launcher = _under_launcher()
     if not telemetry_on and not under_launcher:
@@ -412,7 +412,7 @@ def _start_watch(settings: TelemetrySettings, identity: Identity, telemetry_on: 
         from mlaunch.telemetry._recorder import write_open_spans
 
         if open_spans:
-            path = where / envcontract.HANG_DIR / envcontract.HANG_SPANS_FILE.name(rank)
+            path = where / lay.HANG_DIR / lay.HANG_SPANS_FILE.name(rank)
             write_open_spans(path, rank, request_id)
         RECORDER.dump("hang")  # no-op when the recorder is off
 
@@ -427,7 +427,7 @@ def _start_watch(settings: TelemetrySettings, identity: Identity, telemetry_on: 
             announce=telemetry_on and settings.exporter not in ("console", "none"),
             prepare=functools.partial(_capture.prepare_exporter, _CORE),
             captures=telemetry_on,
-            heartbeat=envcontract.heartbeat_file(where, rank) if under_launcher else None,
+            heartbeat=lay.heartbeat_file(where, rank) if under_launcher else None,
             mark=lambda: RECORDER.mark,
             on_hang=on_hang,
             telemetry_off=_CORE.off_reason,

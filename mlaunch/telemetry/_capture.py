@@ -2,7 +2,7 @@
 
 Delivery
     ``mlaunch trace capture`` writes one JSON object to ``RUN_DIR/capture-request.json``
-    (``envcontract.CAPTURE_REQUEST_FILE``). Every rank with telemetry on runs a
+    (``lay.CAPTURE_REQUEST_FILE``). Every rank with telemetry on runs a
     :class:`RequestWatcher` thread that reads it at most once a second (one ``stat`` when it has
     not changed), off the training thread. A request created before this process started (an
     earlier run or incarnation), for another run id, or for other ranks is ignored. Keys: ``id``,
@@ -20,7 +20,7 @@ Switching at the same iteration
     ``seconds`` ends the window at the first iteration boundary that many seconds after the
     switch (each rank on its own clock, so ranks may end an iteration apart). A rank that reads
     the request only after the start (a stalled rank) captures what is left of the window; past
-    it, the capture is ``missed``. Acknowledgements (:func:`envcontract.capture_ack_file`) are
+    it, the capture is ``missed``. Acknowledgements (:func:`lay.capture_ack_file`) are
     written by the watcher thread, never by the training thread.
 
 The switch
@@ -47,8 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mlaunch import envcontract
 from mlaunch.model.spec import SpanSpecError, resolve
+from mlaunch.rundir import layout as lay
 from mlaunch.rundir.atomic import write_json
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ NEVER = sys.maxsize
 #: (scheduling) and the training thread (transitions); one int assignment each, atomic.
 AT = NEVER
 
-FINAL_STATES = envcontract.CAPTURE_FINAL_STATES
+FINAL_STATES = lay.CAPTURE_FINAL_STATES
 
 
 @dataclass
@@ -216,7 +216,7 @@ class Controller:
                     body["state"] = "ended"
             body.update(self.identity)
             try:
-                write_json(envcontract.capture_ack_file(run_dir, self.rank), body)
+                write_json(lay.capture_ack_file(run_dir, self.rank), body)
                 self._acked = key
             except OSError as exc:
                 log.warning("mlaunch telemetry: cannot write the capture ack (%s)", exc)
@@ -397,7 +397,7 @@ def start_watcher(
         "pid": os.getpid(),
     }
     watcher = RequestWatcher(
-        run_dir / envcontract.CAPTURE_REQUEST_FILE,
+        run_dir / lay.CAPTURE_REQUEST_FILE,
         run_id,
         rank,
         started_ns,
@@ -553,7 +553,7 @@ def _start_profiler(core: Core, capture: Capture) -> None:
     if hooks is None or identity is None:
         capture.note = "no profiler here: the worker registered none (mlaunch's trainer does)"
         return
-    path = envcontract.profiler_trace_file(identity.run_dir, identity.rank, capture.id)
+    path = lay.profiler_trace_file(identity.run_dir, identity.rank, capture.id)
     try:
         capture.profiler_handle = hooks[0](path)
         capture.profiler_file = str(path)

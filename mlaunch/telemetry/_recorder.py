@@ -51,6 +51,7 @@ from mlaunch import envcontract
 from mlaunch.model.segments import train_block
 from mlaunch.model.spans import RECORDER_TRIGGERS, Attr, ResourceAttr
 from mlaunch.otlp.otlp_json import encode_span, trace_request
+from mlaunch.rundir import layout as lay
 from mlaunch.rundir.atomic import write_json
 from mlaunch.rundir.layout import RECORDER_FILE, RECORDER_INDEX_FILE
 from mlaunch.rundir.records import append_line, dump_record
@@ -336,7 +337,7 @@ class Recorder:
         so the recorder moves the block trace ids itself (from the same identity the exporter
         would use)."""
         run_id, incarnation = identity.run_id, identity.incarnation
-        path = envcontract.recorder_file(identity.run_dir, identity.rank)
+        path = lay.recorder_file(identity.run_dir, identity.rank)
         block_iters = identity.block_iters
         self.iters = max(1, iters)
         self.max_bytes = max(SPAN_BYTES, max_bytes)

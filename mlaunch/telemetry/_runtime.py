@@ -55,6 +55,7 @@ from mlaunch.model.spans import (
     SpanName,
 )
 from mlaunch.otlp import traceparent
+from mlaunch.rundir import layout as lay
 from mlaunch.rundir.atomic import write_json
 from mlaunch.settings import TelemetrySettings
 from mlaunch.telemetry import _spans
@@ -374,7 +375,7 @@ class Runtime:
         # Test-only (MLAUNCH_TEST_TEE_SPANS): a copy of every span handed to the exporter, so a
         # fault test can check that each one was delivered or spooled.
         self.tee = (
-            LineFile(envcontract.tee_file(self.run_dir, self.rank))
+            LineFile(lay.tee_file(self.run_dir, self.rank))
             if environ.get(envcontract.TEE_SPANS)
             else None
         )
@@ -538,7 +539,7 @@ class Runtime:
     def _write_span_counts(self, counts: dict[str, Any]) -> None:
         """Leave ``counts`` in the run directory for the launcher's end-of-run report (never
         raises: telemetry must not break a run's end)."""
-        path = envcontract.span_counts_file(self.run_dir, self.rank)
+        path = lay.span_counts_file(self.run_dir, self.rank)
         with contextlib.suppress(Exception):
             write_json(path, {**counts, "rank": self.rank, "spool": str(self.spool.traces.path)})
 

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from mlaunch import envcontract
 from mlaunch.otlp import otlp_json
+from mlaunch.rundir import layout as lay
 from mlaunch.telemetry._encode import SpanEncoder
 
 if TYPE_CHECKING:
@@ -268,8 +268,8 @@ def build_sink(
         return OtlpSink(settings, traces, metrics)
     if exporter == "file":
         return LinesSink(
-            LineFile(envcontract.traces_file(run_dir, rank)),
-            LineFile(envcontract.metrics_file(run_dir, rank)),
+            LineFile(lay.traces_file(run_dir, rank)),
+            LineFile(lay.metrics_file(run_dir, rank)),
         )
     if exporter == "console":
         out = LineFile(None, sys.stdout)
@@ -294,8 +294,8 @@ class Spool:
         drop: Callable[[str, int], None],
         log_once: Callable[..., None],
     ) -> None:
-        self.traces = LineFile(envcontract.spool_file(run_dir, rank, "traces"))
-        self.metrics = LineFile(envcontract.spool_file(run_dir, rank, "metrics"))
+        self.traces = LineFile(lay.spool_file(run_dir, rank, "traces"))
+        self.metrics = LineFile(lay.spool_file(run_dir, rank, "metrics"))
         self.encoder = encoder
         self.batch_size = batch_size
         self._drop = drop

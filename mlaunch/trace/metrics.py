@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mlaunch import envcontract
 from mlaunch.model.spans import Metric
+from mlaunch.rundir import layout as lay
 
 #: The instruments the readers use -> their curve (the report's ``TRAIN_KEYS``).
 METRIC_CURVES: dict[str, str] = {
@@ -89,11 +89,11 @@ def metric_file_points(
 def read_metric_points(run_dir: Path, tail_bytes: int | None = None) -> MetricPoints:
     """Per rank, :func:`metric_file_points` of its metrics file (spools left out)."""
     out: MetricPoints = {}
-    tel = run_dir / envcontract.TELEMETRY_DIR
+    tel = run_dir / lay.TELEMETRY_DIR
     if not tel.is_dir():
         return out
-    for path in sorted(tel.glob(envcontract.METRICS_FILE_GLOB)):
-        named = envcontract.parse_telemetry_file(path.name)
+    for path in sorted(tel.glob(lay.METRICS_FILE_GLOB)):
+        named = lay.parse_telemetry_file(path.name)
         if named is None or named.rank is None or named.spool:
             continue
         if points := metric_file_points(path, tail_bytes):

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlaunch import envcontract
 from mlaunch.model.spans import TRUNCATED_ATTRS, ResourceAttr
 from mlaunch.otlp.otlp_json import any_value, attributes
+from mlaunch.rundir import layout as lay
 from mlaunch.settings import recorded_off_reason
 
 #: The rank in an arbitrary file's name (a collector's file, a renamed copy): ``...rank<R>...``.
@@ -80,10 +80,10 @@ def _json_document_error(path: Path) -> TraceInputError | None:
     if isinstance(doc, dict) and ("resourceSpans" in doc or "traceEvents" in doc):
         return None  # a trace pretty-printed: the other messages say what to do
     what = "a JSON document"
-    if path.name == envcontract.RESOLVED_JSON_FILE:
+    if path.name == lay.RESOLVED_JSON_FILE:
         what = "the run's resolved configuration (a JSON document)"
     run_dir = path.parent
-    if (run_dir / envcontract.TELEMETRY_DIR).is_dir():
+    if (run_dir / lay.TELEMETRY_DIR).is_dir():
         fix = f"pass the run directory instead: {run_dir}"
     else:
         fix = "pass a run directory (runs/<run_id>) or an OTLP-JSON traces file"
@@ -241,9 +241,9 @@ class ReadStats:
 def _run_trace_file(path: Path) -> TraceFile | None:
     """``path`` as one of a run directory's trace files (a rank's traces or their spool, or a
     launcher's job trace), or None when its name is none of those."""
-    if (recorder_rank := envcontract.RECORDER_FILE.parse(path.name)) is not None:
+    if (recorder_rank := lay.RECORDER_FILE.parse(path.name)) is not None:
         return TraceFile(path, recorder_rank)  # flight-recorder dumps are read with the rest
-    named = envcontract.parse_telemetry_file(path.name)
+    named = lay.parse_telemetry_file(path.name)
     if named is None or named.signal != "traces":
         return None
     if named.rank is not None:
@@ -258,13 +258,13 @@ def run_directory(path: Path) -> Path:
     ``telemetry/`` directory given instead (where progress.jsonl and resolved.json live)."""
     path = Path(path)
     d = path if path.is_dir() else path.parent
-    return d.parent if d.name == envcontract.TELEMETRY_DIR else d
+    return d.parent if d.name == lay.TELEMETRY_DIR else d
 
 
 def read_resolved(run_dir: Path) -> dict[str, Any]:
     """``resolved.json`` as ``mlaunch train`` wrote it, or {} (plain torchrun runs have none)."""
     try:
-        data = json.loads((run_dir / envcontract.RESOLVED_JSON_FILE).read_text())
+        data = json.loads((run_dir / lay.RESOLVED_JSON_FILE).read_text())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -294,17 +294,17 @@ def discover(path: Path) -> list[TraceFile]:
             fix="pass a run directory (runs/<run_id>) or an OTLP-JSON traces file",
         )  # fmt: skip
     if path.is_file():
-        named = envcontract.parse_telemetry_file(path.name)
+        named = lay.parse_telemetry_file(path.name)
         if named is not None and named.launcher_node is not None and not named.spool:
             return [TraceFile(path, named.launcher_node, launcher=True)]
         m = _ANY_RANK_RE.search(path.name)
-        spool = path.name.startswith(envcontract.SPOOL_PREFIX)
+        spool = path.name.startswith(lay.SPOOL_PREFIX)
         return [TraceFile(path, int(m.group(1)) if m else None, spool)]
     if not path.is_dir():
         raise TraceInputError("not a regular file or directory", path=path,
                               fix="pass a run directory or an OTLP-JSON traces file")  # fmt: skip
     found: list[TraceFile] = []
-    for d in (path / envcontract.TELEMETRY_DIR, path):
+    for d in (path / lay.TELEMETRY_DIR, path):
         if not d.is_dir():
             continue
         for p in sorted(d.iterdir()):
@@ -314,7 +314,7 @@ def discover(path: Path) -> list[TraceFile]:
             break
     if not found:
         raise TraceInputError(
-            f"no trace files found (expected {envcontract.TELEMETRY_DIR}/traces-rank<R>.jsonl)",
+            f"no trace files found (expected {lay.TELEMETRY_DIR}/traces-rank<R>.jsonl)",
             path=path,
             fix=_no_files_fix(path),
         )

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from mlaunch import envcontract
 from mlaunch.endpoints import DEFAULT_PORTS, Endpoint, EndpointError, parse_endpoint
 from mlaunch.otlp import otlp_json
 from mlaunch.otlp import send as otlp_send
+from mlaunch.rundir import layout as lay
 from mlaunch.rundir.atomic import Busy, locked, write_atomic
 
 PROTOCOLS = ("grpc", "http/protobuf")
@@ -86,7 +86,7 @@ def check_endpoint(endpoint: str, protocol: str) -> Endpoint:
 def run_exporter(run_dir: Path) -> str | None:
     """The exporter the run used (``telemetry.exporter`` in its resolved.json), None if unknown."""
     try:
-        data = json.loads((run_dir / envcontract.RESOLVED_JSON_FILE).read_text())
+        data = json.loads((run_dir / lay.RESOLVED_JSON_FILE).read_text())
         value = data["settings"]["telemetry.exporter"]["value"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -120,10 +120,10 @@ def spool_files(run_dir: Path) -> list[Path]:
         )
     if not run_dir.is_dir():
         raise ReplayInputError(f"{run_dir}: not a directory; give a run directory (runs/<run_id>)")
-    telemetry_dir = run_dir / envcontract.TELEMETRY_DIR
+    telemetry_dir = run_dir / lay.TELEMETRY_DIR
     if not telemetry_dir.is_dir():
         raise ReplayInputError(
-            f"{run_dir}: not an mlaunch run directory (no {envcontract.TELEMETRY_DIR}/ folder); "
+            f"{run_dir}: not an mlaunch run directory (no {lay.TELEMETRY_DIR}/ folder); "
             "give the directory `mlaunch train` printed as 'run dir'"
         )
     # Spool files: per rank (a worker's or the launcher's receiver), unranked (the receiver got
@@ -131,13 +131,11 @@ def spool_files(run_dir: Path) -> list[Path]:
     found = [
         (named, p)
         for p in telemetry_dir.iterdir()
-        if (named := envcontract.parse_telemetry_file(p.name)) is not None
-        and named.spool
-        and p.is_file()
+        if (named := lay.parse_telemetry_file(p.name)) is not None and named.spool and p.is_file()
     ]
     found.sort(
         key=lambda np: (
-            envcontract.SIGNALS.index(np[0].signal),
+            lay.SIGNALS.index(np[0].signal),
             np[0].rank if np[0].rank is not None else 1 << 62,
             np[1].name,
         )
@@ -256,7 +254,7 @@ def _write_ledger(path: Path, ledger: Mapping[str, Mapping[str, int]]) -> None:
 @contextlib.contextmanager
 def _exclusive(telemetry_dir: Path) -> Iterator[None]:
     try:
-        with locked(telemetry_dir / envcontract.REPLAY_LOCK_FILE, blocking=False):
+        with locked(telemetry_dir / lay.REPLAY_LOCK_FILE, blocking=False):
             yield
     except Busy:
         raise ReplayInputError(
@@ -316,8 +314,8 @@ def replay(
         endpoint=ep.shown, protocol=protocol, files=[str(p) for p in files],
         exporter=run_exporter(run_dir),
     )  # fmt: skip
-    telemetry_dir = run_dir / envcontract.TELEMETRY_DIR
-    ledger_path = telemetry_dir / envcontract.REPLAY_LEDGER_FILE
+    telemetry_dir = run_dir / lay.TELEMETRY_DIR
+    ledger_path = telemetry_dir / lay.REPLAY_LEDGER_FILE
     with _exclusive(telemetry_dir):
         ledger = _read_ledger(ledger_path)
         if sender is None:
@@ -328,7 +326,7 @@ def replay(
         send, close = sender
         try:
             for path in files:
-                signal = envcontract.parse_telemetry_file(path.name).signal  # type: ignore[union-attr]
+                signal = lay.parse_telemetry_file(path.name).signal  # type: ignore[union-attr]
                 entry = ledger.setdefault(path.name, {"offset": 0, "spans": 0})
                 if path.stat().st_size < entry["offset"]:  # replaced by a new, shorter file
                     entry.update(offset=0, spans=0)

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import itertools
 import os
@@ -45,6 +44,7 @@ from orjson import dumps as _dumps
 from orjson import loads as _loads
 
 from mlaunch.model.spans import ALIASES, STEP_SPAN
+from mlaunch.rundir.atomic import flock
 from mlaunch.trace.reader import (
     ReadStats,
     Resource,
@@ -219,7 +219,8 @@ def _sql_in(names: list[str]) -> str:
 class _RunLock:
     """This process's ``flock`` of a run directory (the directory itself: no file to leave
     behind, and a read-only copy can take it too), shared by every :class:`Store` of that
-    directory it has open, and released when the last of them goes.
+    directory it has open, and released when the last of them goes (so it takes
+    :func:`mlaunch.rundir.atomic.flock` on the directory descriptor, not a lock file).
 
     Readers hold it shared for as long as they read; whoever builds, appends or compacts holds it
     exclusive. So a compaction never deletes the parts a reader of a live run is reading (its
@@ -245,7 +246,7 @@ class _RunLock:
             except OSError:
                 return None
             try:
-                fcntl.flock(fd, fcntl.LOCK_SH)
+                flock(fd, shared=True)
             except OSError:  # a file system without flock (some NFS): read unlocked, as before
                 os.close(fd)
                 return None
@@ -257,12 +258,12 @@ class _RunLock:
     def exclusive(self) -> Iterator[None]:
         """Held exclusive inside, shared again after (a conversion: not atomic, so the caller
         looks at the store again once it has the lock)."""
-        fcntl.flock(self.fd, fcntl.LOCK_EX)  # the shared lock was granted: so is this one
+        flock(self.fd)  # the shared lock was granted: so is this one
         try:
             yield
         finally:
             with contextlib.suppress(OSError):
-                fcntl.flock(self.fd, fcntl.LOCK_SH)
+                flock(self.fd, shared=True)
 
     def release(self) -> None:
         self.users -= 1

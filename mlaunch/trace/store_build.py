@@ -400,6 +400,8 @@ def build_store(
             write_atomic(final / MANIFEST, json.dumps(asdict(man)))
             return man
         (tmp / MANIFEST).write_text(json.dumps(asdict(man)))
+        # A directory swap, not rundir.atomic's file rename: rename(2) cannot replace a folder
+        # that has files, so the old store moves aside first (readers hold the run's lock).
         old = _beside(final, "old")
         shutil.rmtree(old, ignore_errors=True)
         if final.exists():
@@ -462,7 +464,7 @@ def compact_store(
         shutil.copyfile(final / "resources.parquet", tmp / "resources.parquet")
         out = Manifest(**{**asdict(man), "parts": parts.parts})
         (tmp / MANIFEST).write_text(json.dumps(asdict(out)))
-        old = _beside(final, "old")
+        old = _beside(final, "old")  # a directory swap, as in build_store
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
         os.replace(tmp, final)

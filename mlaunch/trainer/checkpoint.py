@@ -32,13 +32,14 @@ import torch.distributed as dist
 from mlaunch import envcontract, telemetry
 from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spans import Attr, SpanName
+from mlaunch.rundir import layout as lay
 from mlaunch.rundir.atomic import fsync_dir, write_atomic
 from mlaunch.trainer.parallel import Topology
 
 # The layout's names are the run-directory schema's (the launcher reads them too).
-TRACKER_FILE = envcontract.CHECKPOINT_TRACKER_FILE
-MANIFEST_FILE = envcontract.CHECKPOINT_MANIFEST_FILE
-MODEL_FILE = envcontract.CHECKPOINT_MODEL_FILE
+TRACKER_FILE = lay.CHECKPOINT_TRACKER_FILE
+MANIFEST_FILE = lay.CHECKPOINT_MANIFEST_FILE
+MODEL_FILE = lay.CHECKPOINT_MODEL_FILE
 _SIDECAR = ".sha256.json"
 
 Log = Callable[[str], None]
@@ -46,7 +47,7 @@ Log = Callable[[str], None]
 
 def iter_dir_name(iteration: int) -> str:
     """``iter_0000010`` for iteration 10."""
-    return envcontract.CHECKPOINT_ITER_DIR.name(iteration)
+    return lay.CHECKPOINT_ITER_DIR.name(iteration)
 
 
 def shard_dir_name(pp_rank: int, pp: int) -> str:
@@ -115,7 +116,7 @@ def committed_iterations(root: Path) -> list[int]:
     """Iterations with a committed (renamed into place) directory, oldest first."""
     if not root.is_dir():
         return []
-    found = (envcontract.CHECKPOINT_ITER_DIR.parse(p.name) for p in root.iterdir() if p.is_dir())
+    found = (lay.CHECKPOINT_ITER_DIR.parse(p.name) for p in root.iterdir() if p.is_dir())
     return sorted(it for it in found if it is not None)
 
 
@@ -131,7 +132,7 @@ def save_checkpoint(
     """Save this stage's shard of iteration ``iteration`` (collective over all ranks)."""
     root = Path(root)
     final = root / iter_dir_name(iteration)
-    tmp = root / (envcontract.CHECKPOINT_TMP_PREFIX + iter_dir_name(iteration))
+    tmp = root / (lay.CHECKPOINT_TMP_PREFIX + iter_dir_name(iteration))
     writer = topo.dp_rank == 0
     with telemetry.span(
         SpanGroup.CHECKPOINT, SpanName.CHECKPOINT_SAVE, {Attr.ITERATION: iteration}
@@ -142,9 +143,7 @@ def save_checkpoint(
             if topo.rank == 0:
                 with telemetry.trace_region("checkpoint.prepare"):
                     root.mkdir(parents=True, exist_ok=True)
-                    for stale in root.glob(
-                        envcontract.CHECKPOINT_TMP_GLOB
-                    ):  # left over by crashed saves
+                    for stale in root.glob(lay.CHECKPOINT_TMP_GLOB):  # left over by crashed saves
                         shutil.rmtree(stale, ignore_errors=True)
                     tmp.mkdir()
             _barrier(topo)
@@ -202,6 +201,9 @@ def _commit(root: Path, tmp: Path, final: Path, iteration: int, pp: int) -> None
     fsync_dir(tmp)
     if final.exists():  # re-saving an iteration after a resume
         shutil.rmtree(final)
+    # A directory rename, not rundir.atomic's file write: the shards are written in place in
+    # ``tmp`` (too large to copy) and the folder is renamed whole; the tracker, written last
+    # through write_atomic, is what makes it the resume point.
     os.replace(tmp, final)
     fsync_dir(root)
     write_atomic(root / TRACKER_FILE, f"{iteration}\n", fsync=True)
@@ -271,7 +273,7 @@ def find_valid_checkpoint(root: Path, log: Log) -> int | None:
             found = it
             break
         log(f"checkpoint {root / iter_dir_name(it)} is invalid: {problem}; trying the previous one")
-    for unfinished in sorted(root.glob(envcontract.CHECKPOINT_TMP_GLOB)) if root.is_dir() else ():
+    for unfinished in sorted(root.glob(lay.CHECKPOINT_TMP_GLOB)) if root.is_dir() else ():
         log(
             f"ignoring unfinished checkpoint save {unfinished} (no manifest: the save did not finish)"
         )
@@ -328,10 +330,8 @@ def load_checkpoint(
 def _newest_attempted(root: Path) -> int | None:
     """The newest iteration a save was started for: committed or left unfinished (``.tmp``)."""
     found = committed_iterations(root)
-    for tmp in root.glob(envcontract.CHECKPOINT_TMP_GLOB):
-        it = envcontract.CHECKPOINT_ITER_DIR.parse(
-            tmp.name.removeprefix(envcontract.CHECKPOINT_TMP_PREFIX)
-        )
+    for tmp in root.glob(lay.CHECKPOINT_TMP_GLOB):
+        it = lay.CHECKPOINT_ITER_DIR.parse(tmp.name.removeprefix(lay.CHECKPOINT_TMP_PREFIX))
         if it is not None:
             found.append(it)
     return max(found) if found else None

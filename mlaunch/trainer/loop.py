@@ -21,11 +21,12 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
-from mlaunch import envcontract, telemetry
+from mlaunch import telemetry
 from mlaunch.model.gpt_shape import gpt_config, train_flops_per_token
 from mlaunch.model.groups import SpanGroup as G
 from mlaunch.model.segments import train_block
 from mlaunch.model.spans import Attr, SpanName
+from mlaunch.rundir import layout as lay
 from mlaunch.settings.trainer_cli import PROG, parse_and_validate
 from mlaunch.trainer import checkpoint, testhooks
 from mlaunch.trainer.data import TokenData, load_corpus
@@ -170,9 +171,7 @@ class Trainer:
         exported span (a flight-recorded one would cover every block), and the ``with`` yields
         the first block's span, where a preempted run's truncation mark would be lost."""
         args, s = self.args, self.state
-        progress = Progress(
-            self.run_dir / envcontract.PROGRESS_FILE if self.topo.owns_loss else None
-        )
+        progress = Progress(self.run_dir / lay.PROGRESS_FILE if self.topo.owns_loss else None)
         first = True
         train_span: Any = None
         try:

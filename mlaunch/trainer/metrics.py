@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlaunch import envcontract, telemetry
+from mlaunch import telemetry
+from mlaunch.rundir.records import ProgressEval, ProgressStep, progress_line
 from mlaunch.trainer.parallel import Topology
 from mlaunch.trainer.setup import log
 
@@ -48,9 +49,9 @@ class Progress:
     def __init__(self, path: Path | None) -> None:
         self.file = open(path, "a", buffering=1) if path is not None else None  # noqa: SIM115
 
-    def write(self, record: envcontract.ProgressStep | envcontract.ProgressEval) -> None:
+    def write(self, record: ProgressStep | ProgressEval) -> None:
         if self.file is not None:
-            self.file.write(envcontract.progress_line(record))
+            self.file.write(progress_line(record))
             self.file.flush()
 
     def close(self) -> None:
@@ -73,7 +74,7 @@ def report_step(step: StepRecord, progress: Progress, topo: Topology, log_interv
         memory_gb=step.memory_gb,
     )
     progress.write(
-        envcontract.ProgressStep(
+        ProgressStep(
             iteration=step.iteration,
             train_iters=step.train_iters,
             loss=step.loss,
@@ -105,7 +106,7 @@ def report_eval(
     """An evaluation's progress line and log line, from the rank that owns the loss."""
     if not topo.owns_loss:
         return
-    progress.write(envcontract.ProgressEval(iteration, eval_loss, sample))
+    progress.write(ProgressEval(iteration, eval_loss, sample))
     log(
         topo,
         f"iteration {iteration} | eval loss {eval_loss:.4f}"

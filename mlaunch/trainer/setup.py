@@ -27,6 +27,7 @@ import torch.distributed as dist
 from mlaunch import envcontract, telemetry
 from mlaunch.model.segments import block_iterations
 from mlaunch.model.spans import ResourceAttr
+from mlaunch.rundir import layout as lay
 from mlaunch.settings import SettingsError, TelemetrySettings, load_telemetry_settings
 from mlaunch.settings.trainer_cli import PROG
 from mlaunch.trainer import profiling
@@ -223,7 +224,7 @@ def write_error_file(
     }
     with contextlib.suppress(OSError):
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / envcontract.ERROR_FILE_TEMPLATE.format(rank=rank)).write_text(
+        (run_dir / lay.ERROR_FILE_TEMPLATE.format(rank=rank)).write_text(
             json.dumps(record, indent=1)
         )
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from support.launch_runs import clean_env, finish, free_port, mlaunch
 
-from mlaunch import envcontract as ec
+from mlaunch.rundir import layout as lay
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -186,7 +186,7 @@ def test_a_trainer_rank_stopped_by_sigstop_is_named_by_the_watchdog(tmp_path: Pa
         "--run-dir", str(run_dir), "--train-iters", "100000", "--eval-interval", "0",
         "--hang-timeout", "10", cwd=tmp_path, env=clean_env(),
     )  # fmt: skip
-    beat = ec.heartbeat_file(run_dir, 1)
+    beat = lay.heartbeat_file(run_dir, 1)
     deadline = time.monotonic() + 120
     pid = None
     while proc.poll() is None and time.monotonic() < deadline:

@@ -20,6 +20,7 @@ from mlaunch import envcontract as ec
 from mlaunch.model.identity import JOB_UUID, RUN_UUID, SLURM_RESOURCE_ATTRS, run_identity
 from mlaunch.model.spans import Attr, ResourceAttr, SpanName
 from mlaunch.otlp.otlp_json import read_spans
+from mlaunch.rundir import layout as lay
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -43,7 +44,7 @@ time.sleep(float(os.environ.get("SLEEP", "0.5")))
 
 def by_name(run_dir: Path) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
-    for span in read_spans(ec.launcher_traces_file(run_dir, 0)):
+    for span in read_spans(lay.launcher_traces_file(run_dir, 0)):
         out.setdefault(span["name"], []).append(span)
     for spans in out.values():
         spans.sort(key=lambda s: s["start_ns"])
@@ -159,7 +160,7 @@ def test_every_span_of_a_slurm_run_carries_exactly_the_one_table_of_slurm_attrib
     table = {SLURM_RESOURCE_ATTRS[var]: value for var, value in SLURM_ENV.items()
              if var in SLURM_RESOURCE_ATTRS}  # fmt: skip
     telemetry = real_run.run_dir / "telemetry"
-    files = {"launcher": ec.launcher_traces_file(real_run.run_dir, 0)}
+    files = {"launcher": lay.launcher_traces_file(real_run.run_dir, 0)}
     files |= {f"rank{r}": telemetry / f"traces-rank{r}.jsonl" for r in (0, 1)}
     for who, path in files.items():
         spans = read_spans(path)
@@ -230,8 +231,8 @@ def test_two_nodes_write_one_trace_with_one_root(tmp_path):
     procs = [mlaunch(*common, "--node-rank", str(i), cwd=tmp_path) for i in (0, 1)]
     for code, out in [finish(p) for p in procs]:
         assert code == 0, out
-    node0 = read_spans(ec.launcher_traces_file(run_dir, 0))
-    node1 = read_spans(ec.launcher_traces_file(run_dir, 1))
+    node0 = read_spans(lay.launcher_traces_file(run_dir, 0))
+    node1 = read_spans(lay.launcher_traces_file(run_dir, 1))
     (root,) = [s for s in node0 if s["name"] == SpanName.JOB]
     assert not [s for s in node1 if s["name"] == SpanName.JOB]  # one root: node 0's
     attempts = [s for s in node0 + node1 if s["name"] == SpanName.JOB_ATTEMPT]
@@ -309,8 +310,8 @@ def test_after_a_collector_outage_replay_delivers_the_launchers_job_trace(tmp_pa
     code, out = finish(proc)
     assert code == 0, out
     assert out.count("job trace: cannot deliver") == 1, out  # once, at warning level
-    launcher = read_spans(ec.launcher_traces_file(run_dir, 0))
-    spool = ec.spooled(ec.launcher_traces_file(run_dir, 0))
+    launcher = read_spans(lay.launcher_traces_file(run_dir, 0))
+    spool = lay.spooled(lay.launcher_traces_file(run_dir, 0))
     assert {s["span_id"] for s in read_spans(spool)} == {s["span_id"] for s in launcher}
     assert sorted(s["name"] for s in launcher) == [SpanName.JOB, SpanName.JOB_ATTEMPT]
     with GrpcOtlpReceiver() as rx:  # the collector is back
@@ -340,7 +341,7 @@ def test_a_run_whose_workers_export_nothing_has_one_trace_every_command_reads(tm
     )  # fmt: skip
     assert code == 0, out
     assert "(1 file(s): the launcher's job trace only; the workers exported no spans)" in out
-    job_file = ec.launcher_traces_file(run_dir, 0)
+    job_file = lay.launcher_traces_file(run_dir, 0)
     for target in (run_dir, job_file):
         code, text = trace_cli("summary", target)
         assert code == 0 and "read 2 spans from 1 file(s)" in text, text

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 from support.launch_runs import clean_env, finish, mlaunch, progress, status
 
-from mlaunch import envcontract as ec
 from mlaunch.launcher.capture import lens_capture_ranks
 from mlaunch.lens_hook import SITE_DIR, START_LEAD_S
 from mlaunch.lens_hook.capture import LOG_PREFIX, THREAD_NAME
@@ -27,6 +26,7 @@ from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spans import CATALOGUE, SpanName
 from mlaunch.model.spec import resolve
 from mlaunch.otlp.otlp_json import read_spans
+from mlaunch.rundir import layout as lay
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -53,12 +53,12 @@ def _read_json(path: Path) -> dict | None:
 
 def _rank_stderr(run_dir: Path, rank: int) -> str:
     """What a rank wrote on stderr (torchrun's per-rank log; one node: local rank = rank)."""
-    logs = sorted(run_dir.glob(f"{ec.LOGS_DIR}/*/*/attempt_0/{rank}/stderr.log"))
+    logs = sorted(run_dir.glob(f"{lay.LOGS_DIR}/*/*/attempt_0/{rank}/stderr.log"))
     return "".join(p.read_text(errors="replace") for p in logs)
 
 
 def _write_request(run_dir: Path, text: str) -> None:
-    path = run_dir / ec.CAPTURE_REQUEST_FILE
+    path = run_dir / lay.CAPTURE_REQUEST_FILE
     tmp = path.with_name(".request.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)  # as mlaunch trace capture writes it
@@ -69,7 +69,7 @@ def _live_request(run_dir: Path, rid: str, *, groups: str, start_in_s: float, se
     body = {
         "id": rid,
         "created_ns": now,
-        "run_id": json.loads((run_dir / ec.RESOLVED_JSON_FILE).read_text())["run_id"],
+        "run_id": json.loads((run_dir / lay.RESOLVED_JSON_FILE).read_text())["run_id"],
         "ranks": None,
         "groups": groups,
         "seconds": seconds,
@@ -120,10 +120,10 @@ def test_a_nemo_lens_worker_is_switched_to_all_for_a_time_window_and_back(
         assert told["nemo_lens"]["ranks"] == [1]
         assert "built no exporter" in told["nemo_lens"]["cannot"]["0"]
         assert told["complete"] is True and told["outcome"]["1"]["state"] == "done", told
-        request = _read_json(run_dir / ec.CAPTURE_REQUEST_FILE)
+        request = _read_json(run_dir / lay.CAPTURE_REQUEST_FILE)
         assert request["start_ns"] - request["created_ns"] == int(START_LEAD_S * 1e9)
         rid = told["id"]
-        acks = [ec.lens_capture_ack_file(run_dir, r, rid) for r in range(2)]
+        acks = [lay.lens_capture_ack_file(run_dir, r, rid) for r in range(2)]
         wait_for(lambda: _read_json(acks[0]) is not None, "rank 0's refusal")
     finally:
         stop.touch()  # a few more iterations, all after the window, then the end
@@ -153,8 +153,8 @@ def test_a_nemo_lens_worker_is_switched_to_all_for_a_time_window_and_back(
         report = _read_json(reports[r])
         assert report["finished"] is True and "error" not in report, report
         assert _rank_stderr(run_dir, r).count(LOG_PREFIX) == 1  # the bad file, once
-    spans = read_spans(ec.traces_file(run_dir, 1))
-    assert not ec.traces_file(run_dir, 0).exists()
+    spans = read_spans(lay.traces_file(run_dir, 1))
+    assert not lay.traces_file(run_dir, 0).exists()
     fine = [s for s in spans if s["name"] in FINE]
     steps = [s for s in spans if s["name"] == SpanName.ITERATION]
     # Fine spans only inside the window, and some of them: layer and microbatch alike.
@@ -203,4 +203,4 @@ def test_a_worker_without_nemo_lens_keeps_training_through_bad_and_live_requests
         if r == 0:  # progress.jsonl is rank 0's (the ranks share no collective here)
             assert report["iterations"] >= seen + 40
         assert _rank_stderr(run_dir, r).count(LOG_PREFIX) == 1
-        assert not ec.lens_capture_ack_file(run_dir, r, "live2").exists()
+        assert not lay.lens_capture_ack_file(run_dir, r, "live2").exists()

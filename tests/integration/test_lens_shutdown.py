@@ -20,9 +20,9 @@ import pytest
 from support.launch_runs import TIMEOUT_S, clean_env, finish, mlaunch
 from support.trace_cli import trace_cli
 
-from mlaunch import envcontract as ec
 from mlaunch.model.spans import Attr, SpanName
 from mlaunch.otlp.otlp_json import read_spans
+from mlaunch.rundir import layout as lay
 
 pytestmark = [pytest.mark.nemo_lens, pytest.mark.slow]
 
@@ -54,7 +54,7 @@ def test_the_iteration_a_stopped_worker_was_in_is_exported_truncated_by_0_2_0_on
     code, out = finish(proc)
     assert code != 0, out  # interrupted
 
-    spans = read_spans(ec.traces_file(run_dir, 0))
+    spans = read_spans(lay.traces_file(run_dir, 0))
     steps = {s["attributes"][Attr.ITERATION]: s for s in spans if s["name"] == SpanName.ITERATION}
     truncated = [s for s in spans if s["attributes"].get(TRUNCATED)]
     # the block the handler ended itself is whole in both versions
@@ -69,7 +69,7 @@ def test_the_iteration_a_stopped_worker_was_in_is_exported_truncated_by_0_2_0_on
 
     # mlaunch's readers: the summary counts it as truncated, besides the launcher's own job and
     # attempt spans (which the interrupted launcher ends marked the same way)
-    launcher = read_spans(ec.launcher_traces_file(run_dir, 0))
+    launcher = read_spans(lay.launcher_traces_file(run_dir, 0))
     assert {s["name"] for s in launcher if s["attributes"].get(TRUNCATED)} == {
         SpanName.JOB,
         SpanName.JOB_ATTEMPT,

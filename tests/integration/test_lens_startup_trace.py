@@ -21,9 +21,9 @@ import pytest
 from support.launch_runs import clean_env, finish, mlaunch
 from support.trace_cli import trace_cli
 
-from mlaunch import envcontract as ec
 from mlaunch.model.spans import SpanName
 from mlaunch.otlp.otlp_json import read_spans
+from mlaunch.rundir import layout as lay
 
 pytestmark = [pytest.mark.nemo_lens, pytest.mark.slow]
 
@@ -57,9 +57,9 @@ def test_a_megatron_workers_start_up_begins_at_the_launch_and_goodput_attributes
                 "--nproc-per-node", "1", "--train-iters", "3", cwd=tmp_path, env=env)
     )  # fmt: skip
     assert code == 0, out
-    launcher = _spans(ec.launcher_traces_file(run_dir, 0))
+    launcher = _spans(lay.launcher_traces_file(run_dir, 0))
     (job,), (attempt,) = launcher[SpanName.JOB], launcher[SpanName.JOB_ATTEMPT]
-    worker = _spans(ec.traces_file(run_dir, 0))
+    worker = _spans(lay.traces_file(run_dir, 0))
     (startup,) = worker[SpanName.STARTUP]
     (launch_script,) = worker[SpanName.STARTUP_LAUNCH_SCRIPT]
     (container_load,) = worker[SpanName.STARTUP_CONTAINER_LOAD]
@@ -96,7 +96,7 @@ def test_a_megatron_workers_start_up_begins_at_the_launch_and_goodput_attributes
     # A collector's view (no launcher file): the wall is the worker's span extent, which begins
     # at SLURM's job start, and the launch holds pre_startup as well.
     collector = tmp_path / "collector"
-    shutil.copytree(run_dir / ec.TELEMETRY_DIR, collector / ec.TELEMETRY_DIR,
+    shutil.copytree(run_dir / lay.TELEMETRY_DIR, collector / lay.TELEMETRY_DIR,
                     ignore=shutil.ignore_patterns("traces-launcher-*"))  # fmt: skip
     (rank,) = _goodput(collector)["ranks"]
     assert rank["wall_source"] == "span extent"

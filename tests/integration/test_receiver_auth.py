@@ -29,8 +29,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from support.launch_runs import clean_env, finish, mlaunch
 from support.otlp import GrpcOtlpReceiver
 
-from mlaunch import envcontract
 from mlaunch.otlp.otlp_json import read_spans
+from mlaunch.rundir import layout as lay
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -169,7 +169,7 @@ def assert_refused_and_secret(out: str, run_dir: Path, out_dir: Path, answers: l
     # Each port refused the request it understands, twice (no token, a wrong one).
     assert answers.count("grpc:UNAUTHENTICATED") == 2 and answers.count("http:401") == 2, answers
     assert "grpc:OK" not in answers and "http:200" not in answers, answers
-    stats = json.loads(envcontract.receiver_stats_file(run_dir).read_text())
+    stats = json.loads(lay.receiver_stats_file(run_dir).read_text())
     assert stats["authenticated"] is True
     assert stats["signals"]["traces"]["unauthenticated_requests"] == 4
     # Logged once as it happens, and counted in the end-of-run summary.
@@ -188,10 +188,10 @@ def assert_refused_and_secret(out: str, run_dir: Path, out_dir: Path, answers: l
 def test_embedded_receiver_refuses_other_users_and_keeps_the_workers_spans(tmp_path: Path):
     out, run_dir, out_dir, answers = run_and_forge(tmp_path, env=clean_env())
     assert_refused_and_secret(out, run_dir, out_dir, answers)
-    stats = json.loads(envcontract.receiver_stats_file(run_dir).read_text())
+    stats = json.loads(lay.receiver_stats_file(run_dir).read_text())
     assert stats["mode"] == "embedded"
     for rank in (0, 1):  # the workers' own spans arrived (they sent the token)
-        names = {s["name"] for s in read_spans(envcontract.traces_file(run_dir, rank))}
+        names = {s["name"] for s in read_spans(lay.traces_file(run_dir, rank))}
         assert names and FORGED not in names, names
 
 
@@ -202,7 +202,7 @@ def test_relay_forwards_only_the_workers_spans_with_the_users_header(tmp_path: P
             tmp_path, "--otel-exporter", "otlp", "--otlp-endpoint", collector.endpoint, env=env
         )
         assert_refused_and_secret(out, run_dir, out_dir, answers)
-        stats = json.loads(envcontract.receiver_stats_file(run_dir).read_text())
+        stats = json.loads(lay.receiver_stats_file(run_dir).read_text())
         assert stats["mode"] == "relay" and stats["signals"]["traces"]["forwarded_items"] > 0
         assert collector.wait_for_spans(stats["signals"]["traces"]["forwarded_items"], timeout=10)
         names = {s["name"] for s in collector.spans}
@@ -228,7 +228,7 @@ def test_mlaunchs_trainer_through_the_relay_sends_the_token(tmp_path: Path):
         )  # fmt: skip
         code, out = finish(proc)
         assert code == 0, out
-        stats = json.loads(envcontract.receiver_stats_file(run_dir).read_text())
+        stats = json.loads(lay.receiver_stats_file(run_dir).read_text())
         traces = stats["signals"]["traces"]
         assert stats["mode"] == "relay" and traces["unauthenticated_requests"] == 0, stats
         assert traces["forwarded_items"] > 0 and traces["spooled_items"] == 0, stats

@@ -22,9 +22,9 @@ from support.otlp import GrpcOtlpReceiver, closed_port_endpoint
 from support.trace_cli import trace_cli as cli
 from support.trace_compare import store_rows
 
-from mlaunch import envcontract
 from mlaunch.model.spans import SpanName
 from mlaunch.otlp.otlp_json import read_spans
+from mlaunch.rundir import layout as lay
 from mlaunch.trace import store_build
 from mlaunch.trace.reader import TraceReader
 from mlaunch.trace.store import open_store
@@ -44,7 +44,7 @@ def emitted(run_dir: Path) -> int:
 
 
 def receiver_stats(run_dir: Path) -> dict:
-    return json.loads(envcontract.receiver_stats_file(run_dir).read_text())
+    return json.loads(lay.receiver_stats_file(run_dir).read_text())
 
 
 def run_script(
@@ -71,7 +71,7 @@ def test_script_with_no_collector_writes_every_span_for_every_trace_command(
     code, out = run_script(lens_worker_script, run_dir, cwd=tmp_path, env=clean_env())
     assert code == 0, out
     n = emitted(run_dir)
-    per_rank = {r: len(read_spans(envcontract.traces_file(run_dir, r))) for r in (0, 1)}
+    per_rank = {r: len(read_spans(lay.traces_file(run_dir, r))) for r in (0, 1)}
     assert sum(per_rank.values()) == n and all(per_rank.values()), per_rank
     stats = receiver_stats(run_dir)
     assert stats["mode"] == "embedded"
@@ -104,7 +104,7 @@ def test_script_with_no_collector_writes_every_span_for_every_trace_command(
 
 def launcher_spans(run_dir: Path) -> int:
     """The launcher's own job-trace spans (always also in its file in the run directory)."""
-    spans = read_spans(envcontract.launcher_traces_file(run_dir, 0))
+    spans = read_spans(lay.launcher_traces_file(run_dir, 0))
     assert {s["name"] for s in spans} == {SpanName.JOB, SpanName.JOB_ATTEMPT}
     return len(spans)
 
@@ -159,7 +159,7 @@ def test_relay_with_the_collector_up_forwards_the_workers_spans(
         assert len(collector.spans) == n
         assert all(h.get("x-api-key") == SECRET for h in collector.headers)
     assert receiver_stats(run_dir)["signals"]["traces"]["forwarded_items"] == n
-    assert not list((run_dir / envcontract.TELEMETRY_DIR).glob("spool-*"))
+    assert not list((run_dir / lay.TELEMETRY_DIR).glob("spool-*"))
 
 
 def test_sigterm_to_the_launcher_still_flushes_the_receiver(
@@ -176,7 +176,7 @@ def test_sigterm_to_the_launcher_still_flushes_the_receiver(
                    "--nproc-per-node", "2", "--train-iters", "100000",
                    "--otel-export-strategy", "all_ranks", "--otel-span-groups", "per_step",
                    cwd=tmp_path, env=env)  # fmt: skip
-    traces = envcontract.traces_file(run_dir, 0)
+    traces = lay.traces_file(run_dir, 0)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         if traces.exists() and traces.stat().st_size > 0:
@@ -188,7 +188,7 @@ def test_sigterm_to_the_launcher_still_flushes_the_receiver(
     assert code != 0  # interrupted
     stats = receiver_stats(run_dir)["signals"]["traces"]
     assert stats["written_items"] == stats["received_items"] > 0 and stats["lost_items"] == 0
-    files = [envcontract.traces_file(run_dir, r) for r in (0, 1)]
+    files = [lay.traces_file(run_dir, r) for r in (0, 1)]
     on_disk = sum(len(read_spans(p)) for p in files if p.exists())  # rank 1 may not have sent yet
     assert on_disk == stats["written_items"]
     code, text = cli("summary", run_dir)

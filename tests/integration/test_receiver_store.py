@@ -14,7 +14,7 @@ from support.full_disk import full_disk_site
 from support.launch_runs import clean_env, finish, mlaunch, progress
 from support.trace_compare import json_store_rows, store_rows
 
-from mlaunch import envcontract as ec
+from mlaunch.rundir import layout as lay
 from mlaunch.trace.reader import discover
 from mlaunch.trace.store import open_store
 from mlaunch.trace.store_layout import is_fresh, load_manifest
@@ -40,7 +40,7 @@ def test_the_receivers_run_has_its_store_when_train_returns(tmp_path: Path) -> N
         stop.touch()
     code, out = finish(proc)
     assert code == 0, out[-4000:]
-    stats = json.loads(ec.receiver_stats_file(run_dir).read_text())
+    stats = json.loads(lay.receiver_stats_file(run_dir).read_text())
     assert stats["mode"] == "embedded" and stats["signals"]["traces"]["written_items"] > 0
     man = load_manifest(run_dir)
     assert man is not None and is_fresh(run_dir, man, discover(run_dir)), "no store at the end"
@@ -68,7 +68,7 @@ def test_a_full_disk_at_the_run_end_build_keeps_the_exit_code_and_the_json(
     lines = [line for line in out.splitlines() if "span store" in line]
     assert len(lines) == 1 and "No space left on device" in lines[0], lines
     assert load_manifest(run_dir) is None
-    steps = [s for r in (0, 1) for s in read_spans(ec.traces_file(run_dir, r))
+    steps = [s for r in (0, 1) for s in read_spans(lay.traces_file(run_dir, r))
              if s["name"] == "megatron.train.iteration"]  # fmt: skip
     assert len(steps) == 6
     r = invoke_trace("summary", run_dir, "--json")

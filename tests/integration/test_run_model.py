@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 from support.launch_runs import clean_env, finish, mlaunch, progress
 
-from mlaunch import envcontract as ec
 from mlaunch.cli.status_watch import render
+from mlaunch.rundir import layout as lay
 from mlaunch.slurm.watch import WatchState, snapshot
 from mlaunch.trace.report import render_report
 
@@ -149,9 +149,9 @@ def test_every_view_reads_one_run_model_during_and_after_the_run(tmp_path):
     # Beats and acks end with the run: each rank's last iteration, and nothing listening.
     for rank in (0, 1):
         done = json.loads((run_dir / f"script-worker-rank{rank}.json").read_text())["iterations"]
-        beat = json.loads(ec.heartbeat_file(run_dir, rank).read_text())
+        beat = json.loads(lay.heartbeat_file(run_dir, rank).read_text())
         assert (beat["iteration"], beat["ended"]) == (done, True), beat
-        ack = json.loads(ec.capture_ack_file(run_dir, rank).read_text())
+        ack = json.loads(lay.capture_ack_file(run_dir, rank).read_text())
         assert ack["state"] == "done" and ack["ended_ns"], ack
     # A finished run takes no request: exit 2, nothing written.
     before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
@@ -166,7 +166,7 @@ def test_recorded_is_refused_without_a_recorder_and_after_sigterm(tmp_path):
         code, out = cli("trace", "capture", str(run_dir), "--recorded", "--wait", cwd=tmp_path)
         assert code == 2 and "no flight recorder" in out and "Traceback" not in out, out
         assert len(out.strip().splitlines()) == 1, out
-        assert not (run_dir / ec.CAPTURE_REQUEST_FILE).exists()
+        assert not (run_dir / lay.CAPTURE_REQUEST_FILE).exists()
         proc.send_signal(signal.SIGTERM)
         code, _ = finish(proc)
     finally:
@@ -177,4 +177,4 @@ def test_recorded_is_refused_without_a_recorder_and_after_sigterm(tmp_path):
     assert st["state"] not in ("running", "completed"), st
     code, out = cli("trace", "capture", str(run_dir), "--recorded", cwd=tmp_path)
     assert code == 2 and re.search(r"the run has \w+ \(it is not running\)", out), out
-    assert not (run_dir / ec.CAPTURE_REQUEST_FILE).exists()
+    assert not (run_dir / lay.CAPTURE_REQUEST_FILE).exists()

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from support.launch_runs import clean_env, finish, mlaunch, progress
 
-from mlaunch import envcontract as ec
 from mlaunch.model.spans import SpanName
 from mlaunch.otlp.otlp_json import read_spans
+from mlaunch.rundir import layout as lay
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -49,14 +49,14 @@ def test_a_script_using_mlaunch_telemetry_gets_the_recorder_and_dumps_on_request
             cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert ask.returncode == 0, ask.stdout + ask.stderr
-        files = [ec.recorder_file(run_dir, r) for r in range(2)]
+        files = [lay.recorder_file(run_dir, r) for r in range(2)]
         wait_for(lambda: all(f.exists() and f.stat().st_size for f in files), "both dumps")
     finally:
         stop.touch()
     code, out = finish(proc)
     assert code == 0, out[-4000:]
     # What the summary said (also in resolved.json): nemo-lens workers would not have it.
-    resolved = json.loads((run_dir / ec.RESOLVED_JSON_FILE).read_text())
+    resolved = json.loads((run_dir / lay.RESOLVED_JSON_FILE).read_text())
     assert any("no flight recorder" in t for t in resolved["reference"]["translations"])
     for f in files:
         spans = read_spans(f)

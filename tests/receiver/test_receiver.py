@@ -37,10 +37,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from support.otlp import RECEIVER_HEADERS, RECEIVER_TOKEN
 
-from mlaunch import envcontract
 from mlaunch.otlp.otlp_json import read_metrics, read_spans
 from mlaunch.receiver import Receiver
 from mlaunch.receiver import core as rx_core
+from mlaunch.rundir import layout as lay
 from mlaunch.trace.reader import TraceReader
 
 TRACE_PATH = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -107,15 +107,15 @@ def test_sdk_exporters_grpc_and_http_land_in_per_rank_files(rx: Receiver, tmp_pa
     stats = rx.close()
     t = stats.signals["traces"]
     assert (t.received_items, t.written_items, t.lost_items, t.unranked_items) == (12, 12, 0, 0)
-    assert [s["span_id"] for s in read_spans(envcontract.traces_file(tmp_path, 0))] == ids0
-    assert [s["span_id"] for s in read_spans(envcontract.traces_file(tmp_path, 1))] == ids1
+    assert [s["span_id"] for s in read_spans(lay.traces_file(tmp_path, 0))] == ids0
+    assert [s["span_id"] for s in read_spans(lay.traces_file(tmp_path, 1))] == ids1
     # One line per request, as the file exporter writes (SimpleSpanProcessor: one span each).
-    assert len(envcontract.traces_file(tmp_path, 0).read_text().splitlines()) == 7
+    assert len(lay.traces_file(tmp_path, 0).read_text().splitlines()) == 7
     for rank in (0, 1):
-        metrics = read_metrics(envcontract.metrics_file(tmp_path, rank))
+        metrics = read_metrics(lay.metrics_file(tmp_path, rank))
         assert [m["name"] for m in metrics] == ["tokens"]
         assert metrics[0]["resource"]["dl.rank"] == rank
-    logs = envcontract.received_file(tmp_path, "logs", 0).read_text()
+    logs = lay.received_file(tmp_path, "logs", 0).read_text()
     assert "hello from rank 0" in logs
     assert stats.signals["logs"].written_items == 1
     # mlaunch trace's reader reads the directory unchanged, ranks from dl.rank.
@@ -124,7 +124,7 @@ def test_sdk_exporters_grpc_and_http_land_in_per_rank_files(rx: Receiver, tmp_pa
     for res, spans, _ in reader:
         by_rank[res.rank] = by_rank.get(res.rank, 0) + len(spans)
     assert by_rank == {0: 7, 1: 5}
-    saved = json.loads(envcontract.receiver_stats_file(tmp_path).read_text())
+    saved = json.loads(lay.receiver_stats_file(tmp_path).read_text())
     assert saved["signals"]["traces"]["written_items"] == 12
     assert saved["mode"] == "embedded"
 
@@ -154,7 +154,7 @@ def test_http_json_bodies_plain_and_gzip(rx: Receiver, tmp_path: Path) -> None:
     )  # fmt: skip
     assert code == 200
     rx.close()
-    spans = read_spans(envcontract.traces_file(tmp_path, 3))
+    spans = read_spans(lay.traces_file(tmp_path, 3))
     assert [(s["trace_id"], s["span_id"], s["name"]) for s in spans] == [
         (tid, sid, "from-json")
     ] * 2
@@ -164,7 +164,7 @@ def test_unranked_sender_gets_its_own_clearly_named_file(rx: Receiver, tmp_path:
     emit(GrpcSpans(endpoint=rx.grpc_endpoint, insecure=True), 3, rank=None)
     stats = rx.close()
     assert stats.signals["traces"].unranked_items == 3
-    path = envcontract.received_file(tmp_path, "traces", None)
+    path = lay.received_file(tmp_path, "traces", None)
     assert path.name == "traces-unranked.jsonl"
     assert len(read_spans(path)) == 3
 
@@ -199,7 +199,7 @@ def test_bad_requests_are_refused_or_counted_and_the_receiver_keeps_serving(
     ids += emit(HttpSpans(endpoint=url + "/v1/traces"), 2)
     stats = rx.close()
     assert stats.signals["traces"].malformed_requests == 3  # the bad JSON and the 2 bad protobufs
-    assert [s["span_id"] for s in read_spans(envcontract.traces_file(tmp_path, 0))] == ids
+    assert [s["span_id"] for s in read_spans(lay.traces_file(tmp_path, 0))] == ids
     assert stats.closed_in_s is not None and stats.closed_in_s < 3
 
 
@@ -236,7 +236,7 @@ def test_full_queue_refuses_with_a_retryable_status_counted(tmp_path: Path) -> N
 
 
 def test_a_disk_that_refuses_writes_never_raises(tmp_path: Path) -> None:
-    (tmp_path / envcontract.TELEMETRY_DIR).write_text("a file where the folder should be")
+    (tmp_path / lay.TELEMETRY_DIR).write_text("a file where the folder should be")
     said: list[str] = []
     rx = Receiver(tmp_path, token=RECEIVER_TOKEN, log=said.append).start()
     emit(GrpcSpans(endpoint=rx.grpc_endpoint, insecure=True), 3)
@@ -284,7 +284,7 @@ def test_ingest_api_goes_through_the_same_path(tmp_path: Path) -> None:
     with tp.get_tracer("mlaunch").start_as_current_span("mlaunch.job"):
         pass
     rx = Receiver(tmp_path, token=RECEIVER_TOKEN, log=lambda m: None)  # no listeners needed
-    launcher_file = envcontract.launcher_traces_file(tmp_path, 0)
+    launcher_file = lay.launcher_traces_file(tmp_path, 0)
     assert rx.ingest_traces(encode_spans(captured), local_file=launcher_file)
     stats = rx.close()
     assert [s["name"] for s in read_spans(launcher_file)] == ["mlaunch.job"]
@@ -302,7 +302,7 @@ def test_close_with_requests_in_flight_flushes_everything(tmp_path: Path) -> Non
         t.join()
     stats = rx.close()
     assert stats.signals["traces"].written_items == 150
-    assert len(read_spans(envcontract.traces_file(tmp_path, 0))) == 150
+    assert len(read_spans(lay.traces_file(tmp_path, 0))) == 150
 
 
 def test_only_the_jobs_token_gets_in_grpc_and_http_every_signal(rx: Receiver, tmp_path) -> None:
@@ -333,7 +333,7 @@ def test_only_the_jobs_token_gets_in_grpc_and_http_every_signal(rx: Receiver, tm
         c = stats.signals[name]
         assert c.unauthenticated_requests == 6 + (name == "traces")
         assert (c.received_requests, c.written_items) == (0, 0)
-    assert not list((tmp_path / envcontract.TELEMETRY_DIR).glob("*.jsonl"))
+    assert not list((tmp_path / lay.TELEMETRY_DIR).glob("*.jsonl"))
     assert sum("without this job's token" in m for m in said) == 1  # logged once
     assert all(RECEIVER_TOKEN not in m for m in said + stats.errors)
     assert stats.authenticated and RECEIVER_TOKEN not in json.dumps(stats.to_json())
@@ -393,9 +393,9 @@ def test_only_embedded_trace_lines_count_towards_the_store(tmp_path: Path) -> No
     span.name, span.trace_id, span.span_id = "megatron.train_step", b"\1" * 16, b"\2" * 8
     assert rx.ingest_traces(req)
     stats = rx.close()
-    assert envcontract.received_file(tmp_path, "metrics", 0).stat().st_size > 0
+    assert lay.received_file(tmp_path, "metrics", 0).stat().st_size > 0
     assert stats.store_appends == 0
-    assert rx._store.written == envcontract.traces_file(tmp_path, 0).stat().st_size > 0
+    assert rx._store.written == lay.traces_file(tmp_path, 0).stat().st_size > 0
     relay = Receiver(tmp_path / "relay", token=RECEIVER_TOKEN, log=lambda m: None,
                      relay={"traces": Upstream.from_env({}, "traces")}, store_min_bytes=1)  # fmt: skip
     assert relay._store is None

@@ -25,8 +25,8 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExport
 from support.otlp import RECEIVER_TOKEN
 from test_receiver import emit
 
-from mlaunch import envcontract
 from mlaunch.receiver import Receiver
+from mlaunch.rundir import layout as lay
 from mlaunch.trace.reader import TraceReader
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -88,7 +88,7 @@ def test_workers_killed_mid_export_do_not_break_the_receiver(tmp_path: Path) -> 
         for rank in (0, 1)
     ]
     counts = rx.stats.signals["traces"]
-    files = [envcontract.traces_file(tmp_path, rank) for rank in (0, 1)]
+    files = [lay.traces_file(tmp_path, rank) for rank in (0, 1)]
 
     def both_arrived() -> bool:
         # Each rank's own spans, not only 2,000 in all: on a busy machine rank 1's interpreter
@@ -128,4 +128,4 @@ def test_workers_killed_mid_export_do_not_break_the_receiver(tmp_path: Path) -> 
     for res, spans, _ in reader:
         seen[res.rank] = seen.get(res.rank, 0) + len(spans)
     assert seen[2] == 3 and seen[0] + seen[1] + 3 == t.written_items
-    assert len(envcontract.traces_file(tmp_path, 2).read_text().splitlines()) == len(ids)
+    assert len(lay.traces_file(tmp_path, 2).read_text().splitlines()) == len(ids)

@@ -17,10 +17,10 @@ from support.otlp import RECEIVER_TOKEN, GrpcOtlpReceiver, HangingServer, HttpOt
 from test_receiver import emit
 from typer.testing import CliRunner
 
-from mlaunch import envcontract
 from mlaunch.otlp.otlp_json import read_spans
 from mlaunch.receiver import Receiver, Upstream
 from mlaunch.receiver.signals import SIGNALS
+from mlaunch.rundir import layout as lay
 
 SECRET = "s3cr3t-token-value"
 
@@ -32,7 +32,7 @@ def relay_to(env: dict[str, str]) -> dict[str, Upstream]:
 def spooled_ids(run_dir: Path) -> list[str]:
     return [
         s["span_id"]
-        for p in sorted((run_dir / envcontract.TELEMETRY_DIR).glob("spool-traces-*.jsonl"))
+        for p in sorted((run_dir / lay.TELEMETRY_DIR).glob("spool-traces-*.jsonl"))
         for s in read_spans(p)
     ]
 

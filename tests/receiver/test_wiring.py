@@ -164,8 +164,8 @@ def test_execute_closes_the_receiver_on_every_way_out(tmp_path: Path, how: str) 
     listeners gone, its counts written) before execute() returns or raises."""
     import socket
 
-    from mlaunch import envcontract
     from mlaunch.launcher import run as lrun
+    from mlaunch.rundir import layout as lay
 
     plan = build(tmp_path, {})
     seen: dict = {}
@@ -192,7 +192,7 @@ def test_execute_closes_the_receiver_on_every_way_out(tmp_path: Path, how: str) 
     else:
         result = lrun.execute(plan, Display, spawn_fn=spawn)
         assert result.receiver is not None and result.receiver.mode == "embedded"
-    assert envcontract.receiver_stats_file(plan.run_dir).exists()
+    assert lay.receiver_stats_file(plan.run_dir).exists()
     host, port = seen["endpoint"].removeprefix("http://").split(":")
     with pytest.raises(OSError), socket.create_connection((host, int(port)), timeout=2):
         pass  # nothing listens any more

@@ -14,8 +14,8 @@ import orjson
 import pytest
 from support.synthetic_traces import TraceBuilder
 
-from mlaunch import envcontract
 from mlaunch.model.spans import Attr, SpanName
+from mlaunch.rundir import layout as lay
 from mlaunch.trace.report import curve, window
 from mlaunch.trace.report.build import prepare
 from mlaunch.trace.report.curve import Curve
@@ -45,9 +45,7 @@ def _run(run: Path, progress: bool) -> Path:
     if progress:
         recs = [{"iteration": i, "loss": _loss(i), "lr": 1e-3, "step_ms": 9.0}
                 for i in range(1, ITERATIONS + 1)]  # fmt: skip
-        (run / envcontract.PROGRESS_FILE).write_bytes(
-            b"".join(orjson.dumps(r) + b"\n" for r in recs)
-        )
+        (run / lay.PROGRESS_FILE).write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
     return run
 
 
@@ -88,7 +86,7 @@ def test_the_reports_curves_are_decimated_past_the_limit(
         assert list(scan.rank_steps(1)) == every and len(every) == ITERATIONS
     for reader in (StoreReader(open_store(run)),):
         d = prepare(run, reader)
-        assert d.curve_source == (envcontract.PROGRESS_FILE if progress else
+        assert d.curve_source == (lay.PROGRESS_FILE if progress else
                                   "megatron.train.iteration span attributes of rank 1 "
                                   "(no progress.jsonl)")  # fmt: skip
         loss = d.curve_figs["chart-loss"]

@@ -125,7 +125,7 @@ def test_with_a_progress_file_pass_one_keeps_no_steps_and_places_the_same_window
     a scan that kept every step, on both paths, and nothing per step is held."""
     import orjson
 
-    from mlaunch import envcontract
+    from mlaunch.rundir import layout as lay
     from mlaunch.trace.report.window import StoreScan
 
     run = tmp_path / "run"
@@ -133,9 +133,7 @@ def test_with_a_progress_file_pass_one_keeps_no_steps_and_places_the_same_window
     without = prepare(run, StoreReader(fresh_store(run)))
     assert without.curve_source.startswith("megatron.train.iteration span attributes")
     records = [{"iteration": i, "loss": 5.0 - i / 10, "lr": 1e-3} for i in range(1, 21)]
-    (run / envcontract.PROGRESS_FILE).write_bytes(
-        b"".join(orjson.dumps(r) + b"\n" for r in records)
-    )
+    (run / lay.PROGRESS_FILE).write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
     store = open_store(run)
     assert store is not None
     every = StoreScan(fresh_store(run), True)
@@ -154,6 +152,6 @@ def test_with_a_progress_file_pass_one_keeps_no_steps_and_places_the_same_window
             assert [scan.steps_between(a, b) for a, b in ranges] == expected
             assert scan.first_start(9) == min(s.start for s in steps if s.iteration == 9)
     with_progress = prepare(run, StoreReader(store))
-    assert with_progress.curve_source == envcontract.PROGRESS_FILE
+    assert with_progress.curve_source == lay.PROGRESS_FILE
     assert with_progress.timeline == without.timeline
     assert (with_progress.ranges, with_progress.marks) == (without.ranges, without.marks)

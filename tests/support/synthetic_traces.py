@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlaunch import envcontract
 from mlaunch.model.spans import ALIASES, Attr, ResourceAttr, SpanName
+from mlaunch.rundir import layout as lay
 
 #: Code name -> the documented name an older mlaunch trace carries instead.
 LEGACY_NAMES: dict[str, str] = {code: doc for doc, code in ALIASES.items()}
@@ -214,7 +214,7 @@ class TraceBuilder:
         tel.mkdir(parents=True, exist_ok=True)
         for rank in sorted(self.spans):
             path = (
-                envcontract.launcher_traces_file(run_dir, 0)
+                lay.launcher_traces_file(run_dir, 0)
                 if rank == self.LAUNCHER
                 else tel / f"traces-rank{rank}.jsonl"
             )

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mlaunch import envcontract
 from mlaunch.otlp import otlp_json
+from mlaunch.rundir import layout as lay
 
 
 def read_trace_file(run_dir: Path, rank: int = 0) -> list[dict[str, Any]]:
     """Flat spans the file exporter wrote for ``rank``."""
-    return otlp_json.read_spans(envcontract.traces_file(run_dir, rank))
+    return otlp_json.read_spans(lay.traces_file(run_dir, rank))
 
 
 def by_name(spans: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -27,4 +27,4 @@ def parent_names(spans: list[dict[str, Any]]) -> dict[str, str | None]:
 
 def read_metric_file(run_dir: Path, rank: int = 0) -> list[dict[str, Any]]:
     """Flat metrics the file exporter wrote for ``rank``."""
-    return otlp_json.read_metrics(envcontract.metrics_file(run_dir, rank))
+    return otlp_json.read_metrics(lay.metrics_file(run_dir, rank))

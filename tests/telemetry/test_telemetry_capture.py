@@ -13,6 +13,7 @@ from mlaunch import envcontract, telemetry
 from mlaunch.model.groups import SpanGroup as G
 from mlaunch.model.spans import Attr, SpanName
 from mlaunch.otlp import otlp_json
+from mlaunch.rundir import layout as lay
 from mlaunch.telemetry import _capture
 
 
@@ -28,7 +29,7 @@ def _iterations(first: int, last: int) -> None:
 
 def _captured(run_dir, rank: int) -> dict[int, list[str]]:
     """Iteration -> names of the spans of that iteration (by their iteration parent)."""
-    path = envcontract.traces_file(run_dir, rank)
+    path = lay.traces_file(run_dir, rank)
     spans = otlp_json.read_spans(path) if path.exists() else []
     by_id = {s["span_id"]: s for s in spans}
     out: dict[int, list[str]] = {}
@@ -48,7 +49,7 @@ def _capture_request(**extra) -> _capture.Capture:
 
 
 def _ack(run_dir, rank: int) -> dict:
-    return json.loads(envcontract.capture_ack_file(run_dir, rank).read_text())
+    return json.loads(lay.capture_ack_file(run_dir, rank).read_text())
 
 
 def test_non_exporting_rank_captures_exactly_the_window_with_its_own_exporter(
@@ -118,7 +119,7 @@ def test_seconds_window_ends_at_the_first_boundary_after_it(make_settings, tmp_p
 
 
 def test_watcher_ignores_stale_foreign_and_other_ranks_requests(tmp_path):
-    path = tmp_path / envcontract.CAPTURE_REQUEST_FILE
+    path = tmp_path / lay.CAPTURE_REQUEST_FILE
     watcher = _capture.RequestWatcher(path, "run1", 1, started_ns=1000, on_recorded=lambda: None)
     _capture.CONTROL.reset()
     try:
@@ -192,7 +193,7 @@ def test_the_worker_identity_is_derived_once_for_the_recorder_watcher_and_export
     assert len(calls) == 1
     assert sorted(_captured(tmp_path, 0)) == [5, 6, 7]
     # The exporter and the recorder name the same block trace: one identity.
-    exported = otlp_json.read_spans(envcontract.traces_file(tmp_path, 0))
-    recorded = otlp_json.read_spans(envcontract.recorder_file(tmp_path, 0))
+    exported = otlp_json.read_spans(lay.traces_file(tmp_path, 0))
+    recorded = otlp_json.read_spans(lay.recorder_file(tmp_path, 0))
     assert {s["trace_id"] for s in recorded} == {s["trace_id"] for s in exported}
-    assert envcontract.heartbeat_file(tmp_path, 0).exists()
+    assert lay.heartbeat_file(tmp_path, 0).exists()

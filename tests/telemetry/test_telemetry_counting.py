@@ -20,8 +20,8 @@ import pytest
 from support.launch_runs import clean_env
 from support.otlp import GrpcOtlpReceiver, HangingServer, closed_port_endpoint
 
-from mlaunch import envcontract
 from mlaunch.otlp import otlp_json
+from mlaunch.rundir import layout as lay
 from mlaunch.telemetry._runtime import BATCH_SIZE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -80,7 +80,7 @@ def _parse(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
 
 
 def _spooled_ids(tmp_path: Path) -> list[str]:
-    path = envcontract.spool_file(tmp_path, 0, "traces")
+    path = lay.spool_file(tmp_path, 0, "traces")
     return [s["span_id"] for s in otlp_json.read_spans(path)] if path.exists() else []
 
 

@@ -26,6 +26,7 @@ HERE = Path(__file__).resolve().parent
 SEQUENCE = r"""
 import json, sys, threading
 from mlaunch import envcontract, telemetry
+from mlaunch.rundir import layout as lay
 from mlaunch.model.groups import SpanGroup as G
 from mlaunch.model.spans import Attr, SpanName
 from mlaunch.settings import load_telemetry_settings
@@ -73,7 +74,7 @@ with telemetry.span(G.STEP, SpanName.ITERATION, {Attr.ITERATION: 2}):
     with telemetry.span(G.LAYER, "before_dump"):
         pass
     telemetry.recorder_dump("request")  # the iteration span is written open
-spans = otlp_json.read_spans(envcontract.recorder_file(run_dir, 0))
+spans = otlp_json.read_spans(lay.recorder_file(run_dir, 0))
 order = {s["span_id"]: i for i, s in enumerate(spans)}
 out = []
 for s in spans:

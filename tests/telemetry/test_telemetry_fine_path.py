@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mlaunch import envcontract, telemetry
+from mlaunch import telemetry
 from mlaunch.model.groups import FINE_GRAINED_GROUPS
 from mlaunch.model.groups import SpanGroup as G
 from mlaunch.model.spans import Attr
 from mlaunch.model.spans import SpanName as S
+from mlaunch.rundir import layout as lay
 
 _VOLATILE = (
     "traceId",
@@ -61,7 +62,7 @@ def _normalised(
     telemetry.shutdown()
     raw = []
     resource = None
-    with open(envcontract.traces_file(run_dir, 0)) as f:
+    with open(lay.traces_file(run_dir, 0)) as f:
         for line in f:
             for rs in json.loads(line)["resourceSpans"]:
                 resource = rs["resource"]

@@ -11,11 +11,12 @@ import time
 
 from support.otlp import GrpcOtlpReceiver
 
-from mlaunch import envcontract, telemetry
+from mlaunch import telemetry
 from mlaunch.model.groups import SpanGroup as G
 from mlaunch.model.spans import Attr
 from mlaunch.model.spans import SpanName as S
 from mlaunch.otlp import otlp_json
+from mlaunch.rundir import layout as lay
 
 
 def _emit_some() -> None:
@@ -34,7 +35,7 @@ def test_trace_lines_follow_the_otlp_json_conventions(make_settings, tmp_path):
     _emit_some()
     telemetry.record_step(7, step_ms=12.5, loss=2.5)
     telemetry.shutdown()
-    lines = envcontract.traces_file(tmp_path, 0).read_text().splitlines()
+    lines = lay.traces_file(tmp_path, 0).read_text().splitlines()
     spans = []
     for line in lines:
         request = json.loads(line)
@@ -60,7 +61,7 @@ def test_trace_lines_follow_the_otlp_json_conventions(make_settings, tmp_path):
     assert layer["attributes"][0]["value"] == {"arrayValue": {"values": [{"stringValue": "a"}]}}
     assert len(layer["links"][0]["spanId"]) == 16
 
-    metric_lines = envcontract.metrics_file(tmp_path, 0).read_text().splitlines()
+    metric_lines = lay.metrics_file(tmp_path, 0).read_text().splitlines()
     request = json.loads(metric_lines[-1])
     assert "resourceMetrics" in request
     assert (
@@ -108,13 +109,13 @@ def test_console_exporter_writes_json_lines_to_stdout(make_settings, tmp_path, c
     out = capsys.readouterr().out.splitlines()
     names = [s["name"] for line in out for s in otlp_json.iter_spans(json.loads(line))]
     assert sorted(names) == sorted([S.ITERATION, S.P2P_SEND_FORWARD, S.LAYER_FORWARD])
-    assert not (tmp_path / envcontract.TELEMETRY_DIR).exists()
+    assert not (tmp_path / lay.TELEMETRY_DIR).exists()
 
 
 def test_file_is_written_while_running_not_only_at_shutdown(make_settings, tmp_path):
     telemetry.setup(make_settings(), rank=0, world_size=1, run_dir=tmp_path)
     _emit_some()
-    path = envcontract.traces_file(tmp_path, 0)
+    path = lay.traces_file(tmp_path, 0)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and not (path.exists() and path.read_text().strip()):
         time.sleep(0.05)
@@ -151,4 +152,4 @@ def test_an_exporter_that_cannot_be_built_spools_instead_of_raising(make_setting
     assert handle.exporting
     _emit_some()
     telemetry.shutdown()
-    assert len(otlp_json.read_spans(envcontract.spool_file(tmp_path, 0, "traces"))) == 3
+    assert len(otlp_json.read_spans(lay.spool_file(tmp_path, 0, "traces"))) == 3

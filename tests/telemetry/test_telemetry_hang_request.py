@@ -13,12 +13,13 @@ from mlaunch import envcontract, telemetry
 from mlaunch.model.groups import SpanGroup as G
 from mlaunch.model.spans import Attr, SpanName
 from mlaunch.otlp import otlp_json
+from mlaunch.rundir import layout as lay
 from mlaunch.telemetry import _capture
 
 
 def _request(run_dir, **body) -> None:
     body = {"id": "h1", "created_ns": time.time_ns(), "run_id": "testrun", "ranks": None, **body}
-    (run_dir / envcontract.CAPTURE_REQUEST_FILE).write_text(json.dumps(body))
+    (run_dir / lay.CAPTURE_REQUEST_FILE).write_text(json.dumps(body))
 
 
 def _stopped_watcher() -> _capture.RequestWatcher:
@@ -62,7 +63,7 @@ def test_a_hang_request_is_answered_while_the_training_thread_is_blocked(make_se
         assert all(isinstance(s["start_ns"], int) for s in stuck["spans"])
         assert body["request"] == "h1" and body["iteration"] == 4 and body["pid"] == os.getpid()
         # The ring went out at once, not at an iteration boundary the stuck thread never reaches.
-        dumped = otlp_json.read_spans(envcontract.recorder_file(tmp_path, 0))
+        dumped = otlp_json.read_spans(lay.recorder_file(tmp_path, 0))
         done = {
             s["attributes"].get(Attr.ITERATION) for s in dumped if s["name"] == SpanName.ITERATION
         }
@@ -90,7 +91,7 @@ def test_under_mlaunch_every_rank_keeps_a_progress_beat_even_with_telemetry_off(
     monkeypatch.setenv(envcontract.RUN_DIR, str(tmp_path))
     telemetry.setup(make_settings(ENABLED="false"), rank=1, world_size=2, run_dir=tmp_path)
     watcher = _stopped_watcher()
-    beat = envcontract.heartbeat_file(tmp_path, 1)
+    beat = lay.heartbeat_file(tmp_path, 1)
     watcher.beat()
     assert not beat.exists()  # no iteration yet
     telemetry.set_iteration(12)
@@ -106,7 +107,7 @@ def test_a_rank_whose_setup_failed_says_why_in_its_first_beat_before_any_iterati
     make_settings, tmp_path, monkeypatch
 ):
     monkeypatch.setenv(envcontract.RUN_DIR, str(tmp_path))
-    beat = envcontract.heartbeat_file(tmp_path, 0)
+    beat = lay.heartbeat_file(tmp_path, 0)
     beat.parent.mkdir(parents=True)
     beat.write_text("x" * 600)  # an earlier process's longer beat: never a stale tail
     # A setting only this worker's code gets wrong (its save interval as text): the runtime

@@ -10,10 +10,11 @@ import timeit
 import pytest
 from telemetry_helpers import read_trace_file
 
-from mlaunch import envcontract, telemetry
+from mlaunch import telemetry
 from mlaunch.model.groups import SpanGroup as G
 from mlaunch.model.spans import Attr, SpanName
 from mlaunch.otlp import otlp_json
+from mlaunch.rundir import layout as lay
 from mlaunch.telemetry import _recorder
 
 LAYERS = 3
@@ -29,7 +30,7 @@ def _iterations(first: int, last: int) -> None:
 
 
 def _dumped(run_dir, rank: int) -> list[dict]:
-    return otlp_json.read_spans(envcontract.recorder_file(run_dir, rank))
+    return otlp_json.read_spans(lay.recorder_file(run_dir, rank))
 
 
 def test_non_exporting_rank_keeps_last_k_iterations_and_dumps_them_with_the_trigger(
@@ -61,7 +62,7 @@ def test_non_exporting_rank_keeps_last_k_iterations_and_dumps_them_with_the_trig
     # What was written is gone: a second trigger writes only what came after.
     _iterations(11, 12)
     assert telemetry.recorder_dump("signal") == 2 * (1 + LAYERS)
-    lines = envcontract.recorder_file(tmp_path, 0).read_text().splitlines()
+    lines = lay.recorder_file(tmp_path, 0).read_text().splitlines()
     assert len(lines) == 2
     assert telemetry.recorder_dump("request") == 0
 

@@ -9,11 +9,12 @@ import pytest
 from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 from telemetry_helpers import read_trace_file
 
-from mlaunch import envcontract, telemetry
+from mlaunch import telemetry
 from mlaunch.model.groups import SpanGroup as G
 from mlaunch.model.spans import Attr
 from mlaunch.model.spans import SpanName as S
 from mlaunch.model.strategies import rank_sampled
+from mlaunch.rundir import layout as lay
 from mlaunch.telemetry.samplers import build_sampler
 
 
@@ -58,7 +59,7 @@ def test_builtin_strategies_choose_the_exporting_ranks(
 
 def test_non_exporting_ranks_write_nothing(make_settings, tmp_path):
     _exporting(make_settings, tmp_path, 4, EXPORT_STRATEGY="single_rank")
-    assert not envcontract.traces_file(tmp_path, 0).exists()
+    assert not lay.traces_file(tmp_path, 0).exists()
 
 
 def test_composed_sampler_keeps_a_span_only_when_both_keep_it():
@@ -107,7 +108,7 @@ def _sampled_iterations(make_settings, tmp_path, rank: int, **env: str) -> set[i
             with telemetry.span(G.LAYER, S.LAYER_FORWARD, **{Attr.ITERATION: it}):
                 pass
     telemetry.shutdown()
-    path = envcontract.traces_file(tmp_path, rank)
+    path = lay.traces_file(tmp_path, rank)
     spans = read_trace_file(tmp_path, rank) if path.exists() else []
     steps = {s["attributes"][Attr.ITERATION] for s in spans if s["name"] == S.ITERATION}
     layers = {s["attributes"][Attr.ITERATION] for s in spans if s["name"] == S.LAYER_FORWARD}

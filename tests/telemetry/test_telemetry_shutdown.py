@@ -15,10 +15,10 @@ import pytest
 from support.launch_runs import clean_env
 from support.otlp import HangingServer, closed_port_endpoint
 
-from mlaunch import envcontract
 from mlaunch.model.spans import Attr
 from mlaunch.model.spans import SpanName as S
 from mlaunch.otlp import otlp_json
+from mlaunch.rundir import layout as lay
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 2.0
@@ -74,13 +74,13 @@ def _run_worker(tmp_path: Path, endpoint: str, protocol: str, mode: str) -> tupl
 
 
 def _assert_spooled(tmp_path: Path, err: str) -> None:
-    spooled = otlp_json.read_spans(envcontract.spool_file(tmp_path, 0, "traces"))
+    spooled = otlp_json.read_spans(lay.spool_file(tmp_path, 0, "traces"))
     names = [s["name"] for s in spooled]
     assert names.count(S.ITERATION) == 20 and names.count(S.LAYER_FORWARD) == 20
     (train,) = [s for s in spooled if s["name"] == S.TRAIN]
     assert train["attributes"][Attr.TRUNCATED] is True
     assert len({s["span_id"] for s in spooled}) == len(spooled) == 41  # every span, once
-    metrics = otlp_json.read_metrics(envcontract.spool_file(tmp_path, 0, "metrics"))
+    metrics = otlp_json.read_metrics(lay.spool_file(tmp_path, 0, "metrics"))
     assert metrics  # undelivered metrics are spooled too
     assert "could not be delivered" in err  # the count is logged
     assert err.count("export failed") <= 2  # once per cause, not per batch

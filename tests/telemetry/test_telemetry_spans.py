@@ -12,10 +12,11 @@ import pytest
 from telemetry_helpers import by_name, parent_names, read_trace_file
 
 import mlaunch
-from mlaunch import envcontract, telemetry
+from mlaunch import telemetry
 from mlaunch.model.groups import SpanGroup as G
 from mlaunch.model.spans import Attr, ResourceAttr, region_name
 from mlaunch.model.spans import SpanName as S
+from mlaunch.rundir import layout as lay
 
 
 def test_disabled_telemetry_creates_nothing(make_settings, tmp_path):
@@ -36,7 +37,7 @@ def test_disabled_telemetry_creates_nothing(make_settings, tmp_path):
     assert telemetry.current_context_ints() == (0, 0, 0, 0)
     telemetry.record_step(1, step_ms=1.0)
     telemetry.shutdown()
-    assert not (tmp_path / envcontract.TELEMETRY_DIR).exists()
+    assert not (tmp_path / lay.TELEMETRY_DIR).exists()
 
 
 def test_non_exporting_rank_has_empty_enabled_set(make_settings, tmp_path):

@@ -23,10 +23,10 @@ import pytest
 from support.trace_cli import trace_cli
 from support.trainer_runs import TINY, progress_lines, trainer_in_background, wait_for
 
-from mlaunch import envcontract
 from mlaunch.model.groups import SpanGroup
 from mlaunch.model.spans import Attr, SpanName, span_def
 from mlaunch.otlp.otlp_json import read_spans
+from mlaunch.rundir import layout as lay
 from mlaunch.trace.report import render_report
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -52,7 +52,7 @@ def capture(run_dir: Path, *args: str) -> tuple[int, str]:
 def spans_by_rank(run_dir: Path) -> dict[int, list[dict]]:
     out = {}
     for rank in (0, 1):
-        path = envcontract.traces_file(run_dir, rank)
+        path = lay.traces_file(run_dir, rank)
         out[rank] = read_spans(path) if path.exists() else []
     return out
 
@@ -126,7 +126,7 @@ def test_capture_all_for_5_iterations_gives_fine_spans_on_every_rank_for_exactly
 def test_capture_seconds_stale_and_bad_requests_on_a_running_job(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    request = run_dir / envcontract.CAPTURE_REQUEST_FILE
+    request = run_dir / lay.CAPTURE_REQUEST_FILE
     # Left behind by an earlier run in the same directory: never applies to this one.
     request.write_text(
         json.dumps(
@@ -141,7 +141,7 @@ def test_capture_seconds_stale_and_bad_requests_on_a_running_job(tmp_path):
     )
     with trainer_in_background(tmp_path, run_dir, LONG, ENV):
         wait_for(lambda: progress_lines(run_dir) >= 3, "progress")
-        acks = [envcontract.capture_ack_file(run_dir, r) for r in (0, 1)]
+        acks = [lay.capture_ack_file(run_dir, r) for r in (0, 1)]
         wait_for(lambda: all(a.exists() for a in acks), "both ranks listening")
         for ack in acks:
             assert json.loads(ack.read_text())["state"] == "listening"
@@ -202,7 +202,7 @@ def test_capture_with_profiler_writes_a_readable_trace_tagged_with_the_run_trace
     for rank in (0, 1):
         ack = result["outcome"][str(rank)]
         path = Path(ack["profiler_file"])
-        assert path == envcontract.profiler_trace_file(run_dir, rank, cid) and ack["note"] == ""
+        assert path == lay.profiler_trace_file(run_dir, rank, cid) and ack["note"] == ""
         doc = json.loads(path.read_text())
         assert doc["traceEvents"], rank
         assert doc["distributedInfo"]["rank"] == rank

@@ -27,9 +27,9 @@ from support.trainer_runs import (
     wait_for,
 )
 
-from mlaunch import envcontract
 from mlaunch.model.spans import Attr, SpanName
 from mlaunch.otlp.otlp_json import iter_spans, read_spans
+from mlaunch.rundir import layout as lay
 from mlaunch.trace.report import render_report
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -52,7 +52,7 @@ def recorder_env(**extra: str) -> dict[str, str]:
 
 def dumps(run_dir: Path, rank: int) -> list[list[dict]]:
     """Each dump of one rank (one OTLP-JSON line each), as flat spans."""
-    path = envcontract.recorder_file(run_dir, rank)
+    path = lay.recorder_file(run_dir, rank)
     return [list(iter_spans(json.loads(line))) for line in path.read_text().splitlines()]
 
 
@@ -130,8 +130,8 @@ def test_exception_dumps_before_the_error_file_on_a_pp2_job(tmp_path):
     args = [*TINY, "--train-iters", "5", "--pipeline-model-parallel-size", "2"]
     run = run_trainer(tmp_path, args, nproc=2, env=env)
     assert run.returncode != 0
-    error = run.run_dir / envcontract.ERROR_FILE.name(1)
-    recorded = envcontract.recorder_file(run.run_dir, 1)
+    error = run.run_dir / lay.ERROR_FILE.name(1)
+    recorded = lay.recorder_file(run.run_dir, 1)
     assert error.is_file() and recorded.is_file()
     assert recorded.stat().st_mtime_ns <= error.stat().st_mtime_ns
     spans = [s for d in dumps(run.run_dir, 1) for s in d]
@@ -160,7 +160,7 @@ def test_sigterm_dumps_with_the_signal_trigger(tmp_path):
 def test_capture_recorded_dumps_every_rank_and_a_stale_request_is_ignored(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    request = run_dir / envcontract.CAPTURE_REQUEST_FILE
+    request = run_dir / lay.CAPTURE_REQUEST_FILE
     # Left behind by an earlier run in the same directory: never applies to this one.
     request.write_text(json.dumps({"id": "stale", "created_ns": 1, "recorded": True}))
     # No slow trigger on a loaded machine: only the request may write here.
@@ -168,7 +168,7 @@ def test_capture_recorded_dumps_every_rank_and_a_stale_request_is_ignored(tmp_pa
     with trainer_in_background(tmp_path, run_dir, [*TINY, "--train-iters", "100000"], env):
         wait_for(lambda: progress_lines(run_dir) >= 3, "progress")
         time.sleep(2.5)  # both watchers have read the stale request by now
-        assert not any(envcontract.recorder_file(run_dir, r).exists() for r in (0, 1))
+        assert not any(lay.recorder_file(run_dir, r).exists() for r in (0, 1))
 
         code, out = trace_cli("capture", str(run_dir), "--ranks", "x", "--recorded")
         assert code == 2 and "--ranks" in out and "stale" in request.read_text()
@@ -179,7 +179,7 @@ def test_capture_recorded_dumps_every_rank_and_a_stale_request_is_ignored(tmp_pa
         assert code == 0, out
         assert "requested" in out and "stale" not in request.read_text()
         wait_for(
-            lambda: all(envcontract.recorder_file(run_dir, r).exists() for r in (0, 1)),
+            lambda: all(lay.recorder_file(run_dir, r).exists() for r in (0, 1)),
             "both ranks' recorder dumps",
         )
     for rank in (0, 1):
@@ -193,6 +193,6 @@ def test_capture_of_a_finished_run_exits_2_and_writes_nothing(tmp_path):
     assert run.returncode == 0, run.output[-3000:]
     code, out = trace_cli("capture", str(run.run_dir), "--recorded")
     assert code == 2 and "completed" in out
-    assert not (run.run_dir / envcontract.CAPTURE_REQUEST_FILE).exists()
+    assert not (run.run_dir / lay.CAPTURE_REQUEST_FILE).exists()
     code, out = trace_cli("capture", str(tmp_path / "nope"), "--recorded")
     assert code == 2

@@ -10,16 +10,16 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from mlaunch import envcontract
 from mlaunch.cli import build_app
 from mlaunch.launcher import capture as cap
+from mlaunch.rundir import layout as lay
 from mlaunch.slurm.status import job_status
 
 
 def make_run(tmp_path, *, enabled: bool = True, step_ms: float = 50.0, last: int = 40):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / envcontract.RESOLVED_JSON_FILE).write_text(
+    (run_dir / lay.RESOLVED_JSON_FILE).write_text(
         json.dumps(
             {
                 "run_id": "r1",
@@ -28,7 +28,7 @@ def make_run(tmp_path, *, enabled: bool = True, step_ms: float = 50.0, last: int
             }
         )  # fmt: skip
     )
-    with (run_dir / envcontract.PROGRESS_FILE).open("w") as f:
+    with (run_dir / lay.PROGRESS_FILE).open("w") as f:
         for it in range(1, last + 1):
             f.write(json.dumps({"iteration": it, "train_iters": 10**6, "loss": 1.0,
                                 "step_ms": step_ms}) + "\n")  # fmt: skip
@@ -41,7 +41,7 @@ def target(run_dir, cwd):
 
 
 def ack(run_dir, rank: int, **body) -> None:
-    path = envcontract.capture_ack_file(run_dir, rank)
+    path = lay.capture_ack_file(run_dir, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"rank": rank, "run_id": "r1", "started_ns": 1, **body}))
 
@@ -56,7 +56,7 @@ def test_start_is_ahead_of_the_furthest_rank_by_the_lead(tmp_path):
     lead = max(cap.MIN_LEAD_ITERS, math.ceil(cap.LEAD_S / 0.05))
     assert req.start_iteration == 40 + lead + 1
     assert (req.expected_ranks, req.exporter_started) == ([0, 1], [0])
-    body = json.loads((run_dir / envcontract.CAPTURE_REQUEST_FILE).read_text())
+    body = json.loads((run_dir / lay.CAPTURE_REQUEST_FILE).read_text())
     assert {k: body[k] for k in ("id", "run_id", "groups", "iterations", "seconds")} == {
         "id": req.id, "run_id": "r1", "groups": "all", "iterations": 5, "seconds": None,
     }  # fmt: skip
@@ -81,7 +81,7 @@ def test_bad_requests_are_refused_and_write_nothing(tmp_path, kwargs, needle):
     ranks = kwargs.pop("ranks", "all")
     with pytest.raises(cap.CaptureInputError, match=needle):
         cap.request_capture(*target(run_dir, tmp_path), recorded=False, ranks=ranks, **kwargs)
-    assert not (run_dir / envcontract.CAPTURE_REQUEST_FILE).exists()
+    assert not (run_dir / lay.CAPTURE_REQUEST_FILE).exists()
 
 
 def test_a_run_with_telemetry_off_is_refused(tmp_path):
@@ -90,7 +90,7 @@ def test_a_run_with_telemetry_off_is_refused(tmp_path):
         cap.request_capture(
             *target(run_dir, tmp_path), recorded=False, ranks="all", groups="all", iterations=2
         )
-    assert not (run_dir / envcontract.CAPTURE_REQUEST_FILE).exists()
+    assert not (run_dir / lay.CAPTURE_REQUEST_FILE).exists()
 
 
 def test_a_capture_runs_until_every_listening_rank_acked_its_end(tmp_path):
@@ -100,13 +100,13 @@ def test_a_capture_runs_until_every_listening_rank_acked_its_end(tmp_path):
     first = cap.request_capture(
         *target(run_dir, tmp_path), recorded=False, ranks="all", groups="layer", iterations=3
     )
-    request = (run_dir / envcontract.CAPTURE_REQUEST_FILE).read_bytes()
+    request = (run_dir / lay.CAPTURE_REQUEST_FILE).read_bytes()
     ack(run_dir, 0, id=first.id, state="done")
     with pytest.raises(cap.CaptureInputError, match=f"capture {first.id} is still running"):
         cap.request_capture(
             *target(run_dir, tmp_path), recorded=True, ranks="all", groups="all", iterations=2
         )
-    assert (run_dir / envcontract.CAPTURE_REQUEST_FILE).read_bytes() == request
+    assert (run_dir / lay.CAPTURE_REQUEST_FILE).read_bytes() == request
     ack(run_dir, 1, id=first.id, state="missed")
     second = cap.request_capture(
         *target(run_dir, tmp_path), recorded=False, ranks="all", groups="all", iterations=2

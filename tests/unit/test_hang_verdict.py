@@ -15,6 +15,7 @@ import pytest
 from mlaunch import envcontract as ec
 from mlaunch.launcher import hang
 from mlaunch.launcher.hang_report import HangReport, RankView, hang_status, judge, write_report
+from mlaunch.rundir.records import ProgressRecord, read_progress_record
 from mlaunch.settings import LaunchSettings
 
 SYNC = "megatron.grad_sync.finish"
@@ -49,9 +50,9 @@ def test_stacks_alone_group_by_frame_and_say_when_no_rank_stands_out() -> None:
     assert judge([*views, unread]).startswith("ranks 0,1,2: at train.py:10 step; rank 3: stacks")
 
 
-def _step(**fields: object) -> ec.ProgressRecord | None:
+def _step(**fields: object) -> ProgressRecord | None:
     """A training record, read from its line of progress.jsonl as the follower reads it."""
-    return ec.read_progress_record(json.dumps(fields))
+    return read_progress_record(json.dumps(fields))
 
 
 def _watchdog(value: str) -> hang.Watchdog:

@@ -22,6 +22,7 @@ from mlaunch.launcher import plan as lp
 from mlaunch.model.identity import JOB_UUID, RUN_UUID, run_identity
 from mlaunch.model.spans import Attr, ResourceAttr, SpanName
 from mlaunch.otlp import otlp_json
+from mlaunch.rundir import layout as lay
 
 CLEAN = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 REPO = Path(__file__).resolve().parents[2]
@@ -48,7 +49,7 @@ class Torchrun:
     def __init__(self, plan: lp.LaunchPlan) -> None:
         self.log_dir = plan.log_dir
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.log = self.log_dir / ec.TORCHRUN_LOG
+        self.log = self.log_dir / lay.TORCHRUN_LOG
 
     def attempt(self, n: int) -> None:
         (self.log_dir / "rdzv_abc" / f"attempt_{n}" / "0").mkdir(parents=True)
@@ -203,7 +204,7 @@ def test_a_clean_attempt_and_the_job_with_identity(tmp_path):
     job.spawned()
     job.poll()
     job.finish(0)
-    spans = spans_of(ec.launcher_traces_file(plan.run_dir, 0))
+    spans = spans_of(lay.launcher_traces_file(plan.run_dir, 0))
     (root,) = spans[SpanName.JOB]
     (attempt,) = spans[SpanName.JOB_ATTEMPT]
     assert attempt["parent_span_id"] == root["span_id"] and root["parent_span_id"] == ""
@@ -230,7 +231,7 @@ def test_a_clean_attempt_and_the_job_with_identity(tmp_path):
 def test_a_killed_worker_ends_its_attempt_and_the_restart_opens_the_next(tmp_path):
     plan = build(tmp_path, {"launch.max_restarts": 1})
     tr = Torchrun(plan)
-    path = ec.launcher_traces_file(plan.run_dir, 0)
+    path = lay.launcher_traces_file(plan.run_dir, 0)
     job = jobtrace.JobTrace(plan, environ=CLEAN)
     job.spawned()
     tr.attempt(0)
@@ -263,7 +264,7 @@ def test_a_failure_on_the_last_attempt_fails_the_job(tmp_path):
     tr.attempt(0)
     tr.failed(1, 0)
     job.finish(1)
-    spans = spans_of(ec.launcher_traces_file(plan.run_dir, 0))
+    spans = spans_of(lay.launcher_traces_file(plan.run_dir, 0))
     (attempt,) = spans[SpanName.JOB_ATTEMPT]
     (root,) = spans[SpanName.JOB]
     assert attempt["attributes"][Attr.EXIT_CODE] == 1 and attempt["status_code"] == 2
@@ -281,7 +282,7 @@ def test_on_several_nodes_the_failed_rank_comes_from_the_trainers_error_file(tmp
     (plan.run_dir / "error-rank3.json").write_text('{"rank": 3}')  # local rank 1 of 2 per node
     tr.failed(1, 1)
     job.finish(1)
-    (attempt,) = spans_of(ec.launcher_traces_file(plan.run_dir, 1))[SpanName.JOB_ATTEMPT]
+    (attempt,) = spans_of(lay.launcher_traces_file(plan.run_dir, 1))[SpanName.JOB_ATTEMPT]
     assert attempt["attributes"][Attr.FAILED_RANK] == 3
     assert attempt["status_message"] == "rank 3 exited with code 1"
 
@@ -296,7 +297,7 @@ def test_an_interrupt_truncates_the_open_attempt_and_the_job(tmp_path):
     tr.failed(-15, 0)  # the forwarded SIGTERM, not a failure of the job
     tr.attempt(1)  # nothing starts after an interrupt
     job.finish(128 + signal.SIGTERM, interrupted=signal.SIGTERM)
-    spans = spans_of(ec.launcher_traces_file(plan.run_dir, 0))
+    spans = spans_of(lay.launcher_traces_file(plan.run_dir, 0))
     assert len(spans[SpanName.JOB_ATTEMPT]) == 1
     for span in (*spans[SpanName.JOB_ATTEMPT], *spans[SpanName.JOB]):
         assert span["attributes"][Attr.TRUNCATED] is True
@@ -310,8 +311,8 @@ def test_abort_writes_every_open_span_truncated(tmp_path):
     job.spawned()
     with pytest.raises(KeyboardInterrupt), job.guard():
         raise KeyboardInterrupt
-    spans = spans_of(ec.launcher_traces_file(plan.run_dir, 0))
-    assert {s["name"] for s in otlp_json.read_spans(ec.launcher_traces_file(plan.run_dir, 0))} == {
+    spans = spans_of(lay.launcher_traces_file(plan.run_dir, 0))
+    assert {s["name"] for s in otlp_json.read_spans(lay.launcher_traces_file(plan.run_dir, 0))} == {
         SpanName.JOB,
         SpanName.JOB_ATTEMPT,
     }
@@ -326,7 +327,7 @@ def test_an_inherited_traceparent_parents_the_job(tmp_path):
     job = jobtrace.JobTrace(plan, environ={**CLEAN, ec.TRACEPARENT: parent})
     job.spawned()
     job.finish(0)
-    (root,) = spans_of(ec.launcher_traces_file(plan.run_dir, 0))[SpanName.JOB]
+    (root,) = spans_of(lay.launcher_traces_file(plan.run_dir, 0))[SpanName.JOB]
     assert root["trace_id"] == "0af7651916cd43dd8448eb211c80319c"
     assert root["parent_span_id"] == "b7ad6b7169203331"
 
@@ -342,7 +343,7 @@ def test_nodes_share_one_trace_and_only_node_0_writes_the_root(tmp_path):
     for job in (n0, n1):
         job.spawned()
         job.finish(0)
-    f0, f1 = (ec.launcher_traces_file(n0.plan.run_dir, r) for r in (0, 1))
+    f0, f1 = (lay.launcher_traces_file(n0.plan.run_dir, r) for r in (0, 1))
     assert set(spans_of(f0)) == {SpanName.JOB, SpanName.JOB_ATTEMPT}
     (a1,) = spans_of(f1)[SpanName.JOB_ATTEMPT]
     assert set(spans_of(f1)) == {SpanName.JOB_ATTEMPT}
@@ -401,9 +402,9 @@ def test_in_relay_mode_the_job_trace_goes_upstream_through_the_receiver(tmp_path
             [SpanName.JOB_ATTEMPT, SpanName.JOB]
         )
     # The file has them too, and the receiver wrote no per-rank copy of the launcher's spans.
-    launcher = otlp_json.read_spans(ec.launcher_traces_file(plan.run_dir, 0))
+    launcher = otlp_json.read_spans(lay.launcher_traces_file(plan.run_dir, 0))
     assert [s["name"] for s in launcher] == [SpanName.JOB_ATTEMPT, SpanName.JOB]
-    telemetry = plan.run_dir / ec.TELEMETRY_DIR
+    telemetry = plan.run_dir / lay.TELEMETRY_DIR
     assert not list(telemetry.glob("traces-unranked*")) and not list(telemetry.glob("spool-*"))
 
 
@@ -435,7 +436,7 @@ def test_the_job_trace_reaches_an_otlp_endpoint(tmp_path, receiver):
         names = sorted(s["name"] for s in rx.spans)
         assert names == [SpanName.JOB, SpanName.JOB_ATTEMPT]
         assert {s["span_id"] for s in rx.spans} == {
-            s["span_id"] for s in otlp_json.read_spans(ec.launcher_traces_file(plan.run_dir, 0))
+            s["span_id"] for s in otlp_json.read_spans(lay.launcher_traces_file(plan.run_dir, 0))
         }
         assert all(h.get("x-team") == "lens" for h in rx.headers)
 
@@ -463,7 +464,7 @@ def test_a_delivery_failure_is_one_line_endpoint_status_and_where_the_spans_go(
     (said,) = [
         r.getMessage() for r in caplog.records if "job trace: cannot deliver" in r.getMessage()
     ]
-    spool = ec.spooled(ec.launcher_traces_file(plan.run_dir, 0))
+    spool = lay.spooled(lay.launcher_traces_file(plan.run_dir, 0))
     assert said.startswith(f"job trace: cannot deliver to {endpoint}"), said
     assert status in said and "\n" not in said
     assert "debug_error_string" not in said and "<" not in said
@@ -488,10 +489,10 @@ def test_a_hanging_endpoint_costs_the_launcher_a_bounded_wait(tmp_path, protocol
         t0 = time.monotonic()
         job.finish(0)
         assert time.monotonic() - t0 < jobtrace.UPSTREAM_CLOSE_S + 1
-    written = otlp_json.read_spans(ec.launcher_traces_file(plan.run_dir, 0))
+    written = otlp_json.read_spans(lay.launcher_traces_file(plan.run_dir, 0))
     assert len(written) == 2
     # what close gave up on is spooled for `mlaunch trace replay`, each span once
-    spooled = otlp_json.read_spans(ec.spooled(ec.launcher_traces_file(plan.run_dir, 0)))
+    spooled = otlp_json.read_spans(lay.spooled(lay.launcher_traces_file(plan.run_dir, 0)))
     assert sorted(s["span_id"] for s in spooled) == sorted(s["span_id"] for s in written)
 
 

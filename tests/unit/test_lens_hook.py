@@ -22,6 +22,7 @@ from mlaunch.launcher import capture as launcher_capture
 from mlaunch.launcher import plan as lp
 from mlaunch.lens_hook import SITE_DIR
 from mlaunch.lens_hook import capture as hook
+from mlaunch.rundir import layout as lay
 
 CLEAN = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 S = 1_000_000_000
@@ -53,7 +54,7 @@ def _watcher(tmp_path: Path, lens: FakeLens | None = None, rank: int = 1) -> hoo
 def _request(tmp_path: Path, **body) -> dict:
     body = {"id": "c1", "created_ns": T0 + S, "run_id": "run1", "ranks": None,
             "groups": "all", "seconds": 2, **body}  # fmt: skip
-    path = tmp_path / ec.CAPTURE_REQUEST_FILE
+    path = tmp_path / lay.CAPTURE_REQUEST_FILE
     _write(path, json.dumps(body))
     return body
 
@@ -69,15 +70,15 @@ def _write(path: Path, text: str) -> None:
 
 
 def _ack(tmp_path: Path, rid: str = "c1", rank: int = 1) -> dict:
-    return json.loads(ec.lens_capture_ack_file(tmp_path, rank, rid).read_text())
+    return json.loads(lay.lens_capture_ack_file(tmp_path, rank, rid).read_text())
 
 
 def test_the_hooks_copies_of_the_environment_names_are_the_contracts():
     assert hook.RUN_DIR == ec.RUN_DIR
     assert hook.RUN_ID == ec.RUN_ID
-    assert hook.CAPTURE_REQUEST_FILE == ec.CAPTURE_REQUEST_FILE
-    assert hook.TELEMETRY_DIR == ec.TELEMETRY_DIR
-    assert hook.CAPTURE_ACK_TEMPLATE == ec.LENS_CAPTURE_ACK_TEMPLATE
+    assert hook.CAPTURE_REQUEST_FILE == lay.CAPTURE_REQUEST_FILE
+    assert hook.TELEMETRY_DIR == lay.TELEMETRY_DIR
+    assert hook.CAPTURE_ACK_TEMPLATE == lay.LENS_CAPTURE_ACK_TEMPLATE
 
 
 def test_a_capture_switches_at_its_start_and_back_at_its_end(tmp_path):
@@ -156,7 +157,7 @@ def test_a_process_without_nemo_lens_never_applies_nor_answers(tmp_path):
     for t in range(1, 6):
         w.tick(T0 + t * S)
     assert lens.history == [] and w.pending is None
-    assert not (tmp_path / ec.TELEMETRY_DIR).exists()
+    assert not (tmp_path / lay.TELEMETRY_DIR).exists()
 
 
 def test_nemo_lens_set_up_after_the_request_still_captures_its_window(tmp_path):
@@ -209,7 +210,7 @@ def test_a_request_that_is_not_this_ranks_business_changes_nothing(tmp_path, bod
     if body.get("groups", "") is None:
         body = {k: v for k, v in body.items() if k != "groups"}
         raw = {"id": "c1", "created_ns": T0 + S, "run_id": "run1", "ranks": None, **body}
-        _write(tmp_path / ec.CAPTURE_REQUEST_FILE, json.dumps(raw))
+        _write(tmp_path / lay.CAPTURE_REQUEST_FILE, json.dumps(raw))
     else:
         _request(tmp_path, **body)
     lens = FakeLens()
@@ -217,14 +218,14 @@ def test_a_request_that_is_not_this_ranks_business_changes_nothing(tmp_path, bod
     for t in range(1, 5):
         w.tick(T0 + t * S)
     assert lens.history == []
-    assert not (tmp_path / ec.TELEMETRY_DIR).exists()
+    assert not (tmp_path / lay.TELEMETRY_DIR).exists()
 
 
 def test_a_bad_file_is_logged_once_and_a_good_request_after_it_still_applies(tmp_path, capsys):
     lens = FakeLens()
     w = _watcher(tmp_path, lens)
     for t, text in enumerate(["{not json", "[1, 2]", '{"groups": "all"}'], start=1):
-        _write(tmp_path / ec.CAPTURE_REQUEST_FILE, text)
+        _write(tmp_path / lay.CAPTURE_REQUEST_FILE, text)
         w.tick(T0 + t * S)
     assert capsys.readouterr().err.count(hook.LOG_PREFIX) == 1
     assert lens.history == []
@@ -392,7 +393,7 @@ def test_no_hook_where_nothing_could_be_captured(tmp_path, script, flags):
 def _resolved(tmp_path: Path, flags: dict) -> Path:
     p = _plan(tmp_path, flags)
     p.run_dir.mkdir(parents=True)
-    (p.run_dir / ec.RESOLVED_JSON_FILE).write_text(p.resolved_json_text())
+    (p.run_dir / lay.RESOLVED_JSON_FILE).write_text(p.resolved_json_text())
     return p.run_dir
 
 

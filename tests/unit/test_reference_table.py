@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from mlaunch import envcontract as ec
 from mlaunch.launcher import lens_names as ref
 from mlaunch.launcher import plan as lp
 from mlaunch.model.groups import SpanGroup
@@ -142,11 +143,11 @@ def test_file_exporter_becomes_otlp_to_the_embedded_receiver(script):
     )
     assert p.worker_env["MEGATRON_OTEL_EXPORTER"] == "otlp" and p.embedded_receiver
     # the launcher points the workers at its receiver: no user endpoint may win in the SDK
-    assert not set(p.worker_env) & set(lp.ec.OTLP_TARGET_VARS)
+    assert not set(p.worker_env) & set(ec.OTLP_TARGET_VARS)
     assert {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL"} <= set(
         p.removed_env
     )
-    assert not set(p.child_env) & set(lp.ec.OTLP_TARGET_VARS)
+    assert not set(p.child_env) & set(ec.OTLP_TARGET_VARS)
     assert p.resolved_json()["embedded_receiver"] is True
 
 

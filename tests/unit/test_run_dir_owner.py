@@ -10,9 +10,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-from mlaunch import envcontract as ec
 from mlaunch.launcher import checkpoint_layout
 from mlaunch.launcher import plan as lp
+from mlaunch.rundir import layout as lay
 
 ROOT = Path(__file__).resolve().parents[2]
 CLEAN = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
@@ -85,7 +85,7 @@ def test_each_node_of_one_run_has_its_own_lock(tmp_path: Path) -> None:
         for n in (0, 1)
     ]
     fds = [run.lock_run_dir(p) for p in plans]  # both nodes share the directory legitimately
-    assert ec.run_lock_file(plans[1].run_dir, 1).exists()
+    assert lay.run_lock_file(plans[1].run_dir, 1).exists()
     for fd in fds:
         os.close(fd)
 
@@ -101,7 +101,7 @@ def _checkpoint(root: Path, pp: int, iteration: int = 10) -> None:
 
 def test_resuming_with_another_pipeline_size_is_refused_before_launch(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    _checkpoint(run_dir / ec.CHECKPOINTS_DIR, pp=1)
+    _checkpoint(run_dir / lay.CHECKPOINTS_DIR, pp=1)
     out = subprocess.run(
         [sys.executable, "-m", "mlaunch", "train", "--config", "pp2", "--run-dir", str(run_dir),
          "--save-interval", "5"],
@@ -111,16 +111,16 @@ def test_resuming_with_another_pipeline_size_is_refused_before_launch(tmp_path: 
     msg = out.stderr.strip()
     assert "Traceback" not in msg and "--run-dir" in msg
     assert "--pipeline-model-parallel-size 1 (now 2)" in msg and "new --run-dir" in msg
-    assert not (run_dir / ec.RESOLVED_JSON_FILE).exists()
+    assert not (run_dir / lay.RESOLVED_JSON_FILE).exists()
 
 
 def test_model_shape_from_the_saving_runs_resolved_json(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    _checkpoint(run_dir / ec.CHECKPOINTS_DIR, pp=1)
+    _checkpoint(run_dir / lay.CHECKPOINTS_DIR, pp=1)
     first = lp.build_plan(
         flags={"launch.run_dir": str(run_dir), "model.num_layers": 2}, environ=CLEAN, cwd=tmp_path
     )
-    (run_dir / ec.RESOLVED_JSON_FILE).write_text(first.resolved_json_text())
+    (run_dir / lay.RESOLVED_JSON_FILE).write_text(first.resolved_json_text())
     same = {"launch.run_dir": str(run_dir), "training.save_interval": 5, "model.num_layers": 2}
     lp.build_plan(flags=same, environ=CLEAN, cwd=tmp_path)  # the same layout resumes
     try:

@@ -154,3 +154,69 @@ def test_the_lens_hook_in_an_mlaunch_worker_never_answers_for_it(tmp_path):
         atomic.write_json(path, {"id": "c1", "rank": rank, "pid": 100 + rank, "applied": False,
                                  "reason": "nemo-lens workers capture by time"})  # fmt: skip
     assert RunState.read(tmp_path, ended=False).capture.phase == "requested"  # type: ignore[union-attr]
+
+
+def test_the_launcher_record_and_hang_reports_read_back_typed_in_the_run_model(tmp_path):
+    """What the launcher writes (its record through restarts, a hang and the end; each node's
+    hang report) reads back as the typed records RunState carries: one reader for every view."""
+    import time
+    from types import SimpleNamespace
+
+    from mlaunch.launcher.hang_report import HangReport, RankView, write_report
+    from mlaunch.launcher.run import LauncherRecord, RankFailure, Restart
+    from mlaunch.rundir.records import LauncherAttempts, LauncherFailure, LauncherRestart
+
+    started = time.time()
+    plan = SimpleNamespace(
+        run_dir=tmp_path, run_id="r1", settings=SimpleNamespace(launch=SimpleNamespace(node_rank=0))
+    )
+    rec = LauncherRecord(plan, started)  # type: ignore[arg-type]
+    running = RunState.read(tmp_path)
+    assert isinstance(running.launcher, LauncherAttempts) and not running.ended
+    assert running.launcher.started == started and running.launcher.attempt == 0
+    rec.restarted(Restart(1, "rank 1 killed by SIGKILL", 1, started + 1))
+    for node in (1, 0):
+        write_report(tmp_path, HangReport(
+            started + 2 + node, node, 1, 5.0, 6.0, "heartbeats", "stop", "rank 1 waits",
+            [RankView(rank=node, iteration=3, span="forward")],
+        ))  # fmt: skip
+    rec.ended(1, None, [RankFailure(1, 1, 0, "ValueError", "boom", tmp_path / "w.log")])
+    state = RunState.read(tmp_path)
+    la = state.launcher
+    assert la is not None and state.ended and la.attempt == 1 and la.exit_code == 1
+    assert la.restarts == (LauncherRestart(1, 1, "rank 1 killed by SIGKILL", started + 1),)
+    assert la.failures == (LauncherFailure(1, 1, 0, "ValueError", "boom", str(tmp_path / "w.log")),)
+    assert [(r.node, r.attempt, r.action) for r in state.hang_reports] == [
+        (0, 1, "stop"),
+        (1, 1, "stop"),
+    ]
+    assert [r["rank"] for h in state.hang_reports for r in h.ranks] == [0, 1]
+    # An earlier launch's reports are not this one's.
+    assert RunState.read(tmp_path, since=started + 10).hang_reports == []
+    lay.launcher_record_file(tmp_path, 0).write_text('{"started": "yesterday"}')
+    assert RunState.read(tmp_path).launcher is None
+
+
+def test_flock_has_one_implementation_in_the_tree():
+    """Every lock (the launcher's lifetime lock, the trace store's, the run directory's) goes
+    through rundir.atomic: one flock, one Busy, one rule for who holds it."""
+    root = Path(__file__).resolve().parents[2] / "mlaunch"
+    users = sorted(
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
+        if "fcntl.flock" in p.read_text(encoding="utf-8")
+    )
+    assert users == ["rundir/atomic.py"]
+
+
+def test_envcontract_names_environment_variables_only():
+    """The run directory's names and records have one home (mlaunch.rundir): envcontract no
+    longer re-exports them, so no call site reaches them a second way."""
+    from mlaunch import envcontract as ec
+    from mlaunch.rundir import records
+
+    names = {*lay.__all__, *records.__all__} - {
+        "default_run_dir"
+    }  # envcontract's run_dir() uses it
+    leaked = sorted(n for n in names if hasattr(ec, n))
+    assert leaked == []

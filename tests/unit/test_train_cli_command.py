@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from mlaunch import envcontract as ec
 from mlaunch.cli import build_app
 from mlaunch.launcher import attempt_entry
 from mlaunch.launcher import run as lrun
 from mlaunch.launcher.configs import CONFIGS_DIR
+from mlaunch.rundir.records import read_progress_record
 
 PREFIXES = ("MEGATRON_OTEL_", "NEMO_LENS_", "OTEL_", "SLURM_", "MLAUNCH_", "TORCHELASTIC_")
 
@@ -543,7 +543,7 @@ def test_terminal_gets_a_progress_bar():
         {"iteration": 4, "train_iters": 10, "loss": 2.5, "tokens_per_sec": 1234.0},
         {"iteration": 4, "eval_loss": 2.25},
     ):
-        bar.record(ec.read_progress_record(json.dumps(line)))
+        bar.record(read_progress_record(json.dumps(line)))
     task = bar.progress.tasks[0]
     assert (task.completed, task.total, task.fields["loss"], task.fields["tps"]) == (
         4,

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlaunch import envcontract
 from mlaunch.outputs import open_output
+from mlaunch.rundir import layout as lay
 from mlaunch.rundir.state import RunState
 from mlaunch.trace.goodput import GoodputReport
 from mlaunch.trace.metrics import read_metric_points
@@ -89,7 +89,7 @@ def _notes(
     if read_stats.skipped_spans:
         notes.append(f"{len(read_stats.skipped_spans)} malformed span(s) skipped")
     if bad_progress:
-        notes.append(f"{bad_progress} unreadable line(s) of {envcontract.PROGRESS_FILE} skipped")
+        notes.append(f"{bad_progress} unreadable line(s) of {lay.PROGRESS_FILE} skipped")
     if timeline.unresolved_links:
         notes.append(f"{timeline.unresolved_links} link(s) point at spans not in the window "
                      "(the sender did not export, or sent outside the window)")  # fmt: skip

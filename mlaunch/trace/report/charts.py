@@ -6,8 +6,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Any
 
-from mlaunch import envcontract
 from mlaunch.model.spans import ResourceAttr
+from mlaunch.rundir import layout as lay
 from mlaunch.trace.goodput import GoodputReport
 from mlaunch.trace.metrics import MetricPoints
 from mlaunch.trace.report.curve import Curve, Points
@@ -138,7 +138,7 @@ def curves(
     """The training-curve figures (div id -> figure) and where their data came from:
     ``progress.jsonl``, else the step spans and the workers' metrics (``metrics``,
     :func:`~mlaunch.trace.metrics.read_metric_points`)."""
-    train, source = progress.train, envcontract.PROGRESS_FILE
+    train, source = progress.train, lay.PROGRESS_FILE
     if not progress.has_train:
         train, source = _curves_from_steps(scan, res, metrics)
         if not train:

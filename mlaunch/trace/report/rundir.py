@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mlaunch import envcontract
+from mlaunch.rundir import layout as lay
+from mlaunch.rundir.records import ProgressEval, read_progress_record
 
 # Their home is the reader (its advice reads resolved.json too); re-exported for the report.
 from mlaunch.trace.reader import read_resolved as read_resolved
@@ -16,10 +17,10 @@ from mlaunch.trace.report.curve import Curve
 
 def default_output(path: Path) -> Path:
     """``RUN_DIR/report.html`` for a run directory, or a file or telemetry directory in it."""
-    return run_directory(path) / envcontract.REPORT_FILE
+    return run_directory(path) / lay.REPORT_FILE
 
 
-#: The fields of a training record of ``progress.jsonl`` (:class:`~mlaunch.envcontract.ProgressStep`)
+#: The fields of a training record of ``progress.jsonl`` (:class:`~mlaunch.ProgressStep`)
 #: the curves draw.
 TRAIN_KEYS = ("loss", "lr", "grad_norm", "tokens_per_sec", "step_ms")
 
@@ -41,7 +42,7 @@ def read_progress(run_dir: Path) -> tuple[Progress, int]:
     run's repeats count once) and the number of unreadable lines skipped (a crash can cut the
     last; a line that is no record, or has no whole-number iteration, is skipped too)."""
     prog = Progress()
-    path = run_dir / envcontract.PROGRESS_FILE
+    path = run_dir / lay.PROGRESS_FILE
     if not path.is_file():
         return prog, 0
     bad = 0
@@ -49,11 +50,11 @@ def read_progress(run_dir: Path) -> tuple[Progress, int]:
         for raw in f:
             if not raw.strip():
                 continue
-            rec = envcontract.read_progress_record(raw)
+            rec = read_progress_record(raw)
             if rec is None or not isinstance(rec.iteration, int):
                 bad += 1
                 continue
-            if isinstance(rec, envcontract.ProgressEval):
+            if isinstance(rec, ProgressEval):
                 prog.evals.add(rec.iteration, rec.eval_loss)
                 continue
             prog.has_train = True
