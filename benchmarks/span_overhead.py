@@ -263,13 +263,10 @@ AB_ROWS = {
 }
 
 
-def ab_worker(root: str) -> None:
-    """Serve chunks: read a row label per line, print its thread CPU ns per call (``root``'s
-    mlaunch, set up as the main table's rows)."""
-    if not telemetry.__file__.startswith(root):
-        raise SystemExit(f"worker imported {telemetry.__file__}, not the code under {root}")
-    logging.getLogger("opentelemetry").setLevel(logging.ERROR)
-    settings = load_telemetry_settings(
+def _bench_settings():
+    """The settings every row is measured under (the main table's and the A/B worker's alike):
+    every group but offload on, every rank exporting to nowhere, no metrics."""
+    return load_telemetry_settings(
         environ={
             "MEGATRON_OTEL_ENABLED": "1",
             "MEGATRON_OTEL_SPAN_GROUPS": "all,-activation_offload",
@@ -279,6 +276,15 @@ def ab_worker(root: str) -> None:
             "MEGATRON_OTEL_RUN_ID": "bench",
         }
     )
+
+
+def ab_worker(root: str) -> None:
+    """Serve chunks: read a row label per line, print its thread CPU ns per call (``root``'s
+    mlaunch, set up as the main table's rows)."""
+    if not telemetry.__file__.startswith(root):
+        raise SystemExit(f"worker imported {telemetry.__file__}, not the code under {root}")
+    logging.getLogger("opentelemetry").setLevel(logging.ERROR)
+    settings = _bench_settings()
     telemetry.setup(settings, rank=0, world_size=1, run_dir=tempfile.mkdtemp(prefix="mlaunch-ab-"))
     env = {
         "span": telemetry.span,
@@ -347,16 +353,7 @@ def main() -> None:
     # The raw SDK's BatchSpanProcessor drops spans when its queue fills ("Queue full"); quiet.
     logging.getLogger("opentelemetry").setLevel(logging.ERROR)
     run_dir = tempfile.mkdtemp(prefix="mlaunch-bench-")
-    settings = load_telemetry_settings(
-        environ={
-            "MEGATRON_OTEL_ENABLED": "1",
-            "MEGATRON_OTEL_SPAN_GROUPS": "all,-activation_offload",
-            "MEGATRON_OTEL_EXPORT_STRATEGY": "all_ranks",
-            "MEGATRON_OTEL_EXPORTER": "none",
-            "MEGATRON_OTEL_METRICS_ENABLED": "0",
-            "MEGATRON_OTEL_RUN_ID": "bench",
-        }
-    )
+    settings = _bench_settings()
     telemetry.setup(settings, rank=0, world_size=1, run_dir=run_dir)
 
     provider = TracerProvider()
