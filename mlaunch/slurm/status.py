@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -103,8 +104,22 @@ def job_status(target: str, cwd: Path) -> JobStatus:
     return st
 
 
-def _job_status(target: str, cwd: Path) -> tuple[JobStatus, float | None]:
-    """:func:`job_status` without the run model, and the start of the launch it describes."""
+@dataclass
+class Target:
+    """What ``RUN_DIR|JOB_ID`` names: a run directory, a SLURM job, or both. Every command that
+    takes a run by directory or job id (``status``, ``logs``, ``stop``, ...) resolves it here."""
+
+    run_dir: Path | None
+    job_id: str | None
+    info: SlurmJobInfo | None = None
+    """SLURM's view of the job; None without a job id, without SLURM, or when it forgot it."""
+    note: str | None = None
+    """Why SLURM could not be asked (``scontrol`` missing, ...), for the view to say."""
+
+
+def resolve_target(target: str, cwd: Path) -> Target:
+    """Resolve ``RUN_DIR|JOB_ID`` (relative paths from ``cwd``). Raises
+    :class:`StatusInputError` when it names neither."""
     path = Path(target).expanduser()
     path = path if path.is_absolute() else cwd / path
     run_dir: Path | None = None
@@ -130,6 +145,13 @@ def _job_status(target: str, cwd: Path) -> tuple[JobStatus, float | None]:
                 f"job {job_id}: SLURM does not know it and there is no runs/{job_id} here"
                 + (f" ({note})" if note else "")
             )
+    return Target(run_dir=run_dir, job_id=job_id, info=info, note=note)
+
+
+def _job_status(target: str, cwd: Path) -> tuple[JobStatus, float | None]:
+    """:func:`job_status` without the run model, and the start of the launch it describes."""
+    t = resolve_target(target, cwd)
+    run_dir, job_id, info, note = t.run_dir, t.job_id, t.info, t.note
     st = JobStatus(job_id=job_id, state="unknown", run_dir=str(run_dir) if run_dir else None)
     st.note = note
     since = info.start_epoch() if info is not None else None
