@@ -21,6 +21,8 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlaunch.launcher.cluster_env import source_of
+
 #: Backends whose node 0 binds a TCPStore on the endpoint's port (etcd's endpoint is the etcd
 #: server: a port that must be taken, not free).
 STORE_BACKENDS: frozenset[str] = frozenset({"c10d", "static"})
@@ -184,8 +186,8 @@ def check_endpoint(
             f" rendezvous id {rdzv_id})",
         )
     held = f"; held by {holder}" if holder is not None else ""
-    if label.startswith("SLURM_"):
-        fix = "set MASTER_PORT to a free port (the rendezvous port under SLURM)"
+    if (source := source_of(label)) is not None and source.port:
+        fix = f"set {source.port[0]} to a free port (the rendezvous port under {source.name})"
     elif nnodes == 1:
         fix = f"pick another port in {label}, or omit it (a single node then picks a free port)"
     else:

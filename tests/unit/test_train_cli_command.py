@@ -362,7 +362,7 @@ def test_slurm_variables_fill_in_the_launch(spawned):
     (pointer,) = result.output.splitlines()
     assert pointer.startswith("node 3 of 4: the progress view is node 0's")
     log = Path(env["MLAUNCH_RUN_DIR"]) / "logs" / "node3" / "launcher.log"
-    assert pointer.endswith(str(log)) and "(from SLURM)" in log.read_text()
+    assert pointer.endswith(str(log)) and "node rank 3 (from SLURM_NODEID)" in log.read_text()
 
 
 # ---- validation: exit 2, one line per problem naming the field, nothing created ------------
