@@ -20,7 +20,9 @@ from mlaunch.launcher import run as lrun
 from mlaunch.launcher.configs import CONFIGS_DIR
 from mlaunch.rundir.records import read_progress_record
 
-PREFIXES = ("MEGATRON_OTEL_", "NEMO_LENS_", "OTEL_", "SLURM_", "MLAUNCH_", "TORCHELASTIC_")
+PREFIXES = (
+    "MEGATRON_OTEL_", "NEMO_LENS_", "OTEL_", "SLURM_", "PET_", "MLAUNCH_", "TORCHELASTIC_",
+)  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
