@@ -103,6 +103,9 @@ class ClusterSource:
     required: tuple[str, ...] = ()
     """Set on every node of such a job: one missing is a problem (a node rank nobody gave would
     make every pod node 0, writing into one another's files on the shared volume)."""
+    host_published_late: bool = False
+    """The host is a DNS name that appears only once node 0 runs (a pod's, in a headless
+    Service): one that does not resolve yet is waited for by torchrun, not refused."""
     host_of: Callable[[str], str | None] = field(default=_the_host, repr=False)
 
     def variables(self) -> tuple[str, ...]:
@@ -133,6 +136,7 @@ KUBEFLOW_TORCH = ClusterSource(
     port=("PET_MASTER_PORT",),
     nproc_per_node=("PET_NPROC_PER_NODE",),
     required=("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR"),
+    host_published_late=True,
 )  # fmt: skip
 #: Every source mlaunch reads, in the order the docs list them.
 CLUSTER_SOURCES: tuple[ClusterSource, ...] = (SLURM, KUBEFLOW_TORCH)

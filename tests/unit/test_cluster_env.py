@@ -250,3 +250,22 @@ def test_two_schedulers_at_once_are_refused_even_when_flags_give_every_value():
     with pytest.raises(SettingsError) as err:
         build({**PET, **SLURM}, flags)
     assert [p.field for p in err.value.problems] == ["PET_NNODES"]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_pod_name_that_does_not_resolve_yet_is_left_to_torchrun_not_refused(rank):
+    # Node 0's pod's DNS name appears once that pod runs: a pod that starts first must not exit
+    # 2 for it (torchrun's store client retries the name). A name SLURM or a flag gave that does
+    # not resolve is a mistake, refused as before.
+    from mlaunch.launcher.rendezvous import check_endpoint
+
+    def verdict(label: str):
+        return check_endpoint(
+            "job-node-0-0.invalid:29500", node_rank=rank, nnodes=2, backend="c10d",
+            rdzv_id="job", label=label,
+        )  # fmt: skip
+
+    pod = verdict("PET_MASTER_ADDR")
+    assert pod.problem is None and "does not resolve yet" in pod.note, pod
+    for label in ("SLURM_JOB_NODELIST", "--rdzv-endpoint"):
+        assert "does not resolve" in (verdict(label).problem or ""), label
