@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlaunch import envcontract as ec
 from mlaunch.configs import is_shipped
 from mlaunch.launcher import lens_names
 from mlaunch.launcher.checkpoint_layout import checkpoint_layout_problems, rerun_problems
@@ -503,7 +504,7 @@ def _choose_run_id(settings: Settings, environ: Mapping[str, str], problems: lis
         Problem(
             flag_name("launch.rdzv_id"),
             "a multi-node run needs one run id on every node: give --rdzv-id (letters, digits,"
-            " '.', '_', '-') or --otel-run-id",
+            f" '.', '_', '-') or --otel-run-id (or {ec.RUN_ID})",
             "conflict",
         )
     )

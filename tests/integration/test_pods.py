@@ -34,7 +34,7 @@ from mlaunch.otlp.otlp_json import read_spans
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 RUN_ID = "podjob"
-ITERS = 40
+ITERS = 60
 #: The TrainJob's command: every pod runs the same one; only the runtime's variables differ.
 COMMAND = [
     "--train-iters", str(ITERS), "--global-batch-size", "4", "--save-interval", "2",
