@@ -103,9 +103,11 @@ class ClusterSource:
     required: tuple[str, ...] = ()
     """Set on every node of such a job: one missing is a problem (a node rank nobody gave would
     make every pod node 0, writing into one another's files on the shared volume)."""
-    host_published_late: bool = False
-    """The host is a DNS name that appears only once node 0 runs (a pod's, in a headless
-    Service): one that does not resolve yet is waited for by torchrun, not refused."""
+    host_is_pod_name: bool = False
+    """The host is node 0's pod's DNS name (a headless Service's record): it appears only once
+    that pod runs, so one that does not resolve yet is waited for by torchrun, not refused; and
+    it is not the pod's own host name, so the node rank, not torchrun's guess, says which node
+    hosts the rendezvous store (the plan's ``is_host``)."""
     host_of: Callable[[str], str | None] = field(default=_the_host, repr=False)
 
     def variables(self) -> tuple[str, ...]:
@@ -136,7 +138,7 @@ KUBEFLOW_TORCH = ClusterSource(
     port=("PET_MASTER_PORT",),
     nproc_per_node=("PET_NPROC_PER_NODE",),
     required=("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR"),
-    host_published_late=True,
+    host_is_pod_name=True,
 )  # fmt: skip
 #: Every source mlaunch reads, in the order the docs list them.
 CLUSTER_SOURCES: tuple[ClusterSource, ...] = (SLURM, KUBEFLOW_TORCH)

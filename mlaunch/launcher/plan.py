@@ -21,7 +21,13 @@ from mlaunch import envcontract as ec
 from mlaunch.configs import is_shipped
 from mlaunch.launcher import lens_names
 from mlaunch.launcher.checkpoint_layout import checkpoint_layout_problems, rerun_problems
-from mlaunch.launcher.cluster_env import NPROC_WORDS, ClusterSource, cluster_launch, nproc_count
+from mlaunch.launcher.cluster_env import (
+    NPROC_WORDS,
+    ClusterSource,
+    cluster_launch,
+    nproc_count,
+    source_of,
+)
 from mlaunch.launcher.configs import config_launch_keys, os_reason, resolve_config
 from mlaunch.launcher.worker_args import (
     MEGATRON_DATA_ARGS,
@@ -254,8 +260,11 @@ def unwritable_reason(path: Path) -> str | None:
     return None
 
 
-def torchrun_argv(settings: Settings, run_id: str, log_dir: Path, entry: list[str]) -> list[str]:
-    """``python -m torch.distributed.run`` with the launch settings under torchrun's names."""
+def torchrun_argv(
+    settings: Settings, run_id: str, log_dir: Path, entry: list[str], rdzv_conf: str | None = None
+) -> list[str]:
+    """``python -m torch.distributed.run`` with the launch settings under torchrun's names
+    (and ``--rdzv-conf`` when the plan decided one: :func:`_rdzv_conf`)."""
     launch = settings.launch
     argv = [sys.executable, "-m", TORCHRUN_MODULE]
     if launch.nnodes == 1 and launch.rdzv_endpoint is None:
@@ -271,6 +280,8 @@ def torchrun_argv(settings: Settings, run_id: str, log_dir: Path, entry: list[st
             "--rdzv-endpoint", str(launch.rdzv_endpoint),
             "--rdzv-id", launch.rdzv_id or run_id,
         ]  # fmt: skip
+        if rdzv_conf:
+            argv += ["--rdzv-conf", rdzv_conf]
     argv += ["--max-restarts", str(launch.max_restarts)]
     # Per-rank stdout/stderr files (and torchelastic error files) under the run directory.
     argv += ["--log-dir", str(log_dir), "--redirects", "3"]
@@ -320,7 +331,7 @@ def build_plan(
         run_id=run_id,
         run_dir=run_dir,
         log_dir=log_dir,
-        argv=torchrun_argv(settings, run_id, log_dir, entry),
+        argv=torchrun_argv(settings, run_id, log_dir, entry, _rdzv_conf(settings, environ)),
         worker_env=worker_env,
         removed_env=removed,
         child_env=child_env,
@@ -382,6 +393,25 @@ def _load(
     settings = load_settings(flags=flags, environ=environ, config=config_path, cluster=values)
     _check_endpoint_flag_used(settings, flags)
     return settings, cluster.source, shown
+
+
+def _rdzv_conf(settings: Settings, environ: Mapping[str, str]) -> str | None:
+    """torchrun's ``--rdzv-conf`` when the node rank must say who hosts the c10d store: with an
+    endpoint that is node 0's pod's DNS name (the Kubeflow torch runtime's ``PET_MASTER_ADDR``),
+    torchrun's own guess (the name is one of this machine's) fails on node 0 while the record is
+    not published yet, or when the name is not the pod's host name, and then no node hosts the
+    store. The node rank the runtime gives is the pod's Job completion index: node 0 hosts.
+    ``PET_RDZV_CONF`` (what torchrun reads for ``--rdzv-conf``, which the flag replaces) is
+    kept, and an ``is_host`` the user gave there wins."""
+    launch = settings.launch
+    source = source_of(settings.source("launch.rdzv_endpoint").name)
+    if source is None or not source.host_is_pod_name or launch.rdzv_backend != "c10d":
+        return None
+    given = environ.get("PET_RDZV_CONF", "").strip().strip(",")
+    if "is_host" in {item.partition("=")[0].strip() for item in given.split(",")}:
+        return given
+    is_host = f"is_host={'true' if launch.node_rank == 0 else 'false'}"
+    return f"{given},{is_host}" if given else is_host
 
 
 def _device_text(settings: Settings) -> str:

@@ -169,7 +169,7 @@ def check_endpoint(
     host, port = split_endpoint(endpoint)
     why = resolve_error(host)
     source = source_of(label)
-    if why is not None and source is not None and source.host_published_late:
+    if why is not None and source is not None and source.host_is_pod_name:
         # Node 0's pod's DNS name exists only once that pod runs: not a mistake to refuse, a
         # wait torchrun's store client makes (it retries the name until its timeout).
         return EndpointVerdict(
