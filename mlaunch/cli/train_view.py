@@ -238,7 +238,8 @@ def summary(plan: LaunchPlan) -> Group:
         table.add_row(
             "rendezvous",
             f"node rank {launch.node_rank}{given('launch.node_rank')}, {launch.rdzv_backend} at"
-            f" {launch.rdzv_endpoint}{given('launch.rdzv_endpoint')}, id {plan.rdzv_id}{given('launch.rdzv_id')}",
+            f" {launch.rdzv_endpoint}{given('launch.rdzv_endpoint')},"
+            f" id {plan.rdzv_id}{given('launch.rdzv_id')}",
         )
     else:
         table.add_row("rendezvous", "standalone (torchrun picks a free local port)")

@@ -25,6 +25,8 @@ from mlaunch.settings import flag_name
 #: Rendezvous port when the source names none: torchrun's default, and the Kubeflow Trainer
 #: torch runtime's ``PET_MASTER_PORT`` (its ``ContainerTrainerPort``).
 DEFAULT_PORT = 29500
+#: torchrun's own variable for ``--rdzv-conf`` (every torchrun option has a ``PET_`` one).
+RDZV_CONF_VAR = "PET_RDZV_CONF"
 #: Words torchrun takes for ``--nproc-per-node`` (``PET_NPROC_PER_NODE``) instead of a number.
 NPROC_WORDS = ("auto", "gpu", "cpu")
 #: Where the NVIDIA device files of the GPUs this container may use are (``/dev/nvidia0``...).

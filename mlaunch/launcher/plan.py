@@ -23,6 +23,8 @@ from mlaunch.launcher import lens_names
 from mlaunch.launcher.checkpoint_layout import checkpoint_layout_problems, rerun_problems
 from mlaunch.launcher.cluster_env import (
     NPROC_WORDS,
+    RDZV_CONF_VAR,
+    SLURM,
     ClusterSource,
     cluster_launch,
     nproc_count,
@@ -109,7 +111,7 @@ class LaunchPlan:
     @property
     def slurm(self) -> bool:
         """Whether this node runs in a SLURM job (its job id is the run id; a requeue resumes)."""
-        return self.cluster is not None and self.cluster.name == "SLURM"
+        return self.cluster is SLURM
 
     @property
     def world_size(self) -> int:
@@ -407,7 +409,7 @@ def _rdzv_conf(settings: Settings, environ: Mapping[str, str]) -> str | None:
     source = source_of(settings.source("launch.rdzv_endpoint").name)
     if source is None or not source.host_is_pod_name or launch.rdzv_backend != "c10d":
         return None
-    given = environ.get("PET_RDZV_CONF", "").strip().strip(",")
+    given = environ.get(RDZV_CONF_VAR, "").strip().strip(",")
     if "is_host" in {item.partition("=")[0].strip() for item in given.split(",")}:
         return given
     is_host = f"is_host={'true' if launch.node_rank == 0 else 'false'}"

@@ -232,12 +232,9 @@ def load_settings(
 
     ``cluster`` holds what a scheduler's variables determine, ``{path: (value, variable)}``
     (the launcher's ``cluster_env``: SLURM's, the Kubeflow torch runtime's), each value's
-    source its variable, so an error names it. It ranks below the variables and above the config file: the caller
-    leaves out what a flag or the user's own config file gives, and a shipped config's value
-    is a default the scheduler's wins over.
-
-    ``flags`` maps dotted paths (``"telemetry.span_groups"``) to values (None = not given).
-    Raises :class:`SettingsError` listing every problem found.
+    source its variable, so an error names it. It ranks below the variables and above the
+    config file: the caller leaves out what a flag or the user's own config file gives, and a
+    shipped config's value is a default the scheduler's wins over.
     """
     environ = os.environ if environ is None else environ
     problems: list[Problem] = []
