@@ -91,6 +91,10 @@ class LaunchPlan:
     env_notes: tuple[str, ...] = ()
     megatron_args_reason: str = ""
     """For a script/module: why Megatron-LM's arguments are (not) passed, for the summary."""
+    resume_command: str | None = None
+    """The shell command that runs this launch again into the same run directory (which resumes
+    from its newest checkpoint): ``resolved.json``'s ``resume_command``, which ``mlaunch status``,
+    ``mlaunch runs`` and train's closing lines show for a run stopped with a checkpoint."""
     """Environment the plan added on its own (e.g. CUDA_DEVICE_MAX_CONNECTIONS), for the summary."""
 
     # ---- derived views -------------------------------------------------------------------
@@ -159,6 +163,7 @@ class LaunchPlan:
             "spans_per_iteration": self.spans_per_iteration,
             "embedded_receiver": self.embedded_receiver,
             "command": self.argv,
+            **({"resume_command": self.resume_command} if self.resume_command else {}),
             "environment": self.shown_env(show_secrets),
             "settings": settings_table(self.settings, show_secrets=show_secrets),
             **(
@@ -271,6 +276,38 @@ def torchrun_argv(settings: Settings, run_id: str, log_dir: Path, entry: list[st
 # The plan
 
 
+#: ``mlaunch train`` flags whose value is a secret: a resume command shows a marker instead.
+SECRET_FLAGS = ("--otlp-headers",)
+
+
+def resume_command(argv: Sequence[str], cwd: Path, run_dir: Path) -> str:
+    """``cd CWD && mlaunch train ARGV`` with ``--run-dir`` set to ``run_dir`` (absolute; before
+    a ``--`` that passes arguments to a script) and a secret flag's value redacted: the launch
+    as it was given, into the same run directory."""
+    words = list(argv)
+    tail: list[str] = []
+    if "--" in words:
+        i = words.index("--")
+        words, tail = words[:i], words[i:]
+    out: list[str] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        name, eq, _ = word.partition("=")
+        takes_next = not eq and i + 1 < len(words)
+        if name == "--run-dir":
+            i += 2 if takes_next else 1
+            continue
+        if name in SECRET_FLAGS:
+            out += [f"{name}={REDACTED}"]
+            i += 2 if takes_next else 1
+            continue
+        out.append(word)
+        i += 1
+    out += ["--run-dir", str(run_dir), *tail]
+    return f"cd {shlex.quote(str(cwd))} && mlaunch train {shlex.join(out)}".rstrip()
+
+
 def build_plan(
     *,
     flags: Mapping[str, Any],
@@ -278,9 +315,11 @@ def build_plan(
     passthrough: Sequence[str] = (),
     environ: Mapping[str, str],
     cwd: Path,
+    argv: Sequence[str] | None = None,
 ) -> LaunchPlan:
     """Validate every input and decide the whole launch. Raises :class:`SettingsError` listing
-    every problem (the caller prints them and exits 2; nothing has been created)."""
+    every problem (the caller prints them and exits 2; nothing has been created). ``argv``: the
+    words after ``mlaunch train`` as given, for the resume command (None: none is recorded)."""
     config_path = resolve_config(config, cwd)
     settings, slurm = _load(flags, config_path, environ)
     problems: list[Problem] = []
@@ -321,6 +360,7 @@ def build_plan(
         and lens_names.embedded_receiver(settings),
         env_notes=notes,
         megatron_args_reason=megatron_why,
+        resume_command=resume_command(argv, cwd, run_dir) if argv is not None else None,
     )
 
 

@@ -22,6 +22,7 @@ from mlaunch.rundir import layout as lay
 from mlaunch.rundir.records import (
     LauncherAttempts,
     read_heartbeats,
+    read_json_object,
     read_launcher_record,
     read_progress_tail,
 )
@@ -278,10 +279,13 @@ def node_views(run_dir: Path, since: float | None = None) -> list[NodeView]:
     return sorted(views, key=lambda v: v.node)
 
 
-def failures(run_dir: Path, since: float | None = None, slack_s: float = 1.0) -> list[Failure]:
+def failures(
+    run_dir: Path, since: float | None = None, slack_s: float = 1.0, *, locate: bool = True
+) -> list[Failure]:
     """The failed ranks (``error-rank*.json`` written since ``since``, less ``slack_s`` for a
-    coarse file clock), the first to fail first."""
-    nproc = _nproc(run_dir)
+    coarse file clock), the first to fail first. ``locate`` False: without looking for each
+    one's node and log in the workers' logs (a listing needs only that they failed)."""
+    nproc = _nproc(run_dir) if locate else None
     out = []
     for path in run_dir.glob(lay.ERROR_FILE.glob):
         try:
@@ -302,9 +306,10 @@ def failures(run_dir: Path, since: float | None = None, slack_s: float = 1.0) ->
     return sorted(out, key=lambda f: (f.time or 0, f.rank))
 
 
-def progress(run_dir: Path) -> dict[str, Any] | None:
-    """The newest training record of ``progress.jsonl`` (iteration, loss, age)."""
-    steps = read_progress_tail(run_dir)
+def progress(run_dir: Path, limit: int | None = None) -> dict[str, Any] | None:
+    """The newest training record of ``progress.jsonl`` (iteration, loss, age), from its last
+    ``limit`` bytes (None: the records' reader's default)."""
+    steps = read_progress_tail(run_dir) if limit is None else read_progress_tail(run_dir, limit)
     if not steps:
         return None
     record = steps[-1]
@@ -421,22 +426,44 @@ def saved_since(run_dir: Path, since: float) -> bool:
     return False
 
 
+#: The states of a run that a resume carries on from its checkpoint (its workers stopped on a
+#: signal and saved): ``mlaunch status``, ``mlaunch runs`` and train's closing lines say how.
+RESUMABLE_STATES = frozenset({"preempted"})
+
+
+def resume_command(run_dir: str | Path, job_id: str | None) -> str | None:
+    """The command that resumes the run: ``scontrol requeue JOB`` for a SLURM job, else the
+    launch's own command into the same run directory (``resolved.json``'s ``resume_command``,
+    None when the launch recorded none)."""
+    if job_id is not None:
+        return f"scontrol requeue {job_id}"
+    body = read_json_object(Path(run_dir) / lay.RESOLVED_JSON_FILE) or {}
+    command = body.get("resume_command")
+    return command if isinstance(command, str) and command else None
+
+
 def resumable_text(run_dir: str | Path, job_id: str | None) -> str:
     """How a run whose workers stopped on a signal and saved resumes (``mlaunch status`` of a
-    preempted run, and ``mlaunch train``'s closing lines after Ctrl-C or SIGTERM)."""
+    preempted run, and ``mlaunch train``'s closing lines after Ctrl-C or SIGTERM), with the
+    command (:func:`resume_command`) on a line of its own."""
     if job_id is None:
-        return (
+        text = (
             "resumable: the workers stopped on a signal and saved; `mlaunch train` with the same"
             f" settings and --run-dir {run_dir} resumes from the checkpoint"
         )
+        command = resume_command(run_dir, None)
+        return text + (f"\nresume:   {command}" if command else "")
     return (
         "resumable: the workers stopped on a signal and saved; it resumes from the checkpoint"
         f" when the job is requeued (scontrol requeue {job_id})"
     )
 
 
-def apply_launch(st: JobStatus, run_dir: Path, rec: LauncherAttempts | None) -> None:
-    """Outside SLURM: the state from the newest launch's record and job trace."""
+def apply_launch(
+    st: JobStatus, run_dir: Path, rec: LauncherAttempts | None, *, locate: bool = True
+) -> None:
+    """Outside SLURM: the state from the newest launch's record and job trace (``locate``:
+    :func:`failures`')."""
     since = rec.started if rec else None
     spans = job_trace(run_dir, since)
     jobs = [s for s in spans if s.get("name") == _JOB]
@@ -455,7 +482,7 @@ def apply_launch(st: JobStatus, run_dir: Path, rec: LauncherAttempts | None) -> 
     # The final attempt's failures, not a restarted one's: that attempt's error files were written
     # before torchrun made the next attempt's folder (the restart's time), so no slack here.
     restarted = bool(st.restarts and st.restarts[-1].time)
-    st.failures = failures(run_dir, final_since, 0.0 if restarted else 1.0)
+    st.failures = failures(run_dir, final_since, 0.0 if restarted else 1.0, locate=locate)
     if rec is not None and rec.ended is None:
         st.state = "launcher_died" if st.launcher and st.launcher.alive is False else "running"
         return
