@@ -23,8 +23,8 @@ from mlaunch.rundir.records import (
     LauncherAttempts,
     read_heartbeats,
     read_json_object,
+    read_last_progress_step,
     read_launcher_record,
-    read_progress_tail,
 )
 from mlaunch.rundir.state import RunState
 
@@ -306,13 +306,11 @@ def failures(
     return sorted(out, key=lambda f: (f.time or 0, f.rank))
 
 
-def progress(run_dir: Path, limit: int | None = None) -> dict[str, Any] | None:
-    """The newest training record of ``progress.jsonl`` (iteration, loss, age), from its last
-    ``limit`` bytes (None: the records' reader's default)."""
-    steps = read_progress_tail(run_dir) if limit is None else read_progress_tail(run_dir, limit)
-    if not steps:
+def progress(run_dir: Path) -> dict[str, Any] | None:
+    """The newest training record of ``progress.jsonl`` (iteration, loss, age)."""
+    record = read_last_progress_step(run_dir)
+    if record is None:
         return None
-    record = steps[-1]
     out: dict[str, Any] = {
         "iteration": record.iteration,
         "train_iters": record.train_iters,
@@ -465,7 +463,8 @@ def apply_launch(
     """Outside SLURM: the state from the newest launch's record and job trace (``locate``:
     :func:`failures`')."""
     since = rec.started if rec else None
-    spans = job_trace(run_dir, since)
+    # The job trace says what a launch without a record did (read only then, or for restarts).
+    spans = job_trace(run_dir, since) if rec is None else []
     jobs = [s for s in spans if s.get("name") == _JOB]
     job = jobs[-1] if jobs else None
     if rec is not None:
@@ -474,8 +473,10 @@ def apply_launch(
         st.restarts = [RestartView(r.attempt, r.rank, r.cause, r.time) for r in rec.restarts]  # type: ignore[arg-type]
     elif job is None:
         return  # neither: the run directory alone tells (below)
-    if not st.restarts:
-        st.restarts = _restarts_from_trace(spans)
+    if not st.restarts and (rec is None or locate):
+        # An earlier mlaunch's record without restarts: the job trace's (a listing, which
+        # needs only the state, leaves them out and skips reading the trace).
+        st.restarts = _restarts_from_trace(spans if rec is None else job_trace(run_dir, since))
     if st.attempt is None and job is not None:
         st.attempt = job["attributes"].get(Attr.ATTEMPT)
     final_since = st.restarts[-1].time if st.restarts and st.restarts[-1].time else since

@@ -49,9 +49,6 @@ STATES: dict[str, str] = {
     "CANCELLED": "cancelled",
 }
 _JOB_ID = re.compile(r"\d+(?:_\d+)?")
-#: How much of ``progress.jsonl``'s end a listing reads for the newest iteration (a few dozen
-#: records; a run whose last one is further back shows no iteration there).
-PROGRESS_LISTING_BYTES = 8 << 10
 
 
 class StatusInputError(ValueError):
@@ -70,12 +67,16 @@ def _job_record(run_dir: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _job_id_of(run_dir: Path) -> str | None:
-    """The job id a run directory belongs to: ``slurm-job.json``, else its ``resolved.json``."""
+def _job_id_of(run_dir: Path, resolved: dict[str, Any] | None = None) -> str | None:
+    """The job id a run directory belongs to: ``slurm-job.json``, else its ``resolved.json``
+    (``resolved``: its content, when the caller has read it)."""
     if jid := _job_record(run_dir).get("job_id"):
         return str(jid)
     try:
-        data = json.loads((run_dir / lay.RESOLVED_JSON_FILE).read_text(encoding="utf-8"))
+        if resolved is not None:
+            data = resolved
+        else:
+            data = json.loads((run_dir / lay.RESOLVED_JSON_FILE).read_text(encoding="utf-8"))
         env = data.get("environment", {})
     except (OSError, ValueError, AttributeError):
         return None
@@ -161,11 +162,12 @@ def _job_status(target: str, cwd: Path) -> tuple[JobStatus, float | None]:
     return _status_of(t.run_dir, t.job_id, t.info, t.note)
 
 
-def run_dir_status(run_dir: Path) -> JobStatus:
+def run_dir_status(run_dir: Path, resolved: dict[str, Any] | None = None) -> JobStatus:
     """The state of a run directory as :func:`job_status` decides it, from the run directory
     alone (SLURM not asked) and without the views' detail (each node's last line, failed ranks'
-    logs, hang reports, the run model): ``mlaunch runs`` lists many runs this way, fast."""
-    return _status_of(run_dir, _job_id_of(run_dir), None, None, detail=False)[0]
+    logs, hang reports, the run model): ``mlaunch runs`` lists many runs this way, fast.
+    ``resolved``: its ``resolved.json``, when the caller has read it."""
+    return _status_of(run_dir, _job_id_of(run_dir, resolved), None, None, detail=False)[0]
 
 
 def _status_of(
@@ -182,7 +184,7 @@ def _status_of(
     st.note = note
     since = info.start_epoch() if info is not None else None
     if run_dir is not None:
-        st.progress = progress(run_dir, limit=None if detail else PROGRESS_LISTING_BYTES)
+        st.progress = progress(run_dir)
         st.failures = failures(run_dir, since, locate=detail)
         if detail:
             st.nodes = node_views(run_dir, since)
@@ -274,7 +276,7 @@ def run_row(run_dir: Path) -> RunRow:
     """One folder as a row: its state by :func:`run_dir_status` (the words of ``mlaunch
     status``), progress, start, entry point and resume command; a folder that is no run, or
     whose records cannot be read, is a row that says so (never an exception)."""
-    from mlaunch.rundir.records import read_json_object, read_launcher_record
+    from mlaunch.rundir.records import read_json_object
 
     row = RunRow(run_dir.name, NOT_A_RUN, str(run_dir))
     if not lay.is_run_dir(run_dir):
@@ -287,14 +289,14 @@ def run_row(run_dir: Path) -> RunRow:
         return row
     resolved = resolved or {}
     try:
-        st = run_dir_status(run_dir)
+        st = run_dir_status(run_dir, resolved)
     except Exception as exc:  # noqa: BLE001 - a listing names a folder it cannot read, never stops
         row.state, row.note = CORRUPT, f"{type(exc).__name__}: {exc}"
         return row
-    rec = read_launcher_record(run_dir)
-    row.run_id = str(resolved.get("run_id") or (rec.run_id if rec else None) or run_dir.name)
+    row.run_id = str(resolved.get("run_id") or run_dir.name)
     row.state, row.job_id = st.state, st.job_id
-    row.started = rec.started if rec is not None else _job_record(run_dir).get("submitted")
+    la = st.launcher
+    row.started = la.started if la is not None else _job_record(run_dir).get("submitted")
     if row.started is None:
         with contextlib.suppress(OSError):
             row.started = resolved_path.stat().st_mtime
