@@ -91,10 +91,9 @@ class LaunchPlan:
     env_notes: tuple[str, ...] = ()
     megatron_args_reason: str = ""
     """For a script/module: why Megatron-LM's arguments are (not) passed, for the summary."""
-    resume_command: str | None = None
-    """The shell command that runs this launch again into the same run directory (which resumes
-    from its newest checkpoint): ``resolved.json``'s ``resume_command``, which ``mlaunch status``,
-    ``mlaunch runs`` and train's closing lines show for a run stopped with a checkpoint."""
+    launched_as: dict[str, Any] | None = None
+    """How this launch was given (:func:`launched_as`), from which ``mlaunch status``, ``mlaunch
+    runs`` and train's closing lines make the command that resumes the run; None: not known."""
     """Environment the plan added on its own (e.g. CUDA_DEVICE_MAX_CONNECTIONS), for the summary."""
 
     # ---- derived views -------------------------------------------------------------------
@@ -163,7 +162,7 @@ class LaunchPlan:
             "spans_per_iteration": self.spans_per_iteration,
             "embedded_receiver": self.embedded_receiver,
             "command": self.argv,
-            **({"resume_command": self.resume_command} if self.resume_command else {}),
+            **({"launched_as": self.launched_as} if self.launched_as else {}),
             "environment": self.shown_env(show_secrets),
             "settings": settings_table(self.settings, show_secrets=show_secrets),
             **(
@@ -276,36 +275,35 @@ def torchrun_argv(settings: Settings, run_id: str, log_dir: Path, entry: list[st
 # The plan
 
 
-#: ``mlaunch train`` flags whose value is a secret: a resume command shows a marker instead.
+#: ``mlaunch train`` flags whose value is a secret: never recorded, a marker instead.
 SECRET_FLAGS = ("--otlp-headers",)
 
 
-def resume_command(argv: Sequence[str], cwd: Path, run_dir: Path) -> str:
-    """``cd CWD && mlaunch train ARGV`` with ``--run-dir`` set to ``run_dir`` (absolute; before
-    a ``--`` that passes arguments to a script) and a secret flag's value redacted: the launch
-    as it was given, into the same run directory."""
+def launched_as(argv: Sequence[str], cwd: Path) -> dict[str, Any]:
+    """How the launch was given (``resolved.json``'s ``launched_as``): the working directory
+    and the words after ``mlaunch train`` without ``--run-dir`` (a resume names the run
+    directory where it is then: it may have been copied or moved) and with a secret flag's value
+    as a marker. :func:`mlaunch.launcher.run_status.resume_command` makes the command of it."""
     words = list(argv)
     tail: list[str] = []
-    if "--" in words:
+    if "--" in words:  # what follows goes to the script as it is
         i = words.index("--")
         words, tail = words[:i], words[i:]
     out: list[str] = []
     i = 0
     while i < len(words):
-        word = words[i]
-        name, eq, _ = word.partition("=")
-        takes_next = not eq and i + 1 < len(words)
+        name, eq, _ = words[i].partition("=")
+        step = 1 if eq or i + 1 == len(words) else 2
         if name == "--run-dir":
-            i += 2 if takes_next else 1
+            i += step
             continue
         if name in SECRET_FLAGS:
-            out += [f"{name}={REDACTED}"]
-            i += 2 if takes_next else 1
+            out.append(f"{name}={REDACTED}")
+            i += step
             continue
-        out.append(word)
+        out.append(words[i])
         i += 1
-    out += ["--run-dir", str(run_dir), *tail]
-    return f"cd {shlex.quote(str(cwd))} && mlaunch train {shlex.join(out)}".rstrip()
+    return {"cwd": str(cwd), "argv": out + tail}
 
 
 def build_plan(
@@ -360,7 +358,7 @@ def build_plan(
         and lens_names.embedded_receiver(settings),
         env_notes=notes,
         megatron_args_reason=megatron_why,
-        resume_command=resume_command(argv, cwd, run_dir) if argv is not None else None,
+        launched_as=launched_as(argv, cwd) if argv is not None else None,
     )
 
 

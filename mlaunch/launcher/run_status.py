@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 import socket
 import time
 from collections.abc import Iterable, Iterator
@@ -431,13 +432,20 @@ RESUMABLE_STATES = frozenset({"preempted"})
 
 def resume_command(run_dir: str | Path, job_id: str | None) -> str | None:
     """The command that resumes the run: ``scontrol requeue JOB`` for a SLURM job, else the
-    launch's own command into the same run directory (``resolved.json``'s ``resume_command``,
-    None when the launch recorded none)."""
+    newest launch as it was given (``resolved.json``'s ``launched_as``: ``cd`` to where it was
+    started, ``mlaunch train`` with its words) into the run directory where it is now (a
+    ``--run-dir`` before a ``--`` for the script); None when the launch recorded none."""
     if job_id is not None:
         return f"scontrol requeue {job_id}"
     body = read_json_object(Path(run_dir) / lay.RESOLVED_JSON_FILE) or {}
-    command = body.get("resume_command")
-    return command if isinstance(command, str) and command else None
+    given = body.get("launched_as")
+    if not isinstance(given, dict) or not isinstance(given.get("argv"), list):
+        return None
+    words = [str(w) for w in given["argv"]]
+    cut = words.index("--") if "--" in words else len(words)
+    words[cut:cut] = ["--run-dir", str(Path(run_dir).absolute())]
+    cwd = str(given.get("cwd") or ".")
+    return f"cd {shlex.quote(cwd)} && mlaunch train {shlex.join(words)}"
 
 
 def resumable_text(run_dir: str | Path, job_id: str | None) -> str:
