@@ -82,6 +82,9 @@ TORCHRUN_LOG = "torchrun.log"
 TORCHRUN_ATTEMPT_DIR = NumberedName("attempt_{attempt}")
 #: A worker's output files in its local rank's folder (``--redirects 3``), in the order shown.
 WORKER_STREAMS = ("stdout.log", "stderr.log")
+#: Beside them: the worker's global rank, written by mlaunch's wrapper as the worker starts
+#: (torchrun's rendezvous may number a node's ranks otherwise than its node rank says).
+WORKER_RANK_FILE = "rank"
 #: What torchelastic's ``@record`` leaves in a failed worker's log folder (torch's name).
 TORCHELASTIC_ERROR_FILE = "error.json"
 #: ``mlaunch trace report``'s page, at the top of the run directory unless ``-o`` says otherwise.
@@ -368,6 +371,7 @@ __all__ = [
     "TORCHRUN_LOG",
     "TORCHRUN_ATTEMPT_DIR",
     "WORKER_STREAMS",
+    "WORKER_RANK_FILE",
     "REPORT_FILE",
     "REPLAY_LEDGER_FILE",
     "REPLAY_LOCK_FILE",

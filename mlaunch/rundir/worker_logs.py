@@ -16,8 +16,9 @@ modification time), torchrun restarts by K: a copy that did not keep modificatio
 -r`` rather than ``cp -a`` or ``rsync -a``) keeps each launch's restarts in order but may order
 its launches by name.
 
-A worker's global rank is ``node * nproc_per_node + local rank``, from the run's resolved
-settings (``resolved.json``). Nothing here needs a live process or an absolute path: a run
+A worker's global rank is what mlaunch's worker wrapper wrote beside its output as it started
+(``rank``: torchrun's rendezvous may number a node's ranks otherwise than its node rank says),
+else ``node * nproc_per_node + local rank`` from the run's resolved settings (``resolved.json``). Nothing here needs a live process or an absolute path: a run
 directory copied elsewhere reads the same. Standard library only (the run-directory layer).
 """
 
@@ -34,6 +35,7 @@ from mlaunch.rundir.layout import (
     NODE_LOG_DIR,
     RESOLVED_JSON_FILE,
     TORCHRUN_ATTEMPT_DIR,
+    WORKER_RANK_FILE,
     WORKER_STREAMS,
 )
 from mlaunch.rundir.records import read_json_object
@@ -171,7 +173,7 @@ def find(run_dir: str | Path) -> WorkerLogs:
     attempts = []
     for number, key in enumerate(sorted(keyed)):
         ranks = [
-            RankLog(node * nproc + int(p.name), node, int(p.name), p)
+            RankLog(_global_rank(p, node * nproc + int(p.name)), node, int(p.name), p)
             for node, folder in sorted(keyed[key].items())
             for p in _rank_folders(folder)
         ]
@@ -187,6 +189,16 @@ def find(run_dir: str | Path) -> WorkerLogs:
         tuple(sorted(per_node)),
         tuple(sorted(every | seen)),
     )
+
+
+def _global_rank(folder: Path, planned: int) -> int:
+    """The rank the worker of ``folder`` was (:data:`~.layout.WORKER_RANK_FILE`, which its
+    wrapper wrote), else ``planned`` (node x workers per node + local rank)."""
+    try:
+        text = (folder / WORKER_RANK_FILE).read_text(encoding="ascii").strip()
+    except (OSError, ValueError):
+        return planned
+    return int(text) if text.isdigit() else planned
 
 
 def _rank_folders(attempt_folder: Path) -> list[Path]:
