@@ -306,6 +306,10 @@ def run_row(run_dir: Path) -> RunRow:
             st.progress.get("train_iters"),
         )
     row.entry = _entry_of(resolved)
+    if row.train_iters is None and row.entry == "trainer":  # no iteration yet: the resolved total
+        entry = (resolved.get("settings") or {}).get("training.train_iters")
+        total = entry.get("value") if isinstance(entry, dict) else None
+        row.train_iters = total if isinstance(total, int) else None
     if st.state in RESUMABLE_STATES:
         row.resume = resume_command(run_dir, st.job_id)
     return row
