@@ -68,10 +68,6 @@ class Attempt:
     started: float
     ranks: tuple[RankLog, ...] = ()
 
-    @property
-    def nodes(self) -> list[int]:
-        return sorted({r.node for r in self.ranks})
-
     def describe(self, launches: int) -> str:
         """``attempt 2 (launch 2 of 2, torchrun restart 0)``."""
         return (
