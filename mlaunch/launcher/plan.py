@@ -104,6 +104,9 @@ class LaunchPlan:
     env_notes: tuple[str, ...] = ()
     megatron_args_reason: str = ""
     """For a script/module: why Megatron-LM's arguments are (not) passed, for the summary."""
+    launched_as: dict[str, Any] | None = None
+    """How this launch was given (:func:`launched_as`), from which ``mlaunch status``, ``mlaunch
+    runs`` and train's closing lines make the command that resumes the run; None: not known."""
     """Environment the plan added on its own (e.g. CUDA_DEVICE_MAX_CONNECTIONS), for the summary."""
 
     # ---- derived views -------------------------------------------------------------------
@@ -177,6 +180,7 @@ class LaunchPlan:
             "spans_per_iteration": self.spans_per_iteration,
             "embedded_receiver": self.embedded_receiver,
             "command": self.argv,
+            **({"launched_as": self.launched_as} if self.launched_as else {}),
             "environment": self.shown_env(show_secrets),
             "settings": settings_table(self.settings, show_secrets=show_secrets),
             **(
@@ -294,6 +298,37 @@ def torchrun_argv(
 # The plan
 
 
+#: ``mlaunch train`` flags whose value is a secret: never recorded, a marker instead.
+SECRET_FLAGS = ("--otlp-headers",)
+
+
+def launched_as(argv: Sequence[str], cwd: Path) -> dict[str, Any]:
+    """How the launch was given (``resolved.json``'s ``launched_as``): the working directory
+    and the words after ``mlaunch train`` without ``--run-dir`` (a resume names the run
+    directory where it is then: it may have been copied or moved) and with a secret flag's value
+    as a marker. :func:`mlaunch.launcher.run_status.resume_command` makes the command of it."""
+    words = list(argv)
+    tail: list[str] = []
+    if "--" in words:  # what follows goes to the script as it is
+        i = words.index("--")
+        words, tail = words[:i], words[i:]
+    out: list[str] = []
+    i = 0
+    while i < len(words):
+        name, eq, _ = words[i].partition("=")
+        step = 1 if eq or i + 1 == len(words) else 2
+        if name == "--run-dir":
+            i += step
+            continue
+        if name in SECRET_FLAGS:
+            out.append(f"{name}={REDACTED}")
+            i += step
+            continue
+        out.append(words[i])
+        i += 1
+    return {"cwd": str(cwd), "argv": out + tail}
+
+
 def build_plan(
     *,
     flags: Mapping[str, Any],
@@ -301,9 +336,11 @@ def build_plan(
     passthrough: Sequence[str] = (),
     environ: Mapping[str, str],
     cwd: Path,
+    argv: Sequence[str] | None = None,
 ) -> LaunchPlan:
     """Validate every input and decide the whole launch. Raises :class:`SettingsError` listing
-    every problem (the caller prints them and exits 2; nothing has been created)."""
+    every problem (the caller prints them and exits 2; nothing has been created). ``argv``: the
+    words after ``mlaunch train`` as given, for the resume command (None: none is recorded)."""
     config_path = resolve_config(config, cwd)
     settings, cluster, cluster_vars = _load(flags, config_path, environ)
     problems: list[Problem] = []
@@ -345,6 +382,7 @@ def build_plan(
         and lens_names.embedded_receiver(settings),
         env_notes=notes,
         megatron_args_reason=megatron_why,
+        launched_as=launched_as(argv, cwd) if argv is not None else None,
     )
 
 
