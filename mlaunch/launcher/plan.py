@@ -158,6 +158,7 @@ class LaunchPlan:
             "span_groups": sorted(g.value for g in self.settings.telemetry.groups),
             "spans_per_iteration": self.spans_per_iteration,
             "embedded_receiver": self.embedded_receiver,
+            "console_ranks": list(self.settings.launch.console_ranks),
             "command": self.argv,
             "environment": self.shown_env(show_secrets),
             "settings": settings_table(self.settings, show_secrets=show_secrets),

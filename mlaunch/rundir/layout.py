@@ -76,6 +76,10 @@ SLURM_OUTPUT_GLOB = SLURM_OUTPUT_TEMPLATE.replace("%j", "*")
 LAUNCHER_LOG = "launcher.log"
 #: torchrun's own output (its restarts, a group's failure), under each node's log directory.
 TORCHRUN_LOG = "torchrun.log"
+#: A worker's stdout and stderr in its local rank's folder of a torchrun attempt
+#: (``<log-dir>/<id>/attempt_<N>/<local rank>/``; torch's names, ``--redirects 3``).
+WORKER_STDOUT_LOG = "stdout.log"
+WORKER_STDERR_LOG = "stderr.log"
 #: What torchelastic's ``@record`` leaves in a failed worker's log folder (torch's name).
 TORCHELASTIC_ERROR_FILE = "error.json"
 #: ``mlaunch trace report``'s page, at the top of the run directory unless ``-o`` says otherwise.
@@ -348,6 +352,8 @@ __all__ = [
     "SLURM_OUTPUT_GLOB",
     "LAUNCHER_LOG",
     "TORCHRUN_LOG",
+    "WORKER_STDOUT_LOG",
+    "WORKER_STDERR_LOG",
     "REPORT_FILE",
     "REPLAY_LEDGER_FILE",
     "REPLAY_LOCK_FILE",
