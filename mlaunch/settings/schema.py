@@ -401,11 +401,11 @@ class LaunchSettings(_Section):
     ``stop`` also stops the workers (torchrun restarts them while restarts are left)."""
     tee: Bool | None = None
     """Show the workers' stdout and stderr on this launcher's console as they write them, each
-    line prefixed ``[rank R]`` (they always go to the per-rank logs too). Unset = on for
+    line prefixed with its rank (they always go to the per-rank logs too). Unset = on for
     ``script``/``module``, off for mlaunch's trainer (its live view is the console)."""
     local_ranks_filter: str | None = None
-    """Show only these ranks' output on the console (R[,R...]): global ranks, as the ``[rank R]``
-    prefix shows them (torchrun's flag of this name takes local ones); each node's launcher shows
+    """Show only these ranks' output on the console (R,R,...): global ranks, as the lines'
+    prefix names them (torchrun's flag of this name takes local ones); each node's launcher shows
     those of its own ranks. Turns ``tee`` on unless it is set off."""
 
     @field_validator("hang_timeout", mode="before")
