@@ -307,19 +307,18 @@ def worker_output_text(plan: LaunchPlan) -> str:
     """Which ranks' output this console shows (``--tee``, ``--local-ranks-filter``), and where
     all of it goes."""
     launch = plan.settings.launch
-    ranks = launch.console_ranks
     logs = f"per-rank logs in {plan.log_dir}"
-    if not ranks:
-        why = "the live view shows progress; --tee" if launch.tee is None else "--no-tee; --tee"
-        mine = f"node {launch.node_rank}'s" if launch.nnodes > 1 else "this run's"
-        if launch.local_ranks_filter is not None:  # a filter that names none of this node's
-            return f"none of {mine} ranks ({launch.local_ranks_filter} filtered); {logs}"
-        return f"{logs} ({why} shows it here)"
-    if len(ranks) == launch.nproc_per_node and launch.nnodes == 1:
-        which = f"all {len(ranks)} ranks"
+    if not launch.tee_on:
+        why = "the live view shows progress" if launch.tee is None else "--no-tee"
+        return f"{logs} ({why}; --tee shows it here)"
+    shown = launch.shown_ranks
+    if shown is None:
+        which = f"all {launch.world_size} ranks" if launch.nnodes == 1 else "this node's ranks"
+        how = "--tee"
     else:
-        which = "rank" + ("s " if len(ranks) > 1 else " ") + ",".join(map(str, ranks))
-    how = "--local-ranks-filter" if launch.local_ranks_filter is not None else "--tee"
+        which = ("rank " if len(shown) == 1 else "ranks ") + ",".join(map(str, sorted(shown)))
+        which += " (those of this node)" if launch.nnodes > 1 else ""
+        how = "--local-ranks-filter"
     return f"{which} here as [rank R] lines ({how}), and in the {logs}"
 
 

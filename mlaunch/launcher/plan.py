@@ -158,7 +158,7 @@ class LaunchPlan:
             "span_groups": sorted(g.value for g in self.settings.telemetry.groups),
             "spans_per_iteration": self.spans_per_iteration,
             "embedded_receiver": self.embedded_receiver,
-            "console_ranks": list(self.settings.launch.console_ranks),
+            "worker_output": self.worker_output(),
             "command": self.argv,
             "environment": self.shown_env(show_secrets),
             "settings": settings_table(self.settings, show_secrets=show_secrets),
@@ -168,6 +168,13 @@ class LaunchPlan:
                 else {"reference": lens_names.reference_view(self.settings)}
             ),
         }
+
+    def worker_output(self) -> dict[str, Any]:
+        """What the launcher's console shows of the workers' output: ``tee`` (whether it does)
+        and ``ranks`` (the global ranks it shows, of this node's; None: all of them)."""
+        launch = self.settings.launch
+        shown = launch.shown_ranks
+        return {"tee": launch.tee_on, "ranks": sorted(shown) if shown is not None else None}
 
     def resolved_json_text(self, show_secrets: bool = False) -> str:
         """The content of ``resolved.json``."""

@@ -681,7 +681,9 @@ def _execute_locked(
             with _forwarding(proc, notify) as received, contextlib.ExitStack() as tee:
                 display = started()
                 shown.append(display)
-                tee.enter_context(worker_output.follow(plan, start, display.worker_output))
+                tee.enter_context(
+                    worker_output.follow(plan, start, display.worker_output, proc.pid)
+                )
                 while True:
                     code = proc.poll()
                     for record in tail.read():

@@ -24,7 +24,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -60,20 +60,70 @@ def attempt_folders(log_dir: Path, since: float) -> dict[int, Path]:
     return found
 
 
+class RankMap:
+    """The global rank of each of this node's workers, by (attempt, local rank).
+
+    On one node it is the local rank. On several, torchrun's c10d rendezvous numbers the nodes
+    by host name and process id, not by ``--node-rank``, so the workers say it themselves: their
+    ``RANK``, ``LOCAL_RANK`` and ``TORCHELASTIC_RESTART_COUNT`` (the attempt), read from their
+    environment in ``/proc`` while they run (torchrun's descendants). A worker gone before it was
+    read (it printed and exited within a fraction of a second) is taken for rank
+    ``node_rank * nproc_per_node + local rank``, the static rendezvous's numbering."""
+
+    def __init__(self, node_rank: int, nproc: int, nnodes: int, torchrun_pid: int | None) -> None:
+        self.first, self.nproc, self.nnodes, self.pid = (
+            node_rank * nproc,
+            nproc,
+            nnodes,
+            torchrun_pid,
+        )
+        self.known: dict[tuple[int, int], int] = {}
+        self._next_scan = 0.0
+
+    def rank(self, attempt: int, local: int, final: bool = False) -> int | None:
+        """The global rank, or None while it is not known yet (``final``: the workers are gone;
+        the static numbering then)."""
+        if self.nnodes == 1:
+            return local
+        due = final or time.monotonic() >= self._next_scan
+        if (attempt, local) not in self.known and self.pid is not None and due:
+            self._scan()
+        found = self.known.get((attempt, local))
+        if found is None and final:
+            return self.first + local
+        return found
+
+    def _scan(self) -> None:
+        from mlaunch.launcher.run import _descendants  # run.py imports this module
+
+        self._next_scan = time.monotonic() + 0.2
+        for pid in _descendants(self.pid) if self.pid is not None else []:
+            with contextlib.suppress(OSError, ValueError):
+                raw = Path(f"/proc/{pid}/environ").read_bytes()
+                env = dict(item.partition(b"=")[::2] for item in raw.split(b"\0") if item)
+                if b"LOCAL_RANK" in env and b"RANK" in env:
+                    attempt = int(env.get(b"TORCHELASTIC_RESTART_COUNT", b"0"))
+                    self.known[(attempt, int(env[b"LOCAL_RANK"]))] = int(env[b"RANK"])
+
+
 @dataclass
 class _Followed:
-    """One rank's stdout or stderr file, read from ``offset`` on."""
+    """One worker's stdout or stderr file, read from ``offset`` on once its rank is known."""
 
     path: Path
-    prefix: bytes
+    attempt: int
+    local: int
+    prefix: bytes | None = None
+    #: Its rank is one the filter leaves out: never read.
+    skip: bool = False
     fd: int | None = None
     offset: int = 0
     partial: bytes = b""
-    done: bool = field(default=False)
 
     def read(self, final: bool) -> tuple[bytes, bool]:
         """(the new complete lines, prefixed; whether more is waiting in the file). ``final``:
         the writer is gone, so a last line without a newline is complete."""
+        assert self.prefix is not None  # the follower reads a file once its rank is known
         if self.fd is None:
             try:
                 self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
@@ -87,9 +137,8 @@ class _Followed:
         lines, self.partial = text[:end], text[end:]
         # The prefix before each line by one replace (C speed): a rank printing 10 MB of short
         # lines costs the launcher no per-line Python work.
-        out = (
-            [self.prefix + lines[:-1].replace(b"\n", b"\n" + self.prefix) + b"\n"] if lines else []
-        )
+        nl = b"\n" + self.prefix
+        out = [self.prefix + lines[:-1].replace(b"\n", nl) + b"\n"] if lines else []
         while len(self.partial) >= MAX_LINE:
             piece, self.partial = self.partial[:MAX_LINE], self.partial[MAX_LINE:]
             out.append(self.prefix + piece + CONTINUED.encode() + b"\n")
@@ -105,22 +154,22 @@ class _Followed:
 
 
 class WorkerOutput:
-    """Follows the output files of ``ranks`` (global ranks of this node) in ``log_dir`` and
-    hands their lines to ``write`` (a batch of whole ``[rank R] ...`` lines, as text). Start it
-    once torchrun runs; :meth:`close` when torchrun has exited drains what is left."""
+    """Follows this node's workers' output files in ``log_dir`` (``nproc`` local ranks per
+    attempt) and hands the lines of the ranks in ``shown`` (global ranks; None: all) to ``write``
+    (a batch of whole ``[rank R] ...`` lines, as text). Start it once torchrun runs; :meth:`close`
+    when torchrun has exited drains what is left."""
 
     def __init__(
         self,
         log_dir: Path,
         since: float,
-        ranks: tuple[int, ...],
-        first_rank: int,
+        nproc: int,
+        shown: frozenset[int] | None,
+        ranks: RankMap,
         write: Callable[[str], None],
     ) -> None:
-        self.log_dir, self.since = log_dir, since
-        #: local rank -> its global rank, for the ranks shown.
-        self.locals = {r - first_rank: r for r in ranks}
-        self.write = write
+        self.log_dir, self.since, self.nproc = log_dir, since, nproc
+        self.shown, self.ranks, self.write = shown, ranks, write
         self._files: dict[tuple[int, int, str], _Followed] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mlaunch-worker-output", daemon=True)
@@ -132,8 +181,7 @@ class WorkerOutput:
 
     def start(self) -> WorkerOutput:
         """Begin following (a daemon thread: it never keeps the launcher alive)."""
-        if self.locals:
-            self._thread.start()
+        self._thread.start()
         return self
 
     def close(self, drain_s: float = DRAIN_S) -> None:
@@ -149,24 +197,33 @@ class WorkerOutput:
     # ---- the thread ------------------------------------------------------------------------
 
     def _discover(self) -> None:
-        """Add the shown ranks' files of every attempt folder of this launch."""
+        """Add every local rank's files of every attempt folder of this launch."""
         for attempt, folder in sorted(attempt_folders(self.log_dir, self.since).items()):
-            for local, rank in self.locals.items():
+            for local in range(self.nproc):
                 for stream in STREAMS:
                     key = (attempt, local, stream)
                     if key not in self._files:
                         path = folder / str(local) / stream
-                        self._files[key] = _Followed(path, f"[rank {rank}] ".encode())
+                        self._files[key] = _Followed(path, attempt, local)
 
     def _pass(self, final: bool) -> bool:
-        """Read each file once (attempts in order, so an attempt's last lines come before the
-        next one's first); write what came as one batch. Whether more is waiting."""
+        """Read each shown file once (attempts in order, so an attempt's last lines come before
+        the next one's first); write what came as one batch. Whether more is waiting."""
         out: list[bytes] = []
         more = False
         latest = max((key[0] for key in self._files), default=0)
         for key in sorted(self._files):
-            # An earlier attempt's workers are gone: its last line is complete as it is.
-            lines, pending = self._files[key].read(final or key[0] < latest)
+            f = self._files[key]
+            done = final or f.attempt < latest  # an earlier attempt's workers are gone
+            if f.prefix is None and not f.skip:
+                rank = self.ranks.rank(f.attempt, f.local, done)
+                if rank is None:
+                    continue  # not known yet: the file waits, unread
+                f.skip = self.shown is not None and rank not in self.shown
+                f.prefix = f"[rank {rank}] ".encode()
+            if f.skip:
+                continue
+            lines, pending = f.read(done)
             if lines:
                 out.append(lines)
             more = more or pending
@@ -187,7 +244,7 @@ class WorkerOutput:
             while self._pass(final=True):
                 if time.monotonic() > self._drain_until:
                     self.behind = sum(
-                        max(0, _size(f.path) - f.offset) for f in self._files.values()
+                        max(0, _size(f.path) - f.offset) for f in self._files.values() if not f.skip
                     )
                     break
         except Exception as exc:  # never the run's outcome: the files hold every line
@@ -198,14 +255,20 @@ class WorkerOutput:
 
 
 @contextlib.contextmanager
-def follow(plan: LaunchPlan, since: float, write: Callable[[str], None]) -> Iterator[None]:
-    """While inside (torchrun runs), this node's ranks that ``--tee`` / ``--local-ranks-filter``
-    show reach ``write``; on the way out every line left in the files is shown, and what the
-    console could not take in time, or a follower that stopped, is said (never dropped
-    silently: the per-rank logs hold it all)."""
+def follow(
+    plan: LaunchPlan, since: float, write: Callable[[str], None], torchrun_pid: int | None = None
+) -> Iterator[None]:
+    """While inside (torchrun, ``torchrun_pid``, runs), this node's ranks that ``--tee`` /
+    ``--local-ranks-filter`` show reach ``write``; on the way out every line left in the files
+    is shown, and what the console could not take in time, or a follower that stopped, is said
+    (never dropped silently: the per-rank logs hold it all)."""
     launch = plan.settings.launch
+    if not launch.tee_on:
+        yield
+        return
+    ranks = RankMap(launch.node_rank, launch.nproc_per_node, launch.nnodes, torchrun_pid)
     follower = WorkerOutput(
-        plan.log_dir, since, launch.console_ranks, launch.node_rank * launch.nproc_per_node, write
+        plan.log_dir, since, launch.nproc_per_node, launch.shown_ranks, ranks, write
     ).start()
     try:
         yield
@@ -235,4 +298,4 @@ def _size(path: Path) -> int:
         return 0
 
 
-__all__ = ["CHUNK", "CONTINUED", "MAX_LINE", "WorkerOutput", "attempt_folders", "follow"]
+__all__ = ["CHUNK", "CONTINUED", "MAX_LINE", "RankMap", "WorkerOutput", "attempt_folders", "follow"]

@@ -500,20 +500,19 @@ class LaunchSettings(_Section):
         return self.nnodes * self.nproc_per_node
 
     @property
-    def console_ranks(self) -> tuple[int, ...]:
-        """The global ranks whose output this node's launcher shows on its console (``tee`` and
-        ``local_ranks_filter`` resolved; empty when the console shows none)."""
-        on = self.tee
-        if on is None:
-            on = bool(self.script or self.module) or self.local_ranks_filter is not None
-        if not on:
-            return ()
-        first = self.node_rank * self.nproc_per_node
-        mine = range(first, first + self.nproc_per_node)
+    def tee_on(self) -> bool:
+        """Whether the workers' output reaches the launcher's console (``tee`` resolved: unset is
+        on for a script or module, and wherever a ``local_ranks_filter`` is given)."""
+        if self.tee is not None:
+            return self.tee
+        return bool(self.script or self.module) or self.local_ranks_filter is not None
+
+    @property
+    def shown_ranks(self) -> frozenset[int] | None:
+        """The global ranks ``local_ranks_filter`` names; None: every rank."""
         if self.local_ranks_filter is None:
-            return tuple(mine)
-        wanted = {int(r) for r in self.local_ranks_filter.split(",")}
-        return tuple(r for r in mine if r in wanted)
+            return None
+        return frozenset(int(r) for r in self.local_ranks_filter.split(","))
 
 
 class ModelSettings(_Section):

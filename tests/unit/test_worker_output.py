@@ -8,6 +8,9 @@ The real torchrun runs are ``tests/integration/test_console_tee.py``."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -15,7 +18,10 @@ from pathlib import Path
 import pytest
 
 from mlaunch.launcher.plan import build_plan
-from mlaunch.launcher.worker_output import CONTINUED, MAX_LINE, WorkerOutput
+from mlaunch.launcher.worker_output import CONTINUED, MAX_LINE, RankMap, WorkerOutput
+
+#: Node 0 of a one-node run: global rank = local rank.
+ONE_NODE = RankMap(0, 2, 1, None)
 
 
 class Console:
@@ -50,34 +56,69 @@ def wait_until(predicate, what: str, timeout: float = 30.0) -> None:  # type: ig
         time.sleep(0.02)
 
 
+#: Stands in for torchrun on node 1 of a 2 x 2 run: starts two "workers" (sleeping children)
+#: with the environment torchrun gives them, which the c10d rendezvous numbered 0 and 1 (it
+#: orders nodes by host and pid, not by --node-rank), and waits.
+FAKE_AGENT = """\
+import os, subprocess, sys
+kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                         env={**os.environ, "LOCAL_RANK": str(i), "RANK": str(i),
+                              "TORCHELASTIC_RESTART_COUNT": "0"}) for i in (0, 1)]
+print("ready", flush=True)
+for k in kids:
+    k.wait()
+"""
+
+
 def test_whole_prefixed_lines_and_a_partial_line_held_until_its_newline(tmp_path: Path) -> None:
-    console = Console()
-    # Node 1 of a 2 x 2 world: local ranks 0 and 1 are global ranks 2 and 3.
-    out = WorkerOutput(tmp_path, time.time(), (2, 3), 2, console.write).start()
+    """Node 1 of a 2 x 2 world whose rendezvous gave it ranks 0 and 1: the prefix is the rank
+    the workers have (their environment, read in /proc), not node_rank * nproc + local."""
+    agent = subprocess.Popen(
+        [sys.executable, "-c", FAKE_AGENT], stdout=subprocess.PIPE, start_new_session=True
+    )
     try:
-        a, b = rank_file(tmp_path, 0, 0), rank_file(tmp_path, 0, 1, "stderr.log")
-        with a.open("ab", buffering=0) as fa, b.open("ab", buffering=0) as fb:
-            fa.write(b"hello from 0\nhalf of a li")
-            fb.write(b"err of 1\n")
-            wait_until(lambda: "err of 1" in console.text and "hello" in console.text, "lines")
-            time.sleep(0.3)  # several polls: the half line must still wait
-            assert "half" not in console.text
-            fa.write(b"ne\n")
-            wait_until(lambda: "half" in console.text, "the completed line")
+        assert agent.stdout is not None and agent.stdout.readline() == b"ready\n"
+        console = Console()
+        ranks = RankMap(1, 2, 2, agent.pid)
+        out = WorkerOutput(tmp_path, time.time(), 2, None, ranks, console.write).start()
+        try:
+            a, b = rank_file(tmp_path, 0, 0), rank_file(tmp_path, 0, 1, "stderr.log")
+            with a.open("ab", buffering=0) as fa, b.open("ab", buffering=0) as fb:
+                fa.write(b"hello from 0\nhalf of a li")
+                fb.write(b"err of 1\n")
+                wait_until(lambda: "err of 1" in console.text and "hello" in console.text, "lines")
+                time.sleep(0.3)  # several polls: the half line must still wait
+                assert "half" not in console.text
+                fa.write(b"ne\n")
+                wait_until(lambda: "half" in console.text, "the completed line")
+        finally:
+            out.close()
     finally:
-        out.close()
+        os.killpg(agent.pid, signal.SIGKILL)
+        agent.wait()
     lines = console.text.splitlines()
-    assert sorted(lines[:2]) == ["[rank 2] hello from 0", "[rank 3] err of 1"]
-    assert lines[2:] == ["[rank 2] half of a line"]
+    assert sorted(lines[:2]) == ["[rank 0] hello from 0", "[rank 1] err of 1"]
+    assert lines[2:] == ["[rank 0] half of a line"]
     for batch in console.batches:
         assert batch.endswith("\n")  # every write ends on a line's end: never half a line
+
+
+def test_a_worker_gone_before_its_rank_was_read_gets_the_static_numbering(tmp_path: Path) -> None:
+    console = Console()
+    out = WorkerOutput(tmp_path, time.time(), 2, None, RankMap(1, 2, 2, None), console.write)
+    out.start()
+    rank_file(tmp_path, 0, 1).write_text("a short life\n")
+    time.sleep(0.3)
+    assert console.text == ""  # multi-node: held, unread, until the rank is known
+    out.close()
+    assert console.text == "[rank 3] a short life\n"  # node 1's local rank 1
 
 
 def test_a_line_that_never_ends_is_cut_with_a_marker_and_a_last_line_without_newline_is_shown(
     tmp_path: Path,
 ) -> None:
     console = Console()
-    out = WorkerOutput(tmp_path, time.time(), (0,), 0, console.write).start()
+    out = WorkerOutput(tmp_path, time.time(), 1, None, ONE_NODE, console.write).start()
     endless = b"y" * (MAX_LINE * 2 + 10)
     rank_file(tmp_path, 0, 0).write_bytes(endless + b"\nlast words")
     wait_until(lambda: console.text.count(CONTINUED) == 2, "two cut pieces")
@@ -92,7 +133,7 @@ def test_a_line_that_never_ends_is_cut_with_a_marker_and_a_last_line_without_new
 
 def test_the_filter_shows_only_its_ranks(tmp_path: Path) -> None:
     console = Console()
-    out = WorkerOutput(tmp_path, time.time(), (1,), 0, console.write).start()
+    out = WorkerOutput(tmp_path, time.time(), 2, frozenset({1}), ONE_NODE, console.write).start()
     rank_file(tmp_path, 0, 0).write_text("from zero\n")
     rank_file(tmp_path, 0, 1).write_text("from one\n")
     out.close()
@@ -101,7 +142,7 @@ def test_the_filter_shows_only_its_ranks(tmp_path: Path) -> None:
 
 def test_a_restart_is_followed_and_the_old_attempts_last_line_comes_first(tmp_path: Path) -> None:
     console = Console()
-    out = WorkerOutput(tmp_path, time.time(), (0,), 0, console.write).start()
+    out = WorkerOutput(tmp_path, time.time(), 1, None, ONE_NODE, console.write).start()
     rank_file(tmp_path, 0, 0).write_text("attempt 0 line\nkilled mid-li")
     wait_until(lambda: "attempt 0 line" in console.text, "attempt 0")
     rank_file(tmp_path, 1, 0).write_text("attempt 1 line\n")
@@ -120,7 +161,7 @@ def test_an_earlier_launchs_attempt_folders_are_not_shown(tmp_path: Path) -> Non
     past = time.time() - 3600
     os.utime(old.parent.parent, (past, past))
     console = Console()
-    out = WorkerOutput(tmp_path, time.time(), (0,), 0, console.write).start()
+    out = WorkerOutput(tmp_path, time.time(), 1, None, ONE_NODE, console.write).start()
     time.sleep(0.3)
     out.close()
     assert console.text == ""
@@ -130,7 +171,7 @@ def test_a_slow_console_loses_nothing_and_memory_stays_bounded(tmp_path: Path) -
     """A console that takes 20 ms per write while a rank writes 4 MB at once: the lines wait in
     the file (each batch at most a chunk per file, not the whole backlog) and all arrive."""
     console = Console(delay=0.02)
-    out = WorkerOutput(tmp_path, time.time(), (0, 1), 0, console.write).start()
+    out = WorkerOutput(tmp_path, time.time(), 2, None, ONE_NODE, console.write).start()
     lines = [f"line {i:07d} " + "z" * (i % 80) for i in range(60_000)]
     rank_file(tmp_path, 0, 0).write_text("\n".join(lines) + "\n")
     rank_file(tmp_path, 0, 1).write_text("one line of rank 1\n")
@@ -144,7 +185,7 @@ def test_a_slow_console_loses_nothing_and_memory_stays_bounded(tmp_path: Path) -
 
 def test_a_console_that_cannot_keep_up_by_the_end_is_named_not_dropped(tmp_path: Path) -> None:
     console = Console(delay=0.05)
-    out = WorkerOutput(tmp_path, time.time(), (0,), 0, console.write).start()
+    out = WorkerOutput(tmp_path, time.time(), 1, None, ONE_NODE, console.write).start()
     rank_file(tmp_path, 0, 0).write_text(("v" * 99 + "\n") * 20_000)
     out.close(drain_s=0.0)
     assert out.behind > 0  # the launcher says how much (mlaunch.launcher.worker_output.follow)
@@ -157,31 +198,38 @@ def _plan(tmp_path: Path, **flags: object):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize(
-    ("flags", "ranks"),
+    ("flags", "shown", "summary"),
     [
-        ({}, ()),  # mlaunch's trainer: its live view is the console
-        ({"launch.tee": True}, (0, 1)),
-        ({"launch.local_ranks_filter": "1"}, (1,)),  # a filter turns it on
-        ({"launch.script": "SCRIPT"}, (0, 1)),  # a script: on
-        ({"launch.script": "SCRIPT", "launch.tee": False}, ()),
-        ({"launch.script": "SCRIPT", "launch.local_ranks_filter": " 1 ,0,1"}, (0, 1)),
-        # Node 1 of 2 x 2: its ranks are 2 and 3; the filter's others are node 0's.
+        ({}, (False, None), "(the live view shows progress; --tee shows it here)"),
+        ({"launch.tee": True}, (True, None), "all 2 ranks here as [rank R] lines (--tee)"),
+        # A filter turns it on.
+        ({"launch.local_ranks_filter": "1"}, (True, {1}), "rank 1 here as [rank R] lines"),
+        ({"launch.script": "SCRIPT"}, (True, None), "all 2 ranks here"),  # a script: on
+        ({"launch.script": "SCRIPT", "launch.tee": False}, (False, None), "(--no-tee; --tee"),
+        ({"launch.script": "SCRIPT", "launch.local_ranks_filter": " 1 ,0,1"}, (True, {0, 1}),
+         "ranks 0,1 here"),
+        # Node 1 of 2 x 2: the filter names global ranks, this node shows those it runs.
         (
-            {
-                "launch.tee": True,
-                "launch.nnodes": 2,
-                "launch.node_rank": 1,
-                "launch.rdzv_endpoint": "127.0.0.1:29500",
-                "launch.rdzv_id": "j",
-                "launch.local_ranks_filter": "0,3",
-            },
-            (3,),
-        ),  # fmt: skip
+            {"launch.tee": True, "launch.nnodes": 2, "launch.node_rank": 1,
+             "launch.rdzv_endpoint": "127.0.0.1:29500", "launch.rdzv_id": "j",
+             "launch.local_ranks_filter": "0,3"},
+            (True, {0, 3}),
+            "ranks 0,3 (those of this node) here",
+        ),
     ],
-)
-def test_which_ranks_the_console_shows(tmp_path: Path, flags: dict, ranks: tuple) -> None:
+)  # fmt: skip
+def test_which_ranks_the_console_shows(
+    tmp_path: Path, flags: dict, shown: tuple, summary: str
+) -> None:
+    from mlaunch.cli.train_view import worker_output_text
+
     script = tmp_path / "s.py"
     script.write_text("print('hi')\n")
     plan = _plan(tmp_path, **{k: str(script) if v == "SCRIPT" else v for k, v in flags.items()})
-    assert plan.settings.launch.console_ranks == ranks
-    assert plan.resolved_json()["console_ranks"] == list(ranks)
+    launch = plan.settings.launch
+    assert (launch.tee_on, launch.shown_ranks) == shown
+    assert plan.resolved_json()["worker_output"] == {
+        "tee": shown[0],
+        "ranks": sorted(shown[1]) if shown[1] is not None else None,
+    }
+    assert summary in worker_output_text(plan)
