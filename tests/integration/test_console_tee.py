@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from support.launch_runs import clean_env, finish, mlaunch
+from support.launch_runs import clean_env, finish, free_port, mlaunch
 from support.terminal import Pane, find_or_install_tmux
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -128,6 +129,57 @@ def test_a_rank_printing_10_mb_arrives_whole(tmp_path: Path) -> None:
     lines, _ = shown(out)
     assert len(lines[1]) == 100_000 and lines[1] == list(range(100_000))
     assert lines[0] == list(range(2000))
+
+
+def test_two_nodes_each_show_their_own_ranks_under_the_ranks_the_workers_have(
+    tmp_path: Path,
+) -> None:
+    """Two "nodes" on one machine, node 1 started first: torchrun's c10d rendezvous numbers the
+    nodes by host and pid, so node 1's worker is likely rank 0. Each launcher shows its own
+    worker's lines under the rank that worker has (each line says its RANK: they must agree),
+    and with ``--local-ranks-filter 1`` only the launcher running rank 1 shows any."""
+    (tmp_path / "printer.py").write_text(PRINTER)
+    for filt in ((), ("--local-ranks-filter", "1")):
+        port = free_port()
+        outs = []
+        procs = []
+        for node in (1, 0):
+            procs.append(
+                mlaunch(
+                    "--script",
+                    "printer.py",
+                    "--nnodes",
+                    "2",
+                    "--nproc-per-node",
+                    "1",
+                    "--node-rank",
+                    str(node),
+                    "--rdzv-endpoint",
+                    f"127.0.0.1:{port}",
+                    "--rdzv-id",
+                    f"two{len(filt)}",
+                    "--run-dir",
+                    str(tmp_path / f"run{len(filt)}"),
+                    *filt,
+                    "--",
+                    "300",
+                    cwd=tmp_path,
+                    env=clean_env(),
+                )  # fmt: skip
+            )
+            if node == 1:
+                time.sleep(1.0)  # node 1's torchrun first: the lower pid
+        for proc in procs:
+            code, out = finish(proc)
+            assert code == 0, out
+            outs.append(shown(out)[0])
+        if not filt:
+            # One rank on each launcher, both ranks in all: each line under its worker's RANK.
+            assert sorted(r for lines in outs for r in lines) == [0, 1]
+            assert all(len(lines) == 1 for lines in outs)
+            assert all(v == list(range(300)) for lines in outs for v in lines.values())
+        else:
+            assert sorted(outs, key=len) == [{}, {1: list(range(300))}]
 
 
 @pytest.fixture(scope="module")
