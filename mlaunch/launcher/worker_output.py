@@ -66,18 +66,16 @@ class RankMap:
     On one node it is the local rank. On several, torchrun's c10d rendezvous numbers the nodes
     by host name and process id, not by ``--node-rank``, so the workers say it themselves: their
     ``RANK``, ``LOCAL_RANK`` and ``TORCHELASTIC_RESTART_COUNT`` (the attempt), read from their
-    environment in ``/proc`` while they run (torchrun's descendants). A worker gone before it was
-    read (it printed and exited within a fraction of a second) is taken for rank
-    ``node_rank * nproc_per_node + local rank``, the static rendezvous's numbering."""
+    environment in ``/proc`` while they run (torchrun's descendants; one worker of an attempt
+    names the node's first rank, hence all). An attempt whose workers were all gone before one
+    was read (they printed and exited within a fraction of a second) is numbered
+    ``node_rank * nproc_per_node + local rank``, as the static rendezvous numbers them."""
 
     def __init__(self, node_rank: int, nproc: int, nnodes: int, torchrun_pid: int | None) -> None:
-        self.first, self.nproc, self.nnodes, self.pid = (
-            node_rank * nproc,
-            nproc,
-            nnodes,
-            torchrun_pid,
-        )
-        self.known: dict[tuple[int, int], int] = {}
+        self.first, self.nnodes, self.pid = node_rank * nproc, nnodes, torchrun_pid
+        #: attempt -> this node's first global rank in it (a worker's RANK - LOCAL_RANK: every
+        #: worker of a node in one attempt shares it, so one worker read names them all).
+        self.base: dict[int, int] = {}
         self._next_scan = 0.0
 
     def rank(self, attempt: int, local: int, final: bool = False) -> int | None:
@@ -86,24 +84,23 @@ class RankMap:
         if self.nnodes == 1:
             return local
         due = final or time.monotonic() >= self._next_scan
-        if (attempt, local) not in self.known and self.pid is not None and due:
+        if attempt not in self.base and self.pid is not None and due:
             self._scan()
-        found = self.known.get((attempt, local))
-        if found is None and final:
-            return self.first + local
-        return found
+        if attempt in self.base:
+            return self.base[attempt] + local
+        return self.first + local if final else None
 
     def _scan(self) -> None:
         from mlaunch.launcher.run import _descendants  # run.py imports this module
 
-        self._next_scan = time.monotonic() + 0.2
+        self._next_scan = time.monotonic() + POLL_S
         for pid in _descendants(self.pid) if self.pid is not None else []:
             with contextlib.suppress(OSError, ValueError):
                 raw = Path(f"/proc/{pid}/environ").read_bytes()
                 env = dict(item.partition(b"=")[::2] for item in raw.split(b"\0") if item)
                 if b"LOCAL_RANK" in env and b"RANK" in env:
                     attempt = int(env.get(b"TORCHELASTIC_RESTART_COUNT", b"0"))
-                    self.known[(attempt, int(env[b"LOCAL_RANK"]))] = int(env[b"RANK"])
+                    self.base[attempt] = int(env[b"RANK"]) - int(env[b"LOCAL_RANK"])
 
 
 @dataclass

@@ -21,9 +21,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 #: one also on stderr, as fast as it can, both ranks at once; rank ``BIG`` (if set) prints
 #: ``BIG_LINES`` 100-byte lines instead (10 MB).
 PRINTER = """\
-import os, sys
+import os, sys, time
 rank = int(os.environ["RANK"])
 n = int(sys.argv[1])
+time.sleep(float(os.environ.get("START_SLEEP", "0")))
 big = os.environ.get("BIG")
 if big is not None and rank == int(big):
     n = int(os.environ["BIG_LINES"])
@@ -137,7 +138,9 @@ def test_two_nodes_each_show_their_own_ranks_under_the_ranks_the_workers_have(
     """Two "nodes" on one machine, node 1 started first: torchrun's c10d rendezvous numbers the
     nodes by host and pid, so node 1's worker is likely rank 0. Each launcher shows its own
     worker's lines under the rank that worker has (each line says its RANK: they must agree),
-    and with ``--local-ranks-filter 1`` only the launcher running rank 1 shows any."""
+    and with ``--local-ranks-filter 1`` only the launcher running rank 1 shows any. (The workers
+    live a second, as a training worker lives far longer: the launcher reads their ranks while
+    they run; the numbering of workers gone before that is tests/unit/test_worker_output.py's.)"""
     (tmp_path / "printer.py").write_text(PRINTER)
     for filt in ((), ("--local-ranks-filter", "1")):
         port = free_port()
@@ -164,7 +167,7 @@ def test_two_nodes_each_show_their_own_ranks_under_the_ranks_the_workers_have(
                     "--",
                     "300",
                     cwd=tmp_path,
-                    env=clean_env(),
+                    env=clean_env(START_SLEEP="1"),
                 )  # fmt: skip
             )
             if node == 1:
