@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mlaunch.launcher.hang import local_workers
 from mlaunch.rundir import layout as lay
 
 if TYPE_CHECKING:
@@ -64,43 +65,35 @@ class RankMap:
     """The global rank of each of this node's workers, by (attempt, local rank).
 
     On one node it is the local rank. On several, torchrun's c10d rendezvous numbers the nodes
-    by host name and process id, not by ``--node-rank``, so the workers say it themselves: their
-    ``RANK``, ``LOCAL_RANK`` and ``TORCHELASTIC_RESTART_COUNT`` (the attempt), read from their
-    environment in ``/proc`` while they run (torchrun's descendants; one worker of an attempt
-    names the node's first rank, hence all). An attempt whose workers were all gone before one
-    was read (they printed and exited within a fraction of a second) is numbered
-    ``node_rank * nproc_per_node + local rank``, as the static rendezvous numbers them."""
+    by host name and process id, not by ``--node-rank``, so the workers say it themselves: the
+    ``RANK`` and ``LOCAL_RANK`` in the environment of torchrun's current workers
+    (:func:`~mlaunch.launcher.hang.local_workers`, which the hang watchdog reads too), looked up
+    while the attempt runs; one worker names the node's first rank, hence all. An attempt whose
+    workers were all gone before one was read (they printed and exited within a fraction of a
+    second) is numbered ``node_rank * nproc_per_node + local rank``, as the static rendezvous
+    numbers them."""
 
     def __init__(self, node_rank: int, nproc: int, nnodes: int, torchrun_pid: int | None) -> None:
         self.first, self.nnodes, self.pid = node_rank * nproc, nnodes, torchrun_pid
-        #: attempt -> this node's first global rank in it (a worker's RANK - LOCAL_RANK: every
-        #: worker of a node in one attempt shares it, so one worker read names them all).
+        #: attempt -> this node's first global rank in it (RANK - LOCAL_RANK of any worker).
         self.base: dict[int, int] = {}
-        self._next_scan = 0.0
+        self._next_look = 0.0
 
-    def rank(self, attempt: int, local: int, final: bool = False) -> int | None:
-        """The global rank, or None while it is not known yet (``final``: the workers are gone;
-        the static numbering then)."""
+    def rank(self, attempt: int, local: int, *, current: bool, final: bool = False) -> int | None:
+        """The global rank, or None while it is not known yet. ``current``: ``attempt`` is the
+        newest one (torchrun's workers now are its); ``final``: its workers are gone, so the
+        static numbering stands in for a rank never read."""
         if self.nnodes == 1:
             return local
-        due = final or time.monotonic() >= self._next_scan
-        if attempt not in self.base and self.pid is not None and due:
-            self._scan()
+        due = time.monotonic() >= self._next_look
+        if attempt not in self.base and current and self.pid is not None and due:
+            self._next_look = time.monotonic() + POLL_S
+            workers = local_workers(self.pid)
+            if workers:
+                self.base[attempt] = workers[0].rank - workers[0].local_rank
         if attempt in self.base:
             return self.base[attempt] + local
         return self.first + local if final else None
-
-    def _scan(self) -> None:
-        from mlaunch.launcher.run import _descendants  # run.py imports this module
-
-        self._next_scan = time.monotonic() + POLL_S
-        for pid in _descendants(self.pid) if self.pid is not None else []:
-            with contextlib.suppress(OSError, ValueError):
-                raw = Path(f"/proc/{pid}/environ").read_bytes()
-                env = dict(item.partition(b"=")[::2] for item in raw.split(b"\0") if item)
-                if b"LOCAL_RANK" in env and b"RANK" in env:
-                    attempt = int(env.get(b"TORCHELASTIC_RESTART_COUNT", b"0"))
-                    self.base[attempt] = int(env[b"RANK"]) - int(env[b"LOCAL_RANK"])
 
 
 @dataclass
@@ -213,7 +206,9 @@ class WorkerOutput:
             f = self._files[key]
             done = final or f.attempt < latest  # an earlier attempt's workers are gone
             if f.prefix is None and not f.skip:
-                rank = self.ranks.rank(f.attempt, f.local, done)
+                rank = self.ranks.rank(
+                    f.attempt, f.local, current=f.attempt == latest and not final, final=done
+                )
                 if rank is None:
                     continue  # not known yet: the file waits, unread
                 f.skip = self.shown is not None and rank not in self.shown
