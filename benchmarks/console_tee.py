@@ -8,13 +8,15 @@ Runs the same ``mlaunch train --script`` three ways, alternating their order eac
 - ``off2``: ``--no-tee`` again: the A/A control (the spread two identical configurations show
   on this machine, against which the tee/off ratio is read).
 
-The script is a small training loop on 2 ranks (CPU matmuls, ``--step-ms`` of work per step);
+The script is a small training loop on 2 ranks (CPU matmuls of ``--work`` x ``--work``);
 rank 1 prints ``--mb`` MB in 100-byte lines spread over its steps, rank 0 prints nothing. Each
 rank records its step times; the table shows, per mode, the median step time of each rank, the
 CPU time rank 1 spent in its steps (printing included: what tee could add to a rank), the
 run's wall time, and the whole process tree's CPU (launcher + torchrun + workers, from
 ``wait4``), then the ratios ``tee/off`` and ``off2/off``. It also counts the lines that reached
-the console (``tee`` must show all of them).
+the console (``tee`` must show all of them), and, last, the CPU the launcher's follower alone
+spends on the same 10 MB (in this process, written to /dev/null), which the machine's noise
+does not blur.
 
     python benchmarks/console_tee.py [--rounds 3] [--mb 10] [--steps 40]
 """
@@ -98,6 +100,21 @@ def run(mode: str, root: Path, n: int, args: argparse.Namespace, env: dict[str, 
     }
 
 
+def follower_cpu_s(root: Path, mb: int) -> float:
+    """CPU seconds the launcher's follower alone spends on ``mb`` MB of 100-byte lines (already
+    in a rank's file) written to /dev/null: its own cost, free of the machine's noise."""
+    from mlaunch.launcher.worker_output import RankMap, WorkerOutput
+
+    folder = root / "follower" / "id_0" / "attempt_0" / "0"
+    folder.mkdir(parents=True)
+    (folder / "stdout.log").write_bytes((b"y" * 99 + b"\n") * (mb * 10_000))
+    with open(os.devnull, "w") as sink:
+        start = time.process_time()
+        out = WorkerOutput(root / "follower", 0.0, 1, None, RankMap(0, 1, 1, None), sink.write)
+        out.start().close()
+        return time.process_time() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="runs of each mode (alternating)")
@@ -145,6 +162,9 @@ def main() -> None:
     ):
         t, o, o2 = (med(m, key, rank) for m in modes)
         print(f"{label:24}{t:10.2f}{o:10.2f}{o2:10.2f}{t / o:10.3f}{o2 / o:10.3f}")
+    with tempfile.TemporaryDirectory(prefix="mlaunch-bench-tee-") as tmp:
+        cpu = statistics.median(follower_cpu_s(Path(tmp) / str(i), args.mb) for i in range(3))
+    print(f"the follower alone: {cpu:.3f} s CPU for {args.mb} MB (median of 3, to /dev/null)")
     shown = [r["console_lines"] for r in results["tee"]]
     expected = results["tee"][0]["expected_lines"]
     print(f"console lines with tee: {shown} of {expected:,} each run")
