@@ -14,7 +14,7 @@ and writes their lines to the console, each prefixed ``[rank R]``:
   console slower than the workers only delays the lines, which wait in the files and are read
   when their turn comes (nothing is dropped), and the end of the run drains them all.
 
-Standard library only, like the rest of the launcher's side: torch runs in the workers.
+No torch here, like the rest of the launcher's side: torch runs in the workers.
 """
 
 from __future__ import annotations
