@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from mlaunch import envcontract as ec
-from mlaunch.launcher import jobtrace, orphan_guard, receiver_wiring, rendezvous
+from mlaunch.launcher import jobtrace, orphan_guard, receiver_wiring, rendezvous, worker_output
 from mlaunch.launcher.hang import Watchdog
 from mlaunch.launcher.hang_report import HangReport
 from mlaunch.launcher.plan import TORCHRUN_MODULE, LaunchPlan
@@ -540,6 +540,8 @@ class Display(Protocol):
 
     def telemetry_off(self, rank: int, reason: str) -> None: ...
 
+    def worker_output(self, text: str) -> None: ...
+
 
 #: Signals the launcher passes on as the graceful SIGTERM: Ctrl-C, SIGTERM, and SIGUSR1 (SLURM's
 #: warning before the time limit, ``scancel --signal=USR1``), which would otherwise kill it.
@@ -675,9 +677,11 @@ def _execute_locked(
                 for d in shown:
                     d.interrupted(signum, forced)
 
-            with _forwarding(proc, notify) as received:
+            # The workers' output (--tee): drained when the loop ends, before the result.
+            with _forwarding(proc, notify) as received, contextlib.ExitStack() as tee:
                 display = started()
                 shown.append(display)
+                tee.enter_context(worker_output.follow(plan, start, display.worker_output))
                 while True:
                     code = proc.poll()
                     for record in tail.read():

@@ -76,12 +76,16 @@ SLURM_OUTPUT_GLOB = SLURM_OUTPUT_TEMPLATE.replace("%j", "*")
 LAUNCHER_LOG = "launcher.log"
 #: torchrun's own output (its restarts, a group's failure), under each node's log directory.
 TORCHRUN_LOG = "torchrun.log"
+#: A worker's stdout and stderr in its local rank's folder of a torchrun attempt
+#: (``<log-dir>/<id>/attempt_<N>/<local rank>/``; torch's names, ``--redirects 3``).
+WORKER_STDOUT_LOG = "stdout.log"
+WORKER_STDERR_LOG = "stderr.log"
 #: Under a node's log directory, torchrun makes one ``<rdzv id>_<random>`` folder per launch and
 #: in it one folder per attempt (restart), in which each local rank's folder holds its output
 #: (torchrun's names; :mod:`mlaunch.rundir.worker_logs` reads them).
 TORCHRUN_ATTEMPT_DIR = NumberedName("attempt_{attempt}")
 #: A worker's output files in its local rank's folder (``--redirects 3``), in the order shown.
-WORKER_STREAMS = ("stdout.log", "stderr.log")
+WORKER_STREAMS = (WORKER_STDOUT_LOG, WORKER_STDERR_LOG)
 #: Beside them: the worker's global rank, written by mlaunch's wrapper as the worker starts
 #: (torchrun's rendezvous may number a node's ranks otherwise than its node rank says).
 WORKER_RANK_FILE = "rank"
@@ -369,6 +373,8 @@ __all__ = [
     "SLURM_OUTPUT_GLOB",
     "LAUNCHER_LOG",
     "TORCHRUN_LOG",
+    "WORKER_STDOUT_LOG",
+    "WORKER_STDERR_LOG",
     "TORCHRUN_ATTEMPT_DIR",
     "WORKER_STREAMS",
     "WORKER_RANK_FILE",

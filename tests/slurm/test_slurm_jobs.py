@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -144,6 +145,39 @@ def test_two_node_job_runs_to_the_end_into_one_run_directory(slurm_cluster, tmp_
     assert "node 1 of 2: the progress view is node 0's" in out
     assert out.count("iteration 30/30") == 1
     assert "iteration" in (run_dir / "logs" / "node1" / "launcher.log").read_text()
+
+
+#: A script whose rank prints 200 numbered lines (after a second: the launcher reads the
+#: workers' ranks while they run) on stdout and one on stderr.
+PRINTER = """\
+import os, sys, time
+time.sleep(1)
+rank = int(os.environ["RANK"])
+for i in range(200):
+    print(f"r{rank}:{i:04d}:" + "x" * (i % 61) + ":end")
+print(f"r{rank}:err::end", file=sys.stderr)
+"""
+
+
+def test_each_nodes_launcher_shows_its_own_ranks_in_the_job_output(slurm_cluster, tmp_path):
+    """A --script job on two nodes: each node's launcher writes its own worker's lines, each
+    whole and under the rank that worker has, into the job's one output file."""
+    (tmp_path / "printer.py").write_text(PRINTER)
+    job_id, run_dir = submit(
+        slurm_cluster, tmp_path, "--script", str(tmp_path / "printer.py"), "--time", "10"
+    )
+    assert wait_done(slurm_cluster, job_id) == "COMPLETED"
+    out = (run_dir / f"slurm-{job_id}.out").read_text()
+    show("slurm output", out)
+    seen: dict[int, list[str]] = {0: [], 1: []}
+    for line in out.splitlines():
+        if re.search(r"r\d:(\d{4}|err):", line):
+            m = re.fullmatch(r"\[rank (\d)\] r(\d):(\d{4}|err):x*:end", line)
+            assert m is not None, f"a broken line: {line!r}"
+            assert m.group(1) == m.group(2), f"a line under another rank: {line!r}"
+            seen[int(m.group(1))].append(m.group(3))
+    for rank in (0, 1):
+        assert sorted(seen[rank]) == sorted([f"{i:04d}" for i in range(200)] + ["err"])
 
 
 def test_usr1_then_requeue_resumes_from_the_checkpoint_as_a_second_incarnation(
