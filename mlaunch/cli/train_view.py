@@ -430,7 +430,9 @@ class PlainDisplay:
 
     def interrupted(self, signum: int, forced: bool = False) -> None:
         """Say that a signal was forwarded, or that a second Ctrl-C forced the stop."""
-        if forced:
+        if forced and signum != signal.SIGINT:  # only `mlaunch stop --now` forces another
+            text = "mlaunch stop --now: killing the workers (SIGKILL); nothing is saved"
+        elif forced:
             text = f"{signal.Signals(signum).name} again: killing the workers (SIGKILL)"
         else:
             todo = stop_text(self.plan) if self.plan is not None else "stop"

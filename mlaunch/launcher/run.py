@@ -29,7 +29,12 @@ from mlaunch.launcher.plan import TORCHRUN_MODULE, LaunchPlan
 from mlaunch.launcher.run_status import telemetry_off
 from mlaunch.rundir import layout as lay
 from mlaunch.rundir.atomic import Busy, take_lock, write_atomic
-from mlaunch.rundir.records import ProgressRecord, ProgressStep, read_progress_record
+from mlaunch.rundir.records import (
+    ProgressRecord,
+    ProgressStep,
+    read_progress_record,
+    read_stop_request,
+)
 
 if TYPE_CHECKING:
     from mlaunch.receiver.core import ReceiverStats
@@ -584,20 +589,23 @@ def force_kill(pid: int) -> None:
 
 
 @contextlib.contextmanager
-def _forwarding(proc: Process, on_signal: Callable[[int, bool], None]) -> Iterator[list[int]]:
+def _forwarding(
+    proc: Process, on_signal: Callable[[int, bool], None], now: Callable[[], bool] = lambda: False
+) -> Iterator[list[int]]:
     """While inside, :data:`FORWARDED_SIGNALS` go to torchrun's process group as SIGTERM: torchrun
     passes it to the workers, which finish the iteration, save and flush telemetry. (SIGINT
     would interrupt a worker mid-step; SIGTERM is the graceful path the trainer implements.)
     A second Ctrl-C forces the stop (SIGKILL to torchrun and every worker): a worker that ignores
     SIGTERM would otherwise hold the launcher for torchrun's whole grace period. Only Ctrl-C
-    forces: SLURM's SIGUSR1 then SIGTERM at the time limit must stay graceful."""
+    forces, and ``now()`` (``mlaunch stop --now`` asked it: its request in the run directory):
+    SLURM's SIGUSR1 then SIGTERM at the time limit must stay graceful."""
     received: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield received
         return
 
     def handler(signum: int, _frame: Any) -> None:
-        forced = signum == signal.SIGINT and signal.SIGINT in received
+        forced = (signum == signal.SIGINT and signal.SIGINT in received) or now()
         received.append(signum)
         if forced:
             force_kill(proc.pid)
@@ -675,7 +683,11 @@ def _execute_locked(
                 for d in shown:
                     d.interrupted(signum, forced)
 
-            with _forwarding(proc, notify) as received:
+            def stop_now() -> bool:  # `mlaunch stop --now` wrote its request before the signal
+                req = read_stop_request(plan.run_dir, start)
+                return req is not None and req.now
+
+            with _forwarding(proc, notify, stop_now) as received:
                 display = started()
                 shown.append(display)
                 while True:

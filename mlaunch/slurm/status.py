@@ -4,7 +4,8 @@ SLURM says queued / running / finished and how (``scontrol show job``, else ``sa
 the controller has forgotten); the run directory says how far training got (``progress.jsonl``),
 what each node last logged, and which rank failed and why (``error-rank*.json``,
 :mod:`mlaunch.launcher.run_status`). Together they tell a graceful stop on a signal (a
-preemption or the time-limit warning: resumable) from a failure and from a finished run.
+preemption or the time-limit warning: resumable) from a failure and from a finished run, and
+the run directory's stop request (``mlaunch stop``) tells a stop the user asked for from both.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from mlaunch.launcher.hang_report import hang_status
 from mlaunch.launcher.run_status import (
     JobStatus,
     apply_launch,
+    apply_stop,
     failures,
     hang_cause,
     launcher_record,
     node_views,
     progress,
     resumable_text,
+    stop_lines,
     stopped_early,
     telemetry_off,
 )
@@ -179,6 +182,7 @@ def _job_status(target: str, cwd: Path) -> tuple[JobStatus, float | None]:
         apply_launch(st, run_dir, rec)
         if st.state != "unknown":
             hang_cause(st)
+            apply_stop(st, run_dir, launched)
             return st, launched
         if st.failures:  # a run directory with neither: what its files tell
             st.state = "failed"
@@ -189,6 +193,8 @@ def _job_status(target: str, cwd: Path) -> tuple[JobStatus, float | None]:
         # The workers stopped on a signal (preemption, the time-limit warning, scancel
         # --signal) and saved: the job can resume from its checkpoint.
         st.state = "preempted"
+    if run_dir is not None:  # the user asked for it (mlaunch stop): stopped, not preempted
+        apply_stop(st, run_dir, launched)
     return st, launched
 
 
@@ -258,6 +264,7 @@ def status_text(st: JobStatus) -> str:
         lines.append(f"node {n.node}:   {n.last_line or '(nothing logged yet)'}")
     if st.state == "preempted":
         lines.append(resumable_text(st.run_dir or "", st.job_id))
+    lines += stop_lines(st)
     if st.note:
         lines.append(f"note:     {st.note}")
     return "\n".join(lines)
