@@ -124,11 +124,13 @@ def live_launchers(run_dir: Path) -> tuple[list[NodeLauncher], list[int]]:
 
 
 def _alive(launcher: NodeLauncher, run_dir: Path) -> bool:
-    """Whether the launcher has not ended yet: its record says so, and (here) its process lives."""
+    """Whether the launcher has not ended yet: here, while its process lives (it records its end
+    before it closes its receiver and writes the span store); elsewhere, until its record says
+    it ended."""
+    if launcher.here:
+        return pid_alive(launcher.pid)
     rec = read_launcher_record(run_dir, launcher.node)
-    if rec is None or rec.pid != launcher.pid or rec.ended is not None:
-        return False
-    return pid_alive(launcher.pid) if launcher.here else True
+    return rec is not None and rec.pid == launcher.pid and rec.ended is None
 
 
 def owner_problem(launchers: list[NodeLauncher], run: str) -> str | None:
