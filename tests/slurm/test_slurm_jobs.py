@@ -270,3 +270,31 @@ def test_a_bad_configuration_is_refused_and_nothing_is_submitted(slurm_cluster, 
         assert "Traceback" not in out.stderr
     assert slurm_cluster.queue() == before
     assert not (tmp_path / "runs").exists()
+
+
+def test_mlaunch_stop_sends_usr1_saves_and_the_job_is_not_requeued(slurm_cluster, tmp_path):
+    # The job would requeue itself after a USR1 (#SBATCH --requeue, as the time-limit test shows):
+    # a stop the user asked for must not. Each iteration idles while the test drives the job.
+    job_id, run_dir = submit(
+        slurm_cluster, tmp_path, "--train-iters", "50000", "--time", "10",
+        MLAUNCH_TEST_ITERATION_PAUSE=IDLE_PAUSE_S,
+    )  # fmt: skip
+    wait_until(lambda: progress_iteration(run_dir) >= 3, "progress", slurm_cluster)
+    out = mlaunch(slurm_cluster, tmp_path, "stop", job_id, "--timeout", "100")
+    show("mlaunch stop", out.stdout + out.stderr)
+    assert out.returncode == 0, out.stdout + out.stderr + slurm_cluster.logs()
+    assert f"USR1 to its batch script (scancel --signal=USR1 --batch {job_id})" in out.stdout
+    # Ended when stop returned, and not requeued: no restart, no incarnation queued again.
+    info = slurm_cluster.run("scontrol", "show", "job", "-o", job_id).stdout
+    assert "Restarts=0" in info and slurm_state(slurm_cluster, job_id) in FINISHED, info
+    text = (run_dir / f"slurm-{job_id}.out").read_text()
+    assert "mlaunch: USR1: stopping the workers" in text
+    assert f"mlaunch: not requeueing job {job_id}: stopped by mlaunch stop" in text
+    assert "requeueing job" not in text.replace("not requeueing job", "")
+    stopped_at = progress_iteration(run_dir)
+    assert 3 <= stopped_at < 50000
+    assert (run_dir / "checkpoints" / f"iter_{stopped_at:07d}").is_dir()
+    st = status(slurm_cluster, tmp_path, job_id)
+    show("mlaunch status (after stop)", status_text(slurm_cluster, tmp_path, job_id))
+    assert st["state"] == "stopped" and st["resume_from"] == stopped_at, st
+    assert st["stop"]["job_id"] == job_id and st["incarnation"] == 1
