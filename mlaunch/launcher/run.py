@@ -676,12 +676,20 @@ def _execute_locked(
         with log_path.open("ab") as log, job.guard():
             proc = spawn_fn(argv, env, log)
             job.spawned()
-            shown: list[Display] = []  # a signal may arrive before the display exists
+            # The handler only forwards and notes the signal; the loop below says so. Printing
+            # from the handler could re-enter a write the loop was in (the display's file: a
+            # RuntimeError "reentrant call" that killed a node's launcher on SIGTERM), and a
+            # signal may arrive before the display exists.
+            pending: list[tuple[int, bool]] = []
 
             def notify(signum: int, forced: bool) -> None:
-                job.interrupted(signum)
-                for d in shown:
-                    d.interrupted(signum, forced)
+                pending.append((signum, forced))
+
+            def announce(display: Display) -> None:
+                while pending:
+                    signum, forced = pending.pop(0)
+                    job.interrupted(signum)
+                    display.interrupted(signum, forced)
 
             def stop_now() -> bool:  # `mlaunch stop --now` wrote its request before the signal
                 req = read_stop_request(plan.run_dir, start)
@@ -689,8 +697,8 @@ def _execute_locked(
 
             with _forwarding(proc, notify, stop_now) as received:
                 display = started()
-                shown.append(display)
                 while True:
+                    announce(display)
                     code = proc.poll()
                     for record in tail.read():
                         records.append(record)
@@ -699,6 +707,7 @@ def _execute_locked(
                     for rank, reason in beats.poll(final=code is not None):
                         display.telemetry_off(rank, reason)
                     if code is not None:
+                        announce(display)  # a signal of the last moment is said too
                         break
                     job.poll()
                     for restart in restarts.poll():  # announced while the run goes on

@@ -99,12 +99,28 @@ def _lock_nodes(run_dir: Path) -> list[int]:
     return sorted(n for n in names if n is not None)
 
 
-def live_launchers(run_dir: Path) -> tuple[list[NodeLauncher], list[int]]:
+def handles_sigterm(pid: int) -> bool:
+    """Whether process ``pid`` has a SIGTERM handler installed (``SigCgt`` of
+    ``/proc/PID/status``): a launcher installs its handler once torchrun is spawned, and removes it
+    when torchrun has exited; a SIGTERM outside that window would kill it on the spot, leaving
+    neither its workers' save nor its record's end."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        return False
+    return False
+
+
+def live_launchers(run_dir: Path) -> tuple[list[NodeLauncher], dict[int, int]]:
     """Every node's launcher of the newest launch that has not ended (a launcher on this host
-    whose process is gone has ended, killed), and the nodes whose launcher holds its lock but has
-    not yet written this launch's record."""
+    whose process is gone has ended, killed), and the launchers on this host not ready for the
+    signal yet (node -> pid): one that holds its lock but has not written this launch's record,
+    or has not installed its SIGTERM handler (its first moments, or its last)."""
     out: list[NodeLauncher] = []
     recorded: set[int] = set()
+    not_ready: dict[int, int] = {}
     for node in launcher_nodes(run_dir):
         rec = read_launcher_record(run_dir, node)
         if rec is None or rec.ended is not None or rec.pid is None:
@@ -115,12 +131,12 @@ def live_launchers(run_dir: Path) -> tuple[list[NodeLauncher], list[int]]:
         recorded.add(rec.pid)
         out.append(NodeLauncher(node, rec.pid, rec.host, rec.started,
                                 _uid_of(rec.pid) if here else None))  # fmt: skip
-    starting = [
-        node
-        for node in _lock_nodes(run_dir)
-        if (pid := _lock_holder(run_dir, node)) is not None and pid not in recorded
-    ]
-    return out, starting
+        if here and not handles_sigterm(rec.pid):
+            not_ready[node] = rec.pid
+    for node in _lock_nodes(run_dir):
+        if (pid := _lock_holder(run_dir, node)) is not None and pid not in recorded:
+            not_ready[node] = pid
+    return out, not_ready
 
 
 def _alive(launcher: NodeLauncher, run_dir: Path) -> bool:
@@ -200,25 +216,36 @@ def prepare(
     """Find the run's live launchers and check that this user may stop them; raises
     :class:`StopRefused` (nothing changed) when there is none, one belongs to another user, or
     none runs on this host. ``state``: the run's state word (asked only to refuse a run that is not
-    running). A launcher in its first moments (lock held, no record yet) is waited for."""
-    launchers, starting = live_launchers(run_dir)
-    if starting:
-        say(f"waiting for node(s) {', '.join(map(str, starting))} to finish starting ...")
-        deadline = time.monotonic() + wait_s
-        while starting and time.monotonic() < deadline:
-            time.sleep(POLL_S)
-            launchers, starting = live_launchers(run_dir)
-        if starting:
-            raise StopRefused(
-                f"run {run_dir}: node(s) {', '.join(map(str, starting))} still starting after"
-                f" {wait_s:.0f} s (no launcher record yet); try again in a moment"
-            )
-    if not launchers:
+    running). A launcher not ready for the signal (:func:`live_launchers`) is waited for."""
+    launchers, not_ready = live_launchers(run_dir)
+    if not launchers and not not_ready:
         raise StopRefused(
             f"run {run_dir} is {state().replace('_', ' ')}, not running: nothing to stop"
         )
+    me = os.getuid()
+    for node, pid in not_ready.items():
+        if (uid := _uid_of(pid)) is not None and uid != me:
+            raise StopRefused(
+                f"run {run_dir} belongs to {user_name(uid)} (node {node}'s launcher, pid {pid});"
+                " only the user who started it can stop it"
+            )
     if (problem := owner_problem(launchers, f"run {run_dir}")) is not None:
         raise StopRefused(problem)
+    if not_ready:
+        say(f"waiting for node(s) {', '.join(map(str, not_ready))} to be ready for the signal ...")
+        deadline = time.monotonic() + wait_s
+        while not_ready and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+            launchers, not_ready = live_launchers(run_dir)
+        if not_ready:
+            raise StopRefused(
+                f"run {run_dir}: node(s) {', '.join(map(str, not_ready))} still starting or"
+                f" ending after {wait_s:.0f} s (no SIGTERM handler yet); try again in a moment"
+            )
+        if not launchers:
+            raise StopRefused(
+                f"run {run_dir} is {state().replace('_', ' ')}, not running: nothing to stop"
+            )
     if not any(la.here for la in launchers):
         where = ", ".join(la.describe() for la in launchers)
         raise StopRefused(f"run {run_dir} runs on another host ({where}): run `mlaunch stop` there")
