@@ -5,7 +5,9 @@ refusals (another user, a finished run, an unknown target) change nothing."""
 
 from __future__ import annotations
 
+import json
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -157,3 +159,36 @@ def test_two_nodes_on_one_machine_stop_with_one_command(tmp_path):
     assert checkpoints(run_dir) == [f"iter_{last:07d}"]
     st = status(run_dir)
     assert st["state"] == "stopped" and st["resume_from"] == last, st
+
+
+def test_a_run_that_does_not_end_in_time_is_exit_1_naming_what_still_runs(tmp_path):
+    # A launcher that takes SIGTERM and carries on (a worker stuck in its save, say): a real
+    # process that handles SIGTERM and ignores it, with the record a launcher writes.
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    ready = tmp_path / "ready"
+    code = (
+        "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: None);"
+        "open(sys.argv[1], 'w').close(); time.sleep(120)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, str(ready), "mlaunch"])
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        record = {"pid": proc.pid, "host": socket.gethostname(), "node": 0,
+                  "started": time.time(), "ended": None}  # fmt: skip
+        (run_dir / "launcher-node0.json").write_text(json.dumps(record))
+        out = stop(str(run_dir), "--timeout", "2", cwd=tmp_path)
+        assert out.returncode == 1, out.stdout + out.stderr
+        assert f"SIGTERM to node 0's launcher (pid {proc.pid}" in out.stdout
+        assert (
+            f"error: run {run_dir} has not ended after 2 s (still running: node 0's launcher"
+            f" (pid {proc.pid}" in out.stderr
+        ), out.stderr
+        assert f"`mlaunch stop --now {run_dir}`" in out.stderr and "Traceback" not in out.stderr
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
