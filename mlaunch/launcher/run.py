@@ -32,6 +32,7 @@ from mlaunch.rundir.atomic import Busy, take_lock, write_atomic
 from mlaunch.rundir.records import (
     ProgressRecord,
     ProgressStep,
+    StopRequest,
     read_progress_record,
     read_stop_request,
 )
@@ -537,7 +538,9 @@ class Display(Protocol):
 
     def record(self, record: ProgressRecord) -> None: ...
 
-    def interrupted(self, signum: int, forced: bool = False) -> None: ...
+    def interrupted(
+        self, signum: int, forced: bool = False, by: StopRequest | None = None
+    ) -> None: ...
 
     def restarted(self, restart: Restart, max_restarts: int) -> None: ...
 
@@ -689,7 +692,9 @@ def _execute_locked(
                 while pending:
                     signum, forced = pending.pop(0)
                     job.interrupted(signum)
-                    display.interrupted(signum, forced)
+                    # Said with who asked when `mlaunch stop` sent it (its request came first).
+                    by = read_stop_request(plan.run_dir, start) if signum != signal.SIGINT else None
+                    display.interrupted(signum, forced, by)
 
             def stop_now() -> bool:  # `mlaunch stop --now` wrote its request before the signal
                 req = read_stop_request(plan.run_dir, start)

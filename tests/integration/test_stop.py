@@ -79,7 +79,10 @@ def test_stop_saves_and_resumes_then_stop_now_saves_nothing_and_refusals_change_
     assert proc.poll() is not None  # stop returned once the launcher had exited
     code, output = finish(proc)
     assert code == SIGTERM_EXIT, output
-    assert "SIGTERM: asking the workers to finish the iteration, save" in output
+    assert (
+        "SIGTERM from mlaunch stop by root: asking the workers to finish the iteration, save"
+        in output
+    )
     last = train_records(run_dir)[-1]["iteration"]
     assert checkpoints(run_dir) == [f"iter_{last:07d}"]
     assert (
@@ -106,7 +109,10 @@ def test_stop_saves_and_resumes_then_stop_now_saves_nothing_and_refusals_change_
     assert "to kill the workers, nothing saved" in out.stdout
     code, output = finish(proc)
     assert code == SIGTERM_EXIT, output
-    assert "mlaunch stop --now: killing the workers (SIGKILL); nothing is saved" in output
+    assert (
+        "SIGTERM from mlaunch stop --now by root: killing the workers (SIGKILL); nothing is saved"
+        in output
+    )
     reached = train_records(run_dir)[-1]["iteration"]
     assert reached > last + 2
     assert checkpoints(run_dir) == [f"iter_{last:07d}"]  # no new save
