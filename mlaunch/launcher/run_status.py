@@ -32,8 +32,8 @@ _JOB, _ATTEMPT = SpanName.JOB.value, SpanName.JOB_ATTEMPT.value
 
 #: The states in which workers may still be there to answer (anything else is the run's end:
 #: completed, failed, preempted, interrupted, stopped (by ``mlaunch stop``), cancelled, launcher
-#: died). ``unknown``: a run
-#: directory with neither a launcher record nor SLURM to say (a worker started another way).
+#: died). ``unknown``: a run directory with neither a launcher record nor SLURM to say (a worker
+#: started another way).
 LIVE_STATES = frozenset({"running", "queued", "suspended", "unknown"})
 
 

@@ -264,21 +264,13 @@ def signal_launchers(stop: LocalStop) -> list[NodeLauncher]:
     return sent
 
 
-def wait_ended(
-    stop: LocalStop, timeout_s: float, tick: Callable[[float], None] | None = None
-) -> list[NodeLauncher]:
-    """Wait until every launcher has ended, at most ``timeout_s``; the ones still running
-    (``tick`` is called with the seconds waited, about once a second)."""
-    start = time.monotonic()
+def wait_ended(stop: LocalStop, timeout_s: float) -> list[NodeLauncher]:
+    """Wait until every launcher has ended, at most ``timeout_s``; the ones still running."""
+    deadline = time.monotonic() + timeout_s
     left = list(stop.launchers)
-    next_tick = 1.0
     while left:
         left = [la for la in left if _alive(la, stop.run_dir)]
-        waited = time.monotonic() - start
-        if not left or waited >= timeout_s:
+        if not left or time.monotonic() >= deadline:
             break
-        if tick is not None and waited >= next_tick:
-            tick(waited)
-            next_tick = waited + 1.0
         time.sleep(POLL_S)
     return left
