@@ -184,8 +184,15 @@ def new_request(now: bool, job_id: str | None = None) -> StopRequest:
 
 
 def write_request(run_dir: Path, request: StopRequest) -> None:
-    """Write the request where the launchers, the batch script and ``status`` read it."""
-    write_json(run_dir / lay.STOP_REQUEST_FILE, request.as_json(), indent=1)
+    """Write the request where the launchers, the batch script and ``status`` read it; raises
+    :class:`StopRefused` when it cannot be written (then nothing was written)."""
+    try:
+        write_json(run_dir / lay.STOP_REQUEST_FILE, request.as_json(), indent=1)
+    except OSError as exc:
+        raise StopRefused(
+            f"cannot write the stop request {run_dir / lay.STOP_REQUEST_FILE}"
+            f" ({exc.strerror or exc}); nothing was stopped"
+        ) from None
 
 
 @dataclass
@@ -231,6 +238,17 @@ def prepare(
             )
     if (problem := owner_problem(launchers, f"run {run_dir}")) is not None:
         raise StopRefused(problem)
+    for la in launchers:
+        if la.here:  # where /proc hides other users' processes: the kernel's own check
+            try:
+                os.kill(la.pid, 0)
+            except PermissionError:
+                raise StopRefused(
+                    f"run {run_dir}: {la.describe()} is not yours to signal; only the user who"
+                    " started it can stop it"
+                ) from None
+            except ProcessLookupError:
+                pass
     if not_ready:
         say(f"waiting for node(s) {', '.join(map(str, not_ready))} to be ready for the signal ...")
         deadline = time.monotonic() + wait_s
