@@ -40,7 +40,7 @@ from mlaunch.model.segments import block_iterations, train_block
 from mlaunch.model.spans import SpanName
 from mlaunch.model.spec import format_groups
 from mlaunch.rundir import layout as lay
-from mlaunch.rundir.records import ProgressEval, ProgressRecord
+from mlaunch.rundir.records import ProgressEval, ProgressRecord, StopRequest
 from mlaunch.settings import (
     RATIO_SAMPLERS,
     flag_name,
@@ -468,16 +468,22 @@ class PlainDisplay:
             soft_wrap=True,
         )
 
-    def interrupted(self, signum: int, forced: bool = False) -> None:
-        """Say that a signal was forwarded, or that a second Ctrl-C forced the stop."""
-        if forced:
-            text = f"{signal.Signals(signum).name} again: killing the workers (SIGKILL)"
+    def interrupted(self, signum: int, forced: bool = False, by: StopRequest | None = None) -> None:
+        """Say that a signal was forwarded (``by``: the ``mlaunch stop`` that sent it), or that a
+        second Ctrl-C or ``mlaunch stop --now`` forced the stop."""
+        name = signal.Signals(signum).name
+        if by is not None:
+            name = f"{name} from mlaunch stop{' --now' if by.now else ''}" + (
+                f" by {by.user}" if by.user else ""
+            )
+        if forced and signum != signal.SIGINT:  # only `mlaunch stop --now` forces another
+            text = f"{name}: killing the workers (SIGKILL); nothing is saved"
+        elif forced:
+            text = f"{name} again: killing the workers (SIGKILL)"
         else:
             todo = stop_text(self.plan) if self.plan is not None else "stop"
-            text = (
-                f"{signal.Signals(signum).name}: asking the workers to {todo};"
-                " waiting for workers to stop"
-                + (" (Ctrl-C again to force)" if signum == signal.SIGINT else "")
+            text = f"{name}: asking the workers to {todo}; waiting for workers to stop" + (
+                " (Ctrl-C again to force)" if signum == signal.SIGINT else ""
             )
         self.console.print(text, highlight=False, soft_wrap=True)
 

@@ -159,6 +159,11 @@ RECORDER_INDEX_FILE = NumberedName("recorder-dumps-rank{rank}.jsonl")
 #: A request to the running workers (``mlaunch trace capture``), at the top of the run directory;
 #: each worker reads it at most once a second, off its training thread.
 CAPTURE_REQUEST_FILE = "capture-request.json"
+#: The user's request to stop the run (``mlaunch stop``), at the top of the run directory: who asked,
+#: when, and whether without a save (``--now``). Written before the launchers get their signal:
+#: the launcher reads it to tell ``--now`` from a graceful stop, a SLURM job's batch script to not
+#: requeue a stop the user asked for, and ``mlaunch status`` to say stopped, not preempted.
+STOP_REQUEST_FILE = "stop-request.json"
 #: One line per capture request the newest one replaced (``mlaunch trace capture`` appends it
 #: before writing the next): its id, final phase, groups, iterations and ranks, so the run model
 #: keeps every capture of the run although the request file and the acks hold the latest only.
@@ -287,16 +292,22 @@ def launcher_traces_file(run_dir: str | Path, node_rank: int = 0) -> Path:
     return Path(run_dir) / TELEMETRY_DIR / telemetry_file_name("traces", launcher_node=node_rank)
 
 
+#: The lock of one node's launcher (:func:`run_lock_file`) and its record
+#: (:func:`launcher_record_file`), every node's found by their globs.
+RUN_LOCK_FILE = NumberedName(".lock-node{node}")
+LAUNCHER_RECORD_FILE = NumberedName("launcher-node{node}.json")
+
+
 def run_lock_file(run_dir: str | Path, node_rank: int = 0) -> Path:
     """The lock one node's launcher holds on its run directory for its lifetime (``flock``):
     per node, because every node of a multi-node run shares the run directory legitimately."""
-    return Path(run_dir) / f".lock-node{node_rank}"
+    return Path(run_dir) / RUN_LOCK_FILE.name(node_rank)
 
 
 def launcher_record_file(run_dir: str | Path, node_rank: int = 0) -> Path:
     """One node's launcher's record of its launch (pid, host, start, each restart, how it ended),
     rewritten as they happen: what ``mlaunch status`` reads whatever the telemetry settings."""
-    return Path(run_dir) / f"launcher-node{node_rank}.json"
+    return Path(run_dir) / LAUNCHER_RECORD_FILE.name(node_rank)
 
 
 def metrics_file(run_dir: str | Path, rank: int) -> Path:
@@ -395,6 +406,9 @@ __all__ = [
     "telemetry_file_name",
     "RECORDER_FILE",
     "CAPTURE_REQUEST_FILE",
+    "STOP_REQUEST_FILE",
+    "RUN_LOCK_FILE",
+    "LAUNCHER_RECORD_FILE",
     "CAPTURE_ACK_FILE",
     "CAPTURE_ACK_STATES",
     "CAPTURE_FINAL_STATES",

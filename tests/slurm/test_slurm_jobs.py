@@ -333,3 +333,31 @@ def test_logs_of_a_job_show_both_nodes_workers(slurm_cluster, tmp_path):
     assert out.stderr.strip() == "== attempt 0 (launch 1 of 1, torchrun restart 0) =="
     one = mlaunch(slurm_cluster, tmp_path, "logs", str(run_dir), "--node", "1")
     assert one.returncode == 0 and one.stdout.splitlines()[0].endswith("on node 1"), one.stdout
+
+
+def test_mlaunch_stop_sends_usr1_saves_and_the_job_is_not_requeued(slurm_cluster, tmp_path):
+    # The job would requeue itself after a USR1 (#SBATCH --requeue, as the time-limit test shows):
+    # a stop the user asked for must not. Each iteration idles while the test drives the job.
+    job_id, run_dir = submit(
+        slurm_cluster, tmp_path, "--train-iters", "50000", "--time", "10",
+        MLAUNCH_TEST_ITERATION_PAUSE=IDLE_PAUSE_S,
+    )  # fmt: skip
+    wait_until(lambda: progress_iteration(run_dir) >= 3, "progress", slurm_cluster)
+    out = mlaunch(slurm_cluster, tmp_path, "stop", job_id, "--timeout", "100")
+    show("mlaunch stop", out.stdout + out.stderr)
+    assert out.returncode == 0, out.stdout + out.stderr + slurm_cluster.logs()
+    assert f"USR1 to its batch script (scancel --signal=USR1 --batch {job_id})" in out.stdout
+    # Ended when stop returned, and not requeued: no restart, no incarnation queued again.
+    info = slurm_cluster.run("scontrol", "show", "job", "-o", job_id).stdout
+    assert "Restarts=0" in info and slurm_state(slurm_cluster, job_id) in FINISHED, info
+    text = (run_dir / f"slurm-{job_id}.out").read_text()
+    assert "mlaunch: USR1: stopping the workers" in text
+    assert f"mlaunch: not requeueing job {job_id}: stopped by mlaunch stop" in text
+    assert "requeueing job" not in text.replace("not requeueing job", "")
+    stopped_at = progress_iteration(run_dir)
+    assert 3 <= stopped_at < 50000
+    assert (run_dir / "checkpoints" / f"iter_{stopped_at:07d}").is_dir()
+    st = status(slurm_cluster, tmp_path, job_id)
+    show("mlaunch status (after stop)", status_text(slurm_cluster, tmp_path, job_id))
+    assert st["state"] == "stopped" and st["resume_from"] == stopped_at, st
+    assert st["stop"]["job_id"] == job_id and st["incarnation"] == 1
