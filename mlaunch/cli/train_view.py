@@ -34,13 +34,13 @@ from mlaunch.launcher import lens_names
 from mlaunch.launcher.checkpoint_layout import resume_iteration
 from mlaunch.launcher.plan import LaunchPlan
 from mlaunch.launcher.run import RunResult, torchrun_log
-from mlaunch.launcher.run_status import resumable_text, saved_since
+from mlaunch.launcher.run_status import resumable_text, saved_since, stopped_lines
 from mlaunch.model.groups import SpanGroup
 from mlaunch.model.segments import block_iterations, train_block
 from mlaunch.model.spans import SpanName
 from mlaunch.model.spec import format_groups
 from mlaunch.rundir import layout as lay
-from mlaunch.rundir.records import ProgressEval, ProgressRecord, StopRequest
+from mlaunch.rundir.records import ProgressEval, ProgressRecord, StopRequest, read_stop_request
 from mlaunch.settings import (
     RATIO_SAMPLERS,
     flag_name,
@@ -687,7 +687,15 @@ def print_result(
         Panel(table, title="run", border_style="green" if result.exit_code == 0 else "red")
     )
     plain = [f"run dir: {plan.run_dir}", f"logs:    {plan.log_dir}"]
-    if (
+    stopped_by = (
+        read_stop_request(plan.run_dir, result.started)
+        if result.interrupted is not None and not plan.slurm
+        else None
+    )
+    if stopped_by is not None and not result.failures and result.hang is None:
+        # `mlaunch stop` asked for it: said as `mlaunch status` will say it, with the resume.
+        plain += stopped_lines(plan.run_dir, stopped_by, train[-1].iteration if train else None)
+    elif (
         result.interrupted is not None
         and not result.failures
         and result.hang is None

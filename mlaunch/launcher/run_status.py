@@ -22,6 +22,7 @@ from mlaunch.model.spans import Attr, SpanName
 from mlaunch.rundir import layout as lay
 from mlaunch.rundir.records import (
     LauncherAttempts,
+    StopRequest,
     read_heartbeats,
     read_json_object,
     read_last_progress_step,
@@ -576,6 +577,16 @@ def apply_stop(st: JobStatus, run_dir: Path, since: float | None) -> None:
         return
     st.state = "stopped"
     st.resume_from = latest_checkpoint(run_dir)
+
+
+def stopped_lines(run_dir: Path, req: StopRequest, iteration: int | None) -> list[str]:
+    """:func:`stop_lines` of a local launch the user stopped that has just ended, reaching
+    ``iteration``: what ``mlaunch status`` will say of it, for train's closing lines."""
+    st = JobStatus(job_id=None, state="stopped", run_dir=str(run_dir))
+    st.stop = req.as_json()
+    st.resume_from = latest_checkpoint(run_dir)
+    st.progress = {"iteration": iteration} if iteration is not None else None
+    return stop_lines(st)
 
 
 def stop_lines(st: JobStatus) -> list[str]:

@@ -95,6 +95,11 @@ def test_stop_saves_and_resumes_then_stop_now_saves_nothing_and_refusals_change_
     assert "stopped:  mlaunch stop by root" in text
     assert f"--run-dir {run_dir} resumes from the checkpoint of iteration {last}" in text
     assert "stopped" in out.stdout and "resumable" in out.stdout  # stop's own closing status
+    # Train's closing lines say what status says, with the command that resumes it.
+    closing = " ".join(output.split())
+    assert "stopped: mlaunch stop by root" in closing, output
+    assert f"resumes from the checkpoint of iteration {last}" in closing, output
+    assert "resume: cd " in closing and f"--run-dir {run_dir}" in closing, output
 
     # Resume: the same run directory continues from the checkpoint the stop saved.
     proc = mlaunch(*args, cwd=tmp_path, env=env)
