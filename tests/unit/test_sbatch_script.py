@@ -5,6 +5,7 @@ in the script, and validation before anything exists."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -263,10 +264,14 @@ def _warned_script(script: str, tmp: Path, stop_request: str) -> tuple[str, bool
         stub.chmod(0o755)
     env = {**CLEAN, "PATH": f"{stubs}:{os.environ['PATH']}", "SLURM_JOB_ID": "42",
            "SLURM_CPUS_ON_NODE": "4"}  # fmt: skip
+    # slurmstepd starts the batch shell with USR1 at its default; this test process may have it
+    # ignored (an in-process launch ignores it for torchrun's sake), and a non-interactive bash
+    # cannot trap a signal ignored on entry: start bash as SLURM does.
     out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
-                         cwd=tmp, timeout=60)  # fmt: skip
+                         cwd=tmp, timeout=60,
+                         preexec_fn=lambda: signal.signal(signal.SIGUSR1, signal.SIG_DFL))  # fmt: skip
     calls = (tmp / "scontrol").read_text() if (tmp / "scontrol").exists() else ""
-    return out.stdout, "requeue 42" in calls
+    return out.stdout + out.stderr, "requeue 42" in calls
 
 
 @pytest.mark.parametrize(("stop_request", "requeued"), [("none", True), ("old", True),
