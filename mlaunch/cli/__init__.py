@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "trace": "mlaunch.cli.trace",
     "sbatch": "mlaunch.cli.sbatch",
     "status": "mlaunch.cli.status",
+    "trainjob": "mlaunch.cli.trainjob",
 }
 
 

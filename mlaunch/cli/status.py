@@ -19,9 +19,18 @@ def register(app: typer.Typer) -> None:
     )
     def status(
         target: str = typer.Argument(
-            ..., metavar="RUN_DIR|JOB_ID", help="A run directory or a SLURM job id."
+            ...,
+            metavar="RUN_DIR|JOB_ID",
+            help="A run directory, a SLURM job id, or trainjob/NAME (a Kubernetes TrainJob).",
         ),
         as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
+        namespace: str | None = typer.Option(
+            None,
+            "--namespace",
+            "-n",
+            metavar="NS",
+            help="With trainjob/NAME: its namespace (default: the kubeconfig context's).",
+        ),
         watch: bool = typer.Option(
             False,
             "--watch",
@@ -38,6 +47,10 @@ def register(app: typer.Typer) -> None:
 
         if watch and as_json:
             raise fail([("--watch", "a live view cannot be JSON; use --json or --watch")])
+        if target.startswith("trainjob/"):
+            if watch:
+                raise fail([("--watch", "not for a TrainJob: use mlaunch status trainjob/NAME")])
+            raise typer.Exit(_trainjob_status(target, namespace, as_json))
         if watch:
             from mlaunch.cli.status_watch import watch as watch_view
 
@@ -54,3 +67,26 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps(st.as_json(), indent=2))
         else:
             typer.echo(status_text(st))
+
+
+def _trainjob_status(target: str, namespace: str | None, as_json: bool) -> int:
+    """``status trainjob/NAME``: the TrainJob and its pods through the API."""
+    from mlaunch.cli.errors import RUN_FAILED, USAGE_ERROR
+    from mlaunch.kube import client as kube
+    from mlaunch.kube.jobs import TrainJobInputError, trainjob_status, trainjob_target
+    from mlaunch.slurm.status import status_text
+
+    try:
+        name = trainjob_target(target)
+        st = trainjob_status(kube.connect(namespace), name)
+    except (TrainJobInputError, kube.KubeSetupError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        return USAGE_ERROR
+    except kube.KubeApiError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        return RUN_FAILED
+    if as_json:
+        typer.echo(json.dumps(st.as_json(), indent=2))
+    else:
+        typer.echo(status_text(st))
+    return 0

@@ -211,6 +211,11 @@ def status_text(st: JobStatus) -> str:
         head += f" on {s['nodes']} for {s.get('elapsed')}"
     elif s.get("exit_code") and st.state not in ("queued", "running"):
         head += f", exit code {s['exit_code']}, ran {s.get('elapsed')}"
+    k = st.trainjob
+    if k is not None:  # a TrainJob: its namespace, and why it waits or failed
+        head = f"trainjob {k['name']} (namespace {k['namespace']}): {st.state}"
+        if k.get("reason") and st.state != "failed":
+            head += f" ({k['reason']})"
     if st.incarnation and st.incarnation > 1:
         head += f"; incarnation {st.incarnation} ({st.incarnation - 1} requeue(s))"
     if st.restarts:
@@ -254,6 +259,10 @@ def status_text(st: JobStatus) -> str:
     lines += [f"capture:  {capture_text(c)}" for c in st.captures]
     if st.dumps:
         lines.append(f"recorder: {dumps_text(st.dumps)}")
+    for pod in (k or {}).get("pods", []):
+        why = f" ({pod['reason']})" if pod.get("reason") else ""
+        where = f" on {pod['host']}" if pod.get("host") else ""
+        lines.append(f"pod:      {pod['name']} (node {pod['node']}): {pod['phase']}{why}{where}")
     for n in st.nodes:
         lines.append(f"node {n.node}:   {n.last_line or '(nothing logged yet)'}")
     if st.state == "preempted":
