@@ -51,6 +51,7 @@ from mlaunch import envcontract as ec
 from mlaunch.configs import CONFIGS_DIR
 from mlaunch.launcher.plan import LaunchPlan, build_plan
 from mlaunch.launcher.worker_args import restart_save_interval
+from mlaunch.launcher.worker_env import worker_environment
 from mlaunch.settings import SECRET_ENV, SettingsError, flag_name, new_run_id
 from mlaunch.slurm.batch import DEFAULT_SIGNAL_GRACE_S, frozen_flags
 
@@ -96,9 +97,6 @@ KUBE_DECIDED: dict[str, str] = {
     "launch.rdzv_endpoint": "the runtime puts it at node 0's pod (PET_MASTER_ADDR:PET_MASTER_PORT)",
     "launch.run_dir": "the run directory is MOUNT/runs/<run id> on the --volume",
 }
-#: Worker variables each pod decides for itself (its run directory comes from --run-dir, the
-#: device mask from mlaunch train in the pod).
-PER_POD_ENV = frozenset({ec.RUN_DIR, "CUDA_VISIBLE_DEVICES"})
 
 
 @dataclass(frozen=True)
@@ -327,6 +325,12 @@ def plan_trainjob(
             "no --volume: each pod's run directory (traces, checkpoints) is inside the pod and"
             " lost with it; a restart starts over. Give --volume CLAIM:MOUNT to keep them"
         )
+    secrets = sorted(k for k in SECRET_ENV if environ.get(k, "").strip())
+    if secrets:
+        notes.append(
+            f"{', '.join(secrets)} set here is not passed to the pods (a secret is never written"
+            " into trainjob.yaml): give it to the pods another way, e.g. in the runtime"
+        )
     shipped = plan.config.parent == CONFIGS_DIR
     # A shipped config is in the image too (it is mlaunch's); a file of this machine is not:
     # then every setting is frozen, defaults included, over the default config.
@@ -340,10 +344,14 @@ def plan_trainjob(
         train_args += ["--run-dir", pod_run_dir]
     if passthrough:
         train_args += ["--", *passthrough]
+    # The pod's mlaunch train reads its telemetry settings from these, as the launcher's input
+    # (mlaunch's own keys whatever the entry point: it translates them for a script's workers
+    # itself); what it derives per launch (device mask, hook path, run directory) it derives.
+    mlaunch_env, _, _ = worker_environment(s, run_id, plan.run_dir, job_env, external=False)
     environment = {
         k: v
-        for k, v in plan.worker_env.items()
-        if k not in SECRET_ENV and k not in PER_POD_ENV and not k.startswith(RUNTIME_ENV_PREFIX)
+        for k, v in mlaunch_env.items()
+        if k.startswith((ec.PRIMARY_PREFIX, ec.OTEL_PREFIX)) and k not in SECRET_ENV
     }
     return TrainJobPlan(
         plan=plan,
