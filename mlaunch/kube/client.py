@@ -79,8 +79,10 @@ def connect(namespace: str | None = None, environ: Mapping[str, str] | None = No
             except OSError:
                 pass
         else:
-            k8s.config.load_kube_config(client_configuration=cfg)
-            _, active = k8s.config.list_kube_config_contexts()
+            # Named each time: the client reads KUBECONFIG once, when it is imported.
+            path = environ.get("KUBECONFIG") or "~/.kube/config"
+            k8s.config.load_kube_config(config_file=path, client_configuration=cfg)
+            _, active = k8s.config.list_kube_config_contexts(config_file=path)
             context_ns = (active or {}).get("context", {}).get("namespace")
     except (k8s.config.ConfigException, OSError, TypeError, ValueError) as exc:
         where = environ.get("KUBECONFIG") or "~/.kube/config"

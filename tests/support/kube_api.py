@@ -6,7 +6,8 @@ What it does (each request is checked, and recorded in :attr:`KubeDouble.request
 
 - authentication: every request must carry the kubeconfig's bearer token (else 401 ``Status``);
 - ``GET/POST /apis/trainer.kubeflow.org/v1alpha1/namespaces/NS/trainjobs``: list (``limit``),
-  create: the body must be a TrainJob of Trainer v2.3.0, strictly (Kubeflow's models, unknown
+  create: JSON (no Content-Type reads as JSON, as the API server's first media type), the
+  body a TrainJob of Trainer v2.3.0, strictly (Kubeflow's models, unknown
   fields refused: :func:`support.trainjob_model.strict_trainjob`), with the CRD's name rule
   (RFC 1035, at most 63), the body's namespace equal to the path's, no ``PET_*`` in
   ``spec.trainer.env`` (the Trainer webhook's rule); a second create of a name is 409
@@ -69,6 +70,9 @@ class KubeDouble:
     logs: dict[tuple[str, str], str] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
     port: int = 0
+    serves_trainer: bool = True
+    """False: a cluster without Kubeflow Trainer (its API paths are 404 NotFound)."""
+    kubeconfig: Path | None = None
     _version: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -125,7 +129,7 @@ class KubeDouble:
             self.requests.append(req)
             if req.headers.get("authorization") != f"Bearer {TOKEN}":
                 return _status(401, "Unauthorized", "Unauthorized")
-            if m := _TJ.fullmatch(req.path):
+            if (m := _TJ.fullmatch(req.path)) and self.serves_trainer:
                 return self._trainjobs(req, m.group(1), m.group(2))
             if m := _LOG.fullmatch(req.path):
                 return self._log(req, m.group(1), m.group(2))
@@ -196,6 +200,9 @@ class KubeDouble:
                 )
             if req.method != "POST":
                 return _status(405, "MethodNotAllowed", f"{req.method} is not supported here")
+            ctype = req.headers.get("content-type", "").split(";")[0]
+            if ctype not in ("", "application/json"):  # the API server's default is JSON
+                return _status(415, "UnsupportedMediaType", f"unknown body format: {ctype}")
             if bad := self._check(ns, req.body):
                 return bad
             name = req.body["metadata"]["name"]
