@@ -51,6 +51,8 @@ def register(app: typer.Typer) -> None:
             if watch:
                 raise fail([("--watch", "not for a TrainJob: use mlaunch status trainjob/NAME")])
             raise typer.Exit(_trainjob_status(target, namespace, as_json))
+        if namespace is not None:
+            raise fail([("--namespace", "only with trainjob/NAME (a Kubernetes TrainJob)")])
         if watch:
             from mlaunch.cli.status_watch import watch as watch_view
 

@@ -206,8 +206,8 @@ def test_trainjob_states_in_mlaunchs_words(trainjob, pods, state):
 
 def test_status_of_an_unknown_trainjob_exits_2(api, tmp_path):
     env = {"KUBECONFIG": str(api.kubeconfig)}
-    for target in ("trainjob/nope", "trainjob/Not_A_Name"):
-        out = _mlaunch(tmp_path, "status", target, env=env)
+    for args in (["trainjob/nope"], ["trainjob/Not_A_Name"], [str(tmp_path), "-n", "team"]):
+        out = _mlaunch(tmp_path, "status", *args, env=env)
         assert out.returncode == 2, out.stderr
         assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
 

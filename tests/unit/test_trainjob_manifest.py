@@ -247,3 +247,51 @@ def test_dry_run_prints_the_manifest_and_writes_nothing(tmp_path):
     strict_trainjob(doc)
     assert out.stdout.startswith("# Written by mlaunch trainjob")
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("own_config", [False, True])
+def test_what_the_pod_runs_is_what_was_validated(tmp_path, monkeypatch, own_config):
+    """The pod's ``mlaunch train`` (its arguments parsed by train's own command line, its
+    environment only the manifest's) plans the same settings as the validation did, but for what
+    the runtime decides per pod; a config file of this machine (not in the image) included."""
+    import typer
+
+    from mlaunch.cli import build_app
+    from mlaunch.cli.setting_flags import apply_negative_flags, given_settings
+    from mlaunch.launcher.plan import build_plan, settings_table
+
+    monkeypatch.chdir(tmp_path)
+    config = None
+    flags = {"training.train_iters": "11", "model.num_layers": "3",
+             "training.global_batch_size": "12"}  # fmt: skip
+    if own_config:
+        config = str(tmp_path / "mine.toml")
+        Path(config).write_text(
+            "[launch]\nnproc_per_node = 1\n[training]\ntrain_iters = 7\nmicro_batch_size = 1\n"
+            'global_batch_size = 3\n[telemetry]\nspan_groups = "default"\n'
+        )
+        flags = {"training.lr": "0.01"}
+    job = plan_trainjob(
+        flags=flags, config=config, passthrough=[], environ={**CLEAN, "OTEL_SERVICE_NAME": "svc"},
+        cwd=tmp_path, options=TrainJobOptions(image="img:1", nodes=3, volume=f"c:{tmp_path}/vol"),
+    )  # fmt: skip
+    trainer = manifest(job)["spec"]["trainer"]
+    env = {e["name"]: e["value"] for e in trainer["env"]}
+    command = typer.main.get_command(build_app("train")).commands["train"]
+    params = dict(command.make_context("train", list(trainer["args"])).params)
+    pod_flags = given_settings(params)
+    apply_negative_flags(params, pod_flags)
+    # what the torch runtime gives node 2 (PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR:PORT)
+    pod_flags.update(
+        {"launch.nnodes": "3", "launch.node_rank": "2", "launch.rdzv_endpoint": "n0.job:29500"}
+    )
+    elsewhere = tmp_path / "pod-workdir"
+    elsewhere.mkdir()
+    pod = build_plan(flags=pod_flags, config=params["config"], passthrough=[], environ=env,
+                     cwd=elsewhere)  # fmt: skip
+    here, there = settings_table(job.plan.settings), settings_table(pod.settings)
+    differ = {k for k in here if here[k]["value"] != there[k]["value"]}
+    assert differ == {"launch.node_rank", "launch.rdzv_endpoint", "launch.run_dir"}
+    assert pod.run_id == job.run_id
+    assert str(pod.run_dir) == f"{tmp_path}/vol/runs/{job.run_id}"
+    assert there["telemetry.service_name"]["value"] == "svc"
