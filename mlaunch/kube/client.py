@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,12 +105,18 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0]
 
 
-def _call(kube: Kube, what: str, fn: Any, *args: Any, raw: bool = False, **kwargs: Any) -> Any:
-    """One request; its JSON body (None when empty; ``raw``: its text). Raises :class:`KubeSetupError` when the
-    server cannot be reached, :class:`KubeApiError` for an error answer."""
+def _call(
+    kube: Kube, what: str, fn: Any, *args: Any, raw: bool = False, stream: bool = False,
+    **kwargs: Any,
+) -> Any:  # fmt: skip
+    """One request; its JSON body (None when empty; ``raw``: its text; ``stream``: the open
+    response, no read timeout). Raises :class:`KubeSetupError` when the server cannot be
+    reached, :class:`KubeApiError` for an error answer."""
     k8s = _client()
+    if not stream:  # a followed log may be silent for as long as the pod is
+        kwargs["_request_timeout"] = REQUEST_TIMEOUT_S
     try:
-        resp = fn(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S, **kwargs)
+        resp = fn(*args, _preload_content=False, **kwargs)
     except k8s.client.exceptions.ApiException as exc:
         raise KubeApiError(f"{what}: {_api_message(exc)}", exc.status) from None
     except Exception as exc:  # urllib3's connection errors and timeouts, whichever class
@@ -119,6 +125,8 @@ def _call(kube: Kube, what: str, fn: Any, *args: Any, raw: bool = False, **kwarg
                 f"cannot reach the Kubernetes API server at {kube.server}: {_reason(exc)}"
             ) from None
         raise
+    if stream:
+        return resp
     data = resp.data
     if raw:
         return (data or b"").decode("utf-8", "replace")
@@ -272,3 +280,32 @@ def pod_log(kube: Kube, pod: str, *, tail: int | None = None, container: str = "
         raw=True,
         **kwargs,
     )
+
+
+def follow_pod_log(
+    kube: Kube, pod: str, *, tail: int | None = None, container: str = "node"
+) -> Iterator[str]:
+    """The container's output as it is written (``follow``), line by line, until it ends."""
+    kwargs: dict[str, Any] = {"container": container, "follow": True}
+    if tail is not None:
+        kwargs["tail_lines"] = tail
+    resp = _call(
+        kube,
+        f"log of pod {pod}",
+        kube.core.read_namespaced_pod_log,
+        pod,
+        kube.namespace,
+        stream=True,
+        **kwargs,
+    )
+    rest = b""
+    try:
+        for chunk in resp.stream(4096, decode_content=True):
+            rest += chunk
+            *lines, rest = rest.split(b"\n")
+            for line in lines:
+                yield line.decode("utf-8", "replace")
+        if rest:
+            yield rest.decode("utf-8", "replace")
+    finally:
+        resp.release_conn()

@@ -23,7 +23,9 @@ resumable by unsuspending; create it again from ``trainjob.yaml`` to resume from
 from __future__ import annotations
 
 import json
+import queue
 import shlex
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -33,6 +35,7 @@ from mlaunch.kube.client import (
     Kube,
     KubeApiError,
     delete_trainjob,
+    follow_pod_log,
     get_trainjob,
     patch_trainjob,
     pod_log,
@@ -221,11 +224,14 @@ def resume_command(name: str, namespace: str) -> str:
 
 
 def trainjob_logs(
-    kube: Kube, name: str, *, node: int | None = None, tail: int | None = None
-) -> Iterator[str]:
+    kube: Kube, name: str, *, node: int | None = None, tail: int | None = None,
+    follow: bool = False,
+) -> Iterator[str]:  # fmt: skip
     """Each pod's ``mlaunch train`` output (its launcher's console, node order), every line
-    prefixed ``[node R]`` when several pods are shown. Raises :class:`TrainJobInputError` for
-    an unknown TrainJob, a node it does not have, or no pod to read yet."""
+    prefixed ``[node R]`` when several pods are shown; ``follow``: every pod's lines as they
+    are written, until every pod's output ends (a pod started later is not picked up). Raises
+    :class:`TrainJobInputError` for an unknown TrainJob, a node it does not have, or no pod to
+    read yet."""
     _read(kube, name)
     pods = [pod_view(p) for p in trainjob_pods(kube, name)]
     pods = [p for p in pods if p.node is not None and (node is None or p.node == node)]
@@ -233,14 +239,41 @@ def trainjob_logs(
         raise TrainJobInputError(
             f"TrainJob {name} has no pod"
             + (f" for node {node}" if node is not None else "")
-            + " to read yet (mlaunch status trainjob/"
-            + name
-            + " says why)"
+            + f" to read yet (mlaunch status trainjob/{name} says why)"
         )
     prefix = len(pods) > 1
-    for p in pods:
-        for line in pod_log(kube, p.name, tail=tail).splitlines():
-            yield f"[node {p.node}] {line}" if prefix else line
+
+    def shown(p: PodView, line: str) -> str:
+        return f"[node {p.node}] {line}" if prefix else line
+
+    if not follow:
+        for p in pods:
+            for line in pod_log(kube, p.name, tail=tail).splitlines():
+                yield shown(p, line)
+        return
+    # One reader per pod, lines whole through one queue: never two pods' text in one line.
+    lines: queue.Queue[tuple[str | None, BaseException | None]] = queue.Queue(maxsize=10_000)
+
+    def read(p: PodView) -> None:
+        try:
+            for line in follow_pod_log(kube, p.name, tail=tail):
+                lines.put((shown(p, line), None))
+            lines.put((None, None))
+        except BaseException as exc:  # handed to the reader of the queue, raised there
+            lines.put((None, exc))
+
+    threads = [threading.Thread(target=read, args=(p,), daemon=True) for p in pods]
+    for t in threads:
+        t.start()
+    open_streams = len(threads)
+    while open_streams:
+        line, exc = lines.get()
+        if exc is not None:
+            raise exc
+        if line is None:
+            open_streams -= 1
+        else:
+            yield line
 
 
 # --------------------------------------------------------------------------------------------

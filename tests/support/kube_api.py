@@ -18,15 +18,17 @@ What it does (each request is checked, and recorded in :attr:`KubeDouble.request
   DELETE takes ``propagationPolicy`` and removes the TrainJob and its pods;
 - ``GET /api/v1/namespaces/NS/pods?labelSelector=K=V``: the pods a test put there, selected by
   equality on one label;
-- ``GET /api/v1/namespaces/NS/pods/POD/log`` (``container``, ``tailLines``): the pod's log text.
+- ``GET /api/v1/namespaces/NS/pods/POD/log`` (``container``, ``tailLines``, ``follow``): the
+  pod's log text (``follow``: chunked, a line a chunk, then the stream's end, as for an ended
+  container).
 
 What it does not simulate (so what the suite cannot show): no Trainer controller, JobSet,
 Job, scheduler or kubelet: creating a TrainJob makes no pod, sets no condition, and suspending
 or deleting one sends no SIGTERM (a test puts pods, conditions and logs in by hand, as a
 cluster would show them); no admission webhooks but the ``PET_*`` rule, no CEL rules but the
-name's, no Kueue; no watch, ``follow`` or streaming; no field selectors, set-based label
-selectors, pagination (``continue``) or server-side apply; no RBAC, TLS or token refresh; no
-OpenAPI discovery.
+name's, no Kueue; no watch, and no ``follow`` stream that stays open while a container
+writes; no field selectors, set-based label selectors, pagination (``continue``) or
+server-side apply; no RBAC, TLS or token refresh; no OpenAPI discovery.
 """
 
 from __future__ import annotations
@@ -310,7 +312,18 @@ class KubeDouble:
             n = int(req.query["tailLines"][0])
             lines = text.splitlines(keepends=True)
             text = "".join(lines[-n:] if n else [])
+        if req.query.get("follow") == ["true"]:
+            # a container that has ended: its whole output, chunked a line at a time, then the
+            # end of the stream (a running one's would stay open: not simulated)
+            return 200, Chunks(text.splitlines(keepends=True)), "text/plain"
         return 200, text, "text/plain"
+
+
+@dataclass
+class Chunks:
+    """A streamed body (``follow``): each part one HTTP chunk."""
+
+    parts: list[str]
 
 
 def _status(code: int, reason: str, message: str) -> tuple[int, Any, str]:
@@ -363,6 +376,17 @@ def _handler(double: KubeDouble) -> type[BaseHTTPRequestHandler]:
             self._send(*double.handle(req))
 
         def _send(self, code: int, body: Any, ctype: str) -> None:
+            if isinstance(body, Chunks):
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for part in body.parts:
+                    raw = part.encode()
+                    self.wfile.write(f"{len(raw):x}\r\n".encode() + raw + b"\r\n")
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+                return
             data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
             self.send_response(code)
             self.send_header("Content-Type", ctype)

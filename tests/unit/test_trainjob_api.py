@@ -228,6 +228,11 @@ def test_logs_read_every_pod_in_node_order_prefixed(api, kube, tmp_path):
         "[node 1] b2",
     ]
     assert list(trainjob_logs(kube, name, node=1, tail=1)) == ["b2"]
+    followed = list(trainjob_logs(kube, name, follow=True))
+    assert sorted(followed) == ["[node 0] a1", "[node 0] a2", "[node 1] b1", "[node 1] b2"]
+    assert followed.index("[node 0] a1") < followed.index("[node 0] a2")
+    streams = [r for r in api.requests if r.query.get("follow") == ["true"]]
+    assert len(streams) == 2
 
 
 def test_stop_suspends_then_refuses_and_now_deletes(api, kube, tmp_path):
