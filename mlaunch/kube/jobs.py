@@ -307,3 +307,17 @@ def stop_trainjob(kube: Kube, name: str, *, now: bool = False) -> str:
         f"TrainJob {name} suspended: each pod gets SIGTERM and saves a checkpoint before it"
         f" exits. Resume it with: {resume_command(name, kube.namespace)}"
     )
+
+
+def wait_pods_gone(kube: Kube, name: str, *, timeout_s: float, poll_s: float = 1.0) -> list[str]:
+    """Wait until no pod of the TrainJob's ``node`` job is left (after a stop: every pod has
+    saved and exited, or was killed at the end of its grace period). Returns the pods still
+    there when ``timeout_s`` ran out; empty: the run has ended."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = [
+            str(p["metadata"]["name"]) for p in trainjob_pods(kube, name) if pod_node(p) is not None
+        ]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(poll_s)

@@ -75,6 +75,9 @@ class KubeDouble:
     serves_trainer: bool = True
     """False: a cluster without Kubeflow Trainer (its API paths are 404 NotFound)."""
     kubeconfig: Path | None = None
+    on_change: Any = None
+    """Called (under the lock) with (verb, namespace, name, object) after each PATCH or DELETE
+    of a TrainJob: a test's stand-in for the controllers' reaction (e.g. its pods going)."""
     _version: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -252,6 +255,8 @@ class KubeDouble:
                 patched["status"] = tj.get("status", status)
             patched["metadata"]["resourceVersion"] = self._next_version()
             self.trainjobs[(ns, name)] = patched
+            if self.on_change is not None:
+                self.on_change("PATCH", ns, name, patched)
             return 200, patched, "application/json"
         if req.method == "DELETE":
             policy = req.query.get("propagationPolicy", [None])[0] or (req.body or {}).get(

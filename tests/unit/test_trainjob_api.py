@@ -24,6 +24,7 @@ from mlaunch.kube.jobs import (
     trainjob_logs,
     trainjob_state,
     trainjob_status,
+    wait_pods_gone,
 )
 from mlaunch.kube.manifest import (
     STOPPED_ANNOTATION,
@@ -246,6 +247,12 @@ def test_stop_suspends_then_refuses_and_now_deletes(api, kube, tmp_path):
     assert patch[0].body["spec"] == {"suspend": True}
     assert STOPPED_ANNOTATION in patch[0].body["metadata"]["annotations"]
     assert trainjob_status(kube, name).state == "stopped"
+    # the pods are still there (no controller here): waiting for them times out, naming them
+    assert len(wait_pods_gone(kube, name, timeout_s=0.0)) == 1
+    # the JobSet's Jobs deleting the suspended pods, as the cluster would
+    for key in [k for k in api.pods if k[0] == "team"]:
+        del api.pods[key]
+    assert wait_pods_gone(kube, name, timeout_s=0.0) == []
     with pytest.raises(TrainJobInputError, match="already stopped"):
         stop_trainjob(kube, name)
     stop_trainjob(kube, name, now=True)
