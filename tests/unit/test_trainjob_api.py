@@ -270,3 +270,55 @@ def test_stop_refuses_a_trainjob_that_ended_and_changes_nothing(api, kube, tmp_p
     with pytest.raises(TrainJobInputError, match="completed: nothing to stop"):
         stop_trainjob(kube, name)
     assert not [r for r in api.requests if r.method in ("PATCH", "DELETE")]
+
+
+# ---- what `mlaunch logs` and `mlaunch stop` run for trainjob/NAME
+
+
+def test_stop_command_waits_for_the_pods_then_says_stopped(api, kube, tmp_path, capsys):
+    from mlaunch.cli.trainjob import trainjob_stop_command
+
+    name = _create(kube, tmp_path)
+    api.add_pod("team", name, 0)
+    api.add_pod("team", name, 1)
+
+    def controllers(verb, ns, job, obj):  # the JobSet's Jobs delete a suspended job's pods
+        if verb == "PATCH" and obj["spec"].get("suspend"):
+            for key in [k for k, p in api.pods.items() if k[0] == ns]:
+                del api.pods[key]
+
+    api.on_change = controllers
+    code = trainjob_stop_command(f"trainjob/{name}", namespace=None, now=False, timeout_s=30)
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert f"TrainJob {name} has ended" in out.out
+    assert f"trainjob {name} (namespace team): stopped" in out.out
+    # a second stop: refused, nothing changed
+    patches = len([r for r in api.requests if r.method == "PATCH"])
+    code = trainjob_stop_command(f"trainjob/{name}", namespace=None, now=False, timeout_s=30)
+    assert code == 2 and "already stopped" in capsys.readouterr().err
+    assert len([r for r in api.requests if r.method == "PATCH"]) == patches
+
+
+def test_stop_command_says_when_the_pods_do_not_go(api, kube, tmp_path, capsys):
+    from mlaunch.cli.trainjob import trainjob_stop_command
+
+    name = _create(kube, tmp_path)
+    pod = api.add_pod("team", name, 0)
+    code = trainjob_stop_command(f"trainjob/{name}", namespace="team", now=False, timeout_s=0)
+    err = capsys.readouterr().err
+    assert code == 1 and "has not ended" in err and pod in err
+
+
+def test_logs_command_prints_each_pods_lines(api, kube, tmp_path, capsys):
+    from mlaunch.cli.trainjob import trainjob_logs_command
+
+    name = _create(kube, tmp_path)
+    api.add_pod("team", name, 0, log="x\n")
+    api.add_pod("team", name, 1, log="y\n")
+    code = trainjob_logs_command(f"trainjob/{name}", namespace=None, node=None, tail=None,
+                                 follow=False)  # fmt: skip
+    assert code == 0 and capsys.readouterr().out == "[node 0] x\n[node 1] y\n"
+    code = trainjob_logs_command(f"trainjob/{name}", namespace=None, node=None, tail=None,
+                                 follow=False, rank=3)  # fmt: skip
+    assert code == 2 and "--rank" in capsys.readouterr().err
