@@ -47,12 +47,16 @@ def register(app: typer.Typer) -> None:
 
         if watch and as_json:
             raise fail([("--watch", "a live view cannot be JSON; use --json or --watch")])
-        if target.startswith("trainjob/"):
+        from mlaunch.cli.trainjob_ops import is_trainjob, trainjob_status_command
+
+        if is_trainjob(target):  # trainjob/NAME, or the run directory of one
             if watch:
                 raise fail([("--watch", "not for a TrainJob: use mlaunch status trainjob/NAME")])
-            raise typer.Exit(_trainjob_status(target, namespace, as_json))
+            raise typer.Exit(trainjob_status_command(target, namespace, as_json))
         if namespace is not None:
-            raise fail([("--namespace", "only with trainjob/NAME (a Kubernetes TrainJob)")])
+            raise fail(
+                [("--namespace", "only for a TrainJob (trainjob/NAME or its run directory)")]
+            )
         if watch:
             from mlaunch.cli.status_watch import watch as watch_view
 
@@ -69,26 +73,3 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps(st.as_json(), indent=2))
         else:
             typer.echo(status_text(st))
-
-
-def _trainjob_status(target: str, namespace: str | None, as_json: bool) -> int:
-    """``status trainjob/NAME``: the TrainJob and its pods through the API."""
-    from mlaunch.cli.errors import RUN_FAILED, USAGE_ERROR
-    from mlaunch.kube import client as kube
-    from mlaunch.kube.jobs import TrainJobInputError, trainjob_status, trainjob_target
-    from mlaunch.slurm.status import status_text
-
-    try:
-        name = trainjob_target(target)
-        st = trainjob_status(kube.connect(namespace), name)
-    except (TrainJobInputError, kube.KubeSetupError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        return USAGE_ERROR
-    except kube.KubeApiError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        return RUN_FAILED
-    if as_json:
-        typer.echo(json.dumps(st.as_json(), indent=2))
-    else:
-        typer.echo(status_text(st))
-    return 0

@@ -26,7 +26,7 @@ _KUBE_PANEL = "Kubernetes (Kubeflow Trainer v2)"
 
 def _own_parameters() -> list[tuple[str, Any, Any]]:
     """The command's own options (before the setting flags), as (name, annotation, default)."""
-    from mlaunch.kube.manifest import DEFAULT_RUNTIME
+    from mlaunch.kube.names import DEFAULT_RUNTIME
 
     p = _KUBE_PANEL
     return [
@@ -116,6 +116,13 @@ def run_trainjob(
     except (kube.KubeSetupError, kube.KubeApiError) as exc:
         typer.echo(f"error: {exc}", err=True)
         return RUN_FAILED
+    from mlaunch.kube.jobs import trainjob_record
+
+    record = trainjob_record(job.name, api.namespace, api.server, job.run_id)
+    try:  # the TrainJob exists: a record that cannot be written only costs `status RUN_DIR`
+        atomic.write_json(job.local_run_dir / lay.TRAINJOB_RECORD_FILE, record, indent=1)
+    except OSError as exc:
+        typer.echo(f"note: cannot write {lay.TRAINJOB_RECORD_FILE} ({exc})", err=True)
     for note in job.notes:
         typer.echo(f"note: {note}")
     typer.echo(
@@ -161,111 +168,3 @@ def register(app: typer.Typer) -> None:
         raise typer.Exit(code)
 
     register_command(app, "trainjob", trainjob, _own_parameters())
-
-
-# --------------------------------------------------------------------------------------------
-# logs and stop for trainjob/NAME: what `mlaunch logs` and `mlaunch stop` call for such a target
-
-
-def _connect_or_code(namespace: str | None) -> Any:
-    """The connection, or the exit code after saying why there is none."""
-    from mlaunch.kube import client as kube
-
-    try:
-        return kube.connect(namespace)
-    except kube.KubeSetupError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        return USAGE_ERROR
-
-
-def trainjob_logs_command(
-    target: str, *, namespace: str | None, node: int | None, tail: int | None, follow: bool,
-    rank: int | None = None, attempt: int | None = None,
-) -> int:  # fmt: skip
-    """``mlaunch logs trainjob/NAME``: each pod's output, ``[node R]`` before each line when
-    several pods are shown. Returns the exit code."""
-    import sys
-
-    from mlaunch.kube import client as kube
-    from mlaunch.kube.jobs import TrainJobInputError, trainjob_logs, trainjob_target
-
-    problems = []
-    if rank is not None:
-        problems.append(("--rank", "not for a TrainJob: a pod's log is its launcher's console"))
-    if attempt is not None:
-        problems.append(("--attempt", "not for a TrainJob: its pods' logs are the current ones"))
-    if tail is not None and tail < 0:
-        problems.append(("--tail", f"{tail}: give a number of lines, 0 or more"))
-    if node is not None and node < 0:
-        problems.append(("--node", f"{node}: numbers start at 0"))
-    if problems:
-        print_problems(problems)
-        return USAGE_ERROR
-    try:
-        name = trainjob_target(target)
-    except TrainJobInputError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        return USAGE_ERROR
-    api = _connect_or_code(namespace)
-    if isinstance(api, int):
-        return api
-    try:
-        for line in trainjob_logs(api, name, node=node, tail=tail, follow=follow):
-            sys.stdout.write(line + "\n")
-            if follow:
-                sys.stdout.flush()
-    except (TrainJobInputError, kube.KubeSetupError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        return USAGE_ERROR
-    except kube.KubeApiError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        return RUN_FAILED
-    except KeyboardInterrupt:
-        typer.echo("stopped following (the job goes on)", err=True)
-    sys.stdout.flush()
-    return 0
-
-
-def trainjob_stop_command(
-    target: str, *, namespace: str | None, now: bool, timeout_s: float
-) -> int:
-    """``mlaunch stop trainjob/NAME``: suspend it (``now``: delete it), then wait until its
-    pods are gone and say the state as ``status`` does. Returns the exit code."""
-    from mlaunch.kube import client as kube
-    from mlaunch.kube.jobs import (
-        TrainJobInputError,
-        stop_trainjob,
-        trainjob_status,
-        trainjob_target,
-        wait_pods_gone,
-    )
-    from mlaunch.slurm.status import status_text
-
-    try:
-        name = trainjob_target(target)
-    except TrainJobInputError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        return USAGE_ERROR
-    api = _connect_or_code(namespace)
-    if isinstance(api, int):
-        return api
-    try:
-        typer.echo(stop_trainjob(api, name, now=now))
-        left = wait_pods_gone(api, name, timeout_s=timeout_s)
-        if left:
-            typer.echo(
-                f"error: TrainJob {name} has not ended after {timeout_s:g} s (pods still there:"
-                f" {', '.join(left)}); they may still be saving: see mlaunch status {target}",
-                err=True,
-            )
-            return RUN_FAILED
-        typer.echo(f"TrainJob {name} has ended")
-        if not now:
-            typer.echo(status_text(trainjob_status(api, name, log_lines=False)))
-    except (TrainJobInputError, kube.KubeSetupError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        return USAGE_ERROR
-    except kube.KubeApiError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        return RUN_FAILED
-    return 0

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mlaunch.kube.manifest import GROUP, PLURAL, VERSION
+from mlaunch.kube.names import GROUP, PLURAL, VERSION
 
 #: The pip command that brings the client.
 INSTALL_HINT = "pip install 'mlaunch[kubernetes]'"

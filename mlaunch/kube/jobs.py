@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from mlaunch.kube.client import (
@@ -42,7 +43,7 @@ from mlaunch.kube.client import (
     pod_node,
     trainjob_pods,
 )
-from mlaunch.kube.manifest import (
+from mlaunch.kube.names import (
     MAX_NAME,
     NODE,
     QUEUE_LABEL,
@@ -51,6 +52,8 @@ from mlaunch.kube.manifest import (
     STOPPED_ANNOTATION,
 )
 from mlaunch.launcher.run_status import JobStatus, NodeView
+from mlaunch.rundir import layout as lay
+from mlaunch.rundir.atomic import read_json
 
 #: How ``status``, ``logs`` and ``stop`` name a TrainJob (a run directory or a job id otherwise).
 PREFIX = "trainjob/"
@@ -76,6 +79,41 @@ def trainjob_target(target: str) -> str:
             " printed it: lower-case letters, digits and '-')"
         )
     return name
+
+
+@dataclass(frozen=True)
+class TrainJobRef:
+    """A TrainJob a command was pointed at: by ``trainjob/NAME`` or by the run directory
+    ``mlaunch trainjob`` wrote its manifest and record into."""
+
+    name: str
+    namespace: str | None
+    """None: the kubeconfig context's (or the command's ``--namespace``)."""
+
+
+def resolve_trainjob(target: str, cwd: Path) -> TrainJobRef | None:
+    """The TrainJob ``target`` names (``trainjob/NAME``, or a run directory holding
+    ``trainjob.json``), else None (a run directory or job id of another engine). Raises
+    :class:`TrainJobInputError` for ``trainjob/`` and a name that cannot be one."""
+    if is_trainjob_target(target):
+        return TrainJobRef(trainjob_target(target), None)
+    path = Path(target).expanduser()
+    record = read_json((path if path.is_absolute() else cwd / path) / lay.TRAINJOB_RECORD_FILE)
+    if not isinstance(record, dict) or not isinstance(record.get("name"), str):
+        return None
+    return TrainJobRef(trainjob_target(PREFIX + record["name"]), record.get("namespace"))
+
+
+def trainjob_record(name: str, namespace: str, server: str, run_id: str) -> dict[str, Any]:
+    """``trainjob.json``: what :func:`resolve_trainjob` reads back from the run directory."""
+    return {
+        "name": name,
+        "namespace": namespace,
+        "server": server,
+        "run_id": run_id,
+        "created": time.time(),
+        "manifest": lay.TRAINJOB_FILE,
+    }
 
 
 def _read(kube: Kube, name: str) -> dict[str, Any]:

@@ -38,7 +38,6 @@ Run directory, resume, telemetry
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import time
@@ -49,46 +48,34 @@ from typing import Any
 
 from mlaunch import envcontract as ec
 from mlaunch.configs import CONFIGS_DIR
+from mlaunch.kube.names import (
+    API_VERSION,
+    DEFAULT_RUNTIME,
+    KIND,
+    MANAGED_BY_LABEL,
+    MAX_IMAGE,
+    NODE,
+    PATCH_MANAGER,
+    QUEUE_LABEL,
+    RDZV_PORT,
+    RUN_ID_ANNOTATION,
+    RUNTIME_ENV_PREFIX,
+    VOLUME_NAME,
+    dns_label,
+    trainjob_name,
+)
 from mlaunch.launcher.plan import LaunchPlan, build_plan
 from mlaunch.launcher.worker_args import restart_save_interval
 from mlaunch.launcher.worker_env import worker_environment
 from mlaunch.settings import SECRET_ENV, SettingsError, flag_name, new_run_id
 from mlaunch.slurm.batch import DEFAULT_SIGNAL_GRACE_S, frozen_flags
 
-API_VERSION = "trainer.kubeflow.org/v1alpha1"
-KIND = "TrainJob"
-PLURAL = "trainjobs"
-GROUP, VERSION = API_VERSION.split("/")
-#: The ClusterTrainingRuntime Trainer v2 ships for PyTorch (torchrun's ``PET_*`` per pod).
-DEFAULT_RUNTIME = "torch-distributed"
-#: The runtime's replicated job and its container that run the trainer (``constants.Node``).
-NODE = "node"
-#: Where the torch runtime puts node 0's rendezvous (``constants.ContainerTrainerPort``).
-RDZV_PORT = 29500
-#: Kueue's queue label on a TrainJob.
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-#: Our labels and annotations (the run id may be 128 characters: an annotation, not a label).
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-RUN_ID_ANNOTATION = "mlaunch/run-id"
-#: Set by ``mlaunch stop trainjob/NAME`` with the suspension: ``status`` then says stopped.
-STOPPED_ANNOTATION = "mlaunch/stopped"
-#: ``runtimePatches[].manager`` of our patch.
-PATCH_MANAGER = "mlaunch"
-#: The volume's name inside the pod spec.
-VOLUME_NAME = "mlaunch-runs"
 #: Pod's grace between SIGTERM and SIGKILL: one iteration plus a save, as SLURM's warning
 #: (Kubernetes' default, 30 s, is too short for a checkpoint of any size).
 TERMINATION_GRACE_S = DEFAULT_SIGNAL_GRACE_S
-#: The torch runtime's environment, never ours to set (the webhook refuses them).
-RUNTIME_ENV_PREFIX = "PET_"
-#: What a TrainJob name, a namespace and a runtime name may be.
-RFC1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+#: What a runtime's name, a queue (a label value) and a claim may be.
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
-MAX_NAME = 63
-#: ``spec.trainer.image``'s MaxLength in the CRD.
-MAX_IMAGE = 500
 
 #: Launch settings the runtime decides per pod -> what to give instead.
 KUBE_DECIDED: dict[str, str] = {
@@ -149,17 +136,6 @@ class TrainJobPlan:
         return self.plan.run_dir
 
 
-def trainjob_name(run_id: str) -> str:
-    """The TrainJob's name for ``run_id``: an RFC 1035 label, the same every time."""
-    slug = re.sub(r"-{2,}", "-", re.sub(r"[^a-z0-9-]", "-", run_id.lower())).strip("-")
-    name = f"mlaunch-{slug}"
-    if slug == run_id and len(name) <= MAX_NAME:
-        return name
-    digest = hashlib.sha256(run_id.encode()).hexdigest()[:8]
-    keep = MAX_NAME - len("mlaunch-") - len(digest) - 1
-    return f"mlaunch-{slug[:keep].rstrip('-')}-{digest}"
-
-
 def _option_problems(o: TrainJobOptions) -> list[tuple[str, str]]:
     """The Kubernetes options, each problem one line naming the flag and the fix."""
     problems: list[tuple[str, str]] = []
@@ -173,7 +149,7 @@ def _option_problems(o: TrainJobOptions) -> list[tuple[str, str]]:
                 " characters): REGISTRY/NAME[:TAG][@DIGEST]",
             )
         )
-    if o.namespace is not None and not _dns_label(o.namespace):
+    if o.namespace is not None and not dns_label(o.namespace):
         problems.append(
             (
                 "--namespace",
@@ -216,10 +192,6 @@ def _option_problems(o: TrainJobOptions) -> list[tuple[str, str]]:
                 )
             )
     return problems
-
-
-def _dns_label(text: str) -> bool:
-    return len(text) <= MAX_NAME and _DNS_LABEL.fullmatch(text) is not None
 
 
 def _validation_environ(environ: Mapping[str, str]) -> dict[str, str]:

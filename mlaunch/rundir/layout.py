@@ -70,6 +70,8 @@ JOB_SCRIPT_FILE = "job.sbatch"
 SLURM_JOB_FILE = "slurm-job.json"
 #: ``mlaunch trainjob``: the Kubeflow Trainer TrainJob it created (``kubectl apply -f``-able).
 TRAINJOB_FILE = "trainjob.yaml"
+#: ... and the TrainJob it became (name, namespace, API server, run id): ``status RUN_DIR`` asks it.
+TRAINJOB_RECORD_FILE = "trainjob.json"
 #: The batch job's output (``%j``: the job id), appended to by every incarnation of the job.
 SLURM_OUTPUT_TEMPLATE = "slurm-%j.out"
 #: Every incarnation's batch output in a run directory (:data:`SLURM_OUTPUT_TEMPLATE`'s glob).
@@ -347,6 +349,7 @@ __all__ = [
     "JOB_SCRIPT_FILE",
     "SLURM_JOB_FILE",
     "TRAINJOB_FILE",
+    "TRAINJOB_RECORD_FILE",
     "SLURM_OUTPUT_TEMPLATE",
     "SLURM_OUTPUT_GLOB",
     "LAUNCHER_LOG",

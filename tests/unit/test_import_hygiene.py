@@ -78,6 +78,9 @@ def test_groups_commands_import_no_heavy_module(args: list[str]) -> None:
         ("mlaunch.trace.reader", ("mlaunch.telemetry",)),
         # A TrainJob is written (and --dry-run printed) without the optional Kubernetes client.
         ("mlaunch.kube.manifest", ("kubernetes", "torch", "opentelemetry")),
+        # `mlaunch status RUN_DIR` asks whether the target is a TrainJob: that costs no settings
+        # layer, and no client until the API is asked.
+        ("mlaunch.cli.trainjob_ops", ("pydantic", "kubernetes", "torch")),
     ],
 )
 def test_layer_imports(module: str, forbidden: tuple[str, ...]) -> None:

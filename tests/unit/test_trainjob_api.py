@@ -26,13 +26,8 @@ from mlaunch.kube.jobs import (
     trainjob_status,
     wait_pods_gone,
 )
-from mlaunch.kube.manifest import (
-    STOPPED_ANNOTATION,
-    TrainJobOptions,
-    manifest,
-    plan_trainjob,
-    trainjob_name,
-)
+from mlaunch.kube.manifest import TrainJobOptions, manifest, plan_trainjob
+from mlaunch.kube.names import STOPPED_ANNOTATION, trainjob_name
 from mlaunch.rundir import layout as lay
 
 TJ = "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team/trainjobs"
@@ -100,6 +95,13 @@ def test_trainjob_creates_what_it_wrote_into_the_run_directory(api, tmp_path):
     assert api.requests[1].headers.get("content-type", "application/json") == "application/json"
     stored = api.trainjobs[("team", name)]
     assert stored["spec"]["suspend"] is False  # the CRD's default, as the server stores it
+    record = json.loads((tmp_path / "runs" / "0042" / lay.TRAINJOB_RECORD_FILE).read_text())
+    assert (record["name"], record["namespace"]) == (name, "team")
+
+    # the run directory names the TrainJob for status, as trainjob/NAME does
+    status = _mlaunch(tmp_path, "status", "runs/0042", env={"KUBECONFIG": str(api.kubeconfig)})
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.splitlines()[0] == f"trainjob {name} (namespace team): queued (no pod yet)"
 
     # the same run id again: the API refuses (409) after validation: exit 1, its message
     again = _mlaunch(
@@ -276,7 +278,7 @@ def test_stop_refuses_a_trainjob_that_ended_and_changes_nothing(api, kube, tmp_p
 
 
 def test_stop_command_waits_for_the_pods_then_says_stopped(api, kube, tmp_path, capsys):
-    from mlaunch.cli.trainjob import trainjob_stop_command
+    from mlaunch.cli.trainjob_ops import trainjob_stop_command
 
     name = _create(kube, tmp_path)
     api.add_pod("team", name, 0)
@@ -301,7 +303,7 @@ def test_stop_command_waits_for_the_pods_then_says_stopped(api, kube, tmp_path, 
 
 
 def test_stop_command_says_when_the_pods_do_not_go(api, kube, tmp_path, capsys):
-    from mlaunch.cli.trainjob import trainjob_stop_command
+    from mlaunch.cli.trainjob_ops import trainjob_stop_command
 
     name = _create(kube, tmp_path)
     pod = api.add_pod("team", name, 0)
@@ -311,7 +313,7 @@ def test_stop_command_says_when_the_pods_do_not_go(api, kube, tmp_path, capsys):
 
 
 def test_logs_command_prints_each_pods_lines(api, kube, tmp_path, capsys):
-    from mlaunch.cli.trainjob import trainjob_logs_command
+    from mlaunch.cli.trainjob_ops import trainjob_logs_command
 
     name = _create(kube, tmp_path)
     api.add_pod("team", name, 0, log="x\n")

@@ -16,17 +16,8 @@ import yaml
 from support.trainjob_model import StrictModelError, strict_trainjob
 
 from mlaunch import envcontract as ec
-from mlaunch.kube.manifest import (
-    NODE,
-    QUEUE_LABEL,
-    RFC1035,
-    RUN_ID_ANNOTATION,
-    TrainJobOptions,
-    manifest,
-    plan_trainjob,
-    render_yaml,
-    trainjob_name,
-)
+from mlaunch.kube.manifest import TrainJobOptions, manifest, plan_trainjob, render_yaml
+from mlaunch.kube.names import NODE, QUEUE_LABEL, RFC1035, RUN_ID_ANNOTATION, trainjob_name
 from mlaunch.settings import SettingsError
 
 CLEAN = {
