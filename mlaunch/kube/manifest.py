@@ -64,6 +64,7 @@ from mlaunch.kube.names import (
     dns_label,
     trainjob_name,
 )
+from mlaunch.launcher.configs import config_launch_keys
 from mlaunch.launcher.plan import LaunchPlan, build_plan
 from mlaunch.launcher.worker_args import restart_save_interval
 from mlaunch.launcher.worker_env import worker_environment
@@ -267,13 +268,15 @@ def plan_trainjob(
                 " give --device cuda, or drop --gpus-per-node",
             )
         )
-    if s.source("launch.node_rank").kind == "file":
-        problems.append(
-            (
-                str(s.source("launch.node_rank")),
-                f"not for mlaunch trainjob: {KUBE_DECIDED['launch.node_rank']}",
+    for key in sorted(config_launch_keys(plan.config)):
+        # The config file's own per-node values would be shadowed here and lost in the pod.
+        if f"launch.{key}" in KUBE_DECIDED:
+            problems.append(
+                (
+                    f"{plan.config} [launch] {key}",
+                    f"not for mlaunch trainjob: {KUBE_DECIDED[f'launch.{key}']}",
+                )
             )
-        )
     if problems:
         raise SettingsError(problems)
     claim = mount = pod_run_dir = None

@@ -198,6 +198,16 @@ def test_bad_kubernetes_input_names_the_flag(tmp_path, flags, options, field):
     assert any(f.startswith(field) for f in fields), fields
 
 
+@pytest.mark.parametrize("key", ["nnodes = 2", "node_rank = 1", 'rdzv_endpoint = "h:1"'])
+def test_a_config_files_per_node_launch_values_are_refused(tmp_path, key):
+    config = tmp_path / "c.toml"
+    config.write_text(f"[launch]\n{key}\n")
+    with pytest.raises(SettingsError) as exc:
+        plan_trainjob(flags={}, config=str(config), passthrough=[], environ=CLEAN, cwd=tmp_path,
+                      options=TrainJobOptions(image="img", nodes=2))  # fmt: skip
+    assert any(f.endswith(f"[launch] {key.split()[0]}") for f, _ in exc.value.problems)
+
+
 # ---- the command: exit 2, one line per problem, nothing written
 
 
