@@ -26,6 +26,8 @@ COMMANDS: dict[str, str] = {
     "trace": "mlaunch.cli.trace",
     "sbatch": "mlaunch.cli.sbatch",
     "status": "mlaunch.cli.status",
+    "logs": "mlaunch.cli.logs",
+    "runs": "mlaunch.cli.runs",
     "trainjob": "mlaunch.cli.trainjob",
 }
 

@@ -31,6 +31,17 @@ OUTPUT_RULE_HELP = (
 BROKEN_PIPE_EXIT = 141
 
 
+def reader_went_away() -> typer.Exit:
+    """Standard output's reader went away (``| head``): nothing is said, and the caller raises
+    the returned exit (:data:`BROKEN_PIPE_EXIT`), as ``cat`` would end."""
+    # What is still buffered for the closed pipe would fail again at exit ("Exception
+    # ignored ... BrokenPipeError"): standard output goes to /dev/null from here on.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return typer.Exit(BROKEN_PIPE_EXIT)
+
+
 def cannot_write(output: Path, exc: OSError) -> typer.Exit:
     """The one-line failure of an output that could not be written (a full disk, a permission
     taken away while writing); the caller raises the returned ``typer.Exit(2)``.
@@ -38,12 +49,7 @@ def cannot_write(output: Path, exc: OSError) -> typer.Exit:
     A reader that went away (``-o - | head``, a FIFO closed early) is no failure: it took what
     it wanted. As ``cat``, nothing is said, and the exit is :data:`BROKEN_PIPE_EXIT`."""
     if exc.errno == errno.EPIPE:
-        # What is still buffered for the closed pipe would fail again at exit ("Exception
-        # ignored ... BrokenPipeError"): standard output goes to /dev/null from here on.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-        return typer.Exit(BROKEN_PIPE_EXIT)
+        return reader_went_away()
     return error(
         f"--output {output}: cannot write: {exc.strerror}; fix: choose a writable output path"
     )

@@ -9,6 +9,7 @@ so a new field is one edit in the settings.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +55,16 @@ def _own_parameters() -> list[tuple[str, Any, Any]]:
     ]  # fmt: skip
 
 
+def _train_argv(argv: list[str]) -> list[str] | None:
+    """The words after ``train`` in ``mlaunch ... train ARGS`` (the command as the user gave it,
+    for the resume command); None when this process was not started that way."""
+    words = argv[1:]
+    first = next((i for i, a in enumerate(words) if not a.startswith("-")), None)
+    if first is None or words[first] != "train":
+        return None
+    return words[first + 1 :]
+
+
 def run_train(
     *,
     flags: dict[str, Any],
@@ -75,7 +86,7 @@ def run_train(
     try:
         plan = build_plan(
             flags=flags, config=config, passthrough=passthrough, environ=dict(os.environ),
-            cwd=Path.cwd(),
+            cwd=Path.cwd(), argv=_train_argv(sys.argv),
         )  # fmt: skip
     except SettingsError as exc:
         print_problems(exc.problems)

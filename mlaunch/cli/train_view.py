@@ -222,17 +222,24 @@ def summary(plan: LaunchPlan) -> Group:
         if passed
         else ""
     )
+
+    def given(path: str) -> str:
+        # What the scheduler decided names its variable (SLURM_NODEID, PET_NODE_RANK).
+        var = plan.cluster_vars.get(path)
+        return f" (from {var})" if var else ""
+
     table.add_row(
         "world",
-        f"{launch.nnodes} node(s) x {launch.nproc_per_node} processes = {s.world_size} ranks;"
+        f"{launch.nnodes} node(s){given('launch.nnodes')} x {launch.nproc_per_node}"
+        f" processes{given('launch.nproc_per_node')} = {s.world_size} ranks;"
         f"{split} device {launch.device}",
     )
     if launch.nnodes > 1 or launch.rdzv_endpoint:
-        where = " (from SLURM)" if plan.slurm else ""
         table.add_row(
             "rendezvous",
-            f"node rank {launch.node_rank}, {launch.rdzv_backend} at {launch.rdzv_endpoint},"
-            f" id {plan.rdzv_id}{where}",
+            f"node rank {launch.node_rank}{given('launch.node_rank')}, {launch.rdzv_backend} at"
+            f" {launch.rdzv_endpoint}{given('launch.rdzv_endpoint')},"
+            f" id {plan.rdzv_id}{given('launch.rdzv_id')}",
         )
     else:
         table.add_row("rendezvous", "standalone (torchrun picks a free local port)")

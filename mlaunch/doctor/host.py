@@ -58,20 +58,21 @@ def check_rendezvous(
     """The rendezvous endpoint, judged as ``mlaunch train`` judges it before a launch (its host
     resolves; on the node that hosts the store, the port is free), then, on a node that only
     connects, whether it is reachable yet. Without an endpoint, any free local port will do;
-    under SLURM the endpoint and node rank are the ones the launcher derives from the job."""
-    from mlaunch.launcher.slurm_env import slurm_launch_values
+    under a scheduler (SLURM, the Kubeflow torch runtime) the endpoint and node rank are the
+    ones the launcher derives from its variables."""
+    from mlaunch.launcher.cluster_env import cluster_launch
 
     launch = settings.launch
     endpoint, node_rank, rdzv_id = launch.rdzv_endpoint, launch.node_rank, launch.rdzv_id
     label = settings.label("launch.rdzv_endpoint")
     if settings.source("launch.rdzv_endpoint").kind == "default":
-        slurm = slurm_launch_values(os.environ if environ is None else environ)
-        if "launch.rdzv_endpoint" in slurm:
-            endpoint, label = slurm["launch.rdzv_endpoint"]
-            slurm_rank = str(slurm.get("launch.node_rank", ("", ""))[0])
-            if settings.source("launch.node_rank").kind == "default" and slurm_rank.isdigit():
-                node_rank = int(slurm_rank)
-            rdzv_id = rdzv_id or slurm["launch.rdzv_id"][0]
+        derived = cluster_launch(os.environ if environ is None else environ).values
+        if "launch.rdzv_endpoint" in derived:
+            endpoint, label = derived["launch.rdzv_endpoint"]
+            rank = str(derived.get("launch.node_rank", ("", ""))[0])
+            if settings.source("launch.node_rank").kind == "default" and rank.isdigit():
+                node_rank = int(rank)
+            rdzv_id = rdzv_id or derived.get("launch.rdzv_id", (None, ""))[0]
     if not endpoint:
         port = free_loopback_port()
         return [
@@ -189,9 +190,13 @@ def check_run_dir(settings: Settings, cwd: Path | None = None) -> list[CheckResu
 def check_slurm(environ: Mapping[str, str], settings: Settings) -> list[CheckResult]:
     """SLURM detection and the launch values mlaunch derives from it (the launcher's own
     derivation, so doctor shows what ``mlaunch train`` will use)."""
-    from mlaunch.launcher.slurm_env import slurm_launch_values
+    from mlaunch.launcher.cluster_env import SLURM, source_values
 
-    derived_values = slurm_launch_values(environ)
+    slurm = source_values(SLURM, environ)
+    derived_values = slurm.values
+    if "launch.rdzv_endpoint" in slurm.problems:  # a MASTER_PORT that is no port
+        var, why = slurm.problems["launch.rdzv_endpoint"]
+        return [fail("slurm", f"{var}: {why}", f"set {var} to a free port, or unset it")]
     if not derived_values:
         return [ok("slurm", "not under SLURM (no SLURM_JOB_ID)")]
     job = derived_values["launch.rdzv_id"][0]

@@ -28,6 +28,25 @@ ATTEMPT_TRACE = "MLAUNCH_ATTEMPT_TRACE"
 RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 TRACEPARENT = "TRACEPARENT"
 LAUNCH_TIMES = ("LENS_LAUNCH_SCRIPT_START_TIME", "LENS_LAUNCH_SCRIPT_PRESRUN_TIME")
+#: A copy of ``mlaunch.rundir.layout.WORKER_RANK_FILE`` (the same unit test keeps it equal), and
+#: torchrun's variables naming the worker's error file (in its log folder) and its global rank.
+WORKER_RANK_FILE = "rank"
+ERROR_FILE_VAR = "TORCHELASTIC_ERROR_FILE"
+RANK_VAR = "RANK"
+
+
+def write_rank(environ: "os._Environ[str] | dict[str, str]") -> None:
+    """Write the worker's global rank into its log folder (beside torchrun's error file), so
+    ``mlaunch logs`` knows whose output a folder holds: torchrun's rendezvous may number a
+    node's ranks otherwise than its node rank says. Never stops the worker."""
+    error_file, rank = environ.get(ERROR_FILE_VAR), environ.get(RANK_VAR)
+    if not error_file or rank is None:
+        return
+    try:
+        with open(os.path.join(os.path.dirname(error_file), WORKER_RANK_FILE), "w") as fh:
+            fh.write(rank)
+    except OSError:
+        pass
 
 
 def attempt_span_id(base: str, attempt: int) -> str:
@@ -80,6 +99,7 @@ def main(argv: list[str]) -> None:
             os.environ.pop(name, None)
     if not argv:
         sys.exit("usage: python -S attempt_entry.py (-m MODULE | SCRIPT) [ARGS...]")
+    write_rank(os.environ)
     os.execv(sys.executable, [sys.executable, "-u", *argv])
 
 

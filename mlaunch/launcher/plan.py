@@ -17,10 +17,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlaunch import envcontract as ec
+from mlaunch.configs import is_shipped
 from mlaunch.launcher import lens_names
 from mlaunch.launcher.checkpoint_layout import checkpoint_layout_problems, rerun_problems
+from mlaunch.launcher.cluster_env import (
+    NPROC_WORDS,
+    RDZV_CONF_VAR,
+    SLURM,
+    ClusterSource,
+    cluster_launch,
+    nproc_count,
+    source_of,
+)
 from mlaunch.launcher.configs import config_launch_keys, os_reason, resolve_config
-from mlaunch.launcher.slurm_env import slurm_launch_values
 from mlaunch.launcher.worker_args import (
     MEGATRON_DATA_ARGS,
     MEGATRON_ONLY_ARGS,
@@ -43,7 +53,6 @@ from mlaunch.settings import (
     Problem,
     Settings,
     SettingsError,
-    Source,
     choose_run_id,
     flag_name,
     is_run_id,
@@ -82,7 +91,11 @@ class LaunchPlan:
     """None: a custom strategy, which only the workers call (mlaunch runs no user code)."""
     spans_per_iteration: list[int]
     """Estimated spans per iteration and exporting rank, per pipeline stage."""
-    slurm: bool = False
+    cluster: ClusterSource | None = None
+    """The scheduler whose variables this node runs under (SLURM, the Kubeflow torch runtime)."""
+    cluster_vars: dict[str, str] = field(default_factory=dict)
+    """``{setting path: the variable that gave it}`` for what the scheduler decided (a word
+    such as ``PET_NPROC_PER_NODE=auto`` with what it counted), for the summary."""
     embedded_receiver: bool = False
     """A script run whose workers send OTLP to the launcher's embedded receiver on loopback (the
     ``file`` exporter in the reference's language). The plan leaves ``OTEL_EXPORTER_OTLP_ENDPOINT``
@@ -91,9 +104,17 @@ class LaunchPlan:
     env_notes: tuple[str, ...] = ()
     megatron_args_reason: str = ""
     """For a script/module: why Megatron-LM's arguments are (not) passed, for the summary."""
+    launched_as: dict[str, Any] | None = None
+    """How this launch was given (:func:`launched_as`), from which ``mlaunch status``, ``mlaunch
+    runs`` and train's closing lines make the command that resumes the run; None: not known."""
     """Environment the plan added on its own (e.g. CUDA_DEVICE_MAX_CONNECTIONS), for the summary."""
 
     # ---- derived views -------------------------------------------------------------------
+
+    @property
+    def slurm(self) -> bool:
+        """Whether this node runs in a SLURM job (its job id is the run id; a requeue resumes)."""
+        return self.cluster is SLURM
 
     @property
     def world_size(self) -> int:
@@ -159,6 +180,7 @@ class LaunchPlan:
             "spans_per_iteration": self.spans_per_iteration,
             "embedded_receiver": self.embedded_receiver,
             "command": self.argv,
+            **({"launched_as": self.launched_as} if self.launched_as else {}),
             "environment": self.shown_env(show_secrets),
             "settings": settings_table(self.settings, show_secrets=show_secrets),
             **(
@@ -244,8 +266,11 @@ def unwritable_reason(path: Path) -> str | None:
     return None
 
 
-def torchrun_argv(settings: Settings, run_id: str, log_dir: Path, entry: list[str]) -> list[str]:
-    """``python -m torch.distributed.run`` with the launch settings under torchrun's names."""
+def torchrun_argv(
+    settings: Settings, run_id: str, log_dir: Path, entry: list[str], rdzv_conf: str | None = None
+) -> list[str]:
+    """``python -m torch.distributed.run`` with the launch settings under torchrun's names
+    (and ``--rdzv-conf`` when the plan decided one: :func:`_rdzv_conf`)."""
     launch = settings.launch
     argv = [sys.executable, "-m", TORCHRUN_MODULE]
     if launch.nnodes == 1 and launch.rdzv_endpoint is None:
@@ -261,6 +286,8 @@ def torchrun_argv(settings: Settings, run_id: str, log_dir: Path, entry: list[st
             "--rdzv-endpoint", str(launch.rdzv_endpoint),
             "--rdzv-id", launch.rdzv_id or run_id,
         ]  # fmt: skip
+        if rdzv_conf:
+            argv += ["--rdzv-conf", rdzv_conf]
     argv += ["--max-restarts", str(launch.max_restarts)]
     # Per-rank stdout/stderr files (and torchelastic error files) under the run directory.
     argv += ["--log-dir", str(log_dir), "--redirects", "3"]
@@ -271,6 +298,37 @@ def torchrun_argv(settings: Settings, run_id: str, log_dir: Path, entry: list[st
 # The plan
 
 
+#: ``mlaunch train`` flags whose value is a secret: never recorded, a marker instead.
+SECRET_FLAGS = ("--otlp-headers",)
+
+
+def launched_as(argv: Sequence[str], cwd: Path) -> dict[str, Any]:
+    """How the launch was given (``resolved.json``'s ``launched_as``): the working directory
+    and the words after ``mlaunch train`` without ``--run-dir`` (a resume names the run
+    directory where it is then: it may have been copied or moved) and with a secret flag's value
+    as a marker. :func:`mlaunch.launcher.run_status.resume_command` makes the command of it."""
+    words = list(argv)
+    tail: list[str] = []
+    if "--" in words:  # what follows goes to the script as it is
+        i = words.index("--")
+        words, tail = words[:i], words[i:]
+    out: list[str] = []
+    i = 0
+    while i < len(words):
+        name, eq, _ = words[i].partition("=")
+        step = 1 if eq or i + 1 == len(words) else 2
+        if name == "--run-dir":
+            i += step
+            continue
+        if name in SECRET_FLAGS:
+            out.append(f"{name}={REDACTED}")
+            i += step
+            continue
+        out.append(words[i])
+        i += 1
+    return {"cwd": str(cwd), "argv": out + tail}
+
+
 def build_plan(
     *,
     flags: Mapping[str, Any],
@@ -278,11 +336,13 @@ def build_plan(
     passthrough: Sequence[str] = (),
     environ: Mapping[str, str],
     cwd: Path,
+    argv: Sequence[str] | None = None,
 ) -> LaunchPlan:
     """Validate every input and decide the whole launch. Raises :class:`SettingsError` listing
-    every problem (the caller prints them and exits 2; nothing has been created)."""
+    every problem (the caller prints them and exits 2; nothing has been created). ``argv``: the
+    words after ``mlaunch train`` as given, for the resume command (None: none is recorded)."""
     config_path = resolve_config(config, cwd)
-    settings, slurm = _load(flags, config_path, environ)
+    settings, cluster, cluster_vars = _load(flags, config_path, environ)
     problems: list[Problem] = []
     run_id = _choose_run_id(settings, environ, problems)
     if settings.launch.nnodes > 1 and settings.launch.rdzv_endpoint is None:
@@ -310,40 +370,95 @@ def build_plan(
         run_id=run_id,
         run_dir=run_dir,
         log_dir=log_dir,
-        argv=torchrun_argv(settings, run_id, log_dir, entry),
+        argv=torchrun_argv(settings, run_id, log_dir, entry, _rdzv_conf(settings, environ)),
         worker_env=worker_env,
         removed_env=removed,
         child_env=child_env,
         exporting_ranks=ranks,
         spans_per_iteration=spans,
-        slurm=slurm,
+        cluster=cluster,
+        cluster_vars=cluster_vars,
         embedded_receiver=not settings.uses_builtin_trainer
         and lens_names.embedded_receiver(settings),
         env_notes=notes,
         megatron_args_reason=megatron_why,
+        launched_as=launched_as(argv, cwd) if argv is not None else None,
     )
 
 
 def _load(
     flags: Mapping[str, Any], config_path: Path, environ: Mapping[str, str]
-) -> tuple[Settings, bool]:
-    """(the settings, whether this is a SLURM allocation): under SLURM, the launch settings
-    SLURM determines fill in what neither a flag nor the config file gave, with SLURM's
-    variable recorded as their source."""
-    flags = dict(flags)
-    slurm = slurm_launch_values(environ)
-    given_in_file = {f"launch.{k}" for k in config_launch_keys(config_path)}
-    from_slurm: dict[str, str] = {}
-    for path, (value, var) in slurm.items():
-        if flags.get(path) is None and path not in given_in_file:
-            flags[path] = value
-            from_slurm[path] = var
-    settings = load_settings(flags=flags, environ=environ, config=config_path)
+) -> tuple[Settings, ClusterSource | None, dict[str, str]]:
+    """(the settings, the scheduler this node runs under, ``{path: variable}`` of what it
+    decided). Under a scheduler (:mod:`.cluster_env`: SLURM, the Kubeflow torch runtime) its
+    variables fill in the launch settings neither a flag nor the user's config file gave (a
+    shipped config's are defaults), each recorded with its variable as the source."""
+    cluster = cluster_launch(environ)
+    if cluster.conflict is not None:
+        raise SettingsError([Problem(*cluster.conflict, "conflict")])
+    # A shipped config's values are defaults: the scheduler's win over them.
+    keys = set() if is_shipped(config_path) else config_launch_keys(config_path)
+    in_file = {f"launch.{k}" for k in keys}
+
+    def given(path: str) -> bool:
+        return flags.get(path) is not None or path in in_file
+
+    problems = [Problem(*p) for path, p in cluster.problems.items() if not given(path)]
+    values = {path: v for path, v in cluster.values.items() if not given(path)}
+    shown = {path: var for path, (_, var) in values.items()}
+    word = values.get("launch.nproc_per_node")
+    if word is not None and not str(word[0]).isdigit():
+        if str(word[0]).lower() not in NPROC_WORDS:
+            problems.append(
+                Problem(word[1], f"{word[0]!r} is not a number of processes, nor auto, gpu, cpu")
+            )
+        else:
+            # torchrun's words count GPUs or CPUs, as the device allows: resolved with the device
+            # the other sources give (a flag, a config file), then validated with the rest.
+            del values["launch.nproc_per_node"]
+    if problems:
+        raise SettingsError(problems)
+    if word is not None and "launch.nproc_per_node" not in values:
+        first = load_settings(
+            flags=flags, environ=environ, config=config_path, cluster=values,
+            check_cross_fields=False,
+        )  # fmt: skip
+        count, how = nproc_count(
+            str(word[0]).lower(), word[1], first.launch.device, _device_text(first), environ
+        )
+        if count is None:
+            raise SettingsError([Problem(word[1], how)])
+        values["launch.nproc_per_node"] = (count, word[1])
+        shown["launch.nproc_per_node"] = how
+    settings = load_settings(flags=flags, environ=environ, config=config_path, cluster=values)
     _check_endpoint_flag_used(settings, flags)
-    for path, var in from_slurm.items():
-        # Provenance: these came from SLURM's variables, not from a flag.
-        settings._sources[path] = Source("env", var)
-    return settings, bool(slurm)
+    return settings, cluster.source, shown
+
+
+def _rdzv_conf(settings: Settings, environ: Mapping[str, str]) -> str | None:
+    """torchrun's ``--rdzv-conf`` when the node rank must say who hosts the c10d store: with an
+    endpoint that is node 0's pod's DNS name (the Kubeflow torch runtime's ``PET_MASTER_ADDR``),
+    torchrun's own guess (the name is one of this machine's) fails on node 0 while the record is
+    not published yet, or when the name is not the pod's host name, and then no node hosts the
+    store. The node rank the runtime gives is the pod's Job completion index: node 0 hosts.
+    ``PET_RDZV_CONF`` (what torchrun reads for ``--rdzv-conf``, which the flag replaces) is
+    kept, and an ``is_host`` the user gave there wins."""
+    launch = settings.launch
+    source = source_of(settings.source("launch.rdzv_endpoint").name)
+    if source is None or not source.host_is_pod_name or launch.rdzv_backend != "c10d":
+        return None
+    given = environ.get(RDZV_CONF_VAR, "").strip().strip(",")
+    if "is_host" in {item.partition("=")[0].strip() for item in given.split(",")}:
+        return given
+    is_host = f"is_host={'true' if launch.node_rank == 0 else 'false'}"
+    return f"{given},{is_host}" if given else is_host
+
+
+def _device_text(settings: Settings) -> str:
+    """The device and where it was set, for a message (``device cpu (from tiny.toml ...)``)."""
+    source = settings.source("launch.device")
+    where = "" if source.kind == "default" else f" (from {source})"
+    return f"device {settings.launch.device}{where}"
 
 
 def _check_endpoint_flag_used(settings: Settings, flags: Mapping[str, Any]) -> None:
@@ -459,7 +574,7 @@ def _choose_run_id(settings: Settings, environ: Mapping[str, str], problems: lis
         Problem(
             flag_name("launch.rdzv_id"),
             "a multi-node run needs one run id on every node: give --rdzv-id (letters, digits,"
-            " '.', '_', '-') or --otel-run-id",
+            f" '.', '_', '-') or --otel-run-id (or {ec.RUN_ID})",
             "conflict",
         )
     )

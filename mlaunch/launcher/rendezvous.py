@@ -21,6 +21,8 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlaunch.launcher.cluster_env import source_of
+
 #: Backends whose node 0 binds a TCPStore on the endpoint's port (etcd's endpoint is the etcd
 #: server: a port that must be taken, not free).
 STORE_BACKENDS: frozenset[str] = frozenset({"c10d", "static"})
@@ -166,6 +168,14 @@ def check_endpoint(
     ``label`` names what set the endpoint (a flag, a variable, a config key) in the fix."""
     host, port = split_endpoint(endpoint)
     why = resolve_error(host)
+    source = source_of(label)
+    if why is not None and source is not None and source.host_is_pod_name:
+        # Node 0's pod's DNS name exists only once that pod runs: not a mistake to refuse, a
+        # wait torchrun's store client makes (it retries the name until its timeout).
+        return EndpointVerdict(
+            note=f"the rendezvous host {host!r} does not resolve yet ({why}); it is node 0's"
+            f" pod's name under {source.name}, and torchrun retries it"
+        )
     if why is not None:
         return EndpointVerdict(
             f"the rendezvous host {host!r} does not resolve ({why})",
@@ -184,8 +194,8 @@ def check_endpoint(
             f" rendezvous id {rdzv_id})",
         )
     held = f"; held by {holder}" if holder is not None else ""
-    if label.startswith("SLURM_"):
-        fix = "set MASTER_PORT to a free port (the rendezvous port under SLURM)"
+    if source is not None and source.port:
+        fix = f"set {source.port[0]} to a free port (the rendezvous port under {source.name})"
     elif nnodes == 1:
         fix = f"pick another port in {label}, or omit it (a single node then picks a free port)"
     else:

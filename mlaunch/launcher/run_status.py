@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 import socket
 import time
 from collections.abc import Iterable, Iterator
@@ -22,8 +23,9 @@ from mlaunch.rundir import layout as lay
 from mlaunch.rundir.records import (
     LauncherAttempts,
     read_heartbeats,
+    read_json_object,
+    read_last_progress_step,
     read_launcher_record,
-    read_progress_tail,
 )
 from mlaunch.rundir.state import RunState
 
@@ -281,10 +283,13 @@ def node_views(run_dir: Path, since: float | None = None) -> list[NodeView]:
     return sorted(views, key=lambda v: v.node)
 
 
-def failures(run_dir: Path, since: float | None = None, slack_s: float = 1.0) -> list[Failure]:
+def failures(
+    run_dir: Path, since: float | None = None, slack_s: float = 1.0, *, locate: bool = True
+) -> list[Failure]:
     """The failed ranks (``error-rank*.json`` written since ``since``, less ``slack_s`` for a
-    coarse file clock), the first to fail first."""
-    nproc = _nproc(run_dir)
+    coarse file clock), the first to fail first. ``locate`` False: without looking for each
+    one's node and log in the workers' logs (a listing needs only that they failed)."""
+    nproc = _nproc(run_dir) if locate else None
     out = []
     for path in run_dir.glob(lay.ERROR_FILE.glob):
         try:
@@ -307,10 +312,9 @@ def failures(run_dir: Path, since: float | None = None, slack_s: float = 1.0) ->
 
 def progress(run_dir: Path) -> dict[str, Any] | None:
     """The newest training record of ``progress.jsonl`` (iteration, loss, age)."""
-    steps = read_progress_tail(run_dir)
-    if not steps:
+    record = read_last_progress_step(run_dir)
+    if record is None:
         return None
-    record = steps[-1]
     out: dict[str, Any] = {
         "iteration": record.iteration,
         "train_iters": record.train_iters,
@@ -424,24 +428,54 @@ def saved_since(run_dir: Path, since: float) -> bool:
     return False
 
 
+#: The states of a run that a resume carries on from its checkpoint (its workers stopped on a
+#: signal and saved): ``mlaunch status``, ``mlaunch runs`` and train's closing lines say how.
+RESUMABLE_STATES = frozenset({"preempted"})
+
+
+def resume_command(run_dir: str | Path, job_id: str | None) -> str | None:
+    """The command that resumes the run: ``scontrol requeue JOB`` for a SLURM job, else the
+    newest launch as it was given (``resolved.json``'s ``launched_as``: ``cd`` to where it was
+    started, ``mlaunch train`` with its words) into the run directory where it is now (a
+    ``--run-dir`` before a ``--`` for the script); None when the launch recorded none."""
+    if job_id is not None:
+        return f"scontrol requeue {job_id}"
+    body = read_json_object(Path(run_dir) / lay.RESOLVED_JSON_FILE) or {}
+    given = body.get("launched_as")
+    if not isinstance(given, dict) or not isinstance(given.get("argv"), list):
+        return None
+    words = [str(w) for w in given["argv"]]
+    cut = words.index("--") if "--" in words else len(words)
+    words[cut:cut] = ["--run-dir", str(Path(run_dir).absolute())]
+    cwd = str(given.get("cwd") or ".")
+    return f"cd {shlex.quote(cwd)} && mlaunch train {shlex.join(words)}"
+
+
 def resumable_text(run_dir: str | Path, job_id: str | None) -> str:
     """How a run whose workers stopped on a signal and saved resumes (``mlaunch status`` of a
-    preempted run, and ``mlaunch train``'s closing lines after Ctrl-C or SIGTERM)."""
+    preempted run, and ``mlaunch train``'s closing lines after Ctrl-C or SIGTERM), with the
+    command (:func:`resume_command`) on a line of its own."""
     if job_id is None:
-        return (
+        text = (
             "resumable: the workers stopped on a signal and saved; `mlaunch train` with the same"
             f" settings and --run-dir {run_dir} resumes from the checkpoint"
         )
+        command = resume_command(run_dir, None)
+        return text + (f"\nresume:   {command}" if command else "")
     return (
         "resumable: the workers stopped on a signal and saved; it resumes from the checkpoint"
         f" when the job is requeued (scontrol requeue {job_id})"
     )
 
 
-def apply_launch(st: JobStatus, run_dir: Path, rec: LauncherAttempts | None) -> None:
-    """Outside SLURM: the state from the newest launch's record and job trace."""
+def apply_launch(
+    st: JobStatus, run_dir: Path, rec: LauncherAttempts | None, *, locate: bool = True
+) -> None:
+    """Outside SLURM: the state from the newest launch's record and job trace (``locate``:
+    :func:`failures`')."""
     since = rec.started if rec else None
-    spans = job_trace(run_dir, since)
+    # The job trace says what a launch without a record did (read only then, or for restarts).
+    spans = job_trace(run_dir, since) if rec is None else []
     jobs = [s for s in spans if s.get("name") == _JOB]
     job = jobs[-1] if jobs else None
     if rec is not None:
@@ -450,15 +484,17 @@ def apply_launch(st: JobStatus, run_dir: Path, rec: LauncherAttempts | None) -> 
         st.restarts = [RestartView(r.attempt, r.rank, r.cause, r.time) for r in rec.restarts]  # type: ignore[arg-type]
     elif job is None:
         return  # neither: the run directory alone tells (below)
-    if not st.restarts:
-        st.restarts = _restarts_from_trace(spans)
+    if not st.restarts and (rec is None or locate):
+        # An earlier mlaunch's record without restarts: the job trace's (a listing, which
+        # needs only the state, leaves them out and skips reading the trace).
+        st.restarts = _restarts_from_trace(spans if rec is None else job_trace(run_dir, since))
     if st.attempt is None and job is not None:
         st.attempt = job["attributes"].get(Attr.ATTEMPT)
     final_since = st.restarts[-1].time if st.restarts and st.restarts[-1].time else since
     # The final attempt's failures, not a restarted one's: that attempt's error files were written
     # before torchrun made the next attempt's folder (the restart's time), so no slack here.
     restarted = bool(st.restarts and st.restarts[-1].time)
-    st.failures = failures(run_dir, final_since, 0.0 if restarted else 1.0)
+    st.failures = failures(run_dir, final_since, 0.0 if restarted else 1.0, locate=locate)
     if rec is not None and rec.ended is None:
         st.state = "launcher_died" if st.launcher and st.launcher.alive is False else "running"
         return

@@ -80,6 +80,15 @@ SLURM_OUTPUT_GLOB = SLURM_OUTPUT_TEMPLATE.replace("%j", "*")
 LAUNCHER_LOG = "launcher.log"
 #: torchrun's own output (its restarts, a group's failure), under each node's log directory.
 TORCHRUN_LOG = "torchrun.log"
+#: Under a node's log directory, torchrun makes one ``<rdzv id>_<random>`` folder per launch and
+#: in it one folder per attempt (restart), in which each local rank's folder holds its output
+#: (torchrun's names; :mod:`mlaunch.rundir.worker_logs` reads them).
+TORCHRUN_ATTEMPT_DIR = NumberedName("attempt_{attempt}")
+#: A worker's output files in its local rank's folder (``--redirects 3``), in the order shown.
+WORKER_STREAMS = ("stdout.log", "stderr.log")
+#: Beside them: the worker's global rank, written by mlaunch's wrapper as the worker starts
+#: (torchrun's rendezvous may number a node's ranks otherwise than its node rank says).
+WORKER_RANK_FILE = "rank"
 #: What torchelastic's ``@record`` leaves in a failed worker's log folder (torch's name).
 TORCHELASTIC_ERROR_FILE = "error.json"
 #: ``mlaunch trace report``'s page, at the top of the run directory unless ``-o`` says otherwise.
@@ -319,6 +328,18 @@ def span_counts_file(run_dir: str | Path, rank: int) -> Path:
     return Path(run_dir) / TELEMETRY_DIR / f"span-counts-rank{rank}.json"
 
 
+def is_run_dir(path: str | Path) -> bool:
+    """Whether ``path`` holds what ``mlaunch train`` or ``mlaunch sbatch`` leave in every run
+    directory (its resolved settings, node 0's launcher record, the SLURM job, or worker logs)."""
+    path = Path(path)
+    return (
+        (path / RESOLVED_JSON_FILE).is_file()
+        or launcher_record_file(path).is_file()
+        or (path / SLURM_JOB_FILE).is_file()
+        or (path / LOGS_DIR).is_dir()
+    )
+
+
 def default_run_dir(run_id: str, cwd: str | Path | None = None) -> Path:
     """``./runs/<run_id>/`` under the current (or given) directory."""
     return Path(cwd or os.getcwd()) / "runs" / run_id
@@ -354,6 +375,9 @@ __all__ = [
     "SLURM_OUTPUT_GLOB",
     "LAUNCHER_LOG",
     "TORCHRUN_LOG",
+    "TORCHRUN_ATTEMPT_DIR",
+    "WORKER_STREAMS",
+    "WORKER_RANK_FILE",
     "REPORT_FILE",
     "REPLAY_LEDGER_FILE",
     "REPLAY_LOCK_FILE",
@@ -405,5 +429,6 @@ __all__ = [
     "receiver_stats_file",
     "span_counts_file",
     "default_run_dir",
+    "is_run_dir",
     "tee_file",
 ]

@@ -107,10 +107,7 @@ def read_progress_record(raw: bytes | str) -> ProgressRecord | None:
     return None
 
 
-def read_progress_tail(run_dir: str | Path, limit: int = 64 << 10) -> list[ProgressStep]:
-    """The training records in the last ``limit`` bytes of ``run_dir``'s ``progress.jsonl``,
-    oldest first ([] when it cannot be read): what a view of a running job needs of a file that
-    grows with the run, without reading it whole. The line the cut falls inside is dropped."""
+def _progress_tail_lines(run_dir: str | Path, limit: int) -> list[bytes]:
     try:
         with (Path(run_dir) / PROGRESS_FILE).open("rb") as fh:
             size = fh.seek(0, 2)
@@ -118,9 +115,26 @@ def read_progress_tail(run_dir: str | Path, limit: int = 64 << 10) -> list[Progr
             lines = fh.read().splitlines()
     except OSError:
         return []
-    if size > limit:
-        lines = lines[1:]
+    return lines[1:] if size > limit else lines
+
+
+def read_progress_tail(run_dir: str | Path, limit: int = 64 << 10) -> list[ProgressStep]:
+    """The training records in the last ``limit`` bytes of ``run_dir``'s ``progress.jsonl``,
+    oldest first ([] when it cannot be read): what a view of a running job needs of a file that
+    grows with the run, without reading it whole. The line the cut falls inside is dropped."""
+    lines = _progress_tail_lines(run_dir, limit)
     return [r for r in map(read_progress_record, lines) if isinstance(r, ProgressStep)]
+
+
+def read_last_progress_step(run_dir: str | Path, limit: int = 64 << 10) -> ProgressStep | None:
+    """The newest training record in the last ``limit`` bytes (:func:`read_progress_tail`'s
+    last), parsing back from the end only until it is found (a listing of many runs reads one
+    record of each)."""
+    for raw in reversed(_progress_tail_lines(run_dir, limit)):
+        record = read_progress_record(raw)
+        if isinstance(record, ProgressStep):
+            return record
+    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -491,4 +505,5 @@ __all__ = [
     "ProgressRecord",
     "read_progress_record",
     "read_progress_tail",
+    "read_last_progress_step",
 ]

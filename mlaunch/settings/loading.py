@@ -223,14 +223,18 @@ def load_settings(
     environ: Mapping[str, str] | None = None,
     config: str | Path | None = None,
     check_cross_fields: bool = True,
+    cluster: Mapping[str, tuple[Any, str]] | None = None,
 ) -> Settings:
     """Merge flags > environment > config file > defaults into validated :class:`Settings`.
 
     A shipped config (``CONFIGS_DIR``) is a default: an endpoint the user set (a flag or a
     variable) wins over its exporter (:func:`_endpoint_over_shipped_exporter`).
 
-    ``flags`` maps dotted paths (``"telemetry.span_groups"``) to values (None = not given).
-    Raises :class:`SettingsError` listing every problem found.
+    ``cluster`` holds what a scheduler's variables determine, ``{path: (value, variable)}``
+    (the launcher's ``cluster_env``: SLURM's, the Kubeflow torch runtime's), each value's
+    source its variable, so an error names it. It ranks below the variables and above the
+    config file: the caller leaves out what a flag or the user's own config file gives, and a
+    shipped config's value is a default the scheduler's wins over.
     """
     environ = os.environ if environ is None else environ
     problems: list[Problem] = []
@@ -239,6 +243,11 @@ def load_settings(
     problems += env_src.problems
     problems += _preempt_signals_problems(environ)
     layers: list[Layer] = [flag_src, env_src]
+    if cluster:
+        scheduler = Layer()
+        for path, (value, variable) in cluster.items():
+            scheduler.set(path, value, Source("env", variable))
+        layers.append(scheduler)
     if config is not None:
         file_src = FileSource(Path(config))
         problems += file_src.problems

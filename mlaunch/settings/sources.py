@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from mlaunch.configs import CONFIGS_DIR
+from mlaunch.configs import is_shipped
 from mlaunch.envcontract import FALLBACK_PREFIX, PRIMARY_PREFIX
 from mlaunch.model.spec import closest_word, quoted
 from mlaunch.settings.names import ALIAS_KEYS, OTEL_ENV, TELEMETRY_KEYS, flag_name
@@ -139,7 +139,7 @@ class FileSource(Layer):
         self.path = path
         #: One of mlaunch's shipped configs (``--config tiny``, or none given): its values are
         #: mlaunch's defaults, not the user's choice (see ``loading``).
-        self.shipped = path.resolve().parent == CONFIGS_DIR
+        self.shipped = is_shipped(path)
         try:
             # utf-8-sig: an editor's byte-order mark (Windows Notepad) is not TOML, but not an error.
             data = tomllib.loads(path.read_text(encoding="utf-8-sig"))

@@ -7,7 +7,7 @@
 
 Above the launcher: the batch script is made from the launch plan, so this package imports
 :mod:`mlaunch.launcher` and never the other way. What ``mlaunch train`` reads of SLURM inside a
-job (its allocation variables) is the launcher's own (:mod:`mlaunch.launcher.slurm_env`).
+job (its allocation variables) is the launcher's own (:mod:`mlaunch.launcher.cluster_env`).
 Nothing is imported here: ``mlaunch status`` must not pay for the settings layer that
 :mod:`.batch` loads.
 """

@@ -2,7 +2,7 @@
 
 The side effects of :mod:`mlaunch.slurm.batch`: ``sbatch``, ``scontrol``, ``scancel``,
 ``sacct`` as subprocesses (their output parsed here, nowhere else). The allocation read from
-SLURM's variables inside a job is the launcher's (:mod:`mlaunch.launcher.slurm_env`): ``mlaunch
+SLURM's variables inside a job is the launcher's (:mod:`mlaunch.launcher.cluster_env`): ``mlaunch
 train`` plans with it, and the launcher never imports this package, which sits above it.
 """
 

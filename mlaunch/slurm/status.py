@@ -9,14 +9,17 @@ preemption or the time-limit warning: resumable) from a failure and from a finis
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from mlaunch.launcher.hang_report import hang_status
 from mlaunch.launcher.run_status import (
+    RESUMABLE_STATES,
     JobStatus,
     apply_launch,
     failures,
@@ -25,6 +28,7 @@ from mlaunch.launcher.run_status import (
     node_views,
     progress,
     resumable_text,
+    resume_command,
     stopped_early,
     telemetry_off,
 )
@@ -63,12 +67,16 @@ def _job_record(run_dir: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _job_id_of(run_dir: Path) -> str | None:
-    """The job id a run directory belongs to: ``slurm-job.json``, else its ``resolved.json``."""
+def _job_id_of(run_dir: Path, resolved: dict[str, Any] | None = None) -> str | None:
+    """The job id a run directory belongs to: ``slurm-job.json``, else its ``resolved.json``
+    (``resolved``: its content, when the caller has read it)."""
     if jid := _job_record(run_dir).get("job_id"):
         return str(jid)
     try:
-        data = json.loads((run_dir / lay.RESOLVED_JSON_FILE).read_text(encoding="utf-8"))
+        if resolved is not None:
+            data = resolved
+        else:
+            data = json.loads((run_dir / lay.RESOLVED_JSON_FILE).read_text(encoding="utf-8"))
         env = data.get("environment", {})
     except (OSError, ValueError, AttributeError):
         return None
@@ -151,16 +159,37 @@ def resolve_target(target: str, cwd: Path) -> Target:
 def _job_status(target: str, cwd: Path) -> tuple[JobStatus, float | None]:
     """:func:`job_status` without the run model, and the start of the launch it describes."""
     t = resolve_target(target, cwd)
-    run_dir, job_id, info, note = t.run_dir, t.job_id, t.info, t.note
+    return _status_of(t.run_dir, t.job_id, t.info, t.note)
+
+
+def run_dir_status(run_dir: Path, resolved: dict[str, Any] | None = None) -> JobStatus:
+    """The state of a run directory as :func:`job_status` decides it, from the run directory
+    alone (SLURM not asked) and without the views' detail (each node's last line, failed ranks'
+    logs, hang reports, the run model): ``mlaunch runs`` lists many runs this way, fast.
+    ``resolved``: its ``resolved.json``, when the caller has read it."""
+    return _status_of(run_dir, _job_id_of(run_dir, resolved), None, None, detail=False)[0]
+
+
+def _status_of(
+    run_dir: Path | None,
+    job_id: str | None,
+    info: SlurmJobInfo | None,
+    note: str | None,
+    *,
+    detail: bool = True,
+) -> tuple[JobStatus, float | None]:
+    """The one derivation of a run's state (SLURM's ``info`` when there is one, else the run
+    directory's records). ``detail`` False: only what decides the state and the progress."""
     st = JobStatus(job_id=job_id, state="unknown", run_dir=str(run_dir) if run_dir else None)
     st.note = note
     since = info.start_epoch() if info is not None else None
     if run_dir is not None:
         st.progress = progress(run_dir)
-        st.nodes = node_views(run_dir, since)
-        st.failures = failures(run_dir, since)
-        outputs = sorted(run_dir.glob(lay.SLURM_OUTPUT_GLOB))
-        st.output = str(outputs[-1]) if outputs else None
+        st.failures = failures(run_dir, since, locate=detail)
+        if detail:
+            st.nodes = node_views(run_dir, since)
+            outputs = sorted(run_dir.glob(lay.SLURM_OUTPUT_GLOB))
+            st.output = str(outputs[-1]) if outputs else None
     if info is not None:
         st.slurm = info.as_json()
         st.incarnation = info.restarts + 1 if info.restarts is not None else None
@@ -169,14 +198,14 @@ def _job_status(target: str, cwd: Path) -> tuple[JobStatus, float | None]:
     launched = since if since is not None else (rec.started if rec is not None else None)
     if rec is not None and rec.watchdog is not None:
         st.watchdog = rec.watchdog
-    if run_dir is not None:
+    if run_dir is not None and detail:
         st.hang = hang_status(run_dir, launched)
         st.telemetry_off = [
             {"rank": rank, "reason": reason}
             for rank, reason in telemetry_off(run_dir, launched).items()
         ]
     if info is None and run_dir is not None:  # no SLURM (or it forgot it): the launch's record
-        apply_launch(st, run_dir, rec)
+        apply_launch(st, run_dir, rec, locate=detail)
         if st.state != "unknown":
             hang_cause(st)
             return st, launched
@@ -190,6 +219,111 @@ def _job_status(target: str, cwd: Path) -> tuple[JobStatus, float | None]:
         # --signal) and saved: the job can resume from its checkpoint.
         st.state = "preempted"
     return st, launched
+
+
+# --------------------------------------------------------------------------------------------
+# Every run under a directory (``mlaunch runs``)
+
+#: The state word of a folder that is no run directory, and of one whose records cannot be read.
+NOT_A_RUN, CORRUPT = "not a run", "corrupt"
+#: Said under a listing with SLURM jobs in it: their state is the run directory's, not SLURM's.
+SLURM_NOT_ASKED = (
+    "SLURM was not asked (one query per job would make the listing slow): a job's state is"
+    " what its run directory says; `mlaunch status JOB_ID` asks SLURM"
+)
+
+
+@dataclass
+class RunRow:
+    """One folder of a runs directory, as ``mlaunch runs`` lists it."""
+
+    run_id: str
+    state: str
+    path: str
+    started: float | None = None
+    """When its newest launch started (epoch seconds), else when it was submitted to SLURM."""
+    iteration: int | None = None
+    train_iters: int | None = None
+    entry: str | None = None
+    """What the workers run: ``trainer`` (mlaunch's), the script's path or ``-m MODULE``."""
+    job_id: str | None = None
+    resume: str | None = None
+    """The command that resumes it, when it stopped with a checkpoint."""
+    note: str | None = None
+    """Why a folder is listed as :data:`NOT_A_RUN` or :data:`CORRUPT`."""
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _entry_of(resolved: dict[str, Any]) -> str | None:
+    settings = resolved.get("settings")
+    if not isinstance(settings, dict):
+        return None
+
+    def value(key: str) -> Any:
+        entry = settings.get(key)
+        return entry.get("value") if isinstance(entry, dict) else None
+
+    if value("launch.script"):
+        return str(value("launch.script"))
+    if value("launch.module"):
+        return f"-m {value('launch.module')}"
+    return "trainer"
+
+
+def run_row(run_dir: Path) -> RunRow:
+    """One folder as a row: its state by :func:`run_dir_status` (the words of ``mlaunch
+    status``), progress, start, entry point and resume command; a folder that is no run, or
+    whose records cannot be read, is a row that says so (never an exception)."""
+    from mlaunch.rundir.records import read_json_object
+
+    row = RunRow(run_dir.name, NOT_A_RUN, str(run_dir))
+    if not lay.is_run_dir(run_dir):
+        row.note = "no resolved.json, launcher record, SLURM job or logs/ in it"
+        return row
+    resolved_path = run_dir / lay.RESOLVED_JSON_FILE
+    resolved = read_json_object(resolved_path)
+    if resolved is None and resolved_path.exists():
+        row.state, row.note = CORRUPT, f"{lay.RESOLVED_JSON_FILE} cannot be read as a JSON object"
+        return row
+    resolved = resolved or {}
+    try:
+        st = run_dir_status(run_dir, resolved)
+    except Exception as exc:  # noqa: BLE001 - a listing names a folder it cannot read, never stops
+        row.state, row.note = CORRUPT, f"{type(exc).__name__}: {exc}"
+        return row
+    row.run_id = str(resolved.get("run_id") or run_dir.name)
+    row.state, row.job_id = st.state, st.job_id
+    la = st.launcher
+    row.started = la.started if la is not None else _job_record(run_dir).get("submitted")
+    if row.started is None:
+        with contextlib.suppress(OSError):
+            row.started = resolved_path.stat().st_mtime
+    if st.progress:
+        row.iteration, row.train_iters = (
+            st.progress.get("iteration"),
+            st.progress.get("train_iters"),
+        )
+    row.entry = _entry_of(resolved)
+    if row.train_iters is None and row.entry == "trainer":  # no iteration yet: the resolved total
+        entry = (resolved.get("settings") or {}).get("training.train_iters")
+        total = entry.get("value") if isinstance(entry, dict) else None
+        row.train_iters = total if isinstance(total, int) else None
+    if st.state in RESUMABLE_STATES:
+        row.resume = resume_command(run_dir, st.job_id)
+    return row
+
+
+def list_runs(folder: Path) -> list[RunRow]:
+    """Every folder directly under ``folder`` (hidden ones aside), newest first (a folder with
+    no start last)."""
+    rows = [
+        run_row(Path(e.path))
+        for e in os.scandir(folder)
+        if e.is_dir() and not e.name.startswith(".")
+    ]
+    return sorted(rows, key=lambda r: (r.started is None, -(r.started or 0), r.path))
 
 
 # --------------------------------------------------------------------------------------------
@@ -265,7 +399,7 @@ def status_text(st: JobStatus) -> str:
         lines.append(f"pod:      {pod['name']} (node {pod['node']}): {pod['phase']}{why}{where}")
     for n in st.nodes:
         lines.append(f"node {n.node}:   {n.last_line or '(nothing logged yet)'}")
-    if st.state == "preempted":
+    if st.state in RESUMABLE_STATES:
         lines.append(resumable_text(st.run_dir or "", st.job_id))
     if st.note:
         lines.append(f"note:     {st.note}")

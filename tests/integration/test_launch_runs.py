@@ -5,6 +5,7 @@ checkpoint resume. Tiny models; each run is a few seconds of training."""
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import signal
 import subprocess
@@ -202,8 +203,26 @@ def test_sigterm_stops_workers_flushes_traces_and_leaves_a_resumable_checkpoint(
         # The train block was open when the stop came: ended, and marked truncated.
         truncated = {s["name"] for s in spans if s["attributes"].get("nemo.span.truncated")}
         assert "megatron.train" in truncated, sorted(truncated)
-    # Resume: the same run directory picks the checkpoint up and carries on from there.
-    code, out = finish(mlaunch(*args, "--train-iters", str(last + 2), cwd=tmp_path))
+    # The command that resumes it, said by train's closing lines and `mlaunch runs` alike (one
+    # source: the launch's record in resolved.json).
+    (resume,) = [
+        ln.removeprefix("resume:   ") for ln in out.splitlines() if ln.startswith("resume:")
+    ]
+    assert resume == (
+        f"cd {tmp_path} && mlaunch train --save-interval 3 --log-interval 1 --train-iters 400"
+        f" --run-dir {run_dir}"
+    ), resume
+    listed = subprocess.run(
+        [sys.executable, "-m", "mlaunch", "runs", str(tmp_path), "--json"],
+        env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT_S,
+    )  # fmt: skip
+    (row,) = [r for r in json.loads(listed.stdout) if r["path"] == str(run_dir)]
+    assert row["state"] == "preempted" and row["resume"] == resume, row
+    assert row["iteration"] == last and row["train_iters"] == 400
+    # Resume with that very command (fewer iterations after it: a later flag wins): the same
+    # run directory picks the checkpoint up and carries on from there.
+    words = shlex.split(resume.split(" && mlaunch train ", 1)[1])
+    code, out = finish(mlaunch(*words, "--train-iters", str(last + 2), cwd=tmp_path))
     assert code == 0, out
     # Said before the workers start: where they pick up, not "iteration 1 follows".
     assert f"loading the checkpoint of iteration {last}; iteration {last + 1} follows" in out, out

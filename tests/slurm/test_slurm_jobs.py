@@ -270,3 +270,32 @@ def test_a_bad_configuration_is_refused_and_nothing_is_submitted(slurm_cluster, 
         assert "Traceback" not in out.stderr
     assert slurm_cluster.queue() == before
     assert not (tmp_path / "runs").exists()
+
+
+#: Every worker says who and where it is, on stdout and on stderr.
+HELLO = """
+import os, socket, sys
+rank, node = os.environ["RANK"], os.environ.get("SLURM_NODEID")
+print(f"hello from rank {rank} on node {node}", flush=True)
+print(f"stderr of rank {rank}", file=sys.stderr, flush=True)
+"""
+
+
+def test_logs_of_a_job_show_both_nodes_workers(slurm_cluster, tmp_path):
+    script = tmp_path / "hello.py"
+    script.write_text(HELLO)
+    job_id, run_dir = submit(slurm_cluster, tmp_path, "--script", str(script), "--no-megatron-args")
+    assert wait_done(slurm_cluster, job_id) == "COMPLETED"
+    out = mlaunch(slurm_cluster, tmp_path, "logs", job_id)
+    show("mlaunch logs JOB_ID", out.stdout + out.stderr)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    # Each rank's own lines under its rank, whichever node the rendezvous gave it.
+    for rank in (0, 1):
+        (hello,) = [ln for ln in lines if ln.startswith(f"[rank {rank}] hello from rank {rank} ")]
+        assert f"[rank {rank}] stderr of rank {rank}" in lines
+    nodes = {ln.rsplit(" ", 1)[1] for ln in lines if " hello from rank " in ln}
+    assert nodes == {"0", "1"}, lines  # both nodes' logs, from the one run directory
+    assert out.stderr.strip() == "== attempt 0 (launch 1 of 1, torchrun restart 0) =="
+    one = mlaunch(slurm_cluster, tmp_path, "logs", str(run_dir), "--node", "1")
+    assert one.returncode == 0 and one.stdout.splitlines()[0].endswith("on node 1"), one.stdout

@@ -14,7 +14,7 @@ import pytest
 
 #: Variables scrubbed from the inherited environment, so the developer's shell never leaks in.
 PREFIXES = (
-    "MEGATRON_OTEL_", "NEMO_LENS_", "OTEL_", "SLURM_", "MLAUNCH_", "TORCHELASTIC_",
+    "MEGATRON_OTEL_", "NEMO_LENS_", "OTEL_", "SLURM_", "PET_", "MLAUNCH_", "TORCHELASTIC_",
     "LENS_LAUNCH_SCRIPT_",
 )  # fmt: skip
 #: A generous bound for one tiny job on a loaded 2-core machine (a hang fails, not a slow run).

@@ -102,6 +102,7 @@ def test_every_json_shape_is_unchanged(run_dir: Path, tmp_path: Path) -> None:
         "groups resolve": ["groups", "resolve", "all,-layer", "--json"],
         "doctor": ["doctor", "--json"],
         "status": ["status", str(run_dir), "--json"],
+        "runs": ["runs", str(run_dir.parent), "--json"],
         "trace summary": ["trace", "summary", str(run_dir), "--json"],
         "trace goodput": ["trace", "goodput", str(run_dir), "--json"],
     }

@@ -17,7 +17,7 @@ from mlaunch.doctor.host import (
 )
 from mlaunch.doctor.packages import check_packages, check_python, satisfies
 from mlaunch.doctor.results import CheckResult, exit_code, summarize, to_json
-from mlaunch.launcher.slurm_env import expand_nodelist
+from mlaunch.launcher.cluster_env import expand_nodelist
 from mlaunch.settings import load_settings
 
 

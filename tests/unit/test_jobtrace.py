@@ -159,6 +159,7 @@ def test_the_wrappers_copies_of_the_variable_names_are_envcontracts():
         ec.LAUNCH_SCRIPT_START_TIME,
         ec.LAUNCH_SCRIPT_PRESRUN_TIME,
     )
+    assert attempt_entry.WORKER_RANK_FILE == lay.WORKER_RANK_FILE
 
 
 def test_attempt_span_ids_are_distinct_and_never_zero():

@@ -20,7 +20,9 @@ from mlaunch.launcher import run as lrun
 from mlaunch.launcher.configs import CONFIGS_DIR
 from mlaunch.rundir.records import read_progress_record
 
-PREFIXES = ("MEGATRON_OTEL_", "NEMO_LENS_", "OTEL_", "SLURM_", "MLAUNCH_", "TORCHELASTIC_")
+PREFIXES = (
+    "MEGATRON_OTEL_", "NEMO_LENS_", "OTEL_", "SLURM_", "PET_", "MLAUNCH_", "TORCHELASTIC_",
+)  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
@@ -362,7 +364,7 @@ def test_slurm_variables_fill_in_the_launch(spawned):
     (pointer,) = result.output.splitlines()
     assert pointer.startswith("node 3 of 4: the progress view is node 0's")
     log = Path(env["MLAUNCH_RUN_DIR"]) / "logs" / "node3" / "launcher.log"
-    assert pointer.endswith(str(log)) and "(from SLURM)" in log.read_text()
+    assert pointer.endswith(str(log)) and "node rank 3 (from SLURM_NODEID)" in log.read_text()
 
 
 # ---- validation: exit 2, one line per problem naming the field, nothing created ------------

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from mlaunch.launcher import cluster_env, worker_args
 from mlaunch.launcher import configs as lc
 from mlaunch.launcher import plan as lp
-from mlaunch.launcher import slurm_env as slurm
-from mlaunch.launcher import worker_args
 from mlaunch.settings import SECTIONS, SettingsError
 
 CLEAN = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
@@ -112,7 +111,7 @@ def test_megatron_script_gets_megatron_names_and_otel_flags_only(tmp_path):
     ],
 )
 def test_expand_nodelist(nodelist, hosts):
-    assert slurm.expand_nodelist(nodelist) == hosts
+    assert cluster_env.expand_nodelist(nodelist) == hosts
 
 
 SLURM = {
