@@ -253,8 +253,9 @@ def test_dry_run_prints_the_manifest_and_writes_nothing(tmp_path):
 @pytest.mark.parametrize("own_config", [False, True])
 def test_what_the_pod_runs_is_what_was_validated(tmp_path, monkeypatch, own_config):
     """The pod's ``mlaunch train`` (its arguments parsed by train's own command line, its
-    environment only the manifest's) plans the same settings as the validation did, but for what
-    the runtime decides per pod; a config file of this machine (not in the image) included."""
+    environment only the manifest's and the torch runtime's PET_*) plans the same settings as
+    the validation did, but for what the runtime decides per pod; a config file of this machine
+    (not in the image) included."""
     import typer
 
     from mlaunch.cli import build_app
@@ -282,17 +283,24 @@ def test_what_the_pod_runs_is_what_was_validated(tmp_path, monkeypatch, own_conf
     params = dict(command.make_context("train", list(trainer["args"])).params)
     pod_flags = given_settings(params)
     apply_negative_flags(params, pod_flags)
-    # what the torch runtime gives node 2 (PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR:PORT)
-    pod_flags.update(
-        {"launch.nnodes": "3", "launch.node_rank": "2", "launch.rdzv_endpoint": "n0.job:29500"}
-    )
+    # node 2's environment: the manifest's, and what the torch runtime adds (Trainer v2.3.0's
+    # torch plugin: PET_NPROC_PER_NODE from numProcPerNode, the master at node 0's pod)
+    name = manifest(job)["metadata"]["name"]
+    pod_env = {
+        **env, "PET_NNODES": str(trainer["numNodes"]), "PET_NODE_RANK": "2",
+        "PET_NPROC_PER_NODE": str(trainer["numProcPerNode"]),
+        "PET_MASTER_ADDR": f"{name}-node-0-0.{name}", "PET_MASTER_PORT": "29500",
+    }  # fmt: skip
     elsewhere = tmp_path / "pod-workdir"
     elsewhere.mkdir()
-    pod = build_plan(flags=pod_flags, config=params["config"], passthrough=[], environ=env,
+    pod = build_plan(flags=pod_flags, config=params["config"], passthrough=[], environ=pod_env,
                      cwd=elsewhere)  # fmt: skip
     here, there = settings_table(job.plan.settings), settings_table(pod.settings)
     differ = {k for k in here if here[k]["value"] != there[k]["value"]}
     assert differ == {"launch.node_rank", "launch.rdzv_endpoint", "launch.run_dir"}
+    assert there["launch.nnodes"]["value"] == 3 and there["launch.node_rank"]["value"] == 2
+    assert there["launch.rdzv_endpoint"]["value"] == f"{name}-node-0-0.{name}:29500"
+    assert str(pod.settings.source("launch.node_rank")).endswith("PET_NODE_RANK")
     assert pod.run_id == job.run_id
     assert str(pod.run_dir) == f"{tmp_path}/vol/runs/{job.run_id}"
     assert there["telemetry.service_name"]["value"] == "svc"
