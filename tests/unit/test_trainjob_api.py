@@ -324,3 +324,14 @@ def test_logs_command_prints_each_pods_lines(api, kube, tmp_path, capsys):
     code = trainjob_logs_command(f"trainjob/{name}", namespace=None, node=None, tail=None,
                                  follow=False, rank=3)  # fmt: skip
     assert code == 2 and "--rank" in capsys.readouterr().err
+
+
+def test_mlaunch_logs_of_a_trainjob_reads_its_pods(api, kube, tmp_path):
+    name = _create(kube, tmp_path)
+    api.add_pod("team", name, 0, log="first\nsecond\n")
+    env = {"KUBECONFIG": str(api.kubeconfig)}
+    out = _mlaunch(tmp_path, "logs", f"trainjob/{name}", "--tail", "1", env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "second\n"
+    bad = _mlaunch(tmp_path, "logs", f"trainjob/{name}", "--attempt", "1", env=env)
+    assert bad.returncode == 2 and "--attempt" in bad.stderr
