@@ -226,6 +226,8 @@ def _status_of(
 
 #: The state word of a folder that is no run directory, and of one whose records cannot be read.
 NOT_A_RUN, CORRUPT = "not a run", "corrupt"
+#: The state word of the local run directory of a Kubernetes TrainJob (its note says how to ask).
+TRAINJOB_STATE = "on kubernetes"
 #: Said under a listing with SLURM jobs in it: their state is the run directory's, not SLURM's.
 SLURM_NOT_ASKED = (
     "SLURM was not asked (one query per job would make the listing slow): a job's state is"
@@ -279,6 +281,17 @@ def run_row(run_dir: Path) -> RunRow:
     from mlaunch.rundir.records import read_json_object
 
     row = RunRow(run_dir.name, NOT_A_RUN, str(run_dir))
+    trainjob = read_json_object(run_dir / lay.TRAINJOB_RECORD_FILE)
+    if trainjob is not None and not lay.is_run_dir(run_dir):
+        # A TrainJob's manifest and record: its run is in the pods and on their volume; asking
+        # the API per row would make the listing slow, as asking SLURM would.
+        name, ns = trainjob.get("name"), trainjob.get("namespace")
+        row.state = TRAINJOB_STATE
+        row.started = (
+            trainjob.get("created") if isinstance(trainjob.get("created"), float) else None
+        )
+        row.note = f"a Kubernetes TrainJob: mlaunch status trainjob/{name} -n {ns}"
+        return row
     if not lay.is_run_dir(run_dir):
         row.note = "no resolved.json, launcher record, SLURM job or logs/ in it"
         return row

@@ -335,3 +335,15 @@ def test_mlaunch_logs_of_a_trainjob_reads_its_pods(api, kube, tmp_path):
     assert out.stdout == "second\n"
     bad = _mlaunch(tmp_path, "logs", f"trainjob/{name}", "--attempt", "1", env=env)
     assert bad.returncode == 2 and "--attempt" in bad.stderr
+
+
+def test_runs_lists_a_trainjobs_run_directory_without_asking_the_api(api, tmp_path):
+    out = _mlaunch(tmp_path, "trainjob", "--image", "img:1", "--otel-run-id", "r1",
+                   env={"KUBECONFIG": str(api.kubeconfig)})  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    asked = len(api.requests)
+    listing = _mlaunch(tmp_path, "runs", "--json")
+    assert listing.returncode == 0, listing.stderr
+    (row,) = json.loads(listing.stdout)
+    assert row["state"] == "on kubernetes" and "trainjob/mlaunch-r1" in row["note"]
+    assert len(api.requests) == asked
