@@ -201,7 +201,8 @@ def trainjob_state(trainjob: Mapping[str, Any], pods: list[PodView]) -> tuple[st
             return "queued", f"Kueue LocalQueue {meta['labels'][QUEUE_LABEL]}"
         return "suspended", (conditions.get("Suspended") or {}).get("message")
     nodes = [p for p in pods if p.node is not None]
-    if any(p.phase == "Running" for p in nodes):
+    if any(p.phase in ("Running", "Succeeded", "Failed") for p in nodes):
+        # a pod that has ended before the TrainJob's condition says so: still its run
         return "running", None
     waiting = next((p.reason for p in nodes if p.reason), None)
     return "queued", waiting or ("no pod yet" if not nodes else None)

@@ -195,6 +195,7 @@ def _pod(phase: str, node: int = 0) -> dict:
         (_tj(), [], "queued"),
         (_tj(), [_pod("Pending")], "queued"),
         (_tj(), [_pod("Pending"), _pod("Running", 1)], "running"),
+        (_tj(), [_pod("Succeeded"), _pod("Succeeded", 1)], "running"),  # no condition yet
         (_tj(conditions=[{"type": "Complete", "status": "True"}]), [], "completed"),
         (_tj(conditions=[{"type": "Failed", "status": "True", "message": "m"}]), [], "failed"),
         (_tj(conditions=[{"type": "Complete", "status": "False"}]), [_pod("Running")], "running"),
