@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "status": "mlaunch.cli.status",
     "logs": "mlaunch.cli.logs",
     "runs": "mlaunch.cli.runs",
+    "stop": "mlaunch.cli.stop",
     "trainjob": "mlaunch.cli.trainjob",
 }
 

@@ -123,7 +123,7 @@ def run_train(
         displays.append(
             view.BarDisplay(shown, plan.settings.training.train_iters, plan)
             if shown.is_terminal
-            else view.PlainDisplay(shown, plan.settings.training.log_interval, plan)
+            else view.PlainDisplay(shown, plan.settings.training.log_interval, plan, console)
         )
         return displays[0]
 

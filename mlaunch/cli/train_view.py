@@ -40,7 +40,7 @@ from mlaunch.model.segments import block_iterations, train_block
 from mlaunch.model.spans import SpanName
 from mlaunch.model.spec import format_groups
 from mlaunch.rundir import layout as lay
-from mlaunch.rundir.records import ProgressEval, ProgressRecord
+from mlaunch.rundir.records import ProgressEval, ProgressRecord, StopRequest
 from mlaunch.settings import (
     RATIO_SAMPLERS,
     flag_name,
@@ -243,6 +243,7 @@ def summary(plan: LaunchPlan) -> Group:
         )
     else:
         table.add_row("rendezvous", "standalone (torchrun picks a free local port)")
+    table.add_row("worker output", Text(worker_output_text(plan)))  # "[rank R]" is not markup
     parts: list[Any] = [table]
     if not t.enabled:
         why = telemetry_off_reason(
@@ -307,6 +308,25 @@ def _worker_rows(plan: LaunchPlan, table: Table) -> list[Any]:
             spans = lens_names.reference_span_names({group})
             names.add_row(group.value, ", ".join(spans) if spans else "(none in the catalogue)")
     return [table, names]
+
+
+def worker_output_text(plan: LaunchPlan) -> str:
+    """Which ranks' output this console shows (``--tee``, ``--local-ranks-filter``), and where
+    all of it goes."""
+    launch = plan.settings.launch
+    logs = f"per-rank logs in {plan.log_dir}"
+    if not launch.tee_on:
+        why = "the live view shows progress" if launch.tee is None else "--no-tee"
+        return f"{logs} ({why}; --tee shows it here)"
+    shown = launch.shown_ranks
+    if shown is None:
+        which = f"all {launch.world_size} ranks" if launch.nnodes == 1 else "this node's ranks"
+        how = "--tee"
+    else:
+        which = ("rank " if len(shown) == 1 else "ranks ") + ",".join(map(str, sorted(shown)))
+        which += " (those of this node)" if launch.nnodes > 1 else ""
+        how = "--local-ranks-filter"
+    return f"{which} here as [rank R] lines ({how}), and in the {logs}"
 
 
 def megatron_args_text(plan: LaunchPlan) -> str:
@@ -405,11 +425,24 @@ class PlainDisplay:
     """One line per progress record (stdout is not a terminal: CI logs, files, pipes)."""
 
     def __init__(
-        self, console: Console, log_interval: int = 1, plan: LaunchPlan | None = None
-    ) -> None:
+        self, console: Console, log_interval: int = 1, plan: LaunchPlan | None = None,
+        output: Console | None = None,
+    ) -> None:  # fmt: skip
         self.console = console
         self.log_interval = max(1, log_interval)
         self.plan = plan
+        #: Where the workers' lines go (``--tee``): this node's terminal, also on a node whose
+        #: progress view goes to its ``launcher.log``.
+        self.output = output or console
+
+    def worker_output(self, text: str) -> None:
+        """Whole ``[rank R] ...`` lines of the workers, written as they are: one write under the
+        console's lock (the lock Rich writes under), so neither another batch nor one of this
+        display's own lines can come between the parts of a line."""
+        out = self.output
+        with out._lock:  # Rich's write lock (no public name): its own prints take it too
+            out.file.write(text)
+            out.file.flush()
 
     def record(self, record: ProgressRecord) -> None:
         """Print a record at each log interval (and the first and last iterations)."""
@@ -435,16 +468,22 @@ class PlainDisplay:
             soft_wrap=True,
         )
 
-    def interrupted(self, signum: int, forced: bool = False) -> None:
-        """Say that a signal was forwarded, or that a second Ctrl-C forced the stop."""
-        if forced:
-            text = f"{signal.Signals(signum).name} again: killing the workers (SIGKILL)"
+    def interrupted(self, signum: int, forced: bool = False, by: StopRequest | None = None) -> None:
+        """Say that a signal was forwarded (``by``: the ``mlaunch stop`` that sent it), or that a
+        second Ctrl-C or ``mlaunch stop --now`` forced the stop."""
+        name = signal.Signals(signum).name
+        if by is not None:
+            name = f"{name} from mlaunch stop{' --now' if by.now else ''}" + (
+                f" by {by.user}" if by.user else ""
+            )
+        if forced and signum != signal.SIGINT:  # only `mlaunch stop --now` forces another
+            text = f"{name}: killing the workers (SIGKILL); nothing is saved"
+        elif forced:
+            text = f"{name} again: killing the workers (SIGKILL)"
         else:
             todo = stop_text(self.plan) if self.plan is not None else "stop"
-            text = (
-                f"{signal.Signals(signum).name}: asking the workers to {todo};"
-                " waiting for workers to stop"
-                + (" (Ctrl-C again to force)" if signum == signal.SIGINT else "")
+            text = f"{name}: asking the workers to {todo}; waiting for workers to stop" + (
+                " (Ctrl-C again to force)" if signum == signal.SIGINT else ""
             )
         self.console.print(text, highlight=False, soft_wrap=True)
 
@@ -506,6 +545,13 @@ class BarDisplay(PlainDisplay):
             loss=_fmt(record.loss, ".4f"),
             tps=_fmt(record.tokens_per_sec, ",.0f"),
         )
+
+    def worker_output(self, text: str) -> None:
+        """The workers' lines above the bar, which stays the last thing on the screen: printed
+        through Rich, which takes the bar away, writes them and draws it again below, in one
+        write. No markup, highlighting or wrapping: the lines are shown as the workers wrote
+        them (a long one is wrapped by the terminal, not cut)."""
+        self.console.out(text, end="", highlight=False)
 
     def close(self) -> None:
         """Stop redrawing."""

@@ -179,6 +179,7 @@ class LaunchPlan:
             "span_groups": sorted(g.value for g in self.settings.telemetry.groups),
             "spans_per_iteration": self.spans_per_iteration,
             "embedded_receiver": self.embedded_receiver,
+            "worker_output": self.worker_output(),
             "command": self.argv,
             **({"launched_as": self.launched_as} if self.launched_as else {}),
             "environment": self.shown_env(show_secrets),
@@ -189,6 +190,13 @@ class LaunchPlan:
                 else {"reference": lens_names.reference_view(self.settings)}
             ),
         }
+
+    def worker_output(self) -> dict[str, Any]:
+        """What the launcher's console shows of the workers' output: ``tee`` (whether it does)
+        and ``ranks`` (the global ranks it shows, of this node's; None: all of them)."""
+        launch = self.settings.launch
+        shown = launch.shown_ranks
+        return {"tee": launch.tee_on, "ranks": sorted(shown) if shown is not None else None}
 
     def resolved_json_text(self, show_secrets: bool = False) -> str:
         """The content of ``resolved.json``."""

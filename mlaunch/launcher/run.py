@@ -22,14 +22,20 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from mlaunch import envcontract as ec
-from mlaunch.launcher import jobtrace, orphan_guard, receiver_wiring, rendezvous
+from mlaunch.launcher import jobtrace, orphan_guard, receiver_wiring, rendezvous, worker_output
 from mlaunch.launcher.hang import Watchdog
 from mlaunch.launcher.hang_report import HangReport
 from mlaunch.launcher.plan import TORCHRUN_MODULE, LaunchPlan
 from mlaunch.launcher.run_status import telemetry_off
 from mlaunch.rundir import layout as lay
 from mlaunch.rundir.atomic import Busy, take_lock, write_atomic
-from mlaunch.rundir.records import ProgressRecord, ProgressStep, read_progress_record
+from mlaunch.rundir.records import (
+    ProgressRecord,
+    ProgressStep,
+    StopRequest,
+    read_progress_record,
+    read_stop_request,
+)
 
 if TYPE_CHECKING:
     from mlaunch.receiver.core import ReceiverStats
@@ -532,13 +538,17 @@ class Display(Protocol):
 
     def record(self, record: ProgressRecord) -> None: ...
 
-    def interrupted(self, signum: int, forced: bool = False) -> None: ...
+    def interrupted(
+        self, signum: int, forced: bool = False, by: StopRequest | None = None
+    ) -> None: ...
 
     def restarted(self, restart: Restart, max_restarts: int) -> None: ...
 
     def hang(self, report: HangReport) -> None: ...
 
     def telemetry_off(self, rank: int, reason: str) -> None: ...
+
+    def worker_output(self, text: str) -> None: ...
 
 
 #: Signals the launcher passes on as the graceful SIGTERM: Ctrl-C, SIGTERM, and SIGUSR1 (SLURM's
@@ -584,20 +594,23 @@ def force_kill(pid: int) -> None:
 
 
 @contextlib.contextmanager
-def _forwarding(proc: Process, on_signal: Callable[[int, bool], None]) -> Iterator[list[int]]:
+def _forwarding(
+    proc: Process, on_signal: Callable[[int, bool], None], now: Callable[[], bool] = lambda: False
+) -> Iterator[list[int]]:
     """While inside, :data:`FORWARDED_SIGNALS` go to torchrun's process group as SIGTERM: torchrun
     passes it to the workers, which finish the iteration, save and flush telemetry. (SIGINT
     would interrupt a worker mid-step; SIGTERM is the graceful path the trainer implements.)
     A second Ctrl-C forces the stop (SIGKILL to torchrun and every worker): a worker that ignores
     SIGTERM would otherwise hold the launcher for torchrun's whole grace period. Only Ctrl-C
-    forces: SLURM's SIGUSR1 then SIGTERM at the time limit must stay graceful."""
+    forces, and ``now()`` (``mlaunch stop --now`` asked it: its request in the run directory):
+    SLURM's SIGUSR1 then SIGTERM at the time limit must stay graceful."""
     received: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield received
         return
 
     def handler(signum: int, _frame: Any) -> None:
-        forced = signum == signal.SIGINT and signal.SIGINT in received
+        forced = (signum == signal.SIGINT and signal.SIGINT in received) or now()
         received.append(signum)
         if forced:
             force_kill(proc.pid)
@@ -668,17 +681,33 @@ def _execute_locked(
         with log_path.open("ab") as log, job.guard():
             proc = spawn_fn(argv, env, log)
             job.spawned()
-            shown: list[Display] = []  # a signal may arrive before the display exists
+            # The handler only forwards and notes the signal; the loop below says so. Printing
+            # from the handler could re-enter a write the loop was in (the display's file: a
+            # RuntimeError "reentrant call" that killed a node's launcher on SIGTERM), and a
+            # signal may arrive before the display exists.
+            pending: list[tuple[int, bool]] = []
 
             def notify(signum: int, forced: bool) -> None:
-                job.interrupted(signum)
-                for d in shown:
-                    d.interrupted(signum, forced)
+                pending.append((signum, forced))
 
-            with _forwarding(proc, notify) as received:
+            def announce(display: Display) -> None:
+                while pending:
+                    signum, forced = pending.pop(0)
+                    job.interrupted(signum)
+                    # Said with who asked when `mlaunch stop` sent it (its request came first).
+                    by = read_stop_request(plan.run_dir, start) if signum != signal.SIGINT else None
+                    display.interrupted(signum, forced, by)
+
+            def stop_now() -> bool:  # `mlaunch stop --now` wrote its request before the signal
+                req = read_stop_request(plan.run_dir, start)
+                return req is not None and req.now
+
+            # The workers' output (--tee): drained when the loop ends, before the result.
+            with _forwarding(proc, notify, stop_now) as received, contextlib.ExitStack() as tee:
                 display = started()
-                shown.append(display)
+                tee.enter_context(worker_output.follow(plan, start, display.worker_output))
                 while True:
+                    announce(display)
                     code = proc.poll()
                     for record in tail.read():
                         records.append(record)
@@ -687,6 +716,7 @@ def _execute_locked(
                     for rank, reason in beats.poll(final=code is not None):
                         display.telemetry_off(rank, reason)
                     if code is not None:
+                        announce(display)  # a signal of the last moment is said too
                         break
                     job.poll()
                     for restart in restarts.poll():  # announced while the run goes on

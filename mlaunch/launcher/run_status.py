@@ -26,14 +26,16 @@ from mlaunch.rundir.records import (
     read_json_object,
     read_last_progress_step,
     read_launcher_record,
+    read_stop_request,
 )
 from mlaunch.rundir.state import RunState
 
 _JOB, _ATTEMPT = SpanName.JOB.value, SpanName.JOB_ATTEMPT.value
 
 #: The states in which workers may still be there to answer (anything else is the run's end:
-#: completed, failed, preempted, interrupted, cancelled, launcher died). ``unknown``: a run
-#: directory with neither a launcher record nor SLURM to say (a worker started another way).
+#: completed, failed, preempted, interrupted, stopped (by ``mlaunch stop``), cancelled, launcher
+#: died). ``unknown``: a run directory with neither a launcher record nor SLURM to say (a worker
+#: started another way).
 LIVE_STATES = frozenset({"running", "queued", "suspended", "unknown"})
 
 
@@ -128,8 +130,24 @@ class JobStatus:
     dumps: list[dict[str, Any]] = field(default_factory=list)
     """This launch's flight-recorder dumps (``rank``, ``seq``, ``trigger``, ``time_ns``,
     ``spans``, ``iterations``), oldest first."""
+    stop: dict[str, Any] | None = None
+    """The user's request to stop this launch (``mlaunch stop``: ``requested_at``, ``now``,
+    ``uid``, ``user``, ``host``, ``pid``, ``job_id``), while it stops and once it has; None when
+    none was made."""
+    resume_from: int | None = None
+    """With ``stopped``: the iteration of the newest committed checkpoint, from which a resume
+    continues (the one the stop saved, or with ``--now`` an older one); None: not resumable."""
     run: RunState | None = field(default=None, repr=False, compare=False)
     """The run model every view reads (:meth:`attach_run_state`); not part of the JSON."""
+
+    @property
+    def resumable(self) -> bool:
+        """Whether a resume carries the run on from a checkpoint: its workers stopped on a
+        signal and saved (``preempted``), or the user stopped it and a checkpoint is there
+        (``stopped``). ``mlaunch status``, ``mlaunch runs`` and train's closing lines say how."""
+        return self.state == "preempted" or (
+            self.state == "stopped" and self.resume_from is not None
+        )
 
     @property
     def live(self) -> bool:
@@ -363,7 +381,7 @@ def launcher_record(run_dir: Path) -> LauncherAttempts | None:
     return read_launcher_record(run_dir, 0)
 
 
-def _pid_alive(pid: Any) -> bool:
+def pid_alive(pid: Any) -> bool:
     """Whether ``pid`` is a live (not zombie) mlaunch process on this host."""
     if not isinstance(pid, int) or pid <= 0:
         return False
@@ -378,7 +396,7 @@ def _pid_alive(pid: Any) -> bool:
 def _launcher_view(rec: LauncherAttempts) -> LauncherView:
     alive = None
     if rec.ended is None and rec.host == socket.gethostname():
-        alive = _pid_alive(rec.pid)
+        alive = pid_alive(rec.pid)
     return LauncherView(rec.pid, rec.host, rec.started, rec.ended, rec.exit_code, rec.signal, alive)
 
 
@@ -411,9 +429,8 @@ def _restarts_from_trace(spans: list[dict[str, Any]]) -> list[RestartView]:
     return out
 
 
-def saved_since(run_dir: Path, since: float) -> bool:
-    """Whether a checkpoint was committed since ``since`` (the default ``checkpoints/`` or the
-    ``--save`` of ``command.txt``)."""
+def _checkpoint_roots(run_dir: Path) -> list[Path]:
+    """Where the run saves: the default ``checkpoints/`` and the ``--save`` of ``command.txt``."""
     roots = [run_dir / lay.CHECKPOINTS_DIR]
     try:
         argv = (run_dir / lay.COMMAND_FILE).read_text(encoding="utf-8").split()
@@ -421,16 +438,17 @@ def saved_since(run_dir: Path, since: float) -> bool:
             roots.append(Path(argv[argv.index("--save") + 1].strip("'\"")))
     except OSError:
         pass
-    for root in roots:
+    return roots
+
+
+def saved_since(run_dir: Path, since: float) -> bool:
+    """Whether a checkpoint was committed since ``since`` (the default ``checkpoints/`` or the
+    ``--save`` of ``command.txt``)."""
+    for root in _checkpoint_roots(run_dir):
         with contextlib.suppress(OSError):
             if (root / lay.CHECKPOINT_TRACKER_FILE).stat().st_mtime >= since - 1:
                 return True
     return False
-
-
-#: The states of a run that a resume carries on from its checkpoint (its workers stopped on a
-#: signal and saved): ``mlaunch status``, ``mlaunch runs`` and train's closing lines say how.
-RESUMABLE_STATES = frozenset({"preempted"})
 
 
 def resume_command(run_dir: str | Path, job_id: str | None) -> str | None:
@@ -449,6 +467,16 @@ def resume_command(run_dir: str | Path, job_id: str | None) -> str | None:
     words[cut:cut] = ["--run-dir", str(Path(run_dir).absolute())]
     cwd = str(given.get("cwd") or ".")
     return f"cd {shlex.quote(cwd)} && mlaunch train {shlex.join(words)}"
+
+
+def latest_checkpoint(run_dir: Path) -> int | None:
+    """The iteration of the newest committed checkpoint (its tracker file, which the trainer
+    replaces after each commit), or None when the run has none."""
+    found = []
+    for root in _checkpoint_roots(run_dir):
+        with contextlib.suppress(OSError, ValueError):
+            found.append(int((root / lay.CHECKPOINT_TRACKER_FILE).read_text().strip()))
+    return max(found) if found else None
 
 
 def resumable_text(run_dir: str | Path, job_id: str | None) -> str:
@@ -534,6 +562,63 @@ def apply_launch(
         st.cause = f"rendezvous failed: {rec.rendezvous}"
     if rec is not None and rec.error:
         st.cause = st.cause or f"launcher stopped: {rec.error}"
+
+
+def apply_stop(st: JobStatus, run_dir: Path, since: float | None) -> None:
+    """A launch the user stopped (``mlaunch stop``: its request, made since ``since``, the
+    launch's start) is *stopped* once it ended, unless something else ended it first (a failed
+    rank, a hang, the last iteration): resumable from the newest checkpoint when there is one."""
+    req = read_stop_request(run_dir, since)
+    if req is None:
+        return
+    st.stop = req.as_json()
+    ended_by_signal = st.state in ("preempted", "interrupted", "cancelled") or (
+        st.state in ("completed", "failed") and not st.cause and stopped_early(st.progress)
+    )
+    if st.live or st.failures or not ended_by_signal:
+        return
+    st.state = "stopped"
+    st.resume_from = latest_checkpoint(run_dir)
+
+
+def stop_lines(st: JobStatus) -> list[str]:
+    """What ``mlaunch status`` says of a stop the user asked for: who asked and when, and with
+    ``stopped``, whether and from where the run resumes (None of this without a request)."""
+    req = st.stop
+    if not req:
+        return []
+    who = f" by {req['user']}" if req.get("user") else ""
+    when = time.strftime("%H:%M:%S", time.localtime(req["requested_at"]))
+    how = " --now" if req.get("now") else ""
+    if st.state != "stopped":
+        doing = (
+            "killing the workers" if req.get("now") else "the workers finish the iteration and save"
+        )
+        return [f"stopping: mlaunch stop{how}{who} at {when}; {doing}"] if st.live else []
+    lines = [f"stopped:  mlaunch stop{how}{who} at {when}"]
+    it, reached = st.resume_from, (st.progress or {}).get("iteration")
+    where = st.run_dir or ""
+    if st.job_id is None:
+        how_to = f"`mlaunch train` with the same settings and --run-dir {where} resumes"
+    else:
+        how_to = f"requeued (scontrol requeue {st.job_id}), the job resumes"
+    if it is None:
+        lines.append(
+            "not resumable: no checkpoint was saved"
+            + (" (--now)" if req.get("now") else "")
+            + "; --save-interval N saves them"
+        )
+    elif req.get("now") and isinstance(reached, int) and it < reached:
+        lines.append(
+            f"resumable from an older checkpoint: --now saved nothing; {how_to} from iteration"
+            f" {it}, saved before the stop (iterations {it + 1}-{reached} are trained again)"
+        )
+    else:
+        lines.append(f"resumable: {how_to} from the checkpoint of iteration {it}")
+    command = resume_command(where, None) if st.job_id is None else None
+    if command:
+        lines.append(f"resume:   {command}")
+    return lines
 
 
 def hang_cause(st: JobStatus) -> None:

@@ -80,12 +80,16 @@ SLURM_OUTPUT_GLOB = SLURM_OUTPUT_TEMPLATE.replace("%j", "*")
 LAUNCHER_LOG = "launcher.log"
 #: torchrun's own output (its restarts, a group's failure), under each node's log directory.
 TORCHRUN_LOG = "torchrun.log"
+#: A worker's stdout and stderr in its local rank's folder of a torchrun attempt
+#: (``<log-dir>/<id>/attempt_<N>/<local rank>/``; torch's names, ``--redirects 3``).
+WORKER_STDOUT_LOG = "stdout.log"
+WORKER_STDERR_LOG = "stderr.log"
 #: Under a node's log directory, torchrun makes one ``<rdzv id>_<random>`` folder per launch and
 #: in it one folder per attempt (restart), in which each local rank's folder holds its output
 #: (torchrun's names; :mod:`mlaunch.rundir.worker_logs` reads them).
 TORCHRUN_ATTEMPT_DIR = NumberedName("attempt_{attempt}")
 #: A worker's output files in its local rank's folder (``--redirects 3``), in the order shown.
-WORKER_STREAMS = ("stdout.log", "stderr.log")
+WORKER_STREAMS = (WORKER_STDOUT_LOG, WORKER_STDERR_LOG)
 #: Beside them: the worker's global rank, written by mlaunch's wrapper as the worker starts
 #: (torchrun's rendezvous may number a node's ranks otherwise than its node rank says).
 WORKER_RANK_FILE = "rank"
@@ -159,6 +163,11 @@ RECORDER_INDEX_FILE = NumberedName("recorder-dumps-rank{rank}.jsonl")
 #: A request to the running workers (``mlaunch trace capture``), at the top of the run directory;
 #: each worker reads it at most once a second, off its training thread.
 CAPTURE_REQUEST_FILE = "capture-request.json"
+#: The user's request to stop the run (``mlaunch stop``), at the top of the run directory: who asked,
+#: when, and whether without a save (``--now``). Written before the launchers get their signal:
+#: the launcher reads it to tell ``--now`` from a graceful stop, a SLURM job's batch script to not
+#: requeue a stop the user asked for, and ``mlaunch status`` to say stopped, not preempted.
+STOP_REQUEST_FILE = "stop-request.json"
 #: One line per capture request the newest one replaced (``mlaunch trace capture`` appends it
 #: before writing the next): its id, final phase, groups, iterations and ranks, so the run model
 #: keeps every capture of the run although the request file and the acks hold the latest only.
@@ -287,16 +296,22 @@ def launcher_traces_file(run_dir: str | Path, node_rank: int = 0) -> Path:
     return Path(run_dir) / TELEMETRY_DIR / telemetry_file_name("traces", launcher_node=node_rank)
 
 
+#: The lock of one node's launcher (:func:`run_lock_file`) and its record
+#: (:func:`launcher_record_file`), every node's found by their globs.
+RUN_LOCK_FILE = NumberedName(".lock-node{node}")
+LAUNCHER_RECORD_FILE = NumberedName("launcher-node{node}.json")
+
+
 def run_lock_file(run_dir: str | Path, node_rank: int = 0) -> Path:
     """The lock one node's launcher holds on its run directory for its lifetime (``flock``):
     per node, because every node of a multi-node run shares the run directory legitimately."""
-    return Path(run_dir) / f".lock-node{node_rank}"
+    return Path(run_dir) / RUN_LOCK_FILE.name(node_rank)
 
 
 def launcher_record_file(run_dir: str | Path, node_rank: int = 0) -> Path:
     """One node's launcher's record of its launch (pid, host, start, each restart, how it ended),
     rewritten as they happen: what ``mlaunch status`` reads whatever the telemetry settings."""
-    return Path(run_dir) / f"launcher-node{node_rank}.json"
+    return Path(run_dir) / LAUNCHER_RECORD_FILE.name(node_rank)
 
 
 def metrics_file(run_dir: str | Path, rank: int) -> Path:
@@ -375,6 +390,8 @@ __all__ = [
     "SLURM_OUTPUT_GLOB",
     "LAUNCHER_LOG",
     "TORCHRUN_LOG",
+    "WORKER_STDOUT_LOG",
+    "WORKER_STDERR_LOG",
     "TORCHRUN_ATTEMPT_DIR",
     "WORKER_STREAMS",
     "WORKER_RANK_FILE",
@@ -395,6 +412,9 @@ __all__ = [
     "telemetry_file_name",
     "RECORDER_FILE",
     "CAPTURE_REQUEST_FILE",
+    "STOP_REQUEST_FILE",
+    "RUN_LOCK_FILE",
+    "LAUNCHER_RECORD_FILE",
     "CAPTURE_ACK_FILE",
     "CAPTURE_ACK_STATES",
     "CAPTURE_FINAL_STATES",

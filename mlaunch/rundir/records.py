@@ -16,9 +16,11 @@ from mlaunch.rundir.layout import (
     HANG_NODE_REPORT,
     HEARTBEAT_DIR,
     HEARTBEAT_FILE,
+    LAUNCHER_RECORD_FILE,
     LENS_CAPTURE_ACK_TEMPLATE,
     PROGRESS_FILE,
     RECORDER_INDEX_FILE,
+    STOP_REQUEST_FILE,
     TELEMETRY_DIR,
     hang_dir,
     heartbeat_file,
@@ -434,6 +436,56 @@ def read_launcher_record(run_dir: str | Path, node_rank: int = 0) -> LauncherAtt
     return LauncherAttempts.from_json(data) if data is not None else None
 
 
+def launcher_nodes(run_dir: str | Path) -> list[int]:
+    """The node ranks whose launcher left a record in ``run_dir`` (every node of a multi-node run
+    shares it), in order."""
+    names = (
+        LAUNCHER_RECORD_FILE.parse(p.name) for p in Path(run_dir).glob(LAUNCHER_RECORD_FILE.glob)
+    )
+    return sorted(n for n in names if n is not None)
+
+
+@dataclass(frozen=True, slots=True)
+class StopRequest:
+    """The user's request to stop the run (:data:`~.layout.STOP_REQUEST_FILE`, written by
+    ``mlaunch stop`` before it signals the launchers): when, by whom, and whether without a save.
+    A request older than a launch's start is an earlier launch's (a stopped run, resumed)."""
+
+    requested_at: float
+    #: ``--now``: the workers are killed, nothing saved.
+    now: bool = False
+    uid: int | None = None
+    user: str | None = None
+    host: str | None = None
+    #: The process of ``mlaunch stop`` that asked.
+    pid: int | None = None
+    #: The SLURM job it was asked of (None: a local run).
+    job_id: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> StopRequest | None:
+        at = _num(body.get("requested_at"))
+        if at is None:
+            return None
+        return cls(
+            at, body.get("now") is True, _int(body.get("uid")), _str(body.get("user")),
+            _str(body.get("host")), _int(body.get("pid")), _str(body.get("job_id")),
+        )  # fmt: skip
+
+
+def read_stop_request(run_dir: str | Path, since: float | None = None) -> StopRequest | None:
+    """The stop request of the launch that started at ``since`` (one second of slack: another
+    host's clock), or None: none, unreadable, or an earlier launch's."""
+    body = read_json_object(Path(run_dir) / STOP_REQUEST_FILE)
+    req = StopRequest.from_json(body) if body is not None else None
+    if req is None or (since is not None and req.requested_at < since - 1):
+        return None
+    return req
+
+
 @dataclass(frozen=True, slots=True)
 class NodeHangReport:
     """One node's hang report (:data:`~.layout.HANG_NODE_REPORT`, written by
@@ -493,6 +545,9 @@ __all__ = [
     "append_line",
     "read_dumps",
     "read_launcher_record",
+    "launcher_nodes",
+    "StopRequest",
+    "read_stop_request",
     "LauncherAttempts",
     "LauncherRestart",
     "LauncherFailure",

@@ -187,14 +187,22 @@ def find(run_dir: str | Path) -> WorkerLogs:
     )
 
 
-def _global_rank(folder: Path, planned: int) -> int:
-    """The rank the worker of ``folder`` was (:data:`~.layout.WORKER_RANK_FILE`, which its
-    wrapper wrote), else ``planned`` (node x workers per node + local rank)."""
+def written_rank(folder: Path) -> int | None:
+    """The global rank the worker of local-rank folder ``folder`` was: what its wrapper wrote
+    there as it started (:data:`~.layout.WORKER_RANK_FILE`), before it could print; None when
+    there is no such file (yet)."""
     try:
         text = (folder / WORKER_RANK_FILE).read_text(encoding="ascii").strip()
     except (OSError, ValueError):
-        return planned
-    return int(text) if text.isdigit() else planned
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _global_rank(folder: Path, planned: int) -> int:
+    """The rank the worker of ``folder`` was (:func:`written_rank`), else ``planned`` (node x
+    workers per node + local rank)."""
+    rank = written_rank(folder)
+    return planned if rank is None else rank
 
 
 def _rank_folders(attempt_folder: Path) -> list[Path]:
@@ -362,4 +370,5 @@ __all__ = [
     "follow",
     "select",
     "tail_lines",
+    "written_rank",
 ]

@@ -399,6 +399,14 @@ class LaunchSettings(_Section):
     on_hang: Literal["report", "stop"] = "stop"
     """What a hang does: ``report`` writes the verdict and the stacks and lets the job go on;
     ``stop`` also stops the workers (torchrun restarts them while restarts are left)."""
+    tee: Bool | None = None
+    """Show the workers' stdout and stderr on this launcher's console as they write them, each
+    line prefixed with its rank (they always go to the per-rank logs too). Unset = on for
+    ``script``/``module``, off for mlaunch's trainer (its live view is the console)."""
+    local_ranks_filter: str | None = None
+    """Show only these ranks' output on the console (R,R,...): global ranks, as the lines'
+    prefix names them (torchrun's flag of this name takes local ones); each node's launcher shows
+    those of its own ranks. Turns ``tee`` on unless it is set off."""
 
     @field_validator("hang_timeout", mode="before")
     @classmethod
@@ -465,10 +473,46 @@ class LaunchSettings(_Section):
             raise ValueError(why)  # checked before launch, as --script's file is
         return v
 
+    @field_validator("local_ranks_filter", mode="before")
+    @classmethod
+    def _ranks_filter(cls, v: Any, info: ValidationInfo) -> str | None:
+        if v is None:
+            return None
+        items = v if isinstance(v, list | tuple) else str(v).split(",")
+        words = [str(item).strip() for item in items]
+        bad = [w for w in words if not w.isdecimal()]
+        if not words or bad:
+            what = f"{bad[0]!r} is not a rank" if bad and bad[0] else "a rank is missing"
+            raise ValueError(f"{what}: give global ranks as R[,R...] (e.g. 0 or 0,3)")
+        ranks = sorted({int(w) for w in words})
+        world = info.data.get("nnodes", 0) * info.data.get("nproc_per_node", 0)
+        if world and ranks[-1] >= world:
+            raise ValueError(
+                f"rank {ranks[-1]} is not in this run: its {world} ranks are 0..{world - 1}"
+            )
+        if info.data.get("tee") is False:
+            raise ValueError("shows ranks on the console, which --no-tee turns off; drop one")
+        return ",".join(map(str, ranks))
+
     @property
     def world_size(self) -> int:
         """Total worker processes."""
         return self.nnodes * self.nproc_per_node
+
+    @property
+    def tee_on(self) -> bool:
+        """Whether the workers' output reaches the launcher's console (``tee`` resolved: unset is
+        on for a script or module, and wherever a ``local_ranks_filter`` is given)."""
+        if self.tee is not None:
+            return self.tee
+        return bool(self.script or self.module) or self.local_ranks_filter is not None
+
+    @property
+    def shown_ranks(self) -> frozenset[int] | None:
+        """The global ranks ``local_ranks_filter`` names; None: every rank."""
+        if self.local_ranks_filter is None:
+            return None
+        return frozenset(int(r) for r in self.local_ranks_filter.split(","))
 
 
 class ModelSettings(_Section):

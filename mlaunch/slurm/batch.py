@@ -34,7 +34,9 @@ Signals and requeue
     passes USR1 to the training step (``srun`` delivers it to every process of the step; each
     node's ``mlaunch train`` turns it into the graceful SIGTERM for its workers: they finish the
     iteration, save and exit) and, with ``--requeue``, requeues the job, which resumes from that
-    checkpoint. Preemption sends SIGTERM to every process of the job, which stops the same way.
+    checkpoint, unless ``mlaunch stop`` sent it (its request in the run directory, newer than the
+    incarnation: :mod:`mlaunch.slurm.stop`). Preemption sends SIGTERM to every process of the
+    job, which stops the same way.
 """
 
 from __future__ import annotations
@@ -574,7 +576,11 @@ def render_script(job: BatchJob) -> str:
             notes=_lines([f"# {note} (chosen by mlaunch sbatch)" for note in job.notes]),
             python=q(job.python),
             train_args="\n".join(body_lines),
-            requeue=t["requeue"].substitute() + "\n" if o.requeue else "",
+            requeue=(
+                t["requeue"].substitute(stop_request=lay.STOP_REQUEST_FILE) + "\n"
+                if o.requeue
+                else ""
+            ),
         )
         + "\n"
     )

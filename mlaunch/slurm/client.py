@@ -29,6 +29,8 @@ if TYPE_CHECKING:  # ``mlaunch status`` never pays for the settings layer
 CLIENT_TIMEOUT_S = 60.0
 #: ``key=value`` starts in ``scontrol show job -o`` (values may hold spaces: Comment, Command).
 _KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
+#: The uid in ``scontrol``'s ``UserId=alice(1000)``.
+_UID = re.compile(r"\((\d+)\)$")
 
 
 class SlurmError(RuntimeError):
@@ -117,6 +119,14 @@ def cancel(job_id: str, environ: Mapping[str, str] | None = None) -> None:
         _run(["scancel", job_id], env=environ)
 
 
+def signal_batch(job_id: str, signal: str, environ: Mapping[str, str] | None = None) -> None:
+    """``scancel --signal=SIGNAL --batch JOB``: the signal to the job's batch script only, which
+    passes it on to the training step (the time-limit warning's path). Raises SlurmError."""
+    out = _run(["scancel", f"--signal={signal}", "--batch", job_id], env=environ)
+    if out.returncode != 0:
+        raise SlurmError(f"scancel --signal={signal} --batch {job_id}: {_message(out)}")
+
+
 # --------------------------------------------------------------------------------------------
 # Asking
 
@@ -141,6 +151,8 @@ class SlurmJobInfo:
     work_dir: str
     source: str
     """``scontrol`` (the controller still knows the job) or ``sacct`` (accounting)."""
+    user_id: int | None = None
+    """The uid of the job's owner (``scontrol``'s ``UserId=name(uid)``; None from ``sacct``)."""
 
     def start_epoch(self) -> float | None:
         """The start of the current incarnation (local time), or None when not started."""
@@ -178,6 +190,7 @@ def job_info(job_id: str, environ: Mapping[str, str] | None = None) -> SlurmJobI
             nodes=f.get("NodeList", ""), start=f.get("StartTime", ""),
             end=f.get("EndTime", ""), elapsed=f.get("RunTime", ""), name=f.get("JobName", ""),
             stdout=f.get("StdOut", ""), work_dir=f.get("WorkDir", ""), source="scontrol",
+            user_id=int(m.group(1)) if (m := _UID.search(f.get("UserId", ""))) else None,
         )  # fmt: skip
     if shutil.which("sacct") is None:
         return None

@@ -4,7 +4,8 @@ SLURM says queued / running / finished and how (``scontrol show job``, else ``sa
 the controller has forgotten); the run directory says how far training got (``progress.jsonl``),
 what each node last logged, and which rank failed and why (``error-rank*.json``,
 :mod:`mlaunch.launcher.run_status`). Together they tell a graceful stop on a signal (a
-preemption or the time-limit warning: resumable) from a failure and from a finished run.
+preemption or the time-limit warning: resumable) from a failure and from a finished run, and
+the run directory's stop request (``mlaunch stop``) tells a stop the user asked for from both.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from typing import Any
 
 from mlaunch.launcher.hang_report import hang_status
 from mlaunch.launcher.run_status import (
-    RESUMABLE_STATES,
     JobStatus,
     apply_launch,
+    apply_stop,
     failures,
     hang_cause,
     launcher_record,
@@ -29,6 +30,7 @@ from mlaunch.launcher.run_status import (
     progress,
     resumable_text,
     resume_command,
+    stop_lines,
     stopped_early,
     telemetry_off,
 )
@@ -208,6 +210,7 @@ def _status_of(
         apply_launch(st, run_dir, rec, locate=detail)
         if st.state != "unknown":
             hang_cause(st)
+            apply_stop(st, run_dir, launched)
             return st, launched
         if st.failures:  # a run directory with neither: what its files tell
             st.state = "failed"
@@ -218,6 +221,8 @@ def _status_of(
         # The workers stopped on a signal (preemption, the time-limit warning, scancel
         # --signal) and saved: the job can resume from its checkpoint.
         st.state = "preempted"
+    if run_dir is not None:  # the user asked for it (mlaunch stop): stopped, not preempted
+        apply_stop(st, run_dir, launched)
     return st, launched
 
 
@@ -323,7 +328,7 @@ def run_row(run_dir: Path) -> RunRow:
         entry = (resolved.get("settings") or {}).get("training.train_iters")
         total = entry.get("value") if isinstance(entry, dict) else None
         row.train_iters = total if isinstance(total, int) else None
-    if st.state in RESUMABLE_STATES:
+    if st.resumable:
         row.resume = resume_command(run_dir, st.job_id)
     return row
 
@@ -412,8 +417,9 @@ def status_text(st: JobStatus) -> str:
         lines.append(f"pod:      {pod['name']} (node {pod['node']}): {pod['phase']}{why}{where}")
     for n in st.nodes:
         lines.append(f"node {n.node}:   {n.last_line or '(nothing logged yet)'}")
-    if st.state in RESUMABLE_STATES:
+    if st.state == "preempted":  # a stop the user asked for says it in stop_lines
         lines.append(resumable_text(st.run_dir or "", st.job_id))
+    lines += stop_lines(st)
     if st.note:
         lines.append(f"note:     {st.note}")
     return "\n".join(lines)

@@ -35,10 +35,10 @@ from mlaunch.trainer.parallel import Topology, init_distributed
 
 
 def log(topo: Topology | None, message: str, *, all_ranks: bool = False) -> None:
-    """One line on stdout, from rank 0 only unless ``all_ranks``."""
+    """One line on stdout, from rank 0 only unless ``all_ranks``. No rank prefix: stdout is
+    the rank's own log file, and ``--tee`` and ``mlaunch logs`` put ``[rank R]`` before it."""
     if topo is None or all_ranks or topo.rank == 0:
-        prefix = f"[rank {topo.rank}] " if topo is not None and all_ranks else ""
-        print(f"{prefix}{message}", flush=True)
+        print(message, flush=True)
 
 
 def join_job(args: argparse.Namespace) -> tuple[TelemetrySettings, Topology, Path, StopFlag]:

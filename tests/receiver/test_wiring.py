@@ -186,6 +186,9 @@ def test_execute_closes_the_receiver_on_every_way_out(tmp_path: Path, how: str) 
         def restarted(self, restart, max_restarts):  # type: ignore[no-untyped-def]
             pass
 
+        def worker_output(self, text):  # type: ignore[no-untyped-def]
+            pass
+
     if how == "exception":
         with pytest.raises(RuntimeError):
             lrun.execute(plan, Display, spawn_fn=spawn)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -144,6 +145,39 @@ def test_two_node_job_runs_to_the_end_into_one_run_directory(slurm_cluster, tmp_
     assert "node 1 of 2: the progress view is node 0's" in out
     assert out.count("iteration 30/30") == 1
     assert "iteration" in (run_dir / "logs" / "node1" / "launcher.log").read_text()
+
+
+#: A script whose rank prints 200 numbered lines (after a second: the launcher reads the
+#: workers' ranks while they run) on stdout and one on stderr.
+PRINTER = """\
+import os, sys, time
+time.sleep(1)
+rank = int(os.environ["RANK"])
+for i in range(200):
+    print(f"r{rank}:{i:04d}:" + "x" * (i % 61) + ":end")
+print(f"r{rank}:err::end", file=sys.stderr)
+"""
+
+
+def test_each_nodes_launcher_shows_its_own_ranks_in_the_job_output(slurm_cluster, tmp_path):
+    """A --script job on two nodes: each node's launcher writes its own worker's lines, each
+    whole and under the rank that worker has, into the job's one output file."""
+    (tmp_path / "printer.py").write_text(PRINTER)
+    job_id, run_dir = submit(
+        slurm_cluster, tmp_path, "--script", str(tmp_path / "printer.py"), "--time", "10"
+    )
+    assert wait_done(slurm_cluster, job_id) == "COMPLETED"
+    out = (run_dir / f"slurm-{job_id}.out").read_text()
+    show("slurm output", out)
+    seen: dict[int, list[str]] = {0: [], 1: []}
+    for line in out.splitlines():
+        if re.search(r"r\d:(\d{4}|err):", line):
+            m = re.fullmatch(r"\[rank (\d)\] r(\d):(\d{4}|err):x*:end", line)
+            assert m is not None, f"a broken line: {line!r}"
+            assert m.group(1) == m.group(2), f"a line under another rank: {line!r}"
+            seen[int(m.group(1))].append(m.group(3))
+    for rank in (0, 1):
+        assert sorted(seen[rank]) == sorted([f"{i:04d}" for i in range(200)] + ["err"])
 
 
 def test_usr1_then_requeue_resumes_from_the_checkpoint_as_a_second_incarnation(
@@ -299,3 +333,31 @@ def test_logs_of_a_job_show_both_nodes_workers(slurm_cluster, tmp_path):
     assert out.stderr.strip() == "== attempt 0 (launch 1 of 1, torchrun restart 0) =="
     one = mlaunch(slurm_cluster, tmp_path, "logs", str(run_dir), "--node", "1")
     assert one.returncode == 0 and one.stdout.splitlines()[0].endswith("on node 1"), one.stdout
+
+
+def test_mlaunch_stop_sends_usr1_saves_and_the_job_is_not_requeued(slurm_cluster, tmp_path):
+    # The job would requeue itself after a USR1 (#SBATCH --requeue, as the time-limit test shows):
+    # a stop the user asked for must not. Each iteration idles while the test drives the job.
+    job_id, run_dir = submit(
+        slurm_cluster, tmp_path, "--train-iters", "50000", "--time", "10",
+        MLAUNCH_TEST_ITERATION_PAUSE=IDLE_PAUSE_S,
+    )  # fmt: skip
+    wait_until(lambda: progress_iteration(run_dir) >= 3, "progress", slurm_cluster)
+    out = mlaunch(slurm_cluster, tmp_path, "stop", job_id, "--timeout", "100")
+    show("mlaunch stop", out.stdout + out.stderr)
+    assert out.returncode == 0, out.stdout + out.stderr + slurm_cluster.logs()
+    assert f"USR1 to its batch script (scancel --signal=USR1 --batch {job_id})" in out.stdout
+    # Ended when stop returned, and not requeued: no restart, no incarnation queued again.
+    info = slurm_cluster.run("scontrol", "show", "job", "-o", job_id).stdout
+    assert "Restarts=0" in info and slurm_state(slurm_cluster, job_id) in FINISHED, info
+    text = (run_dir / f"slurm-{job_id}.out").read_text()
+    assert "mlaunch: USR1: stopping the workers" in text
+    assert f"mlaunch: not requeueing job {job_id}: stopped by mlaunch stop" in text
+    assert "requeueing job" not in text.replace("not requeueing job", "")
+    stopped_at = progress_iteration(run_dir)
+    assert 3 <= stopped_at < 50000
+    assert (run_dir / "checkpoints" / f"iter_{stopped_at:07d}").is_dir()
+    st = status(slurm_cluster, tmp_path, job_id)
+    show("mlaunch status (after stop)", status_text(slurm_cluster, tmp_path, job_id))
+    assert st["state"] == "stopped" and st["resume_from"] == stopped_at, st
+    assert st["stop"]["job_id"] == job_id and st["incarnation"] == 1

@@ -25,12 +25,15 @@ class Pane:
     its last screen can still be read."""
 
     def __init__(self, tmux: str, command: str, cwd: Path, env: dict[str, str],
-                 width: int = 140, height: int = 45) -> None:  # fmt: skip
+                 width: int = 140, height: int = 45, history: int = 2000) -> None:  # fmt: skip
         self.tmux = tmux
         self.socket = f"mlaunch-test-{uuid.uuid4().hex[:8]}"
         self.env = {**env, "TERM": "xterm-256color"}
         shell = f'{command}; echo "[exit $?]"; sleep 600'
-        self._run("-f", "/dev/null", "new-session", "-d", "-s", "t", "-x", str(width),
+        # The scrollback (``history`` lines, read by :meth:`history`) is fixed when the pane is
+        # made: set before it.
+        self._run("-f", "/dev/null", "start-server", ";", "set-option", "-g", "history-limit",
+                  str(history), ";", "new-session", "-d", "-s", "t", "-x", str(width),
                   "-y", str(height), "-c", str(cwd), shell)  # fmt: skip
 
     def _run(self, *args: str) -> str:
@@ -42,6 +45,11 @@ class Pane:
     def screen(self) -> str:
         """What the pane shows now."""
         return self._run("capture-pane", "-p", "-t", "t")
+
+    def history(self) -> str:
+        """Everything the pane printed that its scrollback still holds, the screen included,
+        each line the terminal wrapped joined again (``-J``)."""
+        return self._run("capture-pane", "-p", "-J", "-S", "-", "-t", "t")
 
     def keys(self, *keys: str) -> None:
         """Type ``keys`` (tmux key names, e.g. ``C-c``)."""

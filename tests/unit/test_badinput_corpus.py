@@ -58,6 +58,8 @@ FILES: dict[str, str | bytes | None] = {
     "bad_spec.toml": "[telemetry]\nspan_groups = 'per_stepp'\n",
     "full_spec.toml": "[telemetry]\nspan_groups = 'full'\n",
     "bad_header.toml": "[telemetry.otel]\nheaders = 'abc'\n",
+    "ranks_filter_word.toml": "[launch]\nlocal_ranks_filter = 'first'\n",
+    "tee_maybe.toml": "[launch]\ntee = 'maybe'\n",
     "array_value.toml": "[model]\nnum_layers = [2, 4]\n",
     "not_toml.toml": "this is not toml {{{\n",
     "binary.toml": b"\x00\xff\xfe\x80garbage\x00",
@@ -279,6 +281,47 @@ TRAIN: dict[str, Bad] = {
     "rdzv-endpoint=port-0": train("--rdzv-endpoint", "h:0", names="--rdzv-endpoint"),
     "rdzv-id=empty": train("--rdzv-id", "", names="--rdzv-id"),
     "nnodes=2-without-endpoint": train("--nnodes", "2", names="--rdzv-endpoint"),
+    # ---- flags: the workers' output on the console (--tee, --local-ranks-filter) -------------
+    "local-ranks-filter=2-of-2-ranks": train(
+        "--local-ranks-filter", "2", names=("--local-ranks-filter", "rank 2", "0..1")
+    ),
+    "local-ranks-filter=4-of-2x2-ranks": train(
+        "--local-ranks-filter",
+        "0,4",
+        "--nproc-per-node",
+        "2",
+        "--nnodes",
+        "2",
+        "--rdzv-endpoint",
+        "h:29500",
+        names=("--local-ranks-filter", "rank 4", "0..3"),
+    ),  # fmt: skip
+    "local-ranks-filter=word": train(
+        "--local-ranks-filter", "one", names=("--local-ranks-filter", "'one' is not a rank")
+    ),
+    "local-ranks-filter=-1": train(
+        "--local-ranks-filter", "-1", names=("--local-ranks-filter", "'-1' is not a rank")
+    ),
+    "local-ranks-filter=1.5": train(
+        "--local-ranks-filter", "1.5", names=("--local-ranks-filter", "'1.5'")
+    ),
+    "local-ranks-filter=empty": train(
+        "--local-ranks-filter", "", names=("--local-ranks-filter", "missing")
+    ),
+    "local-ranks-filter=empty-item": train(
+        "--local-ranks-filter", "0,,1", names=("--local-ranks-filter", "missing")
+    ),
+    "local-ranks-filter=space-separated": train(
+        "--local-ranks-filter", "0 1", names=("--local-ranks-filter", "'0 1'", "R[,R...]")
+    ),
+    "local-ranks-filter-with-no-tee": train(
+        "--local-ranks-filter", "1", "--no-tee", names=("--local-ranks-filter", "--no-tee")
+    ),
+    "tee-and-no-tee": train("--tee", "--no-tee", names=("--tee", "--no-tee")),
+    "config:local-ranks-filter=word": train(
+        "--config", "ranks_filter_word.toml", names=("[launch] local_ranks_filter", "'first'")
+    ),
+    "config:tee=maybe": train("--config", "tee_maybe.toml", names=("[launch] tee", "maybe")),
     # ---- pass-through arguments the trainer rejects ------------------------------------------
     "passthrough=unknown-arg": train("--", "--bogus", names=("-- ARGS", "--bogus")),
     "passthrough=bad-int": train("--", "--num-layers", "x", names=("-- ARGS", "--num-layers")),

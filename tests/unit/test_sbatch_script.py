@@ -242,3 +242,39 @@ def test_a_no_flag_turns_a_setting_off_and_both_ways_are_refused(tmp_path):
     both = sbatch("--otel-enabled", "--no-otel-enabled")
     assert both.returncode == 2 and "exclude each other" in both.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def _warned_script(script: str, tmp: Path, stop_request: str) -> tuple[str, bool]:
+    """Run ``script`` under bash with an srun stub that plays the time-limit warning (USR1 to the
+    batch shell, as ``scancel --signal=USR1 --batch`` does), after writing ``stop_request``
+    (``new``: as ``mlaunch stop`` does first; ``old``: one an earlier incarnation left; ``none``).
+    The script's output, and whether it called ``scontrol requeue``."""
+    stubs, run_dir = tmp / "bin", tmp / "runs" / "42"
+    stubs.mkdir()
+    run_dir.mkdir(parents=True)
+    request = run_dir / "stop-request.json"
+    if stop_request == "old":
+        request.write_text("{}")
+        os.utime(request, (1_000_000_000, 1_000_000_000))  # long before this incarnation
+    new = f"echo '{{}}' > '{request}'\n" if stop_request == "new" else ""
+    (stubs / "srun").write_text(f"#!/bin/bash\n{new}kill -USR1 $PPID\nsleep 5\n")
+    (stubs / "scontrol").write_text(f'#!/bin/bash\necho "$@" >> "{tmp}/scontrol"\n')
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    env = {**CLEAN, "PATH": f"{stubs}:{os.environ['PATH']}", "SLURM_JOB_ID": "42",
+           "SLURM_CPUS_ON_NODE": "4"}  # fmt: skip
+    out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
+                         cwd=tmp, timeout=60)  # fmt: skip
+    calls = (tmp / "scontrol").read_text() if (tmp / "scontrol").exists() else ""
+    return out.stdout, "requeue 42" in calls
+
+
+@pytest.mark.parametrize(("stop_request", "requeued"), [("none", True), ("old", True),
+                                                         ("new", False)])  # fmt: skip
+def test_the_warning_requeues_unless_mlaunch_stop_asked_for_it(tmp_path, stop_request, requeued):
+    script = render_script(job(tmp_path))
+    out, did = _warned_script(script, tmp_path, stop_request)
+    assert "mlaunch: USR1: stopping the workers" in out
+    assert did is requeued, out
+    if not requeued:
+        assert "mlaunch: not requeueing job 42: stopped by mlaunch stop" in out

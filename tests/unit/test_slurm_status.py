@@ -96,3 +96,81 @@ def test_status_imports_no_settings_layer_or_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)  # fmt: skip
     assert out.stdout.strip() == "[]"
+
+
+def _stop_request(d: Path, at: float, now: bool = False) -> None:
+    body = {"requested_at": at, "now": now, "uid": 0, "user": "alice", "host": "h", "pid": 1,
+            "job_id": "42"}  # fmt: skip
+    (d / "stop-request.json").write_text(json.dumps(body))
+
+
+def _checkpoint(d: Path, iteration: int) -> None:
+    (d / "checkpoints").mkdir()
+    (d / "checkpoints" / "latest_checkpointed_iteration.txt").write_text(f"{iteration}\n")
+
+
+def test_a_stop_the_user_asked_for_is_stopped_not_preempted(tmp_path, monkeypatch):
+    d = run_dir(tmp_path, last=4)
+    _checkpoint(d, 4)
+    _stop_request(d, time.time())
+    monkeypatch.setattr(st, "job_info", lambda job_id: info("FAILED"))
+    s = st.job_status(str(d), tmp_path)
+    assert (s.state, s.resume_from, s.stop["user"]) == ("stopped", 4, "alice")
+    text = st.status_text(s)
+    assert "stopped:  mlaunch stop by alice at" in text
+    assert "resumable: requeued (scontrol requeue 42), the job resumes from the checkpoint of" \
+        " iteration 4" in text  # fmt: skip
+    assert "stopped on a signal" not in text  # not the preemption's words
+
+
+def test_an_earlier_incarnations_stop_request_is_not_this_ones(tmp_path, monkeypatch):
+    d = run_dir(tmp_path, last=4)
+    _checkpoint(d, 4)
+    started = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 60))
+    _stop_request(d, time.time() - 3600)  # a stop, then a requeue an hour ago
+    monkeypatch.setattr(st, "job_info", lambda job_id: info("FAILED", start=started))
+    s = st.job_status(str(d), tmp_path)
+    assert (s.state, s.stop, s.resume_from) == ("preempted", None, None)
+
+
+def test_a_running_job_with_a_stop_request_is_stopping(tmp_path, monkeypatch):
+    d = run_dir(tmp_path, last=2)
+    _stop_request(d, time.time(), now=True)
+    monkeypatch.setattr(st, "job_info", lambda job_id: info("RUNNING"))
+    s = st.job_status(str(d), tmp_path)
+    assert s.state == "running"
+    assert "stopping: mlaunch stop --now by alice at" in st.status_text(s)
+
+
+def test_a_stop_with_no_checkpoint_is_not_resumable(tmp_path, monkeypatch):
+    d = run_dir(tmp_path, last=4)
+    _stop_request(d, time.time(), now=True)
+    monkeypatch.setattr(st, "job_info", lambda job_id: info("FAILED"))
+    s = st.job_status(str(d), tmp_path)
+    assert (s.state, s.resume_from) == ("stopped", None)
+    assert "not resumable: no checkpoint was saved (--now)" in st.status_text(s)
+
+
+def test_stop_refuses_a_queued_job_and_another_users_job_writing_nothing(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from mlaunch.launcher.stop import StopRefused
+    from mlaunch.slurm import stop as sstop
+
+    d = run_dir(tmp_path, last=2)
+    before = sorted(p.name for p in d.iterdir())
+    sent: list[str] = []
+    monkeypatch.setattr(sstop, "signal_batch", lambda job_id, sig: sent.append(job_id))
+    for job, why in (
+        (info("PENDING"), "job 42 is queued, not running: there is nothing to save"),
+        (replace(info("RUNNING"), user_id=os.getuid() + 1), "job 42 belongs to"),
+        (info("COMPLETED"), "job 42 is completed, not running: nothing to stop"),
+    ):
+        monkeypatch.setattr(st, "job_info", lambda job_id, job=job: job)
+        try:
+            sstop.stop("42", tmp_path, now=False, timeout_s=1, say=lambda _: None)
+        except StopRefused as exc:
+            assert why in str(exc), exc
+        else:
+            raise AssertionError(f"{job.state}: not refused")
+    assert sent == [] and sorted(p.name for p in d.iterdir()) == before
