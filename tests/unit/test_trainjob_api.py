@@ -348,3 +348,26 @@ def test_runs_lists_a_trainjobs_run_directory_without_asking_the_api(api, tmp_pa
     (row,) = json.loads(listing.stdout)
     assert row["state"] == "on kubernetes" and "trainjob/mlaunch-r1" in row["note"]
     assert len(api.requests) == asked
+
+
+def test_mlaunch_stop_of_a_trainjob_by_its_run_directory(api, tmp_path):
+    env = {"KUBECONFIG": str(api.kubeconfig)}
+    out = _mlaunch(tmp_path, "trainjob", "--image", "img:1", "--otel-run-id", "s1", env=env)
+    assert out.returncode == 0, out.stderr
+    name = trainjob_name("s1")
+    api.add_pod("team", name, 0)
+
+    def controllers(verb, ns, job, obj):  # the suspended JobSet's pods go, as on a cluster
+        if verb == "PATCH" and obj["spec"].get("suspend"):
+            api.pods.clear()
+
+    api.on_change = controllers
+    stop = _mlaunch(tmp_path, "stop", "runs/s1", "--timeout", "30", env=env)
+    assert stop.returncode == 0, stop.stderr
+    assert f"trainjob {name} (namespace team): stopped" in stop.stdout
+    assert api.trainjobs[("team", name)]["spec"]["suspend"] is True
+    again = _mlaunch(tmp_path, "stop", f"trainjob/{name}", env=env)
+    assert again.returncode == 2 and "already stopped" in again.stderr
+    now = _mlaunch(tmp_path, "stop", f"trainjob/{name}", "--now", env=env)
+    assert now.returncode == 0, now.stderr
+    assert not api.trainjobs
