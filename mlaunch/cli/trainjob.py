@@ -134,8 +134,8 @@ def run_trainjob(
         typer.echo(f"run dir:  {job.pod_run_dir} on claim {job.claim}")
     typer.echo("follow it:")
     typer.echo(f"  mlaunch status trainjob/{job.name} -n {api.namespace}")
-    typer.echo(f"  kubectl logs -n {api.namespace} -f -l jobset.sigs.k8s.io/jobset-name={job.name}")
-    typer.echo(f"  kubectl delete trainjob -n {api.namespace} {job.name}")
+    typer.echo(f"  mlaunch logs trainjob/{job.name} -n {api.namespace} --follow")
+    typer.echo(f"  mlaunch stop trainjob/{job.name} -n {api.namespace}")
     return 0
 
 
