@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "logs": "mlaunch.cli.logs",
     "runs": "mlaunch.cli.runs",
     "stop": "mlaunch.cli.stop",
+    "trainjob": "mlaunch.cli.trainjob",
 }
 
 

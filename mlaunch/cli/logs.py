@@ -34,7 +34,9 @@ def register(app: typer.Typer) -> None:
     )
     def logs(
         target: str = typer.Argument(
-            ..., metavar=TARGET, help="A run directory or a SLURM job id."
+            ...,
+            metavar=TARGET,
+            help="A run directory, a SLURM job id, or trainjob/NAME (a Kubernetes TrainJob).",
         ),
         rank: int | None = typer.Option(
             None, "--rank", metavar="R", help="Only this (global) rank's output."
@@ -60,10 +62,35 @@ def register(app: typer.Typer) -> None:
             help="Keep printing what the workers write, through restarts and requeues, until"
             " the run ends (Ctrl-C stops following; the run goes on).",
         ),
+        namespace: str | None = typer.Option(
+            None,
+            "--namespace",
+            "-n",
+            metavar="NS",
+            help="With trainjob/NAME: its namespace (default: the kubeconfig context's).",
+        ),
     ) -> None:
         """The workers' output (stdout, then stderr, of each rank) of the newest attempt of a
         run, from its run directory: a local run, every node of a SLURM job, or a run
         directory copied elsewhere."""
+        from mlaunch.cli.trainjob_ops import is_trainjob, trainjob_logs_command
+
+        if is_trainjob(target):  # trainjob/NAME, or the run directory of one: its pods' logs
+            raise typer.Exit(
+                trainjob_logs_command(
+                    target,
+                    namespace=namespace,
+                    node=node,
+                    tail=tail,
+                    follow=follow,
+                    rank=rank,
+                    attempt=attempt,
+                )  # fmt: skip
+            )
+        if namespace is not None:
+            raise fail(
+                [("--namespace", "only for a TrainJob (trainjob/NAME or its run directory)")]
+            )
         code = _logs(target, rank, attempt, node, tail, follow)
         raise typer.Exit(code)
 

@@ -19,9 +19,18 @@ def register(app: typer.Typer) -> None:
     )
     def status(
         target: str = typer.Argument(
-            ..., metavar="RUN_DIR|JOB_ID", help="A run directory or a SLURM job id."
+            ...,
+            metavar="RUN_DIR|JOB_ID",
+            help="A run directory, a SLURM job id, or trainjob/NAME (a Kubernetes TrainJob).",
         ),
         as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
+        namespace: str | None = typer.Option(
+            None,
+            "--namespace",
+            "-n",
+            metavar="NS",
+            help="With trainjob/NAME: its namespace (default: the kubeconfig context's).",
+        ),
         watch: bool = typer.Option(
             False,
             "--watch",
@@ -38,6 +47,16 @@ def register(app: typer.Typer) -> None:
 
         if watch and as_json:
             raise fail([("--watch", "a live view cannot be JSON; use --json or --watch")])
+        from mlaunch.cli.trainjob_ops import is_trainjob, trainjob_status_command
+
+        if is_trainjob(target):  # trainjob/NAME, or the run directory of one
+            if watch:
+                raise fail([("--watch", "not for a TrainJob: use mlaunch status trainjob/NAME")])
+            raise typer.Exit(trainjob_status_command(target, namespace, as_json))
+        if namespace is not None:
+            raise fail(
+                [("--namespace", "only for a TrainJob (trainjob/NAME or its run directory)")]
+            )
         if watch:
             from mlaunch.cli.status_watch import watch as watch_view
 

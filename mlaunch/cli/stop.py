@@ -19,7 +19,9 @@ def register(app: typer.Typer) -> None:
     )
     def stop(
         target: str = typer.Argument(
-            ..., metavar="RUN_DIR|JOB_ID", help="A run directory or a SLURM job id."
+            ...,
+            metavar="RUN_DIR|JOB_ID",
+            help="A run directory, a SLURM job id, or trainjob/NAME (a Kubernetes TrainJob).",
         ),
         now: bool = typer.Option(
             False,
@@ -33,6 +35,14 @@ def register(app: typer.Typer) -> None:
             metavar="S",
             help="Wait at most S seconds for the run to end (exit 1 if it has not).",
         ),
+        namespace: str | None = typer.Option(
+            None,
+            "--namespace",
+            "-n",
+            metavar="NS",
+            help="With trainjob/NAME: its namespace (default: the kubeconfig context's). A"
+            " TrainJob is suspended (its pods get SIGTERM and save; resumable); --now deletes it.",
+        ),
     ) -> None:
         """Stop a live run as a preemption would: the workers finish the current iteration,
         save a checkpoint and exit (a SLURM job gets its time-limit warning, USR1, and is not
@@ -45,6 +55,16 @@ def register(app: typer.Typer) -> None:
 
         if timeout <= 0:
             raise fail([("--timeout", f"{timeout:g} s: give a number of seconds above 0")])
+        from mlaunch.cli.trainjob_ops import is_trainjob, trainjob_stop_command
+
+        if is_trainjob(target):  # trainjob/NAME, or the run directory of one
+            raise typer.Exit(
+                trainjob_stop_command(target, namespace=namespace, now=now, timeout_s=timeout)
+            )
+        if namespace is not None:
+            raise fail(
+                [("--namespace", "only for a TrainJob (trainjob/NAME or its run directory)")]
+            )
         try:
             outcome = stop_run(
                 target, Path.cwd(), now=now, timeout_s=timeout, say=lambda s: typer.echo(s)

@@ -94,6 +94,9 @@ class JobStatus:
     state: str
     run_dir: str | None
     slurm: dict[str, Any] | None = None
+    trainjob: dict[str, Any] | None = None
+    """A Kubernetes TrainJob's side (``mlaunch status trainjob/NAME``): ``name``, ``namespace``,
+    ``run_id``, ``reason``, ``conditions``, ``pods`` (:mod:`mlaunch.kube.jobs`); else None."""
     incarnation: int | None = None
     """1 for the first run of the job, 2 after one requeue, ..."""
     progress: dict[str, Any] | None = None

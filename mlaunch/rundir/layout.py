@@ -68,6 +68,10 @@ NODE_LOG_DIR = NumberedName("node{node}")
 #: ``mlaunch sbatch``: the batch script it submitted, and the job it became (id, submit time).
 JOB_SCRIPT_FILE = "job.sbatch"
 SLURM_JOB_FILE = "slurm-job.json"
+#: ``mlaunch trainjob``: the Kubeflow Trainer TrainJob it created (``kubectl apply -f``-able).
+TRAINJOB_FILE = "trainjob.yaml"
+#: ... and the TrainJob it became (name, namespace, API server, run id): ``status RUN_DIR`` asks it.
+TRAINJOB_RECORD_FILE = "trainjob.json"
 #: The batch job's output (``%j``: the job id), appended to by every incarnation of the job.
 SLURM_OUTPUT_TEMPLATE = "slurm-%j.out"
 #: Every incarnation's batch output in a run directory (:data:`SLURM_OUTPUT_TEMPLATE`'s glob).
@@ -380,6 +384,8 @@ __all__ = [
     "NODE_LOG_DIR",
     "JOB_SCRIPT_FILE",
     "SLURM_JOB_FILE",
+    "TRAINJOB_FILE",
+    "TRAINJOB_RECORD_FILE",
     "SLURM_OUTPUT_TEMPLATE",
     "SLURM_OUTPUT_GLOB",
     "LAUNCHER_LOG",

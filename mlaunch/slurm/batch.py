@@ -47,7 +47,7 @@ import shlex
 import string
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -382,7 +382,7 @@ def plan_job(
         python=python or sys.executable,
         run_dir_prefix=prefix,
         fixed_run_dir=plan.run_dir if fixed else None,
-        train_args=["--config", str(plan.config), *_frozen_flags(plan, cwd)],
+        train_args=["--config", str(plan.config), *frozen_flags(plan, cwd)],
         passthrough=list(passthrough),
         environment=environment,
         unset=plan.removed_env,
@@ -397,16 +397,24 @@ def _env_covered() -> frozenset[str]:
     return frozenset(paths | {f"{section}.{f}" for section, f in OTEL_ENV.values()})
 
 
-def _frozen_flags(plan: LaunchPlan, cwd: Path) -> list[str]:
-    """Every setting a flag or the config file gave, as ``mlaunch train`` flags, in settings
-    order; telemetry travels in the environment, SLURM's per-node values are left to the job."""
+def frozen_flags(
+    plan: LaunchPlan,
+    cwd: Path | None,
+    *,
+    decided: Collection[str] = tuple(SLURM_DECIDED),
+    kinds: Collection[str] = ("flag", "file"),
+) -> list[str]:
+    """Every setting a flag or the config file gave (a source in ``kinds``), as ``mlaunch
+    train`` flags, in settings order; telemetry travels in the environment, the engine's
+    per-node values (``decided``) are left to the job. Paths are made absolute from ``cwd``
+    (None: kept as given, for a container whose file system is not this one)."""
     s = plan.settings
     covered = _env_covered()
     out: list[str] = []
     for path, entry in settings_table(s).items():
-        if s.source(path).kind not in ("flag", "file"):
+        if s.source(path).kind not in kinds:
             continue
-        if path in covered or path in SLURM_DECIDED or path == "launch.run_dir":
+        if path in covered or path in decided or path == "launch.run_dir":
             continue
         value = entry["value"]
         flag = flag_name(path)
@@ -423,7 +431,8 @@ def _frozen_flags(plan: LaunchPlan, cwd: Path) -> list[str]:
                 # item made absolute. mlaunch's trainer reads one path (spaces and all).
                 megatron_list = path == "training.data_path" and not s.uses_builtin_trainer
                 items = text.split() if megatron_list else [text]
-                text = " ".join(_absolute(t, cwd, weights=megatron_list) for t in items)
+                if cwd is not None:
+                    text = " ".join(_absolute(t, cwd, weights=megatron_list) for t in items)
             out += [flag, text]
     return out
 

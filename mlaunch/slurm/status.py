@@ -231,6 +231,8 @@ def _status_of(
 
 #: The state word of a folder that is no run directory, and of one whose records cannot be read.
 NOT_A_RUN, CORRUPT = "not a run", "corrupt"
+#: The state word of the local run directory of a Kubernetes TrainJob (its note says how to ask).
+TRAINJOB_STATE = "on kubernetes"
 #: Said under a listing with SLURM jobs in it: their state is the run directory's, not SLURM's.
 SLURM_NOT_ASKED = (
     "SLURM was not asked (one query per job would make the listing slow): a job's state is"
@@ -284,6 +286,17 @@ def run_row(run_dir: Path) -> RunRow:
     from mlaunch.rundir.records import read_json_object
 
     row = RunRow(run_dir.name, NOT_A_RUN, str(run_dir))
+    trainjob = read_json_object(run_dir / lay.TRAINJOB_RECORD_FILE)
+    if trainjob is not None and not lay.is_run_dir(run_dir):
+        # A TrainJob's manifest and record: its run is in the pods and on their volume; asking
+        # the API per row would make the listing slow, as asking SLURM would.
+        name, ns = trainjob.get("name"), trainjob.get("namespace")
+        row.state = TRAINJOB_STATE
+        row.started = (
+            trainjob.get("created") if isinstance(trainjob.get("created"), float) else None
+        )
+        row.note = f"a Kubernetes TrainJob: mlaunch status trainjob/{name} -n {ns}"
+        return row
     if not lay.is_run_dir(run_dir):
         row.note = "no resolved.json, launcher record, SLURM job or logs/ in it"
         return row
@@ -350,6 +363,11 @@ def status_text(st: JobStatus) -> str:
         head += f" on {s['nodes']} for {s.get('elapsed')}"
     elif s.get("exit_code") and st.state not in ("queued", "running"):
         head += f", exit code {s['exit_code']}, ran {s.get('elapsed')}"
+    k = st.trainjob
+    if k is not None:  # a TrainJob: its namespace, and why it waits or failed
+        head = f"trainjob {k['name']} (namespace {k['namespace']}): {st.state}"
+        if k.get("reason") and st.state != "failed":
+            head += f" ({k['reason']})"
     if st.incarnation and st.incarnation > 1:
         head += f"; incarnation {st.incarnation} ({st.incarnation - 1} requeue(s))"
     if st.restarts:
@@ -393,6 +411,10 @@ def status_text(st: JobStatus) -> str:
     lines += [f"capture:  {capture_text(c)}" for c in st.captures]
     if st.dumps:
         lines.append(f"recorder: {dumps_text(st.dumps)}")
+    for pod in (k or {}).get("pods", []):
+        why = f" ({pod['reason']})" if pod.get("reason") else ""
+        where = f" on {pod['host']}" if pod.get("host") else ""
+        lines.append(f"pod:      {pod['name']} (node {pod['node']}): {pod['phase']}{why}{where}")
     for n in st.nodes:
         lines.append(f"node {n.node}:   {n.last_line or '(nothing logged yet)'}")
     if st.state == "preempted":  # a stop the user asked for says it in stop_lines

@@ -76,6 +76,11 @@ def test_groups_commands_import_no_heavy_module(args: list[str]) -> None:
         ("mlaunch.launcher.receiver_wiring", ("torch", "opentelemetry", "grpc", "google")),
         # Reading a trace needs OTLP/JSON only: not the telemetry runtime and its fork hook.
         ("mlaunch.trace.reader", ("mlaunch.telemetry",)),
+        # A TrainJob is written (and --dry-run printed) without the optional Kubernetes client.
+        ("mlaunch.kube.manifest", ("kubernetes", "torch", "opentelemetry")),
+        # `mlaunch status RUN_DIR` asks whether the target is a TrainJob: that costs no settings
+        # layer, and no client until the API is asked.
+        ("mlaunch.cli.trainjob_ops", ("pydantic", "kubernetes", "torch")),
     ],
 )
 def test_layer_imports(module: str, forbidden: tuple[str, ...]) -> None:
@@ -274,7 +279,11 @@ LAYER_RULES: dict[str, tuple[str, ...]] = {
     "mlaunch.receiver": ("mlaunch.launcher",),
     # ``slurm`` builds on the launcher (its status reads the launcher's run records): the
     # launcher is handed what it needs of a job (``capture.request_capture``'s ``status``).
-    "mlaunch.launcher": ("mlaunch.slurm",),
+    "mlaunch.launcher": ("mlaunch.slurm", "mlaunch.kube"),
+    # ``kube`` sits beside and above ``slurm`` (it reuses the frozen settings of the batch script
+    # and the status words); ``slurm`` never reaches Kubernetes.
+    "mlaunch.slurm": ("mlaunch.kube", "mlaunch.cli"),
+    "mlaunch.kube": ("mlaunch.cli", "mlaunch.doctor"),
 }
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from mlaunch.launcher import plan as lp
 from mlaunch.settings import SettingsError
-from mlaunch.slurm.batch import _frozen_flags
+from mlaunch.slurm.batch import frozen_flags
 
 CLEAN = {"PATH": "/usr/bin:/bin"}
 
@@ -43,7 +43,7 @@ def test_a_megatron_data_path_setting_is_split_into_prefixes_and_weights(tmp_pat
     at = plan.argv.index("--data-path")
     assert plan.argv[at + 1 : at + 5] == ["0.3", "rel/a", "0.7", "/b"]
     # sbatch freezes each prefix absolute, the weights as they are
-    frozen = _frozen_flags(plan, tmp_path)
+    frozen = frozen_flags(plan, tmp_path)
     assert frozen[frozen.index("--data-path") + 1] == f"0.3 {tmp_path}/rel/a 0.7 /b"
 
 
