@@ -60,6 +60,7 @@ from mlaunch.model.identity import RUN_UUID, run_identity
 from mlaunch.model.spans import Attr, ResourceAttr, SpanName
 from mlaunch.otlp import traceparent as traceparent_header
 from mlaunch.rundir import layout as lay
+from mlaunch.rundir.worker_logs import launch_attempts
 
 if TYPE_CHECKING:  # the types only: importing this module never loads the settings layer
     from mlaunch.launcher.plan import LaunchPlan
@@ -538,12 +539,7 @@ class JobTrace:
         return complete.decode("utf-8", "replace").splitlines()
 
     def _attempt_numbers(self) -> list[int]:
-        found = set()
-        for p in self.plan.log_dir.glob("*/attempt_*"):
-            with contextlib.suppress(OSError, ValueError):
-                if p.is_dir() and p.stat().st_mtime >= self._since - 1:
-                    found.add(int(p.name.removeprefix("attempt_")))
-        return sorted(found)
+        return sorted(launch_attempts(self.plan.log_dir, self._since))
 
     def _poll(self) -> None:
         now = time.time_ns()

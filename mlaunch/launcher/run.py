@@ -36,6 +36,7 @@ from mlaunch.rundir.records import (
     read_progress_record,
     read_stop_request,
 )
+from mlaunch.rundir.worker_logs import launch_attempts
 
 if TYPE_CHECKING:
     from mlaunch.receiver.core import ReceiverStats
@@ -218,12 +219,10 @@ def _read_from(path: Path, offset: int) -> str:
 
 def _local_rank_dirs(plan: LaunchPlan, since: float) -> dict[int, Path]:
     """This node's per-local-rank log folders of the latest torchrun attempt of this launch."""
-    attempts = [
-        p for p in plan.log_dir.glob("*/attempt_*") if p.is_dir() and p.stat().st_mtime >= since - 1
-    ]
+    attempts = launch_attempts(plan.log_dir, since)
     if not attempts:
         return {}
-    latest = max(attempts, key=lambda p: (int(p.name.removeprefix("attempt_")), p.stat().st_mtime))
+    latest, _ = attempts[max(attempts)]
     return {int(p.name): p for p in latest.iterdir() if p.is_dir() and p.name.isdigit()}
 
 
@@ -389,12 +388,9 @@ class RestartWatch:
         path = torchrun_log(self.plan)
         # The folders first: torchrun logs a group's failure before it makes the next folder,
         # so every failure behind a folder seen now is in the lines read after it.
-        folders: dict[int, float] = {}
-        for p in self.plan.log_dir.glob("*/attempt_*"):
-            n = p.name.removeprefix("attempt_")
-            with contextlib.suppress(OSError):
-                if n.isdigit() and p.is_dir() and (made := p.stat().st_mtime) >= self.since - 1:
-                    folders[int(n)] = made
+        folders = {
+            n: made for n, (_, made) in launch_attempts(self.plan.log_dir, self.since).items()
+        }
         text = _read_from(path, self.offset)
         complete = text[: text.rfind("\n") + 1]
         self.offset += len(complete.encode())

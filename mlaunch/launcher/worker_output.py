@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mlaunch.rundir import layout as lay
-from mlaunch.rundir.worker_logs import written_rank
+from mlaunch.rundir.worker_logs import launch_attempts, written_rank
 
 if TYPE_CHECKING:
     from mlaunch.launcher.plan import LaunchPlan
@@ -47,18 +47,6 @@ POLL_S = 0.05
 DRAIN_S = 120.0
 #: torchrun's per-local-rank output files, in the order a rank's new lines are shown.
 STREAMS = (lay.WORKER_STDOUT_LOG, lay.WORKER_STDERR_LOG)
-
-
-def attempt_folders(log_dir: Path, since: float) -> dict[int, Path]:
-    """This launch's torchrun attempt folders (``<log-dir>/<id>/attempt_<N>/``, made since
-    ``since``: an earlier launch into the same run directory left its own), by attempt number."""
-    found: dict[int, Path] = {}
-    for p in log_dir.glob("*/attempt_*"):
-        n = p.name.removeprefix("attempt_")
-        with contextlib.suppress(OSError):
-            if n.isdigit() and p.is_dir() and p.stat().st_mtime >= since - 1:
-                found[int(n)] = p
-    return found
 
 
 class RankMap:
@@ -178,7 +166,7 @@ class WorkerOutput:
 
     def _discover(self) -> None:
         """Add every local rank's files of every attempt folder of this launch."""
-        for attempt, folder in sorted(attempt_folders(self.log_dir, self.since).items()):
+        for attempt, (folder, _) in sorted(launch_attempts(self.log_dir, self.since).items()):
             for local in range(self.nproc):
                 for stream in STREAMS:
                     key = (attempt, local, stream)
@@ -276,4 +264,4 @@ def _size(path: Path) -> int:
         return 0
 
 
-__all__ = ["CHUNK", "CONTINUED", "MAX_LINE", "RankMap", "WorkerOutput", "attempt_folders", "follow"]
+__all__ = ["CHUNK", "CONTINUED", "MAX_LINE", "RankMap", "WorkerOutput", "follow"]

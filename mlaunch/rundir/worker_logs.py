@@ -138,6 +138,28 @@ def _launch_folders(node_dir: Path) -> list[tuple[float, str, dict[int, Path]]]:
     return sorted(out, key=lambda t: (t[0], t[1]))
 
 
+def launch_attempts(node_log_dir: Path, since: float) -> dict[int, tuple[Path, float]]:
+    """The torchrun attempt folders of one node's launch that started at ``since`` (epoch
+    seconds; folders made before it are an earlier launch's into the same run directory), by
+    restart number: (folder, when it was made). What the launcher follows while it runs."""
+    found: dict[int, tuple[Path, float]] = {}
+    try:
+        launches = [e.path for e in os.scandir(node_log_dir) if e.is_dir()]
+    except OSError:
+        return found
+    for launch in launches:
+        try:
+            subs = list(os.scandir(launch))
+        except OSError:
+            continue
+        for sub in subs:
+            k = TORCHRUN_ATTEMPT_DIR.parse(sub.name)
+            made = _mtime(Path(sub.path)) if k is not None and sub.is_dir() else None
+            if k is not None and made is not None and made >= since - 1:
+                found[k] = (Path(sub.path), made)
+    return found
+
+
 def find(run_dir: str | Path) -> WorkerLogs:
     """Every attempt of ``run_dir`` and the files of each of its ranks (an empty result for a
     run whose workers have not started)."""
@@ -368,6 +390,7 @@ __all__ = [
     "complete_end",
     "find",
     "follow",
+    "launch_attempts",
     "select",
     "tail_lines",
     "written_rank",
