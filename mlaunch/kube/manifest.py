@@ -68,8 +68,13 @@ from mlaunch.launcher.configs import config_launch_keys
 from mlaunch.launcher.plan import LaunchPlan, build_plan
 from mlaunch.launcher.worker_args import restart_save_interval
 from mlaunch.launcher.worker_env import worker_environment
-from mlaunch.settings import SECRET_ENV, SettingsError, flag_name, new_run_id
-from mlaunch.slurm.batch import DEFAULT_SIGNAL_GRACE_S, frozen_flags
+from mlaunch.settings import SECRET_ENV, SettingsError, new_run_id
+from mlaunch.slurm.batch import (
+    DEFAULT_SIGNAL_GRACE_S,
+    frozen_flags,
+    one_worker_per_gpu,
+    take_scheduler_decided,
+)
 
 #: Pod's grace between SIGTERM and SIGKILL: one iteration plus a save, as SLURM's warning
 #: (Kubernetes' default, 30 s, is too short for a checkpoint of any size).
@@ -218,27 +223,15 @@ def plan_trainjob(
     options) and decide the manifest. Raises :class:`SettingsError` with every problem; creates
     nothing."""
     flags = dict(flags)
-    problems: list[tuple[str, str]] = []
-    for path, instead in KUBE_DECIDED.items():
-        if flags.get(path) is not None:
-            problems.append((flag_name(path), f"not for mlaunch trainjob: {instead}"))
-            flags[path] = None
-    if flags.get("telemetry.otel.headers") is not None:
-        problems.append(
-            (
-                flag_name("telemetry.otel.headers"),
-                "a secret is never written into trainjob.yaml: mlaunch trainjob cannot pass"
-                " collector credentials yet (reach a collector Service inside the cluster)",
-            )
-        )
-        flags["telemetry.otel.headers"] = None
+    problems = take_scheduler_decided(
+        flags,
+        KUBE_DECIDED,
+        "mlaunch trainjob",
+        "a secret is never written into trainjob.yaml: mlaunch trainjob cannot pass collector"
+        " credentials yet (reach a collector Service inside the cluster)",
+    )
     problems += _option_problems(options)
-    notes: list[str] = []
-    if options.gpus_per_node and flags.get("launch.nproc_per_node") is None:
-        flags["launch.nproc_per_node"] = str(options.gpus_per_node)
-        notes.append(
-            f"--nproc-per-node {options.gpus_per_node}: one worker per GPU (--gpus-per-node)"
-        )
+    notes = one_worker_per_gpu(flags, options.gpus_per_node)
     # The run id is chosen here, once (the setting's flag, else its variable, else a fresh id):
     # it names the TrainJob and the run directory, and travels to every pod in
     # spec.trainer.env, where the pods of one job have no other id they all share.

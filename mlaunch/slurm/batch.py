@@ -277,6 +277,34 @@ def option_problems(options: SbatchOptions, environ: Mapping[str, str]) -> list[
     return problems
 
 
+def take_scheduler_decided(
+    flags: dict[str, Any], decided: Mapping[str, str], command: str, headers_fix: str
+) -> list[tuple[str, str]]:
+    """What ``mlaunch sbatch`` and ``mlaunch trainjob`` refuse among the setting flags: the values
+    the scheduler decides per node (``decided``: setting -> what decides it instead) and the
+    collector's credentials, never written into the job's file (``headers_fix``: why, and what
+    to do). Each is a problem naming its flag and is taken out of ``flags``, so the rest still
+    validates and every problem is said at once."""
+    problems = []
+    for path, instead in decided.items():
+        if flags.get(path) is not None:
+            problems.append((flag_name(path), f"not for {command}: {instead}"))
+            flags[path] = None
+    if flags.get("telemetry.otel.headers") is not None:
+        problems.append((flag_name("telemetry.otel.headers"), headers_fix))
+        flags["telemetry.otel.headers"] = None
+    return problems
+
+
+def one_worker_per_gpu(flags: dict[str, Any], gpus_per_node: int | None) -> list[str]:
+    """``--gpus-per-node G`` without ``--nproc-per-node``: G workers per node (set in
+    ``flags``), and the note that says so."""
+    if not gpus_per_node or flags.get("launch.nproc_per_node") is not None:
+        return []
+    flags["launch.nproc_per_node"] = str(gpus_per_node)
+    return [f"--nproc-per-node {gpus_per_node}: one worker per GPU (--gpus-per-node)"]
+
+
 def _job_environ(environ: Mapping[str, str], nodes: int) -> dict[str, str]:
     """The environment node 0's ``mlaunch train`` will see: the submit environment (sbatch
     --export=ALL) with this job's SLURM variables instead of any the submitter runs under."""
@@ -309,27 +337,15 @@ def plan_job(
     """Validate the whole submission (settings as ``mlaunch train`` does, and the SLURM options)
     and decide the script. Raises :class:`SettingsError` with every problem; creates nothing."""
     flags = dict(flags)
-    problems: list[tuple[str, str]] = []
-    for path, instead in SLURM_DECIDED.items():
-        if flags.get(path) is not None:
-            problems.append((flag_name(path), f"not for mlaunch sbatch: {instead}"))
-            flags[path] = None
-    if flags.get("telemetry.otel.headers") is not None:
-        problems.append(
-            (
-                flag_name("telemetry.otel.headers"),
-                "a secret is never written into job.sbatch: export OTEL_EXPORTER_OTLP_HEADERS in"
-                " this shell instead (the job inherits it)",
-            )
-        )
-        flags["telemetry.otel.headers"] = None
+    problems = take_scheduler_decided(
+        flags,
+        SLURM_DECIDED,
+        "mlaunch sbatch",
+        "a secret is never written into job.sbatch: export OTEL_EXPORTER_OTLP_HEADERS in this"
+        " shell instead (the job inherits it)",
+    )
     problems += option_problems(options, environ)
-    notes: list[str] = []
-    if options.gpus_per_node and flags.get("launch.nproc_per_node") is None:
-        flags["launch.nproc_per_node"] = str(options.gpus_per_node)
-        notes.append(
-            f"--nproc-per-node {options.gpus_per_node}: one worker per GPU (--gpus-per-node)"
-        )
+    notes = one_worker_per_gpu(flags, options.gpus_per_node)
     job_env = _job_environ(environ, max(1, options.nodes))
     try:
         plan = build_plan(
