@@ -47,15 +47,16 @@ def register(app: typer.Typer) -> None:
         when it started, iterations done/total, entry point and path; the command that
         resumes a run stopped with a checkpoint. A folder that is no run, or that cannot be
         read, is listed as such."""
-        from mlaunch.slurm.status import SLURM_NOT_ASKED, list_runs
+        from mlaunch.slurm.status import list_runs
 
         if not folder.is_dir():
             raise fail([("DIR", f"{folder}: no such directory; give the folder that holds the"
                          " run directories (mlaunch train writes them under ./runs)")])  # fmt: skip
-        rows = list_runs(folder)
-        slurm = any(r.job_id for r in rows)
+        rows, note = list_runs(folder)
         if as_json:
             typer.echo(json.dumps([r.as_json() for r in rows], indent=1))
+            if note:
+                typer.echo(f"note: {note}", err=True)
             return
         if not rows:
             typer.echo(f"no runs under {folder}")
@@ -75,6 +76,6 @@ def register(app: typer.Typer) -> None:
                 out.append(f"  resume: {row.resume}")
             if row is not None and row.note:
                 out.append(f"  ({row.note})")
-        if slurm:
-            out.append(f"note: {SLURM_NOT_ASKED}")
+        if note:
+            out.append(f"note: {note}")
         typer.echo("\n".join(out))

@@ -176,6 +176,21 @@ def parse_scontrol(line: str) -> dict[str, str]:
     return out
 
 
+def queue_states(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Every job in SLURM's queue (pending, running, completing, ...) and its state, in one
+    ``squeue`` call: a job absent from it has ended or is unknown. Raises SlurmError without
+    SLURM or when the controller does not answer."""
+    out = _run(["squeue", "-h", "-o", "%i|%T"], env=environ)
+    if out.returncode != 0:
+        raise SlurmError(f"squeue: {_message(out)}")
+    states = {}
+    for line in out.stdout.splitlines():
+        job_id, _, state = line.strip().partition("|")
+        if job_id and state:
+            states[job_id] = state
+    return states
+
+
 def job_info(job_id: str, environ: Mapping[str, str] | None = None) -> SlurmJobInfo | None:
     """The job as ``scontrol show job`` tells it, else as ``sacct`` does (a job the controller
     has forgotten, where accounting exists), else None. Raises SlurmError without SLURM."""

@@ -35,7 +35,7 @@ from mlaunch.launcher.run_status import (
     telemetry_off,
 )
 from mlaunch.rundir import layout as lay
-from mlaunch.slurm.client import SlurmError, SlurmJobInfo, job_info
+from mlaunch.slurm.client import SlurmError, SlurmJobInfo, job_info, queue_states
 
 #: SLURM state -> mlaunch's word for it.
 STATES: dict[str, str] = {
@@ -235,8 +235,8 @@ NOT_A_RUN, CORRUPT = "not a run", "corrupt"
 TRAINJOB_STATE = "on kubernetes"
 #: Said under a listing with SLURM jobs in it: their state is the run directory's, not SLURM's.
 SLURM_NOT_ASKED = (
-    "SLURM was not asked (one query per job would make the listing slow): a job's state is"
-    " what its run directory says; `mlaunch status JOB_ID` asks SLURM"
+    "SLURM could not be asked ({why}): a job's state is what its run directory says;"
+    " `mlaunch status JOB_ID` asks SLURM"
 )
 
 
@@ -333,15 +333,28 @@ def run_row(run_dir: Path) -> RunRow:
     return row
 
 
-def list_runs(folder: Path) -> list[RunRow]:
+def list_runs(folder: Path) -> tuple[list[RunRow], str | None]:
     """Every folder directly under ``folder`` (hidden ones aside), newest first (a folder with
-    no start last)."""
+    no start last), and a note when its SLURM jobs' states could not be asked. SLURM is asked
+    once for the whole queue (``squeue``), never per job: a job still in the queue has SLURM's
+    word (queued, running), one that left it what its run directory says."""
     rows = [
         run_row(Path(e.path))
         for e in os.scandir(folder)
         if e.is_dir() and not e.name.startswith(".")
     ]
-    return sorted(rows, key=lambda r: (r.started is None, -(r.started or 0), r.path))
+    note = None
+    if any(r.job_id for r in rows):
+        try:
+            queue = queue_states()
+        except SlurmError as exc:
+            note = SLURM_NOT_ASKED.format(why=exc)
+        else:
+            for r in rows:
+                if r.job_id in queue:
+                    r.state = STATES.get(queue[r.job_id], queue[r.job_id].lower())
+    rows.sort(key=lambda r: (r.started is None, -(r.started or 0), r.path))
+    return rows, note
 
 
 # --------------------------------------------------------------------------------------------

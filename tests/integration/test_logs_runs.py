@@ -276,3 +276,39 @@ def test_runs_of_a_missing_folder_is_refused(tmp_path):
     assert (
         out.stderr.startswith("DIR: runs: no such directory") and len(out.stderr.splitlines()) == 1
     )
+
+
+@pytest.mark.parametrize(
+    ("squeue", "state", "note"),
+    [
+        ("echo '77|PENDING'; echo '78|RUNNING'", "queued", None),
+        ("echo 'squeue: error: Unable to contact slurm controller' >&2; exit 1", "unknown",
+         "SLURM could not be asked (squeue: squeue: error: Unable to contact slurm controller)"),
+    ],
+)  # fmt: skip
+def test_runs_asks_slurms_queue_once_for_its_jobs(tmp_path, squeue, state, note):
+    """A SLURM job's run directory that has not started yet: its state is SLURM's queue's (one
+    ``squeue`` for every row; here a stand-in on PATH, the real one in tests/slurm), and where
+    SLURM cannot be asked the listing says so on stderr and keeps the run directory's word."""
+    run = tmp_path / "runs" / "77"
+    run.mkdir(parents=True)
+    (run / "slurm-job.json").write_text(json.dumps({"job_id": "77", "submitted": time.time()}))
+    (run / "resolved.json").write_text(json.dumps({"run_id": "77", "environment": {"A": "1"}}))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    (bin_dir / "squeue").write_text(f'#!/bin/bash\necho "$@" >> {calls}\n{squeue}\n')
+    (bin_dir / "squeue").chmod(0o755)
+    env = {**clean_env(), "PATH": f"{bin_dir}:{clean_env()['PATH']}"}
+    out = subprocess.run(
+        [sys.executable, "-m", "mlaunch", "runs", "--json"], cwd=tmp_path, env=env,
+        capture_output=True, text=True, timeout=TIMEOUT_S,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    (row,) = json.loads(out.stdout)
+    assert row["job_id"] == "77" and row["state"] == state, row
+    assert len(calls.read_text().splitlines()) == 1  # one query, whatever the rows
+    if note is None:
+        assert out.stderr == ""
+    else:
+        assert out.stderr.startswith(f"note: {note}"), out.stderr

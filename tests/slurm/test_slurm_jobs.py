@@ -198,6 +198,12 @@ def test_usr1_then_requeue_resumes_from_the_checkpoint_as_a_second_incarnation(
     # The controller may still report the first incarnation's end for a moment: wait until the
     # job is queued again, or wait_done below would read that stale state.
     wait_until(lambda: slurm_state(slurm_cluster, job_id) not in FINISHED, "requeue", slurm_cluster)
+    # `mlaunch runs` asks SLURM's queue once: the job waiting again is queued, not the
+    # preempted its run directory alone would say.
+    listed = mlaunch(slurm_cluster, tmp_path, "runs", "--json")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    (row,) = [r for r in json.loads(listed.stdout) if r["job_id"] == job_id]
+    assert row["state"] == "queued", row
     # SLURM holds a requeued job for about two minutes before it may start again; skip most of
     # that, but not all: slurmd revokes the first incarnation's job credential with one-second
     # resolution, and a start within that second is killed as "Job credential revoked" (seen
