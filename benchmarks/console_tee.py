@@ -110,7 +110,7 @@ def follower_cpu_s(root: Path, mb: int) -> float:
     (folder / "stdout.log").write_bytes((b"y" * 99 + b"\n") * (mb * 10_000))
     with open(os.devnull, "w") as sink:
         start = time.process_time()
-        out = WorkerOutput(root / "follower", 0.0, 1, None, RankMap(0, 1, 1, None), sink.write)
+        out = WorkerOutput(root / "follower", 0.0, 1, None, RankMap(0, 1, 1), sink.write)
         out.start().close()
         return time.process_time() - start
 
