@@ -361,6 +361,10 @@ def follow(
                         for line in tail_lines(path, tail, end):
                             emit(r, line)
                         follower.skip_to(path, end)
+        elif latest is not None:
+            # The same attempt, read again: torchrun makes an attempt's folder before its
+            # ranks' folders, and a worker names its rank as it starts.
+            follower.ranks = select(latest, wanted, node)
         for r, line in follower.poll(final=done):
             emit(r, line)
         if done:

@@ -76,3 +76,29 @@ def test_tails_and_a_follower_never_cut_a_line(tmp_path):
         fh.write(" done\nnext")
     assert follower.poll() == [(r, "half done")]
     assert follower.poll(final=True) == [(r, "next")]  # the writer is gone: all of it
+
+
+def test_follow_takes_the_ranks_torchrun_adds_to_an_attempt_it_already_follows(tmp_path):
+    """torchrun makes ``attempt_<K>`` first and its ranks' folders after: a follower that saw
+    the attempt empty still shows what those ranks write (a loaded machine widens the gap)."""
+    import threading
+    import time
+
+    run = tmp_path / "run"
+    (run / "logs" / "node0" / "launch_a" / "attempt_0").mkdir(parents=True)
+    lines: list[str] = []
+    over = threading.Event()
+    follower = threading.Thread(
+        target=wl.follow,
+        args=(run, lambda r, line: lines.append(f"[rank {r.rank}] {line}"), over.is_set),
+        kwargs={"poll_s": 0.01, "ended_every_s": 0.01},
+    )
+    follower.start()
+    time.sleep(0.2)  # the follower has taken attempt 0, with no rank in it yet
+    _worker(run, 0, "launch_a", 0, 1, "from rank 1\n")
+    deadline = time.monotonic() + 30
+    while "[rank 1] from rank 1" not in lines and time.monotonic() < deadline:
+        time.sleep(0.01)
+    over.set()
+    follower.join(timeout=30)
+    assert lines == ["[rank 1] from rank 1"]
