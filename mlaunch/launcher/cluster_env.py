@@ -107,9 +107,7 @@ class ClusterSource:
     make every pod node 0, writing into one another's files on the shared volume)."""
     host_is_pod_name: bool = False
     """The host is node 0's pod's DNS name (a headless Service's record): it appears only once
-    that pod runs, so one that does not resolve yet is waited for by torchrun, not refused; and
-    it is not the pod's own host name, so the node rank, not torchrun's guess, says which node
-    hosts the rendezvous store (the plan's ``is_host``)."""
+    that pod runs, so one that does not resolve yet is waited for by torchrun, not refused."""
     host_of: Callable[[str], str | None] = field(default=_the_host, repr=False)
 
     def variables(self) -> tuple[str, ...]:

@@ -444,16 +444,17 @@ def _load(
 
 
 def _rdzv_conf(settings: Settings, environ: Mapping[str, str]) -> str | None:
-    """torchrun's ``--rdzv-conf`` when the node rank must say who hosts the c10d store: with an
-    endpoint that is node 0's pod's DNS name (the Kubeflow torch runtime's ``PET_MASTER_ADDR``),
-    torchrun's own guess (the name is one of this machine's) fails on node 0 while the record is
-    not published yet, or when the name is not the pod's host name, and then no node hosts the
-    store. The node rank the runtime gives is the pod's Job completion index: node 0 hosts.
-    ``PET_RDZV_CONF`` (what torchrun reads for ``--rdzv-conf``, which the flag replaces) is
-    kept, and an ``is_host`` the user gave there wins."""
+    """torchrun's ``--rdzv-conf`` saying which node hosts the c10d store, when the endpoint came
+    from the cluster (SLURM's first node, the Kubeflow torch runtime's ``PET_MASTER_ADDR``):
+    the node rank says it, node 0 hosts. torchrun's own guess (the endpoint's name is one of
+    this machine's) fails on node 0 when the name is a pod's DNS name (not its host name, and
+    not published before the pod runs), and holds on every node that shares a machine (both
+    then race to bind the port). ``PET_RDZV_CONF`` (what torchrun reads for ``--rdzv-conf``,
+    which the flag replaces) is kept, and an ``is_host`` the user gave there wins. An endpoint
+    the user gave keeps torchrun's guess."""
     launch = settings.launch
     source = source_of(settings.source("launch.rdzv_endpoint").name)
-    if source is None or not source.host_is_pod_name or launch.rdzv_backend != "c10d":
+    if source is None or launch.rdzv_backend != "c10d":
         return None
     given = environ.get(RDZV_CONF_VAR, "").strip().strip(",")
     if "is_host" in {item.partition("=")[0].strip() for item in given.split(",")}:

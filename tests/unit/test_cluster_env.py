@@ -271,7 +271,7 @@ def test_a_pod_name_that_does_not_resolve_yet_is_left_to_torchrun_not_refused(ra
         assert "does not resolve" in (verdict(label).problem or ""), label
 
 
-def test_the_pods_node_rank_says_which_node_hosts_the_rendezvous_store():
+def test_the_node_rank_says_which_node_hosts_the_rendezvous_store():
     # torchrun guesses whether it hosts the c10d store from the endpoint's name being one of this
     # machine's; node 0's pod's DNS name is not its host name (and may not resolve yet), so the
     # guess can fail and no node hosts it. The runtime's node rank decides instead.
@@ -285,6 +285,11 @@ def test_the_pods_node_rank_says_which_node_hosts_the_rendezvous_store():
     assert conf({"PET_RDZV_CONF": "join_timeout=5"}) == "join_timeout=5,is_host=false"
     # ...and an is_host given there wins.
     assert conf({"PET_RDZV_CONF": "is_host=true,read_timeout=3"}) == "is_host=true,read_timeout=3"
-    # An endpoint from a flag, or a SLURM host (a real host name): torchrun's guess stands.
+    # An endpoint from a flag: torchrun's guess stands.
     assert conf({}, {"launch.rdzv_endpoint": "head:1234"}) is None
-    assert "--rdzv-conf" not in build(SLURM, {"launch.nproc_per_node": 1}).argv
+    # SLURM's first node is node 0 (SLURM_NODEID 0): it hosts, and only it. Two nodes sharing a
+    # machine would otherwise both guess they host and race for the port.
+    slurm = build(SLURM, {"launch.nproc_per_node": 1}).argv
+    assert slurm[slurm.index("--rdzv-conf") + 1] == "is_host=false"
+    slurm = build({**SLURM, "SLURM_NODEID": "0"}, {"launch.nproc_per_node": 1}).argv
+    assert slurm[slurm.index("--rdzv-conf") + 1] == "is_host=true"
