@@ -66,13 +66,13 @@ from mlaunch.kube.names import (
 )
 from mlaunch.launcher.configs import config_launch_keys
 from mlaunch.launcher.plan import LaunchPlan, build_plan
-from mlaunch.launcher.worker_args import restart_save_interval
 from mlaunch.launcher.worker_env import worker_environment
 from mlaunch.settings import SECRET_ENV, SettingsError, new_run_id
 from mlaunch.slurm.batch import (
     DEFAULT_SIGNAL_GRACE_S,
     frozen_flags,
     one_worker_per_gpu,
+    restart_saves,
     take_scheduler_decided,
 )
 
@@ -276,14 +276,8 @@ def plan_trainjob(
     if options.volume is not None:
         claim, _, mount = options.volume.partition(":")
         pod_run_dir = f"{mount.rstrip('/')}/runs/{run_id}"
-        if s.training.save_interval == 0:
-            # A restarted pod resumes from the newest checkpoint on the volume: the graceful
-            # stop saves one, but a node lost (SIGKILL) would otherwise lose the whole run.
-            interval = restart_save_interval(s.training.train_iters)
-            flags["training.save_interval"] = str(interval)
-            notes.append(
-                f"--save-interval {interval}: a restarted pod resumes from the newest checkpoint"
-            )
+        if note := restart_saves(flags, s, "a restarted pod"):
+            notes.append(note)
             plan = build_plan(
                 flags=flags, config=config, passthrough=passthrough, environ=job_env, cwd=cwd
             )

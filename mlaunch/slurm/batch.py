@@ -56,7 +56,14 @@ from mlaunch import envcontract as ec
 from mlaunch.launcher.plan import LaunchPlan, build_plan, settings_table
 from mlaunch.launcher.worker_args import restart_save_interval
 from mlaunch.rundir import layout as lay
-from mlaunch.settings import OTEL_ENV, SECRET_ENV, TELEMETRY_KEYS, SettingsError, flag_name
+from mlaunch.settings import (
+    OTEL_ENV,
+    SECRET_ENV,
+    TELEMETRY_KEYS,
+    Settings,
+    SettingsError,
+    flag_name,
+)
 
 #: Seconds of warning before the time limit (``--signal-grace``): one iteration plus a save.
 DEFAULT_SIGNAL_GRACE_S = 120
@@ -305,6 +312,19 @@ def one_worker_per_gpu(flags: dict[str, Any], gpus_per_node: int | None) -> list
     return [f"--nproc-per-node {gpus_per_node}: one worker per GPU (--gpus-per-node)"]
 
 
+def restart_saves(flags: dict[str, Any], settings: Settings, who: str) -> str | None:
+    """A job its scheduler restarts into the same run directory (a requeue, a restarted pod)
+    resumes from the newest checkpoint. The graceful stop saves one, but a hard kill (a node
+    lost, the grace exceeded) would lose the whole run so far when the run saves nothing else:
+    then an interval is chosen (set in ``flags``) and the note that says so is returned (``who``:
+    what resumes); None when the run saves already."""
+    if settings.training.save_interval != 0:
+        return None
+    interval = restart_save_interval(settings.training.train_iters)
+    flags["training.save_interval"] = str(interval)
+    return f"--save-interval {interval}: {who} resumes from the newest checkpoint"
+
+
 def _job_environ(environ: Mapping[str, str], nodes: int) -> dict[str, str]:
     """The environment node 0's ``mlaunch train`` will see: the submit environment (sbatch
     --export=ALL) with this job's SLURM variables instead of any the submitter runs under."""
@@ -371,14 +391,8 @@ def plan_job(
         )
     if problems:
         raise SettingsError(problems)
-    if options.requeue and s.training.save_interval == 0:
-        # A requeued job resumes from the newest checkpoint: the graceful stop saves one, but a
-        # hard kill (a node lost, the grace exceeded) would otherwise lose the whole run so far.
-        interval = restart_save_interval(s.training.train_iters)
-        flags["training.save_interval"] = str(interval)
-        notes.append(
-            f"--save-interval {interval}: a requeued job resumes from the newest checkpoint"
-        )
+    if options.requeue and (note := restart_saves(flags, s, "a requeued job")):
+        notes.append(note)
         plan = build_plan(
             flags=flags, config=config, passthrough=passthrough, environ=job_env, cwd=cwd
         )
