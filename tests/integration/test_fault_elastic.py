@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -136,11 +137,19 @@ def test_kill_9_a_worker_restarts_the_group_and_resumes_the_same_loss_sequence(t
     assert "checkpoints" in out and f"every {INTERVAL} iterations" in out
     assert "restart(s), each resuming from the newest valid checkpoint" in out
 
-    # Two attempts in progress.jsonl: 1..k, then resumed at the last checkpoint c < k, to the end.
+    # Two attempts in progress.jsonl: 1..k, then from the last checkpoint c <= k to the end. The
+    # restarted rank 0 says which c; its attempt starts at the last record of iteration c + 1
+    # (c < k: it trains c+1..k again; c == k, a kill right after that save: it simply goes on).
+    restarted_log = "".join(
+        p.read_text(errors="replace") for p in (run_dir / "logs").rglob("attempt_1/0/stdout.log")
+    )
+    found = re.search(r"resuming from checkpoint \S*iter_(\d{7})", restarted_log)
+    assert found, restarted_log
+    resumed_at = int(found.group(1))
     iterations = [r["iteration"] for r in train_records(run_dir)]
-    split = next(i for i in range(1, len(iterations)) if iterations[i] <= iterations[i - 1])
+    split = max(i for i, it in enumerate(iterations) if it == resumed_at + 1)
     first, second = train_records(run_dir)[:split], train_records(run_dir)[split:]
-    resumed_at = second[0]["iteration"] - 1
+    assert first[-1]["iteration"] >= resumed_at, iterations
     assert [r["iteration"] for r in second] == list(range(resumed_at + 1, ITERS + 1))
     assert resumed_at % INTERVAL == 0 and INTERVAL <= resumed_at <= first[-1]["iteration"]
     assert first[-1]["iteration"] < ITERS, "the kill landed after the run had finished"
@@ -152,11 +161,8 @@ def test_kill_9_a_worker_restarts_the_group_and_resumes_the_same_loss_sequence(t
 
     # The restarted trainer found the checkpoint by itself (the argv had no --load).
     assert "--load" not in (run_dir / "command.txt").read_text()
-    rank0_logs = "".join(
-        p.read_text(errors="replace") for p in (run_dir / "logs").rglob("attempt_1/0/stdout.log")
-    )
-    assert f"--load not given: resuming from --save {ckpt}" in rank0_logs
-    assert f"resuming from checkpoint {ckpt / f'iter_{resumed_at:07d}'}" in rank0_logs
+    assert f"--load not given: resuming from --save {ckpt}" in restarted_log
+    assert f"resuming from checkpoint {ckpt / f'iter_{resumed_at:07d}'}" in restarted_log
 
     # Telemetry: the restart count is on the resource, and the resumed iteration is the first one.
     for rank in (0, 1):
