@@ -14,17 +14,6 @@ import typer
 from mlaunch.cli.errors import RUN_FAILED, USAGE_ERROR, print_problems
 
 
-def _connect_or_code(namespace: str | None) -> Any:
-    """The connection, or the exit code after saying why there is none."""
-    from mlaunch.kube import client as kube
-
-    try:
-        return kube.connect(namespace)
-    except kube.KubeSetupError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        return USAGE_ERROR
-
-
 def is_trainjob(target: str) -> bool:
     """Whether ``logs``/``stop``/``status`` should take ``target`` as a TrainJob
     (``trainjob/NAME``, or a run directory ``mlaunch trainjob`` wrote)."""
@@ -51,6 +40,30 @@ def _ref_or_code(target: str) -> Any:
     return ref
 
 
+def _job_and_api(target: str, namespace: str | None) -> tuple[str, Any] | int:
+    """The TrainJob's name and a connection to its namespace (``namespace``, else the one its
+    run directory recorded), or the exit code after saying why there is none."""
+    from mlaunch.kube import client as kube
+
+    ref = _ref_or_code(target)
+    if isinstance(ref, int):
+        return ref
+    try:
+        return ref.name, kube.connect(namespace or ref.namespace)
+    except kube.KubeSetupError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        return USAGE_ERROR
+
+
+def _api_failure(exc: Exception) -> int:
+    """Say why a call to the API failed; the exit code: 2 for what the user can fix (no such
+    TrainJob, no credentials), 1 for the API's own failure."""
+    from mlaunch.kube import client as kube
+
+    typer.echo(f"error: {exc}", err=True)
+    return RUN_FAILED if isinstance(exc, kube.KubeApiError) else USAGE_ERROR
+
+
 def trainjob_logs_command(
     target: str, *, namespace: str | None, node: int | None, tail: int | None, follow: bool,
     rank: int | None = None, attempt: int | None = None,
@@ -73,24 +86,17 @@ def trainjob_logs_command(
     if problems:
         print_problems(problems)
         return USAGE_ERROR
-    ref = _ref_or_code(target)
-    if isinstance(ref, int):
-        return ref
-    name = ref.name
-    api = _connect_or_code(namespace or ref.namespace)
-    if isinstance(api, int):
-        return api
+    found = _job_and_api(target, namespace)
+    if isinstance(found, int):
+        return found
+    name, api = found
     try:
         for line in trainjob_logs(api, name, node=node, tail=tail, follow=follow):
             sys.stdout.write(line + "\n")
             if follow:
                 sys.stdout.flush()
-    except (TrainJobInputError, kube.KubeSetupError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        return USAGE_ERROR
-    except kube.KubeApiError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        return RUN_FAILED
+    except (TrainJobInputError, kube.KubeSetupError, kube.KubeApiError) as exc:
+        return _api_failure(exc)
     except KeyboardInterrupt:
         typer.echo("stopped following (the job goes on)", err=True)
     sys.stdout.flush()
@@ -111,13 +117,10 @@ def trainjob_stop_command(
     )
     from mlaunch.slurm.status import status_text
 
-    ref = _ref_or_code(target)
-    if isinstance(ref, int):
-        return ref
-    name = ref.name
-    api = _connect_or_code(namespace or ref.namespace)
-    if isinstance(api, int):
-        return api
+    found = _job_and_api(target, namespace)
+    if isinstance(found, int):
+        return found
+    name, api = found
     try:
         typer.echo(stop_trainjob(api, name, now=now))
         left = wait_pods_gone(api, name, timeout_s=timeout_s)
@@ -131,12 +134,8 @@ def trainjob_stop_command(
         typer.echo(f"TrainJob {name} has ended")
         if not now:
             typer.echo(status_text(trainjob_status(api, name, log_lines=False)))
-    except (TrainJobInputError, kube.KubeSetupError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        return USAGE_ERROR
-    except kube.KubeApiError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        return RUN_FAILED
+    except (TrainJobInputError, kube.KubeSetupError, kube.KubeApiError) as exc:
+        return _api_failure(exc)
     return 0
 
 
@@ -147,20 +146,14 @@ def trainjob_status_command(target: str, namespace: str | None, as_json: bool) -
     from mlaunch.kube.jobs import TrainJobInputError, trainjob_status
     from mlaunch.slurm.status import status_text
 
-    ref = _ref_or_code(target)
-    if isinstance(ref, int):
-        return ref
-    api = _connect_or_code(namespace or ref.namespace)
-    if isinstance(api, int):
-        return api
+    found = _job_and_api(target, namespace)
+    if isinstance(found, int):
+        return found
+    name, api = found
     try:
-        st = trainjob_status(api, ref.name)
-    except (TrainJobInputError, kube.KubeSetupError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        return USAGE_ERROR
-    except kube.KubeApiError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        return RUN_FAILED
+        st = trainjob_status(api, name)
+    except (TrainJobInputError, kube.KubeSetupError, kube.KubeApiError) as exc:
+        return _api_failure(exc)
     if as_json:
         typer.echo(json.dumps(st.as_json(), indent=2))
     else:
